@@ -1,0 +1,119 @@
+"""Fuzz parse_script with mutations of the test corpus and random scripts.
+
+    python benchmarks/fuzz_parse.py [--n 10000] [--seed 1]
+
+A crash is: an exception out of parse_script, an 'internal parser error' answer (a caught bug),
+or an error that is not one line starting with 'cannot predict: '. Prints the crash count (target
+0), the slowest script and the time distribution.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import pathlib
+import random
+import statistics
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from slurm_plugin.launch import parse_script  # noqa: E402
+
+log = logging.getLogger("fuzz_parse")
+CORPUS = ROOT / "tests" / "launch" / "data" / "corpus"
+TOKENS = ["$", "${", "}", "$(", ")", "$((", "))", "'", '"', "`", "\\", "\n", " ", "|", "&&", "||", ";", "&",
+          "<<EOF\n", "\nEOF\n", "<<-EOT\n", "if [ $X = 1 ]; then ", "fi", "for i in 1 2; do ", "done",
+          "case $X in a) ", ";;", "esac", "while true; do ", "f() { ", "}", "( ", "[[ ", " ]]", "#",
+          "srun ", "python ", "pretrain_gpt.py ", "deepy.py ", "train.py ", "--num-layers ", "--hidden-size ",
+          "--micro-batch-size ", "deepspeed ", "torchrun ", "--nnodes ", "source ", "eval ", "bash -c ",
+          "A=( ", "${A[@]}", "${X:-", "${X//_}", "export X=", "#SBATCH --nodes=", "#SBATCH --gres=gpu:",
+          "\x00", "\ue000", "\udcff", "1", "8", "-1", "99999999999999999999", "*", "~", "=", ":"]
+
+
+def mutate(text: str, rng: random.Random) -> str:
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(7)
+        n = len(text)
+        i = rng.randrange(n + 1)
+        j = min(n, i + rng.randint(0, 80))
+        if op == 0:
+            text = text[:i] + text[j:]                                  # delete a span
+        elif op == 1:
+            text = text[:i] + text[i:j] * rng.randint(2, 4) + text[i:]  # duplicate a span
+        elif op == 2:
+            text = text[:i] + rng.choice(TOKENS) + text[i:]             # insert a shell token
+        elif op == 3:
+            lines = text.split("\n")
+            rng.shuffle(lines)
+            text = "\n".join(lines)                                     # shuffle lines
+        elif op == 4:
+            text = text[:i]                                             # truncate
+        elif op == 5 and n:
+            text = text[:i] + chr(rng.randrange(1, 0x3000)) + text[i + 1:]  # replace a character
+        else:
+            k = rng.randrange(n + 1)
+            text = text[:i] + text[k:k + 40] + text[i:]                 # splice a piece elsewhere
+    return text
+
+
+def random_script(rng: random.Random) -> str:
+    return "#!/bin/bash\n" + "".join(rng.choice(TOKENS) for _ in range(rng.randint(1, 120)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=10_000)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("slurm_plugin").setLevel(logging.CRITICAL)
+    rng = random.Random(args.seed)
+    cases = [(p, (p / "job.sbatch").read_text()) for p in sorted(CORPUS.iterdir()) if (p / "job.sbatch").exists()]
+    crashes: list = []
+    times: list = []
+    slowest = (0.0, "")
+    outcomes = {"job": 0, "cannot predict": 0}
+    for k in range(args.n):
+        if k % 4 == 3:
+            case, text = None, random_script(rng)
+        else:
+            case, base = rng.choice(cases)
+            text = mutate(base, rng)
+        t = time.perf_counter()
+        try:
+            res = parse_script(str(case / "job.sbatch") if case else "random.sbatch", text,
+                               work_dir=str(case) if case else "/nonexistent")
+            bad = None
+            if res.error is not None:
+                if not res.error.startswith("cannot predict: ") or "\n" in res.error:
+                    bad = f"malformed error {res.error[:100]!r}"
+                elif "internal parser error" in res.error:
+                    bad = res.error
+            elif res.job is None:
+                bad = "no job and no error"
+        except BaseException as exc:  # noqa: BLE001 - counting crashes is the point
+            bad = f"{type(exc).__name__}: {exc}"
+            res = None
+        dt = time.perf_counter() - t
+        times.append(dt)
+        if dt > slowest[0]:
+            slowest = (dt, f"{case.name if case else 'random'} #{k}")
+        if bad:
+            crashes.append((k, case.name if case else "random", bad, text))
+        elif res is not None:
+            outcomes["job" if res.job is not None else "cannot predict"] += 1
+    log.info("fuzz: %d scripts (seed %d): %d predicted, %d cannot predict", args.n, args.seed,
+             outcomes["job"], outcomes["cannot predict"])
+    log.info("crashes: %d", len(crashes))
+    for k, name, why, text in crashes[:10]:
+        log.info("  #%d (%s): %s", k, name, why)
+    ts = sorted(times)
+    log.info("time per script: median %.2f ms, p99 %.2f ms, max %.1f ms (%s)", statistics.median(ts) * 1000,
+             ts[int(0.99 * len(ts))] * 1000, slowest[0] * 1000, slowest[1])
+    return 1 if crashes else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""perf-calibrate: measure, fit, import, install and schedule platforms.
+
+    perf-calibrate run --device cpu|cuda --plan NAME --out DIR [--precision fp32] [--budget GPU-MIN]
+    perf-calibrate plan NAME [--device cuda] [--nodes N --gpus-per-node G] [--budget GPU-MIN]
+    perf-calibrate fit DIR --out PLATFORM_DIR [--name NAME]
+    perf-calibrate import --format estimate-train-time SRC --out DIR
+    perf-calibrate install PLATFORM_DIR --partition P [--root ROOT] [--force]
+    perf-calibrate schedule --partition P [--every 30d] [--recur begin|scrontab] [--dry-run]
+    perf-calibrate status [--root ROOT] [--json]
+    perf-calibrate rollback P [--root ROOT]
+
+Errors a user can cause print one line and exit with code 2 (no traceback).  ``fit``, ``import``,
+``install``, ``status``, ``rollback``, ``schedule`` and ``plan`` never import torch; ``run`` does.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from predictor.errors import OneLineParser, PerfcastError
+
+log = logging.getLogger("perf-calibrate")
+
+
+def _precisions(text: str) -> tuple[str, ...]:
+    out = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in out if p not in ("fp16", "bf16", "fp32")]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"precisions are fp16, bf16, fp32 (comma-separated), got {text!r}")
+    return out
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog="perf-calibrate", description=__doc__.splitlines()[0])
+    ap.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
+
+    r = sub.add_parser("run", help="measure operators and collectives into a (resumable) sample store")
+    r.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    r.add_argument("--plan", default="smoke", help="tiny | smoke | paper | adaptive | a plan .toml file")
+    r.add_argument("--out", required=True, help="sample directory (created, or resumed)")
+    r.add_argument("--precision", type=_precisions, default=None,
+                   help="comma-separated precisions (default: fp32 on cpu, fp16 on cuda)")
+    r.add_argument("--budget", type=_positive, default=0.0, help="GPU-minutes (adaptive plan)")
+    r.add_argument("--part", choices=("all", "operators", "collectives"), default="all")
+    r.add_argument("--ranks", type=int, default=0,
+                   help="local ranks for collectives when not under srun/torchrun (default: 2 on cpu, "
+                        "every GPU on cuda)")
+    r.add_argument("--threads", type=int, default=0, help="CPU threads per rank (default: cores / ranks)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("plan", help="show a plan and its estimated cost (GPU-minutes)")
+    p.add_argument("name")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int, default=4)
+    p.add_argument("--precision", type=_precisions, default=None)
+    p.add_argument("--budget", type=_positive, default=0.0)
+    p.add_argument("--gpu", default="", help="GPU model for the estimate (a100, h100, …)")
+
+    f = sub.add_parser("fit", help="fit a sample store into a platform (+ validation report)")
+    f.add_argument("samples")
+    f.add_argument("--out", required=True, help="platform directory to write")
+    f.add_argument("--name", default=None, help="platform name (default: the directory name)")
+    f.add_argument("--gpus-per-node", type=int, default=None)
+    f.add_argument("--nics-per-node", type=int, default=1)
+    f.add_argument("--libraries", default="",
+                   help="comma-separated regressor libraries to choose from "
+                        "(random_forest,xgboost,lightgbm; default all)")
+    f.add_argument("--no-plot", action="store_true")
+    f.add_argument("--force", action="store_true", help="replace an existing --out")
+
+    i = sub.add_parser("import", help="import third-party samples into a sample store")
+    i.add_argument("--format", required=True, choices=("estimate-train-time",))
+    i.add_argument("src")
+    i.add_argument("--out", required=True)
+    i.add_argument("--force", action="store_true")
+
+    n = sub.add_parser("install", help="install a fitted platform as a partition's active one")
+    n.add_argument("platform")
+    n.add_argument("--partition", required=True)
+    n.add_argument("--root", default=None)
+    n.add_argument("--tolerance", type=float, default=0.10,
+                   help="accepted relative worsening of the validation error (default 0.10)")
+    n.add_argument("--force", action="store_true", help="install even if it validates worse")
+    n.add_argument("--pid-file", default=None, help="perf-predictd's pid file (SIGHUP after the switch)")
+
+    s = sub.add_parser("schedule", help="submit a calibration job for a partition (admins)")
+    s.add_argument("--partition", required=True)
+    s.add_argument("--every", default=None, help="recur every DURATION (30d, 2w, 12h)")
+    s.add_argument("--recur", choices=("begin", "scrontab", "none"), default="begin")
+    s.add_argument("--plan", default="adaptive")
+    s.add_argument("--budget", type=_positive, default=0.0,
+                   help="GPU-minutes for the adaptive plan (default: fill MaxTime)")
+    s.add_argument("--precision", type=_precisions, default=("fp16",))
+    s.add_argument("--nodes", type=int, default=0)
+    s.add_argument("--root", default=None)
+    s.add_argument("--account", default="")
+    s.add_argument("--command", default="", help="how compute nodes run perf-calibrate")
+    s.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+
+    st = sub.add_parser("status", help="each partition's platform, age, samples, validation error")
+    st.add_argument("--root", default=None)
+    st.add_argument("--json", action="store_true")
+
+    rb = sub.add_parser("rollback", help="switch a partition back to its previous platform")
+    rb.add_argument("partition")
+    rb.add_argument("--root", default=None)
+    rb.add_argument("--pid-file", default=None)
+    return ap
+
+
+# ------------------------------------------------------------------------------- commands
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        from .runner import RunOptions, run_calibration
+    except ImportError as exc:
+        raise PerfcastError(f"perf-calibrate run needs torch (pip install 'perfcast[calibrate]'): {exc}") from None
+    opts = RunOptions(out=Path(args.out), device=args.device, plan=args.plan, precisions=args.precision,
+                      part=args.part, ranks=args.ranks, threads=args.threads,
+                      budget_gpu_minutes=args.budget, progress=not args.no_progress and sys.stderr.isatty()
+                      or (not args.no_progress and args.verbose),
+                      announce=lambda plan, cost: print(f"{plan.summary()}\nestimated cost: {cost}",
+                                                        file=sys.stderr, flush=True))
+    res = run_calibration(opts)
+    state = "complete" if res.complete else (
+        f"--part {args.part} done, store not complete yet" if res.part_complete
+        else "INCOMPLETE (run again to resume)")
+    print(f"{res.out}: {res.measured_operators} operator and {res.measured_collectives} collective "
+          f"points measured, {res.already_done} already there, {res.skipped} skipped; "
+          f"{res.seconds:.0f} s (estimated {res.cost.wall_minutes * 60:.0f} s); {state}")
+    for note in res.notes:
+        print(f"note: {note}")
+    # Exit 1 only when what was asked for is unfinished: a batch script's `set -e` then stops.
+    return 0 if res.part_complete else 1
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .env import published_spec
+    from .plans import Allocation, _nominal_spec, estimate_cost, make_plan
+    spec_d = published_spec(args.gpu) if args.gpu else None
+    spec = spec_d.to_gpu_spec() if spec_d else _nominal_spec(args.device)
+    alloc = Allocation(args.nodes, args.gpus_per_node)
+    plan = make_plan(args.name, device=args.device, precisions=args.precision, allocation=alloc,
+                     memory_gib=spec_d.memory_gib if spec_d else 0.0,
+                     budget_gpu_minutes=args.budget, spec=spec)
+    cost = estimate_cost(plan, spec, args.device)
+    print(plan.summary())
+    print(f"on {alloc.nodes} node(s) × {alloc.gpus_per_node} ({spec.name}): {cost}")
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from .fitting import fit_platform
+    kw = {}
+    if args.libraries:
+        libs = tuple(x.strip() for x in args.libraries.split(",") if x.strip())
+        bad = [x for x in libs if x not in ("random_forest", "xgboost", "lightgbm")]
+        if bad or not libs:
+            raise PerfcastError(f"--libraries: unknown {bad or args.libraries!r}")
+        kw["candidates"] = libs
+    res = fit_platform(args.samples, args.out, name=args.name, gpus_per_node=args.gpus_per_node,
+                       nics_per_node=args.nics_per_node, overwrite=args.force, plot=not args.no_plot, **kw)
+    print(res.report.table())
+    print(f"\nplatform {res.name} written to {res.platform_dir} ({res.samples} samples); "
+          f"validation report in {res.platform_dir / 'validation'}")
+    print(f"use it: perf-predict JOB --platform {res.platform_dir}")
+    for note in res.notes:
+        print(f"note: {note}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from . import importers
+    summary = importers.import_estimate_train_time(args.src, args.out, overwrite=args.force)
+    ops = sum(summary.operator_rows.values())
+    colls = sum(summary.collective_rows.values())
+    print(f"imported {ops} operator and {colls} collective samples of {summary.gpu} into {summary.out_dir}")
+    return 0
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    from .install import install_platform
+    res = install_platform(args.platform, args.partition, root=args.root, tolerance=args.tolerance,
+                           force=args.force, pid_file=args.pid_file)
+    print(res.message + (f"; perf-predictd (pid {res.signalled}) reloads" if res.signalled else ""))
+    return 0
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from .schedule import ScheduleRequest, schedule
+    req = ScheduleRequest(partition=args.partition, every=args.every, recur=args.recur, plan=args.plan,
+                          budget_gpu_minutes=args.budget, precisions=args.precision, nodes=args.nodes,
+                          root=args.root, command=args.command, account=args.account,
+                          dry_run=args.dry_run)
+    job = schedule(req)
+    if args.dry_run:
+        print(job.script, end="")
+    print(f"partition {args.partition}: {job.nodes} node(s) × {job.gpus_per_node} GPUs, time limit "
+          f"{job.time_limit_minutes} min; {job.cost}", file=sys.stderr if args.dry_run else sys.stdout)
+    if job.job_id is not None:
+        print(f"submitted calibration job {job.job_id} ({job.script_path}); recurrence: {job.recurrence}")
+    elif not args.dry_run:
+        print(f"wrote {job.script_path}; recurrence: {job.recurrence}")
+    for note in job.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .install import platforms_root, status
+    rows = status(args.root)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+        return 0
+    if not rows:
+        print(f"no calibrated partitions under {platforms_root(args.root)}")
+        return 0
+    print(f"{'partition':<16} {'version':<28} {'age':>7} {'samples':>8} {'compute':>8} {'colls':>7}  previous")
+    for r in rows:
+        age = f"{r.age_days:.1f}d" if r.age_days is not None else "-"
+        cm = f"{100 * r.compute_mape:.1f}%" if r.compute_mape is not None else "-"
+        cc = f"{100 * r.collective_mape:.1f}%" if r.collective_mape is not None else "-"
+        print(f"{r.partition:<16} {r.version or '(none)':<28} {age:>7} {r.samples:>8} {cm:>8} {cc:>7}  "
+              f"{r.previous or '-'}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from .install import rollback
+    res = rollback(args.partition, root=args.root, pid_file=args.pid_file)
+    print(res.message + (f"; perf-predictd (pid {res.signalled}) reloads" if res.signalled else ""))
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "plan": cmd_plan, "fit": cmd_fit, "import": cmd_import,
+            "install": cmd_install, "schedule": cmd_schedule, "status": cmd_status,
+            "rollback": cmd_rollback}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except PerfcastError as exc:
+        print(f"perf-calibrate: {exc}", file=sys.stderr)
+        return 2
+    if args.cmd != "run":
+        # xgboost and lightgbm each load an OpenMP runtime; spinning idle threads of one starve
+        # the other on a loaded node (a small LightGBM fit goes from 0.03 s to 30 s).  Passive
+        # waiting avoids that; it must be set before either library loads.  Not for `run`:
+        # measurements keep the OpenMP behaviour that training runs with.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[args.cmd](args)
+    except PerfcastError as exc:
+        print(f"perf-calibrate: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("perf-calibrate: interrupted (a run resumes where it stopped)", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        print(f"perf-calibrate: {exc.filename or ''}: {exc.strerror or exc}".replace(": : ", ": "),
+              file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Collectives through torch.distributed: all-reduce, all-gather, reduce-scatter and send/recv.
+
+Ranks come from Slurm (``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` / ``SLURM_NODEID``
+under ``srun``), from torchrun (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``), or from
+:func:`spawn_local`, which starts N processes on this host (gloo on CPU: the testable path).
+NCCL on GPUs, gloo on CPUs.
+
+Groups are shaped like the layouts' groups over the allocation: ``nodes × ranks-per-node`` with
+1 × g inside a node (TP), n × 1 across nodes (DP/PP with one rank per node) and n × G (mixed).
+Every rank creates every group in the same order (``new_group`` is itself collective); rank 0,
+which is in every group, decides which points remain and records the results.
+
+A collective's time is the slowest member's middle-half mean (a collective ends when its last
+rank does); p2p is a ping-pong, half the round trip.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .errors import CalibrationError
+from .kernels import DTYPES
+from .plans import CollectivePoint
+from .timing import middle_half_mean, synchronize
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in the allocation."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    node: int
+    nodes: int
+    device: str
+    backend: str
+
+
+def context_from_env(device: str) -> DistContext | None:
+    """The distributed context from srun or torchrun variables; None when not launched by them."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local = int(env.get("LOCAL_RANK", rank))
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        node = int(env.get("GROUP_RANK", rank // max(1, local_world)))
+    elif int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        local = int(env.get("SLURM_LOCALID", 0))
+        local_world = int(env.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0] or 0) or \
+            max(1, world // max(1, int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))))
+        node = int(env.get("SLURM_NODEID", rank // local_world))
+    else:
+        return None
+    if world < 2:
+        return None
+    nodes = max(1, (world + local_world - 1) // local_world)
+    return DistContext(rank, world, local, local_world, node, nodes, device,
+                       "nccl" if device == "cuda" else "gloo")
+
+
+def init_process_group(ctx: DistContext, master_addr: str | None = None, master_port: int | None = None,
+                       timeout_s: float | None = None) -> None:
+    """Join the process group (env:// rendezvous on MASTER_ADDR / MASTER_PORT)."""
+    os.environ.setdefault("MASTER_ADDR", master_addr or "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(master_port or 29500))
+    if ctx.device == "cuda":
+        torch.cuda.set_device(ctx.local_rank)
+    kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+    dist.init_process_group(ctx.backend, rank=ctx.rank, world_size=ctx.world, **kw)
+
+
+def _group_members(ctx: DistContext, nodes: int, gpn: int) -> list[int]:
+    """Ranks on the first ``nodes`` nodes with local index below ``gpn`` (placement gathered)."""
+    places: list = [None] * ctx.world
+    dist.all_gather_object(places, (ctx.node, ctx.local_rank))
+    node_ids = sorted({p[0] for p in places})
+    chosen = set(node_ids[:nodes])
+    return [r for r, (n, l) in enumerate(places) if n in chosen and l < gpn]
+
+
+def _make_op(kind: str, entries: int, members: Sequence[int], group, ctx: DistContext,
+             dtype: torch.dtype) -> Callable[[], None]:
+    dev = torch.device("cuda", ctx.local_rank) if ctx.device == "cuda" else torch.device("cpu")
+    n = len(members)
+    if kind == "allreduce":
+        t = torch.ones(entries, dtype=dtype, device=dev)
+        return lambda: dist.all_reduce(t, group=group)
+    if kind == "allgather":
+        # entries = the per-rank input shard (ZeRO-1 parameter gather)
+        inp = torch.ones(entries, dtype=dtype, device=dev)
+        out = torch.empty(entries * n, dtype=dtype, device=dev)
+        return lambda: dist.all_gather_into_tensor(out, inp, group=group)
+    if kind == "reduce_scatter":
+        # entries = the full tensor; each rank keeps entries / n
+        per = max(1, entries // n)
+        inp = torch.ones(per * n, dtype=dtype, device=dev)
+        out = torch.empty(per, dtype=dtype, device=dev)
+        return lambda: dist.reduce_scatter_tensor(out, inp, group=group)
+    if kind == "p2p":
+        t = torch.ones(entries, dtype=dtype, device=dev)
+        a, b = members[0], members[1]
+
+        def pingpong() -> None:
+            if ctx.rank == a:
+                dist.send(t, b)
+                dist.recv(t, b)
+            else:
+                dist.recv(t, a)
+                dist.send(t, a)
+        return pingpong
+    raise CalibrationError(f"unknown collective {kind!r}")
+
+
+def measure_point(pt: CollectivePoint, members: Sequence[int], group, ctx: DistContext,
+                  warmup: int, repeats: int) -> float:
+    """Time one collective on this rank's group; every member returns the group's µs."""
+    fn = _make_op(pt.kind, pt.entries, members, group, ctx, DTYPES[pt.precision])
+    dev = torch.device("cuda", ctx.local_rank) if ctx.device == "cuda" else torch.device("cpu")
+    token = torch.zeros(1, device=dev)
+
+    def barrier() -> None:
+        # A tiny all-reduce is a barrier that works on gloo and NCCL alike, scoped to the group.
+        dist.all_reduce(token, group=group)
+        synchronize(ctx.device)
+
+    for _ in range(max(0, warmup)):
+        barrier()
+        fn()
+    synchronize(ctx.device)
+    times = []
+    for _ in range(repeats):
+        barrier()
+        t0 = time.perf_counter()
+        fn()
+        synchronize(ctx.device)
+        times.append(time.perf_counter() - t0)
+    t = middle_half_mean(times)
+    if pt.kind == "p2p":
+        t /= 2.0            # one way of the ping-pong
+    slowest = torch.tensor([t], dtype=torch.float64, device=dev)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    return float(slowest.item()) * 1e6
+
+
+def run_points(ctx: DistContext, points: Sequence[CollectivePoint], warmup: int, repeats: int,
+               report: Callable[[CollectivePoint, float], None] | None) -> None:
+    """Measure ``points`` (already agreed on by every rank) in group order; rank 0 reports each."""
+    by_group: dict[tuple[int, int], list[CollectivePoint]] = {}
+    for p in points:
+        by_group.setdefault((p.nodes, p.gpus_per_node), []).append(p)
+    for (nodes, gpn), pts in sorted(by_group.items()):
+        members = _group_members(ctx, nodes, gpn)
+        if len(members) != nodes * gpn:
+            if ctx.rank == 0:
+                log.warning("group %d×%d does not fit this allocation (%d ranks): skipped",
+                            nodes, gpn, len(members))
+            continue
+        group = dist.new_group(members)
+        for p in pts:
+            if ctx.rank in members:
+                us = measure_point(p, members, group, ctx, warmup, repeats)
+                if ctx.rank == 0 and report is not None:
+                    report(p, us)
+            dist.barrier()
+        dist.destroy_process_group(group)
+
+
+def agree_on_points(ctx: DistContext, points: Sequence[CollectivePoint]) -> list[CollectivePoint]:
+    """Rank 0's list of remaining points, broadcast so that every rank loops over the same ones."""
+    box = [list(points) if ctx.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return list(box[0] or [])
+
+
+# ------------------------------------------------------------------------------- local spawn
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _local_worker(rank: int, world: int, port: int, device: str, threads: int,
+                  points: list[CollectivePoint], warmup: int, repeats: int, results) -> None:
+    warnings.filterwarnings("ignore")
+    if threads:
+        torch.set_num_threads(threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    ctx = DistContext(rank, world, rank, world, 0, 1, device, "nccl" if device == "cuda" else "gloo")
+    init_process_group(ctx)
+    try:
+        run_points(ctx, points, warmup, repeats,
+                   (lambda p, us: results.put((p, us))) if rank == 0 else None)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_local(world: int, device: str, points: Sequence[CollectivePoint], *, warmup: int,
+                repeats: int, threads: int = 0,
+                on_result: Callable[[CollectivePoint, float], None] | None = None,
+                timeout_s: float = 3600.0) -> int:
+    """Run ``points`` on ``world`` local processes (one host: groups are 1 × world at most).
+
+    Results stream back to this process as they are measured (``on_result`` is called here, so the
+    caller keeps the sample store and the progress bar).  Returns the number of results.
+    """
+    if world < 2:
+        raise CalibrationError("collectives need at least 2 ranks")
+    if device == "cuda" and torch.cuda.device_count() < world:
+        raise CalibrationError(f"{world} local ranks need {world} GPUs, found {torch.cuda.device_count()}")
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    port = free_port()
+    proc = mp.start_processes(_local_worker, args=(world, port, device, threads, list(points),
+                                                   warmup, repeats, results),
+                              nprocs=world, join=False, start_method="spawn")
+    n = 0
+    deadline = time.monotonic() + timeout_s
+
+    def drain() -> None:
+        nonlocal n
+        while not results.empty():
+            p, us = results.get()
+            n += 1
+            if on_result is not None:
+                on_result(p, us)
+    try:
+        while not proc.join(timeout=0.2):
+            drain()
+            if time.monotonic() > deadline:
+                raise CalibrationError(f"collective ranks did not finish within {timeout_s:.0f} s")
+    except mp.ProcessRaisedException as exc:
+        drain()
+        raise CalibrationError(f"a collective rank failed: {str(exc).strip().splitlines()[-1]}") from None
+    except mp.ProcessExitedException as exc:
+        drain()
+        raise CalibrationError(f"a collective rank died: {exc}") from None
+    finally:
+        for p in proc.processes:
+            if p.is_alive():
+                p.terminate()
+    drain()
+    return n
+
+
+def iter_pending(points: Iterable[CollectivePoint], done: Callable[[CollectivePoint], bool]) -> list[CollectivePoint]:
+    return [p for p in points if not done(p)]
+
+
+__all__ = ["DistContext", "context_from_env", "init_process_group", "run_points", "agree_on_points",
+           "spawn_local", "measure_point", "free_port", "iter_pending"]

@@ -1,0 +1,194 @@
+"""The measuring environment: what device, which software, where, and its roofline figures.
+
+Everything here ends up in ``samples.toml`` so that a sample store says where it came from, and so
+that a store from another GPU type or software stack can be refused on resume.  torch is imported
+inside the functions: this module is also read by torch-free commands (``status``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform as _platform
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+
+# Version of the *measurement method* (kernels, timing statistic, shape derivation).  A store
+# written by another method version is refused on resume: mixing the two would bias the regressors.
+METHOD_VERSION = 1
+
+# Published dense peaks of common training GPUs (TFLOP/s per precision, HBM GB/s): the roofline
+# normaliser only, so the exact figure matters little; unknown GPUs are probed instead.
+KNOWN_GPUS: dict[str, tuple[float, dict[str, float], float]] = {
+    # fp32 = the TF32 tensor-core peak where the GPU has one (what torch's fp32 GEMMs may use),
+    # as in the shipped platforms (scripts/build_platforms.py).
+    "a100": (80.0, {"fp16": 312.0, "bf16": 312.0, "fp32": 156.0}, 2039.0),
+    "h100": (80.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0}, 3350.0),
+    "h200": (141.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0}, 4800.0),
+    "gh200": (96.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0}, 4000.0),
+    "v100": (32.0, {"fp16": 125.0, "bf16": 125.0, "fp32": 15.7}, 900.0),
+    "a40": (48.0, {"fp16": 150.0, "bf16": 150.0, "fp32": 74.8}, 696.0),
+    "l40s": (48.0, {"fp16": 362.0, "bf16": 362.0, "fp32": 183.0}, 864.0),
+    "mi250x": (128.0, {"fp16": 383.0, "bf16": 383.0, "fp32": 47.9}, 3277.0),
+}
+
+
+@dataclass
+class DeviceSpec:
+    """Name and roofline figures of the measuring device (becomes the predictor's GpuSpec)."""
+
+    name: str
+    device: str                         # "cuda" | "cpu"
+    memory_gib: float
+    tflops: dict[str, float]
+    memory_gbps: float
+    source: str = "probe"               # "published" | "probe"
+
+    def to_gpu_spec(self):  # -> predictor.operators.GpuSpec
+        from predictor.operators import GpuSpec
+        return GpuSpec(self.name, self.memory_gib, dict(self.tflops), self.memory_gbps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "DeviceSpec":
+        return cls(name=str(d["name"]), device=str(d["device"]), memory_gib=float(d["memory_gib"]),
+                   tflops={k: float(v) for k, v in dict(d["tflops"]).items()},
+                   memory_gbps=float(d["memory_gbps"]), source=str(d.get("source", "probe")))
+
+
+@dataclass
+class Environment:
+    """Where and with what the samples were measured (the [environment] table of samples.toml)."""
+
+    device: str
+    gpu_name: str
+    driver: str = ""
+    torch: str = ""
+    cuda: str = ""
+    nccl: str = ""
+    host: str = ""
+    slurm_job_id: str = ""
+    cpu_threads: int = 0
+    python: str = ""
+    started: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("extra")
+        d.update(self.extra)
+        return d
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (Linux), else the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return "CPU " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU " + (_platform.processor() or _platform.machine() or "unknown")
+
+
+def collect_environment(device: str, cpu_threads: int = 0) -> Environment:
+    """Record GPU name, driver, torch / CUDA / NCCL versions, host and Slurm job of this process."""
+    import torch
+
+    env = Environment(device=device, gpu_name="", torch=torch.__version__,
+                      host=socket.gethostname(),
+                      slurm_job_id=os.environ.get("SLURM_JOB_ID", ""),
+                      cpu_threads=cpu_threads or torch.get_num_threads(),
+                      python=_platform.python_version(),
+                      started=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    if device == "cuda":
+        env.gpu_name = torch.cuda.get_device_name(0)
+        env.cuda = torch.version.cuda or ""
+        try:
+            env.nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:  # noqa: BLE001 - NCCL absent from some builds; not fatal for recording
+            env.nccl = ""
+        env.driver = _nvidia_driver()
+    else:
+        env.gpu_name = cpu_name()
+    return env
+
+
+def _nvidia_driver() -> str:
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8") as fh:
+            first = fh.readline()
+        for tok in first.split():
+            if tok[:1].isdigit() and "." in tok:
+                return tok
+    except OSError:
+        pass
+    return ""
+
+
+def published_spec(gpu_name: str) -> DeviceSpec | None:
+    """The published figures of a known GPU (matched on a word of its name), else None."""
+    low = gpu_name.lower()
+    # Longest keys first: "gh200" must win over "h200" in "NVIDIA GH200 120GB".
+    for key in sorted(KNOWN_GPUS, key=len, reverse=True):
+        if key in low:
+            mem, tf, bw = KNOWN_GPUS[key]
+            return DeviceSpec(gpu_name, "cuda", mem, dict(tf), bw, source="published")
+    return None
+
+
+def probe_spec(device: str, precisions: tuple[str, ...]) -> DeviceSpec:
+    """Measure a device's GEMM peak per precision and its copy bandwidth (a few seconds).
+
+    On CPU this is the only source of roofline figures; on an unknown GPU it stands in for the
+    data sheet.  The figures only normalise the regressors' target, so a rough probe is enough.
+    """
+    import torch
+
+    from .timing import measure
+
+    dev = torch.device(device)
+    if device == "cuda":
+        name = torch.cuda.get_device_name(0)
+        mem = torch.cuda.get_device_properties(0).total_memory / 2**30
+        n, elems = 8192, 1 << 28
+    else:
+        name = cpu_name()
+        mem = _host_memory_gib()
+        n, elems = 768, 1 << 24
+    tflops: dict[str, float] = {}
+    for p in precisions:
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[p]
+        a = torch.randn(n, n, device=dev).to(dtype)
+        b = torch.randn(n, n, device=dev).to(dtype)
+        t = measure(lambda: torch.mm(a, b), device, warmup=1, repeats=3)
+        tflops[p] = max(2.0 * n**3 / t.seconds / 1e12, 1e-6)
+    src = torch.empty(elems, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    t = measure(lambda: dst.copy_(src), device, warmup=1, repeats=5)
+    gbps = 2.0 * elems * 4 / t.seconds / 1e9
+    return DeviceSpec(name, device, round(mem, 2), {k: round(v, 4) for k, v in tflops.items()},
+                      round(gbps, 2), source="probe")
+
+
+def device_spec(device: str, precisions: tuple[str, ...]) -> DeviceSpec:
+    """Published figures for a known GPU, a probe otherwise (always a probe on CPU)."""
+    if device == "cuda":
+        import torch
+        spec = published_spec(torch.cuda.get_device_name(0))
+        if spec is not None and all(p in spec.tflops for p in precisions):
+            return spec
+    return probe_spec(device, precisions)
+
+
+def _host_memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return 8.0

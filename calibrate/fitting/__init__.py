@@ -1,0 +1,214 @@
+"""Samples → platform: fit the bundles, write platform.toml, and a validation report.
+
+``fit_platform(samples_dir, out_dir)`` is ``perf-calibrate fit``.  The platform directory::
+
+    platform.toml          what predictor.platform.load_platform reads
+    compute/               the compute bundle (predictor.bundle.fit_bundle, kind "compute")
+    collectives/           the collective bundle, when collectives were measured
+    calibration.toml       provenance and the scores that install/status compare
+    validation/report.txt  per operator and direction: library, samples, hold-out MAPE and p90
+    validation/predicted_vs_measured.png
+
+Everything is written into a temporary sibling, loaded back through the predictor, and only then
+renamed into place: a failed fit leaves nothing that a daemon could pick up.  No torch here.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from predictor.bundle import FitReport, fit_bundle
+from predictor.errors import BundleError
+from predictor.operators import GpuSpec
+from predictor.platform import load_platform, write_platform
+from predictor.samples import SampleSet, dump_toml, load_samples
+
+from ..env import DeviceSpec, published_spec
+from ..errors import CalibrationError
+from .report import ValidationReport, held_out_predictions, write_report
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_FILE = "calibration.toml"
+CALIBRATION_FORMAT = 1
+
+# Links assumed when no collective was measured (a single-rank calibration): one host's memory
+# for CPU "ranks", a conservative NVLink/IB pair for GPUs.  The platform says so in its notes.
+_DEFAULT_LINKS = {
+    "cpu": {"intra_gbps": 5.0, "intra_latency_us": 50.0, "nic_gbps": 1.0, "nics_per_node": 1,
+            "inter_latency_us": 100.0, "source": "spec"},
+    "cuda": {"intra_gbps": 100.0, "intra_latency_us": 10.0, "nic_gbps": 12.5, "nics_per_node": 1,
+             "inter_latency_us": 20.0, "source": "spec"},
+}
+
+
+@dataclass
+class FitResult:
+    """What ``perf-calibrate fit`` produced."""
+
+    platform_dir: Path
+    name: str
+    compute: FitReport
+    collectives: FitReport | None
+    report: ValidationReport
+    samples: int
+    complete: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compute_mape(self) -> float:
+        return self.report.compute_mape
+
+    @property
+    def collective_mape(self) -> float | None:
+        return self.report.collective_mape
+
+
+def gpu_spec_from_meta(meta: Mapping[str, Any], where: Path) -> tuple[GpuSpec, str]:
+    """The roofline normaliser of a sample store: its measured [gpu] table, else published figures."""
+    g = meta.get("gpu")
+    if isinstance(g, Mapping) and "tflops" in g:
+        try:
+            spec = DeviceSpec.from_dict(g)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CalibrationError(f"{where}: bad [gpu] table in samples.toml: {exc}") from None
+        return spec.to_gpu_spec(), spec.device
+    name = g if isinstance(g, str) else str(meta.get("gpu_name", ""))
+    spec = published_spec(name) if name else None
+    if spec is None:
+        raise CalibrationError(f"{where}: samples of GPU {name or '(unnamed)'!r}, whose peak figures "
+                               "perfcast does not know; add a [gpu] table (name, memory_gib, "
+                               "memory_gbps, [gpu.tflops]) to samples.toml")
+    return spec.to_gpu_spec(), str(meta.get("device", "cuda"))
+
+
+def _count(samples: SampleSet) -> int:
+    return sum(len(t) for t in samples.operators.values()) + sum(len(t) for t in samples.collectives.values())
+
+
+def fit_platform(samples_dir: "str | Path", out_dir: "str | Path", *, name: str | None = None,
+                 gpus_per_node: int | None = None, nics_per_node: int = 1, overwrite: bool = False,
+                 plot: bool = True, seed: int = 0,
+                 candidates: tuple[str, ...] | None = None) -> FitResult:
+    """Fit a sample store into a platform directory (see the module docstring)."""
+    src, out = Path(samples_dir), Path(out_dir)
+    if not src.is_dir():
+        raise CalibrationError(f"{src}: no such sample directory")
+    try:
+        samples = load_samples(src)
+    except BundleError as exc:
+        raise CalibrationError(f"refusing a corrupt or incompatible sample store: {exc}") from None
+    if not samples.operators:
+        raise CalibrationError(f"{src}: no operator samples to fit")
+    if out.exists() and not overwrite:
+        raise CalibrationError(f"{out}: already exists (pass --force to replace it)")
+    meta = samples.meta
+    gpu, device = gpu_spec_from_meta(meta, src / "samples.toml")
+    alloc = meta.get("allocation", {}) if isinstance(meta.get("allocation"), Mapping) else {}
+    gpn = int(gpus_per_node or alloc.get("gpus_per_node") or meta.get("gpus_per_node") or 1)
+    pname = name or out.name
+    complete = bool(meta.get("progress", {}).get("complete", True)) if isinstance(meta.get("progress"), Mapping) \
+        else True
+    notes: list[str] = []
+    if not complete:
+        notes.append("fitted from an incomplete calibration (the run did not finish every point)")
+
+    tmp = out.with_name(f".{out.name}.fit{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        license_file = src / "LICENSE" if (src / "LICENSE").is_file() else None
+        extra = {k: v for k, v in (("samples", str(src.resolve())), ("device", device)) if v}
+        lib = {"candidates": tuple(candidates)} if candidates else {}
+        compute = fit_bundle(samples, tmp / "compute", name=f"{pname}-compute", gpu=gpu,
+                             kind="compute", seed=seed, license_file=license_file, extra_meta=extra,
+                             **lib)
+        collectives = None
+        if samples.collectives:
+            try:
+                collectives = fit_bundle(samples, tmp / "collectives", name=f"{pname}-collectives",
+                                         gpu=gpu, kind="collectives", nics_per_node=nics_per_node,
+                                         seed=seed, license_file=license_file, extra_meta=extra,
+                                         **lib)
+            except BundleError as exc:
+                notes.append(f"collectives not fitted ({exc}); analytic network model")
+                log.warning("collectives not fitted: %s", exc)
+        plat: dict[str, Any] = {
+            "name": pname,
+            "description": _describe(meta, gpu, gpn),
+            "calibrated": True,
+            "gpus_per_node": gpn,
+            "compute_bundle": "compute",
+        }
+        if collectives is not None:
+            plat["collective_bundle"] = "collectives"
+        else:
+            plat["links"] = dict(_DEFAULT_LINKS.get(device, _DEFAULT_LINKS["cuda"]))
+            notes.append("no measured collectives: network from default link figures")
+        if device == "cpu":
+            # A CPU "cluster" starts in seconds, not minutes.
+            plat["overheads"] = {"startup_seconds": 5.0}
+        if notes:
+            plat["notes"] = notes
+        write_platform(tmp, plat)
+
+        report = held_out_predictions(samples, gpu, compute, collectives, seed=seed)
+        write_report(report, tmp / "validation", plot=plot)
+        cal = {
+            "format": CALIBRATION_FORMAT,
+            "name": pname,
+            "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+            "samples_dir": str(src.resolve()),
+            "samples": _count(samples),
+            "complete": complete,
+            "device": device,
+            "gpu": gpu.name,
+            "compute_mape": report.compute_mape,
+            "plans": list(meta.get("plans", [])) if isinstance(meta.get("plans"), list) else [],
+        }
+        if report.collective_mape is not None:
+            cal["collective_mape"] = report.collective_mape
+        env = meta.get("environment")
+        if isinstance(env, Mapping):
+            cal["environment"] = {k: v for k, v in env.items() if isinstance(v, (str, int, float, bool))}
+        (tmp / CALIBRATION_FILE).write_text(dump_toml(cal), encoding="utf-8")
+        # The proof that the platform is usable: the predictor itself loads it.
+        load_platform(tmp, reload=True)
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return FitResult(out, pname, compute, collectives, report, _count(samples), complete, notes)
+
+
+def _describe(meta: Mapping[str, Any], gpu: GpuSpec, gpn: int) -> str:
+    env = meta.get("environment") if isinstance(meta.get("environment"), Mapping) else {}
+    host = env.get("host", "") if env else ""
+    job = env.get("slurm_job_id", "") if env else ""
+    where = f" on {host}" if host else ""
+    where += f" (Slurm job {job})" if job else ""
+    return f"calibrated by perf-calibrate: {gpu.name}, {gpn} per node{where}"
+
+
+def read_calibration(platform_dir: Path) -> dict[str, Any]:
+    """calibration.toml of a platform directory ({} when absent or unreadable)."""
+    import sys
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        return tomllib.loads((platform_dir / CALIBRATION_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
+
+
+__all__ = ["FitResult", "fit_platform", "gpu_spec_from_meta", "read_calibration", "CALIBRATION_FILE"]

@@ -1,0 +1,234 @@
+"""Importers of third-party measurements into perfcast's sample store (no torch needed).
+
+``estimate-train-time``: the measured samples published with Zhang et al. (arXiv:2509.22832,
+MIT licence).  Their CSVs give each operator by the *model* configuration it was sampled at
+(mp, b, h, l, dim); we convert every row to the physical shape of :mod:`predictor.operators`
+(GEMM m/k/n, attention batch/l/d, …) so their samples and ours fit through one path.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from predictor.errors import PerfcastError
+from predictor.samples import append_rows, collective_columns, operator_columns, write_meta
+
+log = logging.getLogger(__name__)
+
+# The vocabulary their kernels were sampled with (GPT-2 BPE), padded per tensor-parallel rank to a
+# multiple of 128 as GPT-NeoX does (make_vocab_size_divisible_by = 128).
+PAPER_VOCAB = 50257
+
+
+class ImportError_(PerfcastError):
+    """Source data that cannot be imported (missing folder, unknown layout, bad row)."""
+
+
+def vocab_per_rank(vocab: int, tp: int, multiple: int = 128) -> int:
+    """Eq. 1–2 of the paper: the vocabulary is padded to a multiple of ``multiple × tp``."""
+    return math.ceil(vocab / (multiple * tp)) * multiple
+
+
+def _layer_params(dim: float, mp: float) -> float:
+    """Parameters of one GPT-NeoX layer held by one tensor-parallel rank (Eq. 6 of the paper).
+
+    Norm weights and biases are replicated on every rank; the four linears (with biases) are split.
+    """
+    norms = 2 * (2 * dim)
+    linears = 3 * dim * (dim + 1) + dim * (dim + 1) + 4 * dim * (dim + 1) + dim * (4 * dim + 1)
+    return norms + linears / mp
+
+
+Row = dict[str, float]
+# (their file suffix, our operator, conversion of one of their rows to our features)
+_Convert = Callable[[Row], dict[str, float]]
+
+
+def _gemm(k: Callable[[Row], float], n: Callable[[Row], float]) -> _Convert:
+    return lambda r: {"m": r["b"] * r["l"], "k": k(r), "n": n(r)}
+
+
+def _attn(r: Row) -> dict[str, float]:
+    return {"batch": r["b"] * r["h"] / r["mp"], "l": r["l"], "d": r["dim"] / r["h"]}
+
+
+_OPERATORS: list[tuple[str, str, _Convert]] = [
+    ("linear1", "linear1", _gemm(lambda r: r["dim"], lambda r: 3 * r["dim"] / r["mp"])),
+    ("linear2", "linear2", _gemm(lambda r: r["dim"] / r["mp"], lambda r: r["dim"])),
+    ("linear3", "linear3", _gemm(lambda r: r["dim"], lambda r: 4 * r["dim"] / r["mp"])),
+    ("linear4", "linear4", _gemm(lambda r: 4 * r["dim"] / r["mp"], lambda r: r["dim"])),
+    ("linear_final", "linear_final",
+     _gemm(lambda r: r["dim"], lambda r: vocab_per_rank(PAPER_VOCAB, int(r["mp"])))),
+    ("baddbmm", "baddbmm", _attn),
+    ("bmm", "bmm", _attn),
+    ("fillmask", "fillmask", _attn),
+    ("softmax", "softmax", lambda r: {"batch": r["b"] * r["h"] / r["mp"], "l": r["l"]}),
+    ("ScaledUpperTriangMaskedSoftmax", "scaled_masked_softmax",
+     lambda r: {"batch": r["b"] * r["h"] / r["mp"], "l": r["l"]}),
+    ("flash_atten", "flash_atten",
+     lambda r: {"b": r["b"], "heads": r["h"] / r["mp"], "l": r["l"], "d": r["dim"] / r["h"]}),
+    ("RoPE", "rope", lambda r: {"tokens": r["b"] * r["l"], "heads": r["h"] / r["mp"], "d": r["dim"] / r["h"]}),
+    ("gelu", "gelu", lambda r: {"tokens": r["b"] * r["l"], "width": 4 * r["dim"] / r["mp"]}),
+    ("layernorm", "layernorm", lambda r: {"tokens": r["b"] * r["l"], "dim": r["dim"]}),
+    ("RMSlayernorm", "rmsnorm", lambda r: {"tokens": r["b"] * r["l"], "dim": r["dim"]}),
+    ("res_add", "res_add", lambda r: {"tokens": r["b"] * r["l"], "dim": r["dim"]}),
+    ("embedding", "embedding", lambda r: {"tokens": r["b"] * r["l"], "dim": r["dim"],
+                                          "vocab": vocab_per_rank(PAPER_VOCAB, int(r["mp"]))}),
+    ("parallel_cross_entropy_128", "cross_entropy",
+     lambda r: {"tokens": r["b"] * r["l"], "vocab": vocab_per_rank(PAPER_VOCAB, int(r["mp"]))}),
+]
+
+
+def _stage_params(kind: str) -> Callable[[Row], dict[str, float]]:
+    """Their optimizer samples give (mp, dim, layers of the stage); we cost by parameters updated."""
+
+    def convert(r: Row) -> dict[str, float]:
+        params = r["encoders"] * _layer_params(r["dim"], r["mp"])
+        vocab = vocab_per_rank(PAPER_VOCAB, int(r["mp"]))
+        if kind == "firstStage":
+            params += vocab * r["dim"]
+        elif kind == "lastStage":
+            params += vocab * r["dim"] + 2 * r["dim"]
+        return {"params": params}
+    return convert
+
+
+@dataclass
+class ImportSummary:
+    out_dir: Path
+    gpu: str
+    operator_rows: dict[str, int]
+    collective_rows: dict[str, int]
+    skipped_files: list[str]
+    dropped_rows: dict[str, int] = field(default_factory=dict)
+
+
+# No GPU link moves more than this per rank (NVLink4 is 900 GB/s both directions together); a row
+# implying more is a failed or skipped measurement (Vista's 8-node all-gathers of 0.5 GB "in" 118 µs).
+MAX_RANK_GBPS = 1000.0
+
+
+def _impossible(kind: str, entries: float, ranks: float, us: float) -> bool:
+    per_rank = {"allreduce": 2 * (ranks - 1) / ranks * entries, "allgather": (ranks - 1) * entries,
+                "p2p": entries}[kind] * 2.0
+    return us <= 0 or per_rank / (us * 1e-6) > MAX_RANK_GBPS * 1e9
+
+
+_TOPO = re.compile(r"^(?P<gpu>.+?)_(?P<coll>allreduce_large|allreduce|allgather_large|p2p)_(?P<prec>fp16|bf16|fp32)"
+                   r"_(?P<nodes>\d+)_(?P<gpn>\d+)\.csv$")
+_COLLECTIVE_KIND = {"allreduce": "allreduce", "allreduce_large": "allreduce",
+                    "allgather_large": "allgather", "p2p": "p2p"}
+
+
+def import_estimate_train_time(src: "str | Path", out_dir: "str | Path", *, gpu: str | None = None,
+                               overwrite: bool = False) -> ImportSummary:
+    """Convert one system's folder (``<src>/operator``, ``<src>/nccl``) into a sample directory.
+
+    ``src`` is e.g. ``shared/data/estimate-train-time/Perlmutter``.  Per-topology collective files
+    are used; the pooled files without a topology suffix repeat them and are skipped.
+    """
+    src, out = Path(src), Path(out_dir)
+    op_dir, nccl_dir = src / "operator", src / "nccl"
+    if not op_dir.is_dir():
+        raise ImportError_(f"{src}: no operator/ folder (expected an estimate-train-time system folder)")
+    if out.exists():
+        if not overwrite:
+            raise ImportError_(f"{out}: already exists (pass overwrite=True / --force to replace it)")
+        shutil.rmtree(out)
+    gpu_name = gpu or _detect_gpu(op_dir)
+    summary = ImportSummary(out, gpu_name, {}, {}, [])
+
+    for their, ours, convert in _OPERATORS:
+        path = op_dir / f"{gpu_name}_{their}_fp16.csv"
+        if not path.is_file():
+            log.warning("%s: missing, operator %s not imported", path, ours)
+            continue
+        rows = _convert_rows(path, convert, ours, ("F_dur(us)", "B_dur(us)"))
+        summary.operator_rows[ours] = append_rows(out / "operators" / f"{ours}_fp16.csv",
+                                                  operator_columns(ours), rows)
+    opt_rows: list[list[float]] = []
+    for stage in ("firstStage", "middleStage", "lastStage"):
+        path = op_dir / f"{gpu_name}_{stage}_optimizer_fp16.csv"
+        if path.is_file():
+            opt_rows.extend(_convert_rows(path, _stage_params(stage), "optimizer", ("dur(us)",)))
+    if opt_rows:
+        summary.operator_rows["optimizer"] = append_rows(out / "operators" / "optimizer_fp16.csv",
+                                                         operator_columns("optimizer"), opt_rows)
+    if (op_dir / f"{gpu_name}_optimizer_fp16.csv").is_file():
+        # A whole-model, unfused optimizer measurement that disagrees with the per-stage files by
+        # an order of magnitude; the paper's own estimator does not use it either.
+        summary.skipped_files.append(f"{gpu_name}_optimizer_fp16.csv")
+
+    per_kind: dict[str, list[list[float]]] = {}
+    for path in sorted(nccl_dir.glob("*.csv")) if nccl_dir.is_dir() else []:
+        m = _TOPO.match(path.name)
+        if not m:
+            if path.name != f"{gpu_name}.csv":
+                summary.skipped_files.append(path.name)
+            continue
+        kind = _COLLECTIVE_KIND[m["coll"]]
+        nodes, gpn = float(m["nodes"]), float(m["gpn"])
+        for r in _read_csv(path):
+            if _impossible(kind, r["shape"], nodes * gpn, r["dur(us)"]):
+                summary.dropped_rows[kind] = summary.dropped_rows.get(kind, 0) + 1
+                continue
+            per_kind.setdefault(kind, []).append([r["shape"], nodes, gpn, r["dur(us)"]])
+    for kind, rows in per_kind.items():
+        summary.collective_rows[kind] = append_rows(out / "collectives" / f"{kind}_fp16.csv",
+                                                    collective_columns(), rows)
+
+    write_meta(out, {
+        "gpu": gpu_name,
+        "source": "estimate-train-time",
+        "source_path": str(src),
+        "device": "cuda",
+        "precisions": ["fp16"],
+        "license": "MIT (c) the estimate-train-time authors; see LICENSE beside these samples",
+        "citation": "Zhang et al., Efficient Fine-Grained GPU Performance Modeling for Distributed "
+                    "Deep Learning of LLM, arXiv:2509.22832 (HiPC 2025)",
+        "skipped_files": summary.skipped_files,
+        "dropped_rows": ", ".join(f"{k}: {v}" for k, v in sorted(summary.dropped_rows.items()))
+                        + f" (implied more than {MAX_RANK_GBPS:.0f} GB/s per rank)",
+    })
+    lic = src.parent / "LICENSE"
+    if lic.is_file():
+        shutil.copyfile(lic, out / "LICENSE")
+    return summary
+
+
+def _detect_gpu(op_dir: Path) -> str:
+    names = sorted(p.stem for p in op_dir.glob("*.csv") if "_" not in p.stem)
+    if len(names) != 1:
+        raise ImportError_(f"{op_dir}: cannot tell the GPU name (found {names or 'no'} summary files)")
+    return names[0]
+
+
+def _read_csv(path: Path) -> Iterable[Row]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        for lineno, raw in enumerate(reader, start=2):
+            try:
+                yield {k.strip(): float(v) for k, v in raw.items()}
+            except (TypeError, ValueError):
+                raise ImportError_(f"{path}:{lineno}: not a number in {raw}") from None
+
+
+def _convert_rows(path: Path, convert: _Convert, op: str, durations: tuple[str, ...]) -> list[list[float]]:
+    columns = operator_columns(op)
+    features = columns[: len(columns) - len(durations)]
+    out = []
+    for r in _read_csv(path):
+        shape = convert(r)
+        durs = [r[d] for d in durations]
+        if not all(np.isfinite(durs)) or min(durs) <= 0:
+            continue
+        out.append([shape[f] for f in features] + durs)
+    return out

@@ -1,0 +1,287 @@
+"""Scheduling recalibration of a partition: a batch job sized for it, recurring, self-installing.
+
+``perf-calibrate schedule --partition P [--every 30d]`` asks Slurm about P (nodes, GPUs per node,
+MaxTime), sizes the calibration job (all GPUs of up to ``--nodes`` nodes, so that intra-node,
+inter-node and mixed groups can be measured), estimates its time from the plan's cost, writes the
+batch script under ``<root>/P/jobs/`` and submits it with ``sbatch --parsable``.
+
+The script measures into ``<root>/P/staging/current`` (a killed job's successor resumes it),
+moves the finished store aside, fits, and calls ``perf-calibrate install`` — which refuses a
+worse-validating or incomplete platform, so a failed, killed or bad calibration never replaces the
+active one (``set -e`` stops the script at the first failing step; install is the last).
+
+Recurrence: ``--recur begin`` (default) — each job first queues its successor with
+``sbatch --begin=now+<every>``, so the chain survives a failed run; ``--recur scrontab`` — a
+block in the submitting user's scrontab (cron granularity: daily, weekly or monthly).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
+
+from .env import published_spec
+from .errors import CalibrationError
+from .install import check_partition_name, platforms_root
+from .plans import Allocation, Cost, _nominal_spec, estimate_cost, make_plan
+
+log = logging.getLogger(__name__)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 86400}
+FIT_MINUTES = 15          # fitting + install after the measurements (regressors on the CPUs)
+SAFETY = 1.5              # the estimate is rough; a time-limit kill only costs a resume, but still
+MIN_MINUTES = 20
+
+
+class SlurmLike(Protocol):  # what we need of slurm_plugin.slurm_client.SlurmClient
+    def partition(self, name: Optional[str] = None) -> Any: ...
+    def submit(self, script: Any, args: Any = (), **kw: Any) -> Any: ...
+
+
+def parse_every(text: str) -> int:
+    """'30d', '12h', '2w', '45m' or a bare number of days → seconds."""
+    m = _DURATION.match(text or "")
+    if not m:
+        raise CalibrationError(f"--every {text!r}: expected a duration like 30d, 12h, 2w")
+    seconds = int(float(m.group(1)) * _UNIT_S[m.group(2)])
+    if seconds < 3600:
+        raise CalibrationError(f"--every {text!r}: recalibrating more than hourly makes no sense")
+    return seconds
+
+
+@dataclass
+class ScheduleRequest:
+    partition: str
+    every: str | None = None
+    recur: str = "begin"                   # begin | scrontab | none
+    plan: str = "adaptive"
+    budget_gpu_minutes: float = 0.0        # adaptive: 0 = fit the partition's MaxTime
+    precisions: tuple[str, ...] = ("fp16",)
+    nodes: int = 0                         # 0 = min(partition nodes, 4)
+    root: str | None = None
+    command: str = ""                      # how compute nodes run perf-calibrate
+    account: str = ""
+    extra_sbatch: tuple[str, ...] = ()
+    tolerance: float = 0.10
+    dry_run: bool = False
+
+
+@dataclass
+class ScheduledJob:
+    script_path: Path
+    script: str
+    nodes: int
+    gpus_per_node: int
+    time_limit_minutes: int
+    cost: Cost
+    job_id: int | None = None
+    recurrence: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _gpu_type(part: Any) -> str:
+    """The GPU model named in a partition's gres (gpu:a100:4 → a100), '' if none."""
+    raw = getattr(part, "raw", {}) or {}
+    for text in (raw.get("Gres", ""), raw.get("TRES", ""), raw.get("TRESBillingWeights", "")):
+        m = re.search(r"gpu:([A-Za-z][\w-]*):\d", str(text))
+        if m:
+            return m.group(1)
+    return ""
+
+
+def _fmt_minutes(minutes: int) -> str:
+    d, rem = divmod(int(minutes), 1440)
+    h, m = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:00" if d else f"{h:02d}:{m:02d}:00"
+
+
+def default_command() -> str:
+    """The same Python that runs this, so compute nodes use the same installation."""
+    return f"{shlex.quote(sys.executable)} -m calibrate.cli"
+
+
+def render_script(req: ScheduleRequest, alloc: Allocation, time_limit: int, script_path: Path,
+                  root: Path, every_s: int | None, budget: float) -> str:
+    """The batch script (pure: unit-tested)."""
+    p = req.partition
+    q = shlex.quote
+    cmd = req.command or default_command()
+    pdir = root / p
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=perfcast-calibrate-{p}",
+        f"#SBATCH --partition={p}",
+        f"#SBATCH --nodes={alloc.nodes}",
+        f"#SBATCH --ntasks-per-node={alloc.gpus_per_node}",
+    ]
+    if alloc.gpus_per_node > 0:
+        lines.append(f"#SBATCH --gpus-per-node={alloc.gpus_per_node}")
+    lines += [
+        "#SBATCH --exclusive",
+        f"#SBATCH --time={_fmt_minutes(time_limit)}",
+        f"#SBATCH --output={pdir}/logs/calibrate-%j.out",
+    ]
+    if req.account:
+        lines.append(f"#SBATCH --account={req.account}")
+    lines += [f"#SBATCH {a}" for a in req.extra_sbatch]
+    plan_args = f"--plan {q(req.plan)} --precision {q(','.join(req.precisions))}"
+    if req.plan == "adaptive":
+        plan_args += f" --budget {budget:.0f}"
+    lines += [
+        "# Written by perf-calibrate schedule; rewritten by the next `schedule` of this partition.",
+        "set -euo pipefail",
+        f"export PERFCAST_PLATFORMS={q(str(root))}",
+        f"STAGING={q(str(pdir / 'staging'))}",
+        'mkdir -p "$STAGING"',
+    ]
+    if every_s and req.recur == "begin":
+        lines += [
+            "# Queue the next calibration first: the chain survives this run failing or being killed.",
+            f"sbatch --parsable --begin=now+{every_s} {q(str(script_path))} "
+            '|| echo "perfcast: could not queue the next calibration" >&2',
+        ]
+    lines += [
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        "# Measure into staging/current: a killed run's successor resumes it where it stopped.",
+        "# Operators: one task on one node, spawning a rank per GPU that each measure a share.",
+        f'srun --nodes=1 --ntasks=1 --gpus={alloc.gpus_per_node} {cmd} run --device cuda {plan_args} '
+        f'--ranks {alloc.gpus_per_node} --out "$STAGING/current" --part operators',
+        f'srun {cmd} run --device cuda {plan_args} --out "$STAGING/current" --part collectives',
+        '# Done measuring: set the store aside so the next run starts fresh.',
+        'DONE="$STAGING/job-$SLURM_JOB_ID"',
+        'mv "$STAGING/current" "$DONE/samples" 2>/dev/null || { mkdir -p "$DONE"; mv "$STAGING/current" "$DONE/samples"; }',
+        f'{cmd} fit "$DONE/samples" --out "$DONE/platform" --name {q(p)}',
+        "# install refuses an incomplete or worse-validating platform: the active one then stays.",
+        f'{cmd} install "$DONE/platform" --partition {q(p)} --root {q(str(root))} '
+        f'--tolerance {req.tolerance}',
+        # Keep the last three finished stores (samples are useful for refits), drop older ones.
+        'ls -1dt "$STAGING"/job-* 2>/dev/null | tail -n +4 | xargs -r rm -rf',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def cron_line(every_s: int) -> str:
+    """A cron schedule close to ``every_s`` (cron cannot say "every 30 days")."""
+    days = every_s / 86400
+    if days < 1:
+        hours = max(1, round(every_s / 3600))
+        return f"0 */{hours} * * *"
+    if days < 7:
+        return f"0 3 */{max(1, round(days))} * *"
+    if days < 28:
+        return "0 3 * * 0"
+    return "0 3 1 * *"
+
+
+def install_scrontab(partition: str, script_path: Path, every_s: int, header: str,
+                     run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str:
+    """Replace this partition's block in the user's scrontab (other entries are kept)."""
+    begin, end = f"# BEGIN perfcast-calibrate {partition}", f"# END perfcast-calibrate {partition}"
+    cur = run(["scrontab", "-l"], capture_output=True, text=True)
+    existing = cur.stdout if cur.returncode == 0 else ""
+    kept, skipping = [], False
+    for line in existing.splitlines():
+        if line.strip() == begin:
+            skipping = True
+            continue
+        if line.strip() == end:
+            skipping = False
+            continue
+        if not skipping:
+            kept.append(line)
+    block = [begin, header, f"{cron_line(every_s)} {shlex.quote(str(script_path))}", end]
+    text = "\n".join(kept + block) + "\n"
+    with tempfile.NamedTemporaryFile("w", suffix=".scrontab", delete=False) as fh:
+        fh.write(text)
+        tmp = fh.name
+    try:
+        res = run(["scrontab", tmp], capture_output=True, text=True)
+    finally:
+        os.unlink(tmp)
+    if res.returncode != 0:
+        raise CalibrationError(f"scrontab refused the entry: {(res.stderr or res.stdout).strip()[:200]}")
+    return block[2]
+
+
+def schedule(req: ScheduleRequest, client: SlurmLike | None = None,
+             run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> ScheduledJob:
+    """Size, write and (unless dry_run) submit the calibration job of a partition."""
+    check_partition_name(req.partition)
+    if req.recur not in ("begin", "scrontab", "none"):
+        raise CalibrationError("--recur must be begin, scrontab or none")
+    every_s = parse_every(req.every) if req.every else None
+    if client is None:
+        from slurm_plugin.slurm_client import SlurmClient
+        client = SlurmClient()
+    try:
+        part = client.partition(req.partition)
+    except Exception as exc:  # SlurmError, or any failure of the CLI underneath
+        raise CalibrationError(f"partition {req.partition}: {exc}") from None
+    gpn = int(getattr(part, "gpus_per_node", 0) or 0)
+    if gpn < 1:
+        raise CalibrationError(f"partition {req.partition}: no GPUs per node known to Slurm "
+                               "(gres gpu); nothing to calibrate")
+    total = int(getattr(part, "nodes", 0) or 0) or 1
+    max_nodes = getattr(part, "max_nodes", None) or total
+    nodes = min(req.nodes or min(total, 4), total, max_nodes)
+    alloc = Allocation(nodes, gpn)
+    gtype = _gpu_type(part)
+    spec_d = published_spec(gtype) if gtype else None
+    spec = spec_d.to_gpu_spec() if spec_d else _nominal_spec("cuda")
+    max_time = getattr(part, "max_time_minutes", None)
+    notes: list[str] = []
+    budget = req.budget_gpu_minutes
+    if req.plan == "adaptive" and budget <= 0:
+        # Fill the partition's time limit (or 4 h): the budget is what the job may spend.
+        minutes = (max_time or 240) - FIT_MINUTES
+        budget = max(10.0, minutes / SAFETY) * alloc.ranks
+    memory = spec_d.memory_gib if spec_d else 80.0
+    plan = make_plan(req.plan, device="cuda", precisions=req.precisions, allocation=alloc,
+                     memory_gib=memory, budget_gpu_minutes=budget, spec=spec)
+    cost = estimate_cost(plan, spec, "cuda")
+    limit = int(math.ceil(cost.wall_minutes * SAFETY + FIT_MINUTES))
+    limit = max(limit, MIN_MINUTES)
+    if max_time is not None and limit > max_time:
+        notes.append(f"estimated {limit} min exceeds MaxTime {max_time} min: the job may be killed "
+                     "and resumed by the next one (use --plan adaptive with a --budget to bound it)")
+        limit = max_time
+    root = platforms_root(req.root)
+    jobs = root / req.partition / "jobs"
+    script_path = jobs / "calibrate.sbatch"
+    script = render_script(req, alloc, limit, script_path, root, every_s, budget)
+    if req.dry_run:
+        return ScheduledJob(script_path, script, nodes, gpn, limit, cost, None, "dry run", notes)
+    try:
+        jobs.mkdir(parents=True, exist_ok=True)
+        (root / req.partition / "logs").mkdir(parents=True, exist_ok=True)
+        tmp = script_path.with_name(f".{script_path.name}.tmp{os.getpid()}")
+        tmp.write_text(script, encoding="utf-8")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, script_path)
+    except OSError as exc:
+        raise CalibrationError(f"cannot write {script_path}: {exc.strerror or exc}") from None
+    recurrence = "once"
+    if every_s and req.recur == "scrontab":
+        header = (f"#SCRON --partition={req.partition} --nodes={nodes} --ntasks-per-node={gpn} "
+                  f"--gpus-per-node={gpn} --exclusive --time={_fmt_minutes(limit)} "
+                  f"--job-name=perfcast-calibrate-{req.partition}")
+        line = install_scrontab(req.partition, script_path, every_s, header, run)
+        recurrence = f"scrontab: {line.split(' /')[0]}"
+        return ScheduledJob(script_path, script, nodes, gpn, limit, cost, None, recurrence, notes)
+    try:
+        res = client.submit(script_path)
+    except Exception as exc:  # SlurmError from sbatch
+        raise CalibrationError(f"sbatch refused the calibration job: {exc}") from None
+    if every_s and req.recur == "begin":
+        recurrence = f"every {every_s // 86400} d {every_s % 86400 // 3600} h (sbatch --begin chain)"
+    return ScheduledJob(script_path, script, nodes, gpn, limit, cost, int(res.job_id), recurrence, notes)

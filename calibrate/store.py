@@ -1,0 +1,246 @@
+"""The resumable sample store: the predictor's sample layout plus what resuming needs.
+
+Built on ``predictor.samples`` (the format every fitting path reads).  On top of it:
+
+* an identity check on resume — a store written for another device, GPU type or measurement-method
+  version is refused rather than silently mixed (mixed samples bias the regressors);
+* repair of the one defect a killed writer can leave, a torn last line (dropped, never rewritten);
+* the set of points already measured, so that a resumed run measures only what is missing;
+* ``skipped.csv`` for points that cannot be measured here (out of memory, unsupported precision),
+  so a resume does not retry them forever;
+* a ``[progress]`` table with ``complete = true`` once every point of the plan is done: installing
+  refuses a store that never reached it (a killed or failed calibration).
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from predictor.errors import BundleError
+from predictor.samples import (FORMAT_VERSION, META_FILE, SampleSet, append_rows, collective_columns,
+                               load_samples, operator_columns, write_meta)
+from predictor.operators import OPERATORS
+
+from .env import METHOD_VERSION
+from .errors import CalibrationError, IncompatibleStore
+from .plans import CollectivePoint, OperatorPoint
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+log = logging.getLogger(__name__)
+
+SKIPPED_FILE = "skipped.csv"
+STORE_KIND = "perfcast-calibration"
+
+
+@dataclass(frozen=True)
+class StoreIdentity:
+    """What must match between a store and the run that appends to it."""
+
+    device: str
+    gpu_name: str
+    method_version: int = METHOD_VERSION
+
+    def check(self, meta: Mapping[str, Any], where: Path) -> None:
+        """Raise :class:`IncompatibleStore` when ``meta`` (samples.toml) is not ours to extend."""
+        if meta.get("format") != FORMAT_VERSION:
+            raise IncompatibleStore(f"{where}: sample format {meta.get('format')!r}, this perfcast "
+                                    f"writes format {FORMAT_VERSION}; use a new --out directory")
+        if meta.get("kind") != STORE_KIND:
+            raise IncompatibleStore(f"{where}: not a calibration store (kind {meta.get('kind')!r}; "
+                                    "imported samples cannot be extended by a run); use a new --out")
+        if meta.get("method_version") != self.method_version:
+            raise IncompatibleStore(f"{where}: measured with method version {meta.get('method_version')!r}, "
+                                    f"this perfcast measures with version {self.method_version}; "
+                                    "use a new --out directory")
+        if meta.get("device") != self.device:
+            raise IncompatibleStore(f"{where}: samples of device {meta.get('device')!r}, this run is "
+                                    f"on {self.device!r}; use a new --out directory")
+        if meta.get("gpu_name") != self.gpu_name:
+            raise IncompatibleStore(f"{where}: samples of {meta.get('gpu_name')!r}, this run is on "
+                                    f"{self.gpu_name!r} (another GPU type); use a new --out directory")
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    """samples.toml of a store, or {} when there is none; corrupt ones raise CalibrationError."""
+    path = directory / META_FILE
+    if not path.exists():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise CalibrationError(f"{path}: corrupt sample store metadata: {exc}") from None
+
+
+def repair_torn_tail(path: Path) -> bool:
+    """Drop a last line without its newline (what a writer killed mid-row leaves); True if cut."""
+    size = path.stat().st_size
+    if size == 0:
+        return False
+    with open(path, "rb+") as fh:
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) == b"\n":
+            return False
+        # Find the last newline; keep everything up to and including it.
+        block = min(size, 1 << 16)
+        fh.seek(size - block)
+        tail = fh.read(block)
+        cut = tail.rfind(b"\n")
+        keep = 0 if cut < 0 else size - block + cut + 1
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())
+    log.warning("%s: dropped a torn last line (a previous run was killed while writing)", path)
+    return True
+
+
+class SampleStore:
+    """A sample directory being filled by a calibration run (create or resume with :meth:`open`)."""
+
+    def __init__(self, directory: Path, meta: dict[str, Any], samples: SampleSet | None):
+        self.directory = directory
+        self.meta = meta
+        self._ops: set[OperatorPoint] = set()
+        self._colls: set[CollectivePoint] = set()
+        self._skipped: set[tuple[str, ...]] = set()
+        self.operator_rows = 0
+        self.collective_rows = 0
+        if samples is not None:
+            for (op, prec), table in samples.operators.items():
+                nf = len(OPERATORS[op].features)
+                for row in table.rows:
+                    self._ops.add(OperatorPoint(op, prec, tuple(int(v) for v in row[:nf])))
+                self.operator_rows += len(table)
+            for (kind, prec), table in samples.collectives.items():
+                for row in table.rows:
+                    self._colls.add(CollectivePoint(kind, prec, int(row[0]), int(row[1]), int(row[2])))
+                self.collective_rows += len(table)
+        skipped = directory / SKIPPED_FILE
+        if skipped.exists():
+            repair_torn_tail(skipped)
+            with open(skipped, newline="", encoding="utf-8") as fh:
+                for row in csv.reader(fh):
+                    if row and row[0] != "what":
+                        self._skipped.add(tuple(row[:3]))
+
+    # --------------------------------------------------------------------------- opening
+    @classmethod
+    def open(cls, directory: "str | Path", identity: StoreIdentity, meta: Mapping[str, Any]) -> "SampleStore":
+        """Create the store, or resume it after checking that it is compatible and readable.
+
+        ``meta`` (environment, GPU spec, plan …) is merged into samples.toml; the list of plans
+        that contributed grows.  Nothing is written before every check has passed.
+        """
+        d = Path(directory)
+        existing = read_meta(d)
+        if d.exists() and not d.is_dir():
+            raise CalibrationError(f"{d}: exists and is not a directory")
+        if existing:
+            identity.check(existing, d / META_FILE)
+            for sub in ("operators", "collectives"):
+                for path in sorted((d / sub).glob("*.csv")):
+                    repair_torn_tail(path)
+            try:
+                samples = load_samples(d)
+            except BundleError as exc:
+                raise CalibrationError(f"corrupt sample store, refusing to extend it: {exc}") from None
+        else:
+            if d.exists() and any(d.iterdir()):
+                raise CalibrationError(f"{d}: not empty and not a sample store (no {META_FILE}); "
+                                       "refusing to write into it")
+            samples = None
+        merged = dict(existing)
+        merged.update({k: v for k, v in meta.items() if k not in ("plans", "precisions")})
+        merged["kind"] = STORE_KIND
+        merged["method_version"] = identity.method_version
+        merged["device"] = identity.device
+        merged["gpu_name"] = identity.gpu_name
+        for key in ("plans", "precisions"):
+            merged[key] = sorted(set(existing.get(key, [])) | set(meta.get(key, [])))
+        merged.pop("format", None)
+        merged.setdefault("progress", {})
+        merged["progress"] = {**merged["progress"], "complete": False}
+        store = cls(d, merged, samples)
+        store._write_meta()
+        return store
+
+    # --------------------------------------------------------------------------- state
+    def has_operator(self, pt: OperatorPoint) -> bool:
+        return pt in self._ops or ("operator", pt.op, _key(pt)) in self._skipped_keys()
+
+    def has_collective(self, pt: CollectivePoint) -> bool:
+        return pt in self._colls or ("collective", pt.kind, _key(pt)) in self._skipped_keys()
+
+    def _skipped_keys(self) -> set[tuple[str, ...]]:
+        return self._skipped
+
+    @property
+    def skipped(self) -> int:
+        return len(self._skipped)
+
+    # --------------------------------------------------------------------------- writing
+    def record_operator(self, pt: OperatorPoint, us: Mapping[str, float]) -> None:
+        """Append one measured operator row (fsync'd) — durations per direction in µs."""
+        op = OPERATORS[pt.op]
+        row = list(pt.shape) + [float(us[d]) for d in op.directions]
+        append_rows(self.directory / "operators" / f"{pt.op}_{pt.precision}.csv",
+                    operator_columns(pt.op), [row])
+        self._ops.add(pt)
+        self.operator_rows += 1
+
+    def record_collective(self, pt: CollectivePoint, us: float) -> None:
+        append_rows(self.directory / "collectives" / f"{pt.kind}_{pt.precision}.csv",
+                    collective_columns(), [[pt.entries, pt.nodes, pt.gpus_per_node, float(us)]])
+        self._colls.add(pt)
+        self.collective_rows += 1
+
+    def record_skip(self, what: str, pt: "OperatorPoint | CollectivePoint", reason: str) -> None:
+        """Remember a point that cannot be measured here, so that resumes do not retry it."""
+        name = pt.op if isinstance(pt, OperatorPoint) else pt.kind
+        path = self.directory / SKIPPED_FILE
+        new = not path.exists()
+        with open(path, "a", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            if new:
+                w.writerow(["what", "name", "key", "reason"])
+            w.writerow([what, name, _key(pt), reason.replace("\n", " ")[:300]])
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._skipped.add((what, name, _key(pt)))
+        log.warning("skipped %s %s %s: %s", what, name, _key(pt), reason)
+
+    def update_meta(self, **values: Any) -> None:
+        """Merge top-level keys or tables into samples.toml (atomically rewritten; rows never are)."""
+        for k, v in values.items():
+            if isinstance(v, Mapping) and isinstance(self.meta.get(k), Mapping):
+                self.meta[k] = {**self.meta[k], **v}
+            else:
+                self.meta[k] = v
+        self._write_meta()
+
+    def mark_complete(self, complete: bool = True) -> None:
+        self.update_meta(progress={"complete": complete, "operator_rows": self.operator_rows,
+                                   "collective_rows": self.collective_rows, "skipped": self.skipped})
+
+    def _write_meta(self) -> None:
+        meta = {k: v for k, v in self.meta.items() if k != "format"}
+        write_meta(self.directory, meta)
+
+
+def _key(pt: "OperatorPoint | CollectivePoint") -> str:
+    if isinstance(pt, OperatorPoint):
+        return f"{pt.precision}:" + "x".join(str(v) for v in pt.shape)
+    return f"{pt.precision}:{pt.entries}@{pt.nodes}x{pt.gpus_per_node}"
+
+
+def store_is_complete(directory: Path) -> bool:
+    meta = read_meta(directory)
+    return bool(meta.get("progress", {}).get("complete", False))

@@ -1,0 +1,77 @@
+"""Timing a kernel the way the paper does: warm up, repeat, keep a robust statistic.
+
+On CUDA each repetition is bracketed by CUDA events (device time, no host jitter); on CPU by
+``perf_counter`` (the work is synchronous there).  The statistic is the mean of the middle half
+of the repetitions, which drops both the cold outliers and the preempted ones.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A robust duration and the raw repetitions it came from."""
+
+    seconds: float
+    samples: tuple[float, ...]
+
+    @property
+    def us(self) -> float:
+        return self.seconds * 1e6
+
+
+def middle_half_mean(values: "list[float] | tuple[float, ...]") -> float:
+    """Mean of the middle half (interquartile mean); the plain mean below four values."""
+    v = sorted(values)
+    n = len(v)
+    if n == 0:
+        raise ValueError("no repetitions to summarise")
+    if n < 4:
+        return sum(v) / n
+    lo, hi = n // 4, n - n // 4
+    mid = v[lo:hi]
+    return sum(mid) / len(mid)
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(fn: Callable[[], object], device: str, *, warmup: int = 3, repeats: int = 10,
+            setup: Callable[[], object] | None = None) -> Timing:
+    """Time ``fn`` (after ``warmup`` untimed calls) ``repeats`` times.
+
+    ``setup`` runs before every call, untimed (e.g. zeroing gradients).
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
+    for _ in range(max(0, warmup)):
+        if setup is not None:
+            setup()
+        fn()
+    synchronize(device)
+    out: list[float] = []
+    if device == "cuda":
+        for _ in range(repeats):
+            if setup is not None:
+                setup()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(repeats):
+            if setup is not None:
+                setup()
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return Timing(middle_half_mean(out), tuple(out))

@@ -1,0 +1,28 @@
+"""perfcast's CPU-only predictor: operator-level model of distributed LLM training time.
+
+Never imports torch or Slurm: it runs inside a daemon next to slurmctld and must import fast.
+Heavy pieces (regressor libraries) load lazily, on the first platform load.
+
+    from predictor import TrainingJob, load_platform, predict
+    predict(TrainingJob.from_dict(d), load_platform("perlmutter-a100")).iteration_seconds
+"""
+from __future__ import annotations
+
+from .errors import BundleError, JobError, PerfcastError, PlatformNotFound
+from .job import ClusterSpec, Layout, ModelSpec, RunSpec, TrainingJob, load_job
+
+__all__ = [
+    "TrainingJob", "ModelSpec", "Layout", "RunSpec", "ClusterSpec", "load_job",
+    "PerfcastError", "JobError", "BundleError", "PlatformNotFound",
+    "load_platform", "list_platforms", "predict", "predict_many", "Prediction", "Platform",
+]
+
+
+def __getattr__(name: str):  # PEP 562: keep `import predictor` light
+    if name in ("load_platform", "list_platforms", "Platform"):
+        from . import platform
+        return getattr(platform, name)
+    if name in ("predict", "predict_many", "Prediction"):
+        from . import estimate as _p
+        return getattr(_p, name)
+    raise AttributeError(f"module 'predictor' has no attribute {name!r}")

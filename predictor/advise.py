@@ -1,0 +1,644 @@
+"""Layout search: which PP × TP × DP (and micro-batch, recompute, ZeRO, interleaving) is fastest?
+
+For a job and a GPU count, :func:`advise` enumerates every layout that keeps the job's global
+batch (so every candidate does the same work per optimizer step), drops the ones the memory model
+(:mod:`predictor.memory`) says do not fit the platform's GPU, predicts the rest in **one** batched
+``predict_many`` call (one regressor call per operator for all candidates, never one candidate at
+a time) and ranks them by predicted seconds per step.  :func:`sweep` does the same for several
+GPU counts, in one batched call too, and reports time-to-train and GPU-hours per count.
+
+Constraints of the enumeration (each one a reason a layout would fail to launch):
+
+* pp × tp × dp = the GPU count; whole nodes when more than one node is used;
+* heads, kv_heads and ffn_hidden divisible by tp; tp within a node (tp ≤ GPUs per node and a
+  divisor of it) unless ``allow_cross_node_tp`` — tensor parallelism all-reduces twice per layer
+  and direction, which inter-node links turn into the bottleneck;
+* at least one layer per stage (GPT-NeoX balances uneven splits); with virtual stages v > 1,
+  layers divisible by pp × v and micro-batches per step divisible by pp (Megatron's interleaved
+  schedule);
+* global batch divisible by micro_batch × dp;
+* ZeRO stage ≥ 2 only with pp = 1 (DeepSpeed), as :class:`~predictor.job.TrainingJob` enforces.
+
+Dominated layouts are not predicted: when a layout fits without recomputation, the same layout
+with selective or full recomputation does strictly more work for the same communication, so it
+cannot be faster (and full is dropped where selective fits likewise); ZeRO-3 is dropped where
+ZeRO-2 fits with no more recomputation (same compute, more traffic).  Pinned knobs are never
+pruned.
+
+Model FLOPs (for TFLOP/s and MFU; Narayanan et al., SC 2021, Appendix, generalised to GQA and any
+MLP width; recomputation is *not* counted, so MFU is model FLOPs utilisation in the PaLM sense)::
+
+    F = 6 · B · s · (L · P_layer + h · V)  +  12 · B · s² · L · h
+
+with B sequences per step, s sequence length, L layers, h hidden, V the padded vocabulary,
+P_layer = h·(h + 2k) + h·h + h·f·(2 if gated else 1) + f·h the matmul weights of one layer
+(k = K/V width, f = MLP inner width); the first term is every weight GEMM forward and backward
+(2 + 4 FLOPs per weight per token), the second QKᵀ and attention·V (2·2·s·h per token and layer
+forward, ×3 with backward).  For k = h, f = 4h it is Narayanan's 72·B·s·L·h²·(1 + s/6h + V/12hL).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from .errors import JobError, PerfcastError
+from .job import Layout, ModelSpec, TrainingJob, ClusterSpec, RECOMPUTES
+from . import memory as mem
+
+log = logging.getLogger(__name__)
+
+PredictMany = Callable[[Sequence[TrainingJob], Any], list]
+
+# Tuple key of a layout, in the order of the JSON answer.
+LAYOUT_KEYS = ("pp", "tp", "dp", "micro_batch", "micro_batches", "recompute", "zero_stage",
+               "virtual_stages")
+_RECOMPUTE_COST = {"none": 0, "selective": 1, "full": 2}
+
+
+class AdviseError(PerfcastError):
+    """A search that cannot be done as asked (no GPU count fits the job, no platform, ...)."""
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """What the search may change.  A knob set to a value is pinned; None leaves it free."""
+
+    gpus: Optional[int] = None                 # None: the job's own pp × tp × dp
+    micro_batch: Optional[int] = None
+    recompute: Optional[str] = None
+    zero_stage: Optional[int] = None
+    virtual_stages: Optional[int] = None
+    pp: Optional[int] = None
+    tp: Optional[int] = None
+    allow_cross_node_tp: bool = False
+    include_unfit: bool = False                # --all: predict and show layouts that do not fit
+    max_micro_batch: int = 32                  # beyond this no A100/H100 layout of an LLM fits
+    max_virtual_stages: int = 8
+    prune_dominated: bool = True
+
+    def __post_init__(self) -> None:
+        if self.recompute is not None and self.recompute not in RECOMPUTES:
+            raise AdviseError(f"recompute must be one of {', '.join(RECOMPUTES)}, got {self.recompute!r}")
+        if self.zero_stage is not None and not 0 <= self.zero_stage <= 3:
+            raise AdviseError(f"ZeRO stage must be 0..3, got {self.zero_stage}")
+        for name in ("gpus", "micro_batch", "virtual_stages", "pp", "tp"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise AdviseError(f"{name.replace('_', ' ')} must be at least 1, got {v}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout with its memory estimate and, when predicted, its predicted step time."""
+
+    layout: Layout
+    memory: mem.MemoryEstimate
+    fits: bool
+    prediction: Any = None                     # predictor.predict.Prediction, or None
+    flops_per_step: float = 0.0
+    gpus: int = 0
+    tokens_per_step: int = 0
+    peak_tflops: float = 0.0
+    note: str = ""
+
+    @property
+    def key(self) -> tuple:
+        return layout_key(self.layout)
+
+    @property
+    def name(self) -> str:
+        """PP-MP-DP, as the paper writes layouts."""
+        return f"{self.layout.pp}-{self.layout.tp}-{self.layout.dp}"
+
+    @property
+    def iteration_seconds(self) -> float:
+        return float(self.prediction.iteration_seconds) if self.prediction is not None else math.inf
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step / self.iteration_seconds
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.flops_per_step / self.iteration_seconds / self.gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops_per_gpu / self.peak_tflops if self.peak_tflops else math.nan
+
+    def _share(self, keys: Iterable[str]) -> float:
+        if self.prediction is None:
+            return math.nan
+        b = self.prediction.breakdown
+        return min(1.0, sum(float(b.get(k, 0.0)) for k in keys) / self.iteration_seconds)
+
+    @property
+    def bubble_share(self) -> float:
+        return self._share(("bubble",))
+
+    @property
+    def comm_share(self) -> float:
+        """Share of the step spent communicating outside the bubble (TP all-reduces and pipeline
+        sends of the critical stage, the DP all-reduce): :meth:`time_split`'s communication."""
+        if self.prediction is None:
+            return math.nan
+        return min(1.0, self.time_split()["communication"] / self.iteration_seconds)
+
+    def time_split(self) -> dict[str, float]:
+        """Seconds per step in four additive parts: compute, communication, pipeline bubble and
+        the rest (optimizer step, overheads).
+
+        The predictor reports TP all-reduces and pipeline sends (``mp_allreduce``, ``pp_p2p``)
+        as the part of the whole pipeline, bubble slots included, that is communication; the
+        same fraction of the non-bubble stage time is communication here, and the DP all-reduce
+        is added to it.
+        """
+        if self.prediction is None:
+            return {}
+        b = {k: float(v) for k, v in self.prediction.breakdown.items()}
+        t = self.iteration_seconds
+        stage = b.get("stage_fwd_max", 0.0) + b.get("stage_bwd_max", 0.0)
+        bubble = b.get("bubble", 0.0)
+        pipeline = stage + bubble
+        inside = b.get("mp_allreduce", 0.0) + b.get("pp_p2p", 0.0)
+        frac = min(1.0, inside / pipeline) if pipeline > 0 else 0.0
+        compute = stage * (1.0 - frac)
+        comm = stage * frac + b.get("dp_allreduce", 0.0)
+        return {"compute": compute, "communication": comm, "bubble": bubble,
+                "other": max(0.0, t - compute - comm - bubble)}
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {k: getattr(self.layout, k) for k in LAYOUT_KEYS}
+        predicted = self.prediction is not None
+        d.update({
+            "iteration_seconds": round(self.iteration_seconds, 6) if predicted else None,
+            "memory_gib": round(self.memory.total_gib, 3),
+            "fits": self.fits,
+            "tokens_per_second": round(self.tokens_per_second, 1) if predicted else None,
+            "tflops_per_gpu": round(self.tflops_per_gpu, 2) if predicted else None,
+            "mfu": round(self.mfu, 4) if predicted and self.peak_tflops else None,
+            "bubble_share": round(self.bubble_share, 4) if predicted else None,
+            "comm_share": round(self.comm_share, 4) if predicted else None,
+            "memory": self.memory.to_dict(),
+        })
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+@dataclass
+class Advice:
+    """The answer of :func:`advise`: candidates fastest first (with ``--all`` the ones that do
+    not fit are among them, flagged ``fits=False``), and where the job's own layout stands."""
+
+    job: TrainingJob
+    platform: str
+    gpus: int
+    gpus_per_node: int
+    candidates: list[Candidate]
+    current: Optional[Candidate]
+    current_rank: Optional[int]                # 1 = best; None when it does not fit / no current
+    iterations: int
+    enumerated: int = 0                        # layouts that met the launch constraints
+    dropped: dict[str, int] = field(default_factory=dict)   # reason -> count, not predicted
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fitting(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.fits]
+
+    @property
+    def best(self) -> Optional[Candidate]:
+        f = self.fitting
+        return f[0] if f else None
+
+    @property
+    def gpu_hours_saved(self) -> Optional[float]:
+        """GPU-hours the best layout saves over the job's iterations against the job's own."""
+        best, cur = self.best, self.current
+        if best is None or cur is None or cur.prediction is None or not self.iterations:
+            return None
+        return max(0.0, (cur.iteration_seconds - best.iteration_seconds) * self.iterations
+                   * self.gpus / 3600.0)
+
+    @property
+    def warnings(self) -> list[str]:
+        """The predictor's warnings for the best and the job's own layout (deduplicated): an
+        uncalibrated platform or extrapolated shapes weaken the ranking, and the user should know."""
+        out: list[str] = []
+        for c in (self.best, self.current):
+            for w in getattr(c.prediction, "warnings", None) or () if c is not None else ():
+                if w not in out:
+                    out.append(w)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        cur = None
+        if self.current is not None:
+            cur = self.current.to_dict()
+            cur["rank"] = self.current_rank
+        return {
+            "platform": self.platform,
+            "gpus": self.gpus,
+            "nodes": max(1, math.ceil(self.gpus / self.gpus_per_node)),
+            "global_batch": self.job.layout.global_batch,
+            "iterations": self.iterations,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "current": cur,
+            "gpu_hours_saved": None if self.gpu_hours_saved is None else round(self.gpu_hours_saved, 2),
+            "enumerated": self.enumerated,
+            "dropped": dict(self.dropped),
+            "notes": list(self.notes),
+            "warnings": self.warnings,
+        }
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """The best layout at one GPU count."""
+
+    gpus: int
+    nodes: int
+    best: Optional[Candidate]
+    iterations: int
+    advice: Advice
+
+    @property
+    def step_seconds(self) -> Optional[float]:
+        return self.best.iteration_seconds if self.best else None
+
+    @property
+    def train_seconds(self) -> Optional[float]:
+        """Time to train: the predictor's total (startup, evaluation, checkpoints included) when
+        the job says how many iterations, else the step time × iterations (0 → per step)."""
+        if self.best is None:
+            return None
+        total = getattr(self.best.prediction, "total_seconds", None)
+        if self.iterations and total:
+            return float(total)
+        return self.best.iteration_seconds * max(self.iterations, 1)
+
+    @property
+    def gpu_hours(self) -> Optional[float]:
+        t = self.train_seconds
+        return None if t is None else t * self.gpus / 3600.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus, "nodes": self.nodes,
+            "best": None if self.best is None else self.best.to_dict(),
+            "iteration_seconds": self.step_seconds,
+            "train_seconds": self.train_seconds,
+            "gpu_hours": self.gpu_hours,
+        }
+
+
+# ------------------------------------------------------------------------------------ FLOPs
+def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:
+    """Model FLOPs of one optimizer step (formula in the module docstring; no recompute)."""
+    h, f, s, L = model.hidden, model.ffn_hidden, model.seq_len, model.layers
+    k = model.kv_heads * model.head_dim
+    up = 2 * f if model.activation == "swiglu" else f
+    p_layer = h * (h + 2 * k) + h * h + h * up + f * h
+    vocab = mem.padded_vocab(model.vocab, 1)
+    tokens = global_batch * s
+    return 6.0 * tokens * (L * p_layer + h * vocab) + 12.0 * tokens * s * L * h
+
+
+# ------------------------------------------------------------------------------------ enumeration
+def layout_key(layout: Layout) -> tuple:
+    return tuple(getattr(layout, k) for k in LAYOUT_KEYS)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _tp_choices(model: ModelSpec, gpus: int, gpus_per_node: int, opts: SearchOptions) -> list[int]:
+    out = []
+    for tp in _divisors(gpus):
+        if opts.tp is not None and tp != opts.tp:
+            continue
+        if model.heads % tp or model.kv_heads % tp or model.ffn_hidden % tp:
+            continue
+        if not opts.allow_cross_node_tp and opts.tp is None:
+            if tp > gpus_per_node or gpus_per_node % tp:
+                continue
+        out.append(tp)
+    return out
+
+
+def enumerate_layouts(job: TrainingJob, gpus: int, gpus_per_node: int,
+                      opts: SearchOptions) -> tuple[list[Layout], dict[str, int]]:
+    """Every layout of ``gpus`` GPUs that keeps the job's global batch and could launch.
+
+    Returns the layouts and, per reason, how many combinations were ruled out (for the report).
+    """
+    m, lay = job.model, job.layout
+    gb = lay.global_batch
+    skipped: dict[str, int] = {}
+
+    def skip(reason: str, n: int = 1) -> None:
+        skipped[reason] = skipped.get(reason, 0) + n
+
+    recomputes = (opts.recompute,) if opts.recompute else RECOMPUTES
+    out: list[Layout] = []
+    for tp in _tp_choices(m, gpus, gpus_per_node, opts):
+        for pp in _divisors(gpus // tp):
+            if opts.pp is not None and pp != opts.pp:
+                continue
+            if pp > m.layers:
+                skip("fewer layers than pipeline stages")
+                continue
+            dp = gpus // (tp * pp)
+            if gb % dp:
+                skip("global batch not divisible by dp")
+                continue
+            if opts.zero_stage is not None:
+                zeros: Sequence[int] = (opts.zero_stage,)
+                if opts.zero_stage >= 2 and pp > 1:
+                    skip("ZeRO ≥ 2 with pp > 1")
+                    continue
+            elif dp == 1:
+                # Nothing to shard over one data-parallel rank: every stage is the same layout.
+                z = lay.zero_stage
+                zeros = (z if z <= 1 or pp == 1 else 0,)
+            else:
+                zeros = (0, 1, 2, 3) if pp == 1 else (0, 1)
+            if opts.virtual_stages is not None:
+                vs: Sequence[int] = (opts.virtual_stages,)
+            elif pp == 1:
+                vs = (1,)
+            else:
+                vs = [v for v in range(1, opts.max_virtual_stages + 1)
+                      if v == 1 or m.layers % (pp * v) == 0]
+            per_dp = gb // dp
+            for mb in _divisors(per_dp):
+                if opts.micro_batch is not None:
+                    if mb != opts.micro_batch:
+                        continue
+                elif mb > opts.max_micro_batch:
+                    continue
+                mbs = per_dp // mb
+                for v in vs:
+                    if v > 1:
+                        if pp < 2 or m.layers % (pp * v) or mbs % pp:
+                            skip("interleaving constraints (layers or micro-batches per pp·v)")
+                            continue
+                    for z in zeros:
+                        for rc in recomputes:
+                            out.append(Layout(pp=pp, tp=tp, dp=dp, micro_batch=mb, micro_batches=mbs,
+                                              zero_stage=z, recompute=rc,
+                                              sequence_parallel=lay.sequence_parallel and tp > 1,
+                                              virtual_stages=v))
+    if opts.micro_batch is not None and not out:
+        skip(f"micro-batch {opts.micro_batch} does not divide the global batch per dp rank")
+    return out, skipped
+
+
+# ------------------------------------------------------------------------------------ search
+@dataclass
+class _Plan:
+    """Layouts of one GPU count after the memory filter, ready to predict."""
+
+    gpus: int
+    fitting: list[tuple[Layout, mem.MemoryEstimate]]
+    unfit: list[tuple[Layout, mem.MemoryEstimate]]
+    current: Optional[tuple[Layout, mem.MemoryEstimate]]
+    current_note: str
+    current_status: str          # searched | dominated (or why) | outside (the search space) | none
+    enumerated: int
+    dropped: dict[str, int]
+
+
+def _check_gpus(gpus: int, gpus_per_node: int) -> None:
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        raise AdviseError(f"{gpus} GPUs do not fill whole nodes of {gpus_per_node} GPUs")
+
+
+def _current_layout(job: TrainingJob, gpus: int) -> tuple[Optional[Layout], str]:
+    """The job's own layout at ``gpus`` GPUs: as written, or with dp scaled to the new count."""
+    lay = job.layout
+    if lay.gpus == gpus:
+        return lay, ""
+    if gpus % (lay.pp * lay.tp):
+        return None, (f"your pp × tp = {lay.pp * lay.tp} does not divide {gpus} GPUs: "
+                      "no like-for-like comparison")
+    dp = gpus // (lay.pp * lay.tp)
+    if lay.global_batch % (lay.micro_batch * dp):
+        return None, (f"your global batch {lay.global_batch} is not divisible by micro-batch "
+                      f"{lay.micro_batch} × dp {dp} at {gpus} GPUs")
+    cur = Layout(**{**_layout_dict(lay), "dp": dp,
+                    "micro_batches": lay.global_batch // (lay.micro_batch * dp)})
+    return cur, f"your layout with dp scaled to {gpus} GPUs"
+
+
+def _layout_dict(lay: Layout) -> dict[str, Any]:
+    return {k: getattr(lay, k) for k in LAYOUT_KEYS + ("sequence_parallel",)}
+
+
+def _prune_dominated(fitting: list[tuple[Layout, mem.MemoryEstimate]],
+                     prune_zero: bool = True) -> tuple[list, int]:
+    """Drop layouts that cannot be the fastest because a cheaper variant of them fits.
+
+    * recompute: per layout apart from recompute keep only the least recomputation that fits
+      (selective and full only add forward work, never remove communication);
+    * ZeRO-3 vs ZeRO-2 (pp = 1): stage 3 adds parameter all-gathers in forward and backward to
+      stage 2's traffic with the same compute, so it is dropped where stage 2 fits with no more
+      recomputation.
+    """
+    best: dict[tuple, tuple[Layout, mem.MemoryEstimate]] = {}
+    for lay, est in fitting:
+        k = (lay.pp, lay.tp, lay.dp, lay.micro_batch, lay.zero_stage, lay.virtual_stages)
+        prev = best.get(k)
+        if prev is None or _RECOMPUTE_COST[lay.recompute] < _RECOMPUTE_COST[prev[0].recompute]:
+            best[k] = (lay, est)
+    kept = list(best.values())
+    if prune_zero:
+        def z2(lay: Layout) -> Optional[tuple[Layout, mem.MemoryEstimate]]:
+            return best.get((lay.pp, lay.tp, lay.dp, lay.micro_batch, 2, lay.virtual_stages))
+        kept = [(lay, est) for lay, est in kept
+                if lay.zero_stage != 3 or (other := z2(lay)) is None
+                or _RECOMPUTE_COST[other[0].recompute] > _RECOMPUTE_COST[lay.recompute]]
+    return kept, len(fitting) - len(kept)
+
+
+def _dominating(lay: Layout, kept: list[tuple[Layout, mem.MemoryEstimate]]) -> Optional[Layout]:
+    """The kept layout that made :func:`_prune_dominated` drop ``lay``."""
+    for other, _ in kept:
+        if (other.pp, other.tp, other.dp, other.micro_batch, other.virtual_stages) != \
+                (lay.pp, lay.tp, lay.dp, lay.micro_batch, lay.virtual_stages):
+            continue
+        if other.zero_stage == lay.zero_stage or (lay.zero_stage == 3 and other.zero_stage == 2):
+            if _RECOMPUTE_COST[other.recompute] <= _RECOMPUTE_COST[lay.recompute]:
+                return other
+    return None
+
+
+def _plan(job: TrainingJob, platform: Any, gpus: int, opts: SearchOptions) -> _Plan:
+    gpn = int(platform.gpus_per_node)
+    _check_gpus(gpus, gpn)
+    capacity = float(platform.gpu.memory_gib)
+    precision = job.run.precision
+    layouts, dropped = enumerate_layouts(job, gpus, gpn, opts)
+    fitting, unfit = [], []
+    for lay in layouts:
+        est = mem.estimate(job.model, lay, precision)
+        (fitting if est.fits(capacity) else unfit).append((lay, est))
+    fitting_keys = {layout_key(lay) for lay, _ in fitting}
+    if opts.prune_dominated:
+        # A pinned recompute leaves one setting per layout (nothing to prune); a pinned ZeRO
+        # stage is never traded for another.
+        fitting, n = _prune_dominated(fitting, prune_zero=opts.zero_stage is None)
+        if n:
+            dropped["dominated: a cheaper variant of the layout fits"] = n
+    if unfit:
+        dropped[f"over {capacity:g} GiB per GPU"] = len(unfit)
+    cur_layout, note = _current_layout(job, gpus)
+    current, status = None, "none"
+    if cur_layout is not None:
+        current = (cur_layout, mem.estimate(job.model, cur_layout, precision))
+        key = layout_key(cur_layout)
+        if any(layout_key(lay) == key for lay, _ in fitting):
+            status = "searched"
+        elif key in fitting_keys:
+            status = "dominated"
+            alt = _dominating(cur_layout, fitting)
+            if alt is not None:
+                status = (f"the same layout with {alt.recompute} recompute and ZeRO {alt.zero_stage} "
+                          "also fits, does less work or traffic, and is listed instead")
+        else:
+            status = "outside"
+    log.debug("advise %d GPUs: %d layouts, %d fit", gpus, len(layouts), len(fitting))
+    return _Plan(gpus, fitting, unfit, current, note, status, len(layouts), dropped)
+
+
+def _job_for(job: TrainingJob, layout: Layout, gpus_per_node: int) -> TrainingJob:
+    # Built directly rather than via job.replace(): replace() round-trips through dicts, which
+    # at thousands of candidates costs more than the prediction itself.  Validation still runs.
+    return TrainingJob(model=job.model, layout=layout, run=job.run,
+                       cluster=ClusterSpec(gpus_per_node=gpus_per_node, platform=job.cluster.platform),
+                       source=job.source)
+
+
+def _default_predict_many() -> PredictMany:
+    # Lazy, through the package's public name: keeps `import predictor.advise` light and does
+    # not depend on which module implements it.
+    from . import predict_many
+    return predict_many
+
+
+def _predict_plans(job: TrainingJob, platform: Any, plans: Sequence[_Plan], opts: SearchOptions,
+                   predict_many: Optional[PredictMany]) -> list[Advice]:
+    """Predict every plan's layouts in one batched call and assemble the answers."""
+    pm = predict_many or _default_predict_many()
+    gpn = int(platform.gpus_per_node)
+    capacity = float(platform.gpu.memory_gib)
+    precision = job.run.precision
+    peak = float(platform.gpu.tflops.get(precision, 0.0)) if hasattr(platform.gpu, "tflops") else 0.0
+    flops = model_flops_per_step(job.model, job.layout.global_batch)
+    tokens = job.tokens_per_iteration
+
+    batch: list[TrainingJob] = []
+    index: list[tuple[int, str, Layout, mem.MemoryEstimate]] = []   # plan, role, layout, memory
+    for i, plan in enumerate(plans):
+        rows = [("fit", lay, est) for lay, est in plan.fitting]
+        if opts.include_unfit:
+            rows += [("unfit", lay, est) for lay, est in plan.unfit]
+        keys = {layout_key(lay) for _, lay, _ in rows}
+        if plan.current is not None and layout_key(plan.current[0]) not in keys:
+            rows.append(("current", *plan.current))
+        for role, lay, est in rows:
+            try:
+                batch.append(_job_for(job, lay, gpn))
+            except JobError as exc:  # the enumeration and TrainingJob disagree: a bug, not input
+                log.warning("layout %s rejected by TrainingJob: %s", layout_key(lay), exc)
+                continue
+            index.append((i, role, lay, est))
+    preds = pm(batch, platform) if batch else []
+    if len(preds) != len(batch):
+        raise AdviseError(f"predict_many returned {len(preds)} predictions for {len(batch)} jobs")
+
+    answers = []
+    for i, plan in enumerate(plans):
+        cands: list[Candidate] = []
+        current: Optional[Candidate] = None
+        cur_key = layout_key(plan.current[0]) if plan.current else None
+        for (pi, role, lay, est), pred in zip(index, preds):
+            if pi != i:
+                continue
+            c = Candidate(layout=lay, memory=est, fits=est.fits(capacity), prediction=pred,
+                          flops_per_step=flops, gpus=plan.gpus, tokens_per_step=tokens,
+                          peak_tflops=peak)
+            if role != "current":
+                cands.append(c)
+            if layout_key(lay) == cur_key:
+                current = c
+        # With --all the unfit layouts are interleaved by time: "the three fastest layouts need
+        # more memory" is the point of asking to see them.
+        cands.sort(key=lambda c: (c.iteration_seconds, not c.fits, layout_key(c.layout)))
+        rank = None
+        notes = []
+        if current is not None:
+            if plan.current_note:
+                current = _with_note(current, plan.current_note)
+            if current.fits:
+                faster = sum(1 for c in cands if c.fits and c.iteration_seconds < current.iteration_seconds
+                             and c.key != current.key)
+                rank = faster + 1
+            else:
+                notes.append(f"your layout {current.name} needs {current.memory.total_gib:.1f} GiB "
+                             f"per GPU, over the {capacity:g} GiB of the GPU")
+            if plan.current_status.startswith("the same layout"):
+                notes.append(f"your layout {current.name}: {plan.current_status}")
+            elif plan.current_status == "dominated":
+                notes.append(f"a cheaper variant of your layout {current.name} fits (less "
+                             "recomputation, or ZeRO-2 instead of 3) and is listed instead")
+            elif plan.current_status == "outside" and current.fits:
+                notes.append(f"your layout {current.name} is outside the searched space "
+                             "(ranked against it all the same)")
+        elif plan.current_note:
+            notes.append(plan.current_note)
+        if not any(c.fits for c in cands):
+            notes.append(f"no layout of {plan.gpus} GPUs fits in {capacity:g} GiB per GPU")
+        answers.append(Advice(job=job, platform=str(getattr(platform, "name", "")), gpus=plan.gpus,
+                              gpus_per_node=gpn, candidates=cands, current=current,
+                              current_rank=rank, iterations=job.iterations,
+                              enumerated=plan.enumerated, dropped=plan.dropped, notes=notes))
+    return answers
+
+
+def _with_note(c: Candidate, note: str) -> Candidate:
+    from dataclasses import replace
+    return replace(c, note=note)
+
+
+def advise(job: TrainingJob, platform: Any, options: Optional[SearchOptions] = None,
+           predict_many: Optional[PredictMany] = None) -> Advice:
+    """Rank the layouts of ``options.gpus`` GPUs (default: the job's) for ``job`` on ``platform``.
+
+    ``predict_many(jobs, platform) -> list[Prediction]`` defaults to
+    :func:`predictor.predict.predict_many`; tests inject a fake.
+    """
+    opts = options or SearchOptions()
+    gpus = opts.gpus or job.layout.gpus
+    plan = _plan(job, platform, gpus, opts)
+    return _predict_plans(job, platform, [plan], opts, predict_many)[0]
+
+
+def sweep(job: TrainingJob, platform: Any, gpu_counts: Sequence[int],
+          options: Optional[SearchOptions] = None,
+          predict_many: Optional[PredictMany] = None) -> list[SweepPoint]:
+    """The best layout at each GPU count, with time-to-train and GPU-hours (one batched call)."""
+    opts = options or SearchOptions()
+    counts = sorted(set(int(g) for g in gpu_counts))
+    if not counts:
+        raise AdviseError("no GPU counts to sweep")
+    plans = [_plan(job, platform, g, opts) for g in counts]
+    answers = _predict_plans(job, platform, plans, opts, predict_many)
+    gpn = int(platform.gpus_per_node)
+    return [SweepPoint(gpus=a.gpus, nodes=max(1, math.ceil(a.gpus / gpn)), best=a.best,
+                       iterations=job.iterations, advice=a) for a in answers]

@@ -1,0 +1,47 @@
+"""Errors the predictor raises on bad input.
+
+Every error a user can trigger is a :class:`PerfcastError`; the CLIs turn it into one line and
+exit code 2, never a traceback.  Each one names *where* the problem is (a job key, a file, a
+bundle member), because "invalid value" alone does not let a user fix anything.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+
+class PerfcastError(Exception):
+    """Base class of every error meant for a user (exit code 2 in the CLIs)."""
+
+
+class JobError(PerfcastError, ValueError):
+    """A training job that cannot be predicted: unknown key, wrong type, impossible layout.
+
+    ``key`` is the dotted job key at fault (``layout.tp``), or ``""`` when the whole job is.
+    """
+
+    def __init__(self, key: str, message: str, source: str = ""):
+        self.key = key
+        self.source = source
+        where = f"{source}: " if source else ""
+        text = f"{where}{key}: {message}" if key else f"{where}{message}"
+        super().__init__(text)
+
+
+class BundleError(PerfcastError):
+    """A compute bundle or platform that is missing, corrupt, tampered with, or incomplete."""
+
+
+class PlatformNotFound(BundleError):
+    """No platform of that name or path."""
+
+
+class UsageError(PerfcastError):
+    """Bad command-line input: one line to the user, exit code 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad option as a :class:`UsageError` (one line, exit 2), not usage + error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)

@@ -1,0 +1,530 @@
+"""predict(): a job's operators costed by the platform's regressors, composed by the pipeline timeline.
+
+Two phases, so that many jobs (perf-advise's candidates) cost one regressor call per model:
+``_plan`` lists every operator and collective a job needs as handles into a shared query set;
+``QuerySet.evaluate`` runs each model once over all its rows; ``_assemble`` folds the seconds into
+the timeline.  The interval comes from assembling again with every term at the low and high end
+of its own uncertainty (validation p90, doubled where the shape was extrapolated).
+
+Timeline (the paper's Eq. 7, 1F1B + DP, extended):
+    iteration = (m + (p − 1)/v) · (F + B) + max over stages (DP gradient reduction + update) + overhead
+with F, B the slowest stage's forward and backward time for one micro-batch (p2p and TP
+all-reduces included; recomputation folded into B), v the virtual stages, and update = optimizer
+(on the ZeRO shard) + the all-gather of updated parameters.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .bundle import collective_features
+from .decompose import Group, groups, stage_layers, stage_params, total_params, vocab_per_rank
+from .errors import BundleError
+from .job import TrainingJob
+from .network import collective_seconds
+from .operators import BYTES_PER_ELEMENT, OPERATORS, regressor_features
+from .platform import Platform
+
+# An operator without samples is costed with a physically close one (its efficiency, at the
+# original operator's FLOPs and bytes) and the answer says so.
+SUBSTITUTES = {"swiglu": "gelu", "gelu": "swiglu", "rmsnorm": "layernorm", "layernorm": "rmsnorm",
+               "scaled_masked_softmax": "softmax", "softmax": "scaled_masked_softmax"}
+ATTENTION_CORE = ("baddbmm", "scaled_masked_softmax", "bmm", "fillmask", "flash_atten")
+# DeepSpeed's default reduce bucket: gradients are reduced in chunks of this many elements.
+REDUCE_BUCKET_ENTRIES = 500_000_000
+ANALYTIC_REL_ERROR = 0.5       # an unmeasured topology: the ring model can be off by half
+TRANSFER_REL_ERROR = 0.25      # compute ratios moved from another GPU onto published peaks
+EXTRAPOLATION_FACTOR = 2.0
+
+
+@dataclass
+class Prediction:
+    """The answer for one job on one platform (JSON shape in DESIGN.md)."""
+
+    iteration_seconds: float
+    interval_seconds: tuple[float, float]
+    total_seconds: float
+    iterations: int
+    breakdown: dict[str, float]
+    platform: str
+    bundle: str
+    warnings: list[str]
+    job: TrainingJob
+    extrapolated: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "iteration_seconds": self.iteration_seconds,
+            "interval_seconds": list(self.interval_seconds),
+            "total_seconds": self.total_seconds,
+            "iterations": self.iterations,
+            "breakdown": dict(self.breakdown),
+            "platform": self.platform,
+            "bundle": self.bundle,
+            "warnings": list(self.warnings),
+            "extrapolated": self.extrapolated,
+            "details": self.details,
+            "job": self.job.to_dict(),
+        }
+
+
+def _unique_rows(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows and the index of each row among them (np.unique is slow for a few rows)."""
+    if len(X) == 1:
+        return X, np.zeros(1, dtype=int)
+    seen: dict[bytes, int] = {}
+    inv = np.fromiter((seen.setdefault(r.tobytes(), len(seen)) for r in X), dtype=int, count=len(X))
+    first = np.zeros(len(seen), dtype=int)
+    first[inv[::-1]] = np.arange(len(X))[::-1]
+    return X[first], inv
+
+
+# ------------------------------------------------------------------------------------ queries
+class QuerySet:
+    """Operator and collective queries of many jobs, answered with one model call per model."""
+
+    def __init__(self, platform: Platform):
+        self.platform = platform
+        self._op_rows: dict[tuple[str, str, str, str], list[tuple[int, dict[str, float]]]] = defaultdict(list)
+        self._coll_rows: list[tuple[int, str, str, float, Group]] = []
+        self._n = 0
+        self.warnings: dict[int, list[str]] = defaultdict(list)   # handle -> warnings
+
+    def _handle(self) -> int:
+        self._n += 1
+        return self._n - 1
+
+    def op(self, name: str, direction: str, precision: str, shape: dict[str, float]) -> int:
+        h = self._handle()
+        model_key, model_op, note = self._resolve_op(name, direction, precision)
+        self._op_rows[(model_key, model_op, name, precision)].append((h, shape))
+        if note:
+            self.warnings[h].append(note)
+        return h
+
+    def coll(self, kind: str, entries: float, group: Group, precision: str) -> int:
+        h = self._handle()
+        self._coll_rows.append((h, kind, precision, float(entries), group))
+        return h
+
+    def _resolve_op(self, name: str, direction: str, precision: str) -> tuple[str, str, str]:
+        bundle = self.platform.compute
+        for op_name in (name, SUBSTITUTES.get(name)):
+            if op_name is None:
+                continue
+            for prec in (precision, "fp16", "bf16"):
+                key = f"{op_name}.{direction}.{prec}"
+                if bundle.get(key) is None:
+                    continue
+                notes = []
+                if op_name != name:
+                    notes.append(f"operator {name} has no model in bundle {bundle.name}; costed with "
+                                 f"{op_name}'s measured efficiency at {name}'s FLOPs and bytes")
+                if prec != precision:
+                    notes.append(f"{precision} costed with {prec} samples of bundle {bundle.name} "
+                                 f"(against the {precision} roofline)")
+                return key, op_name, "; ".join(notes)
+        raise BundleError(f"operator {name} ({direction}, {precision}) has no model in bundle "
+                          f"{bundle.name} ({bundle.path}) and no substitute")
+
+    def evaluate(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(seconds, relative error, extrapolated) per handle."""
+        n = self._n
+        secs, rel, extra = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
+        plat = self.platform
+        base_rel = TRANSFER_REL_ERROR if plat.transferred else 0.0
+        groups = list(self._op_rows.items())
+        feats = []
+        for (model_key, model_op, name, precision), rows in groups:
+            shape = {f: np.array([s[f] for _, s in rows], dtype=float) for f in OPERATORS[name].features}
+            feats.append(shape)
+        # Rows repeat across jobs (advise's candidates share tp and micro-batch): evaluate each
+        # distinct row once.
+        requests, inverses = [], []
+        for ((model_key, model_op, _, _), _), shape in zip(groups, feats):
+            X = regressor_features(OPERATORS[model_op], shape)
+            uniq, inv = _unique_rows(X)
+            requests.append((model_key, uniq))
+            inverses.append(inv)
+        ratios = plat.compute.ratios(requests) if requests else []
+        for ((model_key, model_op, name, precision), rows), shape, r, inv in zip(groups, feats, ratios, inverses):
+            lm = plat.compute.models[model_key]
+            handles = np.fromiter((h for h, _ in rows), dtype=int, count=len(rows))
+            direction = model_key.split(".")[1]
+            roof = OPERATORS[name].roofline_seconds(shape, direction, precision, plat.gpu)
+            secs[handles] = r[inv] * roof
+            raw = np.column_stack([shape[f] for f in OPERATORS[model_op].features])
+            inside = lm.in_range(raw)
+            extra[handles] = ~inside
+            rel[handles] = lm.info.validation_p90 * np.where(inside, 1.0, EXTRAPOLATION_FACTOR) + base_rel
+        self._evaluate_collectives(secs, rel, extra)
+        return secs, rel, extra
+
+    def _evaluate_collectives(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
+        plat = self.platform
+        grouped: dict[tuple[str, str], list[tuple[int, float, Group]]] = defaultdict(list)
+        for h, kind, precision, entries, group in self._coll_rows:
+            if group.size <= 1 or entries <= 0:
+                continue
+            grouped[(kind, precision)].append((h, entries, group))
+        # (handles, entries, nodes, gpus per node, model, ring-model seconds): one regressor pass
+        measured_parts = []
+        for (kind, precision), rows in grouped.items():
+            handles = np.array([r[0] for r in rows])
+            entries = np.array([r[1] for r in rows])
+            nodes = np.array([r[2].nodes for r in rows], dtype=float)
+            gpn = np.array([r[2].gpus_per_node for r in rows], dtype=float)
+            eb = BYTES_PER_ELEMENT[precision]
+            secs[handles] = collective_seconds(plat.links, kind, entries, nodes, gpn, eb)
+            rel[handles] = ANALYTIC_REL_ERROR
+            model, measured_kind = self._collective_model(kind, precision)
+            measured = np.zeros(len(rows), dtype=bool)
+            if model is not None:
+                topo = {tuple(t) for t in model.info.topologies}
+                measured = np.array([(int(a), int(b)) in topo for a, b in zip(nodes, gpn)])
+            if measured.any():
+                idx = np.nonzero(measured)[0]
+                base = collective_seconds(plat.links, measured_kind, entries[idx], nodes[idx], gpn[idx], eb)
+                # reduce-scatter costed from a measured all-reduce: half of the ring.
+                scale = 0.5 if measured_kind != kind else 1.0
+                measured_parts.append((handles[idx], entries[idx], nodes[idx], gpn[idx], model, base * scale))
+            if plat.collectives is None:
+                continue    # one platform-level warning instead (see predict_many)
+            for i in np.nonzero(~measured)[0]:
+                g = rows[i][2]
+                self.warnings[int(handles[i])].append(
+                    f"{kind} over {g.nodes}×{g.gpus_per_node} GPUs was not measured on platform "
+                    f"{plat.name}; analytic ring model from its fitted link speeds (wider interval)")
+        if not measured_parts:
+            return
+        ratios = plat.collectives.ratios(
+            [(m.info.key, collective_features(e, n, g)) for _, e, n, g, m, _ in measured_parts])
+        for (handles, entries, _, _, model, base), ratio in zip(measured_parts, ratios):
+            secs[handles] = ratio * base
+            inside = (entries >= model.info.feature_min[0] * 0.99) & (entries <= model.info.feature_max[0] * 1.01)
+            extra[handles] = ~inside
+            rel[handles] = model.info.validation_p90 * np.where(inside, 1.0, EXTRAPOLATION_FACTOR)
+
+    def _collective_model(self, kind: str, precision: str):
+        """The measured-collective model for a kind (reduce-scatter falls back to all-reduce)."""
+        if self.platform.collectives is None:
+            return None, kind
+        for k in (kind, "allreduce") if kind == "reduce_scatter" else (kind,):
+            for prec in (precision, "fp16", "bf16"):
+                model = self.platform.collectives.get(f"{k}.{prec}")
+                if model is not None:
+                    return model, k
+        return None, kind
+
+    def names_of(self, handles: "list[int]") -> list[str]:
+        """Operator or collective names behind some handles (for messages)."""
+        if not hasattr(self, "_names"):
+            self._names = {}
+            for (_, _, name, _), rows in self._op_rows.items():
+                for h, _ in rows:
+                    self._names[h] = name
+            for h, kind, *_ in self._coll_rows:
+                self._names[h] = kind
+        out: list[str] = []
+        for h in handles:
+            n = self._names.get(h)
+            if n and n not in out:
+                out.append(n)
+        return out
+
+
+# ------------------------------------------------------------------------------------ per job
+@dataclass
+class _Term:
+    """Handles times multiplicity: the seconds of a term are Σ count · seconds[handle]."""
+
+    parts: list[tuple[int, float]] = field(default_factory=list)
+
+    def add(self, handle: int, count: float = 1.0) -> "_Term":
+        self.parts.append((handle, count))
+        return self
+
+    def extend(self, other: "_Term", count: float = 1.0) -> "_Term":
+        self.parts.extend((h, c * count) for h, c in other.parts)
+        return self
+
+    def value(self, secs: np.ndarray) -> float:
+        if not self.parts:
+            return 0.0
+        if len(self.parts) != getattr(self, "_n", -1):      # freeze into arrays once built
+            self._h = np.fromiter((h for h, _ in self.parts), dtype=int, count=len(self.parts))
+            self._c = np.fromiter((c for _, c in self.parts), dtype=float, count=len(self.parts))
+            self._n = len(self.parts)
+        return float(secs[self._h] @ self._c)
+
+    def handles(self) -> list[int]:
+        return [h for h, _ in self.parts]
+
+
+@dataclass
+class _JobPlan:
+    job: TrainingJob
+    stage_fwd: list[_Term]
+    stage_bwd: list[_Term]
+    stage_dp: list[_Term]          # gradient reduction per stage
+    stage_update: list[_Term]      # optimizer + parameter all-gather per stage
+    mp_comm: list[tuple[_Term, _Term]]     # per stage: TP collectives inside fwd, bwd
+    p2p: list[tuple[_Term, _Term]]
+    warnings: list[str]
+
+
+def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
+    m, lay, prec = job.model, job.layout, job.run.precision
+    gpn = job.cluster.gpus_per_node or plat.gpus_per_node
+    warnings: list[str] = []
+    if job.cluster.gpus_per_node and job.cluster.gpus_per_node != plat.gpus_per_node:
+        warnings.append(f"the job says {job.cluster.gpus_per_node} GPUs per node, platform "
+                        f"{plat.name} has {plat.gpus_per_node}; costed with the job's")
+    grp = groups(job, gpn)
+    tp = lay.tp
+    tokens = lay.micro_batch * m.seq_len
+    sp = lay.sequence_parallel and tp > 1
+    norm_tokens = tokens / tp if sp else tokens
+    hpg, kvpg, d, h = m.heads // tp, m.kv_heads // tp, m.head_dim, m.hidden
+    ffn = m.ffn_hidden // tp
+    vpr = vocab_per_rank(m.vocab, tp)
+
+    def op(name: str, direction: str, **shape: float) -> int:
+        return q.op(name, direction, prec, shape)
+
+    # One transformer layer, forward and backward, for one micro-batch.
+    layer_ops: list[tuple[str, dict[str, float], int]] = [
+        (m.norm, {"tokens": norm_tokens, "dim": h}, 2),
+        ("linear1", {"m": tokens, "k": h, "n": (hpg + 2 * kvpg) * d}, 1),
+    ]
+    if m.pos_emb == "rotary":
+        layer_ops.append(("rope", {"tokens": tokens, "heads": (hpg + kvpg) / 2, "d": d}, 1))
+    attn_batch = lay.micro_batch * hpg
+    if m.attention == "flash":
+        layer_ops.append(("flash_atten", {"b": lay.micro_batch, "heads": hpg, "l": m.seq_len, "d": d}, 1))
+    elif m.attention == "fused_softmax":
+        layer_ops += [("baddbmm", {"batch": attn_batch, "l": m.seq_len, "d": d}, 1),
+                      ("scaled_masked_softmax", {"batch": attn_batch, "l": m.seq_len}, 1),
+                      ("bmm", {"batch": attn_batch, "l": m.seq_len, "d": d}, 1)]
+    else:   # unfused: baddbmm, mask fill and softmax measured as one block, then ·V
+        layer_ops += [("fillmask", {"batch": attn_batch, "l": m.seq_len, "d": d}, 1),
+                      ("bmm", {"batch": attn_batch, "l": m.seq_len, "d": d}, 1)]
+    up = 2 * ffn if m.activation == "swiglu" else ffn
+    layer_ops += [
+        ("linear2", {"m": tokens, "k": hpg * d, "n": h}, 1),
+        ("res_add", {"tokens": norm_tokens, "dim": h}, 2),
+        ("linear3", {"m": tokens, "k": h, "n": up}, 1),
+        (m.activation, {"tokens": tokens, "width": ffn}, 1),
+        ("linear4", {"m": tokens, "k": ffn, "n": h}, 1),
+    ]
+    layer_fwd, layer_bwd, core_fwd = _Term(), _Term(), _Term()
+    for name, shape, count in layer_ops:
+        hf = op(name, "fwd", **shape)
+        layer_fwd.add(hf, count)
+        layer_bwd.add(op(name, "bwd", **shape), count)
+        if name in ATTENTION_CORE:
+            core_fwd.add(hf, count)
+    # TP: one all-reduce after attention and one after the MLP in forward (one in all with a
+    # parallel residual), two in backward; sequence parallelism swaps each for a reduce-scatter +
+    # all-gather of the same volume, which the ring model costs the same.
+    mp_fwd, mp_bwd = _Term(), _Term()
+    if tp > 1:
+        ar = q.coll("allreduce", tokens * h, grp["tp"], prec)
+        mp_fwd.add(ar, 1 if m.parallel_residual else 2)
+        mp_bwd.add(ar, 2)
+    layer_fwd.extend(mp_fwd)
+    layer_bwd.extend(mp_bwd)
+    if lay.recompute == "full":
+        layer_bwd.extend(layer_fwd)
+        mp_bwd.extend(mp_fwd)
+    elif lay.recompute == "selective":
+        layer_bwd.extend(core_fwd)
+
+    # First stage: vocab-parallel embedding (its output is all-reduced over TP).
+    emb = {"tokens": tokens, "dim": h, "vocab": vpr}
+    first_fwd = _Term().add(op("embedding", "fwd", **emb))
+    first_bwd = _Term().add(op("embedding", "bwd", **emb))
+    emb_mp = _Term()
+    if tp > 1:
+        emb_mp.add(q.coll("allreduce", tokens * h, grp["tp"], prec))
+        first_fwd.extend(emb_mp)
+    # Last stage: final norm, output projection, vocab-parallel cross entropy.
+    last_fwd, last_bwd = _Term(), _Term()
+    for name, shape in ((m.norm, {"tokens": norm_tokens, "dim": h}),
+                        ("linear_final", {"m": tokens, "k": h, "n": vpr}),
+                        ("cross_entropy", {"tokens": tokens, "vocab": vpr})):
+        last_fwd.add(op(name, "fwd", **shape))
+        last_bwd.add(op(name, "bwd", **shape))
+
+    # DeepSpeed's pipeline engine (GPT-NeoX) sends the whole activation from every TP rank; only
+    # with sequence parallelism is each rank's slice 1/tp of it.
+    p2p_entries = tokens * h / tp if sp else tokens * h
+    p2p_h = q.coll("p2p", p2p_entries, grp["pp"], prec) if lay.pp > 1 else None
+    sizes = stage_layers(m.layers, lay.pp, lay.virtual_stages)
+    params = stage_params(job)
+    v = lay.virtual_stages
+    stage_fwd, stage_bwd, mp_comm, p2p_terms = [], [], [], []
+    for i, n_layers in enumerate(sizes):
+        f = _Term().extend(layer_fwd, n_layers)
+        b = _Term().extend(layer_bwd, n_layers)
+        mpf = _Term().extend(mp_fwd, n_layers)
+        mpb = _Term().extend(mp_bwd, n_layers)
+        if i == 0:
+            f.extend(first_fwd)
+            b.extend(first_bwd)
+            mpf.extend(emb_mp)
+        if i == lay.pp - 1:
+            f.extend(last_fwd)
+            b.extend(last_bwd)
+        pf, pb = _Term(), _Term()
+        if p2p_h is not None:
+            # Each device sends activations forward (all but the last stage) and gradients
+            # backward (all but the first), once per model chunk it holds.
+            if i < lay.pp - 1 or v > 1:
+                pf.add(p2p_h, v)
+            if i > 0 or v > 1:
+                pb.add(p2p_h, v)
+        f.extend(pf)
+        b.extend(pb)
+        stage_fwd.append(f)
+        stage_bwd.append(b)
+        mp_comm.append((mpf, mpb))
+        p2p_terms.append((pf, pb))
+
+    # Data parallelism: gradient reduction and the optimizer step, per stage.
+    stage_dp, stage_update = [], []
+    dp, zero = lay.dp, lay.zero_stage
+    for i, n_params in enumerate(params):
+        red, upd = _Term(), _Term()
+        shard = n_params / dp if (dp > 1 and zero >= 1) else n_params
+        if dp > 1:
+            kind = "allreduce" if zero <= 1 else "reduce_scatter"
+            full, rest = divmod(n_params, REDUCE_BUCKET_ENTRIES)
+            if full:
+                red.add(q.coll(kind, REDUCE_BUCKET_ENTRIES, grp["dp"], prec), full)
+            if rest:
+                red.add(q.coll(kind, rest, grp["dp"], prec))
+            if zero >= 1:
+                upd.add(q.coll("allgather", shard, grp["dp"], prec))
+            if zero == 3:
+                # Parameters are gathered before each micro-batch's forward and backward.
+                g3 = q.coll("allgather", shard, grp["dp"], prec)
+                stage_fwd[i].add(g3)
+                stage_bwd[i].add(g3)
+        upd.add(q.op("optimizer", "step", prec, {"params": shard}))
+        stage_dp.append(red)
+        stage_update.append(upd)
+    if lay.pp > 1 and m.tied_embeddings:
+        # Tied input and output embeddings live on the first and last stage: DeepSpeed all-reduces
+        # their gradient between the two once per step, before the data-parallel reduction.
+        tied = q.coll("allreduce", vpr * h, grp["pp"], prec)
+        stage_dp[0].add(tied)
+        stage_dp[-1].add(tied)
+    return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings)
+
+
+def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, dict[str, float], dict[str, Any]]:
+    lay = plan.job.layout
+    mb, p, v = lay.micro_batches, lay.pp, lay.virtual_stages
+    fwd = [t.value(secs) for t in plan.stage_fwd]
+    bwd = [t.value(secs) for t in plan.stage_bwd]
+    F, B = max(fwd), max(bwd)
+    crit_f, crit_b = int(np.argmax(fwd)), int(np.argmax(bwd))
+    tail = [plan.stage_dp[i].value(secs) + plan.stage_update[i].value(secs) for i in range(p)]
+    crit = int(np.argmax(tail))
+    bubble = (p - 1) / v * (F + B)
+    iteration = mb * (F + B) + bubble + tail[crit] + plat.overheads.step_seconds
+    breakdown = {
+        "stage_fwd_max": mb * F,
+        "stage_bwd_max": mb * B,
+        "bubble": bubble,
+        "dp_allreduce": plan.stage_dp[crit].value(secs),
+        "max_update": plan.stage_update[crit].value(secs),
+        # Of which (already inside the stage times above), over the whole iteration:
+        "mp_allreduce": (mb + (p - 1) / v) * (plan.mp_comm[crit_f][0].value(secs) + plan.mp_comm[crit_b][1].value(secs)),
+        "pp_p2p": (mb + (p - 1) / v) * (plan.p2p[crit_f][0].value(secs) + plan.p2p[crit_b][1].value(secs)),
+        "step_overhead": plat.overheads.step_seconds,
+    }
+    details = {"stage_fwd_seconds": fwd, "stage_bwd_seconds": bwd,
+               "stage_layers": stage_layers(plan.job.model.layers, p, v),
+               "forward_pipeline_seconds": (mb + (p - 1) / v) * F}
+    return iteration, breakdown, details
+
+
+def _total(job: TrainingJob, iteration: float, fwd_pipeline: float, plat: Platform,
+           iterations: int) -> tuple[float, dict[str, float]]:
+    run, ov = job.run, plat.overheads
+    evals = iterations // run.eval_interval if run.eval_interval else 0
+    eval_s = evals * run.eval_iters * fwd_pipeline
+    saves = iterations // run.save_interval if run.save_interval else 0
+    # fp16/bf16 weights + fp32 master weights and two Adam moments, written by every node in parallel.
+    ckpt_bytes = total_params(job) * (BYTES_PER_ELEMENT[run.precision] + 12)
+    nodes = job.nodes(job.cluster.gpus_per_node or plat.gpus_per_node)
+    ckpt_s = saves * (ov.checkpoint_fixed_seconds + ckpt_bytes / (ov.checkpoint_gbps_per_node * 1e9 * nodes))
+    total = ov.startup_seconds + iterations * iteration + eval_s + ckpt_s
+    return total, {"startup_seconds": ov.startup_seconds, "train_seconds": iterations * iteration,
+                   "eval_seconds": eval_s, "checkpoint_seconds": ckpt_s,
+                   "evaluations": evals, "checkpoints": saves}
+
+
+def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Prediction]:
+    """Predict many jobs on one platform with one regressor call per model (perf-advise's path)."""
+    q = QuerySet(platform)
+    plans = [_plan(job, platform, q) for job in jobs]
+    secs, rel, extra = q.evaluate()
+    lo_secs, hi_secs = secs * np.maximum(1.0 - rel, 0.05), secs * (1.0 + rel)
+    out = []
+    for plan in plans:
+        iteration, breakdown, details = _assemble(plan, secs, platform)
+        lo, _, _ = _assemble(plan, lo_secs, platform)
+        hi, _, _ = _assemble(plan, hi_secs, platform)
+        handles = _plan_handles(plan)
+        warnings = list(plan.warnings)
+        if not platform.calibrated:
+            warnings.append(f"platform {platform.name} is uncalibrated (published specs only): "
+                            "treat this as an estimate")
+        if platform.collectives is None and plan.job.gpus > 1:
+            warnings.append(f"no measured collectives on platform {platform.name}: communication "
+                            f"from an analytic ring model of its published link speeds (wider interval)")
+        seen = set(warnings)
+        for h in handles:
+            for w in q.warnings.get(h, ()):
+                if w not in seen:
+                    seen.add(w)
+                    warnings.append(w)
+        extrapolated = bool(extra[handles].any()) if handles else False
+        if extrapolated:
+            names = q.names_of([h for h in handles if extra[h]])
+            warnings.append("shape outside the sampled range for " + ", ".join(names)
+                            + "; costed by roofline scaling (wider interval)")
+        iters = plan.job.iterations
+        total, parts = _total(plan.job, iteration, details["forward_pipeline_seconds"], platform, iters)
+        if not iters:
+            warnings.append("the job gives no train_iters, train_samples or train_tokens: "
+                            "total_seconds covers start-up only")
+        details.update(parts)
+        details["gpus"] = plan.job.gpus
+        details["nodes"] = plan.job.nodes(plan.job.cluster.gpus_per_node or platform.gpus_per_node)
+        out.append(Prediction(
+            iteration_seconds=iteration, interval_seconds=(lo, hi), total_seconds=total,
+            iterations=iters, breakdown=breakdown, platform=platform.name, bundle=platform.bundle_id,
+            warnings=warnings, job=plan.job, extrapolated=extrapolated, details=details))
+    return out
+
+
+def _plan_handles(plan: _JobPlan) -> list[int]:
+    hs: set[int] = set()
+    for terms in (plan.stage_fwd, plan.stage_bwd, plan.stage_dp, plan.stage_update):
+        for t in terms:
+            hs.update(t.handles())
+    return sorted(hs)
+
+
+def predict(job: TrainingJob, platform: Platform) -> Prediction:
+    """Seconds per iteration, breakdown, interval and total job time of one job."""
+    return predict_many([job], platform)[0]

@@ -1,0 +1,333 @@
+"""The training job: what is trained (model), how it is split (layout), how long (run), where (cluster).
+
+Like Calculon's application / execution / system split, each part is a small named object; a
+:class:`TrainingJob` is built from the TOML job file or a dict with the keys of DESIGN.md and is
+validated on construction, with errors that name the key at fault.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from .errors import JobError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on older Pythons only
+    import tomli as tomllib
+
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "swiglu")
+ATTENTIONS = ("fused_softmax", "flash", "unfused")
+POS_EMBS = ("rotary", "learned", "alibi", "none")
+RECOMPUTES = ("none", "selective", "full")
+PRECISIONS = ("fp16", "bf16", "fp32")
+
+# Bounds that no real LLM job comes near; past them the input is a typo or an attack, and the
+# arithmetic downstream (memory, FLOPs) would only produce nonsense.
+_MAX = {
+    "layers": 10_000, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14,
+    "ffn_hidden": 1 << 22, "seq_len": 1 << 24, "vocab": 1 << 24,
+    "pp": 4096, "tp": 4096, "dp": 1 << 20, "micro_batch": 1 << 16, "micro_batches": 1 << 20,
+    "virtual_stages": 1024, "train_iters": 1 << 40, "eval_interval": 1 << 40,
+    "eval_iters": 1 << 30, "save_interval": 1 << 40, "gpus_per_node": 1024,
+    "train_samples": 1 << 50, "train_tokens": 1 << 62,
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The network being trained (the paper's "application")."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    kv_heads: int = 0          # 0 = same as heads
+    ffn_hidden: int = 0        # 0 = 4 * hidden; for gated MLPs the real inner width
+    vocab: int = 50257         # unpadded tokenizer size
+    norm: str = "layernorm"
+    activation: str = "gelu"
+    attention: str = "fused_softmax"
+    pos_emb: str = "rotary"
+    parallel_residual: bool = False
+    tied_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.ffn_hidden == 0:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the job is split over GPUs (the paper's "execution")."""
+
+    pp: int = 1
+    tp: int = 1
+    dp: int = 1
+    micro_batch: int = 1
+    micro_batches: int = 1
+    zero_stage: int = 1
+    recompute: str = "full"
+    sequence_parallel: bool = False
+    virtual_stages: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.pp * self.tp * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step."""
+        return self.micro_batch * self.micro_batches * self.dp
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """How long the job runs and at which precision."""
+
+    precision: str = "fp16"
+    train_iters: int = 0
+    train_samples: int = 0
+    train_tokens: int = 0
+    eval_interval: int = 0
+    eval_iters: int = 0
+    save_interval: int = 0
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Where it runs, as far as the job itself says."""
+
+    gpus_per_node: int = 0      # 0 = the platform's
+    platform: str = ""
+
+
+_SECTIONS: dict[str, type] = {"model": ModelSpec, "layout": Layout, "run": RunSpec, "cluster": ClusterSpec}
+_CHOICES = {
+    "model.norm": NORMS, "model.activation": ACTIVATIONS, "model.attention": ATTENTIONS,
+    "model.pos_emb": POS_EMBS, "layout.recompute": RECOMPUTES, "run.precision": PRECISIONS,
+}
+_REQUIRED = {"model.layers", "model.hidden", "model.heads", "model.seq_len"}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """A whole training job: model, layout, run and cluster, validated on construction.
+
+    Build one with :meth:`from_dict` or :meth:`from_toml`; :meth:`to_dict` gives back the keys of
+    DESIGN.md with every default filled in (the ``job`` of the JSON answer).
+    """
+
+    model: ModelSpec
+    layout: Layout = field(default_factory=Layout)
+    run: RunSpec = field(default_factory=RunSpec)
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # ----------------------------------------------------------------------------- building
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "") -> "TrainingJob":
+        """Build from ``{"model": {...}, "layout": {...}, "run": {...}, "cluster": {...}}``.
+
+        Unknown sections or keys, wrong types and missing required keys raise :class:`JobError`
+        naming the dotted key (with a did-you-mean where one is close).
+        """
+        if not isinstance(data, Mapping):
+            raise JobError("", "a job must be a table of sections [model], [layout], [run], [cluster]", source)
+        parts: dict[str, Any] = {}
+        for section, value in data.items():
+            if section not in _SECTIONS:
+                raise JobError(str(section), "unknown section" + _did_you_mean(str(section), _SECTIONS), source)
+            if not isinstance(value, Mapping):
+                raise JobError(section, "must be a table of keys", source)
+            parts[section] = _build_section(section, value, source)
+        if "model" not in parts:
+            missing = sorted(_REQUIRED)
+            raise JobError(missing[0], "required key is missing (the [model] section is absent)", source)
+        try:
+            return cls(source=source, **parts)
+        except JobError as exc:
+            if source and not exc.source:
+                raise JobError(exc.key, str(exc).split(": ", 1)[-1], source) from None
+            raise
+
+    @classmethod
+    def from_toml(cls, path: "str | Path") -> "TrainingJob":
+        """Read a TOML job file; syntax errors name the file, line and column."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise JobError("", f"cannot read job file: {exc.strerror or exc}", str(p)) from None
+        except UnicodeDecodeError:
+            raise JobError("", "job file is not UTF-8 text", str(p)) from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise JobError("", f"not valid TOML: {exc}", str(p)) from None
+        return cls.from_dict(data, source=str(p))
+
+    def replace(self, **sections: Mapping[str, Any]) -> "TrainingJob":
+        """A copy with some keys changed, e.g. ``job.replace(layout={"pp": 8})``; re-validated."""
+        d = self.to_dict()
+        for section, values in sections.items():
+            d.setdefault(section, {}).update(values)
+        return TrainingJob.from_dict(d, source=self.source)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The resolved job in the job-file keys (every default filled in)."""
+        return {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
+
+    # ----------------------------------------------------------------------------- derived
+    @property
+    def gpus(self) -> int:
+        return self.layout.gpus
+
+    def nodes(self, gpus_per_node: int) -> int:
+        return max(1, math.ceil(self.gpus / gpus_per_node))
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.layout.global_batch * self.model.seq_len
+
+    @property
+    def iterations(self) -> int:
+        """Optimizer steps: train_iters, else derived from train_samples or train_tokens."""
+        r = self.run
+        if r.train_iters:
+            return r.train_iters
+        if r.train_samples:
+            return math.ceil(r.train_samples / self.layout.global_batch)
+        if r.train_tokens:
+            return math.ceil(r.train_tokens / self.tokens_per_iteration)
+        return 0
+
+
+def _did_you_mean(name: str, options: Any) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _build_section(section: str, values: Mapping[str, Any], source: str) -> Any:
+    cls = _SECTIONS[section]
+    fields = _field_types(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        dotted = f"{section}.{key}"
+        if key not in fields:
+            raise JobError(dotted, "unknown key" + _did_you_mean(str(key), fields), source)
+        kwargs[key] = _coerce(dotted, fields[key], value, source)
+    for req in _REQUIRED:
+        sec, key = req.split(".")
+        if sec == section and key not in kwargs:
+            raise JobError(req, "required key is missing", source)
+    return cls(**kwargs)
+
+
+def _coerce(dotted: str, f: dataclasses.Field, value: Any, source: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise JobError(dotted, f"must be true or false, got {value!r}", source)
+    if kind == "int":
+        # 4.0 from a YAML/JSON config is an int in disguise; 4.5 is not.
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise JobError(dotted, f"must be an integer, got {value!r}", source)
+        if isinstance(value, float):
+            if not math.isfinite(value) or value != int(value):
+                raise JobError(dotted, f"must be an integer, got {value!r}", source)
+            value = int(value)
+        if value < 0:
+            raise JobError(dotted, f"must not be negative, got {value}", source)
+        limit = _MAX.get(dotted.split(".")[1])
+        if limit is not None and value > limit:
+            raise JobError(dotted, f"{value} is beyond any sane size (at most {limit})", source)
+        return value
+    if kind == "str":
+        if not isinstance(value, str):
+            raise JobError(dotted, f"must be a string, got {value!r}", source)
+        choices = _CHOICES.get(dotted)
+        if choices is not None:
+            v = value.strip().lower()
+            if v not in choices:
+                raise JobError(dotted, f"{value!r} is not one of {', '.join(choices)}"
+                               + _did_you_mean(v, choices), source)
+            return v
+        return value
+    raise AssertionError(f"unhandled field type {kind} for {dotted}")  # a bug in this module
+
+
+def _validate(job: TrainingJob) -> None:
+    m, lay, run, src = job.model, job.layout, job.run, job.source
+
+    def err(key: str, msg: str) -> JobError:
+        return JobError(key, msg, src)
+
+    for key in ("layers", "hidden", "heads", "seq_len", "vocab", "kv_heads", "ffn_hidden"):
+        if getattr(m, key) < 1:
+            raise err(f"model.{key}", "must be at least 1")
+    for key in ("pp", "tp", "dp", "micro_batch", "micro_batches", "virtual_stages"):
+        if getattr(lay, key) < 1:
+            raise err(f"layout.{key}", "must be at least 1")
+    if m.hidden % m.heads:
+        raise err("model.heads", f"hidden ({m.hidden}) must be divisible by heads ({m.heads})")
+    if m.kv_heads > m.heads or m.heads % m.kv_heads:
+        raise err("model.kv_heads", f"heads ({m.heads}) must be a multiple of kv_heads ({m.kv_heads})")
+    if m.heads % lay.tp:
+        raise err("layout.tp", f"heads ({m.heads}) must be divisible by tp ({lay.tp})")
+    if m.kv_heads % lay.tp:
+        raise err("layout.tp", f"kv_heads ({m.kv_heads}) must be divisible by tp ({lay.tp})")
+    if m.ffn_hidden % lay.tp:
+        raise err("layout.tp", f"ffn_hidden ({m.ffn_hidden}) must be divisible by tp ({lay.tp})")
+    chunks = lay.pp * lay.virtual_stages
+    if m.layers < chunks:
+        raise err("layout.pp", f"{m.layers} layers cannot fill pp × virtual_stages = {chunks} stages")
+    if lay.virtual_stages > 1:
+        if lay.pp < 2:
+            raise err("layout.virtual_stages", "interleaved stages need pp of at least 2")
+        if m.layers % chunks:
+            raise err("layout.virtual_stages",
+                      f"layers ({m.layers}) must be divisible by pp × virtual_stages ({chunks}) "
+                      "for the interleaved schedule")
+        if lay.micro_batches % lay.pp:
+            raise err("layout.micro_batches",
+                      f"the interleaved schedule needs micro_batches ({lay.micro_batches}) "
+                      f"divisible by pp ({lay.pp})")
+    if not 0 <= lay.zero_stage <= 3:
+        raise err("layout.zero_stage", f"must be 0, 1, 2 or 3, got {lay.zero_stage}")
+    if lay.zero_stage >= 2 and lay.pp > 1:
+        raise err("layout.zero_stage",
+                  f"ZeRO stage {lay.zero_stage} cannot be combined with pipeline parallelism (pp={lay.pp}); "
+                  "DeepSpeed supports only stages 0 and 1 with pp > 1")
+    if run.eval_interval and not run.eval_iters:
+        raise err("run.eval_iters", "eval_interval is set but eval_iters is 0")
+    if job.cluster.gpus_per_node and lay.gpus > job.cluster.gpus_per_node \
+            and lay.gpus % job.cluster.gpus_per_node:
+        raise err("cluster.gpus_per_node",
+                  f"pp×tp×dp = {lay.gpus} GPUs do not fill whole nodes of {job.cluster.gpus_per_node}")
+
+
+def load_job(path: "str | Path", overrides: Optional[Mapping[str, Mapping[str, Any]]] = None) -> TrainingJob:
+    """Read a TOML job file, optionally overriding some keys (used by the CLIs)."""
+    job = TrainingJob.from_toml(path)
+    return job.replace(**overrides) if overrides else job

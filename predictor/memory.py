@@ -1,0 +1,287 @@
+"""Per-GPU memory of a training layout: does it fit on the platform's GPU?
+
+The estimate is the worst pipeline stage's peak, in bytes, as the sum of
+
+* **model states** (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+  Parameter Models", SC 2020, Sec. 3.1 and 5): with mixed-precision Adam each parameter costs
+  2 bytes (fp16/bf16 weight) + 2 (fp16/bf16 gradient) + K = 12 (fp32 master weight, momentum,
+  variance): 16 Ψ bytes for Ψ parameters.  ZeRO shards over the Nd data-parallel ranks:
+
+  ====== ====================== =================================
+  stage  bytes per GPU          7.5 B model, Nd = 64 (paper Fig 1)
+  ====== ====================== =================================
+  0      (2 + 2 + K) Ψ          120 GB
+  1      (2 + 2) Ψ + K Ψ / Nd   31.4 GB
+  2      2 Ψ + (2 + K) Ψ / Nd   16.6 GB
+  3      (2 + 2 + K) Ψ / Nd     1.9 GB
+  ====== ====================== =================================
+
+  Pure fp32 training keeps no master copy: 4 (weight) + 4 (gradient) + 8 (momentum, variance),
+  still 16 Ψ.  Ψ here is the parameters *this GPU's stage and tensor-parallel rank* holds (see
+  :func:`stage_parameters`); ZeRO-3 also keeps the gathered parameters of the layers in flight.
+
+* **activations** (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+  Models", MLSys 2023, arXiv:2205.05198, Sec. 4, Table 2), for s = sequence, b = micro-batch,
+  h = hidden, a = heads, t = tensor parallel, 16-bit tensors and 1-byte dropout masks, per layer
+  and micro-batch:
+
+  ===================================== =====================================
+  no parallelism                        s·b·h·(34 + 5·a·s/h)
+  tensor parallel                       s·b·h·(10 + 24/t + 5·a·s/(h·t))
+  tensor + sequence parallel            s·b·h/t·(34 + 5·a·s/h)
+  tensor parallel + selective recompute s·b·h·(10 + 24/t)
+  tensor + sequence + selective         s·b·h·34/t
+  full recompute                        2·s·b·h (÷t with sequence parallelism): the layer input
+  ===================================== =====================================
+
+  The 34 is built from named tensors (see :func:`layer_activation_bytes`), which is how this
+  module generalises it to GQA (narrower K, V), SwiGLU and any ``ffn_hidden`` (wider MLP
+  tensors), fp32 (4-byte tensors, masks stay 1 byte) and flash attention (no s² scores are
+  kept, so selective recompute has nothing left to save).  With full recompute one layer's full
+  activations are rebuilt during its backward pass: that working set is added once.
+
+* **in-flight micro-batches** (Korthikanti Sec. 4.2.3; Narayanan et al. SC 2021 for the
+  schedules): under 1F1B stage r holds min(p − r, m) micro-batches' activations, so the first
+  stage holds p micro-batches of L/p layers = L layers' worth; the interleaved schedule with v
+  model chunks per stage holds (p − r − 1)·2 + (v − 1)·p + 1 chunk-micro-batches of L/(p·v)
+  layers, i.e. L·(1 + (p − 1)/(p·v)) on the first stage.  pp = 1 with gradient accumulation
+  holds one.
+
+* **embedding and LM head**: the first stage holds the (tensor-parallel) word embedding plus a
+  learned position embedding, and the embedding dropout mask s·b·h bytes per micro-batch in
+  flight; the last stage holds the LM head (a second copy of the tied embedding when pp > 1, as
+  Megatron and GPT-NeoX do) and Korthikanti's 4·s·b·h/t·(1 + v/h) bytes of final-norm, head-input
+  and fp32 logits for its one micro-batch.  The vocabulary is padded as GPT-NeoX pads it: to a
+  multiple of 128 × t (Zhang et al. 2025, Eq. 1–2).
+
+* **framework reserve**: the CUDA context, cuBLAS workspaces, NCCL and DeepSpeed communication
+  buckets, and allocator fragmentation that no formula above sees: 2 GiB plus 5 % of the rest.
+  A layout predicted to fit within a few percent of the card is therefore a layout that is
+  likely to run, not one that needs luck.
+
+Only the first and the last stage are computed: middle stages hold no more layers (the split
+puts the remainder on the first stages), fewer micro-batches and neither embedding nor head.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .job import Layout, ModelSpec
+
+if TYPE_CHECKING:  # only for the type hint of estimate_job
+    from .job import TrainingJob
+
+GIB = float(1 << 30)
+
+#: bytes of one activation / weight element at each training precision
+ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+#: optimizer bytes per parameter beyond weight and gradient (K of the ZeRO paper): Adam's fp32
+#: master copy, momentum and variance under mixed precision; momentum and variance in fp32
+OPTIMIZER_BYTES = {"fp16": 12, "bf16": 12, "fp32": 8}
+
+RESERVE_FIXED_BYTES = 2.0 * GIB
+RESERVE_FRACTION = 0.05
+VOCAB_DIVISOR = 128           # GPT-NeoX make_vocab_size_divisible_by
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak bytes per GPU on the worst pipeline stage, by component."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    reserve: float
+    stage: int                 # the pipeline stage the figures are for (0 = first)
+    parameters: int            # parameters this GPU's stage/TP rank holds (before ZeRO sharding)
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.reserve
+
+    @property
+    def total_gib(self) -> float:
+        return self.total / GIB
+
+    @property
+    def model_states(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+    def fits(self, memory_gib: float) -> bool:
+        return self.total <= memory_gib * GIB
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "total_gib": round(self.total_gib, 3),
+            "weights_gib": round(self.weights / GIB, 3),
+            "gradients_gib": round(self.gradients / GIB, 3),
+            "optimizer_gib": round(self.optimizer / GIB, 3),
+            "activations_gib": round(self.activations / GIB, 3),
+            "reserve_gib": round(self.reserve / GIB, 3),
+            "stage": self.stage,
+            "parameters": self.parameters,
+        }
+
+
+# --------------------------------------------------------------------------------- parameters
+def padded_vocab(vocab: int, tp: int, divisor: int = VOCAB_DIVISOR) -> int:
+    """GPT-NeoX/Megatron pad the vocabulary to a multiple of divisor × tp (Zhang et al. Eq. 1–2)."""
+    step = divisor * tp
+    return int(math.ceil(vocab / step) * step)
+
+
+def layer_parameters(model: ModelSpec, tp: int = 1) -> float:
+    """Parameters of one transformer layer held by one tensor-parallel rank.
+
+    Megatron's split: QKV and MLP-up are column parallel (weights and biases ÷ t), attention-out
+    and MLP-down row parallel (weights ÷ t, biases replicated), norms replicated.
+    """
+    h, f = model.hidden, model.ffn_hidden
+    kv = model.kv_heads * model.head_dim
+    up = 2 * f if model.activation == "swiglu" else f        # gate and up projections together
+    sharded = h * (h + 2 * kv) + (h + 2 * kv) + h * h + h * up + up + f * h
+    norm = 2 * h if model.norm == "layernorm" else h
+    replicated = h + h + 2 * norm                            # two row-parallel biases, two norms
+    return sharded / tp + replicated
+
+
+def stage_layers(layers: int, pp: int) -> list[int]:
+    """Layers per stage; an uneven remainder goes to the first stages (the worst case for memory,
+    since they also hold the most micro-batches)."""
+    base, rem = divmod(layers, pp)
+    return [base + (1 if r < rem else 0) for r in range(pp)]
+
+
+def stage_parameters(model: ModelSpec, layout: Layout, stage: int) -> float:
+    """Parameters one GPU of ``stage`` holds (its tensor-parallel shard), before ZeRO."""
+    tp, pp = layout.tp, layout.pp
+    h = model.hidden
+    n = stage_layers(model.layers, pp)[stage] * layer_parameters(model, tp)
+    embedding = padded_vocab(model.vocab, tp) * h / tp
+    if stage == 0:
+        n += embedding
+        if model.pos_emb == "learned":
+            n += model.seq_len * h
+    if stage == pp - 1:
+        n += 2 * h if model.norm == "layernorm" else h          # final norm
+        # The head: a separate matrix when untied, and with pp > 1 the last stage keeps its own
+        # copy of a tied embedding (its gradient is all-reduced with the first stage's).
+        if not model.tied_embeddings or pp > 1:
+            n += embedding
+    return n
+
+
+# --------------------------------------------------------------------------------- activations
+def layer_activation_bytes(model: ModelSpec, layout: Layout, precision: str,
+                           recompute: str | None = None) -> float:
+    """Bytes one transformer layer keeps for one micro-batch until its backward pass.
+
+    Korthikanti et al. Sec. 4.1, tensor by tensor (e = bytes per element, T = s·b tokens,
+    k = K/V width, f = MLP inner width), replicated over TP ranks unless sequence parallel:
+    norm-1 input e·T·h, QKV input e·T·h, attention dropout mask T·h, norm-2 input e·T·h (shared
+    with norm-1's under parallel residual), MLP input e·T·h, MLP dropout mask T·h — the "10";
+    split over TP ranks: Q e·T·h, K and V e·T·k each, attention-out input e·T·h, activation input
+    e·T·f (2f for SwiGLU's gate+up), MLP-down input e·T·f — the "24" for k = h, f = 4h; attention
+    scores: softmax output e·b·a·s², its dropout mask b·a·s², dropout output e·b·a·s² — the
+    "5·a·s/h" (flash attention keeps none of these, only an fp32 log-sum-exp per row).
+    """
+    recompute = recompute or layout.recompute
+    e = ELEMENT_BYTES[precision]
+    s, b, h, a = model.seq_len, layout.micro_batch, model.hidden, model.heads
+    t = layout.tp
+    sp = layout.sequence_parallel and t > 1
+    T = s * b
+    if recompute == "full":
+        # Only the layer's input survives the forward pass.
+        return e * T * h / (t if sp else 1)
+    k = model.kv_heads * model.head_dim
+    f = model.ffn_hidden
+    act_in = 2 * f if model.activation == "swiglu" else f
+    replicated = (e * T * h * (4 if not model.parallel_residual else 3)   # norm1 in, qkv in, norm2 in, mlp in
+                  + 2 * T * h)                                            # two dropout masks
+    sharded = e * T * (h + 2 * k + h + act_in + f)
+    if model.attention == "flash":
+        sharded += 4 * b * a * s                                          # fp32 log-sum-exp
+    elif recompute != "selective":
+        sharded += (2 * e + 1) * b * a * s * s                            # softmax out, mask, dropout out
+    return (replicated + sharded) / t if sp else replicated + sharded / t
+
+
+def in_flight(layout: Layout, stage: int) -> float:
+    """Micro-batches whose activations ``stage`` holds at its peak, in units of whole stages
+    (for the interleaved schedule: chunk-micro-batches ÷ v, since a chunk is 1/v of the stage)."""
+    p, m, v = layout.pp, layout.micro_batches, layout.virtual_stages
+    if p == 1:
+        return 1.0
+    if v == 1:
+        return float(min(p - stage, m))
+    chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
+    return chunks / v
+
+
+def stage_activation_bytes(model: ModelSpec, layout: Layout, precision: str, stage: int) -> float:
+    """Activations ``stage`` holds at its peak: in-flight micro-batches of its layers, plus the
+    embedding mask on the first stage and the head's logits on the last."""
+    e = ELEMENT_BYTES[precision]
+    s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
+    sp = layout.sequence_parallel and t > 1
+    T = s * b
+    layers = stage_layers(model.layers, layout.pp)[stage]
+    flight = in_flight(layout, stage)
+    total = flight * layers * layer_activation_bytes(model, layout, precision)
+    if layout.recompute == "full":
+        # During a layer's backward its activations are rebuilt in full: one layer, one batch.
+        total += layer_activation_bytes(model, layout, precision, recompute="none")
+    if stage == 0:
+        total += flight * T * h / (t if sp else 1)                      # embedding dropout mask
+    if stage == layout.pp - 1:
+        vp = padded_vocab(model.vocab, t)
+        # Korthikanti's 4·s·b·h/t·(1 + v/h): final-norm input and head input (e bytes each, split
+        # only with sequence parallelism) and the fp32 logits split over TP ranks.
+        total += 2 * e * T * h / (t if sp else 1) + 4 * T * vp / t
+    return total
+
+
+# --------------------------------------------------------------------------------- total
+def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int) -> MemoryEstimate:
+    psi = stage_parameters(model, layout, stage)
+    e = ELEMENT_BYTES[precision]
+    k = OPTIMIZER_BYTES[precision]
+    nd, z = layout.dp, layout.zero_stage
+    weights = e * psi / (nd if z >= 3 else 1)
+    gradients = e * psi / (nd if z >= 2 else 1)
+    optimizer = k * psi / (nd if z >= 1 else 1)
+    if z >= 3 and nd > 1:
+        # ZeRO-3 gathers a layer's full parameters before using it and prefetches the next:
+        # two layers' worth of 16-bit parameters are resident beyond the shard.
+        weights += 2 * e * layer_parameters(model, layout.tp)
+    activations = stage_activation_bytes(model, layout, precision, stage)
+    rest = weights + gradients + optimizer + activations
+    reserve = RESERVE_FIXED_BYTES + RESERVE_FRACTION * rest
+    return MemoryEstimate(weights, gradients, optimizer, activations, reserve, stage, int(psi))
+
+
+def estimate(model: ModelSpec, layout: Layout, precision: str = "fp16") -> MemoryEstimate:
+    """Peak memory per GPU for ``layout``: the larger of the first and the last stage."""
+    first = _stage_estimate(model, layout, precision, 0)
+    if layout.pp == 1:
+        return first
+    last = _stage_estimate(model, layout, precision, layout.pp - 1)
+    return first if first.total >= last.total else last
+
+
+def estimate_job(job: "TrainingJob") -> MemoryEstimate:
+    """:func:`estimate` for a whole :class:`~predictor.job.TrainingJob`."""
+    return estimate(job.model, job.layout, job.run.precision)
+
+
+def model_states_bytes(parameters: float, dp: int, zero_stage: int, precision: str = "fp16") -> float:
+    """The ZeRO paper's model-state bytes per GPU for ``parameters`` (its Fig. 1 / Table 1)."""
+    e = ELEMENT_BYTES[precision]
+    k = OPTIMIZER_BYTES[precision]
+    return (e * parameters / (dp if zero_stage >= 3 else 1)
+            + e * parameters / (dp if zero_stage >= 2 else 1)
+            + k * parameters / (dp if zero_stage >= 1 else 1))

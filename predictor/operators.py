@@ -1,0 +1,165 @@
+"""The operator catalog: every operator the predictor costs, its shape features and its roofline.
+
+Samples (from calibration or an importer) and queries (from the decomposition of a job) describe
+an operator by the same *physical* shape features: a GEMM by (m, k, n), attention by
+(batch, l, d), an element-wise op by (tokens, width).  Regressors learn the ratio of measured time
+to the roofline time of that shape, so a shape beyond the sampled range still scales with its
+FLOPs and bytes while the trees capture the kernel-selection steps inside the range.
+
+Feature names here are the column names of a sample file (``operators/<name>_<precision>.csv``);
+calibration must measure exactly these shapes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+Shape = Mapping[str, np.ndarray]  # feature name -> column of values (one row per query)
+
+BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Published peak figures: only the roofline normaliser, never the prediction itself."""
+
+    name: str
+    memory_gib: float
+    tflops: Mapping[str, float]      # dense tensor-core peak per precision
+    memory_gbps: float               # HBM bandwidth, GB/s
+
+    def peak_flops(self, precision: str) -> float:
+        return self.tflops[precision] * 1e12
+
+
+def _gemm_flops(s: Shape) -> np.ndarray:
+    return 2.0 * s["m"] * s["k"] * s["n"]
+
+
+def _gemm_elems(s: Shape) -> np.ndarray:
+    return s["m"] * s["k"] + s["k"] * s["n"] + s["m"] * s["n"]
+
+
+def _bmm_flops(s: Shape) -> np.ndarray:
+    return 2.0 * s["batch"] * s["l"] * s["l"] * s["d"]
+
+
+def _bmm_elems(s: Shape) -> np.ndarray:
+    return s["batch"] * (2.0 * s["l"] * s["d"] + s["l"] * s["l"])
+
+
+def _scores_elems(s: Shape) -> np.ndarray:
+    return s["batch"] * s["l"] * s["l"]
+
+
+def _flash_flops(s: Shape) -> np.ndarray:
+    # QKᵀ and PV, causal: half of the l×l square is skipped.
+    return 2.0 * 2.0 * s["b"] * s["heads"] * s["l"] * s["l"] * s["d"] * 0.5
+
+
+def _flash_elems(s: Shape) -> np.ndarray:
+    return 4.0 * s["b"] * s["heads"] * s["l"] * s["d"]
+
+
+def _zero(s: Shape) -> np.ndarray:
+    first = next(iter(s.values()))
+    return np.zeros_like(first, dtype=float)
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One operator of the catalog.
+
+    ``flops``/``elements`` give forward work; backward is ``bwd_factor`` times that (dgrad + wgrad
+    for GEMMs).  ``elements`` counts tensor elements read + written once.
+    """
+
+    name: str
+    features: tuple[str, ...]
+    kind: str                                  # gemm | attention | memory | optimizer
+    flops: Callable[[Shape], np.ndarray]
+    elements: Callable[[Shape], np.ndarray]
+    bwd_factor: float = 2.0
+    directions: tuple[str, ...] = ("fwd", "bwd")
+    bytes_per_element: float | None = None     # None = the precision's; optimizer state is fp32
+    bwd_elements: Callable[[Shape], np.ndarray] | None = None   # when backward traffic is not a multiple
+
+    def roofline_seconds(self, shape: Shape, direction: str, precision: str, gpu: GpuSpec) -> np.ndarray:
+        """max(FLOPs / peak, bytes / bandwidth) for each row of ``shape``."""
+        scale = 1.0 if direction in ("fwd", "step") else self.bwd_factor
+        eb = self.bytes_per_element or BYTES_PER_ELEMENT[precision]
+        t_flops = scale * self.flops(shape) / gpu.peak_flops(precision)
+        if direction == "bwd" and self.bwd_elements is not None:
+            t_bytes = self.bwd_elements(shape) * eb / (gpu.memory_gbps * 1e9)
+        else:
+            t_bytes = scale * self.elements(shape) * eb / (gpu.memory_gbps * 1e9)
+        return np.maximum(np.maximum(t_flops, t_bytes), 1e-7)
+
+
+def _ew(*cols: str, factor: float = 2.0) -> Callable[[Shape], np.ndarray]:
+    """Element-wise traffic: read + write of a tensor of prod(cols) elements, times ``factor``/2."""
+
+    def elems(s: Shape) -> np.ndarray:
+        out = np.ones_like(s[cols[0]], dtype=float)
+        for c in cols:
+            out = out * s[c]
+        return factor * out
+    return elems
+
+
+_GEMM = ("m", "k", "n")
+OPERATORS: dict[str, Operator] = {op.name: op for op in [
+    # Linear1: QKV projection (column parallel); Linear2: attention output (row parallel);
+    # Linear3: MLP up (column parallel; gated MLPs: gate and up together); Linear4: MLP down.
+    Operator("linear1", _GEMM, "gemm", _gemm_flops, _gemm_elems),
+    Operator("linear2", _GEMM, "gemm", _gemm_flops, _gemm_elems),
+    Operator("linear3", _GEMM, "gemm", _gemm_flops, _gemm_elems),
+    Operator("linear4", _GEMM, "gemm", _gemm_flops, _gemm_elems),
+    Operator("linear_final", _GEMM, "gemm", _gemm_flops, _gemm_elems),
+    # Attention: batch = micro_batch × heads per GPU, d = head dim.
+    Operator("baddbmm", ("batch", "l", "d"), "attention", _bmm_flops, _bmm_elems),
+    Operator("bmm", ("batch", "l", "d"), "attention", _bmm_flops, _bmm_elems),
+    # baddbmm + causal mask fill + softmax as one measured block (the unfused attention path).
+    Operator("fillmask", ("batch", "l", "d"), "attention", _bmm_flops,
+             lambda s: _bmm_elems(s) + 4.0 * _scores_elems(s)),
+    Operator("softmax", ("batch", "l"), "memory", _zero, lambda s: 2.0 * _scores_elems(s), 1.5),
+    Operator("scaled_masked_softmax", ("batch", "l"), "memory", _zero,
+             lambda s: 2.0 * _scores_elems(s), 1.5),
+    Operator("flash_atten", ("b", "heads", "l", "d"), "attention", _flash_flops, _flash_elems, 2.5),
+    Operator("rope", ("tokens", "heads", "d"), "memory", _zero, _ew("tokens", "heads", "d", factor=4.0)),
+    Operator("gelu", ("tokens", "width"), "memory", _zero, _ew("tokens", "width"), 1.5),
+    Operator("swiglu", ("tokens", "width"), "memory", _zero, _ew("tokens", "width", factor=3.0), 1.67),
+    Operator("layernorm", ("tokens", "dim"), "memory", _zero, _ew("tokens", "dim"), 2.0),
+    Operator("rmsnorm", ("tokens", "dim"), "memory", _zero, _ew("tokens", "dim"), 2.0),
+    Operator("res_add", ("tokens", "dim"), "memory", _zero, _ew("tokens", "dim", factor=3.0), 1.0),
+    # Embedding backward zeroes and scatters into a whole vocab × dim gradient, whatever the tokens.
+    Operator("embedding", ("tokens", "dim", "vocab"), "memory", _zero, _ew("tokens", "dim"), 3.0,
+             bwd_elements=lambda s: 2.0 * s["tokens"] * s["dim"] + 2.0 * s["vocab"] * s["dim"]),
+    Operator("cross_entropy", ("tokens", "vocab"), "memory", _zero, _ew("tokens", "vocab", factor=3.0), 1.0),
+    # Adam on the fp32 master copy: read p, g, m, v; write p, m, v and the half-precision copy.
+    Operator("optimizer", ("params",), "optimizer", _zero, lambda s: 8.0 * s["params"], 1.0,
+             ("step",), bytes_per_element=4.0),
+]}
+
+# Collective kinds and the features of their samples (collectives/<kind>_<precision>.csv).
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "p2p")
+COLLECTIVE_FEATURES = ("entries", "nodes", "gpus_per_node")
+
+
+def operator(name: str) -> Operator:
+    try:
+        return OPERATORS[name]
+    except KeyError:
+        raise KeyError(f"unknown operator {name!r}; known: {', '.join(sorted(OPERATORS))}") from None
+
+
+def regressor_features(op: Operator, shape: Shape) -> np.ndarray:
+    """The regressors' input: log2 of each shape feature (rows × features).
+
+    Logs make the trees split on ratios of sizes, which is how GEMM tiling and wave quantisation
+    behave; raw values would leave large shapes in one bucket.
+    """
+    cols = [np.log2(np.maximum(np.asarray(shape[f], dtype=float), 1.0)) for f in op.features]
+    return np.column_stack(cols)

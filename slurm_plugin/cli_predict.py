@@ -1,0 +1,137 @@
+"""perf-predict: how long will this training job take on that platform?
+
+    perf-predict JOB --platform NAME [--json]     JOB = TOML job file or batch script
+    perf-predict --list-platforms
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any, Optional, Sequence
+
+from predictor import PerfcastError
+from predictor.errors import OneLineParser
+
+from .jobinput import UsageError, load_job_and_platform
+
+PROG = "perf-predict"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog=PROG, description="Predict the run time of a distributed LLM training job.")
+    p.add_argument("job", nargs="?", help="TOML job file (.toml) or batch script")
+    p.add_argument("--platform", help="shipped or installed platform name, or a platform directory")
+    p.add_argument("--partition", help="Slurm partition (platform from the site config)")
+    p.add_argument("--config", help="site config (default /etc/perfcast/perfcast.toml)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--list-platforms", action="store_true", help="list the platforms and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what is loaded")
+    return p
+
+
+def fmt_duration(seconds: float) -> str:
+    s = int(round(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}d {h:02d}h {m:02d}m"
+    if h:
+        return f"{h}h {m:02d}m {s:02d}s"
+    return f"{m}m {s:02d}s"
+
+
+def render(pred: Any, parsed: Any = None) -> str:
+    job = pred.job
+    lay, m = job.layout, job.model
+    lo, hi = pred.interval_seconds
+    lines = [
+        f"job       {job.source or '-'}",
+        f"model     {m.layers} layers, hidden {m.hidden}, {m.heads} heads, seq {m.seq_len}, "
+        f"{m.norm}/{m.activation}/{m.attention}, {job.run.precision}",
+        f"layout    PP-TP-DP {lay.pp}-{lay.tp}-{lay.dp} on {job.gpus} GPUs "
+        f"({pred.details.get('nodes')} nodes), micro-batch {lay.micro_batch} × {lay.micro_batches}, "
+        f"ZeRO-{lay.zero_stage}, recompute {lay.recompute}"
+        + (f", {lay.virtual_stages} virtual stages" if lay.virtual_stages > 1 else ""),
+        f"platform  {pred.platform}  (bundle {pred.bundle})",
+        "",
+        f"{'per iteration':<26}{'seconds':>10}",
+    ]
+    b = pred.breakdown
+    rows = [("forward, slowest stage", b["stage_fwd_max"]), ("backward, slowest stage", b["stage_bwd_max"]),
+            ("pipeline bubble", b["bubble"]), ("DP gradient reduction", b["dp_allreduce"]),
+            ("optimizer + all-gather", b["max_update"])]
+    if b.get("step_overhead"):
+        rows.append(("step overhead", b["step_overhead"]))
+    for label, v in rows:
+        lines.append(f"  {label:<24}{v:>10.3f}")
+    lines.append(f"  {'(of which TP all-reduce)':<24}{b['mp_allreduce']:>10.3f}")
+    lines.append(f"  {'(of which PP p2p)':<24}{b['pp_p2p']:>10.3f}")
+    lines.append(f"{'iteration':<26}{pred.iteration_seconds:>10.3f}   [{lo:.3f} – {hi:.3f}]")
+    lines.append("")
+    d = pred.details
+    if pred.iterations:
+        lines.append(f"total     {fmt_duration(pred.total_seconds)}  ({pred.iterations} iterations; "
+                     f"start-up {d['startup_seconds']:.0f} s, {d['evaluations']} evaluations "
+                     f"{d['eval_seconds']:.0f} s, {d['checkpoints']} checkpoints {d['checkpoint_seconds']:.0f} s)")
+    else:
+        lines.append("total     unknown: the job gives no number of iterations")
+    for w in pred.warnings:
+        lines.append(f"warning   {w}")
+    if parsed is not None:
+        for w in getattr(parsed, "warnings", []) or []:
+            lines.append(f"warning   {w}")
+        unresolved = getattr(parsed, "unresolved", []) or []
+        if unresolved:
+            lines.append(f"unresolved {', '.join(unresolved)} (defaults used)")
+    return "\n".join(lines)
+
+
+def run(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format=f"{PROG}: %(message)s")
+    from predictor import list_platforms, predict
+
+    if args.list_platforms:
+        plats = list_platforms()
+        if args.json:
+            print(json.dumps(plats, indent=2))
+        else:
+            for p in plats:
+                tag = "" if p["calibrated"] else "  [uncalibrated]"
+                print(f"{p['name']:<18} {p['gpus_per_node']} GPUs/node  {p['description']}{tag}")
+        return 0
+    if not args.job:
+        raise UsageError("give a JOB (TOML job file or batch script), or --list-platforms")
+    inp, plat = load_job_and_platform(args.job, args.platform, args.partition, args.config)
+    pred = predict(inp.job, plat)
+    if args.json:
+        out = pred.to_dict()
+        if inp.parsed is not None:
+            # The batch script's reading (Slurm request, provenance, unresolved keys) goes with
+            # the job it produced; the job's own sections keep the keys of DESIGN.md.
+            script = inp.parsed.to_dict()
+            script.pop("job", None)
+            script.pop("job_dict", None)
+            out["job"]["script"] = script
+        print(json.dumps(out, indent=2))
+    else:
+        print(render(pred, inp.parsed))
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        return run(argv)
+    except PerfcastError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

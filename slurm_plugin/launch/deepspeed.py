@@ -1,0 +1,87 @@
+"""DeepSpeed JSON config -> facts (``ds_*`` keys), and the deepspeed launcher's world size.
+
+The engine reads batch sizes, precision and ZeRO from the JSON (runtime/config.py); HF-style
+``"auto"`` values and sed placeholders (``GBSIZE``) are unknown until something fills them.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .configs import Config, to_bool, to_int
+from .facts import Facts
+from .values import MARK_OPEN
+
+
+def _num(facts: Facts, key: str, cfg: Config, path: tuple, value: Any) -> None:
+    origin = cfg.origin(path)
+    if isinstance(value, str) and MARK_OPEN in value:
+        facts.set_unknown(key, facts.u.reason(value) or "unknown", origin)
+        return
+    n = to_int(value)
+    if n is None:
+        reason = f"{'.'.join(map(str, path))} is {str(value)[:30]!r} in {cfg.label}"
+        if value != "auto":
+            facts.warnings.append(f"{reason}, not a number ({origin})")
+        facts.set_unknown(key, reason, origin)
+        return
+    facts.set(key, n, origin)
+
+
+def read_config(cfg: Config, facts: Facts) -> None:
+    d = cfg.data
+    if not isinstance(d, dict):
+        facts.warnings.append(f"DeepSpeed config {cfg.label} is not a JSON object; ignored")
+        return
+    facts.set("ds_config_loaded", True, cfg.label)
+    for key, fact in (("train_batch_size", "ds_train_batch"), ("train_micro_batch_size_per_gpu", "ds_micro"),
+                      ("gradient_accumulation_steps", "ds_gas")):
+        if key in d:
+            _num(facts, fact, cfg, (key,), d[key])
+    prec = None
+    for sect, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"), ("amp", "fp16")):
+        block = d.get(sect)
+        if isinstance(block, dict):
+            en = block.get("enabled", False if sect != "fp16" else False)
+            if isinstance(en, str) and MARK_OPEN in en:
+                facts.set_unknown("ds_precision", facts.u.reason(en) or "unknown", cfg.origin((sect, "enabled")))
+                prec = "?"
+                break
+            if to_bool(en):
+                if sect == "fp16" and str(block.get("type", "")).lower() in ("bfloat16", "bf16"):
+                    name = "bf16"
+                facts.set("ds_precision", name, cfg.origin((sect, "enabled")))
+                prec = name
+                break
+    if prec is None:
+        facts.set("ds_precision", "fp32", f"{cfg.label} (no fp16/bf16 section enabled)")
+    z = d.get("zero_optimization")
+    if isinstance(z, bool):
+        facts.set("ds_zero_stage", 1 if z else 0, cfg.origin(("zero_optimization",)))
+    elif isinstance(z, dict):
+        if "stage" in z:
+            _num(facts, "ds_zero_stage", cfg, ("zero_optimization", "stage"), z["stage"])
+        else:
+            facts.set("ds_zero_stage", 0, cfg.origin(("zero_optimization",)))
+    else:
+        facts.set("ds_zero_stage", 0, f"{cfg.label} (no zero_optimization)")
+    ac = d.get("activation_checkpointing")
+    if isinstance(ac, dict) and to_bool(ac.get("partition_activations")):
+        facts.set("ds_partition_activations", True, cfg.origin(("activation_checkpointing",)))
+
+
+def resolve_batch(facts: Facts, dp: int) -> Optional[tuple[int, int, int]]:
+    """DeepSpeed's _set_batch_related_parameters: (train_batch, micro, gas) or None."""
+    tb, mb, gas = facts.val("ds_train_batch"), facts.val("ds_micro"), facts.val("ds_gas")
+    if tb is not None and mb is not None and gas is not None:
+        return tb, mb, gas
+    if tb is not None and mb is not None:
+        return tb, mb, max(1, tb // mb // max(dp, 1))
+    if tb is not None and gas is not None:
+        return tb, max(1, tb // max(dp, 1) // max(gas, 1)), gas
+    if mb is not None and gas is not None:
+        return mb * gas * dp, mb, gas
+    if tb is not None:
+        return tb, max(1, tb // max(dp, 1)), 1
+    if mb is not None:
+        return mb * dp, mb, 1
+    return None

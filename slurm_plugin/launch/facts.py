@@ -1,0 +1,76 @@
+"""Framework-neutral facts about a job, each with its origin, gathered before derivation.
+
+Framework readers (neox.py, deepspeed.py, megatron.py) and the launcher reader fill one
+:class:`Facts`; derive.py turns it into the job dict. Keys are short names (``layers``, ``tp``,
+``global_batch``…), documented in derive.py.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .configs import to_int, to_number
+from .values import MARK_OPEN, Fact, Tok, Unknowns
+
+
+class Facts:
+    def __init__(self, unknowns: Unknowns):
+        self.u = unknowns
+        self.d: dict[str, Fact] = {}
+        self.warnings: list[str] = []
+        # reason why keys we did not find may still be set somewhere we cannot see
+        self.hidden_args: Optional[str] = None
+
+    def set(self, key: str, value: Any, origin: str, unknown: Optional[str] = None) -> None:
+        self.d[key] = Fact(value, origin, unknown)
+
+    def set_unknown(self, key: str, reason: str, origin: str) -> None:
+        self.d[key] = Fact(None, origin, reason)
+
+    def get(self, key: str) -> Optional[Fact]:
+        return self.d.get(key)
+
+    def known(self, key: str) -> bool:
+        f = self.d.get(key)
+        return f is not None and f.unknown is None and f.value is not None
+
+    def val(self, key: str, default: Any = None) -> Any:
+        f = self.d.get(key)
+        return default if f is None or f.unknown is not None or f.value is None else f.value
+
+    def origin(self, key: str, default: str = "") -> str:
+        f = self.d.get(key)
+        return f.origin if f is not None else default
+
+    # ---- conversions from command-line tokens
+    def set_int(self, key: str, tok: Tok, offset: int = 0, what: str = "") -> None:
+        text = tok.text[offset:]
+        origin = tok.origin_at(offset)
+        if MARK_OPEN in text:
+            self.set_unknown(key, self.u.reason(text) or "unknown", origin)
+            return
+        n = to_int(text)
+        if n is None:
+            self.warnings.append(f"{what or key}: {text[:40]!r} is not an integer ({origin})")
+            self.set_unknown(key, f"{what or key} is {text[:40]!r}, not an integer", origin)
+            return
+        self.set(key, n, origin)
+
+    def set_num(self, key: str, tok: Tok, offset: int = 0) -> None:
+        text = tok.text[offset:]
+        origin = tok.origin_at(offset)
+        if MARK_OPEN in text:
+            self.set_unknown(key, self.u.reason(text) or "unknown", origin)
+            return
+        n = to_number(text)
+        if n is None:
+            self.set_unknown(key, f"{text[:40]!r} is not a number", origin)
+            return
+        self.set(key, n, origin)
+
+    def set_str(self, key: str, tok: Tok, offset: int = 0) -> None:
+        text = tok.text[offset:]
+        origin = tok.origin_at(offset)
+        if MARK_OPEN in text:
+            self.set_unknown(key, self.u.reason(text) or "unknown", origin)
+            return
+        self.set(key, text, origin)

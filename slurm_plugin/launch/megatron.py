@@ -1,0 +1,240 @@
+"""Megatron-LM and Megatron-DeepSpeed command-line arguments -> facts.
+
+Flag meanings differ by fork (docs/launch-config-keys.md §4): ``--checkpoint-activations`` is
+full recompute in Megatron-DeepSpeed (and old Megatron-LM) while ``--recompute-activations`` is
+*selective*; GQA is ``--num-key-value-heads`` (Megatron-DeepSpeed) or ``--group-query-attention
+--num-query-groups`` (Megatron-LM); the distributed optimizer shards optimizer state like ZeRO-1.
+Parsers there use ``allow_abbrev=False`` and argparse keeps the last of repeated flags.
+"""
+from __future__ import annotations
+
+from .facts import Facts
+from .values import MARK_OPEN
+
+_INT = {
+    "--num-layers": "layers", "--hidden-size": "hidden", "--num-attention-heads": "heads",
+    "--ffn-hidden-size": "ffn_hidden", "--seq-length": "seq_len", "--encoder-seq-length": "seq_len",
+    "--micro-batch-size": "micro_batch", "--global-batch-size": "global_batch",
+    "--tensor-model-parallel-size": "tp", "--model-parallel-size": "tp",
+    "--pipeline-model-parallel-size": "pp", "--context-parallel-size": "cp",
+    "--ds-sequence-parallel-size": "ds_sp", "--train-iters": "train_iters", "--train-samples": "train_samples",
+    "--train-tokens": "train_tokens", "--eval-interval": "eval_interval", "--eval-iters": "eval_iters",
+    "--save-interval": "save_interval", "--persistent-save-interval": "save_interval",
+    "--exit-interval": "exit_interval", "--exit-duration-in-mins": "exit_duration",
+    "--num-layers-per-virtual-pipeline-stage": "layers_per_vstage",
+    "--num-virtual-stages-per-pipeline-rank": "virtual_stages",
+    "--make-vocab-size-divisible-by": "vocab_divisible", "--pad-vocab-size-to": "padded_vocab",
+    "--vocab-size": "vocab", "--zero-stage": "cli_zero_stage", "--num-query-groups": "num_query_groups",
+    "--num-key-value-heads": "kv_heads_ms", "--max-position-embeddings": "max_pos",
+    "--checkpoint-num-layers": "checkpoint_num_layers", "--recompute-num-layers": "recompute_num_layers",
+}
+_STR = {
+    "--recompute-granularity": "recompute_granularity", "--normalization": "norm_raw",
+    "--position-embedding-type": "pos_raw", "--tokenizer-type": "tokenizer", "--tokenizer-model": "tokenizer_model",
+    "--tokenizer-name-or-path": "tokenizer_model", "--vocab-file": "vocab_file",
+    "--attention-backend": "attention_backend", "--glu-activation": "glu", "--fp8-format": "fp8",
+    "--deepspeed_config": "ds_config", "--deepspeed-config": "ds_config", "--deepscale_config": "ds_config",
+    "--split": "split", "--save": "save_dir", "--recompute-method": "recompute_method",
+}
+_FLAGS = {
+    "--recompute-activations": "recompute_activations", "--checkpoint-activations": "checkpoint_activations",
+    "--deepspeed-activation-checkpointing": "ds_act_ckpt", "--use-flash-attn": "flash",
+    "--use-flash-attn-v1": "flash", "--use-flash-attn-v2": "flash", "--use-flash-attn-triton": "flash",
+    "--swiglu": "swiglu", "--untie-embeddings-and-output-weights": "untie", "--bf16": "bf16", "--fp16": "fp16",
+    "--deepspeed": "deepspeed", "--deepscale": "deepspeed", "--use-distributed-optimizer": "dist_opt",
+    "--sequence-parallel": "sequence_parallel", "--group-query-attention": "gqa",
+    "--no-pipeline-parallel": "no_pp", "--use-rotary-position-embeddings": "rotary_ms",
+    "--no-position-embedding": "no_pos", "--no-masked-softmax-fusion": "no_softmax_fusion",
+    "--use-mcore-models": "mcore", "--transformer-impl": "transformer_impl",
+}
+_NARGS = {"--rampup-batch-size": ("rampup", 3)}
+
+
+def read_args(args: list, facts: Facts) -> None:
+    """Fill raw Megatron facts from the training script's arguments."""
+    i, n = 0, len(args)
+    hidden = []
+    while i < n:
+        tok = args[i]
+        t = tok.text
+        if MARK_OPEN in t and not t.startswith("--"):
+            hidden.append(facts.u.reason(t) or "unknown")
+            i += 1
+            continue
+        if not t.startswith("--"):
+            i += 1
+            continue
+        name, eq, _val = t.partition("=")
+        if eq:
+            val_tok, off, step = tok, len(name) + 1, 1
+        elif i + 1 < n:
+            val_tok, off, step = args[i + 1], 0, 2
+        else:
+            val_tok, off, step = None, 0, 1
+        if name in _INT:
+            if val_tok is None:
+                i += 1
+                continue
+            facts.set_int(_INT[name], val_tok, off, what=name)
+            i += step
+        elif name in _STR:
+            if val_tok is None:
+                i += 1
+                continue
+            if _STR[name] == "ds_config":
+                # a path: keep unknown parts, the script may have written the file under that name
+                facts.set("ds_config", val_tok.text[off:], val_tok.origin_at(off))
+            else:
+                facts.set_str(_STR[name], val_tok, off)
+            i += step
+        elif name in _FLAGS:
+            facts.set(_FLAGS[name], True, tok.origin_at(0))
+            i += 1
+        elif name in _NARGS:
+            key, k = _NARGS[name]
+            vals = args[i + 1:i + 1 + k]
+            if len(vals) == k:
+                sub = Facts(facts.u)
+                for j, v in enumerate(vals):
+                    sub.set_int(str(j), v, what=name)
+                if all(sub.known(str(j)) for j in range(k)):
+                    facts.set(key, tuple(sub.val(str(j)) for j in range(k)), vals[0].origin_at(0))
+                else:
+                    bad = next(sub.get(str(j)) for j in range(k) if not sub.known(str(j)))
+                    facts.set_unknown(key, bad.unknown or "unknown", bad.origin)
+            i += 1 + k
+        else:
+            # unknown flag: skip its value(s) too (anything up to the next --flag); an unknown
+            # value right after it is that flag's value, later ones may be hidden arguments
+            i += 1
+            first = True
+            while i < n and not args[i].text.startswith("--") and not eq:
+                if MARK_OPEN in args[i].text and not first:
+                    hidden.append(facts.u.reason(args[i].text) or "unknown")
+                first = False
+                i += 1
+    if hidden:
+        facts.hidden_args = hidden[0]
+
+
+def derive_model(facts: Facts, deepspeed: bool) -> None:
+    """Framework rules -> the model/layout facts that derive.py expects (in place)."""
+    f = facts
+    w = f.warnings
+    # GQA
+    if f.val("gqa"):
+        f.set("kv_heads", f.val("num_query_groups", 1), f.origin("num_query_groups", f.origin("gqa")))
+    elif f.get("kv_heads_ms") is not None:
+        f.d["kv_heads"] = f.d["kv_heads_ms"]
+    elif f.get("num_query_groups") is not None and not deepspeed:
+        w.append("--num-query-groups without --group-query-attention is ignored by Megatron-LM")
+    # FFN
+    gated = bool(f.val("swiglu")) or f.val("glu") in ("swiglu", "geglu", "reglu", "liglu")
+    if f.get("ffn_hidden") is None and f.known("hidden"):
+        h = f.val("hidden")
+        ffn = int((4 * h * 2 / 3) / 64) * 64 if f.val("swiglu") else 4 * h
+        f.set("ffn_hidden", ffn, f.origin("swiglu", f.origin("hidden")))
+    if gated:
+        if f.val("glu") not in (None, "swiglu"):
+            w.append(f"--glu-activation {f.val('glu')} is modelled as swiglu (same shapes)")
+        f.set("activation", "swiglu", f.origin("swiglu", f.origin("glu")))
+    else:
+        f.set("activation", "gelu", "Megatron default")
+    # norm
+    norm = (f.val("norm_raw") or "layernorm").lower()
+    f.set("norm", "rmsnorm" if "rms" in norm else "layernorm", f.origin("norm_raw", "Megatron default"))
+    # positions
+    pos = f.val("pos_raw")
+    if pos is not None:
+        mapped = {"learned_absolute": "learned", "absolute": "learned", "rope": "rotary", "rotary": "rotary",
+                  "mrope": "rotary", "alibi": "alibi", "none": "none"}.get(pos.lower())
+        if mapped is None:
+            w.append(f"--position-embedding-type {pos} is modelled as none")
+            mapped = "none"
+        f.set("pos_emb", mapped, f.origin("pos_raw"))
+    elif f.val("rotary_ms"):
+        f.set("pos_emb", "rotary", f.origin("rotary_ms"))
+    elif f.val("no_pos"):
+        f.set("pos_emb", "none", f.origin("no_pos"))
+    else:
+        f.set("pos_emb", "learned", "Megatron default")
+    # attention kernel
+    backend = (f.val("attention_backend") or "").lower()
+    if f.val("flash") or backend == "flash":
+        f.set("attention", "flash", f.origin("flash", f.origin("attention_backend")))
+    elif backend == "fused":
+        f.set("attention", "fused_softmax", f.origin("attention_backend"))
+    elif backend in ("unfused", "local"):
+        f.set("attention", "unfused", f.origin("attention_backend"))
+    elif f.val("no_softmax_fusion"):
+        f.set("attention", "unfused", f.origin("no_softmax_fusion"))
+    elif not deepspeed and (backend == "auto" or f.val("transformer_impl", "transformer_engine")
+                            == "transformer_engine") and f.val("mcore", True):
+        # Megatron-LM's default backend 'auto' lets Transformer Engine pick; on current GPUs that is
+        # a flash/cuDNN fused attention kernel.
+        f.set("attention", "flash", "Megatron-LM default (--attention-backend auto)")
+        w.append("attention kernel: Megatron-LM's --attention-backend auto is assumed to pick flash attention")
+    else:
+        f.set("attention", "fused_softmax", "Megatron default")
+    f.set("tied_embeddings", not f.val("untie"), f.origin("untie", "Megatron default"))
+    f.set("parallel_residual", False, "Megatron default")
+    # precision
+    if f.val("fp8"):
+        w.append(f"--fp8-format {f.val('fp8')}: FP8 is modelled as bf16")
+        f.set("precision", "bf16", f.origin("fp8"))
+    elif f.val("bf16"):
+        f.set("precision", "bf16", f.origin("bf16"))
+    elif f.val("fp16"):
+        f.set("precision", "fp16", f.origin("fp16"))
+    else:
+        f.set("precision", "fp32", "Megatron default (no --fp16/--bf16)")
+    # recompute
+    gran = (f.val("recompute_granularity") or "").lower()
+    if f.val("checkpoint_activations"):
+        if not deepspeed:
+            w.append("--checkpoint-activations: recent Megatron-LM rejects it (it stops at start-up); "
+                     "read as full recompute like older versions")
+        f.set("recompute", "full", f.origin("checkpoint_activations"))
+    elif gran in ("full", "selective"):
+        f.set("recompute", gran, f.origin("recompute_granularity"))
+    elif f.val("recompute_activations"):
+        f.set("recompute", "selective", f.origin("recompute_activations"))
+    else:
+        f.set("recompute", "none", "Megatron default")
+    # pipeline
+    if f.val("no_pp"):
+        f.set("pp", 1, f.origin("no_pp"))
+    if f.known("layers_per_vstage") and f.known("layers"):
+        pp = f.val("pp", 1)
+        lpv = f.val("layers_per_vstage")
+        if lpv > 0 and pp > 0 and f.val("layers") % (pp * lpv) == 0:
+            f.set("virtual_stages", f.val("layers") // pp // lpv, f.origin("layers_per_vstage"))
+        else:
+            w.append("--num-layers-per-virtual-pipeline-stage does not divide the layers per stage")
+    # context / Ulysses parallelism divide DP
+    if deepspeed and f.get("ds_sp") is not None:
+        f.d["cp"] = f.d["ds_sp"]
+    # optimizer sharding
+    if not deepspeed:
+        f.set("zero_stage", 1 if f.val("dist_opt") else 0, f.origin("dist_opt", "Megatron default"))
+    elif f.val("dist_opt"):
+        f.set("dist_opt_stage", 1, f.origin("dist_opt"))
+    # evaluation off by split
+    split = f.val("split")
+    if isinstance(split, str):
+        parts = [p.strip() for p in split.replace("/", ",").split(",")]
+        if len(parts) >= 2:
+            try:
+                if float(parts[1]) == 0:
+                    f.set("eval_iters", 0, f.origin("split"))
+            except ValueError:
+                pass
+    # checkpoints only when there is somewhere to save them
+    if f.get("save_interval") is not None and f.get("save_dir") is None:
+        f.set("save_interval", 0, f.origin("save_interval"))
+        w.append("--save-interval without --save: no checkpoints are written")
+    # Megatron defaults for evaluation cadence
+    if f.get("eval_interval") is None:
+        f.set("eval_interval", 1000, "Megatron default")
+    if f.get("eval_iters") is None:
+        f.set("eval_iters", 100, "Megatron default")

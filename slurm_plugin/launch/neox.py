@@ -1,0 +1,313 @@
+"""GPT-NeoX: ``deepy.py train.py [-d DIR] a.yml b.yml`` -> merged YAML -> facts.
+
+Rules from megatron/neox_arguments (docs/launch-config-keys.md §1 and patterns 25–35): top-level
+keys in dash or underscore spelling, files merged in order, a later *underscore* key that repeats
+an earlier key is a NeoX "duplicate keys" error while a later dash key silently overrides;
+gated-MLP widths follow ParallelMLP; gradient_accumulation_steps defaults to 1.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .configs import Config, to_bool, to_int, to_number
+from .facts import Facts
+from .values import MARK_OPEN, Tok
+
+GATED = {"geglu", "reglu", "swiglu", "bilinear", "glu"}
+
+
+@dataclass
+class DeepyArgs:
+    user_script: Optional[Tok]
+    conf_dir: Optional[str]
+    confs: list          # Toks
+    hostfile: Optional[Tok]
+
+
+def read_deepy_args(args: list) -> DeepyArgs:
+    """consume_deepy_args: USER_SCRIPT [--conf_dir|-d DIR] CONF [CONF ...] plus a few options."""
+    out = DeepyArgs(None, None, [], None)
+    i, n = 0, len(args)
+    with_value = {"--wandb_group", "--wandb_run_name", "--wandb_team", "--eval_tasks", "--iteration",
+                  "--eval_results_prefix", "-i", "--sample_input_file", "-o", "--sample_output_file",
+                  "--autotuning"}
+    while i < n:
+        t = args[i].text
+        if t in ("-d", "--conf_dir", "--conf-dir"):
+            if i + 1 < n:
+                out.conf_dir = args[i + 1].text
+            i += 2
+            continue
+        if t.startswith("--conf_dir="):
+            out.conf_dir = t.split("=", 1)[1]
+            i += 1
+            continue
+        if t in ("-H", "--hostfile"):
+            if i + 1 < n:
+                out.hostfile = args[i + 1]
+            i += 2
+            continue
+        if t in with_value:
+            i += 2
+            continue
+        if t.startswith("-"):
+            i += 1
+            continue
+        if out.user_script is None:
+            out.user_script = args[i]
+        else:
+            out.confs.append(args[i])
+        i += 1
+    return out
+
+
+class Merged:
+    """The merged NeoX config: normalized key -> (value, Config, raw key)."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, tuple[Any, Config, str]] = {}
+
+    def add(self, cfg: Config, warnings: list) -> None:
+        if not isinstance(cfg.data, dict):
+            warnings.append(f"{cfg.label} is not a mapping of NeoX keys; ignored")
+            return
+        for raw, value in cfg.data.items():
+            key = raw.replace("-", "_")
+            if key in self.items and raw == key and self.items[key][1] is not cfg:
+                warnings.append(f"NeoX would stop with 'duplicate keys' for {raw} "
+                                f"({cfg.origin((raw,))} repeats {self.items[key][1].origin((self.items[key][2],))});"
+                                f" using the later value")
+            self.items[key] = (value, cfg, raw)
+
+    def has(self, key: str) -> bool:
+        return key in self.items
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        it = self.items.get(key)
+        return default if it is None else it[0]
+
+    def origin(self, key: str, sub: tuple = ()) -> str:
+        it = self.items.get(key)
+        if it is None:
+            return ""
+        return it[1].origin((it[2],) + sub) if sub and (it[2],) + sub in it[1].lines else it[1].origin((it[2],))
+
+
+def _int(facts: Facts, m: Merged, key: str, fact: str) -> None:
+    if not m.has(key):
+        return
+    v = m.raw(key)
+    origin = m.origin(key)
+    if isinstance(v, str) and MARK_OPEN in v:
+        facts.set_unknown(fact, facts.u.reason(v) or "unknown", origin)
+        return
+    if v is None:
+        return
+    n = to_int(v)
+    if n is None:
+        facts.warnings.append(f"{key} = {str(v)[:30]!r} is not an integer ({origin})")
+        facts.set_unknown(fact, f"{key} is {str(v)[:30]!r}", origin)
+        return
+    facts.set(fact, n, origin)
+
+
+def _str(m: Merged, key: str) -> Optional[str]:
+    v = m.raw(key)
+    return v if isinstance(v, str) else None
+
+
+def read_merged(m: Merged, facts: Facts) -> None:
+    f = facts
+    w = f.warnings
+    for key, fact in (("num_layers", "layers"), ("hidden_size", "hidden"), ("num_attention_heads", "heads"),
+                      ("num_kv_heads", "kv_heads"), ("seq_length", "seq_len"), ("model_parallel_size", "tp"),
+                      ("pipe_parallel_size", "pp"), ("train_micro_batch_size_per_gpu", "micro_batch"),
+                      ("gradient_accumulation_steps", "grad_accum"), ("train_batch_size", "global_batch"),
+                      ("train_iters", "train_iters"), ("eval_interval", "eval_interval"),
+                      ("eval_iters", "eval_iters"), ("global_num_gpus", "global_num_gpus"),
+                      ("num_gpus", "neox_num_gpus"), ("num_nodes", "neox_num_nodes"),
+                      ("padded_vocab_size", "padded_vocab"), ("make_vocab_size_divisible_by", "vocab_divisible"),
+                      ("intermediate_size", "intermediate_size"), ("mlp_multiple_of", "mlp_multiple_of"),
+                      ("exit_interval", "exit_interval")):
+        _int(f, m, key, fact)
+    if f.get("seq_len") is None and m.has("max_position_embeddings"):
+        _int(f, m, "max_position_embeddings", "seq_len")
+        w.append("seq_length not set: using max_position_embeddings as NeoX does")
+    if f.known("pp") and f.val("pp") == 0:
+        f.set("pp", 1, f.origin("pp"))
+    if f.get("micro_batch") is None and m.has("batch_size"):
+        _int(f, m, "batch_size", "micro_batch")
+    if f.get("grad_accum") is None:
+        if m.has("gas"):
+            _int(f, m, "gas", "grad_accum")   # old NeoX: derived duplicate, accepted as input there
+        else:
+            f.set("grad_accum", 1, "NeoX default (gradient_accumulation_steps = 1)")
+            f.set("grad_accum_defaulted", True, "NeoX default")
+    if m.has("train_epochs") and f.get("train_iters") is None:
+        f.set_unknown("train_iters", "train_epochs is set: the iteration count depends on the data set size",
+                      m.origin("train_epochs"))
+    if f.get("eval_interval") is None:
+        f.set("eval_interval", 1000, "NeoX default")
+    if f.get("eval_iters") is None:
+        f.set("eval_iters", 100, "NeoX default")
+    # checkpoints: checkpoint_factor (new) or save_interval (before 2022-12), only with `save`
+    ck_key = "checkpoint_factor" if m.has("checkpoint_factor") else ("save_interval" if m.has("save_interval")
+                                                                     else None)
+    if ck_key is not None:
+        if not m.raw("save"):
+            w.append(f"{ck_key} without `save`: no checkpoints are written")
+            f.set("save_interval", 0, m.origin(ck_key))
+        else:
+            v = to_number(m.raw(ck_key))
+            if v is None:
+                f.set_unknown("save_interval", f"{ck_key} is {m.raw(ck_key)!r}", m.origin(ck_key))
+            elif (_str(m, "checkpoint_scale") or "linear") == "log":
+                w.append("checkpoint_scale: log saves at powers of the factor; modelled as no periodic saves")
+                f.set("save_interval", 0, m.origin("checkpoint_scale"))
+            else:
+                f.set("save_interval", int(v), m.origin(ck_key))
+    # model kind
+    norm = (_str(m, "norm") or "layernorm").lower()
+    f.set("norm", "rmsnorm" if "rms" in norm else "layernorm", m.origin("norm") or "NeoX default")
+    if norm == "scalenorm":
+        w.append("norm: scalenorm is modelled as layernorm")
+    pos = (_str(m, "pos_emb") or "learned").lower()
+    mapped = {"learned": "learned", "rotary": "rotary", "alibi": "alibi", "none": "none",
+              "sinusoidal": "learned", "rpe": "none"}.get(pos, "learned")
+    if pos in ("sinusoidal", "rpe"):
+        w.append(f"pos_emb: {pos} is modelled as {mapped}")
+    f.set("pos_emb", mapped, m.origin("pos_emb") or "NeoX default")
+    nwt = to_bool(m.raw("no_weight_tying", False))
+    f.set("tied_embeddings", not nwt, m.origin("no_weight_tying") or "NeoX default")
+    f.set("parallel_residual", bool(to_bool(m.raw("gpt_j_residual", False))),
+          m.origin("gpt_j_residual") or "NeoX default")
+    f.set("sequence_parallel", bool(to_bool(m.raw("sequence_parallel", False))),
+          m.origin("sequence_parallel") or "NeoX default")
+    _attention(m, f)
+    _mlp(m, f)
+    _precision(m, f)
+    z = m.raw("zero_optimization")
+    if isinstance(z, dict) and "stage" in z:
+        st = to_int(z["stage"])
+        if st is None:
+            f.set_unknown("zero_stage", f"zero_optimization.stage is {z['stage']!r}",
+                          m.origin("zero_optimization", ("stage",)))
+        else:
+            f.set("zero_stage", st, m.origin("zero_optimization", ("stage",)))
+    elif isinstance(z, bool):
+        f.set("zero_stage", 1 if z else 0, m.origin("zero_optimization"))
+    else:
+        f.set("zero_stage", 0, m.origin("zero_optimization") or "NeoX default (ZeRO stage 0)")
+    ca = to_bool(m.raw("checkpoint_activations", False))
+    f.set("recompute", "full" if ca else "none", m.origin("checkpoint_activations") or "NeoX default")
+    # vocabulary
+    tok = _str(m, "tokenizer_type") or "GPT2BPETokenizer"
+    f.set("tokenizer", tok, m.origin("tokenizer_type") or "NeoX default")
+    vf = _str(m, "vocab_file")
+    if vf:
+        f.set("vocab_file", vf, m.origin("vocab_file"))
+    # launcher-side keys
+    for key in ("hostfile", "launcher", "include", "exclude"):
+        v = _str(m, key)
+        if v:
+            f.set(f"neox_{key}", v, m.origin(key))
+    if to_bool(m.raw("deepspeed_slurm", False)):
+        f.set("neox_deepspeed_slurm", True, m.origin("deepspeed_slurm"))
+    moe = to_int(m.raw("moe_num_experts", 1))
+    if moe and moe > 1:
+        w.append(f"moe_num_experts = {moe}: mixture-of-experts is not modelled; predicting the dense model")
+
+
+def _attention(m: Merged, f: Facts) -> None:
+    cfg = m.raw("attention_config")
+    fused = to_bool(m.raw("scaled_upper_triang_masked_softmax_fusion", False))
+    dense = "fused_softmax" if fused else "unfused"
+    origin = m.origin("attention_config") or m.origin("scaled_upper_triang_masked_softmax_fusion") or "NeoX default"
+    if not cfg:
+        f.set("attention", dense, origin)
+        return
+    kinds: dict = {}
+    try:
+        for entry in cfg:
+            types, count = entry[0], entry[1]
+            n = to_int(count) if count != "all" else 10**6
+            for t in types if isinstance(types, list) else [types]:
+                kinds[str(t)] = kinds.get(str(t), 0) + max(n or 0, 0)
+    except (TypeError, IndexError, KeyError):
+        f.warnings.append(f"attention_config is not a list of [[types], count] ({origin}); assuming global")
+        f.set("attention", dense, origin)
+        return
+    if not kinds:
+        f.set("attention", dense, origin)
+        return
+    main = max(kinds, key=kinds.get)
+    if len(kinds) > 1:
+        f.warnings.append(f"attention_config mixes {', '.join(sorted(kinds))}; modelled as {main} everywhere")
+    if main == "flash":
+        f.set("attention", "flash", origin)
+    else:
+        if main != "global":
+            f.warnings.append(f"attention type {main} is modelled as global attention")
+        f.set("attention", dense, origin)
+
+
+def _mlp(m: Merged, f: Facts) -> None:
+    """FFN width as ParallelMLP computes it (pattern 31)."""
+    act = (_str(m, "activation") or "gelu").lower()
+    mlp_type = (_str(m, "mlp_type") or "regular").lower()
+    gated = act in GATED or mlp_type == "llama"
+    f.set("activation", "swiglu" if gated else "gelu", m.origin("activation") or m.origin("mlp_type") or "NeoX default")
+    if act not in GATED and act != "gelu":
+        f.warnings.append(f"activation {act} is modelled as gelu (same shapes)")
+    if not f.known("hidden"):
+        return
+    h = f.val("hidden")
+    mult = f.val("mlp_multiple_of", 1) or 1
+    if mlp_type == "llama":
+        ffn = _roundup(int(2 * 4 * h / 3), 256)
+        f.set("ffn_hidden", ffn, m.origin("mlp_type"))
+        return
+    if f.get("intermediate_size") is not None:
+        if not f.known("intermediate_size"):
+            fi = f.get("intermediate_size")
+            f.set_unknown("ffn_hidden", fi.unknown or "unknown", fi.origin)
+            return
+        inter = f.val("intermediate_size")
+        origin = f.origin("intermediate_size")
+    elif m.has("expansion_factor") and to_number(m.raw("expansion_factor")) is not None:
+        inter = int(to_number(m.raw("expansion_factor")) * h)
+        origin = m.origin("expansion_factor")
+    else:
+        inter = 4 * h
+        origin = f.origin("hidden")
+    if gated:
+        ffn = _roundup(int(inter * 2 / 3) // 2, mult)
+    else:
+        ffn = _roundup(inter, mult)
+    f.set("ffn_hidden", ffn, origin)
+
+
+def _roundup(x: int, m: int) -> int:
+    return int(math.ceil(x / m) * m) if m > 1 else x
+
+
+def _precision(m: Merged, f: Facts) -> None:
+    p = _str(m, "precision")
+    if p:
+        p2 = {"fp16": "fp16", "float16": "fp16", "bfloat16": "bf16", "bf16": "bf16", "fp32": "fp32",
+              "float32": "fp32"}.get(p.lower())
+        if p2:
+            f.set("precision", p2, m.origin("precision"))
+            return
+    bf = m.raw("bf16")
+    if isinstance(bf, dict) and to_bool(bf.get("enabled", True)):
+        f.set("precision", "bf16", m.origin("bf16"))
+        return
+    fp = m.raw("fp16")
+    if isinstance(fp, dict) and to_bool(fp.get("enabled", True)):
+        typ = str(fp.get("type", "")).lower()
+        f.set("precision", "bf16" if typ in ("bfloat16", "bf16") else "fp16", m.origin("fp16"))
+        return
+    f.set("precision", "fp32", "NeoX default (no fp16/bf16 section)")

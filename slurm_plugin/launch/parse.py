@@ -1,0 +1,385 @@
+"""parse_script: batch script (+ the configs it names) -> ParsedScript. Never executes, never raises."""
+from __future__ import annotations
+
+import logging
+import posixpath
+import re
+from typing import Callable, Mapping, Optional
+
+from predictor.errors import JobError
+from predictor.job import TrainingJob
+
+from . import deepspeed as ds
+from . import megatron, neox
+from .configs import Config, load_config
+from .derive import World, build
+from .facts import Facts
+from .files import decode_text, default_read_file, join_path, os_reason
+from .launchers import Classified
+from .limits import MAX_CONFIG_BYTES, Budget, CannotPredict
+from .result import ParsedScript, SlurmRequest
+from .sbatch import array_first_index, derive_request, merge_request, read_directives, slurm_env
+from .shell import Launch, Shell
+from .values import MARK_OPEN, Tok, Unknowns, sanitize_text
+
+log = logging.getLogger(__name__)
+
+
+def parse_script(path: Optional[str], text: Optional[str] = None, *, request: Optional[SlurmRequest] = None,
+                 read_file: Optional[Callable[[str], bytes]] = None, env: Optional[Mapping[str, str]] = None,
+                 default_gpus_per_node: Optional[int] = None, work_dir: Optional[str] = None,
+                 _depth: int = 0, _budget: Optional[Budget] = None) -> ParsedScript:
+    """Read a batch script and the configs it names into a TrainingJob (see the package docstring)."""
+    reader = read_file or default_read_file
+    label = path or "<script>"
+    result = ParsedScript(job=None, job_dict={}, request=request or SlurmRequest())
+    budget = _budget or Budget()
+    try:
+        _parse(result, path, text, label, request, reader, env, default_gpus_per_node, work_dir, budget, _depth)
+    except CannotPredict as exc:
+        result.job = None
+        result.error = exc.line()
+    except RecursionError:
+        result.job = None
+        result.error = f"cannot predict: the script is nested too deeply ({label})"
+    except MemoryError:
+        result.job = None
+        result.error = f"cannot predict: the script needs too much memory to evaluate ({label})"
+    except Exception as exc:  # noqa: BLE001 - a daemon must answer, not crash; the bug is logged
+        log.exception("launch parser bug on %s", label)
+        result.job = None
+        result.error = f"cannot predict: internal parser error {type(exc).__name__} ({label})"
+    if result.error and len(result.error) > 400:
+        result.error = result.error[:397] + "..."
+    if result.error:
+        result.error = result.error.replace("\n", " ")
+    return result
+
+
+def _parse(res: ParsedScript, path, text, label, request, reader, env, default_gpn, work_dir, budget, depth) -> None:
+    if text is None:
+        if path is None:
+            raise CannotPredict("no script given")
+        try:
+            raw = reader(path)
+        except (OSError, ValueError) as exc:
+            raise CannotPredict(f"cannot read {path}: {os_reason(exc)}", path) from None
+        text = decode_text(raw, label)
+    elif len(text) > (4 << 20):
+        raise CannotPredict(f"{label} is larger than 4 MiB", f"{label}:1")
+    if "\x00" in text:
+        raise CannotPredict(f"{label} is not a text file (NUL byte)", f"{label}:{text[:text.index(chr(0))].count(chr(10)) + 1}")
+    text = sanitize_text(text)
+    # ------------------------------------------------------------------ request
+    directives = read_directives(text, label)
+    req, prov = merge_request(directives, request)
+    warnings = res.warnings
+    warnings.extend(directives.warnings)
+    derive_request(req, directives, prov, default_gpn, warnings)
+    res.request = req
+    res.provenance.update({k: v for k, v in prov.items() if not k.endswith(".invalid")})
+    if "request.nodes.invalid" in prov:
+        res.unresolved.append("request.nodes")
+    if work_dir is None:
+        work_dir = directives.chdir if directives.chdir and posixpath.isabs(directives.chdir) else \
+            (posixpath.dirname(posixpath.abspath(path)) if path else None)
+    elif directives.chdir:
+        work_dir = join_path(work_dir, directives.chdir)
+    array_first = array_first_index(req.array)
+    if req.array and array_first is not None and not re.fullmatch(r"\s*\d+\s*", req.array):
+        warnings.append(f"job array {req.array}: predicting array task {array_first}")
+    # ------------------------------------------------------------------ environment
+    u = Unknowns()
+    shell_env: dict = {}
+    for k, v in (env or {}).items():
+        if isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            shell_env[k] = (sanitize_text(v)[:65536], "environment")
+    origin_of = {"SLURM_NNODES": "request.nodes", "SLURM_JOB_NUM_NODES": "request.nodes",
+                 "SLURM_NTASKS": "request.ntasks", "SLURM_NPROCS": "request.ntasks",
+                 "SLURM_NTASKS_PER_NODE": "request.ntasks_per_node", "SLURM_GPUS_ON_NODE": "request.gpus_per_node",
+                 "SLURM_GPUS_PER_NODE": "request.gpus_per_node", "SLURM_CPUS_PER_TASK": "request.cpus_per_task",
+                 "SLURM_ARRAY_TASK_ID": "request.array"}
+    for k, v in slurm_env(req, work_dir, array_first).items():
+        shell_env[k] = (v, prov.get(origin_of.get(k, ""), "Slurm"))
+    for k in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURMD_NODENAME",
+              "SLURM_CLUSTER_NAME", "SLURM_JOB_USER", "SLURM_SUBMIT_HOST", "SLURM_TASK_PID"):
+        if k not in shell_env:
+            shell_env[k] = (u.new(f"{k} is only known when the job runs", nonempty=True), "Slurm")
+    if work_dir:
+        shell_env["PWD"] = (work_dir, "submit directory")   # bash sets PWD itself
+    if "SLURM_NNODES" not in shell_env:
+        reason = "the number of nodes is not known from the request"
+        shell_env["SLURM_NNODES"] = shell_env["SLURM_JOB_NUM_NODES"] = (u.new(reason, True), "Slurm")
+    sh = Shell(budget=budget, unknowns=u, read_file=reader, env=shell_env, cwd=work_dir, warnings=warnings)
+    sh.run(text, label, positional=[])
+    # ------------------------------------------------------------------ pick the launch
+    if not sh.launches:
+        if sh.inner_batches and depth == 0:
+            inner_text, where = sh.inner_batches[0]
+            inner = parse_script(path, inner_text, request=request, read_file=reader, env=env,
+                                 default_gpus_per_node=default_gpn, work_dir=work_dir, _depth=1, _budget=budget)
+            inner.warnings.insert(0, f"the job is the batch script submitted with a heredoc at {where}")
+            res.__dict__.update(inner.__dict__)
+            return
+        raise CannotPredict("no training launch found (deepy.py, deepspeed, torchrun, srun python …)",
+                            f"{label}:{text.count(chr(10)) + 1}")
+    known = [l for l in sh.launches if l.classified.framework_hint != "unknown"]
+    launch = known[0] if known else sh.launches[0]
+    if len(sh.launches) > 1:
+        warnings.append(f"{len(sh.launches)} launch commands; predicting the first ({launch.where})")
+    _from_launch(res, launch, sh, u, req, prov, budget)
+
+
+def _open_config(sh: Shell, launch: Launch, raw: str, where: str, kind: str, reader) -> Config:
+    p = join_path(launch.cwd, raw)
+    f = sh.vfs.get(p)
+    if f is None and MARK_OPEN in raw:
+        raise CannotPredict(f"config file name unknown: {sh.u.reason(raw)}", where)
+    if f is not None:
+        if f.unknown:
+            raise CannotPredict(f"config {raw} is {f.unknown}", where)
+        return load_config(f.text, p, f.line_origins, kind)
+    try:
+        data = reader(p)
+    except (OSError, ValueError) as exc:
+        raise CannotPredict(f"cannot read config {p}: {os_reason(exc)}", where) from None
+    text = sanitize_text(decode_text(data, p, MAX_CONFIG_BYTES))
+    return load_config(text, p, None, kind)
+
+
+def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req: SlurmRequest, prov: dict,
+                 budget: Budget) -> None:
+    c: Classified = launch.classified
+    facts = Facts(u)
+    framework = c.framework_hint
+    reader = sh.read_file
+    if framework == "neox":
+        dargs = neox.read_deepy_args(c.args)
+        if not dargs.confs:
+            raise CannotPredict("deepy.py without config files", launch.where)
+        merged = neox.Merged()
+        for tok in dargs.confs:
+            name = tok.text
+            if not re.search(r"\.(ya?ml|json)$", name):
+                name += ".yml"
+            if dargs.conf_dir:
+                name = posixpath.join(dargs.conf_dir, name)
+            merged.add(_open_config(sh, launch, name, tok.origin_at(0), "yaml", reader), facts.warnings)
+        neox.read_merged(merged, facts)
+        if dargs.hostfile is not None:
+            facts.set("neox_hostfile", dargs.hostfile.text, dargs.hostfile.origin_at(0))
+    elif framework in ("megatron", "deepspeed", "unknown"):
+        megatron.read_args(c.args, facts)
+        is_ds = bool(facts.val("deepspeed") or facts.get("ds_config") is not None or
+                     facts.get("cli_zero_stage") is not None or c.launcher == "deepspeed")
+        if facts.get("ds_config") is not None:
+            dsf = facts.get("ds_config")
+            if dsf.unknown:
+                raise CannotPredict(f"DeepSpeed config path unknown: {dsf.unknown}", dsf.origin)
+            ds.read_config(_open_config(sh, launch, dsf.value, dsf.origin, "json", reader), facts)
+        if framework == "megatron" or facts.get("layers") is not None:
+            framework = "megatron-deepspeed" if is_ds else "megatron"
+            megatron.derive_model(facts, is_ds)
+        elif framework == "deepspeed" or is_ds:
+            framework = "deepspeed"
+        res.framework = framework
+        if facts.get("layers") is None:
+            raise CannotPredict(f"the model shape is not in the launch command of {c.script.text if c.script else '?'}"
+                                f" (no --num-layers/--hidden-size)", launch.where)
+    res.framework = framework
+    world = _world(launch, c, facts, req, prov, sh, res.warnings)
+    d = build(facts, framework, world, req, prov)
+    res.warnings.extend(facts.warnings)
+    res.warnings.extend(d.warnings)
+    res.job_dict = d.job_dict
+    res.provenance.update(d.provenance)
+    for k in d.unresolved:
+        if k not in res.unresolved:
+            res.unresolved.append(k)
+    res.exit_duration_minutes = d.exit_duration
+    if d.error:
+        reason, where = d.error
+        raise CannotPredict(reason, where or launch.where)
+    try:
+        res.job = TrainingJob.from_dict(d.job_dict, source=launch.where)
+    except JobError as exc:
+        key = getattr(exc, "key", "")
+        where = d.provenance.get(key, launch.where)
+        msg = str(exc)
+        if msg.startswith(f"{launch.where}: "):
+            msg = msg[len(launch.where) + 2:]
+        raise CannotPredict(msg, where) from None
+
+
+def _int_opt(val, facts: Facts, key: str) -> Optional[int]:
+    if val is None or val is True:
+        return None
+    if isinstance(val, Tok):
+        facts.set_int(key, val)
+        return facts.val(key)
+    return None
+
+
+def _world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov: dict, sh: Shell,
+           warnings: list) -> World:
+    nodes, gpn = req.nodes, req.gpus_per_node
+    nodes_o = prov.get("request.nodes", "request")
+    if "request.nodes.invalid" in prov:
+        return World(unknown=f"--nodes={prov['request.nodes.invalid']!r} is not a number",
+                     origin=prov.get("request.nodes", ""))
+    srun = [w for w in launch.wrappers for w in (w if isinstance(w, list) else [w]) if w.kind == "srun"]
+    srun_opts = {k: v for w in srun for k, v in w.opts}
+    if c.launcher == "torchrun":
+        nn_tok, np_tok = c.launcher_opts.get("nnodes"), c.launcher_opts.get("nproc_per_node")
+        nn = 1
+        origin = launch.where
+        if isinstance(nn_tok, Tok):
+            t = nn_tok.text
+            if ":" in t and MARK_OPEN not in t:
+                t = t.split(":")[-1]
+                warnings.append(f"torchrun --nnodes {nn_tok.text}: predicting for the maximum {t}")
+            facts.set_int("tr_nnodes", Tok(t, nn_tok.segs), what="--nnodes")
+            if not facts.known("tr_nnodes"):
+                return World(unknown=facts.get("tr_nnodes").unknown, origin=facts.origin("tr_nnodes"))
+            nn, origin = facts.val("tr_nnodes"), facts.origin("tr_nnodes")
+        per = 1
+        if isinstance(np_tok, Tok):
+            if np_tok.text in ("gpu", "auto", "cuda"):
+                per = gpn or 1
+            else:
+                facts.set_int("tr_nproc", np_tok, what="--nproc_per_node")
+                if not facts.known("tr_nproc"):
+                    return World(unknown=facts.get("tr_nproc").unknown, origin=facts.origin("tr_nproc"))
+                per = facts.val("tr_nproc")
+        if nodes and nn != nodes:
+            warnings.append(f"torchrun --nnodes {nn} but the job has {nodes} node(s)")
+        return World(nn * per, origin, per)
+    if c.launcher == "deepy" and srun:
+        warnings.append("deepy.py under srun starts one launcher per task (pattern: run deepy.py once; "
+                        "with launcher: slurm DeeperSpeed calls srun itself)")
+    if c.launcher in ("deepspeed", "deepy"):
+        return _hostfile_world(launch, c, facts, req, prov, sh, warnings)
+    mpi = [w for w in launch.wrappers for w in (w if isinstance(w, list) else [w]) if w.kind == "mpirun"]
+    if mpi:
+        opts = {k: v for w in mpi for k, v in w.opts}
+        for k in ("np", "n", "c"):
+            if opts.get(k):
+                n = _int_text(opts[k])
+                if n:
+                    return World(n, launch.where, None)
+    if srun:
+        nt = _int_text(srun_opts.get("ntasks"))
+        if nt is None and srun_opts.get("ntasks-per-node"):
+            per = _int_text(srun_opts.get("ntasks-per-node"))
+            nn = _int_text(srun_opts.get("nodes")) or nodes
+            if per and nn:
+                return World(per * nn, launch.where, per)
+        if nt is None:
+            if req.ntasks:
+                nt = req.ntasks
+            elif req.ntasks_per_node and nodes:
+                nt = req.ntasks_per_node * nodes
+            elif nodes:
+                nt = nodes
+        if nt is None:
+            return World(unknown="number of tasks unknown", origin=launch.where)
+        per = (nt // nodes) if nodes and nt % nodes == 0 else None
+        if gpn and nodes and nt != nodes * gpn:
+            warnings.append(f"srun starts {nt} task(s) (one rank each) on {nodes} node(s) with {gpn} GPU(s) each")
+        return World(nt, prov.get("request.ntasks", prov.get("request.ntasks_per_node", launch.where)), per)
+    if nodes and gpn and nodes * gpn > 1:
+        warnings.append(f"the training script runs as a single process (no srun/torchrun/deepspeed): "
+                        f"it uses 1 GPU of the {nodes * gpn} requested")
+    return World(1, launch.where, None)
+
+
+def _int_text(t) -> Optional[int]:
+    if t is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)", str(t))
+    return int(m.group(1)) if m else None
+
+
+def _hostfile_world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov: dict, sh: Shell,
+                    warnings: list) -> World:
+    nodes, gpn = req.nodes, req.gpus_per_node
+    req_origin = prov.get("request.nodes", "request")
+    if c.launcher == "deepy":
+        if facts.get("global_num_gpus") is not None:
+            g = facts.get("global_num_gpus")
+            if g.unknown:
+                return World(unknown=g.unknown, origin=g.origin)
+            return World(g.value, g.origin, None)
+        hf = facts.val("neox_hostfile") or launch.env.get("DLTS_HOSTFILE")
+        hf_origin = facts.origin("neox_hostfile") or launch.where
+        num_nodes = facts.val("neox_num_nodes", -1)
+        num_gpus = facts.val("neox_num_gpus")
+    else:
+        hf_tok = c.launcher_opts.get("hostfile")
+        hf = hf_tok.text if isinstance(hf_tok, Tok) else launch.env.get("DLTS_HOSTFILE")
+        hf_origin = hf_tok.origin_at(0) if isinstance(hf_tok, Tok) else launch.where
+        num_nodes = _int_opt(c.launcher_opts.get("num_nodes"), facts, "ds_num_nodes") or -1
+        num_gpus = _int_opt(c.launcher_opts.get("num_gpus"), facts, "ds_num_gpus")
+    hosts = _read_hostfile(hf, launch, sh) if hf else None
+    if isinstance(hosts, tuple):
+        per = hosts[1]
+        gp = num_gpus or per or gpn
+        n = nodes if num_nodes in (-1, None) else min(num_nodes, nodes or num_nodes)
+        if not n or not gp:
+            return World(unknown="hostfile written at run time and node count unknown", origin=hf_origin)
+        return World(n * gp, hf_origin if per else req_origin, gp)
+    if isinstance(hosts, list) and hosts:
+        if num_nodes and num_nodes > 0:
+            hosts = hosts[:num_nodes]
+        total = sum(num_gpus or s for s in hosts)
+        return World(total, hf_origin, num_gpus or (hosts[0] if len(set(hosts)) == 1 else None))
+    # no usable hostfile
+    if c.launcher == "deepspeed" and not hf:
+        n = 1 if num_nodes in (-1, None) else num_nodes
+        if num_nodes not in (-1, None) and num_nodes > 1:
+            warnings.append("deepspeed --num_nodes > 1 without a hostfile fails at start-up")
+        if nodes and nodes > 1 and n == 1:
+            warnings.append("the deepspeed launcher without --hostfile runs on this node only")
+        per = num_gpus or gpn
+        if not per:
+            return World(unknown="GPUs per node unknown", origin=launch.where)
+        return World(n * per, facts.origin("ds_num_gpus") or prov.get("request.gpus_per_node", launch.where), per)
+    n = nodes if num_nodes in (-1, None) else num_nodes
+    per = num_gpus or gpn
+    if not n or not per:
+        return World(unknown="nodes × GPUs per node unknown", origin=req_origin)
+    return World(n * per, req_origin, per)
+
+
+def _read_hostfile(path: str, launch: Launch, sh: Shell):
+    """[slots per host] | ("unknown-hosts", slots) (written by a loop over the node list) | None."""
+    if MARK_OPEN in path:
+        return None
+    p = join_path(launch.cwd, path)
+    f = sh.vfs.get(p)
+    if f is not None:
+        if f.unknown:
+            return None
+        text = f.text
+    else:
+        try:
+            text = decode_text(sh.read_file(p), p, MAX_CONFIG_BYTES)
+        except (OSError, ValueError, CannotPredict):
+            return None
+    slots = []
+    unknown_host = False
+    loop_slots = None
+    for line in text.splitlines()[:10_000]:
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.search(r"slots\s*=\s*(\d+)", line)
+        if MARK_OPEN in line.split()[0]:
+            unknown_host = True
+            if m:
+                loop_slots = int(m.group(1))
+            continue
+        slots.append(int(m.group(1)) if m else 1)
+    if unknown_host:
+        return ("unknown-hosts", loop_slots)
+    return slots

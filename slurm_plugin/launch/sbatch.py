@@ -1,0 +1,330 @@
+"""#SBATCH directives -> SlurmRequest, and the request's derived numbers (GPUs, tasks, SLURM_* env).
+
+sbatch reads directives only from lines that start exactly with ``#SBATCH`` and stops at the first
+line that is neither blank nor a comment; the rest of a directive line is tokenised like a shell
+command line (quotes, several options, trailing ``# comment``).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+from .result import SlurmRequest
+
+log = logging.getLogger(__name__)
+
+# Long options that never take a separate value (optional-argument ones only take `=value`).
+_NOARG_LONG = {
+    "exclusive", "overcommit", "hold", "requeue", "no-requeue", "contiguous", "wait", "parsable",
+    "quiet", "verbose", "use-min-nodes", "spread-job", "test-only", "ignore-pbs", "no-kill",
+    "oversubscribe", "reboot", "nice", "get-user-env", "help", "usage", "version", "wrap-noop",
+    "kill-on-invalid-dep-noop", "exact", "whole", "unbuffered", "label", "multi-prog", "pty",
+}
+# Short options that take a value (sbatch/srun getopt strings).
+_ARG_SHORT = set("AabcCdDeFGiJLMmnNopqSTtwxKW")
+_NOARG_SHORT = set("hHIkOQsvVXluZ")
+
+_SHORT_TO_LONG = {
+    "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "G": "gpus", "p": "partition",
+    "t": "time", "a": "array", "J": "job-name", "D": "chdir", "A": "account",
+}
+
+
+def split_options(tokens: list[str], stop_at_command: bool = False) -> tuple[list[tuple[str, Optional[str], int]], int]:
+    """Parse sbatch/srun-style options -> ([(long name, value or None, token index)], index after).
+
+    With ``stop_at_command`` the first non-option token ends the options (srun CMD ...).
+    """
+    out: list[tuple[str, Optional[str], int]] = []
+    i = 0
+    n = len(tokens)
+    while i < n:
+        tok = tokens[i]
+        if tok == "--":
+            return out, i + 1
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, val = tok[2:].partition("=")
+            if eq:
+                out.append((name, val, i))
+            elif name in _NOARG_LONG or i + 1 >= n:
+                out.append((name, None, i))
+            else:
+                out.append((name, tokens[i + 1], i))
+                i += 1
+            i += 1
+            continue
+        if tok.startswith("-") and len(tok) > 1 and not tok[1].isdigit():
+            j = 1
+            while j < len(tok):
+                ch = tok[j]
+                name = _SHORT_TO_LONG.get(ch, ch)
+                if ch in _ARG_SHORT:
+                    rest = tok[j + 1:]
+                    if rest.startswith("="):
+                        rest = rest[1:]
+                    if rest:
+                        out.append((name, rest, i))
+                    elif i + 1 < n:
+                        out.append((name, tokens[i + 1], i))
+                        i += 1
+                    else:
+                        out.append((name, None, i))
+                    break
+                out.append((name, None, i))
+                j += 1
+            i += 1
+            continue
+        if stop_at_command:
+            return out, i
+        i += 1  # a stray word on a directive line: sbatch would complain; we skip it
+    return out, i
+
+
+def parse_time_minutes(text: str) -> Optional[int]:
+    """Slurm time formats -> minutes (rounded up); None for unlimited or unparsable."""
+    t = text.strip().lower()
+    if t in ("unlimited", "infinite", "-1", ""):
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    if not m:
+        return None
+    days, a, b, c = m.groups()
+    if days is not None:            # D-H, D-H:M, D-H:M:S
+        d, h = int(days), int(a)
+        mi = int(b) if b else 0
+        s = int(c) if c else 0
+    elif c is not None:             # H:M:S
+        d, h, mi, s = 0, int(a), int(b), int(c)
+    elif b is not None:             # M:S
+        d, h, mi, s = 0, 0, int(a), int(b)
+    else:                           # M
+        d, h, mi, s = 0, 0, int(a), 0
+    total = d * 1440 + h * 60 + mi + (1 if s else 0)
+    return total
+
+
+def _count(text: Optional[str]) -> Optional[int]:
+    """'[type:]N' -> N."""
+    if text is None:
+        return None
+    last = text.strip().split(":")[-1]
+    last = re.sub(r"\(.*\)$", "", last)
+    return int(last) if last.isdigit() else None
+
+
+def gres_gpus(text: str) -> Optional[int]:
+    """--gres=gpu[:type]:N[,other...] -> N (gpu alone = 1)."""
+    for item in text.split(","):
+        item = item.strip()
+        item = re.sub(r"\(.*\)$", "", item)
+        parts = item.split(":")
+        if parts[0] not in ("gpu", "gres/gpu"):
+            continue
+        if len(parts) == 1:
+            return 1
+        if parts[-1].isdigit():
+            return int(parts[-1])
+        return 1  # gpu:type means one GPU of that type
+    return None
+
+
+def _int(text: Optional[str]) -> Optional[int]:
+    if text is None:
+        return None
+    t = text.strip()
+    m = re.fullmatch(r"(\d+)(?:-(\d+))?", t)  # nodes may be min-max; we take min (Slurm's floor)
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class Directives:
+    """What the #SBATCH header (or a command line) said, with raw GPU spellings kept apart."""
+
+    request: SlurmRequest = field(default_factory=SlurmRequest)
+    provenance: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    gpus_total: Optional[int] = None
+    gpus_per_task: Optional[int] = None
+    chdir: Optional[str] = None
+    header_end_line: int = 0
+
+
+def apply_options(d: Directives, tokens: list[str], where: str) -> None:
+    """Apply one line's options (later options override earlier ones, as in sbatch)."""
+    opts, _ = split_options(tokens)
+    r = d.request
+    for name, val, _i in opts:
+        prov_key = None
+        if name == "nodes":
+            v = _int(val)
+            if v is None:
+                d.warnings.append(f"--nodes={val!r} is not a node count ({where})")
+                r.nodes = None
+                d.provenance["request.nodes"] = where
+                d.provenance["request.nodes.invalid"] = str(val)
+                continue
+            if val and "-" in val.strip():
+                d.warnings.append(f"--nodes={val} is a range; predicting for its minimum {v} ({where})")
+            r.nodes, prov_key = v, "nodes"
+        elif name == "ntasks":
+            r.ntasks, prov_key = _int(val), "ntasks"
+        elif name == "ntasks-per-node":
+            r.ntasks_per_node, prov_key = _int(val), "ntasks_per_node"
+        elif name == "cpus-per-task":
+            r.cpus_per_task, prov_key = _int(val), "cpus_per_task"
+        elif name == "gpus-per-node":
+            r.gpus_per_node, prov_key = _count(val), "gpus_per_node"
+        elif name == "gres" and val is not None:
+            g = gres_gpus(val)
+            if g is not None:
+                r.gpus_per_node, prov_key = g, "gpus_per_node"
+        elif name == "gpus":
+            d.gpus_total = _count(val)
+            d.provenance["request.gpus"] = where
+        elif name == "gpus-per-task":
+            d.gpus_per_task = _count(val)
+            d.provenance["request.gpus_per_task"] = where
+        elif name == "partition":
+            r.partition, prov_key = val, "partition"
+        elif name == "time" and val is not None:
+            r.time_limit_minutes, prov_key = parse_time_minutes(val), "time_limit_minutes"
+        elif name == "array":
+            r.array, prov_key = val, "array"
+        elif name == "job-name":
+            r.job_name, prov_key = val, "job_name"
+        elif name == "chdir":
+            d.chdir = val
+        if prov_key:
+            d.provenance[f"request.{prov_key}"] = where
+
+
+def read_directives(text: str, label: str) -> Directives:
+    """Scan the header of a batch script for #SBATCH lines (never past the first command)."""
+    d = Directives()
+    lineno = 0
+    pos = 0
+    while pos <= len(text):
+        # line by line without splitting the whole (maybe 4 MiB) text: the header is short
+        nl = text.find("\n", pos)
+        line = text[pos:] if nl < 0 else text[pos:nl]
+        pos = len(text) + 1 if nl < 0 else nl + 1
+        lineno += 1
+        s = line.strip()
+        if not s:
+            continue
+        if not s.startswith("#"):
+            break
+        if not line.startswith("#SBATCH"):
+            continue   # '# #SBATCH', '##SBATCH' and indented ones are comments to sbatch
+        rest = line[len("#SBATCH"):]
+        if rest and not rest[0].isspace():
+            continue   # '#SBATCHX'
+        where = f"{label}:{lineno}"
+        try:
+            tokens = shlex.split(rest, comments=True, posix=True)
+        except ValueError:
+            d.warnings.append(f"unbalanced quotes in #SBATCH directive ignored ({where})")
+            continue
+        apply_options(d, tokens, where)
+    d.header_end_line = lineno
+    return d
+
+
+def merge_request(script: Directives, caller: Optional[SlurmRequest]) -> tuple[SlurmRequest, dict[str, str]]:
+    """Caller's (command line) values win over the script's."""
+    out = SlurmRequest(**{f.name: getattr(script.request, f.name) for f in fields(SlurmRequest)})
+    prov = {k: v for k, v in script.provenance.items()}
+    if caller is not None:
+        for f in fields(SlurmRequest):
+            v = getattr(caller, f.name)
+            if v is not None:
+                setattr(out, f.name, v)
+                prov[f"request.{f.name}"] = "request"
+                prov.pop(f"request.{f.name}.invalid", None)
+                if f.name == "gpus_per_node":
+                    script.gpus_total = None
+                    script.gpus_per_task = None
+    return out, prov
+
+
+def derive_request(req: SlurmRequest, d: Directives, prov: dict[str, str],
+                   default_gpus_per_node: Optional[int], warnings: list[str]) -> None:
+    """Fill GPUs per node and nodes from the other spellings, in place."""
+    if req.gpus_per_node is None and d.gpus_per_task is not None:
+        per_node_tasks = req.ntasks_per_node
+        if per_node_tasks is None and req.ntasks is not None and req.nodes:
+            per_node_tasks = max(1, req.ntasks // req.nodes)
+        if per_node_tasks is not None:
+            req.gpus_per_node = d.gpus_per_task * per_node_tasks
+            prov["request.gpus_per_node"] = prov.get("request.gpus_per_task", "")
+    if req.gpus_per_node is None and d.gpus_total is not None:
+        if req.nodes:
+            req.gpus_per_node = max(1, d.gpus_total // req.nodes)
+        elif default_gpus_per_node:
+            req.gpus_per_node = min(d.gpus_total, default_gpus_per_node)
+            req.nodes = -(-d.gpus_total // default_gpus_per_node)
+            prov["request.nodes"] = prov.get("request.gpus", "")
+        else:
+            req.gpus_per_node = d.gpus_total
+            req.nodes = 1
+            prov["request.nodes"] = prov.get("request.gpus", "")
+        prov["request.gpus_per_node"] = prov.get("request.gpus", "")
+    if req.gpus_per_node is None and default_gpus_per_node:
+        req.gpus_per_node = default_gpus_per_node
+        prov["request.gpus_per_node"] = "platform default"
+    if req.gpus_per_node is None and req.ntasks_per_node:
+        req.gpus_per_node = req.ntasks_per_node
+        prov["request.gpus_per_node"] = prov.get("request.ntasks_per_node", "")
+        warnings.append(f"no GPU count in the request and no platform default: assuming one GPU per task "
+                        f"(--ntasks-per-node={req.ntasks_per_node})")
+    if req.nodes is None and "request.nodes.invalid" not in prov:
+        if req.ntasks and req.ntasks_per_node:
+            req.nodes = -(-req.ntasks // req.ntasks_per_node)
+            prov["request.nodes"] = prov.get("request.ntasks", "")
+        elif req.ntasks and req.gpus_per_node and req.ntasks > req.gpus_per_node:
+            req.nodes = -(-req.ntasks // req.gpus_per_node)
+            prov["request.nodes"] = prov.get("request.ntasks", "")
+            warnings.append(f"no --nodes: assuming {req.nodes} node(s) for {req.ntasks} tasks "
+                            f"at one task per GPU")
+        else:
+            req.nodes = 1
+            prov["request.nodes"] = "Slurm default"
+
+
+def slurm_env(req: SlurmRequest, work_dir: Optional[str], array_first: Optional[str]) -> dict[str, str]:
+    """The SLURM_* variables a batch step sees, as far as the request fixes them."""
+    env: dict[str, str] = {}
+    if req.nodes is not None and req.nodes > 0:
+        env["SLURM_NNODES"] = env["SLURM_JOB_NUM_NODES"] = str(req.nodes)
+    ntasks = req.ntasks
+    if ntasks is None and req.nodes and req.ntasks_per_node:
+        ntasks = req.nodes * req.ntasks_per_node
+    if ntasks is not None:
+        env["SLURM_NTASKS"] = env["SLURM_NPROCS"] = str(ntasks)
+    if req.ntasks_per_node is not None:
+        env["SLURM_NTASKS_PER_NODE"] = str(req.ntasks_per_node)
+    if req.gpus_per_node is not None:
+        env["SLURM_GPUS_ON_NODE"] = env["SLURM_GPUS_PER_NODE"] = str(req.gpus_per_node)
+    if req.cpus_per_task is not None:
+        env["SLURM_CPUS_PER_TASK"] = str(req.cpus_per_task)
+    if req.partition:
+        env["SLURM_JOB_PARTITION"] = req.partition
+    if req.job_name:
+        env["SLURM_JOB_NAME"] = req.job_name
+    if work_dir:
+        env["SLURM_SUBMIT_DIR"] = work_dir
+    if array_first is not None:
+        env["SLURM_ARRAY_TASK_ID"] = array_first
+    # Rank-0 view of per-task variables: the launch line is the same on every rank.
+    env.update({"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"})
+    return env
+
+
+def array_first_index(array: Optional[str]) -> Optional[str]:
+    if not array:
+        return None
+    m = re.match(r"\s*(\d+)", array)
+    return m.group(1) if m else None

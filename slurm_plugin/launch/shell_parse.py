@@ -1,0 +1,974 @@
+"""A bounded parser for the bash subset that launch scripts use.
+
+Accepted: simple commands with assignments and redirections, pipelines, && / ||, ``;`` and ``&``,
+if/elif/else, for (list and arithmetic), while/until, case, functions, { } and ( ) groups,
+(( )), [[ ]], heredocs (quoted or not, ``<<-``), here-strings, quotes of every kind, ``$( )``,
+backticks, ``$(( ))``, ``${…}`` with its operators, arrays and line continuations.
+Nothing is executed here; parse errors carry the line they happened on.
+
+The parser is incremental (:meth:`Parser.parse_next` gives one top-level command at a time) so that
+the evaluator can stop at ``exit`` or at its budget without reading the rest of a huge script.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from .limits import MAX_PARSE_DEPTH, MAX_VALUE_CHARS, Budget, CannotPredict
+from .shell_ast import (AndOr, Arith, ArithCmd, ArithFor, Assign, Case, CmdSub, Cond, For, FuncDef,
+                        Group, If, Lit, Param, Pipeline, ProcSub, Redir, Simple, While)
+
+
+class ParseError(CannotPredict):
+    pass
+
+
+_CMD_RUN = re.compile(r"[^\s'\"\\$`;&|<>()]+")
+_BRACE_RUN = re.compile(r"[^'\"\\$`}/]+")
+_DQ_RUN = re.compile(r"[^\"\\$`]+")
+_HD_RUN = re.compile(r"[^\\$`]+")
+_COND_RUN = re.compile(r"[^\s'\"\\$`;]+")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?(\+?)=")
+_REDIR = re.compile(r"(\d{0,2})(>>|>&|>\||<<<|<<-|<<|<&|<>|>|<)|&>>|&>")
+_PLAIN_WORD = re.compile(r"[^\s'\"\\$`;&|<>()]+")
+_BLANK = re.compile(r"(?:[ \t\r\f\v]|\\\n)*")
+_SPECIAL_PARAMS = set("@*#?$!-0123456789")
+_ANSI = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f",
+         "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+
+
+class Parser:
+    """Parse ``text`` (from file ``label``); line numbers are offset by ``line_offset``."""
+
+    def __init__(self, text: str, label: str, budget: Budget, line_offset=0, depth: int = 0,
+                 origin_of_pos=None):
+        self.text = text
+        self.n = len(text)
+        self.pos = 0
+        self.label = label
+        self.budget = budget
+        self.line_offset = line_offset
+        self.depth = depth
+        self._lc_pos, self._lc_line = 0, 1   # line-number cache: counting is lazy (huge inputs)
+        self._pending: list[tuple[Redir, str, bool, bool]] = []
+        # For text built by the shell itself (`bash -c "$CMD"`): position -> "file:line" of the
+        # piece it came from. Then "lines" are origin strings instead of ints.
+        self.origin_of_pos = origin_of_pos
+        if isinstance(line_offset, str):
+            const = line_offset
+            self.origin_of_pos = lambda _p: const
+
+    # ------------------------------------------------------------------ helpers
+    def line_at(self, pos: int):
+        if self.origin_of_pos is not None:
+            return self.origin_of_pos(pos)
+        if pos >= self._lc_pos:
+            line = self._lc_line + self.text.count("\n", self._lc_pos, pos)
+            self._lc_pos, self._lc_line = pos, line
+        else:
+            line = 1 + self.text.count("\n", 0, pos)
+        return line + self.line_offset
+
+    def where(self, pos: Optional[int] = None) -> str:
+        line = self.line_at(self.pos if pos is None else pos)
+        return line if isinstance(line, str) else f"{self.label}:{line}"
+
+    def error(self, msg: str, pos: Optional[int] = None) -> ParseError:
+        return ParseError(msg, self.where(pos))
+
+    def _enter(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_PARSE_DEPTH:
+            raise self.error("shell constructs nested too deeply")
+        self.budget.tick(self.label)
+
+    def _leave(self) -> None:
+        self.depth -= 1
+
+    def _skip_blanks(self) -> None:
+        if self.pos < self.n and self.text[self.pos] not in " \t\r\f\v\\":
+            return   # the common case, without a regex call
+        m = _BLANK.match(self.text, self.pos)
+        self.pos = m.end()
+
+    def _skip_comment(self) -> None:
+        if self.pos < self.n and self.text[self.pos] == "#":
+            nl = self.text.find("\n", self.pos)
+            self.pos = self.n if nl < 0 else nl
+
+    def _newline(self) -> None:
+        """Consume one newline and read the heredoc bodies that were waiting for it."""
+        self.pos += 1
+        if self._pending:
+            pending, self._pending = self._pending, []
+            for redir, delim, strip, quoted in pending:
+                self._read_heredoc(redir, delim, strip, quoted)
+
+    def _skip_space_nl(self) -> None:
+        """Blanks, comments and newlines (inside compounds and after && | etc.)."""
+        while True:
+            self._skip_blanks()
+            if self.pos >= self.n:
+                return
+            c = self.text[self.pos]
+            if c == "#":
+                self._skip_comment()
+            elif c == "\n":
+                self._newline()
+            else:
+                return
+
+    def _peek_word(self) -> Optional[str]:
+        """The plain word at pos (for reserved-word checks), without consuming it."""
+        m = _PLAIN_WORD.match(self.text, self.pos)
+        return m.group(0) if m else None
+
+    def _at_keyword(self, words: set) -> Optional[str]:
+        w = self._peek_word()
+        if w in words:
+            return w
+        if "}" in words and w and w.startswith("}") and w.strip("}") == "":
+            return "}"
+        return None
+
+    def _expect_keyword(self, kw: str) -> None:
+        self._skip_space_nl()
+        w = self._peek_word()
+        if w != kw:
+            raise self.error(f"expected '{kw}'" + (f" but found '{w}'" if w else ""))
+        self.pos += len(kw)
+
+    # ------------------------------------------------------------------ lists
+    def parse_next(self):
+        """The next top-level command (an AndOr), or None at the end of the text."""
+        while True:
+            self._skip_blanks()
+            if self.pos >= self.n:
+                if self._pending:
+                    raise self.error(f"unterminated heredoc '{self._pending[0][1]}'")
+                return None
+            c = self.text[self.pos]
+            if c == "#":
+                self._skip_comment()
+            elif c == "\n":
+                self._newline()
+            elif c in ";&":
+                if self.text.startswith(";;", self.pos):
+                    raise self.error("';;' outside a case statement")
+                self.pos += 1
+            elif c == ")" or (c == "}" and self._at_keyword({"}"})):
+                raise self.error(f"unexpected '{c}'")
+            else:
+                w = self._peek_word()
+                if w in ("then", "elif", "else", "fi", "do", "done", "esac", "in"):
+                    raise self.error(f"unexpected '{w}'")
+                node = self._and_or()
+                self._skip_blanks()
+                if self.pos < self.n and self.text[self.pos] in ";&" and not self.text.startswith(";;", self.pos) \
+                        and not self.text.startswith("&&", self.pos):
+                    self.pos += 1
+                if self._pending:
+                    # heredoc bodies follow this line: read them before the command runs
+                    self._skip_blanks()
+                    self._skip_comment()
+                    if self.pos < self.n and self.text[self.pos] == "\n":
+                        self._newline()
+                    elif self.pos >= self.n:
+                        raise self.error(f"unterminated heredoc '{self._pending[0][1]}'")
+                return node
+
+    def parse_all(self) -> list:
+        out = []
+        while True:
+            node = self.parse_next()
+            if node is None:
+                return out
+            out.append(node)
+
+    def _list(self, terms: set, closer: Optional[str] = None) -> list:
+        """Commands until one of the reserved words ``terms`` (or the char ``closer``)."""
+        self._enter()
+        body = []
+        while True:
+            self._skip_space_nl()
+            if self.pos >= self.n:
+                return self._fail_eof(terms, closer)
+            c = self.text[self.pos]
+            if closer and c == closer:
+                break
+            if c in ";&":
+                if self.text.startswith(";;", self.pos) or self.text.startswith(";&", self.pos):
+                    if ";;" in terms:
+                        break
+                    raise self.error("';;' outside a case statement")
+                self.pos += 1
+                continue
+            if self._at_keyword(terms):
+                break
+            if c == ")":
+                raise self.error("unexpected ')'")
+            body.append(self._and_or())
+            self._skip_blanks()
+            if self.pos < self.n and self.text[self.pos] in ";&" and not self.text.startswith(";;", self.pos) \
+                    and not self.text.startswith(";&", self.pos):
+                self.pos += 1
+        self._leave()
+        return body
+
+    def _fail_eof(self, terms: set, closer: Optional[str]):
+        want = closer or "/".join(sorted(t for t in terms if t != ";;"))
+        raise self.error(f"unexpected end of file (missing '{want}')")
+
+    def _and_or(self):
+        line = self.line_at(self.pos)
+        items = [(None, self._pipeline())]
+        while True:
+            self._skip_blanks()
+            if self.text.startswith("&&", self.pos) or self.text.startswith("||", self.pos):
+                op = self.text[self.pos:self.pos + 2]
+                self.pos += 2
+                self._skip_space_nl()
+                items.append((op, self._pipeline()))
+            else:
+                break
+        return AndOr(items, line)
+
+    def _pipeline(self):
+        self._skip_blanks()
+        line = self.line_at(self.pos)
+        negate = False
+        w = self._peek_word()
+        if w == "time":
+            self.pos += 4
+            self._skip_blanks()
+            if self.text.startswith("-p", self.pos):
+                self.pos += 2
+            self._skip_blanks()
+            w = self._peek_word()
+        if w == "!":
+            negate = True
+            self.pos += 1
+            self._skip_blanks()
+        cmds = [self._command()]
+        while True:
+            self._skip_blanks()
+            if self.pos < self.n and self.text[self.pos] == "|" and not self.text.startswith("||", self.pos):
+                self.pos += 2 if self.text.startswith("|&", self.pos) else 1
+                self._skip_space_nl()
+                cmds.append(self._command())
+            else:
+                break
+        return Pipeline(cmds, negate, line)
+
+    # ------------------------------------------------------------------ commands
+    def _command(self):
+        self.budget.tick(self.label)
+        self._skip_blanks()
+        if self.pos >= self.n:
+            raise self.error("unexpected end of file (command expected)")
+        line = self.line_at(self.pos)
+        c = self.text[self.pos]
+        if c == "(":
+            if self.text.startswith("((", self.pos):
+                expr = self._arith_text(self.pos + 2, line)
+                node = ArithCmd(expr, line)
+            else:
+                self.pos += 1
+                self._enter()
+                body = self._list(set(), closer=")")
+                self._leave()
+                self.pos += 1
+                node = Group(body, True, line)
+            self._compound_redirs()
+            return node
+        w = self._peek_word()
+        if w == "if":
+            node = self._if(line)
+        elif w in ("while", "until"):
+            self.pos += len(w)
+            self._enter()
+            cond = self._list({"do"})
+            self._expect_keyword("do")
+            body = self._list({"done"})
+            self._expect_keyword("done")
+            self._leave()
+            node = While(cond, body, w == "until", line)
+        elif w in ("for", "select"):
+            node = self._for(line)
+        elif w == "case":
+            node = self._case(line)
+        elif w == "{":
+            self.pos += 1
+            self._enter()
+            body = self._list({"}"})
+            self._expect_keyword("}")
+            self._leave()
+            node = Group(body, False, line)
+        elif w == "function":
+            self.pos += len(w)
+            self._skip_blanks()
+            m = _PLAIN_WORD.match(self.text, self.pos)
+            if not m:
+                raise self.error("function name expected")
+            name = m.group(0)
+            self.pos = m.end()
+            self._skip_blanks()
+            if self.text.startswith("()", self.pos):
+                self.pos += 2
+            self._skip_space_nl()
+            return FuncDef(name, self._command(), line)
+        elif w in ("then", "elif", "else", "fi", "do", "done", "esac", "}"):
+            raise self.error(f"unexpected '{w}'")
+        else:
+            return self._simple(line)
+        self._compound_redirs()
+        return node
+
+    def _compound_redirs(self) -> None:
+        """Redirections after a compound command (`done < file`, `} > log`): parsed, then ignored."""
+        while True:
+            self._skip_blanks()
+            m = _REDIR.match(self.text, self.pos)
+            if not m:
+                return
+            self._redirect(m, self.line_at(self.pos))
+
+    def _if(self, line: int):
+        self.pos += 2
+        self._enter()
+        clauses = []
+        cond = self._list({"then"})
+        self._expect_keyword("then")
+        body = self._list({"elif", "else", "fi"})
+        clauses.append((cond, body))
+        else_body = None
+        while True:
+            self._skip_space_nl()
+            w = self._peek_word()
+            if w == "elif":
+                self.pos += 4
+                cond = self._list({"then"})
+                self._expect_keyword("then")
+                body = self._list({"elif", "else", "fi"})
+                clauses.append((cond, body))
+            elif w == "else":
+                self.pos += 4
+                else_body = self._list({"fi"})
+            elif w == "fi":
+                self.pos += 2
+                break
+            else:
+                raise self.error("expected 'fi'")
+        self._leave()
+        return If(clauses, else_body, line)
+
+    def _for(self, line: int):
+        self.pos += 3 if self.text.startswith("for", self.pos) else 6
+        self._skip_blanks()
+        self._enter()
+        if self.text.startswith("((", self.pos):
+            parts = self._arith_raw(self.pos + 2)
+            pieces = _split_top(parts, ";")
+            if len(pieces) != 3:
+                raise self.error("for (( )) needs three expressions")
+            sub = [self._sub_word(p, line) for p in pieces]
+            self._skip_blanks()
+            if self.pos < self.n and self.text[self.pos] == ";":
+                self.pos += 1
+            self._skip_space_nl()
+            w = self._peek_word()
+            if w == "{":
+                self.pos += 1
+                body = self._list({"}"})
+                self._expect_keyword("}")
+            else:
+                self._expect_keyword("do")
+                body = self._list({"done"})
+                self._expect_keyword("done")
+            self._leave()
+            return ArithFor(sub[0], sub[1], sub[2], body, line)
+        m = _NAME.match(self.text, self.pos)
+        if not m:
+            raise self.error("for: variable name expected")
+        var = m.group(0)
+        self.pos = m.end()
+        self._skip_space_nl()
+        items = None
+        if self._peek_word() == "in":
+            self.pos += 2
+            items = []
+            while True:
+                self._skip_blanks()
+                if self.pos >= self.n:
+                    raise self.error("unexpected end of file in for")
+                c = self.text[self.pos]
+                if c in ";\n":
+                    if c == "\n":
+                        self._newline()
+                    else:
+                        self.pos += 1
+                    break
+                if c == "#":
+                    self._skip_comment()
+                    continue
+                items.append(self._word("cmd"))
+        self._skip_space_nl()
+        self._expect_keyword("do")
+        body = self._list({"done"})
+        self._expect_keyword("done")
+        self._leave()
+        return For(var, items, body, line)
+
+    def _case(self, line: int):
+        self.pos += 4
+        self._skip_blanks()
+        word = self._word("cmd")
+        self._skip_space_nl()
+        self._expect_keyword("in")
+        self._enter()
+        items = []
+        while True:
+            self._skip_space_nl()
+            if self.pos >= self.n:
+                raise self.error("unexpected end of file (missing 'esac')")
+            if self._peek_word() == "esac":
+                self.pos += 4
+                break
+            if self.text[self.pos] == "(":
+                self.pos += 1
+            pats = []
+            while True:
+                self._skip_blanks()
+                if self.pos >= self.n:
+                    raise self.error("unexpected end of file in case pattern")
+                c = self.text[self.pos]
+                if c == ")":
+                    self.pos += 1
+                    break
+                if c == "|":
+                    self.pos += 1
+                    continue
+                if c == "\n":
+                    raise self.error("case pattern not closed with ')'")
+                pats.append(self._word("cmd"))
+            body = self._list({"esac", ";;"})
+            self._skip_blanks()
+            for term in (";;&", ";;", ";&"):
+                if self.text.startswith(term, self.pos):
+                    self.pos += len(term)
+                    break
+            items.append((pats, body))
+        self._leave()
+        return Case(word, items, line)
+
+    def _simple(self, line: int):
+        assigns: list = []
+        words: list = []
+        redirs: list = []
+        while True:
+            self._skip_blanks()
+            if self.pos >= self.n:
+                break
+            c = self.text[self.pos]
+            if c in "\n;|)":
+                break
+            if c == "&":
+                if _REDIR.match(self.text, self.pos):
+                    m = _REDIR.match(self.text, self.pos)
+                    redirs.append(self._redirect(m, self.line_at(self.pos)))
+                    continue
+                break
+            if c == "#" and (words or assigns or redirs):
+                self._skip_comment()
+                continue
+            if c == "#":
+                self._skip_comment()
+                continue
+            m = _REDIR.match(self.text, self.pos)
+            if m and (m.group(1) or c in "<>"):
+                if c == "<" and self.text.startswith("<(", self.pos) or c == ">" and self.text.startswith(">(", self.pos):
+                    words.append(self._word("cmd"))
+                    continue
+                redirs.append(self._redirect(m, self.line_at(self.pos)))
+                continue
+            if c == "(":
+                if len(words) == 1 and not assigns and len(words[0]) == 1 and isinstance(words[0][0], Lit) \
+                        and not words[0][0].quoted and re.match(r"\(\s*\)", self.text[self.pos:self.pos + 8]):
+                    self.pos = re.compile(r"\(\s*\)").match(self.text, self.pos).end()
+                    self._skip_space_nl()
+                    return FuncDef(words[0][0].text, self._command(), line)
+                raise self.error("unexpected '('")
+            if not words:
+                am = _ASSIGN.match(self.text, self.pos)
+                if am:
+                    assigns.append(self._assignment(am))
+                    continue
+            elif words and _is_decl(words[0]):
+                am = _ASSIGN.match(self.text, self.pos)
+                if am:
+                    words.append(self._assignment(am))
+                    continue
+            word = self._word("cmd")
+            if not words and not assigns and len(word) == 1 and isinstance(word[0], Lit) \
+                    and not word[0].quoted and word[0].text == "[[":
+                return self._cond(line)
+            words.append(word)
+        return Simple(assigns, words, redirs, line)
+
+    def _redirect(self, m, line: int) -> Redir:
+        op = m.group(2) if m.group(2) else m.group(0)
+        fd = int(m.group(1)) if m.group(1) else None
+        self.pos = m.end()
+        self._skip_blanks()
+        r = Redir(op, fd, None, line)
+        if op in (">&", "<&") and self.pos < self.n and (self.text[self.pos].isdigit() or self.text[self.pos] == "-"):
+            d = re.match(r"\d+-?|-", self.text[self.pos:])
+            self.pos += d.end()
+        else:
+            if self.pos >= self.n or self.text[self.pos] in "\n;&|()<>":
+                raise self.error(f"redirection '{op}' without a target")
+            r.target = self._word("cmd")
+            if op in ("<<", "<<-"):
+                delim = "".join(p.text if isinstance(p, Lit) else "" for p in r.target)
+                quoted = any(isinstance(p, Lit) and p.quoted for p in r.target) or \
+                    any(not isinstance(p, Lit) for p in r.target)
+                self._pending.append((r, delim, op == "<<-", quoted))
+        return r
+
+    def _read_heredoc(self, r: Redir, delim: str, strip: bool, quoted: bool) -> None:
+        start = self.pos
+        first_line = self.line_at(start)
+        # C-speed search for the closing line, bounded by the heredoc size limit
+        limit = min(self.n, start + MAX_VALUE_CHARS * 4 + len(delim) + 2)
+        i = start
+        end_body = -1
+        while True:
+            i = self.text.find(delim, i, limit) if delim else -1
+            if i < 0:
+                break
+            ls = self.text.rfind("\n", 0, i) + 1
+            after = i + len(delim)
+            tail_ok = after >= self.n or self.text[after] == "\n" or self.text.startswith("\r\n", after) \
+                or (self.text[after] == "\r" and after + 1 >= self.n)
+            prefix = self.text[ls:i]
+            if ls >= start and tail_ok and (prefix == "" or (strip and prefix.strip("\t") == "")):
+                end_body = ls
+                nl = self.text.find("\n", after)
+                self.pos = self.n if nl < 0 else nl + 1
+                break
+            i += 1
+            self.budget.tick(self.label)
+        if end_body < 0:
+            if limit < self.n:
+                raise ParseError("heredoc too large", self.where(start - 1))
+            raise ParseError(f"unterminated heredoc '{delim}'", self.where(start - 1))
+        raw = self.text[start:end_body]
+        lines_out = raw.split("\n")[:-1] if raw else []
+        if strip:
+            lines_out = [ln.lstrip("\t") for ln in lines_out]
+        body = "\n".join(lines_out) + ("\n" if lines_out else "")
+        if quoted:
+            r.heredoc = []
+            p = start
+            for ln in lines_out:
+                r.heredoc.append(Lit(ln + "\n", self.line_at(p), True))
+                p = self.text.find("\n", p) + 1
+        else:
+            sub = Parser(body, self.label, self.budget,
+                         line_offset=first_line - 1 if isinstance(first_line, int) else first_line,
+                         depth=self.depth + 1)
+            r.heredoc = sub._parts("heredoc")
+
+    def _assignment(self, am) -> Assign:
+        name, idx, plus = am.group(1), am.group(2), am.group(3)
+        line = self.line_at(self.pos)
+        self.pos = am.end()
+        index = idx[1:-1] if idx else None
+        if self.pos < self.n and self.text[self.pos] == "(":
+            self.pos += 1
+            self._enter()
+            elems = []
+            while True:
+                self._skip_blanks()
+                if self.pos >= self.n:
+                    raise self.error("unterminated array '('", None)
+                c = self.text[self.pos]
+                if c == ")":
+                    self.pos += 1
+                    break
+                if c == "\n":
+                    self._newline()
+                    continue
+                if c == "#":
+                    self._skip_comment()
+                    continue
+                if c in ";&|<>(":
+                    raise self.error(f"unexpected '{c}' in array")
+                elems.append(self._word("cmd"))
+                if len(elems) > 100_000:
+                    raise self.error("array literal too large")
+            self._leave()
+            return Assign(name, index, bool(plus), None, elems, line)
+        if self.pos >= self.n or self.text[self.pos] in " \t\n;&|)<>":
+            value = []
+        else:
+            value = self._word("cmd")
+        return Assign(name, index, bool(plus), value, None, line)
+
+    def _cond(self, line: int) -> Cond:
+        words = []
+        while True:
+            self._skip_blanks()
+            if self.pos >= self.n:
+                raise self.error("unterminated '[['")
+            c = self.text[self.pos]
+            if c == "\n":
+                self._newline()
+                continue
+            w = self._word("cond")
+            if len(w) == 1 and isinstance(w[0], Lit) and not w[0].quoted and w[0].text == "]]":
+                break
+            words.append(w)
+            if len(words) > 10_000:
+                raise self.error("[[ ]] too long")
+        self._compound_redirs()
+        return Cond(words, line)
+
+    # ------------------------------------------------------------------ words
+    def _word(self, ctx: str) -> list:
+        start = self.pos
+        parts = self._parts(ctx)
+        if self.pos == start:
+            raise self.error(f"unexpected '{self.text[self.pos]}'" if self.pos < self.n else "unexpected end of file")
+        return parts
+
+    def _parts(self, ctx: str, stop: str = "") -> list:
+        """Word parts in context ``ctx``: cmd | cond | brace | dq | heredoc."""
+        parts: list = []
+        text, n = self.text, self.n
+        quoted_ctx = ctx in ("dq", "heredoc")
+        run = {"cmd": _CMD_RUN, "cond": _COND_RUN, "brace": _BRACE_RUN, "dq": _DQ_RUN, "heredoc": _HD_RUN}[ctx]
+        size = 0
+        while self.pos < n:
+            c = text[self.pos]
+            if ctx == "cmd" and (c in " \t\r\n;&|<>()" or c == "\f" or c == "\v"):
+                break
+            if ctx == "cond" and (c in " \t\r\n;"):
+                break
+            if ctx == "brace" and (c == "}" or c in stop):
+                break
+            if ctx == "dq" and c == '"':
+                break
+            m = run.match(text, self.pos)
+            if m and m.end() > self.pos:
+                s = m.group(0)
+                if ctx == "brace" and stop:
+                    cut = min((s.find(ch) for ch in stop if ch in s), default=-1)
+                    if cut >= 0:
+                        s = s[:cut]
+                if not s:
+                    break
+                self._lit(parts, s, self.pos, quoted_ctx)
+                self.pos += len(s)
+                size += len(s)
+                if size > MAX_VALUE_CHARS * 4:
+                    raise self.error("word too long")
+                continue
+            if c == "\\":
+                nxt = text[self.pos + 1] if self.pos + 1 < n else ""
+                if nxt == "\n":
+                    self.pos += 2
+                    continue
+                if quoted_ctx:
+                    if nxt in ("$`\\" if ctx == "heredoc" else '$`"\\'):
+                        self._lit(parts, nxt, self.pos, True)
+                        self.pos += 2
+                    else:
+                        self._lit(parts, "\\", self.pos, True)
+                        self.pos += 1
+                else:
+                    if nxt == "":
+                        self.pos += 1
+                        continue
+                    self._lit(parts, nxt, self.pos, True)
+                    self.pos += 2
+                continue
+            if c == "'" and not quoted_ctx:
+                end = text.find("'", self.pos + 1)
+                if end < 0:
+                    raise self.error("unterminated single quote")
+                self._lit(parts, text[self.pos + 1:end], self.pos + 1, True)
+                self.pos = end + 1
+                continue
+            if c == '"' and not quoted_ctx:
+                start = self.pos
+                self.pos += 1
+                self._enter()
+                inner = self._parts("dq")
+                self._leave()
+                if self.pos >= n or text[self.pos] != '"':
+                    raise self.error("unterminated double quote", start)
+                self.pos += 1
+                if not inner:
+                    inner = [Lit("", self.line_at(start), True)]
+                parts.extend(inner)
+                continue
+            if c == "$":
+                self._dollar(parts, quoted_ctx)
+                continue
+            if c == "`":
+                self._backtick(parts, quoted_ctx)
+                continue
+            # a lone stop char of an outer context (e.g. '/' in a brace pattern) that run refused
+            self._lit(parts, c, self.pos, quoted_ctx)
+            self.pos += 1
+        return parts
+
+    def _lit(self, parts: list, s: str, pos: int, quoted: bool) -> None:
+        line = self.line_at(pos)
+        if "\n" in s:
+            # one part per line so that every token keeps the line it was written on
+            off = 0
+            for i, piece in enumerate(s.split("\n")):
+                if i:
+                    piece = "\n" + piece
+                if piece:
+                    parts.append(Lit(piece, self.line_at(pos + off + (1 if i else 0)), quoted))
+                off += len(piece) if i else len(piece)
+            return
+        if parts and isinstance(parts[-1], Lit) and parts[-1].quoted == quoted and parts[-1].line == line:
+            parts[-1].text += s
+        else:
+            parts.append(Lit(s, line, quoted))
+
+    def _dollar(self, parts: list, quoted: bool) -> None:
+        text, p = self.text, self.pos
+        line = self.line_at(p)
+        nxt = text[p + 1] if p + 1 < self.n else ""
+        if nxt == "(":
+            if text.startswith("((", p + 1):
+                save = self.pos
+                try:
+                    expr = self._arith_text(p + 3, line)
+                    parts.append(Arith(expr, line, quoted))
+                    return
+                except ParseError:
+                    self.pos = save  # `$((cmd) …)`: a subshell inside a command substitution
+            self.pos = p + 2
+            self._enter()
+            body = self._list(set(), closer=")")
+            self._leave()
+            self.pos += 1
+            parts.append(CmdSub(body, line, quoted))
+            return
+        if nxt == "{":
+            self.pos = p + 2
+            self._enter()
+            parts.append(self._brace(line, quoted))
+            self._leave()
+            return
+        if nxt == "'" and not quoted:
+            self.pos = p + 2
+            parts.append(Lit(self._ansi(), line, True))
+            return
+        if nxt == '"' and not quoted:
+            self.pos = p + 1
+            return
+        m = _NAME.match(text, p + 1)
+        if m:
+            parts.append(Param(m.group(0), line, quoted))
+            self.pos = m.end()
+            return
+        if nxt and nxt in _SPECIAL_PARAMS:
+            parts.append(Param(nxt, line, quoted))
+            self.pos = p + 2
+            return
+        self._lit(parts, "$", p, quoted)
+        self.pos = p + 1
+
+    def _ansi(self) -> str:
+        out = []
+        text = self.text
+        while True:
+            if self.pos >= self.n:
+                raise self.error("unterminated $'...'")
+            c = text[self.pos]
+            if c == "'":
+                self.pos += 1
+                return "".join(out)
+            if c == "\\" and self.pos + 1 < self.n:
+                e = text[self.pos + 1]
+                if e == "x":
+                    m = re.match(r"[0-9a-fA-F]{1,2}", text[self.pos + 2:self.pos + 4])
+                    if m:
+                        out.append(chr(int(m.group(0), 16)))
+                        self.pos += 2 + m.end()
+                        continue
+                out.append(_ANSI.get(e, "\\" + e))
+                self.pos += 2
+                continue
+            out.append(c)
+            self.pos += 1
+
+    def _brace(self, line: int, quoted: bool) -> Param:
+        text = self.text
+        op: Optional[str] = None
+        if self.pos < self.n and text[self.pos] == "#" and self.pos + 1 < self.n and text[self.pos + 1] != "}":
+            self.pos += 1
+            op = "len"
+        elif self.pos < self.n and text[self.pos] == "!" and self.pos + 1 < self.n and text[self.pos + 1] != "}":
+            self.pos += 1
+            op = "indirect"
+        m = _NAME.match(text, self.pos)
+        if m:
+            name = m.group(0)
+            self.pos = m.end()
+        elif self.pos < self.n and (text[self.pos].isdigit()):
+            m = re.match(r"\d+", text[self.pos:])
+            name = m.group(0)
+            self.pos += m.end()
+        elif self.pos < self.n and text[self.pos] in _SPECIAL_PARAMS:
+            name = text[self.pos]
+            self.pos += 1
+        else:
+            raise self.error("bad substitution")
+        index = None
+        if self.pos < self.n and text[self.pos] == "[":
+            end = _match_bracket(text, self.pos)
+            if end < 0:
+                raise self.error("bad array subscript")
+            index = self._sub_word(text[self.pos + 1:end], self.line_at(self.pos))
+            self.pos = end + 1
+        if op == "indirect" and index is not None and len(index) == 1 and isinstance(index[0], Lit) \
+                and index[0].text in ("@", "*"):
+            op = "keys"
+        p = Param(name, line, quoted, op=op, index=index)
+        if self.pos >= self.n:
+            raise self.error("unterminated '${'")
+        c = text[self.pos]
+        if c == "}":
+            self.pos += 1
+            return p
+        if op in ("len", "keys"):
+            raise self.error("bad substitution")
+        for o in (":-", ":=", ":+", ":?", "-", "=", "+", "?", "##", "#", "%%", "%", "//", "/#", "/%", "/",
+                  "^^", ",,", "^", ",", ":"):
+            if text.startswith(o, self.pos):
+                break
+        else:
+            raise self.error("bad substitution")
+        self.pos += len(o)
+        if o in ("//", "/#", "/%", "/"):
+            p.op = o
+            p.arg = self._parts("brace", stop="/")
+            if self.pos < self.n and text[self.pos] == "/":
+                self.pos += 1
+                p.arg2 = self._parts("brace")
+            else:
+                p.arg2 = []
+        elif o == ":":
+            p.op = "substr"
+            p.arg = self._parts("brace", stop=":")
+            if self.pos < self.n and text[self.pos] == ":":
+                self.pos += 1
+                p.arg2 = self._parts("brace")
+        else:
+            p.op = o
+            p.arg = self._parts("brace")
+        if self.pos >= self.n or text[self.pos] != "}":
+            raise self.error("unterminated '${'")
+        self.pos += 1
+        return p
+
+    def _backtick(self, parts: list, quoted: bool) -> None:
+        start = self.pos
+        line = self.line_at(start)
+        i = start + 1
+        buf = []
+        while True:
+            if i >= self.n:
+                raise self.error("unterminated backquote", start)
+            c = self.text[i]
+            if c == "\\" and i + 1 < self.n and self.text[i + 1] in "`\\$":
+                buf.append(self.text[i + 1])
+                i += 2
+                continue
+            if c == "`":
+                break
+            buf.append(c)
+            i += 1
+        self.pos = i + 1
+        sub = Parser("".join(buf), self.label, self.budget, line_offset=_offset(line), depth=self.depth + 1)
+        if sub.depth > MAX_PARSE_DEPTH:
+            raise self.error("shell constructs nested too deeply")
+        parts.append(CmdSub(sub.parse_all(), line, quoted))
+
+    def _arith_raw(self, start: int) -> str:
+        """Text up to the matching '))' (pos moves past it)."""
+        depth = 0
+        i = start
+        text = self.text
+        while i < self.n:
+            c = text[i]
+            if c == "(":
+                depth += 1
+            elif c == ")":
+                if depth == 0:
+                    if text.startswith("))", i):
+                        self.pos = i + 2
+                        return text[start:i]
+                    raise self.error("unterminated '(('")
+                depth -= 1
+            elif c == "\n" and i - start > 4096:
+                break
+            i += 1
+        raise self.error("unterminated '(('")
+
+    def _arith_text(self, start: int, line: int) -> list:
+        raw = self._arith_raw(start)
+        return self._sub_word(raw, line)
+
+    def _sub_word(self, raw: str, line: int) -> list:
+        sub = Parser(raw, self.label, self.budget, line_offset=_offset(line), depth=self.depth + 1)
+        if sub.depth > MAX_PARSE_DEPTH:
+            raise self.error("shell constructs nested too deeply")
+        return sub._parts("heredoc")
+
+
+def _offset(line):
+    return line - 1 if isinstance(line, int) else line
+
+
+def _is_decl(word: list) -> bool:
+    return len(word) == 1 and isinstance(word[0], Lit) and not word[0].quoted and \
+        word[0].text in ("declare", "typeset", "local", "export", "readonly")
+
+
+def _match_bracket(text: str, start: int) -> int:
+    depth = 0
+    for i in range(start, min(len(text), start + 4096)):
+        c = text[i]
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    out, depth, cur = [], 0, []
+    for c in text:
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        if c == sep and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+    out.append("".join(cur))
+    return out

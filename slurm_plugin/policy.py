@@ -1,0 +1,161 @@
+"""The time-limit policy: from a prediction and what the user asked, what Slurm should get.
+
+Per partition (see :mod:`slurm_plugin.siteconfig`):
+
+- ``fill`` (default): no ``--time`` -> predicted total x (1 + margin) + startup, rounded *up* to
+  ``round_minutes``, capped at the partition's MaxTime (with a warning saying how many iterations
+  fit).  ``--time`` given -> kept, with a warning when the job would be killed before it finishes
+  (at which iteration) or when it asks for more than ``over_ask_factor`` x the prediction (long
+  limits hurt backfill).
+- ``advise``: never change the limit; the user gets the recommendation and the warnings.
+- ``enforce``: the recommended limit replaces a user's ``--time`` too.
+- ``off``: nothing (the daemon does not even predict).
+
+perfcast never rejects a job: every outcome here is "set this limit" or "leave it".
+The record written to the job's AdminComment (``perfcast:v1 key=value ...``) lets predictions be
+compared with actual run times later; its first five keys are fixed, more may follow.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .siteconfig import PartitionPolicy
+
+RECORD_TAG = "perfcast:v1"
+# Slurm's "no limit" markers as they reach job_submit.lua (NO_VAL, INFINITE).
+NO_VAL = 0xFFFFFFFE
+INFINITE = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class PredictionFacts:
+    """The few numbers of a ``predictor.Prediction`` the policy needs (keeps this module pure)."""
+
+    iteration_seconds: float
+    iterations: int
+    total_seconds: float
+    platform: str
+    bundle: str
+    interval_seconds: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Everything in the total that is not training iterations (startup, eval, checkpoints)."""
+        return max(0.0, self.total_seconds - self.iterations * self.iteration_seconds)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with the job: a new limit (or None = leave it), the record, the user's line."""
+
+    time_limit_minutes: Optional[int]
+    recommended_minutes: int
+    admin_comment: str
+    message: str
+    warnings: list[str] = field(default_factory=list)
+    action: str = "keep"       # set | keep | advise
+
+
+def normalize_limit(minutes: Optional[int]) -> Optional[int]:
+    """A time limit as job_submit.lua sends it; None when the user gave none (NO_VAL / absent)."""
+    if minutes is None or minutes in (NO_VAL, INFINITE) or minutes < 0:
+        return None
+    return int(minutes)
+
+
+def normalize_max_time(minutes: Optional[int]) -> Optional[int]:
+    """A partition MaxTime; None = unlimited (INFINITE, NO_VAL, absent or 0)."""
+    if minutes is None or minutes in (NO_VAL, INFINITE) or minutes <= 0:
+        return None
+    return int(minutes)
+
+
+def recommended_minutes(pred: PredictionFacts, part: PartitionPolicy) -> int:
+    """predicted total x (1 + margin) + startup, rounded up to ``round_minutes`` (at least one step)."""
+    raw = pred.total_seconds * (1.0 + part.margin) / 60.0 + part.startup_minutes
+    step = part.round_minutes
+    # A hair of tolerance so that exactly 30.0000001 minutes does not become 35.
+    return max(step, int(math.ceil(raw / step - 1e-9)) * step)
+
+
+def iterations_within(minutes: float, pred: PredictionFacts, part: PartitionPolicy) -> int:
+    """How many iterations complete within ``minutes`` (startup and fixed overheads first)."""
+    if pred.iteration_seconds <= 0:
+        return pred.iterations
+    usable = minutes * 60.0 - part.startup_minutes * 60.0 - pred.overhead_seconds
+    return max(0, min(pred.iterations, int(usable // pred.iteration_seconds)))
+
+
+def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPolicy,
+           max_time: Optional[int] = None) -> Decision:
+    """Apply the partition's policy.  ``user_limit`` / ``max_time`` are minutes or None."""
+    user_limit = normalize_limit(user_limit)
+    cap = part.max_time_minutes if part.max_time_minutes is not None else normalize_max_time(max_time)
+    rec = recommended_minutes(pred, part)
+    warnings: list[str] = []
+    if cap is not None and rec > cap:
+        fit = iterations_within(cap, pred, part)
+        warnings.append(
+            f"needs about {_hm(rec)} but {part.name or 'the partition'} allows {_hm(cap)}: "
+            f"only about {fit} of {pred.iterations} iterations fit; checkpoint and resubmit")
+        rec = cap
+
+    needed_min = pred.total_seconds / 60.0 + part.startup_minutes
+    action = "keep"
+    new_limit: Optional[int] = None
+    if part.policy == "enforce" or (part.policy == "fill" and user_limit is None):
+        new_limit, action = rec, "set"
+    elif part.policy == "advise":
+        action = "advise"
+
+    if user_limit is not None:
+        if user_limit < needed_min:
+            at = iterations_within(user_limit, pred, part)
+            what = "was" if action == "set" else "is"
+            warnings.append(
+                f"--time {_hm(user_limit)} {what} too short: predicted {_hm(needed_min)}, the job "
+                f"would be killed at about iteration {at} of {pred.iterations}")
+        elif user_limit > part.over_ask_factor * needed_min and user_limit > rec:
+            warnings.append(
+                f"--time {_hm(user_limit)} is over {part.over_ask_factor:g}x the predicted "
+                f"{_hm(needed_min)}; a shorter limit (e.g. --time={rec}) starts sooner via backfill")
+
+    head = (f"perfcast: predicted {pred.iteration_seconds:.3g} s/iter x {pred.iterations} iters "
+            f"= {_hm(pred.total_seconds / 60.0)} on {pred.platform}")
+    if action == "set" and user_limit is not None and user_limit != new_limit:
+        tail = f"; time limit {_hm(user_limit)} replaced by {_hm(new_limit)} (site policy)"
+    elif action == "set":
+        tail = f"; time limit set to {_hm(new_limit)} ({part.margin:.0%} margin + {part.startup_minutes:g} min startup)"
+    elif user_limit is None:
+        tail = f"; suggested --time={rec}"
+    else:
+        tail = f"; keeping --time {_hm(user_limit)}"
+    message = head + tail + "".join(f"; WARNING: {w}" for w in warnings)
+
+    record = (f"{RECORD_TAG} iter_s={pred.iteration_seconds:.6g} iters={pred.iterations} "
+              f"total_min={pred.total_seconds / 60.0:.1f} platform={_token(pred.platform)} "
+              f"bundle={_token(pred.bundle)} policy={part.policy} action={action} rec_min={rec}"
+              + (f" user_min={user_limit}" if user_limit is not None else "")
+              + (" warn=short" if any("too short" in w for w in warnings) else "")
+              + (" warn=capped" if any("allows" in w for w in warnings) else "")
+              + (" warn=overask" if any("backfill" in w for w in warnings) else ""))
+    return Decision(time_limit_minutes=new_limit, recommended_minutes=rec, admin_comment=record,
+                    message=message, warnings=warnings, action=action)
+
+
+def _hm(minutes: float) -> str:
+    """Minutes as Slurm prints limits: 45 min, 2:05:00, 1-02:00:00."""
+    total = int(math.ceil(minutes - 1e-9))
+    if total < 60:
+        return f"{total} min"
+    d, rem = divmod(total, 24 * 60)
+    h, m = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:00" if d else f"{h}:{m:02d}:00"
+
+
+def _token(text: str) -> str:
+    """One whitespace-free token for the record (platform names and bundle ids normally are)."""
+    out = "".join(c if c.isprintable() and not c.isspace() else "_" for c in str(text))
+    return out[:80] or "-"

@@ -1,0 +1,229 @@
+"""The site configuration of perf-predictd: ``/etc/perfcast/perfcast.toml``.
+
+One file, owned by the admin, says which partitions perfcast manages, on which platform each runs,
+with which time-limit policy, and where the daemon listens.  Example (all keys optional except a
+partition's ``platform``)::
+
+    [daemon]
+    socket = "/run/perfcast/predictd.sock"   # job_submit.lua connects here
+    socket_mode = "0660"                     # SO_PEERCRED is the real gate; the mode is defence in depth
+    slurm_user = "slurm"                     # trusted besides root (SlurmUser of slurm.conf)
+    deadline_ms = 250                        # answer before job_submit.lua gives up (300 ms)
+    max_request_bytes = 4194304              # Slurm's own default script limit
+    max_file_bytes = 1048576                 # a launch config bigger than this is not read
+    file_read_timeout_ms = 150
+    workers = 4
+    user_socket = ""                         # for cli_filter.lua on login nodes; "" = off
+
+    [defaults]                               # every partition inherits these
+    policy = "fill"                          # off | advise | fill | enforce
+    margin = 0.15                            # limit = predicted total x (1 + margin) + startup
+    startup_minutes = 5
+    round_minutes = 5
+    over_ask_factor = 3.0                    # warn when --time asks for more than this x prediction
+    notify_skipped = true                    # tell users when their job could not be predicted
+
+    [partitions.gpu]
+    platform = "perlmutter-a100"             # a shipped platform name or a path to one
+    margin = 0.2
+    max_time_minutes = 2880                  # optional; otherwise Slurm's MaxTime as sent by Lua
+
+Path: ``--config`` wins, then ``$PERFCAST_CONFIG``, then ``/etc/perfcast/perfcast.toml``.
+Every error names the key at fault, so an admin can fix the file from the log line alone.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - older Pythons only
+    import tomli as tomllib
+
+DEFAULT_PATH = "/etc/perfcast/perfcast.toml"
+ENV_VAR = "PERFCAST_CONFIG"
+POLICIES = ("off", "advise", "fill", "enforce")
+# Slurm's default max_script_size; a request bigger than this is refused (the job goes on unchanged).
+SLURM_SCRIPT_LIMIT = 4 * 1024 * 1024
+
+
+class SiteConfigError(ValueError):
+    """The site configuration cannot be used; the message names the file and key."""
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    socket: str = "/run/perfcast/predictd.sock"
+    socket_mode: int = 0o660
+    slurm_user: str = "slurm"
+    deadline_ms: int = 250
+    max_request_bytes: int = SLURM_SCRIPT_LIMIT
+    max_file_bytes: int = 1024 * 1024
+    file_read_timeout_ms: int = 150
+    workers: int = 4
+    user_socket: str = ""
+    user_socket_mode: int = 0o666
+    cache_size: int = 1024
+    log_level: str = "info"
+
+
+@dataclass(frozen=True)
+class PartitionPolicy:
+    """How perfcast treats jobs of one partition (the defaults when ``name`` is empty)."""
+
+    name: str = ""
+    platform: str = ""
+    policy: str = "fill"
+    margin: float = 0.15
+    startup_minutes: float = 5.0
+    round_minutes: int = 5
+    over_ask_factor: float = 3.0
+    max_time_minutes: Optional[int] = None   # None: use Slurm's MaxTime (sent by job_submit.lua)
+    notify_skipped: bool = True
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    path: str
+    daemon: DaemonSettings
+    defaults: PartitionPolicy
+    partitions: Mapping[str, PartitionPolicy] = field(default_factory=dict)
+
+    def partition(self, name: Optional[str]) -> Optional[PartitionPolicy]:
+        """The policy of partition ``name``; the ``[defaults]`` one if it names a platform; else None.
+
+        None means perfcast does not manage that partition: the job is left alone, silently.
+        """
+        if name and name in self.partitions:
+            return self.partitions[name]
+        if self.defaults.platform:
+            return replace(self.defaults, name=name or "")
+        return None
+
+    def platforms(self) -> list[str]:
+        """Every platform the daemon must keep loaded, in a stable order."""
+        names = [p.platform for p in self.partitions.values()]
+        if self.defaults.platform:
+            names.append(self.defaults.platform)
+        return sorted(set(n for n in names if n))
+
+
+def config_path(cli_value: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> str:
+    """``--config`` wins, then ``$PERFCAST_CONFIG``, then the system default."""
+    env = os.environ if env is None else env
+    return cli_value or env.get(ENV_VAR) or DEFAULT_PATH
+
+
+def load_site_config(path: Optional[str] = None) -> SiteConfig:
+    """Read and validate the site config; raises :class:`SiteConfigError` with a one-line reason."""
+    path = config_path(path)
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise SiteConfigError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise SiteConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SiteConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_site_config(data, path)
+
+
+def parse_site_config(data: Mapping[str, Any], path: str = "<config>") -> SiteConfig:
+    """Validate an already-decoded config mapping (tests build these directly)."""
+    unknown = set(data) - {"daemon", "defaults", "partitions"}
+    if unknown:
+        raise SiteConfigError(f"{path}: unknown section(s) {sorted(unknown)}")
+    daemon = _build(DaemonSettings, _table(data, "daemon", path), "daemon", path)
+    if not daemon.socket or not os.path.isabs(daemon.socket):
+        raise SiteConfigError(f"{path}: daemon.socket: must be an absolute path")
+    if daemon.user_socket and not os.path.isabs(daemon.user_socket):
+        raise SiteConfigError(f"{path}: daemon.user_socket: must be an absolute path")
+    for key in ("deadline_ms", "max_request_bytes", "max_file_bytes", "file_read_timeout_ms",
+                "workers"):
+        if getattr(daemon, key) <= 0:
+            raise SiteConfigError(f"{path}: daemon.{key}: must be > 0")
+    defaults = _build(PartitionPolicy, _table(data, "defaults", path), "defaults", path,
+                      forbid=("name",))
+    _check_policy(defaults, "defaults", path)
+    parts: dict[str, PartitionPolicy] = {}
+    for name, table in _table(data, "partitions", path).items():
+        if not isinstance(table, Mapping):
+            raise SiteConfigError(f"{path}: partitions.{name}: must be a table")
+        merged = {f.name: getattr(defaults, f.name) for f in fields(PartitionPolicy)}
+        pol = _build(PartitionPolicy, table, f"partitions.{name}", path, forbid=("name",),
+                     base=merged)
+        pol = replace(pol, name=name)
+        if not pol.platform:
+            raise SiteConfigError(f"{path}: partitions.{name}.platform: required")
+        _check_policy(pol, f"partitions.{name}", path)
+        parts[name] = pol
+    return SiteConfig(path=path, daemon=daemon, defaults=defaults, partitions=parts)
+
+
+def _table(data: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, Mapping):
+        raise SiteConfigError(f"{path}: [{key}] must be a table")
+    return value
+
+
+def _build(cls, table: Mapping[str, Any], where: str, path: str, forbid: tuple = (),
+           base: Optional[dict] = None):
+    known = {f.name: f for f in fields(cls)}
+    values = dict(base or {})
+    for key, value in table.items():
+        if key not in known or key in forbid:
+            raise SiteConfigError(f"{path}: {where}.{key}: unknown key")
+        values[key] = _coerce(known[key], value, f"{where}.{key}", path)
+    return cls(**values)
+
+
+def _coerce(f, value: Any, where: str, path: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if f.name.endswith("_mode"):
+        # Modes read best in octal; TOML has 0o660 but admins write "0660".
+        try:
+            return int(value, 8) if isinstance(value, str) else int(value)
+        except ValueError:
+            raise SiteConfigError(f"{path}: {where}: not an octal mode: {value!r}") from None
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise SiteConfigError(f"{path}: {where}: must be true or false")
+        return value
+    if kind == "int" or kind == "Optional[int]":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SiteConfigError(f"{path}: {where}: must be an integer")
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SiteConfigError(f"{path}: {where}: must be a number")
+        return float(value)
+    if not isinstance(value, str):
+        raise SiteConfigError(f"{path}: {where}: must be a string")
+    return value
+
+
+def _check_policy(p: PartitionPolicy, where: str, path: str) -> None:
+    if p.policy not in POLICIES:
+        raise SiteConfigError(f"{path}: {where}.policy: {p.policy!r} is not one of "
+                              f"{', '.join(POLICIES)}")
+    if not 0 <= p.margin <= 10:
+        raise SiteConfigError(f"{path}: {where}.margin: must be between 0 and 10")
+    if not 0 <= p.startup_minutes <= 24 * 60:
+        raise SiteConfigError(f"{path}: {where}.startup_minutes: must be between 0 and 1440")
+    if not 1 <= p.round_minutes <= 24 * 60:
+        raise SiteConfigError(f"{path}: {where}.round_minutes: must be between 1 and 1440")
+    if p.over_ask_factor <= 1:
+        raise SiteConfigError(f"{path}: {where}.over_ask_factor: must be > 1")
+    if p.max_time_minutes is not None and p.max_time_minutes <= 0:
+        raise SiteConfigError(f"{path}: {where}.max_time_minutes: must be > 0")
+
+
+def example_path() -> Path:
+    """Where the example config ships in a source checkout (for docs and the dev cluster)."""
+    return Path(__file__).resolve().parent.parent / "packaging" / "perfcast.toml.example"

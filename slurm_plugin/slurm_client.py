@@ -1,0 +1,325 @@
+"""A small Slurm client: partitions, nodes, submitting and querying jobs.
+
+The command line is the tested path (``scontrol -o show partition``, ``sinfo --json``,
+``sbatch --parsable``, ``squeue --json``, ``scontrol -o show job``, ``scancel``), because it works
+against every Slurm version a site may run and needs nothing compiled.  Slurm 22.05's JSON output
+ignores filters (``-j``, ``-t``) and ``scontrol ... --json`` does not exist there, so filtering
+happens here.  pyslurm is not used: its releases are tied to one Slurm version each (PyPI's 25.11
+does not build against 22.05), and a mismatched one fails at import or, worse, at run time.
+
+Every failure becomes a :class:`SlurmError` with the command and Slurm's own one-line reason.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+log = logging.getLogger("perfcast.slurm")
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed or answered something unreadable."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    state: str
+    cpus: int
+    gpus: int
+    partitions: tuple[str, ...]
+    real_memory_mb: int = 0
+    gres: str = ""
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    name: str
+    max_time_minutes: Optional[int]        # None = UNLIMITED
+    default_time_minutes: Optional[int]    # None = NONE (MaxTime applies)
+    nodes: int                             # TotalNodes
+    node_list: str
+    gpus_per_node: Optional[int]           # the largest of its nodes'; None if unknown
+    cpus: int = 0                          # TotalCPUs
+    max_nodes: Optional[int] = None        # None = UNLIMITED
+    state: str = "UP"
+    is_default: bool = False
+    raw: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: int
+    name: str
+    state: str
+    partition: str
+    time_limit_minutes: Optional[int]
+    user: str
+    nodes: Optional[int] = None
+    reason: str = ""
+    admin_comment: str = ""
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    job_id: int
+    cluster: Optional[str]
+    messages: list[str]                    # sbatch's stderr lines (job_submit.lua's log_user)
+
+
+# ------------------------------------------------------------------------------------------
+# parsing helpers (pure; unit-tested)
+
+_UNLIMITED = {"UNLIMITED", "INFINITE", "NONE", "N/A", "", "(null)"}
+
+
+def parse_slurm_time(text: str) -> Optional[int]:
+    """A Slurm duration as minutes (seconds round up); None for UNLIMITED/NONE.
+
+    Accepts what Slurm prints and takes: ``D-HH:MM:SS``, ``D-HH:MM``, ``D-HH``, ``HH:MM:SS``,
+    ``MM:SS`` and plain minutes.
+    """
+    text = text.strip()
+    if text.upper() in _UNLIMITED:
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not m:
+        raise SlurmError(f"unreadable Slurm time {text!r}")
+    days, a, b, c = m.groups()
+    if days is not None:               # D-HH[:MM[:SS]]
+        h, mi, s = int(a), int(b or 0), int(c or 0)
+        d = int(days)
+    elif c is not None:                # HH:MM:SS
+        d, h, mi, s = 0, int(a), int(b), int(c)
+    elif b is not None:                # MM:SS
+        d, h, mi, s = 0, 0, int(a), int(b)
+    else:                              # minutes
+        d, h, mi, s = 0, 0, int(a), 0
+    return d * 1440 + h * 60 + mi + (1 if s else 0)
+
+
+_KEY_RE = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
+
+
+def parse_oneliner(line: str) -> dict[str, str]:
+    """``scontrol -o`` output: ``Key=value Key2=value with spaces ...`` -> dict.
+
+    Keys start with an upper-case letter; a value runs until the next such key, so values with
+    spaces (Reason, perfcast's lower-case ``key=value`` AdminComment record) survive.
+    """
+    out: dict[str, str] = {}
+    matches = list(_KEY_RE.finditer(line))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        out[m.group(1)] = line[m.end():end].strip()
+    return out
+
+
+_GRES_GPU_RE = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
+
+
+def gpus_in_gres(gres: str) -> int:
+    """``gpu:8``, ``gpu:a100:4(S:0-1)``, ``gpu:a100:2,gpu:v100:2`` -> total GPUs."""
+    return sum(int(n) for n in _GRES_GPU_RE.findall(gres or ""))
+
+
+def _int(value: Any, default: Optional[int] = None) -> Optional[int]:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+# ------------------------------------------------------------------------------------------
+
+class SlurmClient:
+    """Talks to the Slurm of ``$SLURM_CONF`` (or ``conf``) through its command-line tools."""
+
+    def __init__(self, conf: Optional[str] = None, *, timeout: float = 30.0,
+                 runner: Optional[Runner] = None, env: Optional[Mapping[str, str]] = None):
+        self.env = dict(os.environ if env is None else env)
+        if conf:
+            self.env["SLURM_CONF"] = conf
+        self.timeout = timeout
+        self._run = runner or subprocess.run
+
+    @staticmethod
+    def available() -> bool:
+        """True when the Slurm client commands are installed here."""
+        return all(shutil.which(c) for c in ("sbatch", "scontrol", "sinfo", "squeue"))
+
+    def _cmd(self, args: Sequence[str], *, input: Optional[bytes] = None,
+             cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+             user: Optional[Union[int, str]] = None) -> subprocess.CompletedProcess:
+        full_env = dict(self.env)
+        if env:
+            full_env.update(env)
+        argv = list(args)
+        if user is not None:
+            # runuser keeps the environment (SLURM_CONF) and needs no password as root.
+            argv = ["runuser", "-u", str(user), "--"] + argv
+        try:
+            proc = self._run(argv, input=input, capture_output=True, timeout=self.timeout,
+                             cwd=cwd, env=full_env)
+        except FileNotFoundError:
+            raise SlurmError(f"{args[0]}: not installed") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{' '.join(args[:2])}: no answer within {self.timeout:g} s") from None
+        if proc.returncode != 0:
+            err = (proc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
+            why = err[-1] if err else f"exit code {proc.returncode}"
+            raise SlurmError(f"{' '.join(args[:2])}: {why}")
+        return proc
+
+    # -- nodes and partitions
+
+    def nodes(self) -> list[NodeInfo]:
+        data = self._json(["sinfo", "--json"])
+        out = []
+        for n in data.get("nodes", []):
+            state = n.get("state", "")
+            if isinstance(state, list):      # newer Slurm: a list of flags
+                state = "+".join(state)
+            out.append(NodeInfo(name=str(n.get("name", "")), state=str(state).lower(),
+                                cpus=_int(n.get("cpus"), 0) or 0, gpus=gpus_in_gres(n.get("gres", "")),
+                                partitions=tuple(n.get("partitions") or ()),
+                                real_memory_mb=_int(n.get("real_memory"), 0) or 0,
+                                gres=str(n.get("gres", ""))))
+        return out
+
+    def partitions(self) -> list[PartitionInfo]:
+        proc = self._cmd(["scontrol", "-o", "show", "partition"])
+        try:
+            gpus: dict[str, int] = {}
+            for node in self.nodes():
+                for p in node.partitions:
+                    gpus[p] = max(gpus.get(p, 0), node.gpus)
+        except SlurmError as exc:   # GPUs per node stay unknown; MaxTime is what matters most
+            log.warning("sinfo --json failed: %s", exc)
+            gpus = {}
+        out = []
+        for line in proc.stdout.decode("utf-8", "replace").splitlines():
+            kv = parse_oneliner(line)
+            if "PartitionName" not in kv:
+                continue
+            name = kv["PartitionName"]
+            out.append(PartitionInfo(
+                name=name, max_time_minutes=parse_slurm_time(kv.get("MaxTime", "UNLIMITED")),
+                default_time_minutes=parse_slurm_time(kv.get("DefaultTime", "NONE")),
+                nodes=_int(kv.get("TotalNodes"), 0) or 0, node_list=kv.get("Nodes", ""),
+                gpus_per_node=gpus.get(name) or None, cpus=_int(kv.get("TotalCPUs"), 0) or 0,
+                max_nodes=_int(kv.get("MaxNodes")), state=kv.get("State", ""),
+                is_default=kv.get("Default") == "YES", raw=kv))
+        return out
+
+    def partition(self, name: Optional[str] = None) -> PartitionInfo:
+        """One partition by name; the default partition when ``name`` is None."""
+        parts = self.partitions()
+        for p in parts:
+            if (name is None and p.is_default) or p.name == name:
+                return p
+        raise SlurmError(f"no partition {name!r}" if name else "no default partition")
+
+    # -- jobs
+
+    def submit(self, script: Union[str, os.PathLike], args: Sequence[str] = (), *,
+               text: Optional[str] = None, cwd: Optional[str] = None,
+               env: Optional[Mapping[str, str]] = None,
+               user: Optional[Union[int, str]] = None) -> SubmitResult:
+        """``sbatch --parsable [args] script`` (or the script ``text`` on stdin when given).
+
+        ``user`` (root only) submits as that user via runuser.  The result carries sbatch's
+        stderr lines: that is where job_submit.lua's messages arrive.
+        """
+        argv = ["sbatch", "--parsable", *args]
+        if text is None:
+            argv.append(os.fspath(script))
+        proc = self._cmd(argv, input=text.encode() if text is not None else None, cwd=cwd,
+                         env=env, user=user)
+        out = proc.stdout.decode("utf-8", "replace").strip().splitlines()
+        m = re.fullmatch(r"(\d+)(?:;(\S+))?", out[-1].strip() if out else "")
+        if not m:
+            raise SlurmError(f"sbatch: unexpected answer {out[-1:]!r}")
+        messages = [l for l in (proc.stderr or b"").decode("utf-8", "replace").splitlines() if l]
+        return SubmitResult(job_id=int(m.group(1)), cluster=m.group(2), messages=messages)
+
+    def job(self, job_id: int) -> JobInfo:
+        """``scontrol -o show job`` (also finds jobs that ended within MinJobAge)."""
+        proc = self._cmd(["scontrol", "-o", "show", "job", str(int(job_id))])
+        kv = parse_oneliner(proc.stdout.decode("utf-8", "replace").splitlines()[0])
+        user = kv.get("UserId", "")
+        return JobInfo(job_id=_int(kv.get("JobId"), job_id) or job_id, name=kv.get("JobName", ""),
+                       state=kv.get("JobState", ""), partition=kv.get("Partition", ""),
+                       time_limit_minutes=parse_slurm_time(kv.get("TimeLimit", "UNLIMITED")),
+                       user=user.split("(")[0], nodes=_int(kv.get("NumNodes", "").split("-")[0]),
+                       reason=kv.get("Reason", ""), admin_comment=kv.get("AdminComment", ""), raw=kv)
+
+    def jobs(self, *, user: Optional[str] = None, ids: Optional[Sequence[int]] = None,
+             states: Optional[Sequence[str]] = None) -> list[JobInfo]:
+        """``squeue --json``, filtered here (22.05 ignores its own filters in JSON mode)."""
+        data = self._json(["squeue", "--json"])
+        want_ids = set(int(i) for i in ids) if ids is not None else None
+        want_states = {s.upper() for s in states} if states else None
+        out = []
+        for j in data.get("jobs", []):
+            jid = _int(j.get("job_id"), 0) or 0
+            state = j.get("job_state", "")
+            if isinstance(state, list):
+                state = state[0] if state else ""
+            if want_ids is not None and jid not in want_ids:
+                continue
+            if user is not None and j.get("user_name") != user:
+                continue
+            if want_states is not None and str(state).upper() not in want_states:
+                continue
+            limit = j.get("time_limit")
+            if isinstance(limit, dict):    # newer Slurm: {"set":..,"infinite":..,"number":..}
+                limit = None if limit.get("infinite") or not limit.get("set") else limit.get("number")
+            out.append(JobInfo(job_id=jid, name=str(j.get("name", "")), state=str(state),
+                               partition=str(j.get("partition", "")),
+                               time_limit_minutes=_int(limit), user=str(j.get("user_name", "")),
+                               nodes=_int(j.get("node_count")),
+                               reason=str(j.get("state_reason", "")),
+                               admin_comment=str(j.get("admin_comment", "") or ""), raw=j))
+        return out
+
+    def wait(self, job_id: int, *, timeout: float = 3600.0, poll: float = 1.0) -> JobInfo:
+        """Poll until the job has ended (any state but PENDING/RUNNING/CONFIGURING/COMPLETING/
+        SUSPENDED); its final JobInfo.  Needs the job to be still known (MinJobAge, 300 s)."""
+        import time
+        active = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                  "RESIZING", "SIGNALING", "STAGE_OUT"}
+        end = time.monotonic() + timeout
+        while True:
+            info = self.job(job_id)
+            if info.state.split()[0].upper() not in active:
+                return info
+            if time.monotonic() >= end:
+                raise SlurmError(f"job {job_id} still {info.state} after {timeout:g} s")
+            time.sleep(poll)
+
+    def cancel(self, job_ids: Sequence[int]) -> None:
+        if job_ids:
+            self._cmd(["scancel", *[str(int(j)) for j in job_ids]])
+
+    def _json(self, argv: Sequence[str]) -> dict:
+        proc = self._cmd(argv)
+        try:
+            data = json.loads(proc.stdout)
+        except ValueError:
+            raise SlurmError(f"{' '.join(argv)}: answer is not JSON") from None
+        if not isinstance(data, dict):
+            raise SlurmError(f"{' '.join(argv)}: answer is not a JSON object")
+        errors = data.get("errors") or []
+        if errors:
+            raise SlurmError(f"{' '.join(argv)}: {errors[0]}")
+        return data

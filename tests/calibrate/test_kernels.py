@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from calibrate import kernels as K  # noqa: E402
+from calibrate.errors import CalibrationError  # noqa: E402
+from calibrate.timing import measure, middle_half_mean  # noqa: E402
+from predictor.operators import OPERATORS  # noqa: E402
+
+SMALL = {"m": 16, "k": 32, "n": 24, "batch": 4, "l": 16, "d": 8, "b": 2, "heads": 2, "tokens": 16,
+         "width": 32, "dim": 32, "vocab": 64, "params": 1000}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("op", sorted(OPERATORS))
+def test_every_operator_runs_forward_and_backward(op, precision):
+    k = K.build_kernel(op, {f: SMALL[f] for f in OPERATORS[op].features}, precision, "cpu")
+    t = k.time(warmup=1, repeats=2)
+    assert tuple(t) == OPERATORS[op].directions
+    assert all(v.seconds > 0 and math.isfinite(v.seconds) for v in t.values())
+
+
+def test_bad_kernel_requests_refused():
+    with pytest.raises(CalibrationError, match="unknown operator"):
+        K.build_kernel("conv", {}, "fp32", "cpu")
+    with pytest.raises(CalibrationError, match="lacks"):
+        K.build_kernel("linear1", {"m": 1}, "fp32", "cpu")
+    with pytest.raises(CalibrationError, match="at least 1"):
+        K.build_kernel("gelu", {"tokens": 0, "width": 4}, "fp32", "cpu")
+
+
+def test_vocab_parallel_cross_entropy_matches_torch():
+    logits = torch.randn(10, 33, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 33, (10,))
+    ours = K.vocab_parallel_cross_entropy(logits, target).double()
+    ref = F.cross_entropy(logits, target, reduction="none")
+    assert torch.allclose(ours, ref.float().double(), atol=1e-5)
+    g1, = torch.autograd.grad(ours.sum(), logits)
+    g2, = torch.autograd.grad(ref.sum(), logits)
+    assert torch.allclose(g1, g2, atol=1e-5)
+
+
+def test_scaled_masked_softmax_is_causal():
+    x = torch.randn(3, 5, 5)
+    mask = K.causal_mask(5, torch.device("cpu"))
+    p = K.scaled_masked_softmax(x, 0.5, mask)
+    assert torch.allclose(p.sum(-1), torch.ones(3, 5))
+    assert (p[:, 0, 1:] == 0).all()
+    ref = torch.softmax((0.5 * x).masked_fill(mask, float("-inf")), -1)
+    assert torch.allclose(p, ref)
+
+
+def test_master_adam_updates_the_half_copy():
+    p = torch.zeros(8, dtype=torch.bfloat16)
+    g = torch.ones(8, dtype=torch.bfloat16)
+    opt = K.MasterAdam(p, g, lr=0.1)
+    opt.step()
+    assert opt.master.dtype == torch.float32
+    assert torch.all(p < 0)
+
+
+def test_middle_half_mean_drops_outliers():
+    assert middle_half_mean([1.0, 1.0, 1.0, 100.0, 0.0, 1.0, 1.0, 1.0]) == 1.0
+    assert middle_half_mean([2.0]) == 2.0
+    with pytest.raises(ValueError):
+        middle_half_mean([])
+
+
+def test_measure_runs_warmup_and_repeats():
+    calls = []
+    t = measure(lambda: calls.append(1), "cpu", warmup=2, repeats=5)
+    assert len(calls) == 7 and len(t.samples) == 5 and t.us >= 0

@@ -1,0 +1,103 @@
+"""The time-limit policy, on made-up predictions (no predictor needed)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from slurm_plugin.policy import (NO_VAL, INFINITE, PredictionFacts, decide, iterations_within,
+                                 recommended_minutes)
+from slurm_plugin.siteconfig import PartitionPolicy
+
+# 1000 iterations x 2.4 s + 60 s overhead = 2460 s = 41 min
+PRED = PredictionFacts(iteration_seconds=2.4, iterations=1000, total_seconds=2460.0,
+                       platform="perlmutter-a100", bundle="b123")
+PART = PartitionPolicy(name="gpu", platform="perlmutter-a100", margin=0.15, startup_minutes=5)
+
+
+def test_recommended_is_margin_plus_startup_rounded_up_to_5():
+    # 41 min x 1.15 = 47.15 + 5 = 52.15 -> 55
+    assert recommended_minutes(PRED, PART) == 55
+
+
+def test_recommended_is_at_least_one_step_and_exact_multiples_stay():
+    tiny = PredictionFacts(0.01, 10, 0.1, "p", "b")
+    assert recommended_minutes(tiny, PART) == 10   # 5 min startup alone lands on 5.0... plus a bit
+    exact = PredictionFacts(1.0, 1500, 1500.0, "p", "b")           # 25 min, no margin, no startup
+    assert recommended_minutes(exact, PartitionPolicy(margin=0, startup_minutes=0)) == 25
+
+
+def test_no_time_given_fills_limit_and_records():
+    d = decide(PRED, None, PART, max_time=2880)
+    assert d.time_limit_minutes == 55 and d.action == "set"
+    assert re.match(r"perfcast:v1 iter_s=2\.4 iters=1000 total_min=41\.0 platform=perlmutter-a100 "
+                    r"bundle=b123 ", d.admin_comment)
+    assert "time limit set to 55 min" in d.message and "\n" not in d.message
+    assert not d.warnings
+
+
+def test_no_val_means_no_time_given():
+    assert decide(PRED, NO_VAL, PART).time_limit_minutes == 55
+    assert decide(PRED, INFINITE, PART).time_limit_minutes == 55
+
+
+def test_capped_at_max_time_says_how_many_iterations_fit():
+    d = decide(PRED, None, PART, max_time=30)
+    assert d.time_limit_minutes == 30
+    # 30 min - 5 startup - 60 s overhead = 1440 s / 2.4 = 600 iterations
+    assert "only about 600 of 1000 iterations fit" in d.message
+    assert "warn=capped" in d.admin_comment
+
+
+def test_site_max_time_overrides_slurms():
+    part = PartitionPolicy(name="gpu", max_time_minutes=20, startup_minutes=5)
+    assert decide(PRED, None, part, max_time=2880).time_limit_minutes == 20
+
+
+def test_unlimited_max_time_does_not_cap():
+    assert decide(PRED, None, PART, max_time=INFINITE).time_limit_minutes == 55
+
+
+def test_given_time_is_kept():
+    d = decide(PRED, 60, PART)
+    assert d.time_limit_minutes is None and d.action == "keep"
+    assert not d.warnings and "keeping --time 1:00:00" in d.message
+
+
+def test_too_short_time_warns_at_which_iteration():
+    d = decide(PRED, 20, PART)
+    assert d.time_limit_minutes is None
+    # 20 min - 5 startup - 60 s = 840 s / 2.4 = 350
+    assert "killed at about iteration 350 of 1000" in d.message
+    assert "warn=short" in d.admin_comment
+
+
+def test_over_asking_warns_about_backfill():
+    d = decide(PRED, 48 * 60, PART)
+    assert d.time_limit_minutes is None
+    assert "backfill" in d.message and "--time=55" in d.message
+    assert "warn=overask" in d.admin_comment
+
+
+def test_enforce_replaces_given_time():
+    part = PartitionPolicy(name="gpu", policy="enforce", startup_minutes=5)
+    d = decide(PRED, 20, part)
+    assert d.time_limit_minutes == 55 and "replaced by 55 min" in d.message
+    assert "was too short" in d.message
+
+
+def test_advise_never_sets():
+    part = PartitionPolicy(name="gpu", policy="advise", startup_minutes=5)
+    d = decide(PRED, None, part)
+    assert d.time_limit_minutes is None and "suggested --time=55" in d.message
+
+
+def test_iterations_within_never_negative_or_above_total():
+    assert iterations_within(1, PRED, PART) == 0
+    assert iterations_within(10_000, PRED, PART) == 1000
+
+
+@pytest.mark.parametrize("limit", [1, 30, 55, 200, 5000])
+def test_never_rejects_and_message_is_one_line(limit):
+    d = decide(PRED, limit, PART, max_time=2880)
+    assert "\n" not in d.message and d.admin_comment.startswith("perfcast:v1 ")

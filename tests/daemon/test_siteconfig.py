@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import pytest
+
+from slurm_plugin.siteconfig import (SiteConfigError, config_path, load_site_config,
+                                     parse_site_config)
+
+
+def test_partitions_inherit_defaults(tmp_path):
+    p = tmp_path / "perfcast.toml"
+    p.write_text('[daemon]\nsocket = "/tmp/x.sock"\nsocket_mode = "0600"\n'
+                 '[defaults]\nmargin = 0.3\n[partitions.gpu]\nplatform = "dgx-a100"\n'
+                 '[partitions.big]\nplatform = "dgx-h100"\nmargin = 0.1\npolicy = "enforce"\n')
+    cfg = load_site_config(str(p))
+    assert cfg.daemon.socket_mode == 0o600
+    assert cfg.partitions["gpu"].margin == 0.3 and cfg.partitions["gpu"].name == "gpu"
+    assert cfg.partitions["big"].policy == "enforce" and cfg.partitions["big"].margin == 0.1
+    assert cfg.platforms() == ["dgx-a100", "dgx-h100"]
+    assert cfg.partition("cpu") is None            # unmanaged: left alone
+
+
+def test_defaults_with_platform_manage_every_partition():
+    cfg = parse_site_config({"defaults": {"platform": "dgx-a100"}})
+    assert cfg.partition("anything").platform == "dgx-a100"
+
+
+@pytest.mark.parametrize("data, where", [
+    ({"partitions": {"gpu": {}}}, "partitions.gpu.platform"),
+    ({"partitions": {"gpu": {"platform": "x", "policy": "reject"}}}, "partitions.gpu.policy"),
+    ({"defaults": {"margin": "lots"}}, "defaults.margin"),
+    ({"daemon": {"socket": "relative.sock"}}, "daemon.socket"),
+    ({"daemon": {"sokcet": "/x"}}, "daemon.sokcet"),
+    ({"extra": {}}, "unknown section"),
+])
+def test_errors_name_the_key(data, where):
+    with pytest.raises(SiteConfigError, match=where.replace(".", r"\.")):
+        parse_site_config(data)
+
+
+def test_bad_toml_is_one_line(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text("[daemon\n")
+    with pytest.raises(SiteConfigError, match="not valid TOML"):
+        load_site_config(str(p))
+
+
+def test_config_path_precedence():
+    assert config_path("/a", {"PERFCAST_CONFIG": "/b"}) == "/a"
+    assert config_path(None, {"PERFCAST_CONFIG": "/b"}) == "/b"
+    assert config_path(None, {}) == "/etc/perfcast/perfcast.toml"
+
+
+def test_shipped_example_is_valid():
+    from slurm_plugin.siteconfig import example_path
+    cfg = load_site_config(str(example_path()))
+    assert cfg.partitions

@@ -1,0 +1,3 @@
+export GPUS=$SLURM_GPUS_ON_NODE
+export MBS=2
+TOKENS=$(( 10 * 1000 * 1000 * 1000 ))

@@ -1,0 +1,18 @@
+from slurm_plugin.launch.files import default_read_file
+from slurm_plugin.launch.limits import Budget
+from slurm_plugin.launch.shell import Shell
+from slurm_plugin.launch.values import Unknowns
+
+
+def run_shell(text: str, env=None, cwd="/work", read_file=default_read_file) -> Shell:
+    warnings: list = []
+    sh = Shell(budget=Budget(seconds=5.0), unknowns=Unknowns(), read_file=read_file,
+               env={k: (v, "env") for k, v in (env or {}).items()}, cwd=cwd, warnings=warnings)
+    sh.run(text, "t.sh", positional=[])
+    return sh
+
+
+def array(sh: Shell, name: str) -> list:
+    v = sh.vars[name]
+    keys = sorted(v.array, key=int)
+    return ["".join(s[0] for s in v.array[k]) for k in keys]

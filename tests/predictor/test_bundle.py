@@ -1,0 +1,145 @@
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from predictor import BundleError, load_platform
+from predictor.bundle import fit_bundle, load_bundle
+from predictor.operators import OPERATORS, GpuSpec
+from predictor.platform import SHIPPED_DIR
+from predictor.samples import SampleSet, SampleTable, load_samples, operator_columns, append_rows, write_meta
+
+GPU = GpuSpec("Test GPU", 16, {"fp16": 100.0, "bf16": 100.0, "fp32": 10.0}, 1000.0)
+
+
+def synthetic_samples(rng, n=300):
+    """linear1 with an efficiency that rises with size (a known curve the fit must recover)."""
+    m = rng.choice([512, 1024, 2048, 4096, 8192], n).astype(float)
+    k = rng.choice([1024, 2048, 3072, 4096], n).astype(float)
+    nn = rng.choice([768, 1536, 3072, 6144], n).astype(float)
+    flops = 2 * m * k * nn
+    eff = 0.3 + 0.5 * (np.log2(m * k * nn) - 29) / 10
+    fwd = flops / (100e12 * np.clip(eff, 0.1, 0.9)) * 1e6
+    table = np.column_stack([m, k, nn, fwd, 2 * fwd])
+    return SampleSet(meta={"gpu": "Test GPU"},
+                     operators={("linear1", "fp16"): SampleTable("linear1", "fp16", operator_columns("linear1"), table)})
+
+
+@pytest.fixture(scope="module")
+def small_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("b") / "bundle"
+    rep = fit_bundle(synthetic_samples(np.random.default_rng(0)), out, name="test", gpu=GPU)
+    return out, rep
+
+
+def test_fit_chooses_by_validation_and_is_accurate(small_bundle):
+    out, rep = small_bundle
+    info = rep.models["linear1.fwd.fp16"]
+    assert info.library in ("random_forest", "xgboost", "lightgbm")
+    assert info.validation_mape == min(info.candidate_mape.values())
+    assert info.validation_mape < 0.03
+    assert (out / "manifest.toml").is_file()
+    assert not list(out.rglob("*.pkl"))
+
+
+def test_load_verifies_and_predicts(small_bundle):
+    out, _ = small_bundle
+    b = load_bundle(out)
+    X = np.log2(np.array([[2048.0, 2048.0, 3072.0], [8192.0, 4096.0, 6144.0]]))
+    fwd, bwd = b.ratios([("linear1.fwd.fp16", X), ("linear1.bwd.fp16", X)])
+    assert np.all((0.1 < fwd) & (fwd < 10))
+    # The synthetic efficiency rises with size: the larger GEMM is nearer its roofline.
+    assert fwd[1] < fwd[0]
+
+
+@pytest.mark.parametrize("library", ["random_forest", "xgboost", "lightgbm"])
+def test_tree_tables_match_the_libraries(library):
+    """The numpy evaluator must give the libraries' own predictions, for every library."""
+    from predictor.regress import RatioModel, fit_ratio_model, library_predict
+    from predictor.trees import TreeTable
+    rng = np.random.default_rng(1)
+    X = rng.uniform(8, 14, size=(400, 3))
+    y = np.sin(X[:, 0]) + 0.3 * X[:, 1] - 0.1 * X[:, 2] ** 1.5 + rng.normal(0, 0.05, 400)
+    res = fit_ratio_model(X, y, candidates=(library,))
+    assert res.library == library
+    Q = rng.uniform(7, 15, size=(200, 3))      # beyond the range too
+    ours = np.log(RatioModel(TreeTable.from_bytes(res.table_bytes)).predict(Q))
+    theirs = library_predict(library, res.model_bytes, Q)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def _copy(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_tampered_model_refused(small_bundle, tmp_path):
+    out, _ = small_bundle
+    b = _copy(out, tmp_path)
+    model = next((b / "models").iterdir())
+    data = bytearray(model.read_bytes())
+    data[-5] ^= 0xFF
+    model.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=f"{model.name}.*checksum mismatch"):
+        load_bundle(b)
+
+
+def test_truncated_and_missing_refused(small_bundle, tmp_path):
+    out, _ = small_bundle
+    b = _copy(out, tmp_path)
+    model = next((b / "models").iterdir())
+    model.write_bytes(model.read_bytes()[:100])
+    with pytest.raises(BundleError, match="checksum mismatch"):
+        load_bundle(b)
+    model.unlink()
+    with pytest.raises(BundleError, match="missing"):
+        load_bundle(b)
+
+
+def test_bad_manifest_refused(small_bundle, tmp_path):
+    out, _ = small_bundle
+    b = _copy(out, tmp_path)
+    (b / "manifest.toml").write_text("format = 99\n")
+    with pytest.raises(BundleError, match="format 99"):
+        load_bundle(b)
+    (b / "manifest.toml").write_text("format = [\n")
+    with pytest.raises(BundleError, match="manifest.toml"):
+        load_bundle(b)
+
+
+def test_shipped_platform_tamper_refused(tmp_path, monkeypatch):
+    root = tmp_path / "plats"
+    shutil.copytree(SHIPPED_DIR / "_bundles" / "gh200-120gb", root / "_bundles" / "gh200-120gb")
+    shutil.copytree(SHIPPED_DIR / "vista-gh200", root / "vista-gh200")
+    victim = root / "_bundles" / "gh200-120gb" / "models" / "linear1.fwd.fp16.json.gz"
+    if not victim.exists():
+        victim = next((root / "_bundles" / "gh200-120gb" / "models").glob("linear1.fwd.fp16.*"))
+    victim.write_bytes(b"\x1f\x8b" + victim.read_bytes()[2:-3])
+    with pytest.raises(BundleError, match="linear1.fwd.fp16"):
+        load_platform(root / "vista-gh200")
+
+
+def test_shipped_bundles_carry_the_licence():
+    for b in ("a100-sxm4-80gb", "gh200-120gb"):
+        d = SHIPPED_DIR / "_bundles" / b
+        assert "MIT" in (d / "LICENSE").read_text()
+        assert "arXiv:2509.22832" in (d / "manifest.toml").read_text()
+
+
+def test_sample_store_round_trip_and_errors(tmp_path):
+    d = tmp_path / "s"
+    write_meta(d, {"gpu": "x"})
+    cols = operator_columns("gelu")
+    append_rows(d / "operators" / "gelu_fp16.csv", cols, [[4096, 8192, 10.0, 20.0]])
+    append_rows(d / "operators" / "gelu_fp16.csv", cols, [[8192, 8192, 19.0, 41.0]])
+    s = load_samples(d)
+    assert len(s.operators[("gelu", "fp16")]) == 2
+    (d / "operators" / "gelu_fp16.csv").write_text("tokens,width,fwd_us,bwd_us\n1,2,x,4\n")
+    with pytest.raises(BundleError, match="gelu_fp16.csv:2"):
+        load_samples(d)
+    (d / "operators" / "nonsense_fp16.csv").write_text("a\n")
+    (d / "operators" / "gelu_fp16.csv").unlink()
+    with pytest.raises(BundleError, match="unknown sample file"):
+        load_samples(d)

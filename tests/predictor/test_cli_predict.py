@@ -1,0 +1,73 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.cli_predict import main
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "gpt20b-perlmutter.toml"
+
+
+def test_human_table(capsys):
+    assert main([str(EXAMPLE), "--platform", "perlmutter-a100"]) == 0
+    out = capsys.readouterr().out
+    assert "iteration" in out and "pipeline bubble" in out and "total" in out
+
+
+def test_json_answer(capsys):
+    assert main([str(EXAMPLE), "--platform", "vista-gh200", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["platform"] == "vista-gh200"
+    assert d["job"]["layout"]["tp"] == 4
+    assert len(d["interval_seconds"]) == 2 and d["total_seconds"] > d["iteration_seconds"]
+
+
+def test_list_platforms(capsys):
+    assert main(["--list-platforms"]) == 0
+    out = capsys.readouterr().out
+    for name in ("perlmutter-a100", "vista-gh200", "dgx-a100", "dgx-h100"):
+        assert name in out
+    assert "uncalibrated" in out
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[model]\nlayers = 44\nhidden = 6144\nheads = 64\nseq_len = 2048\n[layout]\ntp = 3\n", "layout.tp"),
+    ("[model]\nlayers = 44\nhidden = 6144\nheads = 64\nseq_len = 2048\nwidth = 3\n", "model.width"),
+    ("[model]\nlayers = -1\n", "model.layers"),
+    ("[model\n", "not valid TOML"),
+])
+def test_bad_job_one_line_exit_2(tmp_path, text, needle):
+    job = tmp_path / "bad.toml"
+    job.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "slurm_plugin.cli_predict", str(job), "--platform",
+                        "perlmutter-a100"], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_platform_and_no_platform(tmp_path, capsys):
+    assert main([str(EXAMPLE), "--platform", "nope"]) == 2
+    assert "no platform 'nope'" in capsys.readouterr().err
+    job = tmp_path / "j.toml"
+    job.write_text("[model]\nlayers = 4\nhidden = 256\nheads = 4\nseq_len = 128\n")
+    assert main([str(job)]) == 2
+    assert "no platform" in capsys.readouterr().err
+
+
+def test_batch_script_through_the_real_parser(capsys):
+    """perf-predict reads an existing NeoX batch script (never runs it) and reports where keys came from."""
+    script = ROOT / "tests" / "launch" / "data" / "corpus" / "01_neox_20b" / "job.sbatch"
+    assert main([str(script), "--platform", "perlmutter-a100", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    expected = json.loads((script.parent / "expected.json").read_text())
+    for section in ("model", "layout"):
+        for key, value in expected.get("job", {}).get(section, {}).items():
+            assert d["job"][section][key] == value, f"{section}.{key}"
+    assert d["job"]["script"]["framework"] == "neox"
+    assert any(v.startswith(str(script.parent)) or ".yml:" in v or "job.sbatch:" in v
+               for v in d["job"]["script"]["provenance"].values())
+    assert d["iteration_seconds"] > 0

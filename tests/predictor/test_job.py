@@ -1,0 +1,80 @@
+import pytest
+
+from predictor import JobError, TrainingJob
+
+BASE = {"model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 512},
+        "layout": {"pp": 2, "tp": 2, "dp": 2}}
+
+
+def with_(section, **kv):
+    d = {k: dict(v) for k, v in BASE.items()}
+    d.setdefault(section, {}).update(kv)
+    return d
+
+
+def test_defaults_filled_and_round_trip():
+    job = TrainingJob.from_dict(BASE)
+    d = job.to_dict()
+    assert d["model"]["kv_heads"] == 16 and d["model"]["ffn_hidden"] == 4096
+    assert TrainingJob.from_dict(d) == job
+    assert job.gpus == 8
+
+
+@pytest.mark.parametrize("section,kv,key", [
+    ("layout", {"tp": 3}, "layout.tp"),                 # heads % tp
+    ("model", {"kv_heads": 6}, "model.kv_heads"),       # heads % kv_heads
+    ("layout", {"pp": 16}, "layout.pp"),                # layers < pp
+    ("layout", {"virtual_stages": 3}, "layout.virtual_stages"),
+    ("model", {"hidden": 1000}, "model.heads"),         # hidden % heads
+    ("layout", {"zero_stage": 2}, "layout.zero_stage"), # ZeRO-2 with pp > 1
+    ("layout", {"zero_stage": 5}, "layout.zero_stage"),
+    ("model", {"hidden": 10**9}, "model.hidden"),       # absurd size
+    ("layout", {"micro_batch": 0}, "layout.micro_batch"),
+    ("model", {"norm": "batchnorm"}, "model.norm"),
+    ("model", {"layers": 4.5}, "model.layers"),
+    ("model", {"parallel_residual": "yes"}, "model.parallel_residual"),
+])
+def test_bad_values_name_the_key(section, kv, key):
+    with pytest.raises(JobError) as e:
+        TrainingJob.from_dict(with_(section, **kv))
+    assert e.value.key == key
+    assert key in str(e.value)
+
+
+def test_unknown_key_suggests_the_right_one():
+    with pytest.raises(JobError) as e:
+        TrainingJob.from_dict(with_("model", hiden=3))
+    assert e.value.key == "model.hiden" and "hidden" in str(e.value)
+    with pytest.raises(JobError) as e:
+        TrainingJob.from_dict({**BASE, "layot": {}})
+    assert "layout" in str(e.value)
+
+
+def test_missing_required_key():
+    d = with_("model")
+    del d["model"]["seq_len"]
+    with pytest.raises(JobError, match="model.seq_len"):
+        TrainingJob.from_dict(d)
+
+
+def test_toml_errors_name_the_file(tmp_path):
+    p = tmp_path / "job.toml"
+    p.write_text("[model]\nlayers = = 3\n")
+    with pytest.raises(JobError, match="job.toml.*line 2"):
+        TrainingJob.from_toml(p)
+    with pytest.raises(JobError, match="cannot read"):
+        TrainingJob.from_toml(tmp_path / "absent.toml")
+
+
+def test_iterations_from_samples_and_tokens():
+    d = with_("run", train_samples=1000)
+    d["layout"].update(micro_batch=2, micro_batches=4)   # global batch 16
+    assert TrainingJob.from_dict(d).iterations == 63
+    d = with_("run", train_tokens=512 * 16 * 10)
+    d["layout"].update(micro_batch=2, micro_batches=4)
+    assert TrainingJob.from_dict(d).iterations == 10
+
+
+def test_float_integers_from_configs_accepted():
+    job = TrainingJob.from_dict(with_("model", layers=8.0))
+    assert job.model.layers == 8 and isinstance(job.model.layers, int)

@@ -1,0 +1,146 @@
+import math
+
+import numpy as np
+import pytest
+
+from predictor import BundleError, load_platform, predict, predict_many
+from predictor.decompose import stage_layers
+
+from .conftest import GPT20B, make_job
+
+
+def test_prediction_shape_and_json(perlmutter):
+    p = predict(make_job(), perlmutter)
+    d = p.to_dict()
+    for key in ("iteration_seconds", "interval_seconds", "total_seconds", "breakdown", "platform",
+                "bundle", "warnings", "job"):
+        assert key in d
+    for key in ("stage_fwd_max", "stage_bwd_max", "dp_allreduce", "max_update", "mp_allreduce",
+                "pp_p2p", "bubble"):
+        assert d["breakdown"][key] >= 0
+    lo, hi = p.interval_seconds
+    assert lo < p.iteration_seconds < hi
+    b = p.breakdown
+    assert math.isclose(p.iteration_seconds, b["stage_fwd_max"] + b["stage_bwd_max"] + b["bubble"]
+                        + b["dp_allreduce"] + b["max_update"] + b["step_overhead"], rel_tol=1e-9)
+    assert d["job"]["layout"]["pp"] == 4
+    assert math.isclose(p.total_seconds, 120 + 100 * p.iteration_seconds, rel_tol=1e-9)
+
+
+def test_predict_many_equals_one_by_one(perlmutter):
+    jobs = [make_job(), make_job(pp=8, tp=4, dp=4), make_job(pp=2, tp=8, dp=8, micro_batch=2, micro_batches=32)]
+    many = predict_many(jobs, perlmutter)
+    for job, p in zip(jobs, many):
+        assert math.isclose(predict(job, perlmutter).iteration_seconds, p.iteration_seconds, rel_tol=1e-9)
+
+
+def test_timeline_eq7(perlmutter):
+    p = predict(make_job(), perlmutter)
+    F = max(p.details["stage_fwd_seconds"])
+    B = max(p.details["stage_bwd_seconds"])
+    assert math.isclose(p.breakdown["stage_fwd_max"], 16 * F)
+    assert math.isclose(p.breakdown["bubble"], 3 * (F + B))
+
+
+def test_more_layers_more_time_and_recompute_costs(perlmutter):
+    t = [predict(make_job(model=dict(GPT20B, layers=n)), perlmutter).iteration_seconds for n in (12, 24, 44)]
+    assert t[0] < t[1] < t[2]
+    full = predict(make_job(recompute="full"), perlmutter).breakdown["stage_bwd_max"]
+    sel = predict(make_job(recompute="selective"), perlmutter).breakdown["stage_bwd_max"]
+    none = predict(make_job(recompute="none"), perlmutter).breakdown["stage_bwd_max"]
+    assert none < sel < full
+
+
+def test_pp1_costs_the_real_layer_count(perlmutter):
+    small = dict(GPT20B, layers=8, hidden=2048, heads=16)
+    p = predict(make_job(model=small, pp=1, tp=1, dp=4, micro_batch=1), perlmutter)
+    assert p.details["stage_layers"] == [8]
+    assert p.breakdown["bubble"] == 0
+    assert p.breakdown["pp_p2p"] == 0
+
+
+def test_parallel_residual_saves_one_tp_allreduce(perlmutter):
+    a = predict(make_job(model=dict(GPT20B, parallel_residual=True), recompute="none"), perlmutter)
+    b = predict(make_job(model=dict(GPT20B, parallel_residual=False), recompute="none"), perlmutter)
+    assert a.breakdown["mp_allreduce"] < b.breakdown["mp_allreduce"]
+    assert math.isclose(a.breakdown["mp_allreduce"] / b.breakdown["mp_allreduce"], 3 / 4, rel_tol=0.05)
+
+
+def test_interleaving_shrinks_the_bubble(perlmutter):
+    a = predict(make_job(), perlmutter)
+    b = predict(make_job(model=dict(GPT20B, layers=48), virtual_stages=2), perlmutter)
+    c = predict(make_job(model=dict(GPT20B, layers=48)), perlmutter)
+    assert b.breakdown["bubble"] < c.breakdown["bubble"]
+    assert a.iteration_seconds > 0
+
+
+def test_zero_stages(perlmutter):
+    base = dict(pp=1, tp=4, dp=8, micro_batch=1, micro_batches=16)
+    small = dict(GPT20B, layers=8)
+    z = {s: predict(make_job(model=small, zero_stage=s, **base), perlmutter) for s in (0, 1, 2, 3)}
+    # ZeRO-0 updates the whole replica; ZeRO-1 shards the optimizer step and all-gathers.
+    assert z[1].breakdown["max_update"] != z[0].breakdown["max_update"]
+    # ZeRO-3 gathers parameters every micro-batch: the slowest.
+    assert z[3].iteration_seconds > z[1].iteration_seconds
+
+
+def test_unmeasured_topology_says_so_and_uses_analytic(perlmutter):
+    # tp = 8 on 2 nodes × 4 is measured on Perlmutter; dp over 16 nodes × 1 is not.
+    p = predict(make_job(pp=1, tp=4, dp=16, model=dict(GPT20B, layers=8), micro_batches=4), perlmutter)
+    assert any("allreduce over 16×1 GPUs was not measured" in w for w in p.warnings)
+    measured = predict(make_job(pp=1, tp=4, dp=8, model=dict(GPT20B, layers=8), micro_batches=4), perlmutter)
+    assert not any("allreduce over 8×1" in w for w in measured.warnings)
+
+
+def test_extrapolation_flagged_with_wider_interval(perlmutter, monkeypatch):
+    from predictor import estimate
+    job = make_job(model=dict(GPT20B, hidden=16384, heads=128))
+    outside = predict(job, perlmutter)
+    assert outside.extrapolated
+    assert any("outside the sampled range" in w for w in outside.warnings)
+    width = lambda p: p.interval_seconds[1] - p.interval_seconds[0]
+    monkeypatch.setattr(estimate, "EXTRAPOLATION_FACTOR", 1.0)
+    unwidened = predict(job, perlmutter)
+    assert width(outside) > 1.2 * width(unwidened)
+
+
+def test_roofline_scaling_beyond_samples(perlmutter):
+    # Hidden 16384 and 32768 lie beyond Perlmutter's samples (≤ 8192): a GEMM whose k and n double
+    # must take about 4× as long (FLOPs), not stay flat as raw tree regressors would.
+    from predictor.estimate import QuerySet
+    q = QuerySet(perlmutter)
+    hs = [q.op("linear3", "fwd", "fp16", {"m": 8192, "k": h, "n": 4 * h / 8}) for h in (8192, 16384, 32768)]
+    secs, _, extra = q.evaluate()
+    assert not extra[hs[0]] and extra[hs[1]] and extra[hs[2]]
+    for a, b in zip(hs, hs[1:]):
+        assert 3.5 < secs[b] / secs[a] < 4.6
+
+
+def test_uncalibrated_platform_warns():
+    p = predict(make_job(pp=4, tp=8, dp=4), load_platform("dgx-h100"))
+    assert any("uncalibrated" in w for w in p.warnings)
+    a100 = predict(make_job(pp=4, tp=8, dp=4), load_platform("dgx-a100"))
+    assert p.iteration_seconds < a100.iteration_seconds   # H100 peaks are higher
+
+
+def test_missing_operator_named(perlmutter, monkeypatch):
+    from predictor import estimate
+    monkeypatch.setitem(estimate.SUBSTITUTES, "swiglu", None)
+    monkeypatch.delitem(perlmutter.compute.models, "gelu.fwd.fp16")
+    monkeypatch.setitem(estimate.SUBSTITUTES, "gelu", None)
+    with pytest.raises(BundleError, match="operator gelu"):
+        predict(make_job(), perlmutter)
+
+
+def test_swiglu_uses_substitute_with_warning(perlmutter):
+    llama = dict(GPT20B, activation="swiglu", ffn_hidden=16384, norm="rmsnorm")
+    p = predict(make_job(model=llama), perlmutter)
+    assert any("operator swiglu has no model" in w for w in p.warnings)
+
+
+def test_total_time_counts_eval_and_checkpoints(perlmutter):
+    job = make_job().replace(run={"train_iters": 1000, "eval_interval": 100, "eval_iters": 10,
+                                  "save_interval": 500})
+    p = predict(job, perlmutter)
+    assert p.details["evaluations"] == 10 and p.details["checkpoints"] == 2
+    assert p.total_seconds > 120 + 1000 * p.iteration_seconds + p.details["eval_seconds"]

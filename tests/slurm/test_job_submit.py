@@ -1,0 +1,296 @@
+"""job_submit.lua + perf-predictd on a real Slurm: what users and admins see after sbatch."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.slurm_client import parse_slurm_time
+
+from .conftest import script_text
+
+RECORD = re.compile(r"^perfcast:v1 iter_s=[0-9.e+-]+ iters=\d+ total_min=[0-9.]+ "
+                    r"platform=\S+ bundle=\S+")
+
+
+def perfcast_lines(messages):
+    return [m for m in messages if m.startswith("sbatch: perfcast:")]
+
+
+def limit_of(info: dict):
+    return parse_slurm_time(info["TimeLimit"])
+
+
+@pytest.fixture
+def megatron(cluster):
+    def make(iters: int = 2000, name: str = "megatron.sh") -> Path:
+        return cluster.write_script(name, script_text("megatron_gpt.sh", ITERS=str(iters)))
+    return make
+
+
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_time_limit_filled_recorded_and_told(cluster, held_jobs, megatron, user):
+    script = megatron(name=f"megatron-{user}.sh")
+    job, messages, _ = cluster.sbatch(script, user=None if user == "root" else user)
+    held_jobs.append(job)
+    info = cluster.show(job)
+    expect = cluster.ask(script.read_text(), submit_uid=0 if user == "root" else 65534,
+                         argv=[str(script)])
+    assert expect["status"] == "ok", expect
+    assert limit_of(info) == expect["time_limit"], info["TimeLimit"]
+    assert limit_of(info) % 5 == 0 and limit_of(info) < 2880
+    assert RECORD.match(info["AdminComment"]), info["AdminComment"]
+    assert "action=set" in info["AdminComment"]
+    lines = perfcast_lines(messages)
+    assert len(lines) == 1 and "time limit set to" in lines[0], messages
+    assert info["UserId"].startswith(user)
+
+
+def test_given_time_is_kept(cluster, held_jobs, megatron):
+    script = megatron()
+    rec = cluster.ask(script.read_text())["prediction"]["recommended_minutes"]
+    job, messages, _ = cluster.sbatch(script, f"--time={rec}")
+    held_jobs.append(job)
+    info = cluster.show(job)
+    assert limit_of(info) == rec
+    assert "action=keep" in info["AdminComment"]
+    (line,) = perfcast_lines(messages)
+    assert "keeping --time" in line and "WARNING" not in line
+
+
+def test_too_short_time_is_kept_but_warned(cluster, held_jobs, megatron):
+    script = megatron()
+    job, messages, _ = cluster.sbatch(script, "--time=1")
+    held_jobs.append(job)
+    assert limit_of(cluster.show(job)) == 1
+    (line,) = perfcast_lines(messages)
+    assert re.search(r"killed at about iteration \d+ of 2000", line), line
+    assert "warn=short" in cluster.show(job)["AdminComment"]
+
+
+def test_over_asking_is_warned(cluster, held_jobs, megatron):
+    script = megatron()
+    job, messages, _ = cluster.sbatch(script, "--time=2-00:00:00")
+    held_jobs.append(job)
+    assert limit_of(cluster.show(job)) == 2880
+    (line,) = perfcast_lines(messages)
+    assert "backfill" in line
+
+
+def test_capped_at_partition_max_time(cluster, held_jobs, megatron):
+    script = megatron(iters=2_000_000, name="long.sh")
+    job, messages, _ = cluster.sbatch(script, "-p", "short")
+    held_jobs.append(job)
+    assert limit_of(cluster.show(job)) == 60
+    (line,) = perfcast_lines(messages)
+    assert re.search(r"only about \d+ of 2000000 iterations fit", line), line
+
+
+def test_unmanaged_partition_untouched_and_silent(cluster, held_jobs, megatron):
+    job, messages, _ = cluster.sbatch(megatron(), "-p", "cpu")
+    held_jobs.append(job)
+    info = cluster.show(job)
+    assert info["TimeLimit"] == "UNLIMITED" and not info.get("AdminComment")
+    assert not perfcast_lines(messages)
+
+
+def test_non_training_job_goes_through_with_one_line(cluster, held_jobs):
+    script = cluster.write_script("hostname.sh", "#!/bin/bash\n#SBATCH -N 1\nhostname\n")
+    job, messages, _ = cluster.sbatch(script)
+    held_jobs.append(job)
+    info = cluster.show(job)
+    assert info["TimeLimit"] == "2-00:00:00" and not info.get("AdminComment")
+    (line,) = perfcast_lines(messages)
+    assert "cannot predict" in line and "unchanged" in line
+
+
+def test_garbage_script_fails_open(cluster, held_jobs):
+    junk = bytes(range(1, 256)) * 40 + b"\n$(( ( '\"\\\n" + os.urandom(2000).replace(b"\0", b"x")
+    path = cluster.jobs_dir / "garbage.sh"
+    path.write_bytes(b"#!/bin/bash\n#SBATCH --gres=gpu:4\n" + junk + b"\nsrun python pretrain_gpt.py --num-layers\n")
+    path.chmod(0o644)
+    job, messages, _ = cluster.sbatch(path)
+    held_jobs.append(job)
+    assert cluster.show(job)["TimeLimit"] == "2-00:00:00"
+    lines = perfcast_lines(messages)
+    assert len(lines) == 1 and "unchanged" in lines[0], messages
+
+
+def _swap_socket(cluster, replacement):
+    """Put ``replacement`` (a function binding a path) where the daemon's socket is, then restore."""
+    real = cluster.socket
+    aside = real + ".aside"
+    os.rename(real, aside)
+    try:
+        return replacement(real)
+    finally:
+        try:
+            os.unlink(real)
+        except FileNotFoundError:
+            pass
+        os.rename(aside, real)
+
+
+def test_fail_open_daemon_stopped(cluster, held_jobs, megatron):
+    script = megatron()
+
+    def stale(path):   # what a crashed daemon leaves behind: a socket file nobody listens on
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(path)
+        s.close()
+        return cluster.sbatch(script)
+    job, messages, wall = _swap_socket(cluster, stale)
+    held_jobs.append(job)
+    assert cluster.show(job)["TimeLimit"] == "2-00:00:00"
+    (line,) = perfcast_lines(messages)
+    assert "not reachable" in line and "unchanged" in line
+    # and with no socket file at all
+    job2, messages2, _ = _swap_socket(cluster, lambda path: cluster.sbatch(script))
+    held_jobs.append(job2)
+    assert "not reachable" in perfcast_lines(messages2)[0]
+
+
+def test_fail_open_daemon_hung(cluster, held_jobs, megatron):
+    script = megatron()
+    accepted = []
+
+    def hung(path):   # accepts, reads, never answers
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(path)
+        srv.listen(8)
+        stop = threading.Event()
+
+        def loop():
+            srv.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    conn, _ = srv.accept()
+                    accepted.append(conn)
+                except OSError:
+                    pass
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+        try:
+            return cluster.sbatch(script)
+        finally:
+            stop.set()
+            t.join()
+            for c in accepted:
+                c.close()
+            srv.close()
+    job, messages, wall = _swap_socket(cluster, hung)
+    held_jobs.append(job)
+    assert accepted, "the plugin never connected"
+    assert cluster.show(job)["TimeLimit"] == "2-00:00:00"
+    (line,) = perfcast_lines(messages)
+    assert "did not answer within 300 ms" in line
+    assert wall < 3.0
+
+
+def test_untrusted_peer_refused_by_daemon(cluster):
+    import json
+    import subprocess
+    import sys
+    code = ("import json,socket; s=socket.socket(socket.AF_UNIX); s.connect(%r)\n"
+            "try: s.sendall(json.dumps({'script': '#!/bin/bash', 'submit_uid': 0}).encode()+b'\\n')\n"
+            "except OSError: pass\n"
+            "print(s.recv(4096).decode())" % cluster.socket)
+    # /usr/bin/python3: an interpreter that `nobody` can execute (pyenv's lives under /root)
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    out = subprocess.run(["runuser", "-u", "nobody", "--", py, "-c", code], capture_output=True,
+                         text=True, timeout=30, cwd="/")
+    assert "status=refused" in out.stdout, out.stderr
+    log = (cluster.base / "log" / "predictd.log").read_text()
+    assert "reason=peer-not-trusted" in log and "peer_uid=65534" in log
+
+
+def test_unreadable_config_gets_no_prediction_and_never_leaks(cluster, held_jobs):
+    marker = "SECRET-MARKER-%d" % os.getpid()
+    secret_dir = cluster.jobs_dir / "private"
+    secret_dir.mkdir(exist_ok=True)
+    secret_dir.chmod(0o755)
+    config = secret_dir / "neox.yml"
+    config.write_text(script_text("neox_config.yml", MARKER=marker))
+    config.chmod(0o600)   # root only
+    script = cluster.write_script("neox.sh", script_text("neox.sh", CONFIG=str(config)))
+
+    job, messages, _ = cluster.sbatch(script, user="nobody")
+    held_jobs.append(job)
+    info = cluster.show(job)
+    assert info["TimeLimit"] == "2-00:00:00" and not info.get("AdminComment")
+    (line,) = perfcast_lines(messages)
+    assert "unchanged" in line
+
+    # root may read it: then it is predicted (the same script, so only the rights differ)
+    job2, messages2, _ = cluster.sbatch(script)
+    held_jobs.append(job2)
+    assert RECORD.match(cluster.show(job2)["AdminComment"] or ""), messages2
+
+    texts = [" ".join(messages), " ".join(messages2), str(info), str(cluster.show(job2)),
+             (cluster.base / "log" / "predictd.log").read_text(),
+             (cluster.base / "log" / "slurmctld.log").read_text()]
+    for text in texts:
+        assert marker not in text
+
+
+def test_sbatch_overhead_is_small(cluster, held_jobs, megatron):
+    script = megatron()
+    walls = []
+    for _ in range(5):
+        job, _, wall = cluster.sbatch(script)
+        held_jobs.append(job)
+        walls.append(wall)
+    assert sorted(walls)[2] < 0.5, walls
+
+
+def test_cli_filter_alternative(cluster, held_jobs, megatron):
+    """sbatch with cli_filter.lua (etc-cli/slurm.conf) on the 'login node': the user's own sbatch
+    reads the script and asks the daemon's user socket; the controller's job_submit.lua then sees
+    --time as given and only confirms it."""
+    script = megatron(name="megatron-cli.sh")
+    rec = cluster.ask(script.read_text())["prediction"]["recommended_minutes"]
+    job, messages, _ = cluster.sbatch(script, user="nobody",
+                                      conf=str(cluster.base / "etc-cli" / "slurm.conf"))
+    held_jobs.append(job)
+    assert limit_of(cluster.show(job)) == rec
+    lines = perfcast_lines(messages)
+    assert "time limit set to" in lines[0], messages
+    assert any("keeping --time" in l for l in lines[1:]), messages
+
+
+def test_large_script_round_trip(cluster, held_jobs):
+    """A 1 MiB script (comments) still reaches the daemon whole and in time: Lua's escaping is one
+    table-driven gsub."""
+    body = script_text("megatron_gpt.sh", ITERS="2000")
+    head, _, rest = body.partition("set -euo pipefail\n")
+    filler = "".join(f"# padding line {i} with \"quotes\", \\backslashes\\ and\ttabs\n"
+                     for i in range(18000))
+    script = cluster.write_script("large.sh", head + filler + "set -euo pipefail\n" + rest)
+    assert script.stat().st_size > 1_000_000
+    job, messages, wall = cluster.sbatch(script)
+    held_jobs.append(job)
+    assert RECORD.match(cluster.show(job)["AdminComment"] or ""), messages
+    assert wall < 2.0
+
+
+def test_srun_without_batch_script_is_left_alone(cluster):
+    import subprocess
+    out = subprocess.run(["srun", "-p", "cpu", "-N1", "-t", "1", "true"], env=cluster.env(),
+                         capture_output=True, text=True, timeout=60, cwd=str(cluster.jobs_dir))
+    assert out.returncode == 0, out.stderr
+    assert "perfcast" not in out.stderr
+
+
+def test_up_is_idempotent(cluster):
+    import subprocess
+    from .conftest import DEV
+    up = subprocess.run([str(DEV / "up.sh")], env=cluster.dev_env, capture_output=True, text=True,
+                        timeout=60)
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.strip() == f"export SLURM_CONF={cluster.conf}"
+    assert "started" not in up.stderr and "starting" not in up.stderr, up.stderr
