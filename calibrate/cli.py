@@ -8,9 +8,10 @@
     perf-calibrate schedule --partition P [--every 30d] [--recur begin|scrontab] [--dry-run]
     perf-calibrate status [--root ROOT] [--json]
     perf-calibrate rollback P [--root ROOT]
+    perf-calibrate validate PLATFORM --runs RUNS.toml [--replace] [--dry-run] [--json]
 
 Errors a user can cause print one line and exit with code 2 (no traceback).  ``fit``, ``import``,
-``install``, ``status``, ``rollback``, ``schedule`` and ``plan`` never import torch; ``run`` does.
+``install``, ``status``, ``rollback``, ``schedule``, ``validate`` and ``plan`` never import torch; ``run`` does.
 """
 from __future__ import annotations
 
@@ -118,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="each partition's platform, age, samples, validation error")
     st.add_argument("--root", default=None)
     st.add_argument("--json", action="store_true")
+
+    va = sub.add_parser("validate", help="record measured end-to-end runs on a platform "
+                        "(their spread widens its intervals)")
+    va.add_argument("platform", help="platform name or directory (its platform.toml is rewritten)")
+    va.add_argument("--runs", required=True, help="TOML file of [[run]] tables")
+    va.add_argument("--replace", action="store_true", help="drop the runs recorded before")
+    va.add_argument("--dry-run", action="store_true", help="report only; write nothing")
+    va.add_argument("--json", action="store_true")
 
     rb = sub.add_parser("rollback", help="switch a partition back to its previous platform")
     rb.add_argument("partition")
@@ -249,9 +258,21 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .validate import load_runs, validate_platform
+    res = validate_platform(args.platform, load_runs(args.runs), replace=args.replace,
+                            dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+        return 0
+    print(res.table())
+    print(f"{'would record' if args.dry_run else 'recorded'} {len(res.runs)} runs in {res.platform_file}")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "plan": cmd_plan, "fit": cmd_fit, "import": cmd_import,
             "install": cmd_install, "schedule": cmd_schedule, "status": cmd_status,
-            "rollback": cmd_rollback}
+            "rollback": cmd_rollback, "validate": cmd_validate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

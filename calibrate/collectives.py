@@ -206,6 +206,7 @@ def _local_worker(rank: int, world: int, port: int, device: str, threads: int,
     try:
         run_points(ctx, points, warmup, repeats,
                    (lambda p, us: results.put((p, us))) if rank == 0 else None)
+        dist.barrier()   # tear down together (see gpt_model._train_worker)
     finally:
         dist.destroy_process_group()
 

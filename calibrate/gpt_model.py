@@ -224,6 +224,10 @@ def _train_worker(rank: int, world: int, port: int, job_dict: dict, device: str,
             dist.all_reduce(per, op=dist.ReduceOp.MAX)
         if rank == 0:
             results.put((per.tolist(), model.numel))
+        if world > 1:
+            # No rank tears gloo down while another still talks to it (a rank that does can abort
+            # with "terminate called without an active exception").
+            dist.barrier()
     finally:
         if world > 1:
             dist.destroy_process_group()
@@ -252,6 +256,12 @@ def measure_training(job: TrainingJob, *, device: str = "cpu", steps: int = 8, w
                     raise CalibrationError(f"training ranks did not finish within {timeout_s:.0f} s")
         except mp.ProcessRaisedException as exc:
             raise CalibrationError(f"a training rank failed: {str(exc).strip().splitlines()[-1]}") from None
+        except mp.ProcessExitedException as exc:
+            # Rank 0 sends the result only after every rank has measured every step; a rank that
+            # dies after that (in gloo's teardown) has lost nothing.
+            if results.empty():
+                raise CalibrationError(f"a training rank died: {exc}") from None
+            log.warning("a training rank died after the measurement was complete (%s); result kept", exc)
         finally:
             for p in proc.processes:
                 if p.is_alive():

@@ -45,3 +45,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+
+class RunRecordError(PerfcastError):
+    """A measured-run record (a platform's ``[[validation]]`` or a runs file) that cannot be used."""

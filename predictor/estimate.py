@@ -4,7 +4,9 @@ Two phases, so that many jobs (perf-advise's candidates) cost one regressor call
 ``_plan`` lists every operator and collective a job needs as handles into a shared query set;
 ``QuerySet.evaluate`` runs each model once over all its rows; ``_assemble`` folds the seconds into
 the timeline.  The interval comes from assembling again with every term at the low and high end
-of its own uncertainty (validation p90, doubled where the shape was extrapolated).
+of its own uncertainty (validation p90, doubled where the shape was extrapolated), then widened
+by the timeline's own error: the spread of measured / predicted over real runs recorded on the
+platform (:mod:`predictor.validation`).
 
 Timeline (the paper's Eq. 7, 1F1B + DP, extended):
     iteration = (m + (p − 1)/v) · (F + B) + max over stages (DP gradient reduction + update) + overhead
@@ -478,11 +480,16 @@ def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Predic
     plans = [_plan(job, platform, q) for job in jobs]
     secs, rel, extra = q.evaluate()
     lo_secs, hi_secs = secs * np.maximum(1.0 - rel, 0.05), secs * (1.0 + rel)
+    ratio_lo, ratio_hi = platform.timeline_ratio
     out = []
     for plan in plans:
         iteration, breakdown, details = _assemble(plan, secs, platform)
         lo, _, _ = _assemble(plan, lo_secs, platform)
         hi, _, _ = _assemble(plan, hi_secs, platform)
+        # The timeline's own error, from measured runs on this platform (or the default).
+        lo, hi = lo * ratio_lo, hi * ratio_hi
+        details["timeline_ratio"] = [ratio_lo, ratio_hi]
+        details["timeline_runs"] = len(platform.validation)
         handles = _plan_handles(plan)
         warnings = list(plan.warnings)
         if not platform.calibrated:

@@ -6,7 +6,8 @@ reuses the A100 bundle measured on Perlmutter.  A platform directory::
     platform.toml     name, description, calibrated, gpus_per_node, compute_bundle (a path
                       relative to this file), collective_bundle (optional), [links], [overheads],
                       and an optional [gpu] that moves the compute ratios onto another GPU's roofline
-                      (spec-only platforms)
+                      (spec-only platforms), and ``[[validation]]``: measured end-to-end runs
+                      with what this platform predicted for them (see :mod:`predictor.validation`)
 
 Lookup order for a name: a path to such a directory; ``$PERFCAST_PLATFORMS`` (colon-separated
 roots); ``/var/lib/perfcast/platforms`` (what ``perf-calibrate schedule`` installs, as
@@ -22,9 +23,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .bundle import Bundle, load_bundle
-from .errors import BundleError, PlatformNotFound
+from .errors import BundleError, PlatformNotFound, RunRecordError
 from .network import Links
 from .operators import GpuSpec
+from .validation import MeasuredRun, parse_runs, ratio_range
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,6 +61,12 @@ class Platform:
     overheads: Overheads = field(default_factory=Overheads)
     path: Path = Path(".")
     notes: list[str] = field(default_factory=list)
+    validation: list[MeasuredRun] = field(default_factory=list)
+
+    @property
+    def timeline_ratio(self) -> tuple[float, float]:
+        """(low, high) factors for intervals: measured / predicted over this platform's runs."""
+        return ratio_range(self.validation)
 
     @property
     def gpu_memory_gib(self) -> float:
@@ -166,11 +174,15 @@ def _load(d: Path, reload: bool = False) -> Platform:
             g = raw["gpu"]
             gpu = GpuSpec(g["name"], float(g["memory_gib"]), dict(g["tflops"]), float(g["memory_gbps"]))
         over = Overheads(**raw.get("overheads", {}))
+        try:
+            runs = parse_runs(raw.get("validation"), f"{fpath}: validation", need_prediction=True)
+        except RunRecordError as exc:
+            raise BundleError(str(exc)) from None
         return Platform(name=raw["name"], description=raw.get("description", ""),
                         calibrated=bool(raw.get("calibrated", False)),
                         gpus_per_node=int(raw["gpus_per_node"]), gpu=gpu, compute=compute,
                         links=links, collectives=collectives, overheads=over, path=d,
-                        notes=list(raw.get("notes", [])))
+                        notes=list(raw.get("notes", [])), validation=runs)
     except BundleError:
         raise
     except (KeyError, TypeError, ValueError) as exc:

@@ -174,23 +174,32 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def dump_toml(data: Mapping[str, Any]) -> str:
-    """A small TOML writer for our own manifests (flat values, arrays and nested tables)."""
+    """A small TOML writer for our own manifests (flat values, arrays, nested tables and top-level
+    arrays of tables)."""
     lines: list[str] = []
     tables: list[tuple[str, Mapping[str, Any]]] = []
+    arrays: list[tuple[str, list]] = []
     for key, value in data.items():
         if isinstance(value, Mapping):
             tables.append((key, value))
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Mapping) for v in value):
+            arrays.append((key, list(value)))
         else:
             lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
     for name, table in tables:
         _dump_table(name, table, lines)
+    for name, items in arrays:
+        for item in items:
+            _dump_table(_toml_key(name), item, lines, array=True)
     return "\n".join(lines) + "\n"
 
 
-def _dump_table(prefix: str, table: Mapping[str, Any], lines: list[str]) -> None:
+def _dump_table(prefix: str, table: Mapping[str, Any], lines: list[str], array: bool = False) -> None:
     sub = [(k, v) for k, v in table.items() if isinstance(v, Mapping)]
-    lines.append("")
-    lines.append(f"[{prefix}]")
+    if array or len(sub) < len(table) or not table:
+        # A table holding only sub-tables needs no header of its own (TOML implies it).
+        lines.append("")
+        lines.append(f"[[{prefix}]]" if array else f"[{prefix}]")
     for key, value in table.items():
         if not isinstance(value, Mapping):
             lines.append(f"{_toml_key(key)} = {_toml_value(value)}")

@@ -5,7 +5,8 @@
 
 perlmutter-a100 and vista-gh200 are calibrated (compute and collectives measured); dgx-a100 reuses
 the A100 compute bundle on a DGX-A100 network from published specs; dgx-h100 is from published specs
-only (A100 efficiencies moved onto H100 peaks) and marked uncalibrated.
+only (A100 efficiencies moved onto H100 peaks) and marked uncalibrated.  The paper's measured
+end-to-end runs (benchmarks/data/paper-runs-*.toml) are recorded on the two measured platforms.
 """
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from calibrate.importers import import_estimate_train_time  # noqa: E402
+from calibrate.validate import load_runs, validate_platform  # noqa: E402
 from predictor.bundle import fit_bundle  # noqa: E402
 from predictor.operators import GpuSpec  # noqa: E402
 from predictor.platform import write_platform  # noqa: E402
 from predictor.samples import load_samples  # noqa: E402
 
 OUT = ROOT / "predictor" / "platforms"
+RUNS = ROOT / "benchmarks" / "data"   # the paper's measured end-to-end runs, per platform
 
 # Published peaks (dense tensor-core TFLOP/s, HBM GB/s): the roofline normaliser only.
 A100 = GpuSpec("NVIDIA A100-SXM4-80GB", 80.0, {"fp16": 312.0, "bf16": 312.0, "fp32": 156.0}, 2039.0)
@@ -88,6 +91,9 @@ def main() -> int:
         "gpu": {"name": H100.name, "memory_gib": H100.memory_gib, "memory_gbps": H100.memory_gbps,
                 "tflops": dict(H100.tflops)},
         "links": DGX_H100_LINKS, "notes": [NOTICE]})
+    for plat in ("perlmutter-a100", "vista-gh200"):
+        summary = validate_platform(OUT / plat, load_runs(RUNS / f"paper-runs-{plat}.toml"), replace=True)
+        print(f"== {plat} end-to-end runs\n{summary.table()}")
     shutil.rmtree(OUT / "__pycache__", ignore_errors=True)
     return 0
 

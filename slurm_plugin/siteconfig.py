@@ -18,6 +18,7 @@ partition's ``platform``)::
     [defaults]                               # every partition inherits these
     policy = "fill"                          # off | advise | fill | enforce
     margin = 0.15                            # limit = predicted total x (1 + margin) + startup
+    cover_interval = true                    # ... and at least the interval's upper end
     startup_minutes = 5
     round_minutes = 5
     over_ask_factor = 3.0                    # warn when --time asks for more than this x prediction
@@ -79,6 +80,7 @@ class PartitionPolicy:
     platform: str = ""
     policy: str = "fill"
     margin: float = 0.15
+    cover_interval: bool = True              # the limit also covers the prediction's upper end
     startup_minutes: float = 5.0
     round_minutes: int = 5
     over_ask_factor: float = 3.0

@@ -101,3 +101,18 @@ def test_iterations_within_never_negative_or_above_total():
 def test_never_rejects_and_message_is_one_line(limit):
     d = decide(PRED, limit, PART, max_time=2880)
     assert "\n" not in d.message and d.admin_comment.startswith("perfcast:v1 ")
+
+
+def test_limit_covers_the_interval_upper_end_when_it_is_longer():
+    # 2.4 s/iter, interval up to 3.6 s (+50 %): 1000 x 1.2 s more than the point -> 2460 + 1200 s
+    # = 61 min; + 5 startup = 66 -> 70; the 15 % margin alone would give 55.
+    wide = PredictionFacts(2.4, 1000, 2460.0, "vista-gh200", "b", interval_seconds=(2.3, 3.6))
+    d = decide(wide, None, PART)
+    assert d.time_limit_minutes == 70
+    assert "upper end of the prediction's interval" in d.message
+    from dataclasses import replace
+    assert decide(wide, None, replace(PART, cover_interval=False)).time_limit_minutes == 55
+    # A narrow interval changes nothing: the margin is longer.
+    narrow = PredictionFacts(2.4, 1000, 2460.0, "p", "b", interval_seconds=(2.3, 2.5))
+    assert decide(narrow, None, PART).time_limit_minutes == 55
+    assert "15% margin" in decide(narrow, None, PART).message

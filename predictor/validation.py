@@ -1,0 +1,134 @@
+"""Measured end-to-end runs on a platform, and how far the timeline's answers were from them.
+
+The operator regressors carry their own validation error, but the timeline that composes them has
+an error of its own (framework overheads, contention, schedule details no micro-benchmark sees).
+The only honest measure of it is real runs: a platform records each measured iteration time next
+to what its models predicted for the same job, in ``platform.toml``::
+
+    [[validation]]
+    name = "GPT-20B 4-4-8"
+    source = "Zhang et al., arXiv:2509.22832, Table IV"
+    measured_iteration_seconds = 17.35
+    predicted_iteration_seconds = 16.78
+    [validation.job.model]   # the job, in the job-file keys
+    ...
+
+The spread of measured / predicted over those runs widens every interval the platform gives
+(:func:`ratio_range`); a platform with no runs of its own gets :data:`DEFAULT_TIMELINE_RATIO`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from .errors import JobError, RunRecordError
+from .job import TrainingJob
+
+# measured / predicted over every run recorded with the shipped measured platforms (Perlmutter
+# 0.94-1.04, Vista 1.05-1.59): a platform with no runs of its own is assumed no better than those.
+# tests/predictor/test_validation.py checks that this still covers every shipped record.
+DEFAULT_TIMELINE_RATIO = (0.90, 1.60)
+MAX_RUNS = 1000
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One real run: the job, its measured seconds per iteration and the platform's prediction."""
+
+    name: str
+    job: TrainingJob
+    measured_iteration_seconds: float
+    predicted_iteration_seconds: float = 0.0     # 0 = not predicted yet (a runs file)
+    source: str = ""
+
+    @property
+    def ratio(self) -> float:
+        """measured / predicted (> 1: the platform under-predicted this run)."""
+        return self.measured_iteration_seconds / self.predicted_iteration_seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name}
+        if self.source:
+            d["source"] = self.source
+        d["measured_iteration_seconds"] = self.measured_iteration_seconds
+        if self.predicted_iteration_seconds:
+            d["predicted_iteration_seconds"] = self.predicted_iteration_seconds
+        d["job"] = self.job.to_dict()
+        return d
+
+
+def _seconds(entry: Mapping[str, Any], key: str, where: str, required: bool) -> float:
+    if key not in entry:
+        if required:
+            raise RunRecordError(f"{where}.{key}: missing")
+        return 0.0
+    v = entry[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v < 1e7:
+        raise RunRecordError(f"{where}.{key}: must be a number of seconds > 0, got {v!r}")
+    return float(v)
+
+
+def parse_runs(raw: Any, where: str, *, need_prediction: bool) -> list[MeasuredRun]:
+    """Runs from a TOML array of tables; ``where`` names it in errors (``platform.toml: validation``)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(e, Mapping) for e in raw):
+        raise RunRecordError(f"{where}: must be an array of tables ([[...]])")
+    if len(raw) > MAX_RUNS:
+        raise RunRecordError(f"{where}: {len(raw)} runs, at most {MAX_RUNS}")
+    runs = []
+    known = {"name", "source", "measured_iteration_seconds", "predicted_iteration_seconds", "job"}
+    for i, entry in enumerate(raw):
+        at = f"{where}[{i}]"
+        extra = sorted(set(entry) - known)
+        if extra:
+            raise RunRecordError(f"{at}.{extra[0]}: unknown key (known: {', '.join(sorted(known))})")
+        name = entry.get("name", f"run {i + 1}")
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise RunRecordError(f"{at}.name: must be a non-empty string of at most 200 characters")
+        source = entry.get("source", "")
+        if not isinstance(source, str) or len(source) > 1000:
+            raise RunRecordError(f"{at}.source: must be a string of at most 1000 characters")
+        measured = _seconds(entry, "measured_iteration_seconds", at, True)
+        predicted = _seconds(entry, "predicted_iteration_seconds", at, need_prediction)
+        if not isinstance(entry.get("job"), Mapping):
+            raise RunRecordError(f"{at}.job: missing (a table with the job-file keys)")
+        try:
+            job = TrainingJob.from_dict(entry["job"])
+        except JobError as exc:
+            raise RunRecordError(f"{at}.job: {exc}") from None
+        runs.append(MeasuredRun(name.strip(), job, measured, predicted, source))
+    return runs
+
+
+def ratio_range(runs: Sequence[MeasuredRun]) -> tuple[float, float]:
+    """(low, high) factors on an interval: the spread of measured / predicted, always around 1.
+
+    With n runs this is the split-conformal bound at level n / (n + 1) on each side: a new run
+    falls inside with about that chance if it is like the recorded ones.  No runs: the default.
+    """
+    ratios = [r.ratio for r in runs if r.predicted_iteration_seconds > 0]
+    if not ratios:
+        return DEFAULT_TIMELINE_RATIO
+    return min(1.0, min(ratios)), max(1.0, max(ratios))
+
+
+def leave_one_out(runs: Sequence[MeasuredRun],
+                  operator_bounds: Optional[Sequence[tuple[float, float]]] = None) -> list[bool]:
+    """For each run: inside the interval the *other* runs would have given it?
+
+    ``operator_bounds`` are each run's interval ends from operator uncertainty alone, relative to
+    its prediction (``(0.97, 1.03)``); without them only the timeline spread is checked.
+    """
+    out = []
+    for i, run in enumerate(runs):
+        others = [r for j, r in enumerate(runs) if j != i]
+        lo, hi = ratio_range(others) if others else DEFAULT_TIMELINE_RATIO
+        op_lo, op_hi = operator_bounds[i] if operator_bounds is not None else (1.0, 1.0)
+        out.append(op_lo * lo <= run.ratio <= op_hi * hi)
+    return out
+
+
+def runs_to_toml(runs: Iterable[MeasuredRun]) -> list[dict[str, Any]]:
+    return [r.to_dict() for r in runs]

@@ -1,0 +1,140 @@
+"""Measured end-to-end runs recorded on platforms, and the interval they widen."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from predictor import BundleError, load_platform, predict, predict_many
+from predictor.platform import SHIPPED_DIR
+from predictor.samples import dump_toml
+from predictor.validation import (DEFAULT_TIMELINE_RATIO, MeasuredRun, leave_one_out, parse_runs,
+                                  ratio_range)
+
+from .conftest import make_job
+
+import sys
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MEASURED = ("perlmutter-a100", "vista-gh200")
+
+
+@pytest.mark.parametrize("name", MEASURED)
+def test_shipped_records_describe_the_shipped_models(name):
+    # A record whose prediction went stale (bundles refitted, timeline changed) would widen the
+    # interval by the wrong amount: predicting the same jobs again must give the stored numbers.
+    plat = load_platform(name)
+    assert len(plat.validation) == 5
+    fresh = predict_many([r.job for r in plat.validation], plat)
+    for run, p in zip(plat.validation, fresh):
+        assert p.iteration_seconds == pytest.approx(run.predicted_iteration_seconds, rel=5e-3), run.name
+
+
+def test_default_spread_covers_every_shipped_record():
+    lo, hi = DEFAULT_TIMELINE_RATIO
+    for name in MEASURED:
+        for run in load_platform(name).validation:
+            assert lo <= run.ratio <= hi, (name, run.name, run.ratio)
+
+
+@pytest.mark.parametrize("name", MEASURED)
+def test_recorded_runs_fall_inside_their_intervals(name):
+    plat = load_platform(name)
+    for run, p in zip(plat.validation, predict_many([r.job for r in plat.validation], plat)):
+        lo, hi = p.interval_seconds
+        assert lo <= run.measured_iteration_seconds <= hi, run.name
+        assert p.details["timeline_runs"] == 5
+
+
+def test_vista_interval_reaches_up_to_its_worst_under_prediction(vista):
+    # Vista's runs are all under-predicted (by up to 37 %): the interval must stretch upwards
+    # by that much and not downwards at all.
+    worst = max(r.ratio for r in vista.validation)
+    assert worst > 1.3
+    p = predict(make_job(), vista)
+    assert p.details["timeline_ratio"] == [1.0, pytest.approx(worst)]
+    assert p.interval_seconds[1] >= worst * p.iteration_seconds
+
+
+def test_platform_without_runs_gets_the_default_spread():
+    dgx = load_platform("dgx-a100")
+    assert dgx.validation == [] and dgx.timeline_ratio == DEFAULT_TIMELINE_RATIO
+    p = predict(make_job(), dgx)
+    assert p.details["timeline_runs"] == 0
+    assert p.interval_seconds[1] >= DEFAULT_TIMELINE_RATIO[1] * p.iteration_seconds
+
+
+def _run(ratio: float, name="r") -> MeasuredRun:
+    return MeasuredRun(name, make_job(), measured_iteration_seconds=ratio, predicted_iteration_seconds=1.0)
+
+
+def test_ratio_range_always_brackets_one():
+    assert ratio_range([]) == DEFAULT_TIMELINE_RATIO
+    assert ratio_range([_run(1.2), _run(1.4)]) == (1.0, pytest.approx(1.4))
+    assert ratio_range([_run(0.8), _run(0.9)]) == (pytest.approx(0.8), 1.0)
+    assert ratio_range([_run(0.9), _run(1.1)]) == (pytest.approx(0.9), pytest.approx(1.1))
+
+
+def test_leave_one_out_judges_each_run_by_the_others():
+    runs = [_run(1.0), _run(1.1), _run(1.2), _run(1.8)]
+    assert leave_one_out(runs) == [True, True, True, False]
+    # Operator uncertainty of -50 % / +60 % on the outlier brings it inside.
+    assert leave_one_out(runs, [(1, 1)] * 3 + [(0.5, 1.6)]) == [True, True, True, True]
+
+
+def _entry(**kw):
+    e = {"name": "a", "measured_iteration_seconds": 2.0, "predicted_iteration_seconds": 1.5,
+         "job": make_job().to_dict()}
+    e.update(kw)
+    return e
+
+
+@pytest.mark.parametrize("entry, needle", [
+    (dict(measured_iteration_seconds=-1.0), "v[0].measured_iteration_seconds: must be a number"),
+    (dict(measured_iteration_seconds="7s"), "v[0].measured_iteration_seconds: must be a number"),
+    (dict(measured_iteration_seconds=float("nan")), "v[0].measured_iteration_seconds"),
+    (dict(predicted_iteration_seconds=True), "v[0].predicted_iteration_seconds"),
+    (dict(name=""), "v[0].name"),
+    (dict(wallclock=3), "v[0].wallclock: unknown key"),
+    (dict(job=None), "v[0].job: missing"),
+])
+def test_bad_records_name_the_entry_and_field(entry, needle):
+    from predictor.errors import RunRecordError
+    with pytest.raises(RunRecordError, match=None) as exc:
+        parse_runs([_entry(**entry)], "v", need_prediction=True)
+    assert needle in str(exc.value)
+
+
+def test_bad_job_in_a_record_names_the_job_key():
+    from predictor.errors import RunRecordError
+    job = make_job().to_dict()
+    job["model"]["hiden"] = 1
+    with pytest.raises(RunRecordError) as exc:
+        parse_runs([_entry(job=job)], "v", need_prediction=True)
+    assert "v[0].job: model.hiden: unknown key" in str(exc.value)
+    e = _entry()
+    del e["measured_iteration_seconds"]
+    with pytest.raises(RunRecordError, match=r"v\[0\]\.measured_iteration_seconds: missing"):
+        parse_runs([e], "v", need_prediction=False)
+
+
+def test_platform_with_a_bad_record_is_refused_naming_the_file(tmp_path):
+    d = tmp_path / "p"
+    shutil.copytree(SHIPPED_DIR / "vista-gh200", d)
+    raw = tomllib.loads((d / "platform.toml").read_text())
+    raw["compute_bundle"] = str(SHIPPED_DIR / "_bundles" / "gh200-120gb")
+    raw["validation"][2]["measured_iteration_seconds"] = 0
+    (d / "platform.toml").write_text(dump_toml(raw))
+    with pytest.raises(BundleError) as exc:
+        load_platform(d)
+    assert str(d / "platform.toml") in str(exc.value)
+    assert "validation[2].measured_iteration_seconds" in str(exc.value)
+
+
+def test_toml_writer_round_trips_arrays_of_tables():
+    data = {"name": "x", "overheads": {"step_seconds": 0.5},
+            "validation": [_entry(), _entry(name="b", source="log")]}
+    assert tomllib.loads(dump_toml(data)) == data
