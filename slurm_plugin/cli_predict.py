@@ -70,8 +70,14 @@ def render(pred: Any, parsed: Any = None) -> str:
     lines.append(f"  {'(of which TP all-reduce)':<24}{b['mp_allreduce']:>10.3f}")
     lines.append(f"  {'(of which PP p2p)':<24}{b['pp_p2p']:>10.3f}")
     lines.append(f"{'iteration':<26}{pred.iteration_seconds:>10.3f}   [{lo:.3f} – {hi:.3f}]")
-    lines.append("")
     d = pred.details
+    if "timeline_ratio" in d:
+        r_lo, r_hi = d["timeline_ratio"]
+        n = d.get("timeline_runs", 0)
+        whence = (f"{n} measured runs on this platform" if n
+                  else "default: no measured runs recorded on this platform")
+        lines.append(f"{'':<26}(interval × {r_lo:.2f}–{r_hi:.2f} for the timeline's own error: {whence})")
+    lines.append("")
     if pred.iterations:
         lines.append(f"total     {fmt_duration(pred.total_seconds)}  ({pred.iterations} iterations; "
                      f"start-up {d['startup_seconds']:.0f} s, {d['evaluations']} evaluations "
