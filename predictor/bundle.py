@@ -132,6 +132,9 @@ def fit_bundle(samples: SampleSet, out_dir: "str | Path", *, name: str, gpu: Gpu
                 for direction in OPERATORS[op_name].directions:
                     key = f"{op_name}.{direction}.{precision}"
                     X, y, raw = operator_training_rows(samples, op_name, direction, precision, gpu)
+                    if len(table) and not len(y):
+                        skipped.append(f"{key}: every sample marks it as not measured or dropped (0 µs)")
+                        continue
                     info = _fit_one(tmp, key, X, y, raw, seed, candidates, skipped)
                     if info:
                         models[key] = info
@@ -172,6 +175,8 @@ def fit_bundle(samples: SampleSet, out_dir: "str | Path", *, name: str, gpu: Gpu
         if links is not None:
             manifest["links"] = links.to_dict()
         manifest["models"] = {k: _info_dict(m) for k, m in models.items()}
+        if skipped:
+            manifest["not_fitted"] = list(skipped)    # "key: why" (the predictor quotes it)
         if license_file and Path(license_file).is_file():
             shutil.copyfile(license_file, tmp / "LICENSE")
         files = {}
@@ -260,6 +265,13 @@ class Bundle:
 
     def get(self, key: str) -> Optional[LoadedModel]:
         return self.models.get(key)
+
+    def not_fitted_reason(self, key: str) -> str:
+        """Why the manifest has no model ``key`` (as recorded when it was fitted)."""
+        for entry in self.manifest.get("not_fitted", []):
+            if isinstance(entry, str) and entry.startswith(f"{key}: "):
+                return entry[len(key) + 2:]
+        return "not fitted"
 
     def ratios(self, requests: "list[tuple[str, np.ndarray]]") -> list[np.ndarray]:
         """measured/roofline ratios for each (model key, rows of regressor features), in one pass."""

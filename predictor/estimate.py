@@ -92,7 +92,8 @@ class QuerySet:
 
     def __init__(self, platform: Platform):
         self.platform = platform
-        self._op_rows: dict[tuple[str, str, str, str], list[tuple[int, dict[str, float]]]] = defaultdict(list)
+        # (model key, model's operator, operator, direction, precision) -> (handle, shape) rows
+        self._op_rows: dict[tuple[str, str, str, str, str], list[tuple[int, dict[str, float]]]] = defaultdict(list)
         self._coll_rows: list[tuple[int, str, str, float, Group]] = []
         self._n = 0
         self.warnings: dict[int, list[str]] = defaultdict(list)   # handle -> warnings
@@ -104,7 +105,7 @@ class QuerySet:
     def op(self, name: str, direction: str, precision: str, shape: dict[str, float]) -> int:
         h = self._handle()
         model_key, model_op, note = self._resolve_op(name, direction, precision)
-        self._op_rows[(model_key, model_op, name, precision)].append((h, shape))
+        self._op_rows[(model_key, model_op, name, direction, precision)].append((h, shape))
         if note:
             self.warnings[h].append(note)
         return h
@@ -116,21 +117,30 @@ class QuerySet:
 
     def _resolve_op(self, name: str, direction: str, precision: str) -> tuple[str, str, str]:
         bundle = self.platform.compute
+        # Where a direction has no model (its samples failed), the other direction's measured
+        # efficiency at this direction's FLOPs and bytes is the next best thing.
+        directions = (direction, "fwd") if direction == "bwd" else (direction,)
         for op_name in (name, SUBSTITUTES.get(name)):
             if op_name is None:
                 continue
-            for prec in (precision, "fp16", "bf16"):
-                key = f"{op_name}.{direction}.{prec}"
-                if bundle.get(key) is None:
-                    continue
-                notes = []
-                if op_name != name:
-                    notes.append(f"operator {name} has no model in bundle {bundle.name}; costed with "
-                                 f"{op_name}'s measured efficiency at {name}'s FLOPs and bytes")
-                if prec != precision:
-                    notes.append(f"{precision} costed with {prec} samples of bundle {bundle.name} "
-                                 f"(against the {precision} roofline)")
-                return key, op_name, "; ".join(notes)
+            for model_dir in directions:
+                for prec in (precision, "fp16", "bf16"):
+                    key = f"{op_name}.{model_dir}.{prec}"
+                    if bundle.get(key) is None:
+                        continue
+                    notes = []
+                    if op_name != name:
+                        notes.append(f"operator {name} has no model in bundle {bundle.name}; costed "
+                                     f"with {op_name}'s measured efficiency at {name}'s FLOPs and bytes")
+                    if model_dir != direction:
+                        notes.append(f"{op_name} {direction} has no model in bundle {bundle.name} "
+                                     f"({bundle.not_fitted_reason(f'{op_name}.{direction}.{prec}')}); costed "
+                                     f"with the {model_dir} pass's measured efficiency at the {direction} "
+                                     "pass's FLOPs and bytes")
+                    if prec != precision:
+                        notes.append(f"{precision} costed with {prec} samples of bundle {bundle.name} "
+                                     f"(against the {precision} roofline)")
+                    return key, op_name, "; ".join(notes)
         raise BundleError(f"operator {name} ({direction}, {precision}) has no model in bundle "
                           f"{bundle.name} ({bundle.path}) and no substitute")
 
@@ -142,22 +152,21 @@ class QuerySet:
         base_rel = TRANSFER_REL_ERROR if plat.transferred else 0.0
         groups = list(self._op_rows.items())
         feats = []
-        for (model_key, model_op, name, precision), rows in groups:
+        for (model_key, model_op, name, _, precision), rows in groups:
             shape = {f: np.array([s[f] for _, s in rows], dtype=float) for f in OPERATORS[name].features}
             feats.append(shape)
         # Rows repeat across jobs (advise's candidates share tp and micro-batch): evaluate each
         # distinct row once.
         requests, inverses = [], []
-        for ((model_key, model_op, _, _), _), shape in zip(groups, feats):
+        for ((model_key, model_op, _, _, _), _), shape in zip(groups, feats):
             X = regressor_features(OPERATORS[model_op], shape)
             uniq, inv = _unique_rows(X)
             requests.append((model_key, uniq))
             inverses.append(inv)
         ratios = plat.compute.ratios(requests) if requests else []
-        for ((model_key, model_op, name, precision), rows), shape, r, inv in zip(groups, feats, ratios, inverses):
+        for ((model_key, model_op, name, direction, precision), rows), shape, r, inv in zip(groups, feats, ratios, inverses):
             lm = plat.compute.models[model_key]
             handles = np.fromiter((h for h, _ in rows), dtype=int, count=len(rows))
-            direction = model_key.split(".")[1]
             roof = OPERATORS[name].roofline_seconds(shape, direction, precision, plat.gpu)
             secs[handles] = r[inv] * roof
             raw = np.column_stack([shape[f] for f in OPERATORS[model_op].features])
@@ -227,7 +236,7 @@ class QuerySet:
         """Operator or collective names behind some handles (for messages)."""
         if not hasattr(self, "_names"):
             self._names = {}
-            for (_, _, name, _), rows in self._op_rows.items():
+            for (_, _, name, _, _), rows in self._op_rows.items():
                 for h, _ in rows:
                     self._names[h] = name
             for h, kind, *_ in self._coll_rows:

@@ -3,7 +3,8 @@
 Layout of a sample directory (format 1)::
 
     samples.toml                          what was measured where: GPU, environment, plan, format
-    operators/<op>_<precision>.csv        <features of the op>, fwd_us, bwd_us   (optimizer: step_us)
+    operators/<op>_<precision>.csv        <features of the op>, fwd_us, bwd_us   (optimizer: step_us;
+                                          0 = that direction was not measured, or was dropped)
     collectives/<kind>_<precision>.csv    entries, nodes, gpus_per_node, us
 
 Calibration appends rows as it measures (a killed job resumes where it stopped: rows already

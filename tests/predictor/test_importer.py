@@ -62,3 +62,29 @@ def test_refuses_non_system_and_existing(system, tmp_path):
     import_estimate_train_time(system, tmp_path / "o2")
     with pytest.raises(ImportError_, match="already exists"):
         import_estimate_train_time(system, tmp_path / "o2")
+
+
+FLASH_HEADER = ["mp", "b", "h", "l", "dim", "F_dur(us)", "B_dur(us)"]
+
+
+def test_a_flash_backward_faster_than_its_forward_is_dropped(system, tmp_path):
+    # One impossible row of four: only its backward goes (0 = not measured); forwards all stay.
+    rows = [[2, 4, 32, 2048, 4096, 50.0, 120.0], [2, 4, 32, 4096, 4096, 200.0, 20.0],
+            [4, 4, 32, 2048, 4096, 30.0, 80.0], [4, 4, 32, 4096, 4096, 110.0, 300.0]]
+    _write(system / "operator" / f"{GPU}_flash_atten_fp16.csv", FLASH_HEADER, rows)
+    summary = import_estimate_train_time(system, tmp_path / "o")
+    fa = load_samples(tmp_path / "o").operators[("flash_atten", "fp16")]
+    assert fa.column("fwd_us").tolist() == [50.0, 200.0, 30.0, 110.0]
+    assert fa.column("bwd_us").tolist() == [120.0, 0.0, 80.0, 300.0]
+    assert summary.dropped_rows["flash_atten backward"] == 1
+
+
+def test_a_mostly_impossible_flash_backward_is_dropped_whole(system, tmp_path):
+    # Vista's case: backward ~constant while the forward grows -- the survivors are no better.
+    rows = [[2, 4, 32, l, 4096, l / 10, 50.0] for l in (512, 1024, 2048, 4096)]
+    rows.append([2, 4, 32, 256, 4096, 20.0, 52.0])
+    _write(system / "operator" / f"{GPU}_flash_atten_fp16.csv", FLASH_HEADER, rows)
+    summary = import_estimate_train_time(system, tmp_path / "o")
+    fa = load_samples(tmp_path / "o").operators[("flash_atten", "fp16")]
+    assert fa.column("bwd_us").tolist() == [0.0] * 5
+    assert summary.dropped_rows["flash_atten backward"] == 5

@@ -146,3 +146,25 @@ def test_total_time_counts_eval_and_checkpoints(perlmutter):
     p = predict(job, perlmutter)
     assert p.details["evaluations"] == 10 and p.details["checkpoints"] == 2
     assert p.total_seconds > 120 + 1000 * p.iteration_seconds + p.details["eval_seconds"]
+
+
+def test_a_backward_without_model_is_costed_at_the_forward_efficiency(vista):
+    # Vista's flash-attention backward samples are impossible (faster than the forward): the
+    # importer drops them, the bundle says why, and the backward is costed at the forward's
+    # measured efficiency -- its time is then the forward's scaled by the roofline ratio.
+    from predictor.estimate import QuerySet
+    from predictor.operators import OPERATORS
+    assert vista.compute.get("flash_atten.bwd.fp16") is None
+    assert "not measured" in vista.compute.not_fitted_reason("flash_atten.bwd.fp16")
+    shape = {"b": 4, "heads": 16, "l": 4096, "d": 128}
+    q = QuerySet(vista)
+    hf = q.op("flash_atten", "fwd", "fp16", dict(shape))
+    hb = q.op("flash_atten", "bwd", "fp16", dict(shape))
+    secs, _, _ = q.evaluate()
+    arr = {k: __import__("numpy").array([float(v)]) for k, v in shape.items()}
+    roof = lambda d: OPERATORS["flash_atten"].roofline_seconds(arr, d, "fp16", vista.gpu)[0]
+    assert secs[hb] / secs[hf] == pytest.approx(roof("bwd") / roof("fwd"), rel=1e-9)
+    assert secs[hb] > 2 * secs[hf]
+    job = make_job(pp=4, tp=2, dp=2, model=dict(GPT20B, attention="flash", layers=32, hidden=4096, heads=32))
+    assert any("flash_atten bwd has no model" in w and "fwd pass's measured efficiency" in w
+               for w in predict(job, vista).warnings)

@@ -50,12 +50,13 @@ def test_recorded_runs_fall_inside_their_intervals(name):
 
 
 def test_vista_interval_reaches_up_to_its_worst_under_prediction(vista):
-    # Vista's runs are all under-predicted (by up to 37 %): the interval must stretch upwards
-    # by that much and not downwards at all.
+    # Vista's runs are mostly under-predicted (by up to 37 %): the interval must stretch upwards
+    # by that much, and downwards only as far as the one slight over-prediction.
     worst = max(r.ratio for r in vista.validation)
     assert worst > 1.3
     p = predict(make_job(), vista)
-    assert p.details["timeline_ratio"] == [1.0, pytest.approx(worst)]
+    assert p.details["timeline_ratio"] == [pytest.approx(min(1.0, min(r.ratio for r in vista.validation))),
+                                           pytest.approx(worst)]
     assert p.interval_seconds[1] >= worst * p.iteration_seconds
 
 
