@@ -4,9 +4,9 @@ Per partition (see :mod:`slurm_plugin.siteconfig`):
 
 - ``fill`` (default): no ``--time`` -> predicted total x (1 + margin) + startup, rounded *up* to
   ``round_minutes`` -- or, with ``cover_interval`` (default), the total at the upper end of the
-  prediction's interval if that is longer: on a platform whose measured runs show it under-predicts
-  (vista-gh200 by up to 37 %), a margin of 15 % would get jobs killed -- capped at the partition's MaxTime (with a warning saying how many iterations
-  fit).  ``--time`` given -> kept, with a warning when the job would be killed before it finishes
+  prediction's interval if that is longer: on a platform whose measured runs show it
+  under-predicts (vista-gh200 by up to 37 %), a 15 % margin would get jobs killed -- capped at
+  the partition's MaxTime (with a warning saying how many iterations fit).  ``--time`` given -> kept, with a warning when the job would be killed before it finishes
   (at which iteration) or when it asks for more than ``over_ask_factor`` x the prediction (long
   limits hurt backfill).
 - ``advise``: never change the limit; the user gets the recommendation and the warnings.
