@@ -110,7 +110,9 @@ def test_non_training_job_goes_through_with_one_line(cluster, held_jobs):
 
 
 def test_garbage_script_fails_open(cluster, held_jobs):
-    junk = bytes(range(1, 256)) * 40 + b"\n$(( ( '\"\\\n" + os.urandom(2000).replace(b"\0", b"x")
+    # sbatch itself refuses "\r\n" (DOS line breaks) before any plugin runs: keep \r out of the noise.
+    noise = os.urandom(2000).replace(b"\0", b"x").replace(b"\r", b"x")
+    junk = bytes(range(1, 256)) * 40 + b"\n$(( ( '\"\\\n" + noise
     path = cluster.jobs_dir / "garbage.sh"
     path.write_bytes(b"#!/bin/bash\n#SBATCH --gres=gpu:4\n" + junk + b"\nsrun python pretrain_gpt.py --num-layers\n")
     path.chmod(0o644)
