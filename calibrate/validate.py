@@ -21,15 +21,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from predictor.errors import JobError, RunRecordError
 from predictor.job import TrainingJob
-from predictor.platform import PLATFORM_FILE, load_platform, resolve_platform
-from predictor.samples import dump_toml
+from predictor.platform import PLATFORM_FILE, load_platform, resolve_platform, write_platform
 from predictor.validation import MeasuredRun, leave_one_out, parse_runs, ratio_range, runs_to_toml
 
 if sys.version_info >= (3, 11):
@@ -125,7 +123,7 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
     if not dry_run:
         raw = tomllib.loads(fpath.read_text(encoding="utf-8"))
         raw["validation"] = runs_to_toml(recorded)
-        _write_atomic(fpath, dump_toml(raw))
+        write_platform(d, raw)
     # Each prediction's interval without the timeline spread, relative to the prediction.
     bounds = []
     for p in preds:
@@ -134,17 +132,3 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
         bounds.append((lo / r_lo / p.iteration_seconds, hi / r_hi / p.iteration_seconds))
     return ValidationSummary(plat.name, fpath, recorded, leave_one_out(recorded, bounds))
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".platform-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -93,11 +93,11 @@ class Platform:
 
 def write_platform(directory: "str | os.PathLike[str]", data: dict[str, Any]) -> Path:
     """Write ``platform.toml`` (keys as in this module's docstring) into ``directory``."""
-    from .samples import dump_toml
+    from .samples import atomic_write, dump_toml
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     path = d / PLATFORM_FILE
-    path.write_text(dump_toml(data), encoding="utf-8")
+    atomic_write(path, dump_toml(data))
     return path
 
 

@@ -73,7 +73,7 @@ def write_meta(directory: Path, meta: Mapping[str, Any]) -> None:
     """Write samples.toml (only flat string/number/bool values and one level of tables)."""
     directory.mkdir(parents=True, exist_ok=True)
     full = {"format": FORMAT_VERSION, **meta}
-    _atomic_write(directory / META_FILE, dump_toml(full))
+    atomic_write(directory / META_FILE, dump_toml(full))
 
 
 def append_rows(path: Path, columns: Sequence[str], rows: Iterable[Sequence[float]]) -> int:
@@ -168,7 +168,8 @@ def _fmt(v: float) -> str:
     return str(int(f)) if f.is_integer() and abs(f) < 2**53 else repr(f)
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Replace ``path`` in one rename, so that a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
