@@ -21,28 +21,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from calibrate.validate import load_runs, validate_platform  # noqa: E402
-from predictor import load_platform, predict_many  # noqa: E402
 
 TARGET = {"perlmutter-a100": 0.05, "vista-gh200": 0.09}
 
 
 def main() -> int:
     for plat_name, target in TARGET.items():
-        plat = load_platform(plat_name)
         runs = load_runs(ROOT / "benchmarks" / "data" / f"paper-runs-{plat_name}.toml")
-        preds = predict_many([r.job for r in runs], plat)
-        loo = validate_platform(plat_name, runs, replace=True, dry_run=True).inside_loo
+        # Predicts each run once; nothing is written (dry run).
+        summary = validate_platform(plat_name, runs, replace=True, dry_run=True)
         print(f"\n== {plat_name}")
         print(f"{'run':<18}{'predicted':>10}{'interval':>18}{'measured':>10}{'error':>9}  leave-one-out")
-        errs = []
-        for run, p, ok in zip(runs, preds, loo):
-            meas = run.measured_iteration_seconds
-            err = p.iteration_seconds / meas - 1
-            errs.append(abs(err))
+        for run, p, ok in zip(summary.runs, summary.predictions, summary.inside_loo):
             lo, hi = p.interval_seconds
-            print(f"{run.name:<18}{p.iteration_seconds:>9.2f}s{f'[{lo:.2f}, {hi:.2f}]':>18}{meas:>9.2f}s"
-                  f"{100 * err:>+8.1f}%  {'inside' if ok else 'OUTSIDE'}")
-        mape = sum(errs) / len(errs)
+            print(f"{run.name:<18}{p.iteration_seconds:>9.2f}s{f'[{lo:.2f}, {hi:.2f}]':>18}"
+                  f"{run.measured_iteration_seconds:>9.2f}s{100 * run.error:>+8.1f}%  "
+                  f"{'inside' if ok else 'OUTSIDE'}")
+        mape, loo = summary.mape, summary.inside_loo
         print(f"MAPE {100 * mape:.2f}%  (target ≤ {100 * target:.0f}%: {'met' if mape <= target else 'NOT met'}); "
               f"leave-one-out interval coverage {sum(loo)}/{len(loo)}")
     return 0

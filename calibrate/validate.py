@@ -44,10 +44,11 @@ class ValidationSummary:
     platform_file: Path
     runs: list[MeasuredRun]
     inside_loo: list[bool]
+    predictions: list[Any]          # predictor.Prediction of each run, in order
 
     @property
     def mape(self) -> float:
-        return sum(abs(1 / r.ratio - 1) for r in self.runs) / len(self.runs) if self.runs else 0.0
+        return sum(abs(r.error) for r in self.runs) / len(self.runs) if self.runs else 0.0
 
     @property
     def ratio_range(self) -> tuple[float, float]:
@@ -56,9 +57,8 @@ class ValidationSummary:
     def table(self) -> str:
         lines = [f"{'run':<28}{'measured':>10}{'predicted':>11}{'error':>9}  leave-one-out"]
         for r, ok in zip(self.runs, self.inside_loo):
-            err = r.predicted_iteration_seconds / r.measured_iteration_seconds - 1
             lines.append(f"{r.name[:27]:<28}{r.measured_iteration_seconds:>9.3g}s"
-                         f"{r.predicted_iteration_seconds:>10.3g}s{100 * err:>+8.1f}%  "
+                         f"{r.predicted_iteration_seconds:>10.3g}s{100 * r.error:>+8.1f}%  "
                          f"{'inside' if ok else 'OUTSIDE'}")
         lo, hi = self.ratio_range
         lines.append(f"{len(self.runs)} runs: MAPE {100 * self.mape:.2f}%; intervals widened by "
@@ -130,5 +130,5 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
         r_lo, r_hi = p.details["timeline_ratio"]
         lo, hi = p.interval_seconds
         bounds.append((lo / r_lo / p.iteration_seconds, hi / r_hi / p.iteration_seconds))
-    return ValidationSummary(plat.name, fpath, recorded, leave_one_out(recorded, bounds))
+    return ValidationSummary(plat.name, fpath, recorded, leave_one_out(recorded, bounds), preds)
 

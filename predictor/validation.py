@@ -47,6 +47,11 @@ class MeasuredRun:
         """measured / predicted (> 1: the platform under-predicted this run)."""
         return self.measured_iteration_seconds / self.predicted_iteration_seconds
 
+    @property
+    def error(self) -> float:
+        """predicted / measured - 1 (the sign of the paper's tables: < 0 is an under-prediction)."""
+        return self.predicted_iteration_seconds / self.measured_iteration_seconds - 1.0
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name}
         if self.source:
