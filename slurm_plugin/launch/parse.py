@@ -28,12 +28,17 @@ log = logging.getLogger(__name__)
 def parse_script(path: Optional[str], text: Optional[str] = None, *, request: Optional[SlurmRequest] = None,
                  read_file: Optional[Callable[[str], bytes]] = None, env: Optional[Mapping[str, str]] = None,
                  default_gpus_per_node: Optional[int] = None, work_dir: Optional[str] = None,
+                 deadline_s: Optional[float] = None,
                  _depth: int = 0, _budget: Optional[Budget] = None) -> ParsedScript:
-    """Read a batch script and the configs it names into a TrainingJob (see the package docstring)."""
+    """Read a batch script and the configs it names into a TrainingJob (see the package docstring).
+
+    ``deadline_s`` replaces the last-resort wall-clock bound (``limits.DEFAULT_DEADLINE_S``); the
+    counted bounds (commands, loop iterations, sizes) hold whatever it is.
+    """
     reader = read_file or default_read_file
     label = path or "<script>"
     result = ParsedScript(job=None, job_dict={}, request=request or SlurmRequest())
-    budget = _budget or Budget()
+    budget = _budget or (Budget(deadline_s) if deadline_s is not None else Budget())
     try:
         _parse(result, path, text, label, request, reader, env, default_gpus_per_node, work_dir, budget, _depth)
     except CannotPredict as exc:
@@ -71,7 +76,7 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
         raise CannotPredict(f"{label} is not a text file (NUL byte)", f"{label}:{text[:text.index(chr(0))].count(chr(10)) + 1}")
     text = sanitize_text(text)
     # ------------------------------------------------------------------ request
-    directives = read_directives(text, label)
+    directives = read_directives(text, label, budget)
     req, prov = merge_request(directives, request)
     warnings = res.warnings
     warnings.extend(directives.warnings)

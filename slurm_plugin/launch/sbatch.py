@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import re
-import shlex
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
+from .limits import Budget
 from .result import SlurmRequest
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,52 @@ _SHORT_TO_LONG = {
     "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "G": "gpus", "p": "partition",
     "t": "time", "a": "array", "J": "job-name", "D": "chdir", "A": "account",
 }
+
+
+# A directive line longer than this is not read (with a warning naming the line): real ones are
+# well under 1 KiB, and a megabyte-long --comment must not cost the daemon its deadline.
+MAX_DIRECTIVE_CHARS = 64 << 10
+
+# One shell word of a directive line: unquoted runs, backslash escapes, '...' and "..." (with
+# escapes inside), in any sequence.  Every alternative consumes input, so matching is linear.
+# An unquoted '#' starts a comment, inside a word too (as shlex, which this replaces, has it).
+_PIECE = r"[^\s'\"\\#]+|\\[\s\S]|'[^']*'|" + r'"[^"\\]*(?:\\[\s\S][^"\\]*)*"'
+_WORD_RE = re.compile(rf"\s*((?:{_PIECE})+)")
+_PART_RE = re.compile(r"\\([\s\S])|'([^']*)'|" + r'"([^"\\]*(?:\\[\s\S][^"\\]*)*)"' + r"|([^'\"\\]+)")
+_DQ_ESCAPE_RE = re.compile(r'\\(["\\])')
+
+
+def split_directive(text: str) -> list[str]:
+    """Split a directive line into words as sbatch does (POSIX quoting, ``#`` starts a comment
+    at the start of a word), in time linear in the line's length.
+
+    Raises ValueError for an unbalanced quote or a trailing backslash (as shlex would).
+    """
+    words: list[str] = []
+    pos, n = 0, len(text)
+    while True:
+        while pos < n and text[pos].isspace():
+            pos += 1
+        if pos >= n or text[pos] == "#":
+            return words
+        m = _WORD_RE.match(text, pos)
+        if m is None:
+            raise ValueError("no closing quotation" if text[pos] in "'\"" else "no escaped character")
+        pos = m.end()
+        if pos < n and text[pos] == "#":
+            n = pos         # the rest of the line is a comment; this word ends here
+        elif pos < n and not text[pos].isspace():
+            # what stopped the word is an unterminated quote or a lone trailing backslash
+            raise ValueError("no closing quotation" if text[pos] in "'\"" else "no escaped character")
+        out = []
+        for esc, single, double, plain in _PART_RE.findall(m.group(1)):
+            if plain or single:
+                out.append(plain or single)
+            elif double:
+                out.append(_DQ_ESCAPE_RE.sub(r"\1", double))
+            else:
+                out.append(esc)
+        words.append("".join(out))
 
 
 def split_options(tokens: list[str], stop_at_command: bool = False) -> tuple[list[tuple[str, Optional[str], int]], int]:
@@ -201,9 +247,10 @@ def apply_options(d: Directives, tokens: list[str], where: str) -> None:
             d.provenance[f"request.{prov_key}"] = where
 
 
-def read_directives(text: str, label: str) -> Directives:
+def read_directives(text: str, label: str, budget: Optional[Budget] = None) -> Directives:
     """Scan the header of a batch script for #SBATCH lines (never past the first command)."""
     d = Directives()
+    budget = budget or Budget()
     lineno = 0
     pos = 0
     while pos <= len(text):
@@ -212,6 +259,7 @@ def read_directives(text: str, label: str) -> Directives:
         line = text[pos:] if nl < 0 else text[pos:nl]
         pos = len(text) + 1 if nl < 0 else nl + 1
         lineno += 1
+        budget.tick(f"{label}:{lineno}")
         s = line.strip()
         if not s:
             continue
@@ -223,8 +271,14 @@ def read_directives(text: str, label: str) -> Directives:
         if rest and not rest[0].isspace():
             continue   # '#SBATCHX'
         where = f"{label}:{lineno}"
+        if len(rest) > 4096:
+            budget.check_time(where)    # long lines are rare and each costs up to milliseconds
+        if len(rest) > MAX_DIRECTIVE_CHARS:
+            d.warnings.append(f"#SBATCH directive of {len(rest)} characters not read (longer than "
+                              f"{MAX_DIRECTIVE_CHARS}; {where})")
+            continue
         try:
-            tokens = shlex.split(rest, comments=True, posix=True)
+            tokens = split_directive(rest)
         except ValueError:
             d.warnings.append(f"unbalanced quotes in #SBATCH directive ignored ({where})")
             continue

@@ -156,10 +156,36 @@ def test_unreadable_config_names_the_file_not_its_contents(tmp_path):
     ("for ((;;)); do (( 1 )); done\n", "loops run too many"),
 ])
 def test_runaway_shell(body, what):
-    err = _err(parse_script("loop.sbatch", HEAD + body + LAUNCH))
+    # The counted bounds must stop these whatever the machine's speed: a wall clock this long
+    # never fires first, so the message is the same on a fast machine and a loaded one.
+    err = _err(parse_script("loop.sbatch", HEAD + body + LAUNCH, deadline_s=600.0))
     assert what in err
+
+
+def test_wall_clock_bound_is_the_last_resort():
+    # An already-spent deadline stops even a script that no counted bound would.
+    err = _err(parse_script("loop.sbatch", HEAD + "for ((;;)); do (( 1 )); done\n" + LAUNCH, deadline_s=0.0))
+    assert "took too long" in err
 
 
 def test_parse_script_never_raises_on_odd_arguments():
     assert parse_script(None).error.startswith("cannot predict")
     assert parse_script("/nonexistent/x.sbatch").error.startswith("cannot predict: cannot read /nonexistent/x.sbatch")
+
+
+# ------------------------------------------------------------------ hostile directive lines
+def test_megabyte_directive_is_skipped_with_a_warning_and_the_rest_is_read():
+    long_line = "#SBATCH --comment=" + "x" * (1 << 20) + "\n"
+    res = parse_script("long.sbatch", HEAD + long_line + "#SBATCH --time=2:00:00\n" + LAUNCH)
+    assert res.error is None or "took too long" not in res.error
+    assert any("not read" in w and "long.sbatch:3" in w for w in res.warnings), res.warnings
+    assert res.request.time_limit_minutes == 120
+
+
+def test_directive_words_follow_posix_quoting():
+    from slurm_plugin.launch.sbatch import split_directive
+    assert split_directive(" --comment='a b' \"c \\\" d\" e\\ f # note") == ["--comment=a b", 'c " d', "e f"]
+    assert split_directive(" -J x#y") == ["-J", "x"]
+    for bad in (" 'open", ' "open', " trailing\\"):
+        with pytest.raises(ValueError):
+            split_directive(bad)

@@ -157,3 +157,21 @@ def test_parser_never_raises(text):
     assert res.job is None or res.error is None
     if res.error:
         assert res.error.startswith("cannot predict: ") and "\n" not in res.error
+
+
+# The directive tokenizer is linear-time; shlex (quadratic in a word's length) is its reference.
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="ab \t\"'\\#=-$x", max_size=40))
+def test_split_directive_matches_shlex(line):
+    import shlex
+
+    from slurm_plugin.launch.sbatch import split_directive
+    try:
+        want = shlex.split(line, comments=True, posix=True)
+    except ValueError:
+        want = None
+    try:
+        got = split_directive(line)
+    except ValueError:
+        got = None
+    assert got == want
