@@ -1,6 +1,7 @@
 """perf-calibrate: measure, fit, import, install and schedule platforms.
 
     perf-calibrate run --device cpu|cuda --plan NAME --out DIR [--precision fp32] [--budget GPU-MIN]
+    perf-calibrate host --device cpu|cuda --out FILE.toml [--precision bf16]
     perf-calibrate plan NAME [--device cuda] [--nodes N --gpus-per-node G] [--budget GPU-MIN]
     perf-calibrate fit DIR --out PLATFORM_DIR [--name NAME]
     perf-calibrate import --format estimate-train-time SRC --out DIR
@@ -65,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "every GPU on cuda)")
     r.add_argument("--threads", type=int, default=0, help="CPU threads per rank (default: cores / ranks)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    h = sub.add_parser("host", help="measure host-side issue costs (dispatch, autograd, launch, sync)")
+    h.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    h.add_argument("--out", required=True, help="TOML file to write (e.g. SAMPLES_DIR/host.toml)")
+    h.add_argument("--precision", type=_precisions, default=None,
+                   help="precision of the tiny tensors (default: fp32 on cpu, bf16 on cuda)")
 
     p = sub.add_parser("plan", help="show a plan and its estimated cost (GPU-minutes)")
     p.add_argument("name")
@@ -158,6 +165,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     # Exit 1 only when what was asked for is unfinished: a batch script's `set -e` then stops.
     return 0 if res.part_complete else 1
+
+
+def cmd_host(args: argparse.Namespace) -> int:
+    try:
+        from .host import measure_host_costs
+        from .runner import _check_device
+    except ImportError as exc:
+        raise PerfcastError(f"perf-calibrate host needs torch (pip install 'perfcast[calibrate]'): {exc}") from None
+    from predictor.samples import dump_toml
+    _check_device(args.device)
+    precision = (args.precision or (("fp32",) if args.device == "cpu" else ("bf16",)))[0]
+    costs = measure_host_costs(args.device, precision)
+    Path(args.out).write_text("# Host issue costs measured by perf-calibrate host (µs per call)\n"
+                              + dump_toml({"host": costs.to_dict()}), encoding="utf-8")
+    print(f"{args.out}: host costs of {len(costs.operators)} operators on {costs.device_name}: "
+          f"launch {costs.launch_us:.1f} µs, sync {costs.sync_us:.1f} µs, "
+          f"device floor {costs.device_floor_us:.1f} µs")
+    return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -270,7 +295,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "plan": cmd_plan, "fit": cmd_fit, "import": cmd_import,
+COMMANDS = {"run": cmd_run, "host": cmd_host, "plan": cmd_plan, "fit": cmd_fit, "import": cmd_import,
             "install": cmd_install, "schedule": cmd_schedule, "status": cmd_status,
             "rollback": cmd_rollback, "validate": cmd_validate}
 
@@ -281,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PerfcastError as exc:
         print(f"perf-calibrate: {exc}", file=sys.stderr)
         return 2
-    if args.cmd != "run":
+    if args.cmd not in ("run", "host"):
         # xgboost and lightgbm each load an OpenMP runtime; spinning idle threads of one starve
         # the other on a loaded node (a small LightGBM fit goes from 0.03 s to 30 s).  Passive
         # waiting avoids that; it must be set before either library loads.  Not for `run`:

@@ -173,6 +173,17 @@ class QuerySet:
             inside = lm.in_range(raw)
             extra[handles] = ~inside
             rel[handles] = lm.info.validation_p90 * np.where(inside, 1.0, EXTRAPOLATION_FACTOR) + base_rel
+            call = plat.host.call_seconds(model_op, direction) if plat.host is not None else 0.0
+            if call:
+                # A sample is one isolated call timed between CUDA events: max(host issue, host
+                # lead-in + device work).  The host model counts the issuing once per
+                # micro-batch, so the device's share is the sample less the lead-in, which lies
+                # between nothing and the whole call's host time: the midpoint, never below the
+                # roofline, with both ends inside the interval (see predictor/host.py).
+                t = secs[handles]
+                dev = np.maximum(t - 0.5 * call, roof)
+                secs[handles] = dev
+                rel[handles] += np.minimum(0.5 * call, t - roof).clip(min=0.0) / dev
         self._evaluate_collectives(secs, rel, extra)
         return secs, rel, extra
 
@@ -287,6 +298,7 @@ class _JobPlan:
     mp_comm: list[tuple[_Term, _Term]]     # per stage: TP collectives inside fwd, bwd
     p2p: list[tuple[_Term, _Term]]
     warnings: list[str]
+    stage_host: list[float] = field(default_factory=list)   # host seconds per micro-batch (fwd + bwd)
 
 
 def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
@@ -436,7 +448,15 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         tied = q.coll("allreduce", vpr * h, grp["pp"], prec)
         stage_dp[0].add(tied)
         stage_dp[-1].add(tied)
-    return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings)
+    stage_host = []
+    if plat.host is not None:
+        # Launches beyond a plain layer's kernels: TP all-reduces (forward, backward, recompute).
+        tp_launches = sum(c for _, c in mp_fwd.parts) + sum(c for _, c in mp_bwd.parts) if tp > 1 else 0.0
+        stage_host = [plat.host.stage_seconds(n, n * tp_launches + len(p2p_terms[i][0].parts)
+                                              + len(p2p_terms[i][1].parts), lay.recompute)
+                      for i, n in enumerate(sizes)]
+    return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
+                    stage_host)
 
 
 def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, dict[str, float], dict[str, Any]]:
@@ -444,6 +464,13 @@ def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, 
     mb, p, v = lay.micro_batches, lay.pp, lay.virtual_stages
     fwd = [t.value(secs) for t in plan.stage_fwd]
     bwd = [t.value(secs) for t in plan.stage_bwd]
+    host_wait = [0.0] * len(fwd)
+    for i, h in enumerate(plan.stage_host):
+        # The device cannot run ahead of the host that issues its work: a micro-batch's forward
+        # and backward on a stage take at least the host's time to issue them.  What the host
+        # adds is charged to the backward, which ends the pair.
+        host_wait[i] = max(0.0, h - fwd[i] - bwd[i])
+        bwd[i] += host_wait[i]
     F, B = max(fwd), max(bwd)
     crit_f, crit_b = int(np.argmax(fwd)), int(np.argmax(bwd))
     tail = [plan.stage_dp[i].value(secs) + plan.stage_update[i].value(secs) for i in range(p)]
@@ -460,8 +487,11 @@ def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, 
         "mp_allreduce": (mb + (p - 1) / v) * (plan.mp_comm[crit_f][0].value(secs) + plan.mp_comm[crit_b][1].value(secs)),
         "pp_p2p": (mb + (p - 1) / v) * (plan.p2p[crit_f][0].value(secs) + plan.p2p[crit_b][1].value(secs)),
         "step_overhead": plat.overheads.step_seconds,
+        # Of which (inside stage_bwd_max): the device waiting for its host to issue the work.
+        "host_wait": mb * host_wait[crit_b],
     }
     details = {"stage_fwd_seconds": fwd, "stage_bwd_seconds": bwd,
+               "stage_host_wait_seconds": host_wait,
                "stage_layers": stage_layers(plan.job.model.layers, p, v),
                "forward_pipeline_seconds": (mb + (p - 1) / v) * F}
     return iteration, breakdown, details

@@ -6,7 +6,8 @@ reuses the A100 bundle measured on Perlmutter.  A platform directory::
     platform.toml     name, description, calibrated, gpus_per_node, compute_bundle (a path
                       relative to this file), collective_bundle (optional), [links], [overheads],
                       and an optional [gpu] that moves the compute ratios onto another GPU's roofline
-                      (spec-only platforms), and ``[[validation]]``: measured end-to-end runs
+                      (spec-only platforms), an optional [host] (measured host issue costs,
+                      :mod:`predictor.host`), and ``[[validation]]``: measured end-to-end runs
                       with what this platform predicted for them (see :mod:`predictor.validation`)
 
 Lookup order for a name: a path to such a directory; ``$PERFCAST_PLATFORMS`` (colon-separated
@@ -24,6 +25,7 @@ from typing import Any, Optional
 
 from .bundle import Bundle, load_bundle
 from .errors import BundleError, PlatformNotFound, RunRecordError
+from .host import HostCosts
 from .network import Links
 from .operators import GpuSpec
 from .validation import MeasuredRun, parse_runs, ratio_range
@@ -62,6 +64,7 @@ class Platform:
     path: Path = Path(".")
     notes: list[str] = field(default_factory=list)
     validation: list[MeasuredRun] = field(default_factory=list)
+    host: Optional[HostCosts] = None     # None: no host term (device time alone)
 
     @property
     def timeline_ratio(self) -> tuple[float, float]:
@@ -174,6 +177,7 @@ def _load(d: Path, reload: bool = False) -> Platform:
             g = raw["gpu"]
             gpu = GpuSpec(g["name"], float(g["memory_gib"]), dict(g["tflops"]), float(g["memory_gbps"]))
         over = Overheads(**raw.get("overheads", {}))
+        host = HostCosts.from_dict(raw["host"], str(fpath)) if "host" in raw else None
         try:
             runs = parse_runs(raw.get("validation"), f"{fpath}: validation", need_prediction=True)
         except RunRecordError as exc:
@@ -182,7 +186,7 @@ def _load(d: Path, reload: bool = False) -> Platform:
                         calibrated=bool(raw.get("calibrated", False)),
                         gpus_per_node=int(raw["gpus_per_node"]), gpu=gpu, compute=compute,
                         links=links, collectives=collectives, overheads=over, path=d,
-                        notes=list(raw.get("notes", [])), validation=runs)
+                        notes=list(raw.get("notes", [])), validation=runs, host=host)
     except BundleError:
         raise
     except (KeyError, TypeError, ValueError) as exc:

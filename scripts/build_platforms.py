@@ -4,13 +4,18 @@
     python scripts/build_platforms.py [--data ../shared/data/estimate-train-time]
 
 perlmutter-a100 and vista-gh200 are calibrated (compute and collectives measured); dgx-a100 reuses
-the A100 compute bundle on a DGX-A100 network from published specs; dgx-h100 is from published specs
-only (A100 efficiencies moved onto H100 peaks) and marked uncalibrated.  The paper's measured
+the A100 compute bundle on a DGX-A100 network from published specs.  The paper's measured
 end-to-end runs (benchmarks/data/paper-runs-*.toml) are recorded on the two measured platforms.
+
+dgx-h100's compute bundle and host costs are fitted from perfcast's own calibration of one H100
+80GB HBM3 (benchmarks/data/h100-lent: ``perf-calibrate run`` operator samples, ``perf-calibrate
+host`` host costs, and real training steps of a small GPT family recorded as its measured runs);
+its network is from published specs.  ``--only h100`` rebuilds it alone (no ../shared needed).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
 import sys
@@ -25,7 +30,14 @@ from calibrate.validate import load_runs, validate_platform  # noqa: E402
 from predictor.bundle import fit_bundle  # noqa: E402
 from predictor.operators import GpuSpec  # noqa: E402
 from predictor.platform import write_platform  # noqa: E402
+from predictor.job import TrainingJob  # noqa: E402
 from predictor.samples import load_samples  # noqa: E402
+from predictor.validation import MeasuredRun  # noqa: E402
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 OUT = ROOT / "predictor" / "platforms"
 RUNS = ROOT / "benchmarks" / "data"   # the paper's measured end-to-end runs, per platform
@@ -44,6 +56,8 @@ DGX_H100_LINKS = {  # NVSwitch: 900 GB/s NVLink4 per GPU; 8 × NDR 400 Gb/s
     "intra_gbps": 450.0 * NCCL_EFFICIENCY, "intra_latency_us": 5.0,
     "nic_gbps": 50.0 * NCCL_EFFICIENCY, "nics_per_node": 8, "inter_latency_us": 8.0, "source": "spec"}
 
+H100_NOTICE = ("H100 compute bundle and host costs measured by perfcast (perf-calibrate run/host) on one "
+               "lent NVIDIA H100 80GB HBM3, 2026-11-23; samples in benchmarks/data/h100-lent.")
 NOTICE = ("Bundles built from the measured samples of Zhang et al. (arXiv:2509.22832), "
           "estimate-train-time, MIT licence (see LICENSE in each bundle).")
 
@@ -51,10 +65,63 @@ NOTICE = ("Bundles built from the measured samples of Zhang et al. (arXiv:2509.2
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "estimate-train-time"))
+    ap.add_argument("--only", choices=("all", "paper", "h100"), default="all")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    data = Path(args.data)
+    if args.only in ("all", "h100"):
+        build_h100()
+    if args.only in ("all", "paper"):
+        build_paper(Path(args.data))
+    shutil.rmtree(OUT / "__pycache__", ignore_errors=True)
+    return 0
+
+
+def build_h100() -> None:
+    """dgx-h100 from the H100 samples in benchmarks/data/h100-lent (see the module docstring)."""
+    src = RUNS / "h100-lent"
+    samples = load_samples(src)
+    rep = fit_bundle(samples, OUT / "_bundles" / "h100-80gb-hbm3", name="h100-80gb-hbm3", gpu=H100,
+                     extra_meta={"notice": H100_NOTICE}, overwrite=True)
+    print(f"== h100-80gb-hbm3 compute\n{rep.table()}")
+    write_platform(OUT / "dgx-h100", {
+        "name": "dgx-h100", "calibrated": True, "gpus_per_node": 8,
+        "description": "DGX H100: 8 × H100-SXM5-80GB, NVSwitch, 8 × NDR 400 Gb/s; H100 compute and host "
+                       "costs measured by perfcast on one H100 80GB HBM3, network from published specs",
+        "compute_bundle": "../_bundles/h100-80gb-hbm3",
+        "links": DGX_H100_LINKS, "host": host_costs(src / "host.toml"), "notes": [H100_NOTICE]})
+    summary = validate_platform(OUT / "dgx-h100", family_runs(src / "train-family.json"), replace=True)
+    print(f"== dgx-h100 end-to-end runs (one GPU)\n{summary.table()}")
+
+
+def host_costs(path: Path) -> dict:
+    """The platform's [host] table from ``perf-calibrate host`` output (µs -> seconds).
+
+    The forward's share is the sum of the measured forward issue costs of one layer's operators
+    (flash attention, GeLU, LayerNorm: the family's default layer).
+    """
+    h = tomllib.loads(path.read_text(encoding="utf-8"))["host"]
+    ops = h["operators"]
+    layer_fwd_us = sum(ops[name]["fwd"] * n for name, n in (
+        ("layernorm", 2), ("linear1", 1), ("rope", 1), ("flash_atten", 1), ("linear2", 1),
+        ("res_add", 2), ("linear3", 1), ("gelu", 1), ("linear4", 1)))
+    return {"layer_seconds": h["layer_us"] * 1e-6, "layer_forward_seconds": layer_fwd_us * 1e-6,
+            "micro_batch_seconds": h["model_fixed_us"] * 1e-6, "launch_seconds": h["launch_us"] * 1e-6,
+            "operators": {op: {d: us * 1e-6 for d, us in dirs.items()} for op, dirs in ops.items()},
+            "source": f"perf-calibrate host on {h['device_name']} (torch {h['torch']}, {h['precision']}); "
+                      f"the lent machine's CPU, not a DGX's"}
+
+
+def family_runs(path: Path) -> list[MeasuredRun]:
+    """Real training steps measured by benchmarks/bench_train_family.py, as measured runs."""
+    return [MeasuredRun(name=d["name"], job=TrainingJob.from_dict(d["job"]),
+                        measured_iteration_seconds=float(d["measured_iteration_seconds"]),
+                        source=f"perfcast GPT step on one {d.get('gpu', 'GPU')} "
+                               "(benchmarks/bench_train_family.py)")
+            for d in json.loads(path.read_text(encoding="utf-8"))]
+
+
+def build_paper(data: Path) -> None:
     lic = data / "LICENSE"
     bundles = OUT / "_bundles"
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,19 +150,9 @@ def main() -> int:
         "description": "DGX A100: 8 × A100-SXM4-80GB, NVSwitch, 8 × HDR 200 Gb/s; A100 compute measured "
                        "on Perlmutter, network from published specs",
         "compute_bundle": "../_bundles/a100-sxm4-80gb", "links": DGX_A100_LINKS, "notes": [NOTICE]})
-    write_platform(OUT / "dgx-h100", {
-        "name": "dgx-h100", "calibrated": False, "gpus_per_node": 8,
-        "description": "DGX H100: 8 × H100-SXM5-80GB, NVSwitch, 8 × NDR 400 Gb/s; published specs only "
-                       "(A100 efficiencies on H100 peaks), uncalibrated",
-        "compute_bundle": "../_bundles/a100-sxm4-80gb",
-        "gpu": {"name": H100.name, "memory_gib": H100.memory_gib, "memory_gbps": H100.memory_gbps,
-                "tflops": dict(H100.tflops)},
-        "links": DGX_H100_LINKS, "notes": [NOTICE]})
     for plat in ("perlmutter-a100", "vista-gh200"):
         summary = validate_platform(OUT / plat, load_runs(RUNS / f"paper-runs-{plat}.toml"), replace=True)
         print(f"== {plat} end-to-end runs\n{summary.table()}")
-    shutil.rmtree(OUT / "__pycache__", ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":

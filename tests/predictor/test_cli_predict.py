@@ -30,7 +30,7 @@ def test_list_platforms(capsys):
     out = capsys.readouterr().out
     for name in ("perlmutter-a100", "vista-gh200", "dgx-a100", "dgx-h100"):
         assert name in out
-    assert "uncalibrated" in out
+    assert "H100 compute and host costs measured" in out
 
 
 @pytest.mark.parametrize("text,needle", [

@@ -118,11 +118,57 @@ def test_roofline_scaling_beyond_samples(perlmutter):
         assert 3.5 < secs[b] / secs[a] < 4.6
 
 
-def test_uncalibrated_platform_warns():
-    p = predict(make_job(pp=4, tp=8, dp=4), load_platform("dgx-h100"))
+def _platform_copy(tmp_path, name, **changes):
+    """A shipped platform's platform.toml, changed, in tmp_path (bundle paths made absolute)."""
+    import tomllib
+
+    from predictor.platform import resolve_platform, write_platform
+    src = resolve_platform(name)
+    raw = tomllib.loads((src / "platform.toml").read_text(encoding="utf-8"))
+    raw["compute_bundle"] = str((src / raw["compute_bundle"]).resolve())
+    for key, value in changes.items():
+        if value is None:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    write_platform(tmp_path / name, raw)
+    return load_platform(tmp_path / name)
+
+
+def test_uncalibrated_platform_warns(tmp_path):
+    plat = _platform_copy(tmp_path, "dgx-h100", calibrated=False)
+    p = predict(make_job(pp=4, tp=8, dp=4), plat)
     assert any("uncalibrated" in w for w in p.warnings)
     a100 = predict(make_job(pp=4, tp=8, dp=4), load_platform("dgx-a100"))
-    assert p.iteration_seconds < a100.iteration_seconds   # H100 peaks are higher
+    assert p.iteration_seconds < a100.iteration_seconds   # H100 compute is faster
+
+
+def test_host_bound_micro_batches_cost_the_hosts_issue_time(tmp_path):
+    # A tiny layer: the device finishes long before the host has issued the next kernels, so a
+    # micro-batch costs the measured host time per layer, whatever its (small) device work.
+    plat = load_platform("dgx-h100")
+    assert plat.host is not None and plat.host.layer_seconds > 0
+    small = {"layers": 16, "hidden": 512, "heads": 8, "seq_len": 512, "vocab": 32000}
+    job = make_job(small, pp=1, tp=1, dp=1, micro_batch=1, micro_batches=4, recompute="none")
+    p = predict(job, plat)
+    per_mb = plat.host.stage_seconds(16, 0, "none")
+    assert p.breakdown["host_wait"] > 0
+    assert p.breakdown["stage_fwd_max"] + p.breakdown["stage_bwd_max"] == pytest.approx(4 * per_mb, rel=1e-6)
+    # Without the [host] table the same job is costed on device time alone, and is faster.
+    bare = predict(job, _platform_copy(tmp_path, "dgx-h100", host=None))
+    assert bare.breakdown["host_wait"] == 0
+    # A big layer is device-bound: the host adds nothing.
+    wide = {"layers": 4, "hidden": 8192, "heads": 64, "seq_len": 4096, "vocab": 32000}
+    big = predict(make_job(wide, pp=1, tp=1, dp=1, micro_batch=4, micro_batches=4, recompute="none"), plat)
+    assert big.breakdown["host_wait"] == 0
+
+
+def test_bad_host_table_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(BundleError, match="host.layer_seconds"):
+        _platform_copy(tmp_path, "dgx-h100", host={"layer_seconds": "fast", "micro_batch_seconds": 0.001})
+    with pytest.raises(BundleError, match="unknown \\[host\\] keys"):
+        _platform_copy(tmp_path, "dgx-h100", host={"layer_seconds": 0.001, "micro_batch_seconds": 0.001,
+                                                    "layer_us": 3})
 
 
 def test_missing_operator_named(perlmutter, monkeypatch):

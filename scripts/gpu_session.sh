@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Measure one GPU for perfcast in a bounded time: host costs, operator samples (resumable) and
+# real training steps of a small GPT family.  Everything lands in $OUT (or ./out).
+#   OPS_SECONDS=300 FAMILY_SECONDS=150 bash scripts/gpu_session.sh [SAMPLES_DIR]
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+out=${OUT:-$PWD/out}; mkdir -p "$out"
+store=${1:-$out/samples}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
+[ -f "$store/host.toml" ] || python3 -m calibrate.cli host --device cuda --precision bf16 --out "$out/host.toml"
+timeout "${OPS_SECONDS:-300}" python3 -m calibrate.cli -v run --device cuda --no-progress \
+    --plan benchmarks/data/plan-single-gpu.toml --out "$store" --part operators
+echo "operators: exit $?"
+[ -f "$out/host.toml" ] && cp "$out/host.toml" "$store/host.toml"
+timeout "${FAMILY_SECONDS:-150}" python3 benchmarks/bench_train_family.py --device cuda \
+    --out "$store/train-family.json"
+echo "family: exit $?"
+tar -czf "$out/samples.tar.gz" -C "$(dirname "$store")" "$(basename "$store")"
+ls -la "$out"
