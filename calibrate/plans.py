@@ -415,6 +415,22 @@ def default_precisions(device: str) -> tuple[str, ...]:
     return ("fp32",) if device == "cpu" else ("fp16",)
 
 
+def plan_precisions(name: str, device: str, precisions: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The precisions a plan will measure: those asked for, else a plan file's own, else the
+    device's default (a plan file's ``precisions`` must not be lost to the default)."""
+    if precisions:
+        return _check_precisions(precisions, name)
+    if name.endswith(".toml") or "/" in name:
+        try:
+            data = tomllib.loads(Path(name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            data = {}   # load_plan_file reports the problem with the file named
+        file_precs = data.get("precisions")
+        if isinstance(file_precs, list) and file_precs:
+            return _check_precisions(file_precs, name)
+    return default_precisions(device)
+
+
 def make_plan(name: str, *, device: str = "cpu", precisions: Sequence[str] | None = None,
               allocation: Allocation | None = None, memory_gib: float = 0.0,
               budget_gpu_minutes: float = 0.0, spec: GpuSpec | None = None) -> Plan:

@@ -24,7 +24,7 @@ from .collectives import agree_on_points, context_from_env, init_process_group, 
 from .env import METHOD_VERSION, DeviceSpec, collect_environment, device_spec
 from .errors import CalibrationError
 from .kernels import build_kernel
-from .plans import Allocation, Cost, OperatorPoint, Plan, default_precisions, estimate_cost, make_plan
+from .plans import Allocation, Cost, OperatorPoint, Plan, estimate_cost, make_plan, plan_precisions
 from .store import SampleStore, StoreIdentity
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def run_calibration(opts: RunOptions) -> RunResult:
     # collectives); started alone, every local rank measures a share of them.
     op_ranks = 1 if ctx is not None else local_ranks
 
-    precs = tuple(opts.precisions) if opts.precisions else default_precisions(opts.device)
+    precs = plan_precisions(opts.plan, opts.device, opts.precisions)
     spec = device_spec(opts.device, precs)
     mem = spec.memory_gib / (local_ranks if opts.device == "cpu" else 1)
     plan = make_plan(opts.plan, device=opts.device, precisions=precs, allocation=alloc,

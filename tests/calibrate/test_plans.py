@@ -116,3 +116,13 @@ def test_operator_point_shape_dict_round_trip():
     pt = OperatorPoint("rope", "fp32", (128, 4, 32))
     assert pt.shape_dict() == {"tokens": 128, "heads": 4, "d": 32}
     assert GRIDS["smoke"].model_points()
+
+
+def test_a_plan_files_precisions_are_kept_unless_others_are_asked_for(tmp_path):
+    from calibrate.plans import plan_precisions
+    f = tmp_path / "p.toml"
+    f.write_text('format = 1\nprecisions = ["bf16"]\n[grid]\nmp = [1]\n', encoding="utf-8")
+    assert plan_precisions(str(f), "cuda") == ("bf16",)
+    assert plan_precisions(str(f), "cuda", ("fp16",)) == ("fp16",)
+    assert plan_precisions("smoke", "cuda") == ("fp16",)
+    assert plan_precisions("smoke", "cpu") == ("fp32",)
