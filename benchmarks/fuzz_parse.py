@@ -2,6 +2,10 @@
 
     python benchmarks/fuzz_parse.py [--n 10000] [--seed 1]
 
+Every 20th script is a hostile shape (a megabyte-long #SBATCH line, hundreds of thousands of
+directives, deeply nested arithmetic, a command of a million words, a huge here-document): each
+must end within the parse deadline (80 ms) plus a few milliseconds, with an answer.
+
 A crash is: an exception out of parse_script, an 'internal parser error' answer (a caught bug),
 or an error that is not one line starting with 'cannot predict: '. Prints the crash count (target
 0), the slowest script and the time distribution.
@@ -62,6 +66,33 @@ def random_script(rng: random.Random) -> str:
     return "#!/bin/bash\n" + "".join(rng.choice(TOKENS) for _ in range(rng.randint(1, 120)))
 
 
+_LAUNCH = ("srun python pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 2 "
+           "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 8\n")
+
+
+def hostile_script(rng: random.Random) -> str:
+    """One of the shapes that stalled the daemon before its parser was bounded (issue 15)."""
+    head = "#!/bin/bash\n#SBATCH --nodes=1 --gpus-per-node=8\n"
+    size = rng.choice((1 << 16, 1 << 20, 3 << 20))
+    kind = rng.randrange(7)
+    if kind == 0:
+        body = "#SBATCH --comment=" + "x" * size + "\n"
+    elif kind == 1:
+        body = "#SBATCH -N 1\n" * (size // 12)
+    elif kind == 2:
+        body = "#SBATCH" + " -N 1" * (size // 5) + "\n"
+    elif kind == 3:
+        depth = rng.choice((100, 2_000, 20_000))
+        body = "X=" + "$((" * depth + "1" + "))" * depth + "\n"
+    elif kind == 4:
+        body = "echo " + "a " * (size // 2) + "\n"
+    elif kind == 5:
+        body = "cat <<EOF\n" + "line\n" * (size // 5) + "EOF\n"
+    else:
+        body = 'X="' + "a\\\"" * (size // 3) + '"\n'
+    return head + body + _LAUNCH
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10_000)
@@ -73,10 +104,14 @@ def main() -> int:
     cases = [(p, (p / "job.sbatch").read_text()) for p in sorted(CORPUS.iterdir()) if (p / "job.sbatch").exists()]
     crashes: list = []
     times: list = []
+    hostile_times: list = []
     slowest = (0.0, "")
     outcomes = {"job": 0, "cannot predict": 0}
     for k in range(args.n):
-        if k % 4 == 3:
+        hostile = k % 20 == 19
+        if hostile:
+            case, text = None, hostile_script(rng)
+        elif k % 4 == 3:
             case, text = None, random_script(rng)
         else:
             case, base = rng.choice(cases)
@@ -97,7 +132,7 @@ def main() -> int:
             bad = f"{type(exc).__name__}: {exc}"
             res = None
         dt = time.perf_counter() - t
-        times.append(dt)
+        (hostile_times if hostile else times).append(dt)
         if dt > slowest[0]:
             slowest = (dt, f"{case.name if case else 'random'} #{k}")
         if bad:
@@ -112,6 +147,10 @@ def main() -> int:
     ts = sorted(times)
     log.info("time per script: median %.2f ms, p99 %.2f ms, max %.1f ms (%s)", statistics.median(ts) * 1000,
              ts[int(0.99 * len(ts))] * 1000, slowest[0] * 1000, slowest[1])
+    if hostile_times:
+        hs = sorted(hostile_times)
+        log.info("hostile shapes: %d scripts, median %.1f ms, max %.1f ms", len(hs), statistics.median(hs) * 1000,
+                 hs[-1] * 1000)
     return 1 if crashes else 0
 
 

@@ -19,6 +19,7 @@ MAX_VALUE_CHARS = 256 << 10       # one variable / word
 MAX_VFS_BYTES = 1 << 20           # one file written by the script (heredoc, echo >>)
 MAX_VFS_FILES = 256
 MAX_ARRAY_ITEMS = 10_000
+MAX_COMMAND_WORDS = 10_000        # words of one simple command (real launch lines: a few hundred)
 MAX_CONFIG_NODES = 50_000         # YAML/JSON nodes visited (alias bombs hit this)
 MAX_CONFIG_DEPTH = 64
 MAX_ARITH_DEPTH = 32              # a variable whose value is an expression naming a variable ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from .limits import MAX_PARSE_DEPTH, MAX_VALUE_CHARS, Budget, CannotPredict
+from .limits import MAX_COMMAND_WORDS, MAX_PARSE_DEPTH, MAX_VALUE_CHARS, Budget, CannotPredict
 from .shell_ast import (AndOr, Arith, ArithCmd, ArithFor, Assign, Case, CmdSub, Cond, For, FuncDef,
                         Group, If, Lit, Param, Pipeline, ProcSub, Redir, Simple, While)
 
@@ -80,7 +80,7 @@ class Parser:
     def _enter(self) -> None:
         self.depth += 1
         if self.depth > MAX_PARSE_DEPTH:
-            raise self.error("shell constructs nested too deeply")
+            raise CannotPredict("shell constructs nested too deeply", self.where())
         self.budget.tick(self.label)
 
     def _leave(self) -> None:
@@ -473,6 +473,10 @@ class Parser:
             c = self.text[self.pos]
             if c in "\n;|)":
                 break
+            self.budget.tick(self.label)
+            if len(words) + len(assigns) > MAX_COMMAND_WORDS:
+                raise CannotPredict(f"a command of more than {MAX_COMMAND_WORDS} words",
+                                    f"{self.label}:{self.line_at(self.pos)}")
             if c == "&":
                 if _REDIR.match(self.text, self.pos):
                     m = _REDIR.match(self.text, self.pos)
@@ -675,7 +679,11 @@ class Parser:
                 if size > MAX_VALUE_CHARS * 4:
                     raise self.error("word too long")
                 continue
+            self.budget.tick(self.label)
             if c == "\\":
+                size += 2
+                if size > MAX_VALUE_CHARS * 4:
+                    raise self.error("word too long")
                 nxt = text[self.pos + 1] if self.pos + 1 < n else ""
                 if nxt == "\n":
                     self.pos += 2
@@ -723,7 +731,7 @@ class Parser:
             # a lone stop char of an outer context (e.g. '/' in a brace pattern) that run refused
             self._lit(parts, c, self.pos, quoted_ctx)
             self.pos += 1
-        return parts
+        return _merge_literals(parts)
 
     def _lit(self, parts: list, s: str, pos: int, quoted: bool) -> None:
         line = self.line_at(pos)
@@ -731,16 +739,16 @@ class Parser:
             # one part per line so that every token keeps the line it was written on
             off = 0
             for i, piece in enumerate(s.split("\n")):
+                self.budget.tick(self.label)
                 if i:
                     piece = "\n" + piece
                 if piece:
                     parts.append(Lit(piece, self.line_at(pos + off + (1 if i else 0)), quoted))
                 off += len(piece) if i else len(piece)
             return
-        if parts and isinstance(parts[-1], Lit) and parts[-1].quoted == quoted and parts[-1].line == line:
-            parts[-1].text += s
-        else:
-            parts.append(Lit(s, line, quoted))
+        # Appended as is: _parts merges neighbours once, at its end (merging here, one `+=` per
+        # escape, was quadratic in a word's length).
+        parts.append(Lit(s, line, quoted))
 
     def _dollar(self, parts: list, quoted: bool) -> None:
         text, p = self.text, self.pos
@@ -901,15 +909,18 @@ class Parser:
         self.pos = i + 1
         sub = Parser("".join(buf), self.label, self.budget, line_offset=_offset(line), depth=self.depth + 1)
         if sub.depth > MAX_PARSE_DEPTH:
-            raise self.error("shell constructs nested too deeply")
+            raise CannotPredict("shell constructs nested too deeply", self.where())
         parts.append(CmdSub(sub.parse_all(), line, quoted))
 
     def _arith_raw(self, start: int) -> str:
         """Text up to the matching '))' (pos moves past it)."""
+        # Called again for every nested `$((`: the clock is checked on each call, not every 256th.
+        self.budget.check_time(self.label)
         depth = 0
-        i = start
         text = self.text
-        while i < self.n:
+        m = _PAREN_OR_NL.search(text, start)
+        while m is not None:
+            i = m.start()
             c = text[i]
             if c == "(":
                 depth += 1
@@ -922,7 +933,8 @@ class Parser:
                 depth -= 1
             elif c == "\n" and i - start > 4096:
                 break
-            i += 1
+            self.budget.tick(self.label)
+            m = _PAREN_OR_NL.search(text, i + 1)
         raise self.error("unterminated '(('")
 
     def _arith_text(self, start: int, line: int) -> list:
@@ -932,8 +944,29 @@ class Parser:
     def _sub_word(self, raw: str, line: int) -> list:
         sub = Parser(raw, self.label, self.budget, line_offset=_offset(line), depth=self.depth + 1)
         if sub.depth > MAX_PARSE_DEPTH:
-            raise self.error("shell constructs nested too deeply")
+            raise CannotPredict("shell constructs nested too deeply", self.where())
         return sub._parts("heredoc")
+
+
+_PAREN_OR_NL = re.compile(r"[()\n]")
+
+
+def _merge_literals(parts: list) -> list:
+    """Join neighbouring literals of the same quoting and line into one (linear time)."""
+    out: list = []
+    run: list = []
+    for p in parts:
+        if isinstance(p, Lit) and run and run[0].quoted == p.quoted and run[0].line == p.line:
+            run.append(p)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else Lit("".join(r.text for r in run), run[0].line, run[0].quoted))
+        run = [p] if isinstance(p, Lit) else []
+        if not run:
+            out.append(p)
+    if run:
+        out.append(run[0] if len(run) == 1 else Lit("".join(r.text for r in run), run[0].line, run[0].quoted))
+    return out
 
 
 def _offset(line):

@@ -189,3 +189,18 @@ def test_directive_words_follow_posix_quoting():
     for bad in (" 'open", ' "open', " trailing\\"):
         with pytest.raises(ValueError):
             split_directive(bad)
+
+
+@pytest.mark.parametrize("body,what", [
+    ("echo " + "a " * 20_000 + "\n", "more than 10000 words"),
+    ("X=" + "$((" * 200 + "1" + "))" * 200 + "\n", "nested too deeply"),
+])
+def test_oversized_shell_shapes_end_with_a_reason(body, what):
+    err = _err(parse_script("big.sbatch", HEAD + body + LAUNCH, deadline_s=600.0))
+    assert what in err
+
+
+def test_long_escaped_word_is_read_linearly_and_whole():
+    # 50k escaped quotes in one double-quoted word: merged into one literal, not 50k pieces.
+    res = parse_script("dq.sbatch", HEAD + 'X="' + 'a\\"' * 50_000 + '"\n' + LAUNCH, deadline_s=600.0)
+    assert res.error is None, res.error
