@@ -2,7 +2,7 @@
 
     python benchmarks/bench_advise.py [--platform perlmutter-a100] [--gpus 1024] [--repeat 3]
 
-Target (issue 6): ≤ 1 s for the search on a 2-core machine, platform loading excluded (the daemon
+Target: ≤ 1 s for the search on a 2-core machine, platform loading excluded (the daemon
 and a CLI run load a platform once).  Prints, per model: layouts meeting the launch constraints,
 how many fit, the time of enumeration + memory filter, of the one batched ``predict_many`` call,
 of the whole ``advise()``, and — for scale — what predicting the same candidates one at a time

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Per-operator validation error on the paper's measured samples (needs ../shared).
+"""Per-operator validation error on the paper's measured samples (the estimate-train-time data).
 
-    python benchmarks/bench_operators.py [--data ../shared/data/estimate-train-time] [--systems Perlmutter Vista]
+    python benchmarks/bench_operators.py --data DIR [--systems Perlmutter Vista]
+
+DIR is the estimate-train-time data (its Perlmutter/ and Vista/ folders).
 
 For each operator and direction, three splits, each fitted with perfcast's regressor (library chosen
 by validation, target = measured / roofline):
@@ -60,7 +62,7 @@ def raw_tree(X_tr, t_tr, X_te):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "estimate-train-time"))
+    ap.add_argument("--data", required=True, help="the estimate-train-time data directory")
     ap.add_argument("--systems", nargs="+", default=["Perlmutter", "Vista"])
     args = ap.parse_args()
     summary = {}

@@ -132,7 +132,7 @@ def import_estimate_train_time(src: "str | Path", out_dir: "str | Path", *, gpu:
                                overwrite: bool = False) -> ImportSummary:
     """Convert one system's folder (``<src>/operator``, ``<src>/nccl``) into a sample directory.
 
-    ``src`` is e.g. ``shared/data/estimate-train-time/Perlmutter``.  Per-topology collective files
+    ``src`` is e.g. the ``Perlmutter`` folder of the estimate-train-time data.  Per-topology collective files
     are used; the pooled files without a topology suffix repeat them and are skipped.
     """
     src, out = Path(src), Path(out_dir)

@@ -45,7 +45,7 @@ EXTRAPOLATION_FACTOR = 2.0
 
 @dataclass
 class Prediction:
-    """The answer for one job on one platform (JSON shape in DESIGN.md)."""
+    """The answer for one job on one platform (JSON shape in docs/job-file.md)."""
 
     iteration_seconds: float
     interval_seconds: tuple[float, float]

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Build the shipped platforms (predictor/platforms/) from the paper's measured samples.
 
-    python scripts/build_platforms.py [--data ../shared/data/estimate-train-time]
+    python scripts/build_platforms.py --data DIR [--only all|paper|h100]
+
+DIR is the estimate-train-time data (its Perlmutter/ and Vista/ folders); not needed for --only h100.
 
 perlmutter-a100 and vista-gh200 are calibrated (compute and collectives measured); dgx-a100 reuses
 the A100 compute bundle on a DGX-A100 network from published specs.  The paper's measured
@@ -10,7 +12,7 @@ end-to-end runs (benchmarks/data/paper-runs-*.toml) are recorded on the two meas
 dgx-h100's compute bundle and host costs are fitted from perfcast's own calibration of one H100
 80GB HBM3 (benchmarks/data/h100-lent: ``perf-calibrate run`` operator samples, ``perf-calibrate
 host`` host costs, and real training steps of a small GPT family recorded as its measured runs);
-its network is from published specs.  ``--only h100`` rebuilds it alone (no ../shared needed).
+its network is from published specs.  ``--only h100`` rebuilds it alone (no --data needed).
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ NOTICE = ("Bundles built from the measured samples of Zhang et al. (arXiv:2509.2
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "estimate-train-time"))
+    ap.add_argument("--data", default="", help="the estimate-train-time data directory (not for --only h100)")
     ap.add_argument("--only", choices=("all", "paper", "h100"), default="all")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
@@ -72,6 +74,8 @@ def main() -> int:
     if args.only in ("all", "h100"):
         build_h100()
     if args.only in ("all", "paper"):
+        if not args.data:
+            ap.error("--data DIR (the estimate-train-time data) is needed to build the paper's platforms")
         build_paper(Path(args.data))
     shutil.rmtree(OUT / "__pycache__", ignore_errors=True)
     return 0

@@ -118,7 +118,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         out = pred.to_dict()
         if inp.parsed is not None:
             # The batch script's reading (Slurm request, provenance, unresolved keys) goes with
-            # the job it produced; the job's own sections keep the keys of DESIGN.md.
+            # the job it produced; the job's own sections keep the keys of docs/job-file.md.
             script = inp.parsed.to_dict()
             script.pop("job", None)
             script.pop("job_dict", None)

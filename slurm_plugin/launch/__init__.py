@@ -1,4 +1,4 @@
-"""Batch scripts + launch configs -> TrainingJob, without executing anything (issue 3).
+"""Batch scripts + launch configs -> TrainingJob, without executing anything.
 
     from slurm_plugin.launch import parse_script, SlurmRequest
     parsed = parse_script("run.sbatch", request=SlurmRequest(nodes=4), default_gpus_per_node=4)
