@@ -6,9 +6,12 @@ Per partition (see :mod:`slurm_plugin.siteconfig`):
   ``round_minutes`` -- or, with ``cover_interval`` (default), the total at the upper end of the
   prediction's interval if that is longer: on a platform whose measured runs show it
   under-predicts (vista-gh200 by up to 37 %), a 15 % margin would get jobs killed -- capped at
-  the partition's MaxTime (with a warning saying how many iterations fit).  ``--time`` given -> kept, with a warning when the job would be killed before it finishes
-  (at which iteration) or when it asks for more than ``over_ask_factor`` x the prediction (long
-  limits hurt backfill).
+  the partition's MaxTime (with a warning saying how many iterations fit).  With ``time_min``
+  (default) ``--time-min`` is set too, to the point prediction + startup, so that backfill may
+  start the job in a shorter hole (Slurm lowers the limit no further than that).  ``--time``
+  given -> kept, with a warning when the job would be killed before it finishes (at which
+  iteration), when it asks for more than ``over_ask_factor`` x the prediction (long limits hurt
+  backfill), or when it exceeds the partition's MaxTime (the job would pend forever).
 - ``advise``: never change the limit; the user gets the recommendation and the warnings.
 - ``enforce``: the recommended limit replaces a user's ``--time`` too.
 - ``off``: nothing (the daemon does not even predict).
@@ -58,6 +61,7 @@ class Decision:
     message: str
     warnings: list[str] = field(default_factory=list)
     action: str = "keep"       # set | keep | advise
+    time_min_minutes: Optional[int] = None    # --time-min to set (None: leave it)
 
 
 def normalize_limit(minutes: Optional[int]) -> Optional[int]:
@@ -100,6 +104,13 @@ def iterations_within(minutes: float, pred: PredictionFacts, part: PartitionPoli
     return max(0, min(pred.iterations, int(usable // pred.iteration_seconds)))
 
 
+def point_minutes(pred: PredictionFacts, part: PartitionPolicy) -> int:
+    """The point prediction + startup, rounded up to ``round_minutes`` (the --time-min)."""
+    raw = pred.total_seconds / 60.0 + part.startup_minutes
+    step = part.round_minutes
+    return max(step, int(math.ceil(raw / step - 1e-9)) * step)
+
+
 def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPolicy,
            max_time: Optional[int] = None) -> Decision:
     """Apply the partition's policy.  ``user_limit`` / ``max_time`` are minutes or None."""
@@ -107,57 +118,83 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
     cap = part.max_time_minutes if part.max_time_minutes is not None else normalize_max_time(max_time)
     rec = recommended_minutes(pred, part)
     warnings: list[str] = []
-    if cap is not None and rec > cap:
+    capped = cap is not None and rec > cap
+    if capped:
         fit = iterations_within(cap, pred, part)
         warnings.append(
             f"needs about {_hm(rec)} but {part.name or 'the partition'} allows {_hm(cap)}: "
             f"only about {fit} of {pred.iterations} iterations fit; checkpoint and resubmit")
         rec = cap
 
+    # One predicted figure everywhere in the message: the total with the site's start-up allowance.
     needed_min = pred.total_seconds / 60.0 + part.startup_minutes
     action = "keep"
     new_limit: Optional[int] = None
+    time_min: Optional[int] = None
     if part.policy == "enforce" or (part.policy == "fill" and user_limit is None):
         new_limit, action = rec, "set"
+        if part.time_min:
+            point = point_minutes(pred, part)
+            # Only below the limit: equal, it would say nothing; a capped job gets no time-min
+            # (it cannot finish anyway, and a shorter limit would lose it more iterations).
+            time_min = point if point < new_limit and not capped else None
     elif part.policy == "advise":
         action = "advise"
 
     if user_limit is not None:
+        if cap is not None and user_limit > cap:
+            warnings.append(
+                f"--time {_hm(user_limit)} exceeds {part.name or 'the partition'}'s MaxTime {_hm(cap)}: "
+                f"Slurm keeps such a job pending (PartitionTimeLimit); ask for --time={_slurm_time(min(rec, cap))}")
         if user_limit < needed_min:
             at = iterations_within(user_limit, pred, part)
             what = "was" if action == "set" else "is"
             warnings.append(
-                f"--time {_hm(user_limit)} {what} too short: predicted {_hm(needed_min)}, the job "
-                f"would be killed at about iteration {at} of {pred.iterations}")
+                f"--time {_hm(user_limit)} {what} too short for the predicted {_hm(needed_min)}: "
+                f"the job would be killed at about iteration {at} of {pred.iterations}")
         elif user_limit > part.over_ask_factor * needed_min and user_limit > rec:
             warnings.append(
                 f"--time {_hm(user_limit)} is over {part.over_ask_factor:g}x the predicted "
-                f"{_hm(needed_min)}; a shorter limit (e.g. --time={rec}) starts sooner via backfill")
+                f"{_hm(needed_min)}; a shorter limit (e.g. --time={_slurm_time(rec)}) starts sooner via backfill")
 
     head = (f"perfcast: predicted {pred.iteration_seconds:.3g} s/iter x {pred.iterations} iters "
-            f"= {_hm(pred.total_seconds / 60.0)} on {pred.platform}")
+            f"= {_hm(needed_min)} with start-up on {pred.platform}")
     if action == "set" and user_limit is not None and user_limit != new_limit:
         tail = f"; time limit {_hm(user_limit)} replaced by {_hm(new_limit)} (site policy)"
+    elif action == "set" and capped:
+        tail = f"; time limit set to {_hm(new_limit)} (the partition's MaxTime)"
     elif action == "set" and part.cover_interval and upper_total_seconds(pred) > pred.total_seconds * (1.0 + part.margin):
         tail = (f"; time limit set to {_hm(new_limit)} (upper end of the prediction's interval + "
-                f"{part.startup_minutes:g} min startup)")
+                f"{part.startup_minutes:g} min start-up)")
     elif action == "set":
-        tail = f"; time limit set to {_hm(new_limit)} ({part.margin:.0%} margin + {part.startup_minutes:g} min startup)"
+        tail = f"; time limit set to {_hm(new_limit)} ({part.margin:.0%} margin + {part.startup_minutes:g} min start-up)"
     elif user_limit is None:
-        tail = f"; suggested --time={rec}"
+        tail = f"; suggested --time={_slurm_time(rec)}"
     else:
         tail = f"; keeping --time {_hm(user_limit)}"
+    if time_min is not None:
+        tail += f", --time-min {_hm(time_min)} (backfill may start it in a shorter slot)"
     message = head + tail + "".join(f"; WARNING: {w}" for w in warnings)
 
     record = (f"{RECORD_TAG} iter_s={pred.iteration_seconds:.6g} iters={pred.iterations} "
               f"total_min={pred.total_seconds / 60.0:.1f} platform={_token(pred.platform)} "
               f"bundle={_token(pred.bundle)} policy={part.policy} action={action} rec_min={rec}"
+              + (f" min_min={time_min}" if time_min is not None else "")
               + (f" user_min={user_limit}" if user_limit is not None else "")
               + (" warn=short" if any("too short" in w for w in warnings) else "")
-              + (" warn=capped" if any("allows" in w for w in warnings) else "")
+              + (" warn=capped" if capped else "")
+              + (" warn=overmax" if any("MaxTime" in w and "exceeds" in w for w in warnings) else "")
               + (" warn=overask" if any("backfill" in w for w in warnings) else ""))
     return Decision(time_limit_minutes=new_limit, recommended_minutes=rec, admin_comment=record,
-                    message=message, warnings=warnings, action=action)
+                    message=message, warnings=warnings, action=action, time_min_minutes=time_min)
+
+
+def _slurm_time(minutes: float) -> str:
+    """Minutes in a form --time accepts and Slurm prints: HH:MM:SS, or D-HH:MM:SS past a day."""
+    total = int(math.ceil(minutes - 1e-9))
+    d, rem = divmod(total, 24 * 60)
+    h, m = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:00" if d else f"{h:02d}:{m:02d}:00"
 
 
 def _hm(minutes: float) -> str:

@@ -19,6 +19,7 @@ partition's ``platform``)::
     policy = "fill"                          # off | advise | fill | enforce
     margin = 0.15                            # limit = predicted total x (1 + margin) + startup
     cover_interval = true                    # ... and at least the interval's upper end
+    time_min = true                          # fill/enforce also set --time-min to the point prediction
     startup_minutes = 5
     round_minutes = 5
     over_ask_factor = 3.0                    # warn when --time asks for more than this x prediction
@@ -81,6 +82,7 @@ class PartitionPolicy:
     policy: str = "fill"
     margin: float = 0.15
     cover_interval: bool = True              # the limit also covers the prediction's upper end
+    time_min: bool = True                    # also set --time-min (point prediction + startup)
     startup_minutes: float = 5.0
     round_minutes: int = 5
     over_ask_factor: float = 3.0

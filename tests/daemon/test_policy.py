@@ -75,7 +75,7 @@ def test_too_short_time_warns_at_which_iteration():
 def test_over_asking_warns_about_backfill():
     d = decide(PRED, 48 * 60, PART)
     assert d.time_limit_minutes is None
-    assert "backfill" in d.message and "--time=55" in d.message
+    assert "backfill" in d.message and "--time=00:55:00" in d.message   # a form --time accepts
     assert "warn=overask" in d.admin_comment
 
 
@@ -89,7 +89,8 @@ def test_enforce_replaces_given_time():
 def test_advise_never_sets():
     part = PartitionPolicy(name="gpu", policy="advise", startup_minutes=5)
     d = decide(PRED, None, part)
-    assert d.time_limit_minutes is None and "suggested --time=55" in d.message
+    assert d.time_limit_minutes is None and "suggested --time=00:55:00" in d.message
+    assert d.time_min_minutes is None
 
 
 def test_iterations_within_never_negative_or_above_total():
