@@ -13,6 +13,8 @@ dgx-h100's compute bundle and host costs are fitted from perfcast's own calibrat
 80GB HBM3 (benchmarks/data/h100-lent: ``perf-calibrate run`` operator samples, ``perf-calibrate
 host`` host costs, and real training steps of a small GPT family recorded as its measured runs);
 its network is from published specs.  ``--only h100`` rebuilds it alone (no --data needed).
+The other platforms carry the same host costs as a prior (their CPUs were not measured);
+``--only host-priors`` rewrites just that table.
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ NOTICE = ("Bundles built from the measured samples of Zhang et al. (arXiv:2509.2
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="", help="the estimate-train-time data directory (not for --only h100)")
-    ap.add_argument("--only", choices=("all", "paper", "h100"), default="all")
+    ap.add_argument("--only", choices=("all", "paper", "h100", "host-priors"), default="all")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -77,6 +79,8 @@ def main() -> int:
         if not args.data:
             ap.error("--data DIR (the estimate-train-time data) is needed to build the paper's platforms")
         build_paper(Path(args.data))
+    if args.only == "host-priors":
+        apply_host_priors()
     shutil.rmtree(OUT / "__pycache__", ignore_errors=True)
     return 0
 
@@ -96,6 +100,30 @@ def build_h100() -> None:
         "links": DGX_H100_LINKS, "host": host_costs(src / "host.toml"), "notes": [H100_NOTICE]})
     summary = validate_platform(OUT / "dgx-h100", family_runs(src / "train-family.json"), replace=True)
     print(f"== dgx-h100 end-to-end runs (one GPU)\n{summary.table()}")
+
+
+def host_prior(path: Path) -> dict:
+    """The H100 machine's host costs as a prior for a platform whose CPU was not measured.
+
+    Only the per-layer, per-micro-batch and launch costs travel: the per-call costs
+    (``[host.operators]``) describe how *those* samples were timed, not another bundle's.
+    """
+    table = host_costs(path)
+    table.pop("operators")
+    table["source"] = ("prior: " + table["source"].replace("; the lent machine's CPU, not a DGX's", "")
+                       + "; this platform's own CPU was not measured (perf-calibrate host replaces it)")
+    return table
+
+
+def apply_host_priors() -> None:
+    """Write the host prior into the platforms built from the paper's samples (and dgx-a100)."""
+    prior = host_prior(RUNS / "h100-lent" / "host.toml")
+    for plat in ("perlmutter-a100", "vista-gh200", "dgx-a100"):
+        path = OUT / plat / "platform.toml"
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw["host"] = prior
+        write_platform(OUT / plat, raw)
+        print(f"== {plat}: host prior written")
 
 
 def host_costs(path: Path) -> dict:
@@ -126,6 +154,7 @@ def family_runs(path: Path) -> list[MeasuredRun]:
 
 
 def build_paper(data: Path) -> None:
+    prior = host_prior(RUNS / "h100-lent" / "host.toml")
     lic = data / "LICENSE"
     bundles = OUT / "_bundles"
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,12 +177,13 @@ def build_paper(data: Path) -> None:
             write_platform(OUT / plat, {
                 "name": plat, "description": desc, "calibrated": True, "gpus_per_node": gpn,
                 "compute_bundle": f"../_bundles/{bundle_name}", "collective_bundle": "collectives",
-                "notes": [NOTICE]})
+                "host": prior, "notes": [NOTICE]})
     write_platform(OUT / "dgx-a100", {
         "name": "dgx-a100", "calibrated": True, "gpus_per_node": 8,
         "description": "DGX A100: 8 × A100-SXM4-80GB, NVSwitch, 8 × HDR 200 Gb/s; A100 compute measured "
                        "on Perlmutter, network from published specs",
-        "compute_bundle": "../_bundles/a100-sxm4-80gb", "links": DGX_A100_LINKS, "notes": [NOTICE]})
+        "compute_bundle": "../_bundles/a100-sxm4-80gb", "links": DGX_A100_LINKS, "host": prior,
+        "notes": [NOTICE]})
     for plat in ("perlmutter-a100", "vista-gh200"):
         summary = validate_platform(OUT / plat, load_runs(RUNS / f"paper-runs-{plat}.toml"), replace=True)
         print(f"== {plat} end-to-end runs\n{summary.table()}")

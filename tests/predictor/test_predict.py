@@ -214,3 +214,12 @@ def test_a_backward_without_model_is_costed_at_the_forward_efficiency(vista):
     job = make_job(pp=4, tp=2, dp=2, model=dict(GPT20B, attention="flash", layers=32, hidden=4096, heads=32))
     assert any("flash_atten bwd has no model" in w and "fwd pass's measured efficiency" in w
                for w in predict(job, vista).warnings)
+
+
+@pytest.mark.parametrize("name", ["perlmutter-a100", "vista-gh200", "dgx-a100"])
+def test_host_prior_platforms_say_so_and_subtract_nothing(name):
+    # Per-call host costs describe how a bundle's own samples were timed: a prior from another
+    # machine must carry only the per-layer costs, and say where they came from.
+    host = load_platform(name).host
+    assert host is not None and host.source.startswith("prior:")
+    assert not host.operators and host.layer_seconds > 0
