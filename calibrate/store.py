@@ -239,8 +239,3 @@ def _key(pt: "OperatorPoint | CollectivePoint") -> str:
     if isinstance(pt, OperatorPoint):
         return f"{pt.precision}:" + "x".join(str(v) for v in pt.shape)
     return f"{pt.precision}:{pt.entries}@{pt.nodes}x{pt.gpus_per_node}"
-
-
-def store_is_complete(directory: Path) -> bool:
-    meta = read_meta(directory)
-    return bool(meta.get("progress", {}).get("complete", False))

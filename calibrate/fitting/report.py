@@ -92,9 +92,7 @@ def _held_out(X: np.ndarray, y: np.ndarray, library: str, seed: int) -> tuple[np
 
 def _log_ratio(res: "regress.FitResult", X: np.ndarray) -> np.ndarray:
     """The refitted model's log ratio, from the library's own model file."""
-    if hasattr(regress, "library_predict"):
-        return np.asarray(regress.library_predict(res.library, res.model_bytes, X), dtype=float)
-    return np.log(regress.RatioModel(res.library, res.model_bytes).predict(X))  # older predictor
+    return np.asarray(regress.library_predict(res.library, res.model_bytes, X), dtype=float)
 
 
 def held_out_predictions(samples: SampleSet, gpu: GpuSpec, compute: FitReport,

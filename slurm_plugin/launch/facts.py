@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .configs import to_int, to_number
+from .configs import to_int
 from .values import MARK_OPEN, Fact, Tok, Unknowns
 
 
@@ -52,18 +52,6 @@ class Facts:
         if n is None:
             self.warnings.append(f"{what or key}: {text[:40]!r} is not an integer ({origin})")
             self.set_unknown(key, f"{what or key} is {text[:40]!r}, not an integer", origin)
-            return
-        self.set(key, n, origin)
-
-    def set_num(self, key: str, tok: Tok, offset: int = 0) -> None:
-        text = tok.text[offset:]
-        origin = tok.origin_at(offset)
-        if MARK_OPEN in text:
-            self.set_unknown(key, self.u.reason(text) or "unknown", origin)
-            return
-        n = to_number(text)
-        if n is None:
-            self.set_unknown(key, f"{text[:40]!r} is not a number", origin)
             return
         self.set(key, n, origin)
 

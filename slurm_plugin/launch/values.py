@@ -49,9 +49,6 @@ class Unknowns:
             return None
         return self.reasons[int(m.group(1))]
 
-    def is_pure(self, text: str) -> bool:
-        return bool(_MARK_RE.fullmatch(text))
-
     def known_nonempty(self, text: str) -> Optional[bool]:
         """True/False when emptiness is known, None when not."""
         if not text:

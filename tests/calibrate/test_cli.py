@@ -87,3 +87,22 @@ def test_run_resumes_a_finished_store_and_states_the_cost(capsys, store_copy):
     assert code == 0
     assert "0 operator and 0 collective points measured" in out and "complete" in out
     assert "estimated cost:" in err and "GPU-minutes" in err
+
+
+def test_host_costs_via_cli(capsys, tmp_path):
+    # The host side of every catalog operator, measured on this CPU, written as a [host] table
+    # that build_platforms.py turns into a platform's host costs.
+    import tomllib
+
+    from predictor.operators import OPERATORS
+    out_file = tmp_path / "host.toml"
+    code, out, err = _run(capsys, "host", "--device", "cpu", "--out", str(out_file))
+    assert code == 0, err
+    assert str(out_file) in out and "launch" in out
+    host = tomllib.loads(out_file.read_text(encoding="utf-8"))["host"]
+    assert host["device"] == "cpu" and host["precision"] == "fp32"
+    assert set(host["operators"]) == set(OPERATORS)
+    for op, dirs in host["operators"].items():
+        assert set(dirs) == set(OPERATORS[op].directions), op
+        assert all(us > 0 for us in dirs.values()), op
+    assert host["layer_us"] > 0 and host["layer_forward_us"] > 0
