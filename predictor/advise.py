@@ -16,6 +16,12 @@ Constraints of the enumeration (each one a reason a layout would fail to launch)
 * at least one layer per stage (GPT-NeoX balances uneven splits); with virtual stages v > 1,
   layers divisible by pp × v and micro-batches per step divisible by pp (Megatron's interleaved
   schedule);
+* a split of the layers over the pp stages that the job's framework makes
+  (:func:`predictor.decompose.pipeline_split`, the same split the predictor times and the memory
+  model sizes): a candidate keeps the job's ``layout.pipe_split`` rule; its explicit
+  ``layout.stage_layers`` and Megatron's first/last-stage layer counts where they fit the
+  candidate's pp and v (the job's own pp and v), the rule alone where they do not; Megatron's
+  even split rules out a pp that does not divide the layers;
 * global batch divisible by micro_batch × dp;
 * ZeRO stage ≥ 2 only with pp = 1 (DeepSpeed), as :class:`~predictor.job.TrainingJob` enforces.
 
@@ -43,6 +49,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from .decompose import pipeline_split, stage_layers
 from .errors import JobError, PerfcastError
 from .job import Layout, ModelSpec, TrainingJob, ClusterSpec, RECOMPUTES
 from . import memory as mem
@@ -54,6 +61,9 @@ PredictMany = Callable[[Sequence[TrainingJob], Any], list]
 # Tuple key of a layout, in the order of the JSON answer.
 LAYOUT_KEYS = ("pp", "tp", "dp", "micro_batch", "micro_batches", "recompute", "zero_stage",
                "virtual_stages")
+# The keys of the pipeline split, which candidates inherit from the job (see _split_fields).
+SPLIT_KEYS = ("pipe_split", "stage_layers", "first_stage_layers", "last_stage_layers",
+              "account_for_embedding", "account_for_loss")
 _RECOMPUTE_COST = {"none": 0, "selective": 1, "full": 2}
 
 
@@ -102,6 +112,7 @@ class Candidate:
     tokens_per_step: int = 0
     peak_tflops: float = 0.0
     note: str = ""
+    model: Optional[ModelSpec] = None          # for the stage split in to_dict
 
     @property
     def key(self) -> tuple:
@@ -111,6 +122,11 @@ class Candidate:
     def name(self) -> str:
         """PP-MP-DP, as the paper writes layouts."""
         return f"{self.layout.pp}-{self.layout.tp}-{self.layout.dp}"
+
+    @property
+    def stage_layers(self) -> list[int]:
+        """Transformer layers per pipeline stage (per device)."""
+        return stage_layers(self.model, self.layout) if self.model is not None else []
 
     @property
     def iteration_seconds(self) -> float:
@@ -171,6 +187,8 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {k: getattr(self.layout, k) for k in LAYOUT_KEYS}
+        # Which layers each stage holds: the split this candidate was timed and sized with.
+        d["stage_layers"] = self.stage_layers
         predicted = self.prediction is not None
         d.update({
             "iteration_seconds": round(self.iteration_seconds, 6) if predicted else None,
@@ -331,6 +349,32 @@ def _tp_choices(model: ModelSpec, gpus: int, gpus_per_node: int, opts: SearchOpt
     return out
 
 
+def _split_fields(job: TrainingJob, pp: int, tp: int, v: int) -> tuple[Optional[dict[str, Any]], str]:
+    """The pipeline-split keys a candidate of ``pp`` stages (``v`` virtual) inherits from the job,
+    or None and why when the job's framework would not split its layers so.
+
+    The job's own explicit split and Megatron first/last-stage counts are tied to its pp and v: a
+    candidate keeps them where they fit and falls back to the job's rule alone where they do not.
+    """
+    lay = job.layout
+    full = {k: getattr(lay, k) for k in SPLIT_KEYS}
+    if (pp, v) != (lay.pp, lay.virtual_stages):
+        # An explicit split is the job's own stages: another pp × v of the same length (2 × 2
+        # for 4 × 1) would read it as a different split.
+        full["stage_layers"] = ()
+    rule_only = dict(full, stage_layers=(), first_stage_layers=0, last_stage_layers=0)
+    tries = [full, rule_only] if full != rule_only else [full]
+    reason = ""
+    for fields in tries:
+        try:
+            pipeline_split(job.model, Layout(pp=pp, tp=tp, virtual_stages=v, **fields))
+        except JobError as exc:
+            reason = f"the {lay.pipe_split} pipeline split refuses it ({exc.key})"
+            continue
+        return fields, ""
+    return None, reason
+
+
 def enumerate_layouts(job: TrainingJob, gpus: int, gpus_per_node: int,
                       opts: SearchOptions) -> tuple[list[Layout], dict[str, int]]:
     """Every layout of ``gpus`` GPUs that keeps the job's global batch and could launch.
@@ -376,6 +420,7 @@ def enumerate_layouts(job: TrainingJob, gpus: int, gpus_per_node: int,
                 vs = [v for v in range(1, opts.max_virtual_stages + 1)
                       if v == 1 or m.layers % (pp * v) == 0]
             per_dp = gb // dp
+            splits = {v: _split_fields(job, pp, tp, v) for v in vs}
             for mb in _divisors(per_dp):
                 if opts.micro_batch is not None:
                     if mb != opts.micro_batch:
@@ -388,12 +433,16 @@ def enumerate_layouts(job: TrainingJob, gpus: int, gpus_per_node: int,
                         if pp < 2 or m.layers % (pp * v) or mbs % pp:
                             skip("interleaving constraints (layers or micro-batches per pp·v)")
                             continue
+                    fields, why = splits[v]
+                    if fields is None:
+                        skip(why)
+                        continue
                     for z in zeros:
                         for rc in recomputes:
                             out.append(Layout(pp=pp, tp=tp, dp=dp, micro_batch=mb, micro_batches=mbs,
                                               zero_stage=z, recompute=rc,
                                               sequence_parallel=lay.sequence_parallel and tp > 1,
-                                              virtual_stages=v))
+                                              virtual_stages=v, **fields))
     if opts.micro_batch is not None and not out:
         skip(f"micro-batch {opts.micro_batch} does not divide the global batch per dp rank")
     return out, skipped
@@ -437,7 +486,8 @@ def _current_layout(job: TrainingJob, gpus: int) -> tuple[Optional[Layout], str]
 
 
 def _layout_dict(lay: Layout) -> dict[str, Any]:
-    return {k: getattr(lay, k) for k in LAYOUT_KEYS + ("sequence_parallel",)}
+    # The split keys too: the job's own pp and v keep its own split.
+    return {k: getattr(lay, k) for k in LAYOUT_KEYS + ("sequence_parallel",) + SPLIT_KEYS}
 
 
 def _prune_dominated(fitting: list[tuple[Layout, mem.MemoryEstimate]],
@@ -572,7 +622,7 @@ def _predict_plans(job: TrainingJob, platform: Any, plans: Sequence[_Plan], opts
                 continue
             c = Candidate(layout=lay, memory=est, fits=est.fits(capacity), prediction=pred,
                           flops_per_step=flops, gpus=plan.gpus, tokens_per_step=tokens,
-                          peak_tflops=peak)
+                          peak_tflops=peak, model=job.model)
             if role != "current":
                 cands.append(c)
             if layout_key(lay) == cur_key:

@@ -388,7 +388,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     # with sequence parallelism is each rank's slice 1/tp of it.
     p2p_entries = tokens * h / tp if sp else tokens * h
     p2p_h = q.coll("p2p", p2p_entries, grp["pp"], prec) if lay.pp > 1 else None
-    sizes = stage_layers(m.layers, lay.pp, lay.virtual_stages)
+    sizes = stage_layers(m, lay)
     params = stage_params(job)
     v = lay.virtual_stages
     stage_fwd, stage_bwd, mp_comm, p2p_terms = [], [], [], []
@@ -492,7 +492,7 @@ def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, 
     }
     details = {"stage_fwd_seconds": fwd, "stage_bwd_seconds": bwd,
                "stage_host_wait_seconds": host_wait,
-               "stage_layers": stage_layers(plan.job.model.layers, p, v),
+               "stage_layers": stage_layers(plan.job.model, plan.job.layout),
                "forward_pipeline_seconds": (mb + (p - 1) / v) * F}
     return iteration, breakdown, details
 

@@ -3,6 +3,25 @@
 Like Calculon's application / execution / system split, each part is a small named object; a
 :class:`TrainingJob` is built from the TOML job file or a dict with the keys of DESIGN.md and is
 validated on construction, with errors that name the key at fault.
+
+How the layers are split over pipeline stages is part of the layout (the rules themselves are in
+:mod:`predictor.decompose`)::
+
+    [layout]
+    pipe_split = "neox"          # the framework's rule: neox | deepspeed_parameters |
+                                 #   deepspeed_uniform | megatron
+    stage_layers = [10, 12, 12, 10]   # optional explicit split, pp × virtual_stages entries in
+                                 #   pipeline order (overrides pipe_split for this pp and v)
+    first_stage_layers = 0       # megatron only: --decoder-first-pipeline-num-layers (0 = not set)
+    last_stage_layers = 0        # megatron only: --decoder-last-pipeline-num-layers (0 = not set)
+    account_for_embedding = false   # megatron only: --account-for-embedding-in-pipeline-split
+    account_for_loss = false        # megatron only: --account-for-loss-in-pipeline-split
+
+* ``neox`` (default): GPT-NeoX's default ``pipe_partition_method: "type:transformer|mlp"``;
+* ``deepspeed_parameters`` / ``deepspeed_uniform``: GPT-NeoX with ``pipe_partition_method``
+  ``"parameters"`` / ``"uniform"`` (DeepSpeed's PipelineModule methods over NeoX's layer list);
+* ``megatron``: Megatron-LM / NeMo, layers split evenly (pp must divide them) unless the
+  first/last stage is fixed; the embedding / loss may count as one layer of the first / last stage.
 """
 from __future__ import annotations
 
@@ -27,6 +46,8 @@ ATTENTIONS = ("fused_softmax", "flash", "unfused")
 POS_EMBS = ("rotary", "learned", "alibi", "none")
 RECOMPUTES = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp32")
+#: rules for splitting layers over pipeline stages (see predictor.decompose.pipeline_split)
+PIPE_SPLITS = ("neox", "deepspeed_parameters", "deepspeed_uniform", "megatron")
 
 # Bounds that no real LLM job comes near; past them the input is a typo or an attack, and the
 # arithmetic downstream (memory, FLOPs) would only produce nonsense.
@@ -37,7 +58,10 @@ _MAX = {
     "virtual_stages": 1024, "train_iters": 1 << 40, "eval_interval": 1 << 40,
     "eval_iters": 1 << 30, "save_interval": 1 << 40, "gpus_per_node": 1024,
     "train_samples": 1 << 50, "train_tokens": 1 << 62,
+    "first_stage_layers": 10_000, "last_stage_layers": 10_000, "stage_layers": 10_000,
 }
+# Entries of an explicit split: pp × virtual_stages at most.
+_MAX_SPLIT_ENTRIES = _MAX["pp"] * _MAX["virtual_stages"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +106,19 @@ class Layout:
     recompute: str = "full"
     sequence_parallel: bool = False
     virtual_stages: int = 1
+    # The pipeline split (module docstring; predictor.decompose.pipeline_split computes it).
+    pipe_split: str = "neox"
+    stage_layers: tuple[int, ...] = ()       # () = by pipe_split's rule
+    first_stage_layers: int = 0              # 0 = not set (megatron only)
+    last_stage_layers: int = 0               # 0 = not set (megatron only)
+    account_for_embedding: bool = False      # megatron only
+    account_for_loss: bool = False           # megatron only
+
+    def __post_init__(self) -> None:
+        # A list from a TOML/JSON file or a caller becomes a tuple: layouts stay hashable (the
+        # split is cached on them) and immutable.
+        if not isinstance(self.stage_layers, tuple):
+            object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
 
     @property
     def gpus(self) -> int:
@@ -118,6 +155,7 @@ _SECTIONS: dict[str, type] = {"model": ModelSpec, "layout": Layout, "run": RunSp
 _CHOICES = {
     "model.norm": NORMS, "model.activation": ACTIVATIONS, "model.attention": ATTENTIONS,
     "model.pos_emb": POS_EMBS, "layout.recompute": RECOMPUTES, "run.precision": PRECISIONS,
+    "layout.pipe_split": PIPE_SPLITS,
 }
 _REQUIRED = {"model.layers", "model.hidden", "model.heads", "model.seq_len"}
 
@@ -194,8 +232,16 @@ class TrainingJob:
         return TrainingJob.from_dict(d, source=self.source)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """The resolved job in the job-file keys (every default filled in)."""
-        return {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
+        """The resolved job in the job-file keys (every default filled in).
+
+        Lists come out as lists (``layout.stage_layers``), as a TOML or JSON reader gives them back.
+        """
+        out = {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
+        for section in out.values():
+            for key, value in section.items():
+                if isinstance(value, tuple):
+                    section[key] = list(value)
+        return out
 
     # ----------------------------------------------------------------------------- derived
     @property
@@ -274,6 +320,22 @@ def _coerce(dotted: str, f: dataclasses.Field, value: Any, source: str) -> Any:
                                + _did_you_mean(v, choices), source)
             return v
         return value
+    if kind.startswith("tuple[int"):
+        # A list of integers (a TOML array); each entry as strict as an int key.
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
+            raise JobError(dotted, f"must be a list of integers, got {value!r}", source)
+        if len(value) > _MAX_SPLIT_ENTRIES:
+            raise JobError(dotted, f"has {len(value)} entries, beyond any sane pipeline", source)
+        limit = _MAX.get(dotted.split(".")[1], 0)
+        out = []
+        for i, v in enumerate(value):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) \
+                    or (isinstance(v, float) and (not math.isfinite(v) or v != int(v))):
+                raise JobError(dotted, f"entry {i} must be an integer, got {v!r}", source)
+            if not 0 <= v <= limit:
+                raise JobError(dotted, f"entry {i} = {int(v)} is not a layer count", source)
+            out.append(int(v))
+        return tuple(out)
     raise AssertionError(f"unhandled field type {kind} for {dotted}")  # a bug in this module
 
 
@@ -302,13 +364,17 @@ def _validate(job: TrainingJob) -> None:
     chunks = lay.pp * lay.virtual_stages
     if m.layers < chunks:
         raise err("layout.pp", f"{m.layers} layers cannot fill pp × virtual_stages = {chunks} stages")
+    if lay.virtual_stages > 1 and lay.pp < 2:
+        raise err("layout.virtual_stages", "interleaved stages need pp of at least 2")
+    # The split over pipeline stages: the framework's rule may refuse this pp (Megatron's even
+    # split, the interleaved schedule's layers per chunk, an explicit split of the wrong length);
+    # decompose names the key at fault.
+    from .decompose import pipeline_split   # here: decompose imports this module
+    try:
+        pipeline_split(m, lay)
+    except JobError as exc:
+        raise err(exc.key, str(exc).split(": ", 1)[-1] if exc.key else str(exc)) from None
     if lay.virtual_stages > 1:
-        if lay.pp < 2:
-            raise err("layout.virtual_stages", "interleaved stages need pp of at least 2")
-        if m.layers % chunks:
-            raise err("layout.virtual_stages",
-                      f"layers ({m.layers}) must be divisible by pp × virtual_stages ({chunks}) "
-                      "for the interleaved schedule")
         if lay.micro_batches % lay.pp:
             raise err("layout.micro_batches",
                       f"the interleaved schedule needs micro_batches ({lay.micro_batches}) "

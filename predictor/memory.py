@@ -59,15 +59,20 @@ The estimate is the worst pipeline stage's peak, in bytes, as the sum of
   A layout predicted to fit within a few percent of the card is therefore a layout that is
   likely to run, not one that needs luck.
 
-Only the first and the last stage are computed: middle stages hold no more layers (the split
-puts the remainder on the first stages), fewer micro-batches and neither embedding nor head.
+The layers of each stage are :func:`predictor.decompose.stage_layers`, the split timing uses too
+(the framework's rule, ``layout.pipe_split``, or an explicit ``layout.stage_layers``).  The
+worst stage is searched among the first, the last, and the middle stages that hold more layers
+than the first and every middle stage before them: a middle stage has neither embedding nor head,
+holds no more micro-batches than an earlier stage, and its bytes grow with both, so any other
+middle stage is outdone by one of those.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional, Sequence
 
+from .decompose import stage_layers as _split_stage_layers
 from .job import Layout, ModelSpec
 
 if TYPE_CHECKING:  # only for the type hint of estimate_job
@@ -148,18 +153,23 @@ def layer_parameters(model: ModelSpec, tp: int = 1) -> float:
     return sharded / tp + replicated
 
 
-def stage_layers(layers: int, pp: int) -> list[int]:
-    """Layers per stage; an uneven remainder goes to the first stages (the worst case for memory,
-    since they also hold the most micro-batches)."""
-    base, rem = divmod(layers, pp)
-    return [base + (1 if r < rem else 0) for r in range(pp)]
+def stage_layers(model: ModelSpec, layout: Layout) -> list[int]:
+    """Transformer layers per stage (per device): :func:`predictor.decompose.stage_layers`, the one
+    place the split is computed, so that memory and timing see the same stages."""
+    return _split_stage_layers(model, layout)
 
 
-def stage_parameters(model: ModelSpec, layout: Layout, stage: int) -> float:
-    """Parameters one GPU of ``stage`` holds (its tensor-parallel shard), before ZeRO."""
+def stage_parameters(model: ModelSpec, layout: Layout, stage: int,
+                     layers: Optional[int] = None) -> float:
+    """Parameters one GPU of ``stage`` holds (its tensor-parallel shard), before ZeRO.
+
+    ``layers``: the stage's transformer layers when the caller has the split at hand.
+    """
     tp, pp = layout.tp, layout.pp
     h = model.hidden
-    n = stage_layers(model.layers, pp)[stage] * layer_parameters(model, tp)
+    if layers is None:
+        layers = stage_layers(model, layout)[stage]
+    n = layers * layer_parameters(model, tp)
     embedding = padded_vocab(model.vocab, tp) * h / tp
     if stage == 0:
         n += embedding
@@ -222,14 +232,16 @@ def in_flight(layout: Layout, stage: int) -> float:
     return chunks / v
 
 
-def stage_activation_bytes(model: ModelSpec, layout: Layout, precision: str, stage: int) -> float:
+def stage_activation_bytes(model: ModelSpec, layout: Layout, precision: str, stage: int,
+                           layers: Optional[int] = None) -> float:
     """Activations ``stage`` holds at its peak: in-flight micro-batches of its layers, plus the
     embedding mask on the first stage and the head's logits on the last."""
     e = ELEMENT_BYTES[precision]
     s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
     sp = layout.sequence_parallel and t > 1
     T = s * b
-    layers = stage_layers(model.layers, layout.pp)[stage]
+    if layers is None:
+        layers = stage_layers(model, layout)[stage]
     flight = in_flight(layout, stage)
     total = flight * layers * layer_activation_bytes(model, layout, precision)
     if layout.recompute == "full":
@@ -246,8 +258,9 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, precision: str, sta
 
 
 # --------------------------------------------------------------------------------- total
-def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int) -> MemoryEstimate:
-    psi = stage_parameters(model, layout, stage)
+def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int,
+                    layers: Optional[int] = None) -> MemoryEstimate:
+    psi = stage_parameters(model, layout, stage, layers)
     e = ELEMENT_BYTES[precision]
     k = OPTIMIZER_BYTES[precision]
     nd, z = layout.dp, layout.zero_stage
@@ -258,19 +271,42 @@ def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int
         # ZeRO-3 gathers a layer's full parameters before using it and prefetches the next:
         # two layers' worth of 16-bit parameters are resident beyond the shard.
         weights += 2 * e * layer_parameters(model, layout.tp)
-    activations = stage_activation_bytes(model, layout, precision, stage)
+    activations = stage_activation_bytes(model, layout, precision, stage, layers)
     rest = weights + gradients + optimizer + activations
     reserve = RESERVE_FIXED_BYTES + RESERVE_FRACTION * rest
     return MemoryEstimate(weights, gradients, optimizer, activations, reserve, stage, int(psi))
 
 
+def worst_stage_candidates(sizes: Sequence[int]) -> list[int]:
+    """The stages that can hold the peak, given the layers per stage: the first, the last, and
+    each middle stage with more layers than the first and every middle stage before it (see the
+    module docstring)."""
+    pp = len(sizes)
+    if pp == 1:
+        return [0]
+    out = [0]
+    most = sizes[0]
+    for r in range(1, pp - 1):
+        if sizes[r] > most:
+            most = sizes[r]
+            out.append(r)
+    out.append(pp - 1)
+    return out
+
+
 def estimate(model: ModelSpec, layout: Layout, precision: str = "fp16") -> MemoryEstimate:
-    """Peak memory per GPU for ``layout``: the larger of the first and the last stage."""
-    first = _stage_estimate(model, layout, precision, 0)
-    if layout.pp == 1:
-        return first
-    last = _stage_estimate(model, layout, precision, layout.pp - 1)
-    return first if first.total >= last.total else last
+    """Peak memory per GPU for ``layout``: its worst pipeline stage (the earliest on a tie).
+
+    Raises :class:`~predictor.errors.JobError` when the framework's split rule refuses the layout.
+    """
+    sizes = stage_layers(model, layout)
+    worst: Optional[MemoryEstimate] = None
+    for stage in worst_stage_candidates(sizes):
+        est = _stage_estimate(model, layout, precision, stage, sizes[stage])
+        if worst is None or est.total > worst.total:
+            worst = est
+    assert worst is not None
+    return worst
 
 
 def estimate_job(job: "TrainingJob") -> MemoryEstimate:

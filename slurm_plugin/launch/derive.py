@@ -193,7 +193,10 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
     if mbs is not None:
         d.put("layout.micro_batches", mbs[0], mbs[1])
     _zero(d, f, framework)
-    for key in ("recompute", "sequence_parallel", "virtual_stages"):
+    for key in ("recompute", "sequence_parallel", "virtual_stages",
+                # the pipeline split: the framework's rule and its options (neox.py, megatron.py)
+                "pipe_split", "first_stage_layers", "last_stage_layers",
+                "account_for_embedding", "account_for_loss"):
         _copy(d, f, key, f"layout.{key}")
     # ---------------------------------------------------------------- run
     _precision(d, f, framework)

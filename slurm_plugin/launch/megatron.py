@@ -27,6 +27,8 @@ _INT = {
     "--vocab-size": "vocab", "--zero-stage": "cli_zero_stage", "--num-query-groups": "num_query_groups",
     "--num-key-value-heads": "kv_heads_ms", "--max-position-embeddings": "max_pos",
     "--checkpoint-num-layers": "checkpoint_num_layers", "--recompute-num-layers": "recompute_num_layers",
+    "--decoder-first-pipeline-num-layers": "first_stage_layers",
+    "--decoder-last-pipeline-num-layers": "last_stage_layers",
 }
 _STR = {
     "--recompute-granularity": "recompute_granularity", "--normalization": "norm_raw",
@@ -46,6 +48,8 @@ _FLAGS = {
     "--no-pipeline-parallel": "no_pp", "--use-rotary-position-embeddings": "rotary_ms",
     "--no-position-embedding": "no_pos", "--no-masked-softmax-fusion": "no_softmax_fusion",
     "--use-mcore-models": "mcore", "--transformer-impl": "transformer_impl",
+    "--account-for-embedding-in-pipeline-split": "account_for_embedding",
+    "--account-for-loss-in-pipeline-split": "account_for_loss",
 }
 _NARGS = {"--rampup-batch-size": ("rampup", 3)}
 
@@ -211,6 +215,7 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
             f.set("virtual_stages", f.val("layers") // pp // lpv, f.origin("layers_per_vstage"))
         else:
             w.append("--num-layers-per-virtual-pipeline-stage does not divide the layers per stage")
+    _pipeline_split(f, deepspeed)
     # context / Ulysses parallelism divide DP
     if deepspeed and f.get("ds_sp") is not None:
         f.d["cp"] = f.d["ds_sp"]
@@ -238,3 +243,32 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         f.set("eval_interval", 1000, "Megatron default")
     if f.get("eval_iters") is None:
         f.set("eval_iters", 100, "Megatron default")
+
+
+_SPLIT_OPTIONS = (("first_stage_layers", "--decoder-first-pipeline-num-layers"),
+                  ("last_stage_layers", "--decoder-last-pipeline-num-layers"),
+                  ("account_for_embedding", "--account-for-embedding-in-pipeline-split"),
+                  ("account_for_loss", "--account-for-loss-in-pipeline-split"))
+
+
+def _pipeline_split(f: Facts, deepspeed: bool) -> None:
+    """The rule that splits the layers over pipeline stages (predictor.decompose.pipeline_split)."""
+    given = [(fact, flag) for fact, flag in _SPLIT_OPTIONS if f.get(fact) is not None]
+    if deepspeed:
+        # Megatron-DeepSpeed hands its own layer list to DeepSpeed's PipelineModule
+        # (partition_method type:transformer); the Megatron-LM options below are not its own.
+        for fact, flag in given:
+            f.warnings.append(f"{flag} is a Megatron-LM option; Megatron-DeepSpeed ignores it")
+            del f.d[fact]
+        if f.val("pp", 1) > 1:
+            f.warnings.append("pipeline split: Megatron-DeepSpeed's DeepSpeed partitioning "
+                              "(type:transformer) is modelled by GPT-NeoX's (type:transformer|mlp)")
+        return
+    f.set("pipe_split", "megatron", "Megatron-LM rule (layers split evenly over the stages)")
+    # No --pipeline-model-parallel-size is one stage; an unknown one is left to the job's check.
+    pp = 1 if f.get("pp") is None else f.val("pp")
+    if pp is not None and pp < 2:
+        for fact, flag in given:
+            if fact in ("first_stage_layers", "last_stage_layers"):
+                f.warnings.append(f"{flag} has no effect with one pipeline stage")
+                del f.d[fact]

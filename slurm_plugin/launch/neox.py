@@ -8,6 +8,7 @@ gated-MLP widths follow ParallelMLP; gradient_accumulation_steps defaults to 1.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -16,6 +17,12 @@ from .facts import Facts
 from .values import MARK_OPEN, Tok
 
 GATED = {"geglu", "reglu", "swiglu", "bilinear", "glu"}
+# The names DeepSpeed's ``type:REGEX`` partitioning matches against, for GPT-NeoX's pipeline items
+# (GPT2ModelPipe): embedding, pre hook, a transformer layer, post hook, final norm, output layer
+# (a second EmbeddingPipe when the embeddings are tied).
+_PIPE_ITEMS = ("EmbeddingPipe", "_pre_transformer_block", "ParallelTransformerLayerPipe",
+               "_post_transformer_block", "NormPipe")
+_NEOX_DEFAULT_TYPE = "transformer|mlp"
 
 
 @dataclass
@@ -200,6 +207,7 @@ def read_merged(m: Merged, facts: Facts) -> None:
         f.set("zero_stage", 1 if z else 0, m.origin("zero_optimization"))
     else:
         f.set("zero_stage", 0, m.origin("zero_optimization") or "NeoX default (ZeRO stage 0)")
+    _pipe_partition(m, f)
     ca = to_bool(m.raw("checkpoint_activations", False))
     f.set("recompute", "full" if ca else "none", m.origin("checkpoint_activations") or "NeoX default")
     # vocabulary
@@ -218,6 +226,57 @@ def read_merged(m: Merged, facts: Facts) -> None:
     moe = to_int(m.raw("moe_num_experts", 1))
     if moe and moe > 1:
         w.append(f"moe_num_experts = {moe}: mixture-of-experts is not modelled; predicting the dense model")
+
+
+def _type_matches(pattern: str, tied: bool) -> Optional[tuple]:
+    """Which pipeline items ``type:pattern`` weighs 1, or None for a pattern we do not evaluate.
+
+    DeepSpeed compiles the pattern as a case-insensitive regex and searches each item's class or
+    function name.  Only alternatives of plain names are evaluated here (a plain name is a
+    substring search): a script's regex is not run, so it cannot stall the parser.
+    """
+    alts = pattern.lower().split("|")
+    if not all(re.fullmatch(r"[a-z0-9_]+", a) for a in alts):
+        return None
+    names = _PIPE_ITEMS + ("EmbeddingPipe" if tied else "ParallelLinearPipe",)
+    return tuple(any(a in name.lower() for a in alts) for name in names)
+
+
+def _pipe_partition(m: Merged, f: Facts) -> None:
+    """``pipe_partition_method`` -> the pipe_split rule (predictor.decompose.pipeline_split)."""
+    key = "pipe_partition_method"
+    default_origin = f"NeoX default (pipe_partition_method type:{_NEOX_DEFAULT_TYPE})"
+    if not m.has(key) or m.raw(key) is None:
+        f.set("pipe_split", "neox", default_origin)
+        return
+    v, origin = m.raw(key), m.origin(key)
+    if isinstance(v, str) and MARK_OPEN in v:
+        f.set_unknown("pipe_split", f.u.reason(v) or "unknown", origin)
+        return
+    method = str(v).strip().lower()
+    if method == "parameters":
+        f.set("pipe_split", "deepspeed_parameters", origin)
+        return
+    if method == "uniform":
+        f.set("pipe_split", "deepspeed_uniform", origin)
+        return
+    tied = not to_bool(m.raw("no_weight_tying", False))
+    if method.startswith("type:"):
+        got = _type_matches(method.split(":")[1], tied)
+        if got == _type_matches(_NEOX_DEFAULT_TYPE, tied):
+            f.set("pipe_split", "neox", origin)
+            return
+        if got is None:
+            why = "is a regex this reader does not evaluate"
+        elif not any(got):
+            why = "matches no pipeline layer: DeepSpeed stops with 'found no valid layers to partition'"
+        else:
+            why = "weighs other layers than type:transformer|mlp, which is not modelled"
+    else:
+        why = "is not a DeepSpeed partition method (uniform, parameters, type:REGEX)"
+    f.warnings.append(f"pipe_partition_method {str(v)[:40]!r} {why} ({origin}); "
+                      f"using NeoX's default type:{_NEOX_DEFAULT_TYPE}")
+    f.set("pipe_split", "neox", origin)
 
 
 def _attention(m: Merged, f: Facts) -> None:

@@ -159,7 +159,7 @@ def test_interleaved_first_stage_holds_l_times_one_plus_p_minus_1_over_pv():
     lay = Layout(pp=4, tp=8, dp=1, micro_batch=1, micro_batches=8, recompute="selective",
                  sequence_parallel=True, virtual_stages=2, zero_stage=0)
     per_layer = mem.layer_activation_bytes(GPT22, lay, "fp16")
-    layers = mem.in_flight(lay, 0) * mem.stage_layers(48, 4)[0]
+    layers = mem.in_flight(lay, 0) * mem.stage_layers(GPT22, lay)[0]
     assert layers == pytest.approx(66)
     act = mem.stage_activation_bytes(GPT22, lay, "fp16", 0)
     assert act == pytest.approx(66 * per_layer + mem.in_flight(lay, 0) * 2048 * 6144 / 8)

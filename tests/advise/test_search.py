@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from predictor import memory as mem
 from predictor.advise import (AdviseError, SearchOptions, advise, enumerate_layouts, layout_key,
                               model_flops_per_step, sweep)
-from predictor.job import Layout, ModelSpec, TrainingJob
+from predictor.decompose import stage_layers
+from predictor.job import PIPE_SPLITS, Layout, ModelSpec, TrainingJob
 
 from .fakes import FakePlatform, FakePredictMany
 
@@ -234,6 +235,70 @@ def test_enumeration_agrees_with_job_validation(layers, heads_exp, kv_div, gpus_
         assert lay.global_batch == job.layout.global_batch
         assert lay.tp <= gpn
         TrainingJob(model=model, layout=lay)          # raises JobError if validation disagrees
+
+
+# ------------------------------------------------------------------------- the pipeline split
+def test_candidates_report_the_split_they_were_timed_with():
+    d = advise(gpt20b(), PLAT, SearchOptions(), FakePredictMany()).to_dict()
+    job = gpt20b()
+    for c in d["candidates"]:
+        lay = Layout(**{k: c[k] for k in ("pp", "tp", "dp", "micro_batch", "micro_batches",
+                                          "recompute", "zero_stage", "virtual_stages")})
+        assert c["stage_layers"] == stage_layers(job.model, lay)
+        assert sum(c["stage_layers"]) == 44
+    assert d["current"]["stage_layers"] == [11, 12, 11, 10]        # NeoX's default rule
+
+
+def test_megatron_rule_rules_out_a_pp_that_does_not_divide_the_layers():
+    job = gpt20b(pipe_split="megatron")
+    adv = advise(job, PLAT, SearchOptions(include_unfit=True), FakePredictMany())
+    pps = {c.layout.pp for c in adv.candidates}
+    assert 4 in pps and 8 not in pps and 16 not in pps           # 44 layers: 8 and 16 do not divide
+    assert any("megatron pipeline split" in k for k in adv.dropped)
+    assert all(c.layout.pipe_split == "megatron" for c in adv.candidates)
+    for c in adv.candidates:
+        assert c.stage_layers == [44 // c.layout.pp] * c.layout.pp
+    # The default rule (GPT-NeoX) splits any pp.
+    assert 8 in {c.layout.pp for c in advise(gpt20b(), PLAT, SearchOptions(include_unfit=True),
+                                             FakePredictMany()).candidates}
+
+
+def test_explicit_split_is_kept_where_it_fits_and_the_rule_used_elsewhere():
+    job = gpt20b(stage_layers=[8, 12, 12, 12])
+    adv = advise(job, PLAT, SearchOptions(include_unfit=True), FakePredictMany())
+    assert adv.current is not None and adv.current.stage_layers == [8, 12, 12, 12]
+    for c in adv.candidates:
+        if (c.layout.pp, c.layout.virtual_stages) == (4, 1):
+            assert c.layout.stage_layers == (8, 12, 12, 12)
+        else:
+            assert c.layout.stage_layers == ()
+            assert c.stage_layers == stage_layers(job.model, c.layout)
+
+
+def test_megatron_first_last_kept_where_they_fit():
+    job = gpt20b(pipe_split="megatron", first_stage_layers=8, last_stage_layers=10)   # 8, 13, 13, 10
+    layouts, dropped = enumerate_layouts(job, 128, 4, SearchOptions())
+    four = [lay for lay in layouts if lay.pp == 4 and lay.virtual_stages == 1]
+    assert four and all((lay.first_stage_layers, lay.last_stage_layers) == (8, 10) for lay in four)
+    # pp = 2: 8 + 10 ≠ 44, so the even rule (22, 22) without the first/last counts.
+    two = [lay for lay in layouts if lay.pp == 2]
+    assert two and all((lay.first_stage_layers, lay.last_stage_layers) == (0, 0) for lay in two)
+    for lay in layouts:
+        TrainingJob(model=job.model, layout=lay)          # every one is a job Megatron would run
+
+
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(8, 48), rule=st.sampled_from(PIPE_SPLITS), gpus_exp=st.integers(0, 6))
+def test_enumerated_splits_are_valid_jobs_for_every_rule(layers, rule, gpus_exp):
+    model = ModelSpec(layers=layers, hidden=1024, heads=16, seq_len=512)
+    pp = 2 if layers % 2 == 0 else 1
+    job = TrainingJob(model=model, layout=Layout(pp=pp, micro_batch=1, micro_batches=16, pipe_split=rule,
+                                                 zero_stage=1))
+    layouts, _ = enumerate_layouts(job, 2 ** gpus_exp, 8, SearchOptions(max_micro_batch=4))
+    for lay in layouts:
+        assert lay.pipe_split == rule
+        j = TrainingJob(model=model, layout=lay)
+        assert mem.stage_layers(model, lay) == stage_layers(j)
 
 
 def test_options_validate():

@@ -102,3 +102,74 @@ def test_megatron_recompute_flags():
     assert parse_script("s", base + "--deepspeed --checkpoint-activations\n").job.layout.recompute == "full"
     assert parse_script("s", base + "\n").job.layout.recompute == "none"
     assert parse_script("s", base + "--use-distributed-optimizer\n").job.layout.zero_stage == 1
+
+
+# ------------------------------------------------------------------------- pipeline split
+_NEOX_PP = ('{"num_layers": 8, "hidden_size": 64, "num_attention_heads": 2, "seq_length": 64, '
+            '"pipe_parallel_size": 2, "train_micro_batch_size_per_gpu": 1, "train_iters": 1%s}')
+
+
+@pytest.mark.parametrize("extra, rule, warning", [
+    ("", "neox", None),
+    (', "pipe_partition_method": "parameters"', "deepspeed_parameters", None),
+    (', "pipe_partition_method": "uniform"', "deepspeed_uniform", None),
+    (', "pipe-partition-method": "type:transformer"', "neox", None),
+    (', "pipe_partition_method": "type:mlp|transformer"', "neox", None),
+    (', "pipe_partition_method": "type:ParallelTransformerLayerPipe"', "neox", "not modelled"),
+    (', "pipe_partition_method": "type:(a+)+$"', "neox", "does not evaluate"),
+    (', "pipe_partition_method": "type:attention"', "neox", "found no valid layers"),
+    (', "pipe_partition_method": "profile"', "neox", "not a DeepSpeed partition method"),
+])
+def test_neox_pipe_partition_method(tmp_path, extra, rule, warning):
+    res = _neox(tmp_path, _NEOX_PP % extra)
+    assert res.error is None, res.error
+    assert res.job.layout.pipe_split == rule
+    origin = res.provenance["layout.pipe_split"]
+    assert origin.startswith("NeoX default") if not extra else "m.yml" in origin
+    if warning:
+        assert any("pipe_partition_method" in w and warning in w for w in res.warnings), res.warnings
+    else:
+        assert not any("pipe_partition_method" in w for w in res.warnings)
+
+
+def _megatron(args: str, layers: int = 44, ds: str = ""):
+    return parse_script("s", "#!/bin/bash\n#SBATCH -N 1 --gpus-per-node=4\ntorchrun --nproc_per_node 4 "
+                        f"pretrain_gpt.py --num-layers {layers} --hidden-size 64 --num-attention-heads 2 "
+                        f"--seq-length 64 --micro-batch-size 1 --train-iters 1 {ds}{args}\n")
+
+
+def test_megatron_pipeline_split_arguments():
+    from predictor.decompose import stage_layers
+    res = _megatron("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 8 "
+                    "--decoder-last-pipeline-num-layers=10")
+    assert res.error is None, res.error
+    lay = res.job.layout
+    assert (lay.pipe_split, lay.first_stage_layers, lay.last_stage_layers) == ("megatron", 8, 10)
+    assert stage_layers(res.job) == [8, 13, 13, 10]
+    assert res.provenance["layout.first_stage_layers"] == "s:3"
+    assert res.provenance["layout.pipe_split"].startswith("Megatron-LM rule")
+    res = _megatron("--pipeline-model-parallel-size 4 --account-for-embedding-in-pipeline-split "
+                    "--account-for-loss-in-pipeline-split", layers=46)
+    assert res.error is None, res.error
+    assert res.job.layout.account_for_embedding and res.job.layout.account_for_loss
+    assert stage_layers(res.job) == [11, 12, 12, 11]
+    assert res.provenance["layout.account_for_loss"] == "s:3"
+
+
+def test_megatron_refuses_a_pp_that_does_not_divide_the_layers():
+    res = _megatron("--pipeline-model-parallel-size 4", layers=42)
+    assert res.error is not None and res.job is None
+    assert "layout.pp" in res.error and "divisible" in res.error
+    # The same layers and pp under GPT-NeoX's rule are fine (DeepSpeed balances).
+    assert _megatron("--pipeline-model-parallel-size 2", layers=42).error is None
+
+
+def test_megatron_split_options_outside_megatron_lm():
+    res = _megatron("--decoder-first-pipeline-num-layers 8")                 # pp = 1
+    assert res.error is None and res.job.layout.first_stage_layers == 0
+    assert any("no effect with one pipeline stage" in w for w in res.warnings)
+    res = _megatron("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 8",
+                    ds="--deepspeed ")
+    assert res.error is None and res.framework == "megatron-deepspeed"
+    assert res.job.layout.pipe_split == "neox" and res.job.layout.first_stage_layers == 0
+    assert any("Megatron-DeepSpeed ignores it" in w for w in res.warnings)

@@ -1,3 +1,5 @@
+import pytest
+
 from predictor.decompose import (_group, groups, layer_params, padded_vocab, stage_layers,
                                  stage_params, vocab_per_rank)
 
@@ -10,22 +12,46 @@ def test_vocab_padding_eq1_eq2():
     assert vocab_per_rank(50257, 8) == 6400
 
 
+def _split(layers, pp, v=1, **layout):
+    model = dict(GPT20B, layers=layers)
+    return stage_layers(make_job(model=model, pp=pp, tp=1, dp=1, virtual_stages=v,
+                                 micro_batches=max(pp, 1), **layout))
+
+
 def test_stage_split_matches_paper_eq3_5():
-    # (L + 5) / pp split uniformly, embedding + hook on the first stage, three items on the last.
-    assert stage_layers(44, 4) == [11, 12, 12, 9]
-    assert stage_layers(32, 4) == [8, 9, 9, 6]
-    assert stage_layers(40, 4) == [10, 11, 11, 8]
+    # The paper's Eq. 3–5 is DeepSpeed's 'uniform' method: (L + 5) items split uniformly, the
+    # embedding + hook on the first stage, three items on the last.
+    uniform = {"pipe_split": "deepspeed_uniform"}
+    assert _split(44, 4, **uniform) == [11, 12, 12, 9]
+    assert _split(32, 4, **uniform) == [8, 9, 9, 6]
+    assert _split(40, 4, **uniform) == [10, 11, 11, 8]
+
+
+def test_neox_default_split_is_deepspeed_balanced_type_transformer():
+    # GPT-NeoX's type:transformer|mlp weighs the two hooks too (46 units for 44 layers);
+    # DeepSpeed's partition_balanced evens them out as 12, 12, 11, 11 units.
+    assert _split(44, 4) == [11, 12, 11, 10]
+    assert _split(40, 4) == [10, 11, 10, 9]
+    assert _split(44, 8) == [5, 6, 6, 6, 6, 6, 5, 4]
 
 
 def test_stage_split_sums_and_small_pp():
-    for layers in (1, 2, 7, 24, 44, 45, 80, 96):
+    for layers in (2, 7, 24, 44, 45, 80, 96):
         for pp in (1, 2, 3, 4, 8):
             if layers >= pp:
-                s = stage_layers(layers, pp)
-                assert sum(s) == layers and min(s) >= 0
+                for rule in ("neox", "deepspeed_uniform", "deepspeed_parameters"):
+                    s = _split(layers, pp, pipe_split=rule)
+                    assert len(s) == pp and sum(s) == layers and min(s) >= 0
     # pp = 1 is all layers (the paper's closed form would cost L + 5).
-    assert stage_layers(44, 1) == [44]
-    assert stage_layers(44, 4, virtual_stages=2) == [11, 11, 11, 11]
+    assert _split(44, 1) == [44]
+    # Interleaved: Megatron's even split over pp × v chunks, two chunks per device.
+    assert _split(44, 2, v=2) == [22, 22]
+    assert _split(48, 4, v=2) == [12, 12, 12, 12]
+
+
+def test_stage_layers_needs_the_layout_not_a_layer_count():
+    with pytest.raises(TypeError, match="rule"):
+        stage_layers(44, 4)
 
 
 def test_parameter_counts_table_iii():
@@ -33,12 +59,15 @@ def test_parameter_counts_table_iii():
     # GPT-NeoX layer: 12 h² + 13 h (Eq. 6 with biases and two LayerNorms).
     h = 6144
     assert layer_params(job) == 12 * h * h + 13 * h
-    tp4 = make_job(tp=4)
+    # The paper's split (DeepSpeed 'uniform', Eq. 3–5): 11 layers first, 9 last.
+    tp4 = make_job(tp=4, pipe_split="deepspeed_uniform")
     assert abs(layer_params(tp4) - (12 * h * h + 9 * h) / 4 - 4 * h) < 1e-6
     params = stage_params(tp4)
     emb = 12672 * h
     assert params[0] == 11 * layer_params(tp4) + emb
     assert params[-1] == 9 * layer_params(tp4) + emb + 2 * h
+    # NeoX's default split puts 10 on the last stage.
+    assert stage_params(make_job(tp=4))[-1] == 10 * layer_params(tp4) + emb + 2 * h
 
 
 def test_swiglu_gqa_params():

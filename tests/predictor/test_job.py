@@ -18,6 +18,14 @@ def test_defaults_filled_and_round_trip():
     assert d["model"]["kv_heads"] == 16 and d["model"]["ffn_hidden"] == 4096
     assert TrainingJob.from_dict(d) == job
     assert job.gpus == 8
+    # The pipeline split keys, with their defaults: NeoX's rule, no explicit split.
+    assert {k: d["layout"][k] for k in ("pipe_split", "stage_layers", "first_stage_layers",
+                                         "last_stage_layers", "account_for_embedding",
+                                         "account_for_loss")} == {
+        "pipe_split": "neox", "stage_layers": [], "first_stage_layers": 0, "last_stage_layers": 0,
+        "account_for_embedding": False, "account_for_loss": False}
+    split = TrainingJob.from_dict(with_("layout", stage_layers=[3, 5]))
+    assert TrainingJob.from_dict(split.to_dict()) == split and split.layout.stage_layers == (3, 5)
 
 
 @pytest.mark.parametrize("section,kv,key", [
@@ -33,6 +41,12 @@ def test_defaults_filled_and_round_trip():
     ("model", {"norm": "batchnorm"}, "model.norm"),
     ("model", {"layers": 4.5}, "model.layers"),
     ("model", {"parallel_residual": "yes"}, "model.parallel_residual"),
+    ("layout", {"pipe_split": "magic"}, "layout.pipe_split"),
+    ("layout", {"stage_layers": [3, 3]}, "layout.stage_layers"),      # sums to 6, not 8
+    ("layout", {"stage_layers": [8]}, "layout.stage_layers"),         # pp = 2 needs 2 entries
+    ("layout", {"stage_layers": ["4", 4]}, "layout.stage_layers"),
+    ("layout", {"pipe_split": "megatron", "pp": 3, "dp": 1}, "layout.pp"),   # 8 layers over 3
+    ("layout", {"last_stage_layers": 2}, "layout.last_stage_layers"),        # megatron only
 ])
 def test_bad_values_name_the_key(section, kv, key):
     with pytest.raises(JobError) as e:
