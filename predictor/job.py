@@ -1,7 +1,7 @@
 """The training job: what is trained (model), how it is split (layout), how long (run), where (cluster).
 
 Like Calculon's application / execution / system split, each part is a small named object; a
-:class:`TrainingJob` is built from the TOML job file or a dict with the keys of DESIGN.md and is
+:class:`TrainingJob` is built from the TOML job file or a dict with the keys of docs/job-file.md and is
 validated on construction, with errors that name the key at fault.
 
 How the layers are split over pipeline stages is part of the layout (the rules themselves are in
@@ -169,7 +169,7 @@ class TrainingJob:
     """A whole training job: model, layout, run and cluster, validated on construction.
 
     Build one with :meth:`from_dict` or :meth:`from_toml`; :meth:`to_dict` gives back the keys of
-    DESIGN.md with every default filled in (the ``job`` of the JSON answer).
+    docs/job-file.md with every default filled in (the ``job`` of the JSON answer).
     """
 
     model: ModelSpec

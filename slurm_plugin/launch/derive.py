@@ -1,4 +1,4 @@
-"""Facts + request + launcher -> the job dict of DESIGN.md, with provenance and unresolved keys.
+"""Facts + request + launcher -> the job dict of docs/job-file.md, with provenance and unresolved keys.
 
 World size by launcher (pattern 9): torchrun/deepspeed count their own ranks (nnodes × nproc);
 ``srun python`` has one rank per task; NeoX's deepy.py takes global_num_gpus, else the hostfile,
