@@ -1,8 +1,8 @@
 """The training job: what is trained (model), how it is split (layout), how long (run), where (cluster).
 
 Like Calculon's application / execution / system split, each part is a small named object; a
-:class:`TrainingJob` is built from the TOML job file or a dict with the keys of docs/job-file.md and is
-validated on construction, with errors that name the key at fault.
+:class:`TrainingJob` is built from the TOML job file or a dict with the keys of docs/job-file.md
+and is validated on construction, with errors that name the key at fault.
 
 How the layers are split over pipeline stages is part of the layout (the rules themselves are in
 :mod:`predictor.decompose`)::
