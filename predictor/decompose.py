@@ -445,15 +445,21 @@ def _group(size: int, stride: int, gpn: int) -> Group:
 
 
 def groups(job: TrainingJob, gpus_per_node: int) -> dict[str, Group]:
-    """TP, DP and PP groups in Megatron/DeepSpeed rank order (tp fastest, then dp, then pp).
+    """TP, CP, DP and PP groups in Megatron/DeepSpeed rank order (tp fastest, then cp, dp, pp).
 
     The DP group is sized from dp (the paper's code sized it from GPUs per node), and a pipeline
     that fits in one node communicates inside it (the paper's code costed it as inter-node).
     """
     lay = job.layout
     tp = _group(lay.tp, 1, gpus_per_node)
-    dp = _group(lay.dp, lay.tp, gpus_per_node)
-    # Neighbouring stages are tp × dp ranks apart: once the job spans nodes, some stage boundary
-    # crosses a node and the pipeline runs at the pace of that slowest link.
+    # Megatron-core's order with context parallelism: tp fastest, then cp, then dp, then pp.
+    cp = _group(lay.cp, lay.tp, gpus_per_node)
+    dp = _group(lay.dp, lay.tp * lay.cp, gpus_per_node)
+    # Gradients are reduced over the dp × cp ranks that hold the same parameters.
+    dpcp = _group(lay.dp * lay.cp, lay.tp, gpus_per_node)
+    # Neighbouring stages are tp × cp × dp ranks apart: once the job spans nodes, some stage
+    # boundary crosses a node and the pipeline runs at the pace of that slowest link.
     pp = Group(2, 1) if (lay.pp > 1 and lay.gpus > gpus_per_node) else Group(1, 2)
-    return {"tp": tp, "dp": dp, "pp": pp}
+    # Ring attention passes K/V to the next cp rank: across nodes once the cp group spans them.
+    cp_ring = Group(2, 1) if cp.nodes > 1 else Group(1, 2)
+    return {"tp": tp, "dp": dp, "pp": pp, "cp": cp, "dpcp": dpcp, "cp_ring": cp_ring}

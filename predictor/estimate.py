@@ -299,6 +299,9 @@ class _JobPlan:
     p2p: list[tuple[_Term, _Term]]
     warnings: list[str]
     stage_host: list[float] = field(default_factory=list)   # host seconds per micro-batch (fwd + bwd)
+    # Context parallelism: (K/V passes fwd, attention fwd, passes bwd, attention bwd) per layer.
+    cp_ring: Optional[tuple[_Term, _Term, _Term, _Term]] = None
+    sizes: list[int] = field(default_factory=list)          # layers per stage
 
 
 def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
@@ -309,8 +312,9 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         warnings.append(f"the job says {job.cluster.gpus_per_node} GPUs per node, platform "
                         f"{plat.name} has {plat.gpus_per_node}; costed with the job's")
     grp = groups(job, gpn)
-    tp = lay.tp
-    tokens = lay.micro_batch * m.seq_len
+    tp, cp = lay.tp, lay.cp
+    # With context parallelism each rank holds seq_len / cp tokens of every sequence.
+    tokens = lay.micro_batch * m.seq_len // cp
     sp = lay.sequence_parallel and tp > 1
     norm_tokens = tokens / tp if sp else tokens
     hpg, kvpg, d, h = m.heads // tp, m.kv_heads // tp, m.head_dim, m.hidden
@@ -329,7 +333,9 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         layer_ops.append(("rope", {"tokens": tokens, "heads": (hpg + kvpg) / 2, "d": d}, 1))
     attn_batch = lay.micro_batch * hpg
     if m.attention == "flash":
-        layer_ops.append(("flash_atten", {"b": lay.micro_batch, "heads": hpg, "l": m.seq_len, "d": d}, 1))
+        # Ring attention (cp > 1): a rank's queries meet every K/V chunk in turn, cp blocks of
+        # seq_len / cp — with Megatron's load balancing, 1/cp of the whole causal attention.
+        layer_ops.append(("flash_atten", {"b": lay.micro_batch, "heads": hpg, "l": m.seq_len // cp, "d": d}, cp))
     elif m.attention == "fused_softmax":
         layer_ops += [("baddbmm", {"batch": attn_batch, "l": m.seq_len, "d": d}, 1),
                       ("scaled_masked_softmax", {"batch": attn_batch, "l": m.seq_len}, 1),
@@ -346,12 +352,22 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         ("linear4", {"m": tokens, "k": ffn, "n": h}, 1),
     ]
     layer_fwd, layer_bwd, core_fwd = _Term(), _Term(), _Term()
+    core_bwd = _Term()
     for name, shape, count in layer_ops:
         hf = op(name, "fwd", **shape)
+        hb = op(name, "bwd", **shape)
         layer_fwd.add(hf, count)
-        layer_bwd.add(op(name, "bwd", **shape), count)
+        layer_bwd.add(hb, count)
         if name in ATTENTION_CORE:
             core_fwd.add(hf, count)
+            core_bwd.add(hb, count)
+    # Context parallelism: ring attention passes this rank's K and V chunk on cp − 1 times per
+    # forward (K/V and their gradients in backward), overlapped with the attention blocks; only
+    # what the attention does not hide is exposed (added in _assemble).
+    cp_ring = None
+    if cp > 1:
+        kv = q.coll("p2p", 2 * tokens * kvpg * d, grp["cp_ring"], prec)
+        cp_ring = (_Term().add(kv, cp - 1), core_fwd, _Term().add(kv, 2 * (cp - 1)), core_bwd)
     # TP: one all-reduce after attention and one after the MLP in forward (one in all with a
     # parallel residual), two in backward; sequence parallelism swaps each for a reduce-scatter +
     # all-gather of the same volume, which the ring model costs the same.
@@ -421,7 +437,8 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
 
     # Data parallelism: gradient reduction and the optimizer step, per stage.
     stage_dp, stage_update = [], []
-    dp, zero = lay.dp, lay.zero_stage
+    # The ranks holding the same parameters: dp, times cp under context parallelism.
+    dp, zero, dp_group = lay.dp * cp, lay.zero_stage, grp["dpcp"]
     for i, n_params in enumerate(params):
         red, upd = _Term(), _Term()
         shard = n_params / dp if (dp > 1 and zero >= 1) else n_params
@@ -429,14 +446,14 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
             kind = "allreduce" if zero <= 1 else "reduce_scatter"
             full, rest = divmod(n_params, REDUCE_BUCKET_ENTRIES)
             if full:
-                red.add(q.coll(kind, REDUCE_BUCKET_ENTRIES, grp["dp"], prec), full)
+                red.add(q.coll(kind, REDUCE_BUCKET_ENTRIES, dp_group, prec), full)
             if rest:
-                red.add(q.coll(kind, rest, grp["dp"], prec))
+                red.add(q.coll(kind, rest, dp_group, prec))
             if zero >= 1:
-                upd.add(q.coll("allgather", shard, grp["dp"], prec))
+                upd.add(q.coll("allgather", shard, dp_group, prec))
             if zero == 3:
                 # Parameters are gathered before each micro-batch's forward and backward.
-                g3 = q.coll("allgather", shard, grp["dp"], prec)
+                g3 = q.coll("allgather", shard, dp_group, prec)
                 stage_fwd[i].add(g3)
                 stage_bwd[i].add(g3)
         upd.add(q.op("optimizer", "step", prec, {"params": shard}))
@@ -452,11 +469,16 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     if plat.host is not None:
         # Launches beyond a plain layer's kernels: TP all-reduces (forward, backward, recompute).
         tp_launches = sum(c for _, c in mp_fwd.parts) + sum(c for _, c in mp_bwd.parts) if tp > 1 else 0.0
+        if cp_ring is not None:
+            # K/V passes: cp − 1 in forward, twice that in backward, the forward's again when
+            # recomputed; each a send and a receive.
+            passes = (cp - 1) * (3 + (1 if lay.recompute == "full" else 0))
+            tp_launches += 2 * passes
         stage_host = [plat.host.stage_seconds(n, n * tp_launches + len(p2p_terms[i][0].parts)
                                               + len(p2p_terms[i][1].parts), lay.recompute)
                       for i, n in enumerate(sizes)]
     return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
-                    stage_host)
+                    stage_host, cp_ring, list(sizes))
 
 
 def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, dict[str, float], dict[str, Any]]:
@@ -464,6 +486,18 @@ def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, 
     mb, p, v = lay.micro_batches, lay.pp, lay.virtual_stages
     fwd = [t.value(secs) for t in plan.stage_fwd]
     bwd = [t.value(secs) for t in plan.stage_bwd]
+    cp_exposed = [0.0] * len(fwd)
+    if plan.cp_ring is not None:
+        # What the attention blocks do not hide of the K/V passes, per layer (the forward's again
+        # in a full recomputation).
+        kv_f, att_f, kv_b, att_b = (t.value(secs) for t in plan.cp_ring)
+        per_f, per_b = max(0.0, kv_f - att_f), max(0.0, kv_b - att_b)
+        if lay.recompute == "full":
+            per_b += per_f
+        for i, n in enumerate(plan.sizes):
+            fwd[i] += n * per_f
+            bwd[i] += n * per_b
+            cp_exposed[i] = n * (per_f + per_b)
     host_wait = [0.0] * len(fwd)
     for i, h in enumerate(plan.stage_host):
         # The device cannot run ahead of the host that issues its work: a micro-batch's forward
@@ -489,6 +523,8 @@ def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, 
         "step_overhead": plat.overheads.step_seconds,
         # Of which (inside stage_bwd_max): the device waiting for its host to issue the work.
         "host_wait": mb * host_wait[crit_b],
+        # Of which (inside the stage times): context-parallel K/V passes the attention did not hide.
+        "cp_exposed": mb * cp_exposed[crit_b],
     }
     details = {"stage_fwd_seconds": fwd, "stage_bwd_seconds": bwd,
                "stage_host_wait_seconds": host_wait,

@@ -48,13 +48,16 @@ RECOMPUTES = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp32")
 #: rules for splitting layers over pipeline stages (see predictor.decompose.pipeline_split)
 PIPE_SPLITS = ("neox", "deepspeed_parameters", "deepspeed_uniform", "megatron")
+# The training framework, where the launch says which ("" = not said): it decides what a layout
+# may combine (TorchTitan's FSDP2 shards parameters, ZeRO-3 style, under pipeline parallelism).
+FRAMEWORKS = ("", "neox", "deepspeed", "megatron", "megatron-deepspeed", "nemo", "torchtitan")
 
 # Bounds that no real LLM job comes near; past them the input is a typo or an attack, and the
 # arithmetic downstream (memory, FLOPs) would only produce nonsense.
 _MAX = {
     "layers": 10_000, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14,
     "ffn_hidden": 1 << 22, "seq_len": 1 << 24, "vocab": 1 << 24,
-    "pp": 4096, "tp": 4096, "dp": 1 << 20, "micro_batch": 1 << 16, "micro_batches": 1 << 20,
+    "pp": 4096, "tp": 4096, "dp": 1 << 20, "cp": 4096, "micro_batch": 1 << 16, "micro_batches": 1 << 20,
     "virtual_stages": 1024, "train_iters": 1 << 40, "eval_interval": 1 << 40,
     "eval_iters": 1 << 30, "save_interval": 1 << 40, "gpus_per_node": 1024,
     "train_samples": 1 << 50, "train_tokens": 1 << 62,
@@ -100,6 +103,7 @@ class Layout:
     pp: int = 1
     tp: int = 1
     dp: int = 1
+    cp: int = 1                # context parallelism: the sequence split over cp ranks (ring attention)
     micro_batch: int = 1
     micro_batches: int = 1
     zero_stage: int = 1
@@ -122,7 +126,7 @@ class Layout:
 
     @property
     def gpus(self) -> int:
-        return self.pp * self.tp * self.dp
+        return self.pp * self.tp * self.cp * self.dp
 
     @property
     def global_batch(self) -> int:
@@ -135,6 +139,7 @@ class RunSpec:
     """How long the job runs and at which precision."""
 
     precision: str = "fp16"
+    framework: str = ""        # FRAMEWORKS; "" = not said
     train_iters: int = 0
     train_samples: int = 0
     train_tokens: int = 0
@@ -155,7 +160,7 @@ _SECTIONS: dict[str, type] = {"model": ModelSpec, "layout": Layout, "run": RunSp
 _CHOICES = {
     "model.norm": NORMS, "model.activation": ACTIVATIONS, "model.attention": ATTENTIONS,
     "model.pos_emb": POS_EMBS, "layout.recompute": RECOMPUTES, "run.precision": PRECISIONS,
-    "layout.pipe_split": PIPE_SPLITS,
+    "layout.pipe_split": PIPE_SPLITS, "run.framework": FRAMEWORKS,
 }
 _REQUIRED = {"model.layers", "model.hidden", "model.heads", "model.seq_len"}
 
@@ -348,7 +353,7 @@ def _validate(job: TrainingJob) -> None:
     for key in ("layers", "hidden", "heads", "seq_len", "vocab", "kv_heads", "ffn_hidden"):
         if getattr(m, key) < 1:
             raise err(f"model.{key}", "must be at least 1")
-    for key in ("pp", "tp", "dp", "micro_batch", "micro_batches", "virtual_stages"):
+    for key in ("pp", "tp", "dp", "cp", "micro_batch", "micro_batches", "virtual_stages"):
         if getattr(lay, key) < 1:
             raise err(f"layout.{key}", "must be at least 1")
     if m.hidden % m.heads:
@@ -381,16 +386,24 @@ def _validate(job: TrainingJob) -> None:
                       f"divisible by pp ({lay.pp})")
     if not 0 <= lay.zero_stage <= 3:
         raise err("layout.zero_stage", f"must be 0, 1, 2 or 3, got {lay.zero_stage}")
-    if lay.zero_stage >= 2 and lay.pp > 1:
+    if lay.zero_stage >= 2 and lay.pp > 1 and run.framework != "torchtitan":
         raise err("layout.zero_stage",
                   f"ZeRO stage {lay.zero_stage} cannot be combined with pipeline parallelism (pp={lay.pp}); "
-                  "DeepSpeed supports only stages 0 and 1 with pp > 1")
+                  "DeepSpeed supports only stages 0 and 1 with pp > 1 (TorchTitan's FSDP2 does: "
+                  "run.framework = \"torchtitan\")")
+    if lay.cp > 1:
+        # Megatron splits each sequence into 2·cp chunks (load-balanced causal attention).
+        if m.seq_len % (2 * lay.cp):
+            raise err("layout.cp", f"seq_len ({m.seq_len}) must be divisible by 2 × cp ({2 * lay.cp})")
+        if m.attention != "flash":
+            raise err("layout.cp", "context parallelism runs ring attention on flash-attention kernels: "
+                      "model.attention must be \"flash\"")
     if run.eval_interval and not run.eval_iters:
         raise err("run.eval_iters", "eval_interval is set but eval_iters is 0")
     if job.cluster.gpus_per_node and lay.gpus > job.cluster.gpus_per_node \
             and lay.gpus % job.cluster.gpus_per_node:
         raise err("cluster.gpus_per_node",
-                  f"pp×tp×dp = {lay.gpus} GPUs do not fill whole nodes of {job.cluster.gpus_per_node}")
+                  f"pp×tp×cp×dp = {lay.gpus} GPUs do not fill whole nodes of {job.cluster.gpus_per_node}")
 
 
 def load_job(path: "str | Path", overrides: Optional[Mapping[str, Mapping[str, Any]]] = None) -> TrainingJob:

@@ -200,7 +200,9 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout, precision: str,
     """
     recompute = recompute or layout.recompute
     e = ELEMENT_BYTES[precision]
-    s, b, h, a = model.seq_len, layout.micro_batch, model.hidden, model.heads
+    # Context parallelism: each rank holds s / cp of every sequence (attention's K/V of the other
+    # chunks stream through and are not kept).
+    s, b, h, a = model.seq_len // layout.cp, layout.micro_batch, model.hidden, model.heads
     t = layout.tp
     sp = layout.sequence_parallel and t > 1
     T = s * b
@@ -237,7 +239,7 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, precision: str, sta
     """Activations ``stage`` holds at its peak: in-flight micro-batches of its layers, plus the
     embedding mask on the first stage and the head's logits on the last."""
     e = ELEMENT_BYTES[precision]
-    s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
+    s, b, h, t = model.seq_len // layout.cp, layout.micro_batch, model.hidden, layout.tp
     sp = layout.sequence_parallel and t > 1
     T = s * b
     if layers is None:
@@ -263,7 +265,9 @@ def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int
     psi = stage_parameters(model, layout, stage, layers)
     e = ELEMENT_BYTES[precision]
     k = OPTIMIZER_BYTES[precision]
-    nd, z = layout.dp, layout.zero_stage
+    # Gradients are reduced, and ZeRO shards, over dp × cp ranks (Megatron's data-parallel group
+    # with context parallelism).
+    nd, z = layout.dp * layout.cp, layout.zero_stage
     weights = e * psi / (nd if z >= 3 else 1)
     gradients = e * psi / (nd if z >= 2 else 1)
     optimizer = k * psi / (nd if z >= 1 else 1)
