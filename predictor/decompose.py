@@ -404,7 +404,7 @@ def stage_params(job: TrainingJob) -> list[float]:
     sizes = stage_layers(m, lay)
     out = [n * per_layer for n in sizes]
     final_norm = (2 if m.norm == "layernorm" else 1) * m.hidden
-    out[0] += emb
+    out[0] += emb + _position_params(m)
     out[-1] += final_norm
     if lay.pp > 1 or not m.tied_embeddings:
         # The output projection: tied embeddings keep a copy on the last stage when pp > 1.
@@ -419,7 +419,13 @@ def total_params(job: TrainingJob) -> float:
     # A layer's split part times tp, plus its replicated norms once.
     per_layer = (layer_params(job) - 2 * norm) * tp + 2 * norm
     emb = padded_vocab(m.vocab, tp) * m.hidden
-    return m.layers * per_layer + emb * (1 if m.tied_embeddings else 2) + norm
+    return m.layers * per_layer + emb * (1 if m.tied_embeddings else 2) + _position_params(m) + norm
+
+
+def _position_params(m) -> int:
+    """Learned position embeddings (seq_len × hidden, replicated on every TP rank of stage 0);
+    rotary, ALiBi and none have no parameters."""
+    return m.seq_len * m.hidden if m.pos_emb == "learned" else 0
 
 
 @dataclass(frozen=True)

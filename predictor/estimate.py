@@ -59,7 +59,31 @@ class Prediction:
     extrapolated: bool = False
     details: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def parameters(self) -> int:
+        """Parameters of the whole model."""
+        return int(total_params(self.job))
+
+    def stages(self, gpu_memory_gib: float = 0.0) -> list[dict[str, Any]]:
+        """One entry per pipeline stage: its layers, parameters and peak memory per GPU (the
+        figures perf-advise uses), and its forward and backward seconds per micro-batch.
+
+        Computed on demand: perf-advise predicts thousands of layouts and sizes them itself.
+        """
+        from . import memory
+        job = self.job
+        est = memory.stage_estimates(job.model, job.layout, job.run.precision)
+        fwd, bwd = self.details["stage_fwd_seconds"], self.details["stage_bwd_seconds"]
+        out = []
+        for i, (n, e) in enumerate(zip(self.details["stage_layers"], est)):
+            row = {"stage": i, "layers": int(n), "parameters": int(e.parameters),
+                   "peak_memory_bytes": int(e.total), "forward_seconds": fwd[i], "backward_seconds": bwd[i]}
+            if gpu_memory_gib:
+                row["fits"] = e.fits(gpu_memory_gib)
+            out.append(row)
+        return out
+
+    def to_dict(self, gpu_memory_gib: float = 0.0) -> dict[str, Any]:
         return {
             "iteration_seconds": self.iteration_seconds,
             "interval_seconds": list(self.interval_seconds),
@@ -71,6 +95,8 @@ class Prediction:
             "warnings": list(self.warnings),
             "extrapolated": self.extrapolated,
             "details": self.details,
+            "parameters": self.parameters,
+            "stages": self.stages(gpu_memory_gib),
             "job": self.job.to_dict(),
         }
 

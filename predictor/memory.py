@@ -298,6 +298,12 @@ def worst_stage_candidates(sizes: Sequence[int]) -> list[int]:
     return out
 
 
+def stage_estimates(model: ModelSpec, layout: Layout, precision: str = "fp16") -> list[MemoryEstimate]:
+    """Peak memory per GPU of every pipeline stage (:func:`estimate` is their maximum)."""
+    sizes = stage_layers(model, layout)
+    return [_stage_estimate(model, layout, precision, stage, n) for stage, n in enumerate(sizes)]
+
+
 def estimate(model: ModelSpec, layout: Layout, precision: str = "fp16") -> MemoryEstimate:
     """Peak memory per GPU for ``layout``: its worst pipeline stage (the earliest on a tie).
 

@@ -43,19 +43,32 @@ def fmt_duration(seconds: float) -> str:
     return f"{m}m {s:02d}s"
 
 
-def render(pred: Any, parsed: Any = None) -> str:
+def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
     job = pred.job
     lay, m = job.layout, job.model
     lo, hi = pred.interval_seconds
+    stages = pred.stages(gpu_memory_gib)
+    peak = max(stages, key=lambda r: r["peak_memory_bytes"])
+    gib = peak["peak_memory_bytes"] / 2**30
+    where = f" (stage {peak['stage']} of {len(stages)})" if len(stages) > 1 else ""
+    if not gpu_memory_gib:
+        memory = f"memory    {gib:.1f} GiB per GPU at peak{where}"
+    elif peak.get("fits", True):
+        memory = f"memory    {gib:.1f} GiB per GPU at peak{where}, of {gpu_memory_gib:g} GiB"
+    else:
+        memory = (f"memory    {gib:.1f} GiB per GPU at peak{where}: DOES NOT FIT in {gpu_memory_gib:g} GiB "
+                  f"(perf-advise lists layouts that do)")
+    cp = f"-CP {lay.cp}" if lay.cp > 1 else ""
     lines = [
         f"job       {job.source or '-'}",
         f"model     {m.layers} layers, hidden {m.hidden}, {m.heads} heads, seq {m.seq_len}, "
-        f"{m.norm}/{m.activation}/{m.attention}, {job.run.precision}",
-        f"layout    PP-TP-DP {lay.pp}-{lay.tp}-{lay.dp} on {job.gpus} GPUs "
+        f"{m.norm}/{m.activation}/{m.attention}, {job.run.precision}; {pred.parameters / 1e9:.2f} B parameters",
+        f"layout    PP-TP-DP {lay.pp}-{lay.tp}-{lay.dp}{cp} on {job.gpus} GPUs "
         f"({pred.details.get('nodes')} nodes), micro-batch {lay.micro_batch} × {lay.micro_batches}, "
         f"ZeRO-{lay.zero_stage}, recompute {lay.recompute}"
         + (f", {lay.virtual_stages} virtual stages" if lay.virtual_stages > 1 else ""),
         f"platform  {pred.platform}  (bundle {pred.bundle})",
+        memory,
         "",
         f"{'per iteration':<26}{'seconds':>10}",
     ]
@@ -115,7 +128,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     inp, plat = load_job_and_platform(args.job, args.platform, args.partition, args.config)
     pred = predict(inp.job, plat)
     if args.json:
-        out = pred.to_dict()
+        out = pred.to_dict(plat.gpu_memory_gib)
         if inp.parsed is not None:
             # The batch script's reading (Slurm request, provenance, unresolved keys) goes with
             # the job it produced; the job's own sections keep the keys of docs/job-file.md.
@@ -125,7 +138,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
             out["job"]["script"] = script
         print(json.dumps(out, indent=2))
     else:
-        print(render(pred, inp.parsed))
+        print(render(pred, inp.parsed, plat.gpu_memory_gib))
     return 0
 
 

@@ -71,3 +71,51 @@ def test_batch_script_through_the_real_parser(capsys):
     assert any(v.startswith(str(script.parent)) or ".yml:" in v or "job.sbatch:" in v
                for v in d["job"]["script"]["provenance"].values())
     assert d["iteration_seconds"] > 0
+
+
+def _write_job(tmp_path, model, layout, name="job.toml"):
+    lines = ["[model]"] + [f"{k} = {json.dumps(v)}" for k, v in model.items()]
+    lines += ["[layout]"] + [f"{k} = {json.dumps(v)}" for k, v in layout.items()]
+    lines += ["[run]", 'precision = "bf16"', "train_iters = 10"]
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+LLAMA7B = {"layers": 32, "hidden": 4096, "heads": 32, "ffn_hidden": 11008, "seq_len": 4096, "vocab": 32000,
+           "norm": "rmsnorm", "activation": "swiglu", "attention": "flash", "tied_embeddings": False}
+GPT3 = {"layers": 96, "hidden": 12288, "heads": 96, "seq_len": 2048, "vocab": 50257, "pos_emb": "learned"}
+
+
+def test_json_parameters_match_the_closed_forms(capsys, tmp_path):
+    job = _write_job(tmp_path, LLAMA7B, {"pp": 2, "tp": 2, "dp": 2})
+    assert main([str(job), "--platform", "dgx-h100", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parameters"] == 6_738_415_616
+    job = _write_job(tmp_path, GPT3, {"pp": 8, "tp": 8, "dp": 1}, "gpt3.toml")
+    assert main([str(job), "--platform", "dgx-a100", "--json"]) == 0
+    # Megatron pads the vocabulary to a multiple of 128 × tp: 50257 -> 51200 at tp = 8.
+    L, h, s, v_padded = 96, 12288, 2048, 51200
+    want = 12 * L * h * h + 13 * L * h + v_padded * h + s * h + 2 * h
+    assert json.loads(capsys.readouterr().out)["parameters"] == want
+
+
+def test_json_stages_carry_the_memory_perf_advise_uses(capsys, tmp_path):
+    from predictor import memory
+    from predictor.job import TrainingJob
+    job = _write_job(tmp_path, LLAMA7B, {"pp": 4, "tp": 2, "dp": 1, "micro_batch": 2, "micro_batches": 8,
+                                         "recompute": "selective"})
+    assert main([str(job), "--platform", "dgx-h100", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    stages = d["stages"]
+    assert [s["layers"] for s in stages] == d["details"]["stage_layers"] and len(stages) == 4
+    assert sum(s["layers"] for s in stages) == 32
+    assert all(s["forward_seconds"] > 0 and s["backward_seconds"] > 0 and s["fits"] for s in stages)
+    tj = TrainingJob.from_toml(job)
+    assert max(s["peak_memory_bytes"] for s in stages) == int(memory.estimate(tj.model, tj.layout, "bf16").total)
+
+
+def test_text_says_when_the_job_does_not_fit(capsys, tmp_path):
+    job = _write_job(tmp_path, GPT3, {"pp": 1, "tp": 1, "dp": 8, "recompute": "none"})
+    assert main([str(job), "--platform", "dgx-a100"]) == 0
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT in 80 GiB" in out and "174.60 B parameters" in out
