@@ -33,7 +33,19 @@ TOKENS = ["$", "${", "}", "$(", ")", "$((", "))", "'", '"', "`", "\\", "\n", " "
           "srun ", "python ", "pretrain_gpt.py ", "deepy.py ", "train.py ", "--num-layers ", "--hidden-size ",
           "--micro-batch-size ", "deepspeed ", "torchrun ", "--nnodes ", "source ", "eval ", "bash -c ",
           "A=( ", "${A[@]}", "${X:-", "${X//_}", "export X=", "#SBATCH --nodes=", "#SBATCH --gres=gpu:",
-          "\x00", "\ue000", "\udcff", "1", "8", "-1", "99999999999999999999", "*", "~", "=", ":"]
+          "\x00", "\ue000", "\udcff", "1", "8", "-1", "99999999999999999999", "*", "~", "=", ":",
+          # shell forms around launches: quoted arrays into -c strings, heredoc commands, argument files
+          '"${A[*]}"', '"${A[@]}"', "read -r -d '' cmd <<EOF\n", 'bash -c "$cmd"', "sh -c ", "$(cat ",
+          "$(< ", "cd /opt/x && ", "--no-container-mount-home ", "--container-image=",
+          # Megatron-core / MoE flags
+          "--num-experts ", "--moe-router-topk ", "--context-parallel-size ", "--attention-backend ",
+          "--recompute-granularity full ", "--recompute-method block ", "--fp8-format hybrid ",
+          "--num-virtual-stages-per-pipeline-rank ",
+          # NeMo (Hydra) and NeMo 2.0
+          "megatron_gpt_pretraining.py ", "--config-path=", "--config-name=", "trainer.num_nodes=",
+          "+model.num_moe_experts=", "~model.optim ", "model.tensor_model_parallel_size=", "nemo llm pretrain ",
+          # TorchTitan
+          "-m torchtitan.train ", "--job.config_file ", "--training.steps ", "--parallelism.tensor_parallel_degree="]
 
 
 def mutate(text: str, rng: random.Random) -> str:
@@ -74,7 +86,7 @@ def hostile_script(rng: random.Random) -> str:
     """One of the shapes that stalled the daemon before its parser was bounded (issue 15)."""
     head = "#!/bin/bash\n#SBATCH --nodes=1 --gpus-per-node=8\n"
     size = rng.choice((1 << 16, 1 << 20, 3 << 20))
-    kind = rng.randrange(7)
+    kind = rng.randrange(9)
     if kind == 0:
         body = "#SBATCH --comment=" + "x" * size + "\n"
     elif kind == 1:
@@ -88,6 +100,12 @@ def hostile_script(rng: random.Random) -> str:
         body = "echo " + "a " * (size // 2) + "\n"
     elif kind == 5:
         body = "cat <<EOF\n" + "line\n" * (size // 5) + "EOF\n"
+    elif kind == 7:
+        # a huge command read from a here-document and run through bash -c
+        body = "read -r -d '' cmd <<EOF\n" + "--x 1 \\\n" * (size // 8) + "EOF\nbash -c \"$cmd\"\n"
+    elif kind == 8:
+        # a big array joined into one -c string
+        body = "A=(" + " --y 2" * (size // 6) + ")\nsrun bash -c \"python pretrain_gpt.py ${A[*]}\"\n"
     else:
         body = 'X="' + "a\\\"" * (size // 3) + '"\n'
     return head + body + _LAUNCH

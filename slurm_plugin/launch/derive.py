@@ -29,6 +29,9 @@ KNOWN_TOKENIZERS = [
 _BY_TYPE = {"gpt2bpetokenizer": 50257, "hfgpt2tokenizer": 50257, "charleveltokenizer": 512,
             "llama2tokenizer": 32000}
 
+# run.framework values (predictor.job.FRAMEWORKS); "unknown" launches leave the key unset
+_FRAMEWORKS = ("neox", "deepspeed", "megatron", "megatron-deepspeed", "nemo", "torchtitan")
+
 CRITICAL = {"model.layers", "model.hidden", "model.heads", "model.seq_len", "layout.pp", "layout.tp",
             "layout.dp", "layout.micro_batch", "layout.micro_batches"}
 
@@ -170,8 +173,11 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
     cp = f.val("cp", 1) or 1
     if f.get("cp") is not None and not f.known("cp"):
         _unknown(d, f, "cp", "layout.dp")
+    if f.known("cp"):
+        d.put("layout.cp", cp, f.origin("cp"))
     if cp > 1:
-        w.append(f"context/sequence parallel size {cp} is not modelled; dp is world / (pp·tp·{cp})")
+        w.append(f"context/sequence parallel size {cp}: each sequence is split over {cp} GPUs; "
+                 f"dp is world / (pp·tp·{cp})")
     dp = None
     if world.unknown:
         d.unresolved.append("layout.dp")
@@ -199,6 +205,8 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
                 "account_for_embedding", "account_for_loss"):
         _copy(d, f, key, f"layout.{key}")
     # ---------------------------------------------------------------- run
+    if framework in _FRAMEWORKS:
+        d.put("run.framework", framework, f.origin("framework", "the launch command"))
     _precision(d, f, framework)
     _iterations(d, f, micro, mbs[0] if mbs else None, dp)
     ei = f.val("eval_iters")
@@ -301,7 +309,8 @@ def _batch(d: Derived, f: Facts, framework: str, dp: Optional[int]):
                 return micro, None
         return micro, (gas, f.origin("grad_accum"))
     # Megatron (incl. Megatron-DeepSpeed) and plain DeepSpeed
-    if framework in ("megatron", "megatron-deepspeed"):
+    if framework in ("megatron", "megatron-deepspeed", "nemo", "torchtitan"):
+        # NeMo (Megatron-core) and TorchTitan also take a micro and a global batch
         if f.get("micro_batch") is not None and not f.known("micro_batch"):
             _unknown(d, f, "micro_batch", "layout.micro_batch")
             return None, None
@@ -311,7 +320,9 @@ def _batch(d: Derived, f: Facts, framework: str, dp: Optional[int]):
             w.append("--micro-batch-size missing: using the DeepSpeed config's train_micro_batch_size_per_gpu")
         if micro is None:
             d.unresolved.append("layout.micro_batch")
-            d.fail("--micro-batch-size not found (Megatron requires it)", "")
+            d.fail({"nemo": "model.micro_batch_size not found in the NeMo config",
+                    "torchtitan": "[training] local_batch_size not found in the TorchTitan config"}.get(
+                framework, "--micro-batch-size not found (Megatron requires it)"), "")
             return None, None
         if dp is None:
             return micro, None

@@ -4,7 +4,11 @@ A launch line is a stack of wrappers (``srun``, ``mpirun``, ``singularity exec``
 ``numactl``, ``bash -c``…) around a launcher (``torchrun``, ``python -m torch.distributed.run``,
 ``deepspeed``, GPT-NeoX ``deepy.py``, or none) around a training script (``pretrain_gpt.py``,
 ``train.py``…). :func:`classify` peels the wrappers and reads the launcher options it needs to
-find the script; the framework modules read the script's own arguments.
+find the script; the framework modules read the script's own arguments. The framework hint comes
+from the script and its arguments: ``deepy.py`` (neox), ``-m torchtitan.train`` / ``--job.config_file``
+(torchtitan), NeMo's ``megatron_gpt_pretraining.py`` or Hydra ``--config-path`` / ``key=value``
+arguments (nemo), ``nemo llm …`` (nemo2, refused), Megatron flags or ``pretrain_*.py`` (megatron),
+``--deepspeed_config`` (deepspeed).
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .nemo import NEMO_SCRIPTS
+from .torchtitan import is_torchtitan
 from .sbatch import split_options
 from .values import MARK_OPEN, Tok
 
@@ -41,6 +47,9 @@ _MPI_TWO = {"--mca", "-mca", "-genv", "-env", "--gmca", "-gmca"}
 _CONTAINER_VALUE = {"-B", "--bind", "--env", "--env-file", "-H", "--home", "-W", "--workdir", "--pwd",
                     "--overlay", "-o", "-S", "--scratch", "--security", "--network", "--hostname", "--app",
                     "--mount", "--network-args", "--dns", "--apply-cgroups", "--nv-ccli"}
+_PYXIS_FLAGS = {"--container-mount-home", "--no-container-mount-home", "--container-remap-root",
+                "--no-container-remap-root", "--container-entrypoint", "--no-container-entrypoint",
+                "--container-writable", "--container-readonly", "--container-entrypoint-log"}
 _SKIP_WRAPPERS = {"time", "nohup", "exec", "stdbuf", "nice", "ionice", "numactl", "taskset", "timeout",
                   "chrt", "unbuffer", "setsid", "nsys", "ncu", "valgrind", "strace", "likwid-pin",
                   "apptainer-noop", "srun.sh"}
@@ -61,9 +70,10 @@ class Classified:
     launcher_opts: dict = field(default_factory=dict)   # name -> Tok or True
     script: Optional[Tok] = None    # the training script (or bash -c string / bash file)
     args: list = field(default_factory=list)            # Toks after the script
-    framework_hint: str = "unknown"  # neox | megatron | deepspeed | unknown
+    framework_hint: str = "unknown"  # neox | megatron | deepspeed | nemo | nemo2 | torchtitan | unknown
     python_module: Optional[str] = None
     unknown_words: list = field(default_factory=list)   # unknown command words we skipped
+    dollar0: Optional[Tok] = None   # bash -c STRING NAME ...: the word that becomes $0
 
 
 def _base(text: str) -> str:
@@ -85,9 +95,13 @@ def classify(toks: list, where: str = "") -> Classified:
             continue
         b = _base(t)
         if b == "srun":
-            opts, j = split_options([x.text for x in toks[i + 1:]], stop_at_command=True)
+            # Pyxis/enroot's flags without a value are unknown to the srun option table: taken out
+            # first so that they do not swallow the command (`--no-container-mount-home bash -c …`).
+            rest = toks[i + 1:]
+            keep = [k for k, x in enumerate(rest) if x.text not in _PYXIS_FLAGS]
+            opts, j = split_options([rest[k].text for k in keep], stop_at_command=True)
             c.wrappers.append(Wrapper("srun", [(o[0], o[1]) for o in opts], where))
-            i += 1 + j
+            i += 1 + (keep[j] if j < len(keep) else len(rest))
             continue
         if b in ("mpirun", "mpiexec", "orterun", "aprun"):
             j = i + 1
@@ -149,6 +163,7 @@ def classify(toks: list, where: str = "") -> Classified:
                     return c
                 c.kind, c.script = "bash-c", toks[j + 1]
                 c.args = toks[j + 3:] if j + 2 < n else []
+                c.dollar0 = toks[j + 2] if j + 2 < n else None
                 return c
             if j < n and toks[j].text == "--":
                 j += 1
@@ -162,6 +177,10 @@ def classify(toks: list, where: str = "") -> Classified:
             return c
         if b == "eval":
             c.kind, c.args = "eval-args", toks[i + 1:]
+            return c
+        if b == "nemo" and i + 1 < n and toks[i + 1].text == "llm":
+            # NeMo 2.0's CLI (`nemo llm pretrain --factory llama3_8b`): a Python recipe, refused later
+            c.kind, c.script, c.args, c.framework_hint = "launch", toks[i], toks[i + 1:], "nemo2"
             return c
         if b == "deepspeed":
             return _deepspeed(c, toks, i + 1)
@@ -197,7 +216,13 @@ def _entry(c: Classified, script: Tok, args: list) -> Classified:
     if b == "deepy.py":
         c.kind, c.launcher, c.script, c.args, c.framework_hint = "launch", "deepy", script, args, "neox"
         return c
-    if flags & MEGATRON_FLAGS or b.startswith("pretrain_") or "megatron" in (c.python_module or ""):
+    hydra = any(a.text.startswith(("--config-path", "--config-name")) for a in args) or \
+        any(re.match(r"[+~]{0,2}(trainer|model|exp_manager)\.[A-Za-z_.]+=", a.text) for a in args)
+    if is_torchtitan(c.python_module, script, args):
+        hint = "torchtitan"
+    elif b in NEMO_SCRIPTS or (hydra and not flags & MEGATRON_FLAGS):
+        hint = "nemo"        # NeMo 1.x: Hydra config + key=value overrides
+    elif flags & MEGATRON_FLAGS or b.startswith("pretrain_") or "megatron" in (c.python_module or ""):
         hint = "megatron"
     elif flags & {"--deepspeed_config", "--deepspeed-config", "--deepspeed", "--deepscale_config"}:
         hint = "deepspeed"

@@ -74,3 +74,8 @@ class Budget:
         self._tick += 1
         if self._tick & 255 == 0:
             self.check_time(where)
+
+# Unknown config keys that get a "did you mean" look-up (difflib over the known names) per file
+MAX_KEY_SUGGESTIONS = 64
+# OmegaConf ${...} interpolations followed for one NeMo value (a chain longer than this is a loop)
+MAX_INTERPOLATION_DEPTH = 16

@@ -8,7 +8,9 @@ Parsers there use ``allow_abbrev=False`` and argparse keeps the last of repeated
 """
 from __future__ import annotations
 
+from . import moe
 from .facts import Facts
+from .limits import CannotPredict
 from .values import MARK_OPEN
 
 _INT = {
@@ -75,6 +77,27 @@ def read_args(args: list, facts: Facts) -> None:
             val_tok, off, step = args[i + 1], 0, 2
         else:
             val_tok, off, step = None, 0, 1
+        if name == "--num-experts":
+            # Megatron-DeepSpeed takes a list (nargs='+', one count per expert layer group)
+            i += 1
+            vals = []
+            if eq:
+                vals.append((val_tok.text[off:], val_tok.origin_at(off)))
+            else:
+                while i < n and not args[i].text.startswith("--"):
+                    vals.append((args[i].text, args[i].origin_at(0)))
+                    i += 1
+            counts = [moe.experts(v) for v, _ in vals]
+            hidden_n = next(((v, o) for v, o in vals if MARK_OPEN in v), None)
+            if hidden_n is not None:
+                facts.set_unknown("num_experts", facts.u.reason(hidden_n[0]) or "unknown", hidden_n[1])
+            elif vals:
+                most = max(range(len(vals)), key=lambda k: counts[k])
+                facts.set("num_experts", counts[most], vals[most][1])
+            continue
+        if name.startswith("--moe-") or name == "--expert-model-parallel-size":
+            if facts.get("moe_flag") is None:
+                facts.set("moe_flag", name, tok.origin_at(0))
         if name in _INT:
             if val_tok is None:
                 i += 1
@@ -119,6 +142,21 @@ def read_args(args: list, facts: Facts) -> None:
                 i += 1
     if hidden:
         facts.hidden_args = hidden[0]
+
+
+def check_moe(facts: Facts) -> None:
+    """Refuse a mixture-of-experts launch (``--num-experts N`` > 1, or ``--moe-*`` options alone)."""
+    ne = facts.get("num_experts")
+    if ne is not None and ne.unknown is not None:
+        raise CannotPredict(f"--num-experts is unknown ({ne.unknown}): a mixture-of-experts model cannot be "
+                            f"ruled out", ne.origin)
+    if ne is not None and (ne.value or 0) > 1:
+        moe.refuse(f"--num-experts {ne.value}", ne.origin)
+    flag = facts.get("moe_flag")
+    if flag is not None:
+        if ne is None:
+            moe.refuse(flag.value, flag.origin)
+        facts.warnings.append(f"{flag.value} ignored: --num-experts {ne.value} is a dense model ({flag.origin})")
 
 
 def derive_model(facts: Facts, deepspeed: bool) -> None:
@@ -201,6 +239,12 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         f.set("recompute", "full", f.origin("checkpoint_activations"))
     elif gran in ("full", "selective"):
         f.set("recompute", gran, f.origin("recompute_granularity"))
+        if gran == "full":
+            _partial_recompute(f)
+    elif gran:
+        w.append(f"--recompute-granularity {gran} is not full or selective; Megatron stops at start-up "
+                 f"({f.origin('recompute_granularity')}); read as no recompute")
+        f.set("recompute", "none", f.origin("recompute_granularity"))
     elif f.val("recompute_activations"):
         f.set("recompute", "selective", f.origin("recompute_activations"))
     else:
@@ -243,6 +287,25 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         f.set("eval_interval", 1000, "Megatron default")
     if f.get("eval_iters") is None:
         f.set("eval_iters", 100, "Megatron default")
+
+
+def _partial_recompute(f: Facts) -> None:
+    """--recompute-method / --recompute-num-layers under full granularity (Megatron-core semantics).
+
+    uniform: every layer recomputed, in groups of N (same cost as full). block: only the first N
+    layers of each stage recompute; the job model has no partial recompute, so that is costed as full.
+    """
+    method = (f.val("recompute_method") or "").lower()
+    origin = f.origin("recompute_method", f.origin("recompute_granularity"))
+    if not method:
+        f.warnings.append("--recompute-granularity full without --recompute-method: Megatron-core requires "
+                          f"uniform or block ({origin}); modelled as full recompute")
+    elif method == "block" and f.known("recompute_num_layers"):
+        f.warnings.append(f"--recompute-method block --recompute-num-layers {f.val('recompute_num_layers')}: "
+                          f"recomputing only some layers per stage is modelled as full recompute ({origin})")
+    elif method not in ("uniform", "block"):
+        f.warnings.append(f"--recompute-method {method} is not uniform or block ({origin}); "
+                          f"modelled as full recompute")
 
 
 _SPLIT_OPTIONS = (("first_stage_layers", "--decoder-first-pipeline-num-layers"),

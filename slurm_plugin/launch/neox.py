@@ -12,8 +12,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from . import moe
 from .configs import Config, to_bool, to_int, to_number
 from .facts import Facts
+from .neox_keys import NEOX_KEYS, NEOX_SHAPE_KEYS, check_keys
 from .values import MARK_OPEN, Tok
 
 GATED = {"geglu", "reglu", "swiglu", "bilinear", "glu"}
@@ -125,9 +127,20 @@ def _str(m: Merged, key: str) -> Optional[str]:
     return v if isinstance(v, str) else None
 
 
+def _check_moe(m: Merged) -> None:
+    """Refuse an MoE config: moe_num_experts > 1, or moe_type without a dense moe_num_experts."""
+    if m.has("moe_num_experts"):
+        moe.check_count(m.raw("moe_num_experts"), "moe_num_experts", m.origin("moe_num_experts"))
+    elif m.has("moe_type") and m.raw("moe_type"):
+        moe.refuse(f"moe_type = {str(m.raw('moe_type'))[:30]}", m.origin("moe_type"))
+
+
 def read_merged(m: Merged, facts: Facts) -> None:
     f = facts
     w = f.warnings
+    _check_moe(m)
+    check_keys(((raw, cfg.origin((raw,))) for _v, cfg, raw in m.items.values()), NEOX_KEYS, NEOX_SHAPE_KEYS,
+               "GPT-NeoX", "the NeoX configs", w)
     for key, fact in (("num_layers", "layers"), ("hidden_size", "hidden"), ("num_attention_heads", "heads"),
                       ("num_kv_heads", "kv_heads"), ("seq_length", "seq_len"), ("model_parallel_size", "tp"),
                       ("pipe_parallel_size", "pp"), ("train_micro_batch_size_per_gpu", "micro_batch"),
@@ -223,9 +236,6 @@ def read_merged(m: Merged, facts: Facts) -> None:
             f.set(f"neox_{key}", v, m.origin(key))
     if to_bool(m.raw("deepspeed_slurm", False)):
         f.set("neox_deepspeed_slurm", True, m.origin("deepspeed_slurm"))
-    moe = to_int(m.raw("moe_num_experts", 1))
-    if moe and moe > 1:
-        w.append(f"moe_num_experts = {moe}: mixture-of-experts is not modelled; predicting the dense model")
 
 
 def _type_matches(pattern: str, tied: bool) -> Optional[tuple]:

@@ -10,7 +10,7 @@ from predictor.errors import JobError
 from predictor.job import TrainingJob
 
 from . import deepspeed as ds
-from . import megatron, neox
+from . import megatron, moe, nemo, neox, torchtitan
 from .configs import Config, load_config
 from .derive import World, build
 from .facts import Facts
@@ -135,7 +135,22 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
     _from_launch(res, launch, sh, u, req, prov, budget)
 
 
-def _open_config(sh: Shell, launch: Launch, raw: str, where: str, kind: str, reader) -> Config:
+def _open_config(sh: Shell, launch: Launch, raw: str, where: str, kind: str, reader,
+                 check_moe: bool = True) -> Config:
+    cfg = _load_config(sh, launch, raw, where, kind, reader)
+    if check_moe:
+        # any framework's config that counts experts is refused here (NeMo checks after its overrides)
+        moe.check_config(cfg)
+    return cfg
+
+
+def _load_config(sh: Shell, launch: Launch, raw: str, where: str, kind: str, reader) -> Config:
+    text, p, line_origins = _config_text(sh, launch, raw, where, reader)
+    return load_config(text, p, line_origins, kind)
+
+
+def _config_text(sh: Shell, launch: Launch, raw: str, where: str, reader) -> tuple[str, str, Optional[list]]:
+    """(text, path, line origins) of a config: written by the script (vfs) or read as the user."""
     p = join_path(launch.cwd, raw)
     f = sh.vfs.get(p)
     if f is None and MARK_OPEN in raw:
@@ -143,13 +158,12 @@ def _open_config(sh: Shell, launch: Launch, raw: str, where: str, kind: str, rea
     if f is not None:
         if f.unknown:
             raise CannotPredict(f"config {raw} is {f.unknown}", where)
-        return load_config(f.text, p, f.line_origins, kind)
+        return f.text, p, f.line_origins
     try:
         data = reader(p)
     except (OSError, ValueError) as exc:
         raise CannotPredict(f"cannot read config {p}: {os_reason(exc)}", where) from None
-    text = sanitize_text(decode_text(data, p, MAX_CONFIG_BYTES))
-    return load_config(text, p, None, kind)
+    return sanitize_text(decode_text(data, p, MAX_CONFIG_BYTES)), p, None
 
 
 def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req: SlurmRequest, prov: dict,
@@ -157,6 +171,7 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
     c: Classified = launch.classified
     facts = Facts(u)
     framework = c.framework_hint
+    world: Optional[World] = None
     reader = sh.read_file
     if framework == "neox":
         dargs = neox.read_deepy_args(c.args)
@@ -171,10 +186,34 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
                 name = posixpath.join(dargs.conf_dir, name)
             merged.add(_open_config(sh, launch, name, tok.origin_at(0), "yaml", reader), facts.warnings)
         neox.read_merged(merged, facts)
+        names = ", ".join(tok.text for tok in dargs.confs)
+        for key, fact in (("num_layers", "layers"), ("hidden_size", "hidden"), ("num_attention_heads", "heads"),
+                          ("seq_length", "seq_len")):
+            if facts.get(fact) is None:
+                raise CannotPredict(f"{key} is in none of the NeoX configs ({names})", launch.where)
         if dargs.hostfile is not None:
             facts.set("neox_hostfile", dargs.hostfile.text, dargs.hostfile.origin_at(0))
+    elif framework == "torchtitan":
+        cfg_tok, over = torchtitan.read_cli(c.args)
+        if cfg_tok is None:
+            raise CannotPredict("TorchTitan launch without --job.config_file", launch.where)
+        text, p, line_origins = _config_text(sh, launch, cfg_tok.text, cfg_tok.origin_at(0), reader)
+        world = _world(launch, c, facts, req, prov, sh, res.warnings)
+        torchtitan.read(torchtitan.Toml(text, p, over, line_origins), facts,
+                        None if world.unknown else world.gpus, world.origin)
+    elif framework == "nemo2":
+        raise CannotPredict(nemo.NEMO2_REASON, launch.where)
+    elif framework == "nemo":
+        h = nemo.read_hydra_args(c.args)
+        path, origin = nemo.config_file(h, c.script, launch.cwd)
+        if MARK_OPEN in path:
+            raise CannotPredict(f"NeMo config file name unknown: {sh.u.reason(path)}", origin)
+        nemo.read(_open_config(sh, launch, path, origin, "yaml", reader, check_moe=False), h, facts)
     elif framework in ("megatron", "deepspeed", "unknown"):
         megatron.read_args(c.args, facts)
+        if facts.get("layers") is None:
+            _refuse_nemo2_script(sh, launch, c, reader)    # no shape on the command line: a recipe?
+        megatron.check_moe(facts)
         is_ds = bool(facts.val("deepspeed") or facts.get("ds_config") is not None or
                      facts.get("cli_zero_stage") is not None or c.launcher == "deepspeed")
         if facts.get("ds_config") is not None:
@@ -189,10 +228,16 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
             framework = "deepspeed"
         res.framework = framework
         if facts.get("layers") is None:
+            # say why when some arguments could not be known (an unreadable $(cat args.txt))
+            hidden = f"; arguments unknown: {facts.hidden_args}" if facts.hidden_args else ""
             raise CannotPredict(f"the model shape is not in the launch command of {c.script.text if c.script else '?'}"
-                                f" (no --num-layers/--hidden-size)", launch.where)
+                                f" (no --num-layers/--hidden-size{hidden})", launch.where)
     res.framework = framework
-    world = _world(launch, c, facts, req, prov, sh, res.warnings)
+    facts.set("framework", framework, launch.where)
+    if world is None:
+        world = _world(launch, c, facts, req, prov, sh, res.warnings)
+    if framework == "nemo":
+        world = _nemo_world(world, facts, res.warnings)
     d = build(facts, framework, world, req, prov)
     res.warnings.extend(facts.warnings)
     res.warnings.extend(d.warnings)
@@ -214,6 +259,43 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
         if msg.startswith(f"{launch.where}: "):
             msg = msg[len(launch.where) + 2:]
         raise CannotPredict(msg, where) from None
+
+
+def _refuse_nemo2_script(sh: Shell, launch: Launch, c: Classified, reader) -> None:
+    """A Python script that builds a NeMo 2.0 recipe: read (never run) its text and refuse it."""
+    if c.script is None or not c.script.text.endswith(".py") or MARK_OPEN in c.script.text:
+        return
+    p = join_path(launch.cwd, c.script.text)
+    f = sh.vfs.get(p)
+    if f is not None:
+        text = f.text if not f.unknown else ""
+    else:
+        try:
+            text = decode_text(reader(p), p, MAX_CONFIG_BYTES)
+        except (OSError, ValueError, CannotPredict):
+            return        # an unreadable script: the launch is judged by its arguments as before
+    m = nemo.NEMO2_MARKERS.search(text or "")
+    if m:
+        raise CannotPredict(f"{nemo.NEMO2_REASON} ({p}:{text.count(chr(10), 0, m.start()) + 1} uses "
+                            f"{m.group(0)[:40]})", launch.where)
+
+
+def _nemo_world(world: World, facts: Facts, warnings: list) -> World:
+    """NeMo (Lightning) runs trainer.num_nodes × trainer.devices ranks; the launcher must start as many."""
+    for k in ("nemo_nodes", "nemo_devices"):
+        fact = facts.get(k)
+        if fact is not None and fact.unknown is not None:
+            return World(unknown=fact.unknown, origin=fact.origin)
+    if not (facts.known("nemo_nodes") and facts.known("nemo_devices")):
+        return world
+    nn, dev = facts.val("nemo_nodes"), facts.val("nemo_devices")
+    if dev < 1 or nn < 1:
+        # devices: -1 means every GPU the node has: the launcher's count stands
+        return world
+    if world.gpus is not None and world.gpus != nn * dev:
+        warnings.append(f"trainer.num_nodes × trainer.devices = {nn} × {dev} but the launch starts {world.gpus} "
+                        f"process(es); Lightning stops unless they agree — predicting {nn * dev} GPUs")
+    return World(nn * dev, facts.origin("nemo_devices"), dev)
 
 
 def _int_opt(val, facts: Facts, key: str) -> Optional[int]:

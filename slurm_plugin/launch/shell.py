@@ -487,8 +487,23 @@ class Shell:
         return Parser(text, self.label, self.budget, line_offset=line - 1 if isinstance(line, int) else line,
                       depth=self.depth)._parts("heredoc")
 
+    def _file_segments(self, path: Optional[str], text: str) -> list:
+        """A file's text with each line's origin: the script's own lines for a file it wrote."""
+        f = self.vfs.get(path) if path else None
+        return _lines_with_origin(text, path, f.line_origins if f is not None else None)
+
     def _redirect_only(self, node: Simple, where: str) -> None:
-        """`> file` alone truncates a file; keep the vfs honest."""
+        """`> file` alone truncates a file; keep the vfs honest. `$(< FILE)` is bash's `$(cat FILE)`."""
+        if self.capture and len(node.redirs) == 1 and node.redirs[0].op == "<" and node.redirs[0].target:
+            f = _flat(self.expand_str(node.redirs[0].target))
+            path = self._path(f)
+            text = self._read_any(path, where, what="file")   # read as the submitting user, never run
+            if text is None:
+                if not self.capture_unknown[-1]:
+                    self.capture_unknown[-1] = f"contents of {f} ({where})"
+                return
+            self.emit(self._file_segments(path, text), None, where, append_nl=False)
+            return
         for r in node.redirs:
             if r.op in (">", ">|") and r.target is not None:
                 path = self._path(_flat(self.expand_str(r.target)))
@@ -553,6 +568,11 @@ class Shell:
             raise CannotPredict("shells nested too deeply", where)
         if c.kind == "bash-c":
             text, label, offset = c.script.text, self.label, _line_of(c.script.origin_at(0))
+            if c.dollar0 is not None and "$" not in text and any(t.text.startswith("-") for t in c.args):
+                # `bash -c "cmd ${A[@]}"`: the quoted "@" expansion made one word per element
+                self.warn(f"bash -c runs only its first argument (`…{Unknowns.strip(text)[-50:]}`); the "
+                          f"{1 + len(c.args)} words after it become $0, $1, … and are not part of the command "
+                          f"— an array expanded with [@] inside the quoted string splits it (use [*]) ({where})")
         elif c.kind == "bash-stdin":
             if heredoc is None:
                 return None
@@ -716,6 +736,9 @@ class Shell:
             if p.quoted:
                 if elems is _ARRAY_EMPTY:
                     continue
+                if isinstance(elems, _Multi) and _is_star(p):
+                    # "${A[*]}" / "$*": one word, the elements joined by IFS's first character
+                    elems = _join_star(elems)
                 if isinstance(elems, _Multi):
                     for i, e in enumerate(elems.items):
                         if i:
@@ -1405,11 +1428,52 @@ def _b_let(sh, argv, node, decl, where):
 
 
 def _b_read(sh, argv, node, decl, where):
-    for a in argv[1:]:
-        t = _flat(a)
-        if _NAME_RE.match(t):
+    """`read` from a here-document / here-string is known (`read -r -d '' CMD <<EOF`); else unknown."""
+    raw, delim, names, i = False, "\n", [], 1
+    while i < len(argv):
+        t = _flat(argv[i])
+        if not names and t in ("-d", "-p", "-t", "-n", "-N", "-u", "-a", "-i") and i + 1 < len(argv):
+            if t == "-d":
+                delim = _flat(argv[i + 1])[:1]        # '' = read up to a NUL, i.e. everything
+            elif t == "-a":
+                names.append(None)                    # array read: not modelled, unknown below
+                names.append(_flat(argv[i + 1]))
+            i += 2
+            continue
+        if not names and t.startswith("-") and len(t) > 1:
+            raw = raw or "r" in t
+            i += 1
+            continue
+        names.append(t)
+        i += 1
+    heredoc = sh._stdin_heredoc(node)
+    valid = [n for n in names if n is not None and _NAME_RE.match(n)]
+    if heredoc is None or None in names or MARK_OPEN in delim or len(valid) != 1:
+        for t in valid or ([] if names else ["REPLY"]):
             sh.set_var(t, [(sh.u.new(f"read at run time ({where})"), where)])
-    return None
+        return None
+    # one name: the text up to the delimiter, outer whitespace trimmed (default IFS)
+    segs: list = []
+    found = False
+    for text, origin in heredoc:
+        if delim and delim in text:
+            segs.append((text[:text.index(delim)], origin))
+            found = True
+            break
+        segs.append((text, origin))
+    if not raw:
+        # without -r a backslash-newline joins lines and other backslashes quote the next character
+        segs = [(re.sub(r"\\(.)", r"\1", t.replace("\\\n", "")), o) for t, o in segs]
+    while segs and not segs[0][0].strip():
+        segs.pop(0)
+    if segs:
+        segs[0] = (segs[0][0].lstrip(" \t\n"), segs[0][1])
+    while segs and not segs[-1][0].strip():
+        segs.pop()
+    if segs:
+        segs[-1] = (segs[-1][0].rstrip(" \t\n"), segs[-1][1])
+    sh.set_var(valid[0], segs or [("", where)], where)
+    return 0 if found else 1       # no delimiter before the end (always so with -d ''): status 1
 
 
 def _b_echo(sh, argv, node, decl, where):
@@ -1458,7 +1522,7 @@ def _b_cat(sh: Shell, argv, node, decl, where):
                 sh.capture_unknown[-1] = f"contents of {f} ({where})"
             sh._redirect_outputs_unknown(node, argv, where)
             return None
-        out.append((text, f"{sh._path(f)}:1"))
+        out.extend(sh._file_segments(sh._path(f), text))
     sh.emit(out, node, where, append_nl=False)
     return 0
 
@@ -1671,6 +1735,37 @@ _PURE = {"echo", "printf", "pwd", "dirname", "basename", "realpath", "readlink",
 
 
 # ====================================================================== helpers
+def _lines_with_origin(text: str, path: Optional[str], origins: Optional[list] = None) -> list:
+    """A file's text as one segment per line, each naming ``path:line`` or ``origins[line]`` (linear)."""
+    out: list = []
+    pos, line = 0, 1
+    while pos < len(text):
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end + 1
+        origin = origins[line - 1] if origins is not None and line <= len(origins) else f"{path}:{line}"
+        out.append((text[pos:end], origin))
+        pos, line = end, line + 1
+    return out
+
+
+def _is_star(p) -> bool:
+    """``$*`` or ``${A[*]}`` (any operator): joined into one word when quoted, unlike ``@``."""
+    if type(p) is not Param:
+        return False
+    if p.name == "*":
+        return True
+    return p.index is not None and len(p.index) == 1 and isinstance(p.index[0], Lit) and p.index[0].text == "*"
+
+
+def _join_star(elems: "_Multi") -> list:
+    out: list = []
+    for i, e in enumerate(elems.items):
+        if i:
+            out.append((" ", e[0][1] if e else ""))
+        out.extend(e)
+    return out
+
+
 def _flat(val: list) -> str:
     return "".join(s[0] for s in val)
 

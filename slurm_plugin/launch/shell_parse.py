@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from .limits import MAX_COMMAND_WORDS, MAX_PARSE_DEPTH, MAX_VALUE_CHARS, Budget, CannotPredict
+from .limits import MAX_ARRAY_ITEMS, MAX_COMMAND_WORDS, MAX_PARSE_DEPTH, MAX_VALUE_CHARS, Budget, CannotPredict
 from .shell_ast import (AndOr, Arith, ArithCmd, ArithFor, Assign, Case, CmdSub, Cond, For, FuncDef,
                         Group, If, Lit, Param, Pipeline, ProcSub, Redir, Simple, While)
 
@@ -475,8 +475,7 @@ class Parser:
                 break
             self.budget.tick(self.label)
             if len(words) + len(assigns) > MAX_COMMAND_WORDS:
-                raise CannotPredict(f"a command of more than {MAX_COMMAND_WORDS} words",
-                                    f"{self.label}:{self.line_at(self.pos)}")
+                raise CannotPredict(f"a command of more than {MAX_COMMAND_WORDS} words", self.where())
             if c == "&":
                 if _REDIR.match(self.text, self.pos):
                     m = _REDIR.match(self.text, self.pos)
@@ -610,7 +609,9 @@ class Parser:
                 if c in ";&|<>(":
                     raise self.error(f"unexpected '{c}' in array")
                 elems.append(self._word("cmd"))
-                if len(elems) > 100_000:
+                self.budget.tick(self.label)
+                # the evaluator refuses arrays past MAX_ARRAY_ITEMS anyway: stop parsing there
+                if len(elems) > MAX_ARRAY_ITEMS:
                     raise self.error("array literal too large")
             self._leave()
             return Assign(name, index, bool(plus), None, elems, line)

@@ -1,0 +1,329 @@
+"""NeMo 1.x (Hydra) launches -> facts: ``megatron_gpt_pretraining.py --config-path=DIR --config-name=NAME k=v``.
+
+The base config is DIR/NAME.yaml (DIR relative to the training script, as Hydra resolves a relative
+``--config-path``; without one the script's own ``conf/megatron_gpt_config.yaml``). Command-line
+overrides win: ``key=value`` sets an existing key, ``+key=value`` adds one, ``++key=value`` sets or
+adds, ``~key`` deletes. OmegaConf interpolations ``${a.b}`` / ``${.b}`` are followed a bounded number
+of times. Keys read (docs/launch-formats.md): trainer.*, exp_manager checkpointing, model.* shape,
+parallelism, batch, recompute, optimizer (distributed_fused_adam shards optimizer state like
+ZeRO-1), attention kernel and precision.
+
+NeMo 2.0 is configured by Python (``nemo.collections.llm`` recipes, NeMo-Run, ``nemo llm pretrain``);
+its jobs are refused with a pointer to the TOML job file (:data:`NEMO2_REASON`).
+"""
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import moe
+from .configs import Config, to_bool, to_int, to_number
+from .facts import Facts
+from .limits import MAX_INTERPOLATION_DEPTH, CannotPredict
+from .values import MARK_OPEN, Tok
+
+NEMO_SCRIPTS = {"megatron_gpt_pretraining.py", "megatron_gpt_continue_training.py", "megatron_llama_pretraining.py",
+                "megatron_gpt_sft.py", "megatron_gpt_finetuning.py"}
+DEFAULT_CONFIG = ("conf", "megatron_gpt_config")
+NEMO2_REASON = ("NeMo 2.0 jobs are Python programs (nemo.collections.llm recipes / NeMo-Run) that this reader "
+                "does not run; describe the job in a TOML job file (docs/job-file.md) and predict that")
+# Text that marks a NeMo 2.0 recipe script (searched, never run)
+NEMO2_MARKERS = re.compile(r"from\s+nemo\.collections\s+import\s+[^\n]*\bllm\b|nemo\.collections\.llm|"
+                           r"import\s+nemo_run|from\s+nemo_run\b")
+
+_DELETE = object()
+_INTERP = re.compile(r"^\$\{(\.*)([A-Za-z0-9_.]+)\}$")
+
+
+@dataclass
+class HydraArgs:
+    """The Hydra command line: where the config is and the overrides, each with its origin."""
+
+    config_path: Optional[Tok] = None
+    config_name: Optional[Tok] = None
+    overrides: dict = field(default_factory=dict)       # dotted key -> (value text | _DELETE, origin)
+    unknown: Optional[str] = None                       # reason when an override's key is unknown
+
+
+def read_hydra_args(args: list) -> HydraArgs:
+    out = HydraArgs()
+    i, n = 0, len(args)
+    while i < n:
+        t = args[i].text
+        for flag, attr in (("--config-path", "config_path"), ("-cp", "config_path"),
+                           ("--config-name", "config_name"), ("-cn", "config_name")):
+            if t == flag and i + 1 < n:
+                setattr(out, attr, args[i + 1])
+                i += 1
+                break
+            if t.startswith(flag + "="):
+                v = t[len(flag) + 1:]
+                setattr(out, attr, Tok(v, [(v, args[i].origin_at(len(flag) + 1))]))
+                break
+        else:
+            m = re.match(r"(\+{0,2}|~)([A-Za-z_][A-Za-z0-9_.\-@/]*)(=?)", t)
+            if m and (m.group(3) or m.group(1) == "~") and MARK_OPEN not in m.group(2):
+                key = m.group(2)
+                if m.group(1) == "~":
+                    out.overrides[key] = (_DELETE, args[i].origin_at(0))
+                else:
+                    val = t[m.end():]
+                    out.overrides[key] = (_strip_quotes(val), args[i].origin_at(m.end()))
+            elif MARK_OPEN in t and out.unknown is None:
+                out.unknown = t
+        i += 1
+    return out
+
+
+def _strip_quotes(v: str) -> str:
+    if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+        return v[1:-1]
+    return v
+
+
+def config_file(h: HydraArgs, script: Optional[Tok], cwd: Optional[str]) -> tuple[str, str]:
+    """(path of the base config, origin to blame) as Hydra resolves them."""
+    script_dir = posixpath.dirname(script.text) if script is not None else ""
+    if h.config_path is not None:
+        d, origin = h.config_path.text, h.config_path.origin_at(0)
+        if not posixpath.isabs(d):
+            # Hydra: a relative --config-path is relative to the script that declares @hydra.main
+            d = posixpath.join(script_dir, d) if script_dir else d
+    else:
+        d, origin = posixpath.join(script_dir, DEFAULT_CONFIG[0]), (script.origin_at(0) if script else "")
+    name = h.config_name.text if h.config_name is not None else DEFAULT_CONFIG[1]
+    if h.config_name is not None:
+        origin = h.config_name.origin_at(0)
+    if not name.endswith((".yaml", ".yml")):
+        name += ".yaml"
+    return posixpath.join(d, name), origin
+
+
+class View:
+    """The base config seen through the command-line overrides; every value with its origin."""
+
+    def __init__(self, cfg: Config, h: HydraArgs):
+        self.cfg, self.h = cfg, h
+
+    def raw(self, dotted: str) -> tuple[Any, str, bool]:
+        """(value, origin, found)."""
+        ov = self.h.overrides.get(dotted)
+        if ov is not None:
+            if ov[0] is _DELETE:
+                return None, ov[1], False
+            return ov[0], f"{ov[1]} (override {dotted})", True
+        node: Any = self.cfg.data
+        parts = dotted.split(".")
+        for p in parts:
+            if not isinstance(node, dict) or p not in node:
+                return None, "", False
+            node = node[p]
+        return node, self.cfg.origin(tuple(parts)), True
+
+    def get(self, dotted: str) -> tuple[Any, str, bool]:
+        """Like raw, following ``${abs.key}`` / ``${.sibling}`` interpolations (bounded)."""
+        value, origin, found = self.raw(dotted)
+        key = dotted
+        for _ in range(MAX_INTERPOLATION_DEPTH):
+            m = _INTERP.match(value) if isinstance(value, str) else None
+            if not m:
+                return value, origin, found
+            dots, target = m.group(1), m.group(2)
+            if dots:
+                base = key.split(".")[:-len(dots)] if len(dots) <= key.count(".") + 1 else []
+                target = ".".join(base + [target])
+            key = target
+            value, o2, found = self.raw(target)
+            origin = o2 or origin
+        return None, origin, False
+
+
+def _set_int(f: Facts, v: View, dotted: str, fact: str, allow_null: bool = False) -> None:
+    value, origin, found = v.get(dotted)
+    if not found or (value is None and allow_null):
+        return
+    if isinstance(value, str) and MARK_OPEN in value:
+        f.set_unknown(fact, f.u.reason(value) or "unknown", origin)
+        return
+    n = to_int(value)
+    if n is None:
+        f.warnings.append(f"{dotted} = {str(value)[:30]!r} is not an integer ({origin})")
+        f.set_unknown(fact, f"{dotted} is {str(value)[:30]!r}", origin)
+        return
+    f.set(fact, n, origin)
+
+
+def _str(v: View, dotted: str) -> tuple[Optional[str], str]:
+    value, origin, found = v.get(dotted)
+    if not found or value is None or (isinstance(value, str) and MARK_OPEN in value):
+        return None, origin
+    return str(value), origin
+
+
+def _bool(v: View, dotted: str) -> tuple[Optional[bool], str]:
+    value, origin, found = v.get(dotted)
+    if not found or (isinstance(value, str) and MARK_OPEN in value):
+        return None, origin
+    return to_bool(value), origin
+
+
+def read(cfg: Config, h: HydraArgs, f: Facts) -> None:
+    """Fill facts from the NeMo config and its overrides (framework "nemo")."""
+    v = View(cfg, h)
+    w = f.warnings
+    if not isinstance(cfg.data, dict):
+        raise CannotPredict(f"{cfg.label} is not a mapping of NeMo config sections", cfg.label)
+    ne, ne_origin, found = v.get("model.num_moe_experts")
+    if found:
+        moe.check_count(ne, "model.num_moe_experts", ne_origin)
+    dev, _o, found = v.get("trainer.devices")
+    if found and str(dev).strip().lower() not in ("auto", "-1"):
+        # "auto" / -1 = every GPU of the node: the launcher's rank count stands
+        _set_int(f, v, "trainer.devices", "nemo_devices")
+    for dotted, fact in (("trainer.num_nodes", "nemo_nodes"),
+                         ("trainer.max_steps", "train_iters"),
+                         ("model.num_layers", "layers"), ("model.hidden_size", "hidden"),
+                         ("model.ffn_hidden_size", "ffn_hidden"), ("model.num_attention_heads", "heads"),
+                         ("model.encoder_seq_length", "seq_len"),
+                         ("model.tensor_model_parallel_size", "tp"), ("model.pipeline_model_parallel_size", "pp"),
+                         ("model.context_parallel_size", "cp"), ("model.micro_batch_size", "micro_batch"),
+                         ("model.global_batch_size", "global_batch"),
+                         ("model.make_vocab_size_divisible_by", "vocab_divisible")):
+        _set_int(f, v, dotted, fact)
+    _set_int(f, v, "model.num_query_groups", "kv_heads", allow_null=True)
+    _set_int(f, v, "model.virtual_pipeline_model_parallel_size", "virtual_stages", allow_null=True)
+    if f.get("seq_len") is None:
+        _set_int(f, v, "model.seq_length", "seq_len")
+    if f.known("train_iters") and f.val("train_iters") < 0:
+        f.set_unknown("train_iters", "trainer.max_steps is -1: the run is bounded by max_epochs and the data set",
+                      f.origin("train_iters"))
+    if f.get("ffn_hidden") is None and f.known("hidden"):
+        f.set("ffn_hidden", 4 * f.val("hidden"), "NeMo default (4 × hidden_size)")
+    _evaluation(v, f)
+    _checkpoints(v, f)
+    # model kind
+    act, origin = _str(v, "model.activation")
+    act = (act or "gelu").lower()
+    gated = act.replace("fast-", "") in ("swiglu", "geglu", "reglu")
+    f.set("activation", "swiglu" if gated else "gelu", origin or "NeMo default")
+    if act not in ("gelu", "swiglu", "fast-swiglu"):
+        w.append(f"activation {act} is modelled as {'swiglu' if gated else 'gelu'} (same shapes)")
+    norm, origin = _str(v, "model.normalization")
+    f.set("norm", "rmsnorm" if norm and "rms" in norm.lower() else "layernorm", origin or "NeMo default")
+    pos, origin = _str(v, "model.position_embedding_type")
+    mapped = {"learned_absolute": "learned", "rope": "rotary", "alibi": "alibi", "none": "none",
+              "xpos": "rotary", "kerple": "alibi"}.get((pos or "learned_absolute").lower())
+    if mapped is None:
+        w.append(f"position_embedding_type {pos} is modelled as learned ({origin})")
+        mapped = "learned"
+    f.set("pos_emb", mapped, origin or "NeMo default")
+    tied, origin = _bool(v, "model.share_embeddings_and_output_weights")
+    f.set("tied_embeddings", True if tied is None else tied, origin or "NeMo default")
+    f.set("parallel_residual", False, "NeMo GPT")
+    sp, origin = _bool(v, "model.sequence_parallel")
+    f.set("sequence_parallel", bool(sp), origin or "NeMo default")
+    _attention(v, f)
+    _precision(v, f)
+    gran, origin = _str(v, "model.activations_checkpoint_granularity")
+    gran = (gran or "").lower()
+    if gran in ("full", "selective"):
+        f.set("recompute", gran, origin)
+        method, m_origin = _str(v, "model.activations_checkpoint_method")
+        if gran == "full" and (method or "").lower() == "block":
+            w.append(f"activations_checkpoint_method block recomputes only some layers per stage; "
+                     f"modelled as full recompute ({m_origin})")
+    else:
+        f.set("recompute", "none", origin or "NeMo default (no activation checkpointing)")
+    opt, origin = _str(v, "model.optim.name")
+    if opt and "distributed_fused_adam" in opt.lower():
+        f.set("zero_stage", 1, origin)   # optimizer state sharded over data-parallel ranks, as ZeRO-1
+    else:
+        f.set("zero_stage", 0, origin or "NeMo default")
+    f.set("pipe_split", "megatron", "NeMo (Megatron-core: layers split evenly over the stages)")
+    # vocabulary: the tokenizer's model/type names a known tokenizer, else the GPT-2 default
+    for key, fact in (("model.tokenizer.model", "tokenizer_model"), ("model.tokenizer.type", "tokenizer"),
+                      ("model.tokenizer.vocab_file", "vocab_file")):
+        s, origin = _str(v, key)
+        if s:
+            f.set(fact, s, origin)
+    if h.unknown is not None:
+        f.hidden_args = f.u.reason(h.unknown) or "unknown"
+
+
+def _evaluation(v: View, f: Facts) -> None:
+    val, origin, found = v.get("trainer.val_check_interval")
+    n = to_number(val) if found else None
+    if not found:
+        f.set("eval_interval", 0, "Lightning default (validation once per epoch)")
+    elif isinstance(val, str) and MARK_OPEN in val:
+        f.set_unknown("eval_interval", f.u.reason(val) or "unknown", origin)
+    elif isinstance(n, int) and not isinstance(n, bool) and n > 1:
+        f.set("eval_interval", n, origin)
+    else:
+        f.warnings.append(f"trainer.val_check_interval {val!r} is a fraction of an epoch ({origin}); "
+                          f"evaluation is not modelled")
+        f.set("eval_interval", 0, origin)
+    lim, origin, found = v.get("trainer.limit_val_batches")
+    n = to_number(lim) if found else None
+    if found and isinstance(n, int) and not isinstance(n, bool):
+        f.set("eval_iters", n, origin)
+    elif found and isinstance(n, float) and n == 0:
+        f.set("eval_iters", 0, origin)
+    elif found:
+        f.warnings.append(f"trainer.limit_val_batches {lim!r} is a fraction of the validation set ({origin}); "
+                          f"evaluation is not modelled")
+        f.set("eval_iters", 0, origin)
+    else:
+        f.set("eval_iters", 0, "Lightning default (the whole validation set; not modelled)")
+
+
+def _checkpoints(v: View, f: Facts) -> None:
+    create, origin = _bool(v, "exp_manager.create_checkpoint_callback")
+    if create is False:
+        f.set("save_interval", 0, origin)
+        return
+    val, origin, found = v.get("exp_manager.checkpoint_callback_params.every_n_train_steps")
+    n = to_int(val) if found else None
+    if n is not None and n > 0:
+        f.set("save_interval", n, origin)
+    elif f.known("eval_interval") and f.val("eval_interval") > 0:
+        # NeMo's checkpoint callback saves at each validation when no step interval is given
+        f.set("save_interval", f.val("eval_interval"), f.origin("eval_interval"))
+
+
+def _attention(v: View, f: Facts) -> None:
+    flash, origin = _bool(v, "model.use_flash_attention")
+    if flash:
+        f.set("attention", "flash", origin)
+        return
+    mcore, m_origin = _bool(v, "model.mcore_gpt")
+    te, t_origin = _bool(v, "model.transformer_engine")
+    if mcore and te is not False:
+        # Megatron-core's Transformer Engine attention picks a flash/cuDNN fused kernel on current GPUs
+        f.set("attention", "flash", m_origin)
+        f.warnings.append("attention kernel: NeMo's mcore_gpt with Transformer Engine is assumed to use flash "
+                          "attention")
+        return
+    fused, origin2 = _bool(v, "model.masked_softmax_fusion")
+    f.set("attention", "unfused" if fused is False else "fused_softmax", origin2 or "NeMo default")
+
+
+def _precision(v: View, f: Facts) -> None:
+    fp8, origin = _bool(v, "model.fp8")
+    p, p_origin = _str(v, "trainer.precision")
+    if fp8:
+        f.warnings.append(f"model.fp8: FP8 is modelled as bf16 ({origin})")
+        f.set("precision", "bf16", origin)
+        return
+    p = (p or "32").lower()
+    if p.startswith("bf16"):
+        f.set("precision", "bf16", p_origin)
+    elif p.startswith("16"):
+        f.set("precision", "fp16", p_origin)
+    elif p.startswith("32") or p.startswith("64"):
+        f.set("precision", "fp32", p_origin or "Lightning default (32)")
+    else:
+        f.warnings.append(f"trainer.precision {p!r} is not 16/bf16/32 ({p_origin}); modelled as bf16")
+        f.set("precision", "bf16", p_origin)

@@ -1,0 +1,153 @@
+"""Names of GPT-NeoX arguments and DeepSpeed config keys, for catching misspelt keys.
+
+Only names, taken from GPT-NeoX's documented arguments (megatron/neox_arguments/neox_args.py,
+deepspeed_args.py, configs/neox_arguments.md; current and 2021-2023 versions, so old configs
+are not flagged) and DeepSpeed's config-json documentation (https://www.deepspeed.ai/docs/config-json/).
+
+A key outside these lists is read by nobody: NeoX would run without it. When it is a likely
+misspelling (difflib) of a key that shapes the model or the layout, predicting without it would
+predict a different job, so the parse stops (:func:`check_keys`).
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Iterable, Optional
+
+from .limits import MAX_KEY_SUGGESTIONS, CannotPredict
+
+_NEOX = """
+pipe_parallel_size model_parallel_size pipe_partition_method world_size is_pipe_parallel sequence_parallel
+expert_interval precision model_arch num_encoder_layers num_layers hidden_size intermediate_size
+mlp_multiple_of expansion_factor feedforward_size num_attention_heads num_kv_heads seq_length
+decoder_seq_length sliding_window_width max_position_embeddings norm layernorm_fusion rmsnorm_fusion
+use_qk_layernorm layernorm_epsilon rms_norm_epsilon scalenorm_epsilon pos_emb rpe_num_buckets
+rpe_max_distance opt_pos_emb_offset no_weight_tying attention_config sparsity_config num_unique_layers
+param_sharing_style extra_sentinel_tokens make_vocab_size_divisible_by activation use_flashattn_swiglu
+scaled_upper_triang_masked_softmax_fusion scaled_masked_softmax_fusion bias_gelu_fusion
+bias_dropout_fusion rope_fusion fp16_lm_cross_entropy init_method_std apply_query_key_layer_scaling
+use_cpu_initialization attention_softmax_in_fp32 rotary_pct rotary_emb_base rotary_save_freqs_buffer
+init_method output_layer_init_method gmlp_attn_dim gpt_j_residual gpt_j_tied use_bias_in_norms
+use_bias_in_attn_linear use_bias_in_mlp soft_prompt_tuning output_layer_parallelism mlp_type
+packing loss_on_targets_only masked_lm_prob mean_noise_span_length
+te_columnparallel te_rowparallel te_layernorm_mlp te_mha te_fp8_format te_fp8_wgrad te_fp8_amax_history_len
+te_fp8_amax_compute_algo te_fp8_margin te_fp8_mha dim_att head_size ffn_dim num_experts
+mamba_selective_scan_fusion mamba_causal_conv_fusion mamba_inner_func_fusion mamba_selective_fp32_params
+mamba_use_bias_in_conv mamba_use_bias_in_linears
+moe_type moe_num_experts moe_top_k moe_router_type moe_lbl_in_fp32 moe_jitter_eps moe_use_residual
+moe_loss_coeff moe_train_capacity_factor moe_eval_capacity_factor moe_min_capacity moe_token_dropping
+moe_expert_parallel_size moe_glu enable_expert_tensor_parallelism create_moe_param_group
+optimizer_type use_bnb_optimizer zero_stage zero_reduce_scatter zero_contiguous_gradients
+zero_reduce_bucket_size zero_allgather_bucket_size lr lr_decay_style lr_decay_iters lr_decay_fraction
+min_lr warmup override_lr_scheduler use_checkpoint_lr_scheduler
+use_wandb wandb_group wandb_team wandb_project wandb_host wandb_init_all_ranks wandb_run_name git_hash
+log_dir tensorboard_writer tensorboard_dir log_interval log_grad_pct_zeros log_param_norm log_grad_norm
+log_optimizer_states log_gradient_noise_scale gradient_noise_scale_n_batches
+gradient_noise_scale_cpu_offload memory_profiling memory_profiling_path profile profile_step_start
+profile_step_stop use_comet comet_workspace comet_project comet_experiment_name comet_tags comet_others
+peak_theoretical_tflops use_tensorboard
+distributed_backend local_rank rank lazy_mpu_init short_seq_prob eod_mask_loss adlr_autoresume
+adlr_autoresume_interval seed onnx_safe deepscale deepscale_config deepspeed_mpi deepspeed_slurm
+user_script iteration do_train do_valid do_test save_iters global_num_gpus
+tokenizer_type padded_vocab_size data_path use_shared_fs train_data_paths label_data_paths
+test_data_paths valid_data_paths train_data_weights valid_data_weights test_data_weights
+train_label_data_paths test_label_data_paths valid_label_data_paths pos_train_data_paths
+neg_train_data_paths pos_valid_data_paths neg_valid_data_paths pos_test_data_paths neg_test_data_paths
+pos_train_label_data_paths neg_train_label_data_paths pos_valid_label_data_paths
+neg_valid_label_data_paths pos_test_label_data_paths neg_test_label_data_paths
+weight_by_num_documents weighted_sampler_alpha data_impl pack_impl dataset_impl train_impl
+allow_chopped mmap_warmup save s3_path s3_chunk_size config_files load
+checkpoint_validation_with_forward_pass checkpoint_scale checkpoint_factor extra_save_iters
+no_save_optim no_save_rng no_load_optim no_load_rng finetune batch_size train_iters train_epochs
+eval_iters keep_last_n_checkpoints eval_interval split vocab_file merge_file num_workers exit_interval
+attention_dropout hidden_dropout weight_decay checkpoint_activations checkpoint_num_layers
+deepspeed_activation_checkpointing contiguous_checkpointing checkpoint_in_cpu synchronize_each_layer
+profile_backward partition_activations clip_grad hysteresis dynamic_loss_scale loss_scale
+loss_scale_window min_scale char_level_ppl use_mup coord_check save_base_shapes base_shapes_file
+mup_init_scale mup_attn_temp mup_output_temp mup_embedding_mult mup_rp_embedding_mult mup_width_scale
+precompute_model_name dpo_fp32 dpo_reference_free dpo_beta kto_fp32 kto_desirable_weight
+kto_undesirable_weight kto_beta allow_chopped z_loss num_gpus num_nodes
+text_gen_type temperature top_p top_k return_logits maximum_tokens prompt_end sample_input_file
+sample_output_file num_samples recompute eval_results_prefix eval_tasks
+save_interval gas curriculum_seqlen
+"""
+
+# Top-level keys of a DeepSpeed config (NeoX passes these through to DeepSpeed too).
+_DEEPSPEED = """
+deepspeed train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps optimizer
+scheduler fp32_allreduce prescale_gradients gradient_predivide_factor sparse_gradients fp16 bf16
+bfloat16 amp gradient_clipping zero_optimization zero_allow_untested_optimizer
+zero_force_ds_cpu_optimizer curriculum_learning steps_per_print wall_clock_breakdown dump_state
+flops_profiler communication_data_type seq_parallel_communication_data_type autotuning
+activation_checkpointing sparse_attention data_efficiency tensorboard wandb csv_monitor comet
+elasticity comms_logger compression_training checkpoint data_types deepspeed_extra_args
+load_universal aio pipeline memory_breakdown disable_allgather nebula compile timers hybrid_engine
+eigenvalue progressive_layer_drop quantize_training gradient_accumulation_dtype
+use_data_before_expert_parallel_ graph_harvesting dataloader_drop_last weight_quantization
+zero_legacy_stage1 fp8 torch_autocast
+"""
+
+# deepspeed.launcher.runner options that NeoX reads from the YAML
+_RUNNER = """
+hostfile include exclude num_nodes num_gpus master_port master_addr launcher force_multi
+detect_nvlink_pairs autotuning_run no_ssh_check comment account launcher_args
+"""
+
+DEEPSPEED_KEYS = frozenset(_DEEPSPEED.split())
+NEOX_KEYS = frozenset(_NEOX.split()) | DEEPSPEED_KEYS | frozenset(_RUNNER.split())
+
+# Keys that decide the model's shape, the layout or the batch: a misspelling stops the parse.
+NEOX_SHAPE_KEYS = frozenset("""
+pipe_parallel_size model_parallel_size num_layers hidden_size num_attention_heads num_kv_heads
+seq_length max_position_embeddings intermediate_size train_micro_batch_size_per_gpu
+gradient_accumulation_steps train_batch_size train_iters zero_optimization precision
+global_num_gpus sequence_parallel checkpoint_activations
+""".split())
+DEEPSPEED_SHAPE_KEYS = frozenset("""
+train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps zero_optimization fp16 bf16
+""".split())
+
+_MAX_KEY_LEN = 80     # longer names are no misspelling of ours; difflib's cost grows with length
+
+
+_SORTED: dict = {}
+
+
+def _sorted(known: frozenset) -> list:
+    """A stable order for difflib (ties go to the first), computed once per key list."""
+    got = _SORTED.get(id(known))
+    if got is None or got[0] is not known:
+        got = _SORTED[id(known)] = (known, sorted(known))
+    return got[1]
+
+
+def suggest(key: str, known: frozenset) -> Optional[str]:
+    """The known key ``key`` most likely misspells, or None."""
+    if len(key) > _MAX_KEY_LEN:
+        return None
+    hits = difflib.get_close_matches(key, _sorted(known), n=1, cutoff=0.8)
+    return hits[0] if hits else None
+
+
+def check_keys(keys: Iterable[tuple[str, str]], known: frozenset, shape: frozenset, what: str,
+               label: str, warnings: list) -> None:
+    """Warn about each unknown key ``(raw name, origin)``; stop on a likely misspelt shape key.
+
+    ``what`` names the reader ("GPT-NeoX", "DeepSpeed"). At most MAX_KEY_SUGGESTIONS keys get a
+    difflib look-up (each costs ~|known| comparisons); the rest are counted in one warning.
+    """
+    unknown = 0
+    for raw, origin in keys:
+        key = raw.replace("-", "_") if isinstance(raw, str) else str(raw)
+        if key in known:
+            continue
+        unknown += 1
+        if unknown > MAX_KEY_SUGGESTIONS:
+            continue
+        guess = suggest(key, known)
+        if guess is not None and guess in shape:
+            raise CannotPredict(f"{raw!r} is not a {what} key; did you mean {guess!r}? "
+                                f"(without it the job would be a different one)", origin)
+        hint = f"; did you mean {guess!r}?" if guess else ""
+        warnings.append(f"{raw!r} is not a {what} key and is ignored ({origin}){hint}")
+    if unknown > MAX_KEY_SUGGESTIONS:
+        warnings.append(f"{label}: {unknown - MAX_KEY_SUGGESTIONS} more keys that are not {what} keys")

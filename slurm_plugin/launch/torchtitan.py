@@ -1,0 +1,314 @@
+"""TorchTitan launches -> facts: ``torchrun … -m torchtitan.train --job.config_file X.toml [--section.key V]``.
+
+The TOML names a model (``[model] name`` + ``flavor``); the shapes of the published flavors are in
+:data:`FLAVORS`. Command-line overrides (``--training.steps 100``) win over the file. Sections and keys
+moved between TorchTitan versions (``[training] batch_size`` became ``local_batch_size``; the
+parallel degrees moved from ``[training]`` / ``[experimental]`` to ``[parallelism]``): every spelling
+is read, the newest first.
+
+Data parallelism is FSDP2 (``data_parallel_shard_degree``, -1 = the GPUs left over), which shards
+parameters, gradients and optimizer state like ZeRO-3, optionally replicated
+(``data_parallel_replicate_degree``, HSDP). The predictor accepts ZeRO-3 with pp > 1 for this
+framework only (predictor.job).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from . import moe
+from .configs import to_bool, to_int
+from .facts import Facts
+from .limits import MAX_CONFIG_BYTES, CannotPredict
+from .values import MARK_OPEN, Tok
+
+try:  # Python 3.11+
+    import tomllib as _toml
+except ImportError:  # pragma: no cover - Python 3.9/3.10
+    try:
+        import tomli as _toml  # type: ignore[no-redef]
+    except ImportError:
+        _toml = None  # type: ignore[assignment]
+
+# Published flavors' shapes. Source: pytorch/torchtitan, torchtitan/models/llama3/__init__.py
+# (llama3_configs: 8B, 70B, 405B) and the earlier torchtitan/models/llama/__init__.py (llama2_configs:
+# 7B, 13B, 70B; model name "llama" or "llama2"). ffn = multiple_of-rounded int(m · int(2·4·dim/3)),
+# as TorchTitan's FeedForward computes it.
+_LLAMA3 = {
+    "8B": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.3, multiple_of=1024),
+    "70B": dict(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim_multiplier=1.3, multiple_of=4096),
+    "405B": dict(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, ffn_dim_multiplier=1.2, multiple_of=4096),
+}
+_LLAMA2 = {
+    "7B": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim_multiplier=None, multiple_of=256),
+    "13B": dict(dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, ffn_dim_multiplier=None, multiple_of=256),
+    "70B": dict(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim_multiplier=1.3, multiple_of=4096),
+}
+FLAVORS = {"llama3": (_LLAMA3, 128256), "llama2": (_LLAMA2, 32000), "llama": (_LLAMA2, 32000)}
+_MOE_MODELS = re.compile(r"deepseek|llama4|mixtral|moe|qwen3_moe", re.I)
+
+# (section, key) spellings, newest first
+_SPELLINGS = {
+    "local_batch": [("training", "local_batch_size"), ("training", "batch_size")],
+    "global_batch": [("training", "global_batch_size")],
+    "seq_len": [("training", "seq_len")],
+    "steps": [("training", "steps")],
+    "dp_shard": [("parallelism", "data_parallel_shard_degree"), ("training", "data_parallel_shard_degree"),
+                 ("training", "data_parallel_degree")],
+    "dp_replicate": [("parallelism", "data_parallel_replicate_degree"),
+                     ("training", "data_parallel_replicate_degree")],
+    "tp": [("parallelism", "tensor_parallel_degree"), ("training", "tensor_parallel_degree")],
+    "pp": [("parallelism", "pipeline_parallel_degree"), ("experimental", "pipeline_parallel_degree")],
+    "cp": [("parallelism", "context_parallel_degree"), ("experimental", "context_parallel_degree")],
+    "pp_micro": [("parallelism", "pipeline_parallel_microbatch_size")],
+    "ac_mode": [("activation_checkpoint", "mode")],
+    "precision": [("training", "mixed_precision_param")],
+    "ckpt_enable": [("checkpoint", "enable_checkpoint"), ("checkpoint", "enable")],
+    "ckpt_interval": [("checkpoint", "interval")],
+    "val_enable": [("validation", "enabled"), ("validation", "enable")],
+    "val_freq": [("validation", "freq")],
+    "val_steps": [("validation", "steps")],
+    "fp8_linear": [("training", "enable_float8_linear"), ("float8", "enable_float8_linear"),
+                   ("training", "enable_fp8_linear")],
+    "converters": [("model", "converters")],
+    "name": [("model", "name")],
+    "flavor": [("model", "flavor")],
+    "tokenizer": [("model", "tokenizer_path"), ("model", "hf_assets_path")],
+}
+
+
+def is_torchtitan(module: Optional[str], script: Optional[Tok], args: list) -> bool:
+    if module and module.split(".")[0] == "torchtitan":
+        return True
+    return any(a.text.split("=", 1)[0] in ("--job.config_file", "--job.config-file") for a in args)
+
+
+def read_cli(args: list) -> tuple[Optional[Tok], dict]:
+    """(--job.config_file token, {(section, key): (text | True, origin)}) from the script's arguments."""
+    cfg: Optional[Tok] = None
+    over: dict = {}
+    i, n = 0, len(args)
+    while i < n:
+        t = args[i].text
+        m = re.fullmatch(r"--([A-Za-z_]+)\.([A-Za-z0-9_\-]+)(=(.*))?", t, re.S)
+        if not m:
+            i += 1
+            continue
+        sect, key = m.group(1), m.group(2).replace("-", "_")
+        if m.group(3):
+            val, origin = m.group(4), args[i].origin_at(len(t) - len(m.group(4)))
+            i += 1
+        elif i + 1 < n and not args[i + 1].text.startswith("--"):
+            val, origin = args[i + 1].text, args[i + 1].origin_at(0)
+            i += 2
+        else:
+            val, origin = True, args[i].origin_at(0)     # store_true flag (--training.compile)
+            i += 1
+        if (sect, key) == ("job", "config_file"):
+            cfg = Tok(val, [(val, origin)]) if isinstance(val, str) else None
+        else:
+            over[(sect, key)] = (val, origin)
+    return cfg, over
+
+
+def _line_map(text: str) -> dict:
+    """(section, key) -> line, by a plain scan (tomllib keeps no positions); linear in the text."""
+    lines: dict = {}
+    sect = ""
+    for i, ln in enumerate(text.split("\n"), 1):
+        s = ln.strip()
+        m = re.match(r"\[\s*([A-Za-z0-9_.\-]+)\s*\]", s)
+        if m:
+            sect = m.group(1)
+            continue
+        m = re.match(r"([A-Za-z0-9_\-]+)\s*=", s)
+        if m:
+            lines.setdefault((sect, m.group(1)), i)
+    return lines
+
+
+class Toml:
+    """The TOML config plus the command-line overrides: value and origin by (section, key)."""
+
+    def __init__(self, text: str, label: str, overrides: dict, line_origins: Optional[list] = None):
+        if _toml is None:
+            raise CannotPredict("reading TorchTitan's TOML needs Python 3.11 or the tomli package", label)
+        if len(text) > MAX_CONFIG_BYTES:
+            raise CannotPredict(f"config {label} is larger than {MAX_CONFIG_BYTES >> 10} KiB", f"{label}:1")
+        try:
+            self.data = _toml.loads(text)
+        except _toml.TOMLDecodeError as exc:
+            m = re.search(r"line (\d+)", str(exc))
+            raise CannotPredict(f"{label} is not valid TOML: {str(exc).split('(')[0].strip()[:80]}",
+                                f"{label}:{m.group(1) if m else 1}") from None
+        except RecursionError:
+            raise CannotPredict(f"config {label} is nested too deeply", label) from None
+        self.label, self.over, self.lines, self.line_origins = label, overrides, _line_map(text), line_origins
+
+    def _origin(self, sect: str, key: str) -> str:
+        line = self.lines.get((sect, key))
+        if line is None:
+            return self.label
+        if self.line_origins is not None and 0 < line <= len(self.line_origins):
+            return self.line_origins[line - 1]
+        return f"{self.label}:{line}"
+
+    def get(self, name: str) -> tuple[Any, str, bool]:
+        for sect, key in _SPELLINGS[name]:
+            if (sect, key) in self.over:
+                val, origin = self.over[(sect, key)]
+                return val, f"{origin} (--{sect}.{key})", True
+        for sect, key in _SPELLINGS[name]:
+            s = self.data.get(sect)
+            if isinstance(s, dict) and key in s:
+                return s[key], self._origin(sect, key), True
+        return None, "", False
+
+
+def _int(f: Facts, t: Toml, name: str, fact: str) -> None:
+    v, origin, found = t.get(name)
+    if not found:
+        return
+    if isinstance(v, str) and MARK_OPEN in v:
+        f.set_unknown(fact, f.u.reason(v) or "unknown", origin)
+        return
+    n = to_int(v)
+    if n is None:
+        f.warnings.append(f"{name} = {str(v)[:30]!r} is not an integer ({origin})")
+        f.set_unknown(fact, f"{str(v)[:30]!r} is not an integer", origin)
+        return
+    f.set(fact, n, origin)
+
+
+def ffn_dim(dim: int, multiplier: Optional[float], multiple_of: int) -> int:
+    hidden = int(2 * (4 * dim) / 3)
+    if multiplier is not None:
+        hidden = int(multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
+    """Fill facts (framework "torchtitan"); ``world`` = the ranks the launcher starts (None = unknown)."""
+    w = f.warnings
+    name, n_origin, _ = t.get("name")
+    flavor, fl_origin, _ = t.get("flavor")
+    name_s, flavor_s = str(name or ""), str(flavor or "")
+    if _MOE_MODELS.search(name_s) or _MOE_MODELS.search(flavor_s):
+        moe.refuse(f"TorchTitan model {name_s} {flavor_s}".strip(), n_origin or fl_origin)
+    if name_s not in FLAVORS:
+        raise CannotPredict(f"TorchTitan model name {name_s!r} has no shape table here "
+                            f"(known: {', '.join(sorted(FLAVORS))})", n_origin or t.label)
+    table, vocab = FLAVORS[name_s]
+    shape = table.get(flavor_s)
+    if shape is None:
+        raise CannotPredict(f"TorchTitan {name_s} flavor {flavor_s!r} is not a published one "
+                            f"({', '.join(table)}); give the shape in a TOML job file", fl_origin or t.label)
+    src = f"{fl_origin} ({name_s} {flavor_s}, TorchTitan's published flavor)"
+    f.set("layers", shape["n_layers"], src)
+    f.set("hidden", shape["dim"], src)
+    f.set("heads", shape["n_heads"], src)
+    f.set("kv_heads", shape["n_kv_heads"], src)
+    f.set("ffn_hidden", ffn_dim(shape["dim"], shape["ffn_dim_multiplier"], shape["multiple_of"]), src)
+    f.set("vocab", vocab, src)
+    for k, v in (("norm", "rmsnorm"), ("activation", "swiglu"), ("pos_emb", "rotary"),
+                 ("tied_embeddings", False), ("parallel_residual", False)):
+        f.set(k, v, f"TorchTitan {name_s}")
+    # PyTorch SDPA picks the flash kernel for bf16 causal attention
+    f.set("attention", "flash", "TorchTitan (scaled_dot_product_attention)")
+    _int(f, t, "seq_len", "seq_len")
+    _int(f, t, "steps", "train_iters")
+    for name_, fact in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp_shard", "dp_shard"),
+                        ("dp_replicate", "dp_replicate"), ("local_batch", "tt_local"),
+                        ("global_batch", "global_batch"), ("pp_micro", "tt_pp_micro")):
+        _int(f, t, name_, fact)
+    for k, default in (("tp", 1), ("pp", 1), ("cp", 1), ("dp_replicate", 1), ("dp_shard", -1), ("tt_pp_micro", 1)):
+        if f.get(k) is None:
+            f.set(k, default, "TorchTitan default")
+    if f.known("global_batch") and f.val("global_batch") < 0:
+        del f.d["global_batch"]          # -1 = local batch × dp
+    _degrees(f, world, world_origin)
+    # TorchTitan's tensor-parallel plan shards norms/dropout over the sequence (SequenceParallel)
+    if f.known("tp"):
+        f.set("sequence_parallel", f.val("tp") > 1, f.origin("tp"))
+    # batch: one pipeline microbatch per step unless pp splits the local batch
+    if f.known("tt_local"):
+        local = f.val("tt_local")
+        if f.known("pp") and f.val("pp") > 1 and f.known("tt_pp_micro"):
+            mb = f.val("tt_pp_micro")
+            if local % mb:
+                raise CannotPredict(f"local batch {local} is not divisible by pipeline_parallel_microbatch_size "
+                                    f"{mb}", f.origin("tt_pp_micro"))
+            f.set("micro_batch", mb, f.origin("tt_pp_micro"))
+        else:
+            f.set("micro_batch", local, f.origin("tt_local"))
+        if f.get("global_batch") is None and f.known("dp_shard"):
+            dp = f.val("dp_shard") * f.val("dp_replicate", 1)
+            f.set("global_batch", local * dp, f.origin("tt_local"))
+    elif f.get("tt_local") is None:
+        raise CannotPredict("[training] local_batch_size (or batch_size) not found", t.label)
+    else:
+        fl = f.get("tt_local")
+        f.set_unknown("micro_batch", fl.unknown or "unknown", fl.origin)
+    # ZeRO: FSDP shards when the shard degree is > 1; DDP (replicate only) keeps full copies
+    shard = f.val("dp_shard")
+    f.set("zero_stage", 3 if shard and shard > 1 else 0, f.origin("dp_shard"))
+    mode, origin, found = t.get("ac_mode")
+    mode = str(mode or "selective").lower()
+    if mode not in ("full", "selective", "none"):
+        w.append(f"activation_checkpoint.mode {mode!r} is not full/selective/none ({origin}); modelled as selective")
+        mode = "selective"
+    f.set("recompute", mode, origin if found else "TorchTitan default (selective)")
+    prec, origin, found = t.get("precision")
+    prec = str(prec or "bfloat16").lower()
+    f.set("precision", "fp32" if prec in ("float32", "fp32") else "bf16",
+          origin if found else "TorchTitan default (mixed_precision_param bfloat16)")
+    fp8, origin, _ = t.get("fp8_linear")
+    conv, c_origin, _ = t.get("converters")
+    if to_bool(fp8) or (isinstance(conv, (list, str)) and "float8" in str(conv)):
+        w.append(f"float8 training: FP8 is modelled as bf16 ({origin or c_origin})")
+    en, origin, found = t.get("ckpt_enable")
+    if to_bool(en):
+        iv, i_origin, i_found = t.get("ckpt_interval")
+        n = to_int(iv) if i_found else 500
+        f.set("save_interval", n if n is not None else 0, i_origin if i_found else "TorchTitan default (500)")
+    else:
+        f.set("save_interval", 0, origin or "TorchTitan default (no checkpoints)")
+    en, origin, found = t.get("val_enable")
+    if to_bool(en):
+        freq, fr_origin, _ = t.get("val_freq")
+        steps, st_origin, _ = t.get("val_steps")
+        fq, st = to_int(freq), to_int(steps)
+        if fq and st and st > 0:
+            f.set("eval_interval", fq, fr_origin)
+            f.set("eval_iters", st, st_origin)
+        else:
+            w.append(f"validation is enabled but its frequency/steps are not both set ({origin}); not modelled")
+            f.set("eval_interval", 0, origin)
+            f.set("eval_iters", 0, origin)
+    else:
+        f.set("eval_interval", 0, origin or "TorchTitan default (no validation)")
+        f.set("eval_iters", 0, origin or "TorchTitan default (no validation)")
+    f.set("pipe_split", "megatron", "TorchTitan (layers split evenly over the stages)")
+
+
+def _degrees(f: Facts, world: Optional[int], world_origin: str) -> None:
+    """Resolve data_parallel_shard_degree -1 and check the product against the world, as TorchTitan does."""
+    names = ("dp_replicate", "tp", "pp", "cp")
+    if not all(f.known(k) for k in names) or f.get("dp_shard") is None or not f.known("dp_shard"):
+        return
+    rest = 1
+    for k in names:
+        rest *= f.val(k)
+    shard = f.val("dp_shard")
+    if world is None:
+        if shard < 0:
+            f.set_unknown("dp_shard", "data_parallel_shard_degree -1 and the number of GPUs unknown",
+                          f.origin("dp_shard"))
+        return
+    if shard < 0:
+        if world % rest:
+            raise CannotPredict(f"{world} GPUs are not divisible by replicate×tp×pp×cp = {rest}", world_origin)
+        f.set("dp_shard", world // rest, f"{f.origin('dp_shard')} (-1: the GPUs left over)")
+    elif shard * rest != world:
+        raise CannotPredict(f"data_parallel_shard_degree {shard} × replicate×tp×pp×cp {rest} ≠ {world} GPUs "
+                            f"(TorchTitan stops at start-up)", f.origin("dp_shard"))

@@ -1,0 +1,84 @@
+"""Megatron-core flags: virtual pipeline stages, attention backend, recompute, FP8, context parallelism."""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from slurm_plugin.launch import parse_script
+from slurm_plugin.launch.limits import Budget
+
+HEAD = "#!/bin/bash\n#SBATCH --nodes=2 --gpus-per-node=8 --ntasks-per-node=1\n"
+BASE = ("srun torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+        "--num-attention-heads 32 --seq-length 4096 --micro-batch-size 1 --global-batch-size 128 "
+        "--train-iters 100 --bf16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 ")
+
+
+def _run(tmp_path: pathlib.Path, extra: str):
+    p = tmp_path / "job.sbatch"
+    p.write_text(HEAD + BASE + extra + "\n")
+    return parse_script(str(p), _budget=Budget(seconds=10.0))   # no wall-clock flakiness
+
+
+def test_layers_per_virtual_stage(tmp_path):
+    res = _run(tmp_path, "--num-layers-per-virtual-pipeline-stage 2")
+    assert res.error is None, res.error
+    assert res.job.layout.virtual_stages == 4        # 32 layers / 4 stages / 2 per virtual stage
+    assert res.provenance["layout.virtual_stages"].endswith("job.sbatch:3")
+
+
+def test_virtual_stages_per_rank(tmp_path):
+    res = _run(tmp_path, "--num-virtual-stages-per-pipeline-rank 2")
+    assert res.error is None, res.error
+    assert res.job.layout.virtual_stages == 2
+
+
+@pytest.mark.parametrize("backend, attention", [("flash", "flash"), ("fused", "fused_softmax"),
+                                                ("unfused", "unfused"), ("local", "unfused")])
+def test_attention_backend(tmp_path, backend, attention):
+    res = _run(tmp_path, f"--attention-backend {backend}")
+    assert res.error is None, res.error
+    assert res.job.model.attention == attention
+
+
+def test_recompute_block_is_full_with_warning(tmp_path):
+    res = _run(tmp_path, "--recompute-granularity full --recompute-method block --recompute-num-layers 2")
+    assert res.job.layout.recompute == "full"
+    assert any("--recompute-method block --recompute-num-layers 2" in w for w in res.warnings)
+
+
+def test_recompute_uniform_is_full_silently(tmp_path):
+    res = _run(tmp_path, "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+    assert res.job.layout.recompute == "full"
+    assert not any("recompute" in w for w in res.warnings), res.warnings
+
+
+def test_recompute_selective(tmp_path):
+    assert _run(tmp_path, "--recompute-granularity selective").job.layout.recompute == "selective"
+
+
+def test_fp8_is_costed_as_bf16(tmp_path):
+    res = _run(tmp_path, "--fp8-format hybrid")
+    assert res.job.run.precision == "bf16"
+    assert any("FP8" in w and "bf16" in w for w in res.warnings)
+
+
+def test_context_parallel_divides_dp(tmp_path):
+    res = _run(tmp_path, "--context-parallel-size 2")
+    assert res.error is None, res.error
+    lay = res.job.layout
+    assert (lay.cp, lay.dp, lay.tp, lay.pp) == (2, 1, 2, 4)
+    assert res.job.model.attention == "flash"          # the TE default path
+    assert res.provenance["layout.cp"].endswith("job.sbatch:3")
+
+
+def test_context_parallel_with_unfused_attention_is_refused(tmp_path):
+    res = _run(tmp_path, "--context-parallel-size 2 --attention-backend unfused")
+    assert res.job is None and "flash" in res.error
+
+
+def test_framework_is_recorded(tmp_path):
+    res = _run(tmp_path, "")
+    assert res.job.run.framework == "megatron" and res.job_dict["run"]["framework"] == "megatron"
+    res = _run(tmp_path, "--deepspeed")
+    assert res.job.run.framework == "megatron-deepspeed"

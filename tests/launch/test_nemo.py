@@ -1,0 +1,182 @@
+"""NeMo 1.x Hydra launches are read from their YAML + overrides; NeMo 2.0 recipes are refused."""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from slurm_plugin.launch import parse_script
+from slurm_plugin.launch.limits import Budget
+
+HEAD = "#!/bin/bash\n#SBATCH --nodes=1 --ntasks-per-node=8 --gpus-per-node=8\n"
+CONF = """trainer:
+  devices: 8
+  num_nodes: 1
+  precision: 16-mixed
+  max_steps: 1000
+  val_check_interval: 100
+  limit_val_batches: 10
+exp_manager:
+  checkpoint_callback_params:
+    every_n_train_steps: 200
+model:
+  micro_batch_size: 2
+  global_batch_size: 64
+  tensor_model_parallel_size: 2
+  pipeline_model_parallel_size: 1
+  encoder_seq_length: 2048
+  num_layers: 24
+  hidden_size: 2048
+  ffn_hidden_size: ${multiply:4,${.hidden_size}}
+  num_attention_heads: 16
+  num_query_groups: 4
+  activation: gelu
+  masked_softmax_fusion: True
+  optim:
+    name: fused_adam
+"""
+LAUNCH = "srun python /opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py " \
+         "--config-path=$PWD/conf --config-name=gpt "
+
+
+def _run(tmp_path: pathlib.Path, body: str, conf: str | None = CONF):
+    if conf is not None:
+        (tmp_path / "conf").mkdir(exist_ok=True)
+        (tmp_path / "conf" / "gpt.yaml").write_text(conf)
+    p = tmp_path / "job.sbatch"
+    p.write_text(HEAD + body)
+    return parse_script(str(p), _budget=Budget(seconds=10.0))   # no wall-clock flakiness
+
+
+def test_base_config_and_overrides(tmp_path):
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 ++model.sequence_parallel=true\n")
+    assert res.error is None, res.error
+    j = res.job
+    assert (j.model.layers, j.model.hidden, j.model.kv_heads, j.model.ffn_hidden) == (24, 2048, 4, 8192)
+    assert (j.layout.tp, j.layout.dp, j.layout.micro_batch, j.layout.micro_batches) == (2, 4, 2, 8)
+    assert j.layout.zero_stage == 0 and j.layout.sequence_parallel is True
+    assert j.model.attention == "fused_softmax" and j.run.precision == "fp16" and j.run.framework == "nemo"
+    assert (j.run.train_iters, j.run.eval_interval, j.run.eval_iters, j.run.save_interval) == (1000, 100, 10, 200)
+    assert res.provenance["model.layers"].endswith("conf/gpt.yaml:17")
+    assert res.provenance["model.ffn_hidden"].endswith("job.sbatch:3 (override model.ffn_hidden_size)")
+
+
+def test_delete_override_and_distributed_optimizer(tmp_path):
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 ~model.num_query_groups "
+               "model.optim.name=distributed_fused_adam model.activations_checkpoint_granularity=full "
+               "model.activations_checkpoint_method=uniform model.use_flash_attention=true trainer.precision=bf16\n")
+    assert res.error is None, res.error
+    j = res.job
+    assert j.model.kv_heads == j.model.heads          # ~key: deleted, the default (no GQA)
+    assert j.layout.zero_stage == 1 and j.layout.recompute == "full"
+    assert j.model.attention == "flash" and j.run.precision == "bf16"
+
+
+def test_resolver_interpolation_is_unknown_and_named(tmp_path):
+    res = _run(tmp_path, LAUNCH + "\n")
+    # ${multiply:...} is an OmegaConf resolver, not a key: ffn_hidden_size is unknown, with its line
+    assert res.error is None and "model.ffn_hidden" in res.unresolved
+    assert any("model.ffn_hidden_size" in w and "conf/gpt.yaml:19" in w for w in res.warnings)
+
+
+def test_interpolation_loop_is_bounded(tmp_path):
+    conf = CONF.replace("num_layers: 24", "num_layers: ${.num_layers}")
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192\n", conf)
+    assert res.job is None and "model.layers" in res.error
+
+
+def test_trainer_world_must_match_the_launch(tmp_path):
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 trainer.devices=4\n")
+    assert res.job.layout.dp == 2
+    assert any("trainer.num_nodes × trainer.devices = 1 × 4" in w for w in res.warnings)
+
+
+def test_fp8_is_costed_as_bf16(tmp_path):
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 +model.fp8=true\n")
+    assert res.job.run.precision == "bf16" and any("FP8" in w for w in res.warnings)
+
+
+def test_moe_is_refused(tmp_path):
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 +model.num_moe_experts=8\n")
+    assert res.job is None
+    assert "mixture-of-experts models are not modelled yet" in res.error and "num_moe_experts = 8" in res.error
+    assert "job.sbatch:3 (override model.num_moe_experts)" in res.error
+
+
+def test_missing_config_names_the_file(tmp_path):
+    res = _run(tmp_path, LAUNCH.replace("--config-name=gpt", "--config-name=nope") + "\n")
+    assert res.job is None and "nope.yaml" in res.error and "no such file" in res.error
+
+
+def test_default_config_is_the_scripts_conf_dir(tmp_path):
+    res = _run(tmp_path, "srun python /opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py "
+                         "trainer.devices=8\n", conf=None)
+    assert res.job is None
+    assert "/opt/NeMo/examples/nlp/language_modeling/conf/megatron_gpt_config.yaml" in res.error
+
+
+def test_nemo2_cli_is_refused(tmp_path):
+    res = _run(tmp_path, "srun nemo llm pretrain --factory llama3_8b trainer.num_nodes=1 -y\n", conf=None)
+    assert res.job is None and "NeMo 2.0" in res.error and "TOML job file" in res.error
+
+
+def test_nemo2_recipe_script_is_refused(tmp_path):
+    (tmp_path / "pretrain_llama.py").write_text(
+        "import nemo_run as run\nfrom nemo.collections import llm\n\n"
+        "recipe = llm.llama3_8b.pretrain_recipe(num_nodes=2)\nrun.run(recipe)\n")
+    res = _run(tmp_path, "srun --container-image nvcr.io/nvidia/nemo:24.12 python pretrain_llama.py\n", conf=None)
+    assert res.job is None and "NeMo 2.0" in res.error and "pretrain_llama.py:1" in res.error
+
+
+@pytest.mark.parametrize("bad", ["trainer: [1, 2]\nmodel: 3\n", "- a\n- b\n"])
+def test_odd_config_shapes_are_one_line_errors(tmp_path, bad):
+    res = _run(tmp_path, LAUNCH + "\n", bad)
+    assert res.job is None and res.error.startswith("cannot predict: ") and "internal" not in res.error
+
+
+def test_devices_auto_uses_the_launch(tmp_path):
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 trainer.devices=auto\n")
+    assert res.error is None, res.error
+    assert res.job.layout.dp == 4        # srun: 8 tasks / tp 2
+
+
+def test_neox_missing_shape_key_names_the_configs(tmp_path):
+    (tmp_path / "a.yml").write_text('{"num_layers": 2, "hidden_size": 64, "seq_length": 128}\n')
+    res = _run(tmp_path, "python deepy.py train.py a.yml\n", conf=None)
+    assert res.job is None and "num_attention_heads is in none of the NeoX configs (a.yml)" in res.error
+
+
+def test_virtual_and_context_parallel(tmp_path):
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 model.pipeline_model_parallel_size=2 "
+                                  "model.virtual_pipeline_model_parallel_size=3 +model.context_parallel_size=2 "
+                                  "model.tensor_model_parallel_size=1 model.use_flash_attention=True "
+                                  "trainer.val_check_interval=0.25\n")
+    assert res.error is None, res.error
+    lay = res.job.layout
+    assert (lay.pp, lay.virtual_stages, lay.cp, lay.tp, lay.dp) == (2, 3, 2, 1, 2)
+    assert res.job.run.eval_interval == 0
+    assert any("val_check_interval 0.25" in w or "val_check_interval '0.25'" in w for w in res.warnings)
+
+
+def test_unknown_expert_count_is_refused(tmp_path):
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 +model.num_moe_experts=$(cat /nonexistent/e)\n")
+    assert res.job is None and "model.num_moe_experts is unknown" in res.error
+
+
+def test_override_back_to_dense_is_honoured(tmp_path):
+    conf = CONF.replace("  num_layers: 24", "  num_moe_experts: 8\n  num_layers: 24")
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 model.num_moe_experts=1\n", conf)
+    assert res.error is None, res.error
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192\n", conf)
+    assert res.job is None and "num_moe_experts = 8" in res.error and "gpt.yaml:17" in res.error
+
+
+@pytest.mark.parametrize("form", ["--config-path $PWD/conf --config-name gpt", "-cp $PWD/conf -cn gpt.yaml",
+                                  "--config-path=conf --config-name=gpt"])
+def test_config_path_spellings(tmp_path, form):
+    # the last form is relative to the training script's directory, as Hydra resolves it
+    script = "megatron_gpt_pretraining.py" if "=conf" in form else \
+        "/opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pretraining.py"
+    res = _run(tmp_path, f"srun python {script} {form} model.ffn_hidden_size=8192 hydra.run.dir=/tmp/x\n")
+    assert res.error is None, res.error
+    assert res.job.model.layers == 24

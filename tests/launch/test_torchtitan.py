@@ -1,0 +1,114 @@
+"""TorchTitan: TOML config + flavor table + command-line overrides; FSDP is ZeRO-3."""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from slurm_plugin.launch import parse_script
+from slurm_plugin.launch.limits import Budget
+from slurm_plugin.launch.torchtitan import FLAVORS, ffn_dim
+
+HEAD = "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=8\n"
+TOML = """[model]
+name = "llama3"
+flavor = "70B"
+
+[training]
+local_batch_size = 8
+seq_len = 4096
+steps = 300
+
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 4
+pipeline_parallel_degree = 2
+pipeline_parallel_microbatch_size = 2
+
+[activation_checkpoint]
+mode = "full"
+
+[checkpoint]
+enable_checkpoint = true
+interval = 100
+
+[validation]
+enabled = true
+freq = 50
+steps = 10
+"""
+LAUNCH = "srun torchrun --nnodes 2 --nproc_per_node 8 -m torchtitan.train --job.config_file cfg.toml "
+
+
+def _run(tmp_path: pathlib.Path, body: str, toml: str | None = TOML):
+    if toml is not None:
+        (tmp_path / "cfg.toml").write_text(toml)
+    p = tmp_path / "job.sbatch"
+    p.write_text(HEAD + body)
+    return parse_script(str(p), _budget=Budget(seconds=10.0))   # no wall-clock flakiness
+
+
+def test_published_flavor_ffn_sizes():
+    # the FFN widths of the published checkpoints
+    want = {("llama3", "8B"): 14336, ("llama3", "70B"): 28672, ("llama3", "405B"): 53248,
+            ("llama2", "7B"): 11008, ("llama2", "13B"): 13824, ("llama2", "70B"): 28672}
+    for (name, flavor), ffn in want.items():
+        s = FLAVORS[name][0][flavor]
+        assert ffn_dim(s["dim"], s["ffn_dim_multiplier"], s["multiple_of"]) == ffn
+
+
+def test_pipeline_with_fsdp_is_zero3_and_accepted(tmp_path):
+    res = _run(tmp_path, LAUNCH + "\n")
+    assert res.error is None, res.error
+    j = res.job
+    assert (j.model.layers, j.model.hidden, j.model.ffn_hidden, j.model.kv_heads) == (80, 8192, 28672, 8)
+    assert (j.layout.tp, j.layout.pp, j.layout.dp, j.layout.zero_stage) == (4, 2, 2, 3)
+    assert (j.layout.micro_batch, j.layout.micro_batches) == (2, 4)       # local 8 in pp microbatches of 2
+    assert j.layout.recompute == "full" and j.run.framework == "torchtitan"
+    assert (j.run.train_iters, j.run.save_interval, j.run.eval_interval, j.run.eval_iters) == (300, 100, 50, 10)
+
+
+def test_overrides_win(tmp_path):
+    res = _run(tmp_path, LAUNCH + "--training.steps 10 --activation_checkpoint.mode=none "
+                                  "--parallelism.pipeline_parallel_degree 1 --training.compile\n")
+    assert res.error is None, res.error
+    j = res.job
+    assert (j.run.train_iters, j.layout.recompute, j.layout.pp, j.layout.dp) == (10, "none", 1, 4)
+    assert (j.layout.micro_batch, j.layout.micro_batches) == (8, 1)
+    assert res.provenance["run.train_iters"].endswith("job.sbatch:3 (--training.steps)")
+
+
+def test_old_train_py_with_training_section_degrees(tmp_path):
+    old = ('[model]\nname = "llama"\nflavor = "7B"\n[training]\nbatch_size = 4\nseq_len = 2048\nsteps = 50\n'
+           'data_parallel_degree = -1\ntensor_parallel_degree = 2\n')
+    res = _run(tmp_path, "srun torchrun --nnodes 2 --nproc_per_node 8 train.py --job.config_file cfg.toml\n", old)
+    assert res.error is None, res.error
+    j = res.job
+    assert (j.model.layers, j.model.ffn_hidden, j.model.vocab) == (32, 11008, 32000)
+    assert (j.layout.tp, j.layout.dp, j.layout.micro_batch, j.layout.zero_stage) == (2, 8, 4, 3)
+
+
+def test_degrees_that_do_not_fill_the_world_stop(tmp_path):
+    res = _run(tmp_path, LAUNCH + "--parallelism.data_parallel_shard_degree 4\n")
+    assert res.job is None and "data_parallel_shard_degree 4" in res.error
+
+
+def test_unknown_flavor_names_the_line(tmp_path):
+    res = _run(tmp_path, LAUNCH + "\n", TOML.replace('"70B"', '"3B"'))
+    assert res.job is None and "'3B'" in res.error and res.error.endswith("cfg.toml:3)")
+
+
+@pytest.mark.parametrize("name, flavor", [("deepseek_v3", "16B"), ("llama4", "17bx16e")])
+def test_moe_models_are_refused(tmp_path, name, flavor):
+    toml = TOML.replace('"llama3"', f'"{name}"').replace('"70B"', f'"{flavor}"')
+    res = _run(tmp_path, LAUNCH + "\n", toml)
+    assert res.job is None and "mixture-of-experts models are not modelled yet" in res.error
+
+
+def test_missing_and_broken_toml_are_named(tmp_path):
+    res = _run(tmp_path, LAUNCH.replace("cfg.toml", "nope.toml") + "\n")
+    assert res.job is None and "nope.toml" in res.error
+    res = _run(tmp_path, LAUNCH + "\n", "[model\nname = 1\n")
+    assert res.job is None and "not valid TOML" in res.error and "cfg.toml:" in res.error
+    res = _run(tmp_path, LAUNCH + "\n", "x = " + "[" * 100000 + "]" * 100000 + "\n")
+    assert res.job is None and res.error.startswith("cannot predict: ") and "internal" not in res.error
