@@ -11,26 +11,38 @@ Layout under the platforms root (``--root``, else ``$PERFCAST_PLATFORMS`` (first
 Rules: a platform that does not load, comes from an incomplete calibration, is for another GPU
 type than the active one, or validates worse than the active one (beyond a tolerance) is refused
 and nothing installed is touched.  The switch is ``rename(2)`` of a new symlink over ``current``,
-so a reader sees the old platform or the new one, never a mix.  After a switch the daemon is sent
-SIGHUP (pid file from ``--pid-file``, ``$PERFCAST_DAEMON_PIDFILE`` or the packaged default).
+so a reader sees the old platform or the new one, never a mix.  Installs and rollbacks of one
+partition take a lock (``<partition>/.lock``); what a killed install left behind (``.<version>.tmp``
+folders, half-made links) is removed by the next one.  An installed platform always pins its
+bundles' manifests (``compute_bundle_sha256`` ...): one fitted before pins existed gets them here.
+
+After a switch the daemon reloads (:func:`reload_daemon`): SIGHUP to the pid in the pid file
+(``--pid-file``, ``$PERFCAST_DAEMON_PIDFILE`` or ``/run/perfcast/perf-predictd.pid``, which the
+packaged systemd unit has the daemon write) once ``/proc/PID/cmdline`` shows that process really
+is perf-predictd, else ``systemctl reload perf-predictd`` when systemd runs it.  A reload that
+fails is an error (:class:`ReloadFailed`: the command exits non-zero, the new platform stays
+installed); no daemon running at all is only a warning (it loads the platform when it starts).
 No torch here.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import logging
 import math
 import os
 import re
 import shutil
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from predictor.errors import BundleError
-from predictor.platform import PLATFORM_FILE, load_platform
+from predictor.platform import PLATFORM_FILE, load_platform, pin_platform_bundles
 
 from .errors import CalibrationError, InstallRefused
 from .fitting import read_calibration
@@ -39,6 +51,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ROOT = Path("/var/lib/perfcast/platforms")
 DEFAULT_PIDFILE = Path("/run/perfcast/perf-predictd.pid")
+SYSTEMD_UNIT = "perf-predictd.service"
+DAEMON_MODULE = "slurm_plugin.daemon"
+DAEMON_COMMAND = "perf-predictd"
 KEEP_VERSIONS = 5
 # A new calibration may be this much worse (relative, plus an absolute 0.5 point for noise on
 # small stores) before it is refused.
@@ -74,6 +89,21 @@ class InstalledVersion:
     complete: bool
 
 
+class ReloadFailed(CalibrationError):
+    """The platform was switched but the running daemon could not be told to reload."""
+
+
+@dataclass
+class ReloadResult:
+    status: str                    # signalled | systemd | not-running | failed
+    pid: int | None                # the daemon's pid, when known
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "failed"
+
+
 @dataclass
 class InstallResult:
     partition: str
@@ -82,6 +112,7 @@ class InstallResult:
     previous: str | None
     signalled: int | None          # daemon pid that got SIGHUP
     message: str
+    reload: ReloadResult | None = None
 
 
 def _read_version(partition: str, path: Path) -> InstalledVersion:
@@ -169,18 +200,65 @@ def validate_candidate(platform_dir: Path, *, allow_incomplete: bool = False) ->
     return info
 
 
+@contextlib.contextmanager
+def _partition_lock(pdir: Path) -> Iterator[None]:
+    """One install or rollback of a partition at a time (so leftovers found are a dead one's)."""
+    pdir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(pdir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CalibrationError(f"{pdir}: another install or rollback of this partition is "
+                                   "running") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _prune_leftovers(pdir: Path) -> list[str]:
+    """Remove what killed installs left: ``versions/.<version>.tmp`` and ``.<link>.tmp<pid>``."""
+    removed = []
+    versions = pdir / "versions"
+    if versions.is_dir():
+        for p in versions.iterdir():
+            if p.name.startswith(".") and p.name.endswith(".tmp"):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+                removed.append(p.name)
+    for p in pdir.glob(".*.tmp*"):
+        if p.is_symlink():
+            p.unlink(missing_ok=True)
+            removed.append(p.name)
+    if removed:
+        log.info("removed leftovers of interrupted installs in %s: %s", pdir, ", ".join(sorted(removed)))
+    return removed
+
+
 def install_platform(platform_dir: "str | Path", partition: str, *, root: "str | Path | None" = None,
                      tolerance: float = DEFAULT_TOLERANCE, force: bool = False, tag: str = "",
                      keep: int = KEEP_VERSIONS, pid_file: "str | Path | None" = None) -> InstallResult:
     """Install a fitted platform as the partition's active one (see the module docstring).
 
     ``force`` skips the comparisons with the active platform (GPU type, validation error) but
-    never the checks that the new platform loads.
+    never the checks that the new platform loads.  Raises :class:`ReloadFailed` (after the
+    switch) when the daemon could not be reloaded.
     """
     src = Path(platform_dir)
     check_partition_name(partition)
     base = platforms_root(root)
     new = validate_candidate(src, allow_incomplete=force)
+    with _partition_lock(base / partition):
+        res = _install_locked(src, partition, base, new, tolerance=tolerance, force=force, tag=tag,
+                              keep=keep)
+    return _reloaded(res, pid_file)
+
+
+def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion, *,
+                    tolerance: float, force: bool, tag: str, keep: int) -> InstallResult:
+    _prune_leftovers(base / partition)
     cur = current_version(base, partition)
     if cur is not None and not force:
         if cur.gpu and new.gpu and cur.gpu != new.gpu:
@@ -211,6 +289,8 @@ def install_platform(platform_dir: "str | Path", partition: str, *, root: "str |
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         shutil.copytree(src, tmp, symlinks=False)
+        # A platform fitted before manifests were pinned gets its pins now (it loaded above).
+        pin_platform_bundles(tmp, only_missing=True)
         os.replace(tmp, dest)
         _fsync_dir(versions)
         load_platform(dest, reload=True)      # the copy loads too, before anything points at it
@@ -226,11 +306,24 @@ def install_platform(platform_dir: "str | Path", partition: str, *, root: "str |
     _history(base, partition, f"installed {dest.name} (compute MAPE {new.compute_mape:.4f}, "
                               f"{new.samples} samples) from {src}")
     _prune(pdir, keep)
-    pid = signal_daemon(pid_file)
     msg = f"installed {dest.name} as the platform of partition {partition}"
     if cur is not None:
         msg += f" (previous: {cur.version}, kept for rollback)"
-    return InstallResult(partition, dest.name, dest, cur.version if cur else None, pid, msg)
+    return InstallResult(partition, dest.name, dest, cur.version if cur else None, None, msg)
+
+
+def _reloaded(res: InstallResult, pid_file: "str | Path | None") -> InstallResult:
+    """Reload the daemon after a switch; a failure raises (the switch itself stays)."""
+    reload = reload_daemon(pid_file)
+    res.reload = reload
+    if not reload.ok:
+        raise ReloadFailed(f"{res.message}, but perf-predictd was not reloaded: {reload.message}; "
+                           f"it keeps predicting with the old platform until "
+                           f"`systemctl reload perf-predictd` (or SIGHUP to it)")
+    if reload.status == "not-running":
+        log.warning("%s", reload.message)
+    res.signalled = reload.pid if reload.status in ("signalled", "systemd") else None
+    return res
 
 
 def rollback(partition: str, *, root: "str | Path | None" = None,
@@ -238,7 +331,16 @@ def rollback(partition: str, *, root: "str | Path | None" = None,
     """Make ``previous`` current again (and the rolled-back version previous, so it can be undone)."""
     check_partition_name(partition)
     base = platforms_root(root)
+    if not (base / partition).is_dir():
+        raise CalibrationError(f"partition {partition} has no installed platform under {base}")
+    with _partition_lock(base / partition):
+        res = _rollback_locked(partition, base)
+    return _reloaded(res, pid_file)
+
+
+def _rollback_locked(partition: str, base: Path) -> InstallResult:
     pdir = base / partition
+    _prune_leftovers(pdir)
     cur = current_version(base, partition)
     prev = previous_version(base, partition)
     if cur is None:
@@ -252,8 +354,7 @@ def rollback(partition: str, *, root: "str | Path | None" = None,
     _switch(pdir / "current", prev.path)
     _switch(pdir / "previous", cur.path)
     _history(base, partition, f"rolled back from {cur.version} to {prev.version}")
-    pid = signal_daemon(pid_file)
-    return InstallResult(partition, prev.version, prev.path, cur.version, pid,
+    return InstallResult(partition, prev.version, prev.path, cur.version, None,
                          f"partition {partition}: rolled back to {prev.version} (from {cur.version})")
 
 
@@ -272,35 +373,125 @@ def _prune(pdir: Path, keep: int) -> None:
         excess -= 1
 
 
-def signal_daemon(pid_file: "str | Path | None" = None) -> int | None:
-    """SIGHUP the prediction daemon named by the pid file, if there is one; returns its pid.
-
-    The pid is checked to belong to perf-predictd (pids are reused: a stale pid file must not
-    make us signal an unrelated process).
-    """
-    path = Path(pid_file) if pid_file else (
-        Path(os.environ["PERFCAST_DAEMON_PIDFILE"]) if os.environ.get("PERFCAST_DAEMON_PIDFILE") else DEFAULT_PIDFILE)
+def daemon_argv(pid: int) -> list[str] | None:
+    """``/proc/PID/cmdline`` as a list (None: no such process)."""
     try:
-        pid = int(path.read_text(encoding="utf-8").split()[0])
-    except (OSError, ValueError, IndexError):
-        if pid_file:
-            log.warning("daemon pid file %s unreadable: no SIGHUP sent", path)
-        return None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        log.warning("pid %d from %s is not running: no SIGHUP sent", pid, path)
         return None
-    if "perf-predictd" not in cmdline and "slurm_plugin.daemon" not in cmdline and "perfcast" not in cmdline:
-        log.warning("pid %d from %s is not perf-predictd (%s): no SIGHUP sent", pid, path, cmdline[:80])
-        return None
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else []
+
+
+_PYTHON = re.compile(r"^python[0-9.]*$")
+_PY_OPTS_WITH_ARG = {"-W", "-X", "-Q"}
+
+
+def is_predictd(argv: list[str]) -> bool:
+    """Whether a command line runs perf-predictd: its console script (``perf-predictd ...``, or
+    ``python .../perf-predictd ...``) or ``python -m slurm_plugin.daemon``.  The program and the
+    module are read from argv's positions, never searched for as substrings: a stale pid file
+    must not make us signal some process that merely mentions perfcast."""
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) == DAEMON_COMMAND:
+        return True
+    if not _PYTHON.match(os.path.basename(argv[0])):
+        return False
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m":
+            return i + 1 < len(argv) and argv[i + 1] == DAEMON_MODULE
+        if a.startswith("-m"):
+            return a[2:] == DAEMON_MODULE
+        if a in ("-c", "-", "--"):
+            return a == "--" and i + 1 < len(argv) and os.path.basename(argv[i + 1]) == DAEMON_COMMAND
+        if a.startswith("-"):
+            i += 2 if a in _PY_OPTS_WITH_ARG else 1
+            continue
+        return os.path.basename(a) == DAEMON_COMMAND       # the script python runs
+    return False
+
+
+def _systemd_active() -> bool:
+    if not os.path.isdir("/run/systemd/system") or not shutil.which("systemctl"):
+        return False
     try:
-        os.kill(pid, signal.SIGHUP)
-    except OSError as exc:
-        log.warning("cannot signal perf-predictd (pid %d): %s", pid, exc)
-        return None
-    log.info("sent SIGHUP to perf-predictd (pid %d)", pid)
-    return pid
+        return subprocess.run(["systemctl", "is-active", "--quiet", SYSTEMD_UNIT],
+                              timeout=10, capture_output=True).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _systemd_reload() -> ReloadResult:
+    try:
+        out = subprocess.run(["systemctl", "reload", SYSTEMD_UNIT], timeout=60, capture_output=True,
+                             text=True)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return ReloadResult("failed", None, f"systemctl reload {SYSTEMD_UNIT}: {exc}")
+    if out.returncode != 0:
+        why = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        return ReloadResult("failed", None, f"systemctl reload {SYSTEMD_UNIT}: {why}")
+    pid = None
+    try:
+        shown = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", SYSTEMD_UNIT],
+                               timeout=10, capture_output=True, text=True).stdout.strip()
+        pid = int(shown) or None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        pass
+    log.info("perf-predictd reloads (systemctl reload %s)", SYSTEMD_UNIT)
+    return ReloadResult("systemd", pid, f"systemctl reload {SYSTEMD_UNIT}")
+
+
+def reload_daemon(pid_file: "str | Path | None" = None) -> ReloadResult:
+    """Make the running perf-predictd reload its platforms (see the module docstring)."""
+    named = Path(pid_file) if pid_file else (
+        Path(os.environ["PERFCAST_DAEMON_PIDFILE"]) if os.environ.get("PERFCAST_DAEMON_PIDFILE") else None)
+    path = named or DEFAULT_PIDFILE
+    problem = ""
+    try:
+        pid: int | None = int(path.read_text(encoding="utf-8").split()[0])
+    except FileNotFoundError:
+        pid = None
+        if named:
+            problem = f"pid file {path} does not exist"
+    except (OSError, ValueError, IndexError) as exc:
+        pid = None
+        problem = f"pid file {path} unreadable ({getattr(exc, 'strerror', None) or exc})"
+    if pid is not None:
+        argv = daemon_argv(pid)
+        if argv is None:
+            problem = f"pid {pid} from {path} is not running (stale pid file)"
+        elif not is_predictd(argv):
+            shown = " ".join(argv)[:80] or "?"
+            problem = f"pid {pid} from {path} is not perf-predictd ({shown}); no signal sent"
+        else:
+            try:
+                os.kill(pid, signal.SIGHUP)
+            except OSError as exc:
+                return ReloadResult("failed", pid, f"cannot signal perf-predictd (pid {pid}): "
+                                                   f"{exc.strerror or exc}")
+            log.info("sent SIGHUP to perf-predictd (pid %d)", pid)
+            return ReloadResult("signalled", pid, f"SIGHUP sent to perf-predictd (pid {pid})")
+    if _systemd_active():
+        res = _systemd_reload()
+        if res.ok and problem:
+            log.warning("%s; reloaded through systemd instead", problem)
+        return res
+    if problem:
+        return ReloadResult("failed", pid, problem)
+    return ReloadResult("not-running", None,
+                        f"perf-predictd is not running (no {path}): it loads the new platform when "
+                        "it starts")
+
+
+def signal_daemon(pid_file: "str | Path | None" = None) -> int | None:
+    """SIGHUP perf-predictd through its pid file; its pid, or None when nothing was signalled
+    (see :func:`reload_daemon`, which also says why)."""
+    res = reload_daemon(pid_file)
+    if not res.ok:
+        log.warning("%s", res.message)
+    return res.pid if res.status == "signalled" else None
 
 
 @dataclass

@@ -9,7 +9,9 @@ A bundle is a directory::
     LICENSE              the data's licence, where the samples came from a third party
 
 Loading one never executes code: files are checked against their sha256 before they are parsed,
-and only the libraries' own model parsers read them.
+and only the libraries' own model parsers read them.  The manifest itself is covered by a sha256
+that the platform pins (``compute_bundle_sha256`` / ``collective_bundle_sha256`` in
+platform.toml, see :mod:`predictor.platform`): an edited manifest is refused like an edited model.
 """
 from __future__ import annotations
 
@@ -279,11 +281,34 @@ class Bundle:
         return [np.exp(o) for o in outs]
 
 
-def load_bundle(path: "str | Path") -> Bundle:
+def manifest_sha256(path: "str | Path") -> str:
+    """The sha256 of a bundle directory's manifest (what a platform pins)."""
+    mpath = Path(path) / MANIFEST
+    try:
+        return _sha256(mpath.read_bytes())
+    except OSError as exc:
+        raise BundleError(f"{mpath}: cannot read: {exc.strerror or exc}") from None
+
+
+def check_manifest_pin(bundle: "Bundle", expected: str, pinned_by: str = "") -> None:
+    """Refuse ``bundle`` unless its manifest's sha256 is ``expected`` (empty: nothing pinned)."""
+    _check_pin(bundle.path / MANIFEST, bundle.manifest_sha256, expected, pinned_by)
+
+
+def _check_pin(mpath: Path, actual: str, expected: str, pinned_by: str) -> None:
+    if expected and actual != expected.lower():
+        where = f" (pinned by {pinned_by})" if pinned_by else ""
+        raise BundleError(f"{mpath}: manifest checksum mismatch{where}: expected {expected[:16]}..., "
+                          f"the file has {actual[:16]}... (edited or replaced)")
+
+
+def load_bundle(path: "str | Path", expected_manifest_sha256: str = "",
+                pinned_by: str = "") -> Bundle:
     """Load and verify a bundle directory; every problem names the file at fault.
 
     Every file the manifest lists is checked against its sha256 (a tampered library file is
-    refused too, though predictions read only the tree tables).
+    refused too, though predictions read only the tree tables); the manifest is checked against
+    ``expected_manifest_sha256`` when given (before anything in it is trusted).
     """
     d = Path(path)
     mpath = d / MANIFEST
@@ -291,8 +316,12 @@ def load_bundle(path: "str | Path") -> Bundle:
         raise BundleError(f"{d}: not a bundle (no {MANIFEST})")
     try:
         mbytes = mpath.read_bytes()
+    except OSError as exc:
+        raise BundleError(f"{mpath}: unreadable manifest: {exc}") from None
+    _check_pin(mpath, _sha256(mbytes), expected_manifest_sha256, pinned_by)
+    try:
         manifest = tomllib.loads(mbytes.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise BundleError(f"{mpath}: unreadable manifest: {exc}") from None
     if manifest.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"{mpath}: bundle format {manifest.get('format')!r} is not supported "

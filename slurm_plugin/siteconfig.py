@@ -12,7 +12,8 @@ partition's ``platform``)::
     max_request_bytes = 4194304              # Slurm's own default script limit
     max_file_bytes = 1048576                 # a launch config bigger than this is not read
     file_read_timeout_ms = 150
-    workers = 4
+    workers = 0                              # worker processes; 0 = one per usable core (<= 16)
+    max_queue = 256                          # requests waiting for a worker; more answer "busy"
     user_socket = ""                         # for cli_filter.lua on login nodes; "" = off
 
     [defaults]                               # every partition inherits these
@@ -66,7 +67,8 @@ class DaemonSettings:
     max_request_bytes: int = SLURM_SCRIPT_LIMIT
     max_file_bytes: int = 1024 * 1024
     file_read_timeout_ms: int = 150
-    workers: int = 4
+    workers: int = 0             # 0: one worker process per usable core (at most 16)
+    max_queue: int = 256
     user_socket: str = ""
     user_socket_mode: int = 0o666
     cache_size: int = 1024
@@ -148,9 +150,11 @@ def parse_site_config(data: Mapping[str, Any], path: str = "<config>") -> SiteCo
     if daemon.user_socket and not os.path.isabs(daemon.user_socket):
         raise SiteConfigError(f"{path}: daemon.user_socket: must be an absolute path")
     for key in ("deadline_ms", "max_request_bytes", "max_file_bytes", "file_read_timeout_ms",
-                "workers"):
+                "max_queue"):
         if getattr(daemon, key) <= 0:
             raise SiteConfigError(f"{path}: daemon.{key}: must be > 0")
+    if not 0 <= daemon.workers <= 1024:
+        raise SiteConfigError(f"{path}: daemon.workers: must be between 0 (one per core) and 1024")
     defaults = _build(PartitionPolicy, _table(data, "defaults", path), "defaults", path,
                       forbid=("name",))
     _check_policy(defaults, "defaults", path)

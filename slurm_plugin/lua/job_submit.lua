@@ -8,7 +8,7 @@ anything from the prediction.  Everything that can go wrong -- lua-socket missin
 slow or answering nonsense -- lets the job through unchanged with one line saying why.  This
 script never rejects a job: it always returns slurm.SUCCESS.
 
-Wire format (see slurm_plugin/daemon.py): request = one line of JSON starting with
+Wire format (see slurm_plugin/daemon/protocol.py): request = one line of JSON starting with
 {"format":"lines", ... }; answer = key=value lines (status, time_limit, admin_comment, message,
 reason), so no JSON parser is needed here.
 
@@ -199,7 +199,9 @@ local function submit(job_desc, part_list, submit_uid)
             end
         end
     end
-    -- ok: the prediction; skip/error/refused: the daemon's one line of why (or nothing).
+    -- ok: the prediction; skip/error/refused: the daemon's one line of why (or nothing) --
+    -- e.g. reason=busy when a burst of submissions is more than it can predict in time: it says
+    -- so at once rather than make slurmctld wait for the timeout.
     if a.message and a.message ~= "" then
         if a.status ~= "ok" and settings.quiet_failures then
             slurm.log_info("%s", a.message)

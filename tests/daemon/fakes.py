@@ -5,10 +5,19 @@ without bundles: a script says what it "is" in ``# FAKE key=value`` lines.
     # FAKE config=/path/to/file.yml      -> read through read_file (the user's rights), like a
                                             NeoX config; a read failure makes it unpredictable
     # FAKE sleep=0.5                     -> parsing takes that long (deadline tests)
+    # FAKE pidfile=/tmp/x                -> the worker writes its pid there before anything else
+    # FAKE quote=1                       -> with config=: the error quotes the file's first line
+                                            (as a real parser quotes a value it cannot use)
     # FAKE bad=1                         -> the predictor rejects the job (PerfcastError)
+
+parse_script runs in the daemon's worker processes: what it was called with is appended to the
+file ``SEEN_PATH`` (JSON lines; the conftest sets it) and read back with :func:`seen`.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -46,7 +55,15 @@ class FakeRequest:
     cpus_per_task: Optional[int] = None
 
 
-SEEN: list[dict[str, Any]] = []   # what parse_script was called with (tests inspect it)
+SEEN_PATH: Optional[str] = None   # where parse_script records its calls (worker processes)
+
+
+def seen() -> list[dict[str, Any]]:
+    """What parse_script was called with, oldest first (``request`` is a dict of FakeRequest)."""
+    if not SEEN_PATH or not os.path.exists(SEEN_PATH):
+        return []
+    with open(SEEN_PATH) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
 
 
 def load_platform(name: str) -> FakePlatform:
@@ -56,20 +73,33 @@ def load_platform(name: str) -> FakePlatform:
 
 
 def parse_script(path, text=None, *, request=None, read_file=None, env=None,
-                 default_gpus_per_node=None, work_dir=None):
+                 default_gpus_per_node=None, work_dir=None, deadline_s=None):
     kv = dict(re.findall(r"^# FAKE .*?(\w+)=(\S+)", text or "", re.M))
     for m in re.finditer(r"^# FAKE (.*)$", text or "", re.M):
         kv.update(dict(re.findall(r"(\w+)=(\S+)", m.group(1))))
-    SEEN.append({"path": path, "request": request, "env": env, "work_dir": work_dir,
-                 "default_gpus_per_node": default_gpus_per_node})
+    if "pidfile" in kv:
+        with open(kv["pidfile"], "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+    if SEEN_PATH and path != "warmup.sh":     # the daemon's own warm-up is not a request
+        entry = {"path": path, "env": env, "work_dir": work_dir, "deadline_s": deadline_s,
+                 "default_gpus_per_node": default_gpus_per_node, "pid": os.getpid(),
+                 "request": dataclasses.asdict(request) if dataclasses.is_dataclass(request)
+                 else request}
+        with open(SEEN_PATH, "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
     if "sleep" in kv:
         time.sleep(float(kv["sleep"]))
     if "config" in kv:
         try:
-            read_file(kv["config"])
+            content = read_file(kv["config"])
         except OSError as exc:
             return SimpleNamespace(job=None, warnings=[],
                                    error=f"cannot predict: cannot read {kv['config']}: {exc.strerror}")
+        if "quote" in kv:
+            first = content.decode("utf-8", "replace").splitlines()[0][:40]
+            return SimpleNamespace(job=None, warnings=[f"num_layers = {first!r} is not an integer"],
+                                   error=f"cannot predict: --num-layers: {first!r} is not an "
+                                         f"integer (from {kv['config']}: {first})")
     if "iters" not in kv:
         return SimpleNamespace(job=None, warnings=[], error="cannot predict: no training launch found")
     return SimpleNamespace(job=FakeJob(int(kv["iters"]), float(kv.get("iter_s", 1.0)),

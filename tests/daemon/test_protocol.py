@@ -17,6 +17,7 @@ from slurm_plugin import daemon
 from slurm_plugin.daemon import Answer, PredictRequest, decode_lines, parse_request
 
 from . import fakes
+from .conftest import RunningDaemon
 
 JOB = "#!/bin/bash\n#SBATCH -N 2\n# FAKE iters=1000 iter_s=2.4\nsrun python train.py\n"
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
@@ -69,8 +70,8 @@ def test_no_val_markers_are_not_values(running):
     a = running.ask(req(time_limit=4294967294, min_nodes=4294967294, cpus_per_task=65534,
                         ntasks_per_node=65534))
     assert a["time_limit"] == 55
-    seen = fakes.SEEN[-1]["request"]
-    assert seen.nodes is None and seen.cpus_per_task is None and seen.ntasks_per_node is None
+    seen = fakes.seen()[-1]["request"]
+    assert seen["nodes"] is None and seen["cpus_per_task"] is None and seen["ntasks_per_node"] is None
 
 
 def test_nobody_uid_is_not_a_no_val_marker():
@@ -81,10 +82,10 @@ def test_nobody_uid_is_not_a_no_val_marker():
 def test_request_fields_reach_the_parser(running):
     running.ask(req(min_nodes=4, tres_per_node="gres:gpu:4", num_tasks=16, name="gpt",
                     argv=["/home/u/job.sh", "x"]))
-    seen = fakes.SEEN[-1]
+    seen = fakes.seen()[-1]
     assert seen["path"] == "/home/u/job.sh"
-    assert seen["request"].nodes == 4 and seen["request"].gpus_per_node == 4
-    assert seen["request"].job_name == "gpt" and seen["work_dir"] == "/tmp"
+    assert seen["request"]["nodes"] == 4 and seen["request"]["gpus_per_node"] == 4
+    assert seen["request"]["job_name"] == "gpt" and seen["work_dir"] == "/tmp"
     assert seen["env"]["SLURM_SUBMIT_DIR"] == "/tmp"
 
 
@@ -153,21 +154,17 @@ def test_oversized_request_is_refused_without_reading_it_all(running):
     assert decode_lines(answer)["reason"] == "too-large"
 
 
-def test_deadline_answers_in_time(running):
-    t0 = time.monotonic()
-    a = running.ask(req(script=JOB + "# FAKE sleep=1.0\n", format="lines"))
-    assert time.monotonic() - t0 < 0.6
-    assert a["status"] == "error" and a["reason"] == "deadline" and "unchanged" in a["message"]
-
-
-def test_slow_client_is_cut_off_at_the_deadline(running):
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(running.socket)
-        s.sendall(b'{"format":"lines","script":"')   # ...and never finishes
-        s.settimeout(2)
-        t0 = time.monotonic()
-        answer = s.recv(4096)
-    assert time.monotonic() - t0 < 0.6 and b"reason=deadline" in answer
+def test_slow_client_is_cut_off_at_the_deadline():
+    d = RunningDaemon(deadline_ms=200)
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(d.socket)
+            s.sendall(b'{"format":"lines","script":"')   # ...and never finishes
+            s.settimeout(30)
+            answer = s.recv(4096)
+        assert b"status=skip" in answer and b"reason=deadline" in answer
+    finally:
+        d.stop()
 
 
 def test_fifty_concurrent_clients(running):
@@ -348,11 +345,9 @@ def test_main_check_reports_bad_config(tmp_path, capsys):
 
 def test_daemon_process_sighup_and_sigterm(tmp_path):
     """The fake-backed daemon as a process: answers, reloads on SIGHUP, exits on SIGTERM."""
-    from .conftest import CONFIG
+    from .conftest import write_config
     d = tempfile_dir()
-    cfg = os.path.join(d, "perfcast.toml")
-    with open(cfg, "w") as fh:
-        fh.write(CONFIG.format(dir=d, deadline=250))
+    cfg = write_config(d)
     pid_file = os.path.join(d, "pid")
     proc = subprocess.Popen([sys.executable, "-m", "tests.daemon.fakes", "--config", cfg,
                              "--pid-file", pid_file, "--log-file", os.path.join(d, "log")])
@@ -421,11 +416,12 @@ def test_cli_filter_options_fill_the_request():
 
 
 def test_parse_is_reused_only_when_no_file_was_read(running):
-    n = len(fakes.SEEN)
-    running.ask(req(script=JOB + "# FAKE tag=reuse\n"))
-    running.ask(req(script=JOB + "# FAKE tag=reuse\n"))
-    assert len(fakes.SEEN) == n + 1          # second one came from the cache
+    n = len(fakes.seen())
+    first = running.ask(req(script=JOB + "# FAKE tag=reuse\n"))
+    again = running.ask(req(script=JOB + "# FAKE tag=reuse\n"))
+    assert len(fakes.seen()) == n + 1          # second one came from the cache
+    assert first == again
     script = JOB + "# FAKE config=/etc/hostname\n"
     running.ask(req(script=script))
     running.ask(req(script=script))
-    assert len(fakes.SEEN) == n + 3          # read a file: parsed every time
+    assert len(fakes.seen()) == n + 3          # read a file: parsed every time

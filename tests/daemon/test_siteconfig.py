@@ -31,6 +31,9 @@ def test_defaults_with_platform_manage_every_partition():
     ({"daemon": {"socket": "relative.sock"}}, "daemon.socket"),
     ({"daemon": {"sokcet": "/x"}}, "daemon.sokcet"),
     ({"extra": {}}, "unknown section"),
+    ({"daemon": {"workers": -1}}, "daemon.workers"),
+    ({"daemon": {"workers": "4"}}, "daemon.workers"),
+    ({"daemon": {"max_queue": 0}}, "daemon.max_queue"),
 ])
 def test_errors_name_the_key(data, where):
     with pytest.raises(SiteConfigError, match=where.replace(".", r"\.")):
@@ -54,3 +57,11 @@ def test_shipped_example_is_valid():
     from slurm_plugin.siteconfig import example_path
     cfg = load_site_config(str(example_path()))
     assert cfg.partitions
+
+
+def test_workers_default_to_one_per_core():
+    from slurm_plugin.daemon import worker_count
+    from slurm_plugin.daemon.engine import usable_cores
+    cfg = parse_site_config({})
+    assert cfg.daemon.workers == 0 and worker_count(cfg.daemon) == min(16, usable_cores())
+    assert worker_count(parse_site_config({"daemon": {"workers": 3}}).daemon) == 3

@@ -143,3 +143,105 @@ def test_sample_store_round_trip_and_errors(tmp_path):
     (d / "operators" / "gelu_fp16.csv").unlink()
     with pytest.raises(BundleError, match="unknown sample file"):
         load_samples(d)
+
+
+# --- the manifest pinned by the platform --------------------------------------------------------
+
+def _vista_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "plats"
+    shutil.copytree(SHIPPED_DIR / "_bundles" / "gh200-120gb", root / "_bundles" / "gh200-120gb")
+    shutil.copytree(SHIPPED_DIR / "vista-gh200", root / "vista-gh200")
+    return root
+
+
+def _edit_manifest(bundle: Path) -> None:
+    """An edit that keeps every model file valid: only the pin can catch it."""
+    m = bundle / "manifest.toml"
+    m.write_text(m.read_text().replace('kind = "compute"', 'kind = "compute"\n# edited'))
+
+
+def test_shipped_platforms_pin_their_manifests():
+    import tomllib
+    from predictor.bundle import manifest_sha256
+    for d in sorted(p for p in SHIPPED_DIR.iterdir() if (p / "platform.toml").is_file()):
+        raw = tomllib.loads((d / "platform.toml").read_text())
+        assert raw["compute_bundle_sha256"] == manifest_sha256(d / raw["compute_bundle"]), d.name
+        if raw.get("collective_bundle"):
+            assert raw["collective_bundle_sha256"] == manifest_sha256(d / raw["collective_bundle"])
+
+
+def test_edited_manifest_refused_when_pinned(tmp_path):
+    root = _vista_copy(tmp_path)
+    load_platform(root / "vista-gh200", reload=True)
+    _edit_manifest(root / "_bundles" / "gh200-120gb")
+    with pytest.raises(BundleError, match="manifest.toml: manifest checksum mismatch.*compute_bundle_sha256"):
+        load_platform(root / "vista-gh200", reload=True)
+
+
+def test_edited_manifest_refused_even_when_the_bundle_was_cached(tmp_path):
+    root = _vista_copy(tmp_path)
+    load_platform(root / "vista-gh200")                 # bundle cached by (path, mtime)
+    plat = root / "vista-gh200" / "platform.toml"
+    lines = [(f'compute_bundle_sha256 = "{"f" * 64}"\n' if l.startswith("compute_bundle_sha256")
+              else l) for l in plat.read_text().splitlines(keepends=True)]
+    plat.write_text("".join(lines))                      # the pin changes, the manifest does not
+    with pytest.raises(BundleError, match="manifest checksum mismatch"):
+        load_platform(root / "vista-gh200")
+
+
+def test_unpinned_platform_loads_as_before(tmp_path):
+    root = _vista_copy(tmp_path)
+    plat = root / "vista-gh200" / "platform.toml"
+    plat.write_text("".join(l for l in plat.read_text().splitlines(keepends=True)
+                            if "_sha256" not in l))
+    _edit_manifest(root / "_bundles" / "gh200-120gb")
+    assert load_platform(root / "vista-gh200", reload=True).name == "vista-gh200"
+
+
+def test_bad_pin_value_is_one_clear_error(tmp_path):
+    root = _vista_copy(tmp_path)
+    plat = root / "vista-gh200" / "platform.toml"
+    lines = [('compute_bundle_sha256 = "abc"\n' if l.startswith("compute_bundle_sha256") else l)
+             for l in plat.read_text().splitlines(keepends=True)]
+    plat.write_text("".join(lines))
+    with pytest.raises(BundleError, match="platform.toml: compute_bundle_sha256 must be a sha256"):
+        load_platform(root / "vista-gh200", reload=True)
+
+
+def test_pin_platform_bundles_keeps_every_other_key(tmp_path):
+    """dgx-h100 has [host] tables and [[validation]] entries: all of it must survive as it is."""
+    import tomllib
+    from predictor.platform import pin_platform_bundles
+    root = tmp_path / "plats"
+    shutil.copytree(SHIPPED_DIR / "_bundles" / "h100-80gb-hbm3", root / "_bundles" / "h100-80gb-hbm3")
+    shutil.copytree(SHIPPED_DIR / "dgx-h100", root / "dgx-h100")
+    f = root / "dgx-h100" / "platform.toml"
+    pinned = f.read_text()
+    unpinned = "".join(l for l in pinned.splitlines(keepends=True) if "_sha256" not in l)
+    f.write_text(unpinned)
+    before = tomllib.loads(unpinned)
+    assert "host" in before and before.get("validation")
+    pins = pin_platform_bundles(root / "dgx-h100")
+    assert set(pins) == {"compute_bundle_sha256"}
+    after = tomllib.loads(f.read_text())
+    assert {k: v for k, v in after.items() if k not in pins} == before
+    assert f.read_text() == pinned                       # the shipped file is exactly this
+    assert pin_platform_bundles(root / "dgx-h100") == {}  # idempotent
+    load_platform(root / "dgx-h100", reload=True)
+
+
+def test_write_platform_pins_the_bundles_it_names(small_bundle, tmp_path):
+    import tomllib
+    from predictor.bundle import manifest_sha256
+    from predictor.platform import write_platform
+    out, _ = small_bundle
+    d = tmp_path / "p"
+    shutil.copytree(out, d / "compute")
+    write_platform(d, {"name": "p", "gpus_per_node": 1, "compute_bundle": "compute",
+                       "compute_bundle_sha256": "0" * 64,     # stale: recomputed
+                       "links": {"intra_gbps": 1.0, "intra_latency_us": 1.0, "nic_gbps": 1.0,
+                                 "nics_per_node": 1, "inter_latency_us": 1.0}})
+    raw = tomllib.loads((d / "platform.toml").read_text())
+    assert raw["compute_bundle_sha256"] == manifest_sha256(d / "compute")
+    assert list(raw)[:4] == ["name", "gpus_per_node", "compute_bundle", "compute_bundle_sha256"]
+    load_platform(d, reload=True)

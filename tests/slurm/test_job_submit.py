@@ -296,3 +296,29 @@ def test_up_is_idempotent(cluster):
     assert up.returncode == 0, up.stderr
     assert up.stdout.strip() == f"export SLURM_CONF={cluster.conf}"
     assert "started" not in up.stderr and "starting" not in up.stderr, up.stderr
+
+
+def test_megabyte_directive_line_does_not_hold_the_daemon(cluster, held_jobs, megatron):
+    """A 1 MiB #SBATCH line (sbatch itself refuses a --comment that long, so it is sent the way
+    job_submit.lua would send it) is answered, and the next real submission is predicted."""
+    body = script_text("megatron_gpt.sh", ITERS="2000")
+    head, _, rest = body.partition("\n")
+    hostile = head + "\n#SBATCH --comment=" + "x" * (1 << 20) + "\n" + rest
+    answer = cluster.ask(hostile, format="lines")
+    assert answer["status"] in ("ok", "skip"), answer
+    job, messages, _ = cluster.sbatch(megatron(name="after-hugeline.sh"))
+    held_jobs.append(job)
+    assert RECORD.match(cluster.show(job)["AdminComment"] or ""), messages
+
+
+def test_daemon_runs_workers_and_its_pid_file_passes_the_install_check(cluster):
+    from calibrate.install import daemon_argv, is_predictd
+    pid = int((cluster.base / "run" / "predictd.pid").read_text().split()[0])
+    argv = daemon_argv(pid)
+    assert argv is not None and is_predictd(argv), argv
+    children = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        children |= set(Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+    # forked workers (the same command line; a partition lookup may show up as scontrol)
+    workers = [c for c in children if daemon_argv(int(c)) == argv]
+    assert workers, "perf-predictd has no worker processes"

@@ -1,0 +1,475 @@
+"""The engine: platforms, parser, predictor and policy for one site config.
+
+A request goes through three steps, split so that only the expensive, hostile-input one runs in a
+killable worker process:
+
+1. :meth:`Engine.route` (daemon process, microseconds): which partition, which policy, which
+   platform; unmanaged partitions and ``policy = "off"`` are answered here.
+2. :meth:`Engine.compute` (worker process): parse the script (reading files as the user), predict.
+   The result is an :class:`Outcome`: a few numbers, or why there are none; plain data that
+   crosses the process boundary as JSON.
+3. :meth:`Engine.finish` (daemon process): apply the partition's policy to the outcome.
+
+Outcomes of scripts that read no file are remembered (bounded LRU, keyed by a digest, so the
+cache holds no script text): resubmissions and job arrays are answered without a worker.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pwd
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from .. import policy as policy_mod
+from ..policy import PredictionFacts
+from ..siteconfig import PartitionPolicy, SiteConfig
+from .logs import log_event
+from .protocol import Answer, PredictRequest, one_line
+from .reader import UserFileReader
+
+PARSE_BUDGET_S = 0.1         # at most this much parsing per script, then a clean skip
+PREDICT_RESERVE_S = 0.02     # of the request's deadline, kept for predicting after the parse
+WORKER_CACHE = 256           # predictions remembered per worker (same job shape, other script)
+PASSWD_CACHE = 4096          # uids remembered (per process)
+# A small training job run once per platform before serving (in the daemon, then in each new
+# worker): the first parse and prediction in a process pay for lazy imports and, in a forked
+# worker, for copy-on-write page faults -- better then than on a user's job.
+WARMUP_SCRIPT = """#!/bin/bash
+#SBATCH --nodes=1 --gpus-per-node=4
+srun python pretrain_gpt.py --num-layers 2 --hidden-size 256 --num-attention-heads 4 \\
+  --seq-length 512 --max-position-embeddings 512 --micro-batch-size 1 --global-batch-size 8 \\
+  --train-iters 10
+"""
+
+
+def _default_backends() -> dict[str, Any]:
+    """The real predictor and launch parser, imported late so ``--help`` stays instant."""
+    from predictor import PerfcastError, load_platform, predict
+    from .. import launch
+    return {"load_platform": load_platform, "predict": predict,
+            "parse_script": launch.parse_script, "slurm_request": launch.SlurmRequest,
+            "errors": (PerfcastError,)}
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a request goes: decided in the daemon process before any work is done."""
+
+    req: PredictRequest
+    part: PartitionPolicy
+    name: str                          # the partition chosen ("" = the default one, unnamed)
+    max_time: Optional[int]
+
+    @property
+    def platform(self) -> str:
+        return self.part.platform
+
+
+@dataclass
+class Outcome:
+    """What a worker found: the prediction's numbers, or a skip with its one-line reason."""
+
+    facts: Optional[PredictionFacts] = None
+    warnings: list[str] = field(default_factory=list)
+    skip_reason: str = ""
+    skip_why: str = ""
+    cacheable: bool = False           # read no file and finished within its budget
+
+    def to_json(self) -> bytes:
+        body = {"facts": dataclasses.asdict(self.facts) if self.facts else None,
+                "warnings": self.warnings, "skip_reason": self.skip_reason,
+                "skip_why": self.skip_why, "cacheable": self.cacheable}
+        return json.dumps(body).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "Outcome":
+        d = json.loads(raw)
+        facts = None
+        if d.get("facts"):
+            f = dict(d["facts"])
+            f["interval_seconds"] = tuple(f.get("interval_seconds") or (0.0, 0.0))
+            facts = PredictionFacts(**f)
+        return cls(facts=facts, warnings=[str(w) for w in d.get("warnings") or []],
+                   skip_reason=str(d.get("skip_reason") or ""), skip_why=str(d.get("skip_why") or ""),
+                   cacheable=bool(d.get("cacheable")))
+
+
+class LRU:
+    """A small bounded mapping, most recent last (thread-safe: the reload thread reads too)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._d: "collections.OrderedDict[Any, Any]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            hit = self._d.get(key)
+            if hit is not None:
+                self._d.move_to_end(key)
+            return hit
+
+    def put(self, key: Any, value: Any) -> None:
+        if self.size <= 0:
+            return
+        with self._lock:
+            self._d[key] = value
+            self._d.move_to_end(key)
+            while len(self._d) > self.size:
+                self._d.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class Engine:
+    """Everything a request needs, immutable after load; a SIGHUP builds a new one and swaps it.
+
+    ``backends`` (for tests): ``load_platform(name)``, ``predict(job, platform)``,
+    ``parse_script(path, text, *, request, read_file, env, default_gpus_per_node, work_dir,
+    deadline_s)``, ``slurm_request`` (a constructor taking keyword fields) and ``errors`` (a tuple
+    of the exception types meaning "bad job", reported to the user as one line).
+    """
+
+    def __init__(self, config: SiteConfig, backends: Optional[Mapping[str, Any]] = None):
+        self.config = config
+        self.backends = dict(backends) if backends is not None else _default_backends()
+        self.platforms: dict[str, Any] = {}
+        self.platform_errors: dict[str, str] = {}
+        self.outcomes = LRU(config.daemon.cache_size)          # daemon process: digest -> Outcome
+        self._predictions = LRU(min(WORKER_CACHE, config.daemon.cache_size))  # worker: job -> facts
+        self._pw = LRU(PASSWD_CACHE)
+        self.loaded_at = time.time()
+        # {partition: (MaxTime minutes or None, is default)} from Slurm itself; only filled for
+        # the user socket (cli_filter.lua cannot see part_list; job_submit.lua sends it).
+        self.slurm_partitions: dict[str, tuple[Optional[int], bool]] = {}
+
+    def load(self, lookup_partitions: bool = True) -> "Engine":
+        if lookup_partitions and self.config.daemon.user_socket:
+            # In the background: a slow or absent controller must not delay serving.
+            threading.Thread(target=self._load_slurm_partitions, daemon=True,
+                             name="slurm-partitions").start()
+        for name in self.config.platforms():
+            t0 = time.monotonic()
+            try:
+                self.platforms[name] = self.backends["load_platform"](name)
+                log_event("platform_loaded", platform=name,
+                          bundle=getattr(self.platforms[name], "bundle_id", ""),
+                          ms=round((time.monotonic() - t0) * 1e3, 1))
+            except Exception as exc:  # a broken bundle must not take the daemon down
+                self.platform_errors[name] = one_line(str(exc) or type(exc).__name__, 300)
+                log_event("platform_failed", level=logging.ERROR, platform=name,
+                          error=self.platform_errors[name])
+        return self
+
+    def _load_slurm_partitions(self) -> None:
+        from ..slurm_client import SlurmClient, SlurmError
+        try:
+            parts = SlurmClient(timeout=10).partitions()
+        except SlurmError as exc:
+            log_event("slurm_partitions_failed", level=logging.WARNING, error=str(exc))
+            return
+        self.slurm_partitions = {p.name: (p.max_time_minutes, p.is_default) for p in parts}
+        log_event("slurm_partitions", count=len(parts))
+
+    def warm_up(self) -> None:
+        """Predict :data:`WARMUP_SCRIPT` once per platform (results are not kept)."""
+        for name in sorted(self.platforms):
+            req = PredictRequest(script=WARMUP_SCRIPT, submit_uid=os.geteuid(),
+                                 submit_gid=os.getegid(), argv=("warmup.sh",))
+            try:
+                self.compute(req, "", name, time.monotonic() + 5.0)
+            except Exception:  # noqa: BLE001 - an optimisation only
+                pass
+
+    # ---- step 1 (daemon process) ---------------------------------------------------------------
+    def route(self, req: PredictRequest) -> "Route | Answer":
+        """The partition and policy of a request, or the answer when there is nothing to do."""
+        if not req.partition_max_time and self.slurm_partitions:
+            req = dataclasses.replace(
+                req, partition_max_time={k: v[0] for k, v in self.slurm_partitions.items()},
+                default_partition=next((k for k, v in self.slurm_partitions.items() if v[1]), None))
+        candidates = req.candidate_partitions()
+        name = next((p for p in candidates if p in self.config.partitions),
+                    candidates[0] if candidates else None)
+        part = self.config.partition(name)
+        if part is None:
+            return Answer("skip", reason="partition-unmanaged", partition=name or "")
+        max_time = req.max_time if req.max_time is not None else req.partition_max_time.get(name or "")
+        if part.policy == "off":
+            return Answer("skip", reason="policy-off", partition=name or "")
+        if part.platform not in self.platforms:
+            # The reason (a bundle error) went to the log at load time; users get the name only.
+            return self.skip(part, "platform-unavailable",
+                             f"platform {part.platform} is not available")
+        return Route(req=req, part=part, name=name or "", max_time=max_time)
+
+    def cache_key(self, route: Route) -> str:
+        """A digest of everything the outcome depends on (the cache keeps no script text)."""
+        req = route.req
+        h = hashlib.sha256(req.script.encode("utf-8", "surrogatepass"))
+        rest = {k: v for k, v in req.to_dict().items()
+                if k not in ("script", "format", "partition_max_time", "default_partition")}
+        h.update(json.dumps([route.name, route.platform, rest], sort_keys=True,
+                            default=str).encode())
+        return h.hexdigest()
+
+    def work(self, route: Route, deadline: float) -> bytes:
+        """What a worker needs for :meth:`compute`, as JSON (never pickled)."""
+        return json.dumps({"req": route.req.to_dict(), "partition": route.name,
+                           "platform": route.platform, "deadline": deadline}).encode()
+
+    # ---- step 2 (worker process) ---------------------------------------------------------------
+    def run_work(self, payload: bytes) -> bytes:
+        """A worker's entry point: JSON in (:meth:`work`), JSON out (:class:`Outcome`)."""
+        try:
+            msg = json.loads(payload)
+            req = PredictRequest.from_dict(msg["req"])
+            out = self.compute(req, str(msg["partition"]), str(msg["platform"]),
+                               float(msg["deadline"]))
+        except Exception as exc:  # a bug: logged (where, not what); the job goes on unchanged
+            log_event("worker_error", level=logging.ERROR, error=type(exc).__name__)
+            logging.getLogger("perfcast.daemon").debug("worker error", exc_info=True)
+            out = Outcome(skip_reason="internal", skip_why="internal error")
+        return out.to_json()
+
+    def compute(self, req: PredictRequest, partition: str, platform_name: str,
+                deadline: float) -> Outcome:
+        """Parse and predict; never raises for a bad script, only returns why."""
+        platform = self.platforms.get(platform_name)
+        if platform is None:
+            return Outcome(skip_reason="platform-unavailable",
+                           skip_why=f"platform {platform_name} is not available")
+        settings = self.config.daemon
+        reader = UserFileReader(req.submit_uid, req.submit_gid, req.work_dir,
+                                max_bytes=settings.max_file_bytes,
+                                timeout_s=settings.file_read_timeout_ms / 1000.0,
+                                deadline=deadline - PREDICT_RESERVE_S)
+        slurm_req = self._slurm_request(req, partition)
+        env = self._env(req)
+        path = req.argv[0] if req.argv else "<batch script>"
+        budget = max(0.001, min(PARSE_BUDGET_S, deadline - PREDICT_RESERVE_S - time.monotonic()))
+        parse_end = time.monotonic() + budget
+        parsed = self.backends["parse_script"](
+            path, req.script, request=slurm_req, read_file=reader, env=env,
+            default_gpus_per_node=getattr(platform, "gpus_per_node", None),
+            work_dir=req.work_dir, deadline_s=budget)
+        # A parse cut short by the clock may succeed next time (a busy machine): not remembered.
+        cacheable = reader.reads == 0 and time.monotonic() < parse_end
+        warnings = [str(w) for w in (getattr(parsed, "warnings", None) or [])]
+        job = getattr(parsed, "job", None)
+        if job is None:
+            why = getattr(parsed, "error", None) or "cannot predict: no training job found"
+            out = Outcome(skip_reason="no-job", skip_why=str(why), warnings=warnings,
+                          cacheable=cacheable)
+        else:
+            try:
+                facts = self._predict(job, platform_name, platform)
+            except self.backends.get("errors", ()) as exc:
+                out = Outcome(skip_reason="predict-error", skip_why=f"cannot predict: {exc}",
+                              warnings=warnings, cacheable=cacheable)
+            else:
+                if facts.iterations <= 0:
+                    # A time limit from start-up alone would kill the job: say why, change nothing.
+                    out = Outcome(skip_reason="no-length", cacheable=cacheable, warnings=warnings,
+                                  skip_why="cannot predict the run time: the script gives no "
+                                  "train_iters, train_samples or train_tokens that could be read")
+                else:
+                    out = Outcome(facts=facts, warnings=warnings, cacheable=cacheable)
+        if reader.contents:
+            redact_outcome(out, reader.contents, req.script)
+        return out
+
+    def _predict(self, job: Any, name: str, platform: Any) -> PredictionFacts:
+        try:
+            key: Any = (name, hash(job), job)
+        except TypeError:
+            key = None
+        if key is not None:
+            hit = self._predictions.get(key)
+            if hit is not None:
+                return hit
+        pred = self.backends["predict"](job, platform)
+        facts = facts_from_prediction(pred, name, platform)
+        if key is not None:
+            self._predictions.put(key, facts)
+        return facts
+
+    def _slurm_request(self, req: PredictRequest, name: Optional[str]) -> Any:
+        ctor = self.backends.get("slurm_request")
+        values = {"nodes": req.min_nodes, "gpus_per_node": req.gpus_per_node,
+                  "ntasks": req.num_tasks, "ntasks_per_node": req.ntasks_per_node,
+                  "partition": name or None, "time_limit_minutes": req.time_limit,
+                  "array": req.array, "job_name": req.name, "cpus_per_task": req.cpus_per_task}
+        if ctor is None:
+            return values
+        if dataclasses.is_dataclass(ctor):
+            names = {f.name for f in dataclasses.fields(ctor)}
+            values = {k: v for k, v in values.items() if k in names}
+        return ctor(**values)
+
+    def _passwd(self, uid: int) -> Optional[tuple[str, str]]:
+        """(name, home) of ``uid``, remembered for 10 minutes (NSS may be LDAP/sssd: slow)."""
+        now = time.monotonic()
+        hit = self._pw.get(uid)
+        if hit is not None and now - hit[0] < 600:
+            return hit[1]
+        try:
+            pw = pwd.getpwuid(uid)
+            value: Optional[tuple[str, str]] = (pw.pw_name, pw.pw_dir)
+        except KeyError:
+            value = None
+        self._pw.put(uid, (now, value))
+        return value
+
+    def _env(self, req: PredictRequest) -> dict[str, str]:
+        """What a script's ``$VAR`` may expand to: the user's env (cli_filter) or their passwd."""
+        env = dict(req.env)
+        pw = self._passwd(req.submit_uid)
+        if pw is not None:
+            env.setdefault("HOME", pw[1])
+            env.setdefault("USER", pw[0])
+            env.setdefault("LOGNAME", pw[0])
+        env.setdefault("SLURM_SUBMIT_DIR", req.work_dir)
+        env.setdefault("PWD", req.work_dir)
+        if req.name:
+            env.setdefault("SLURM_JOB_NAME", req.name)
+        if req.partition:
+            env.setdefault("SLURM_JOB_PARTITION", req.partition)
+        return env
+
+    # ---- step 3 (daemon process) ---------------------------------------------------------------
+    def finish(self, route: Route, out: Outcome) -> Answer:
+        part = route.part
+        if out.facts is None:
+            return self.skip(part, out.skip_reason or "no-job", out.skip_why or "cannot predict")
+        facts = out.facts
+        decision = policy_mod.decide(facts, route.req.time_limit, part, route.max_time)
+        return Answer("ok", reason=decision.action, message=decision.message, partition=route.name,
+                      time_limit=decision.time_limit_minutes, admin_comment=decision.admin_comment,
+                      warnings=decision.warnings + list(out.warnings),
+                      prediction={"iteration_seconds": facts.iteration_seconds,
+                                  "iterations": facts.iterations,
+                                  "total_seconds": facts.total_seconds,
+                                  "interval_seconds": list(facts.interval_seconds),
+                                  "platform": facts.platform, "bundle": facts.bundle,
+                                  "recommended_minutes": decision.recommended_minutes})
+
+    def skip(self, part: PartitionPolicy, reason: str, why: str) -> Answer:
+        why = one_line(why, 400)
+        msg = f"perfcast: no time limit suggested ({why}); job submitted unchanged"
+        return Answer("skip", reason=reason, message=msg if part.notify_skipped else "",
+                      partition=part.name)
+
+    def handle(self, req: PredictRequest, deadline: float) -> Answer:
+        """All three steps in this process (tools and tests; the daemon uses worker processes)."""
+        routed = self.route(req)
+        if isinstance(routed, Answer):
+            return routed
+        return self.finish(routed, self.compute(routed.req, routed.name, routed.platform, deadline))
+
+
+# --------------------------------------------------------------------------------------------
+# keeping file contents out of answers
+
+# Words of the parser's and predictor's own messages, and launch-config key names: never secret,
+# so never redacted even when a config file happens to contain them too.
+_MESSAGE_WORDS = frozenset("""
+    cannot predict read config file not integer number the and for with from unknown using default
+    valid JSON YAML larger than KiB MiB nested levels deep deeply mapping keys ignored duplicate
+    would stop value values modelled global attention type types list count mixes everywhere
+    activation gelu same shapes differs says precision arguments DeepSpeed Megatron NeoX object
+    path launch command commands predicting first maximum node nodes job has but task tasks each
+    GPU GPUs srun torchrun deepspeed python model shape layers hidden heads divide does
+    train_iters train_samples train_tokens num_layers hidden_size num_attention_heads seq_length
+    max_position_embeddings micro_batch_size global_batch_size train_micro_batch_size_per_gpu
+    gradient_accumulation_steps zero_optimization stage fp16 bf16 fp32 enabled pipe_parallel_size
+    model_parallel_size tensor_model_parallel_size pipeline_model_parallel_size vocab_size
+    padded_vocab_size is are an of in to at or no on as by be was this that there which
+    Permission denied such directory too long took evaluate script launch-config
+    """.split())
+_TOKEN_RE = re.compile(r"""'([^'\n]{1,200})'|"([^"\n]{1,200})"|([^\s'"`(),;:=\[\]{}<>]{3,})""")
+_NUMBER_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?[A-Za-z%]{0,3}")
+REDACTED = "<file content>"
+
+
+def redact(text: str, contents: list[str], script: str) -> str:
+    """``text`` with every piece that comes from a file read for this request (and not from the
+    script itself) replaced by ``<file content>``.
+
+    Numbers are kept (answers are numbers and messages; a model shape read from a config is what
+    the message is about), and so are the words the parser's messages are made of.
+    """
+    def secret(piece: str) -> bool:
+        piece = piece.strip()
+        if len(piece) < 3 or piece in _MESSAGE_WORDS or _NUMBER_RE.fullmatch(piece):
+            return False
+        return piece not in script and any(piece in c for c in contents)
+
+    def sub(m: "re.Match[str]") -> str:
+        quoted = m.group(1) if m.group(1) is not None else m.group(2)
+        if quoted is not None:
+            q = "'" if m.group(1) is not None else '"'
+            if secret(quoted) or any(secret(t.group(0)) for t in _TOKEN_RE.finditer(quoted)):
+                return q + REDACTED + q
+            return m.group(0)
+        return REDACTED if secret(m.group(3)) else m.group(0)
+
+    return _TOKEN_RE.sub(sub, text)
+
+
+def redact_outcome(out: Outcome, contents: list[bytes], script: str) -> None:
+    texts = [c.decode("utf-8", "replace") for c in contents]
+    out.skip_why = redact(out.skip_why, texts, script)
+    out.warnings = [redact(w, texts, script) for w in out.warnings]
+
+
+# --------------------------------------------------------------------------------------------
+
+def release_memory() -> None:
+    """Hand the heap freed by platform loading back to the OS.
+
+    Loading bundles decompresses and decodes model files: tens of MB of short-lived objects that
+    glibc keeps mapped after they are freed (about 70 MB with two platforms).  The daemon lives
+    for months, so trim once after each (re)load.
+    """
+    import gc
+    gc.collect()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc: nothing to do
+        pass
+
+
+def facts_from_prediction(pred: Any, name: str, platform: Any) -> PredictionFacts:
+    """Read a predictor.Prediction defensively: platform/bundle may be names or objects."""
+    plat = getattr(pred, "platform", None) or name
+    plat = getattr(plat, "name", plat)
+    bundle = getattr(pred, "bundle", None) or getattr(platform, "bundle_id", "") or "-"
+    bundle = getattr(bundle, "bundle_id", None) or getattr(bundle, "id", None) or bundle
+    low_high = tuple(getattr(pred, "interval_seconds", (0.0, 0.0)) or (0.0, 0.0))
+    return PredictionFacts(iteration_seconds=float(pred.iteration_seconds),
+                           iterations=int(pred.iterations), total_seconds=float(pred.total_seconds),
+                           platform=str(plat), bundle=str(bundle),
+                           interval_seconds=(float(low_high[0]), float(low_high[-1])))
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def worker_count(settings: Any) -> int:
+    """``workers`` from the config; 0 = one per usable core (at most 16)."""
+    return settings.workers if settings.workers > 0 else min(16, usable_cores())

@@ -1,0 +1,349 @@
+"""The socket server: peers, deadlines, the worker pool, reload and stop.
+
+Security: on the controller socket only root, the SlurmUser and the daemon's own uid are served
+(SO_PEERCRED).  On the optional user socket (for cli_filter.lua on login nodes) anybody is served,
+but as themselves: the kernel-reported uid/gid replace whatever the request claims.
+
+Every request is answered by its deadline (``deadline_ms`` after it was accepted): from the
+outcome cache, by a worker, or -- when the workers cannot make it -- at once with ``skip`` and
+one line saying why.  A worker still busy at the deadline is killed (see :mod:`.pool`).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import gc
+import logging
+import os
+import pwd
+import signal
+import socket
+import stat
+import struct
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from ..siteconfig import SiteConfig, SiteConfigError, load_site_config
+from .engine import Engine, Outcome, Route, release_memory, worker_count
+from .logs import log_event
+from .pool import PoolBusy, WorkerDied, WorkerOverrun, WorkerPool
+from .protocol import (Answer, BadRequest, PredictRequest, RequestTooLarge, parse_request,
+                       read_request, sniff_format)
+
+BACKSTOP_S = 0.05      # the pool answers by the deadline itself; this only guards against bugs
+STOP_GRACE_S = 0.3     # SIGTERM: answers in flight may take this long to go out, then workers die
+
+log = logging.getLogger("perfcast.daemon")
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end, as the kernel reports it."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)
+
+
+def trusted_uids(settings: Any) -> set[int]:
+    """root, the SlurmUser, and ourselves (a process of our uid could ptrace us anyway)."""
+    uids = {0, os.geteuid()}
+    try:
+        uids.add(pwd.getpwnam(settings.slurm_user).pw_uid)
+    except KeyError:
+        if settings.slurm_user.isdigit():
+            uids.add(int(settings.slurm_user))
+        else:
+            log_event("slurm_user_unknown", level=logging.WARNING, user=settings.slurm_user)
+    return uids
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` in a daemon thread: unlike the default executor, a stop does not wait for it
+    (a reload loading platforms must not delay SIGTERM)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future = loop.create_future()
+
+    def settle(value: Any, exc: Optional[BaseException]) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(value)
+
+    def run() -> None:
+        try:
+            value, exc = fn(*args), None
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            value, exc = None, e
+        try:
+            loop.call_soon_threadsafe(settle, value, exc)
+        except RuntimeError:   # the loop is gone: the daemon stopped meanwhile
+            pass
+
+    threading.Thread(target=run, daemon=True, name="perfcast-reload").start()
+    return await fut
+
+
+class PredictServer:
+    """The asyncio Unix-socket server; ``engine`` is swapped whole on reload.
+
+    ``freeze_gc`` (the real daemon): move everything loaded so far out of the garbage
+    collector's sight before forking workers, so that collections in a worker do not touch (and
+    so copy) the pages it shares with the daemon.
+    """
+
+    def __init__(self, engine: Engine, *, config_file: Optional[str] = None,
+                 engine_factory: Optional[Callable[[SiteConfig], Engine]] = None,
+                 freeze_gc: bool = False):
+        self.engine = engine
+        self.settings = engine.config.daemon
+        self.config_file = config_file
+        self.engine_factory = engine_factory or (lambda cfg: Engine(cfg).load())
+        self.trusted = trusted_uids(self.settings)
+        self.freeze_gc = freeze_gc
+        self.pool = WorkerPool(engine.run_work, worker_count(self.settings),
+                               max_queue=self.settings.max_queue, warmup=engine.warm_up)
+        self.servers: list[asyncio.AbstractServer] = []
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._reloading: Optional[asyncio.Task] = None
+        self._in_flight = 0
+
+    async def start(self) -> None:
+        if self.freeze_gc:
+            gc.collect()
+            gc.freeze()
+        self.pool.start()
+        await self.pool.wait_ready(5.0)   # answer the first burst with warm workers
+        s = self.settings
+        self.servers.append(await self._listen(s.socket, s.socket_mode, user_mode=False))
+        if s.user_socket:
+            self.servers.append(await self._listen(s.user_socket, s.user_socket_mode, user_mode=True))
+
+    async def _listen(self, path: str, mode: int, user_mode: bool) -> asyncio.AbstractServer:
+        prepare_socket_path(path)
+        old = os.umask(0o177)  # no window in which the socket is wider than asked
+        try:
+            server = await asyncio.start_unix_server(
+                lambda r, w: self._serve(r, w, user_mode), path=path,
+                limit=64 * 1024, backlog=1024)
+        finally:
+            os.umask(old)
+        os.chmod(path, mode)
+        if os.geteuid() == 0 and not user_mode:
+            try:
+                os.chown(path, 0, pwd.getpwnam(self.settings.slurm_user).pw_gid)
+            except KeyError:
+                pass
+        log_event("listening", socket=path, mode=oct(mode), user_mode=user_mode,
+                  workers=self.pool.size)
+        return server
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     user_mode: bool) -> None:
+        t0 = time.monotonic()
+        engine = self.engine  # a reload mid-request must not change what this request sees
+        settings = engine.config.daemon
+        deadline = t0 + settings.deadline_ms / 1000.0
+        fmt = "lines"
+        fields: dict[str, Any] = {}
+        self._in_flight += 1
+        try:
+            try:
+                pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
+            except OSError:
+                pid, uid, gid = -1, -1, -1
+            fields.update(peer_pid=pid, peer_uid=uid)
+            if not user_mode and uid not in self.trusted:
+                answer = Answer("refused", reason="peer-not-trusted",
+                                message="perfcast: this socket serves only slurmctld")
+            else:
+                try:
+                    raw = await asyncio.wait_for(
+                        read_request(reader, settings.max_request_bytes), deadline - time.monotonic())
+                    fmt = sniff_format(raw)
+                    # On the user socket the kernel's word replaces the request's claim.
+                    req = parse_request(raw, max_script=settings.max_request_bytes,
+                                        peer=(uid, gid) if user_mode else None)
+                    fmt = req.format
+                    fields.update(uid=req.submit_uid, bytes=len(raw))
+                    del raw
+                    answer = await self._answer(engine, req, deadline, fields)
+                except asyncio.TimeoutError:
+                    answer = _too_slow(settings.deadline_ms)
+                except RequestTooLarge:
+                    answer = Answer("error", reason="too-large",
+                                    message="perfcast: script too large to predict; job submitted "
+                                            "unchanged")
+                except BadRequest as exc:
+                    answer = Answer("error", reason="bad-request",
+                                    message=f"perfcast: no prediction ({exc}); job submitted "
+                                            "unchanged")
+                except Exception:  # a bug: log it, fail open, never a traceback to the user
+                    log.exception("request failed")
+                    answer = Answer("error", reason="internal",
+                                    message="perfcast: internal error; job submitted unchanged")
+            self.stats[answer.status] += 1
+            if answer.partition:
+                fields["partition"] = answer.partition
+            try:
+                writer.write(answer.encode(fmt))
+                await asyncio.wait_for(writer.drain(), 1.0)
+            except (OSError, asyncio.TimeoutError):
+                fields["write"] = "failed"   # Lua gave up already; it let the job through
+            log_event("request", status=answer.status, reason=answer.reason,
+                      time_limit=answer.time_limit if answer.time_limit is not None else "-",
+                      ms=round((time.monotonic() - t0) * 1e3, 2),
+                      level=logging.WARNING if answer.status in ("refused", "error") else logging.INFO,
+                      **fields)
+        finally:
+            self._in_flight -= 1
+            writer.close()
+
+    async def _answer(self, engine: Engine, req: PredictRequest, deadline: float,
+                      fields: dict[str, Any]) -> Answer:
+        routed = engine.route(req)
+        if isinstance(routed, Answer):
+            return routed
+        key = engine.cache_key(routed)
+        out: Optional[Outcome] = engine.outcomes.get(key)
+        if out is not None:   # repeats (arrays, resubmissions) are answered right here
+            fields["cached"] = 1
+            return engine.finish(routed, out)
+        try:
+            fut = self.pool.submit(engine.work(routed, deadline), deadline)
+        except PoolBusy as exc:
+            fields["shed"] = str(exc)
+            return engine.skip(routed.part, "busy", "the prediction service is busy")
+        try:
+            raw = await asyncio.wait_for(fut, max(0.001, deadline - time.monotonic()) + BACKSTOP_S)
+        except PoolBusy as exc:      # waited in the queue until too late to start
+            fields["shed"] = str(exc)
+            return engine.skip(routed.part, "busy", "the prediction service is busy")
+        except (WorkerOverrun, asyncio.TimeoutError):
+            fields["worker"] = "killed"
+            return _too_slow(engine.config.daemon.deadline_ms, engine, routed)
+        except WorkerDied:
+            fields["worker"] = "died"
+            return engine.skip(routed.part, "internal", "internal error")
+        out = Outcome.from_json(raw)
+        if out.cacheable:
+            engine.outcomes.put(key, out)
+        return engine.finish(routed, out)
+
+    async def reload(self) -> None:
+        """SIGHUP: re-read the config, reload platforms off the loop, swap; keep serving meanwhile."""
+        if self._reloading is not None and not self._reloading.done():
+            log_event("reload_skipped", reason="already reloading")
+            return
+        self._reloading = asyncio.current_task()
+        t0 = time.monotonic()
+        try:
+            cfg = await in_thread(load_site_config, self.config_file)
+            new = await in_thread(self.engine_factory, cfg)
+            await in_thread(new.warm_up)
+        except SiteConfigError as exc:
+            log_event("reload_failed", level=logging.ERROR, error=str(exc))
+            return
+        except Exception as exc:
+            log_event("reload_failed", level=logging.ERROR, error=type(exc).__name__)
+            return
+        if self.pool.closing:
+            return
+        if cfg.daemon.socket != self.settings.socket or cfg.daemon.user_socket != self.settings.user_socket:
+            log_event("reload_note", level=logging.WARNING,
+                      note="socket paths change only on restart")
+        self.trusted = trusted_uids(cfg.daemon)
+        self.engine = new
+        # Requests in flight keep the old engine alive until their deadline; then hand its memory
+        # back (before that, the new workers are forked with the old engine's pages still there:
+        # harmless, they are shared).
+        asyncio.get_running_loop().call_later(cfg.daemon.deadline_ms / 1000.0 + 0.5, self._trim)
+        # New workers are forked from the new engine; old ones finish what they hold.
+        self.pool.swap(new.run_work, worker_count(cfg.daemon), warmup=new.warm_up)
+        self.pool.max_queue = max(1, cfg.daemon.max_queue)
+        log_event("reloaded", platforms=",".join(sorted(new.platforms)) or "-",
+                  failed=",".join(sorted(new.platform_errors)) or "-",
+                  workers=self.pool.size, ms=round((time.monotonic() - t0) * 1e3, 1))
+
+    def _trim(self) -> None:
+        if self.freeze_gc:
+            gc.unfreeze()       # the old engine's objects must become collectable again
+        release_memory()
+        if self.freeze_gc:
+            gc.freeze()
+
+    async def close(self) -> None:
+        """Stop listening, let answers in flight go out (briefly), kill every worker."""
+        for server in self.servers:
+            server.close()
+        end = time.monotonic() + STOP_GRACE_S
+        while self._in_flight and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        await self.pool.close()
+        for path in (self.settings.socket, self.settings.user_socket):
+            if path:
+                try:
+                    if stat.S_ISSOCK(os.lstat(path).st_mode):
+                        os.unlink(path)
+                except OSError:
+                    pass
+
+    def summary(self) -> dict[str, Any]:
+        return {"served": sum(self.stats.values()), **dict(sorted(self.pool.stats.items()))}
+
+
+def _too_slow(deadline_ms: int, engine: Optional[Engine] = None,
+              routed: Optional[Route] = None) -> Answer:
+    why = f"no prediction within {deadline_ms} ms"
+    if engine is not None and routed is not None:
+        return engine.skip(routed.part, "deadline", why)
+    return Answer("skip", reason="deadline",
+                  message=f"perfcast: no time limit suggested ({why}); job submitted unchanged")
+
+
+def prepare_socket_path(path: str) -> None:
+    """Create the directory; refuse if a live daemon is there; remove a stale socket."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SystemExit(f"perf-predictd: {path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)   # stale: nobody listens
+    else:
+        raise SystemExit(f"perf-predictd: another daemon is listening on {path}")
+    finally:
+        probe.close()
+
+
+async def serve(server: PredictServer, pid_file: Optional[str] = None) -> None:
+    """Run until SIGTERM/SIGINT; SIGHUP reloads.  The pid file appears once the socket listens."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    await server.start()
+    loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(server.reload()))
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    if pid_file:   # written once the socket listens: whoever waits on it can connect
+        with open(pid_file + ".tmp", "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+        os.replace(pid_file + ".tmp", pid_file)
+    log_event("ready", pid=os.getpid(), workers=",".join(map(str, server.pool.pids())),
+              platforms=",".join(sorted(server.engine.platforms)) or "-")
+    try:
+        await stop.wait()
+        t0 = time.monotonic()
+        await server.close()
+        log_event("stopped", ms=round((time.monotonic() - t0) * 1e3, 1), **server.summary())
+    finally:
+        if pid_file:
+            try:
+                os.unlink(pid_file)
+            except OSError:
+                pass
