@@ -9,10 +9,13 @@
     perf-calibrate schedule --partition P [--every 30d] [--recur begin|scrontab] [--dry-run]
     perf-calibrate status [--root ROOT] [--json]
     perf-calibrate rollback P [--root ROOT]
-    perf-calibrate validate PLATFORM --runs RUNS.toml [--replace] [--dry-run] [--json]
+    perf-calibrate validate PLATFORM --runs RUNS.toml [--fit] [--replace] [--dry-run] [--json]
+    perf-calibrate harvest [--partition P] [--since 7d] [--config FILE] [--records DB] [--out DIR]
+    perf-calibrate report [PARTITION] [--json] [--plot FILE.png] [--config FILE] [--records DB]
 
 Errors a user can cause print one line and exit with code 2 (no traceback).  ``fit``, ``import``,
-``install``, ``status``, ``rollback``, ``schedule``, ``validate`` and ``plan`` never import torch; ``run`` does.
+``install``, ``status``, ``rollback``, ``schedule``, ``validate``, ``harvest``, ``report`` and
+``plan`` never import torch; ``run`` does.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from predictor.errors import OneLineParser, PerfcastError
+from slurm_plugin.records import RecordStoreError
 
 log = logging.getLogger("perf-calibrate")
 
@@ -134,6 +138,31 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--replace", action="store_true", help="drop the runs recorded before")
     va.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     va.add_argument("--json", action="store_true")
+    va.add_argument("--fit", action="store_true",
+                    help="also fit [fitted] compute/host scales; written only if leave-one-out improves")
+
+    hv = sub.add_parser("harvest", help="finished perfcast jobs -> outcomes + measured runs per partition")
+    hv.add_argument("--partition", default=None)
+    hv.add_argument("--since", default=None, help="7d, 12h, 2w or YYYY-MM-DD[THH:MM[:SS]] (default 7d)")
+    hv.add_argument("--config", default=None, help="site config (default $PERFCAST_CONFIG, "
+                    "/etc/perfcast/perfcast.toml)")
+    hv.add_argument("--records", default=None, help="the daemon's record store (default: [daemon] "
+                    "records of the site config, else /var/lib/perfcast/records.sqlite)")
+    hv.add_argument("--out", default=None, help="directory of the per-partition runs files "
+                    "(default /var/lib/perfcast/runs)")
+    hv.add_argument("--source", choices=("auto", "sacct", "scontrol"), default="auto")
+    hv.add_argument("--rescan", action="store_true", help="read jobs harvested before again")
+    hv.add_argument("--dry-run", action="store_true", help="report only; write nothing")
+    hv.add_argument("--json", action="store_true")
+
+    rp = sub.add_parser("report", help="predicted vs actual per job, errors, timeouts and over-reservation "
+                        "per partition")
+    rp.add_argument("partition", nargs="?", default=None)
+    rp.add_argument("--json", action="store_true")
+    rp.add_argument("--plot", default=None, help="also draw FILE.png (needs matplotlib)")
+    rp.add_argument("--since", default=None, help="only jobs predicted since (7d, YYYY-MM-DD, ...)")
+    rp.add_argument("--config", default=None)
+    rp.add_argument("--records", default=None)
 
     rb = sub.add_parser("rollback", help="switch a partition back to its previous platform")
     rb.add_argument("partition")
@@ -286,7 +315,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .validate import load_runs, validate_platform
     res = validate_platform(args.platform, load_runs(args.runs), replace=args.replace,
-                            dry_run=args.dry_run)
+                            dry_run=args.dry_run, fit=args.fit)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
@@ -295,9 +324,58 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _records_path(args: argparse.Namespace) -> str:
+    """--records, else the site config's ``[daemon] records`` (when the config has that key), else
+    the default path.  A config named by --config or $PERFCAST_CONFIG must load."""
+    from slurm_plugin.records import DEFAULT_PATH
+    from slurm_plugin.siteconfig import DEFAULT_PATH as CONFIG_DEFAULT, ENV_VAR, SiteConfigError, load_site_config
+    if args.records:
+        return args.records
+    named = args.config or os.environ.get(ENV_VAR)
+    if not named and not os.path.exists(CONFIG_DEFAULT):
+        return DEFAULT_PATH
+    try:
+        cfg = load_site_config(named)
+    except SiteConfigError as exc:
+        raise PerfcastError(str(exc)) from None
+    return getattr(cfg.daemon, "records", "") or DEFAULT_PATH
+
+
+def cmd_harvest(args: argparse.Namespace) -> int:
+    from .harvest import DEFAULT_OUT, HarvestOptions, harvest, parse_since
+    opts = HarvestOptions(records=Path(_records_path(args)), out_dir=Path(args.out) if args.out else DEFAULT_OUT,
+                          partition=args.partition, since=parse_since(args.since), source=args.source,
+                          rescan=args.rescan, dry_run=args.dry_run)
+    res = harvest(opts)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+    else:
+        print(res.summary() + (" (dry run: nothing written)" if args.dry_run else ""))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from slurm_plugin.records import RecordStore
+    from .harvest import parse_since
+    from .report import build_report, plot_report
+    store = RecordStore(_records_path(args), create=False)
+    since = parse_since(args.since) if args.since else None
+    rep = build_report(store.outcomes(partition=args.partition, since=since), args.partition)
+    if args.plot:
+        plot_report(rep, args.plot)
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2))
+    else:
+        print(rep.table())
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "host": cmd_host, "plan": cmd_plan, "fit": cmd_fit, "import": cmd_import,
             "install": cmd_install, "schedule": cmd_schedule, "status": cmd_status,
-            "rollback": cmd_rollback, "validate": cmd_validate}
+            "rollback": cmd_rollback, "validate": cmd_validate, "harvest": cmd_harvest,
+            "report": cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -316,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[args.cmd](args)
-    except PerfcastError as exc:
+    except (PerfcastError, RecordStoreError) as exc:
         print(f"perf-calibrate: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

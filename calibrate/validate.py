@@ -15,19 +15,33 @@ recorded there are predicted again too, so the record always describes the model
 installed.  The spread of the ratios widens the platform's intervals
 (:func:`predictor.validation.ratio_range`); the summary reports the error and a leave-one-out
 coverage check of that spread.
+
+With ``--fit`` (:func:`fit_terms`) it also fits a few physical end-to-end terms on the runs: a
+compute scale (multiplies every operator's device time) and, where the platform has a ``[host]``
+table and some run is host-bound, a host scale (multiplies the host's issue time), each bounded to
+:data:`predictor.platform.FITTED_SCALE_RANGE`.  Leave-one-out decides: each run is predicted by
+the terms fitted on the other runs, and the terms are written (``[fitted]`` in ``platform.toml``)
+only when that leave-one-out MAPE is lower than the MAPE of the platform as it is.  The runs are
+then recorded with their leave-one-out predictions, so that the intervals they widen are those of
+runs the terms never saw.
 """
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
+import logging
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
 
 from predictor.errors import JobError, RunRecordError
 from predictor.job import TrainingJob
-from predictor.platform import PLATFORM_FILE, load_platform, resolve_platform, write_platform
+from predictor.platform import (FITTED_SCALE_RANGE, PLATFORM_FILE, FittedTerms, Platform, load_platform,
+                                resolve_platform, write_platform)
 from predictor.validation import MeasuredRun, leave_one_out, parse_runs, ratio_range, runs_to_toml
 
 if sys.version_info >= (3, 11):
@@ -36,6 +50,40 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MAX_RUNS_FILE_BYTES = 4 << 20
+log = logging.getLogger(__name__)
+
+# The fit searches a geometric lattice over FITTED_SCALE_RANGE with ~1 % steps (141 points from
+# 0.5 to 2.0, 1.0 exactly in the middle): finer than the spread of repeated measurements of one run
+# (the shipped H100 steps vary by a few percent, benchmarks/data/h100-lent/train-family.json).
+_LATTICE = np.geomspace(FITTED_SCALE_RANGE[0], FITTED_SCALE_RANGE[1], 141)
+_ONE = 70
+_COARSE = 7        # coarse pass every 7th point (~7 %), then every point within one coarse step
+# Fewer runs than this cannot say whether a fitted scale carries to other jobs (leave-one-out
+# leaves too little to fit on).
+MIN_FIT_RUNS = 3
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What ``--fit`` found: the terms on all runs, and leave-one-out MAPE before and after."""
+
+    compute_scale: float
+    host_scale: float
+    host_fitted: bool                 # False: no run is host-bound (or no [host]): the scale stays 1
+    mape_before: float                # the platform as it is, on these runs
+    loo_mape_after: float             # each run predicted by the terms fitted on the others
+    loo_predictions: list[float]      # seconds per iteration, per run
+    written: bool
+    reason: str                       # why written or not, one line
+
+    @property
+    def improves(self) -> bool:
+        return self.loo_mape_after < self.mape_before
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"compute_scale": self.compute_scale, "host_scale": self.host_scale,
+                "host_fitted": self.host_fitted, "mape_before": self.mape_before,
+                "loo_mape_after": self.loo_mape_after, "written": self.written, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -45,6 +93,7 @@ class ValidationSummary:
     runs: list[MeasuredRun]
     inside_loo: list[bool]
     predictions: list[Any]          # predictor.Prediction of each run, in order
+    fit: Optional[FitResult] = None
 
     @property
     def mape(self) -> float:
@@ -64,13 +113,22 @@ class ValidationSummary:
         lines.append(f"{len(self.runs)} runs: MAPE {100 * self.mape:.2f}%; intervals widened by "
                      f"measured/predicted [{lo:.3f}, {hi:.3f}]; leave-one-out coverage "
                      f"{sum(self.inside_loo)}/{len(self.inside_loo)}")
+        if self.fit is not None:
+            f = self.fit
+            lines.append(f"fit: compute scale {f.compute_scale:.3f}, host scale {f.host_scale:.3f}"
+                         f"{'' if f.host_fitted else ' (not a term here: no [host] table or no host-bound run)'}; "
+                         f"leave-one-out MAPE before {100 * f.mape_before:.2f}%, after "
+                         f"{100 * f.loo_mape_after:.2f}%; {f.reason}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"platform": self.platform, "platform_file": str(self.platform_file),
-                "mape": self.mape, "ratio_range": list(self.ratio_range),
-                "runs": [dict(r.to_dict(), ratio=r.ratio, inside_leave_one_out=ok)
-                         for r, ok in zip(self.runs, self.inside_loo)]}
+        d = {"platform": self.platform, "platform_file": str(self.platform_file),
+             "mape": self.mape, "ratio_range": list(self.ratio_range),
+             "runs": [dict(r.to_dict(), ratio=r.ratio, inside_leave_one_out=ok)
+                      for r, ok in zip(self.runs, self.inside_loo)]}
+        if self.fit is not None:
+            d["fit"] = self.fit.to_dict()
+        return d
 
 
 def load_runs(path: "str | os.PathLike[str]") -> list[MeasuredRun]:
@@ -108,8 +166,12 @@ def _job_file(runs_file: Path, value: Any, where: str) -> dict:
 
 
 def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[MeasuredRun], *,
-                      replace: bool = False, dry_run: bool = False) -> ValidationSummary:
-    """Predict ``runs`` (and, unless ``replace``, the runs already recorded) and record them."""
+                      replace: bool = False, dry_run: bool = False, fit: bool = False) -> ValidationSummary:
+    """Predict ``runs`` (and, unless ``replace``, the runs already recorded) and record them.
+
+    ``fit``: also fit the ``[fitted]`` terms (:func:`fit_terms`) and write them with the runs when
+    leave-one-out improves; the runs are then recorded with their leave-one-out predictions.
+    """
     from predictor.estimate import predict_many
     d = resolve_platform(platform)
     plat = load_platform(d, reload=True)
@@ -119,10 +181,30 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
     preds = predict_many([r.job for r in all_runs], plat)
     recorded = [dataclasses.replace(r, predicted_iteration_seconds=p.iteration_seconds)
                 for r, p in zip(all_runs, preds)]
+    fit_res: Optional[FitResult] = None
+    fitted: Optional[FittedTerms] = None
+    if fit:
+        fit_res = fit_terms(plat, all_runs, [p.iteration_seconds for p in preds])
+        if fit_res.improves:
+            fitted = FittedTerms(compute_scale=round(fit_res.compute_scale, 4),
+                                 host_scale=round(fit_res.host_scale, 4),
+                                 runs=tuple(r.name for r in all_runs),
+                                 loo_mape_before=round(fit_res.mape_before, 6),
+                                 loo_mape_after=round(fit_res.loo_mape_after, 6),
+                                 fitted_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                 source=f"perf-calibrate validate --fit on {len(all_runs)} runs")
+            fplat = dataclasses.replace(plat, fitted=fitted)
+            preds = predict_many([r.job for r in all_runs], fplat)
+            recorded = [dataclasses.replace(r, predicted_iteration_seconds=p)
+                        for r, p in zip(all_runs, fit_res.loo_predictions)]
+        fit_res = dataclasses.replace(fit_res, written=fitted is not None and not dry_run,
+                                      reason=_fit_reason(fit_res, fitted is not None, dry_run))
     fpath = d / PLATFORM_FILE
     if not dry_run:
         raw = tomllib.loads(fpath.read_text(encoding="utf-8"))
         raw["validation"] = runs_to_toml(recorded)
+        if fitted is not None:
+            raw["fitted"] = fitted.to_dict()
         write_platform(d, raw)
     # Each prediction's interval without the timeline spread, relative to the prediction.
     bounds = []
@@ -130,5 +212,88 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
         r_lo, r_hi = p.details["timeline_ratio"]
         lo, hi = p.interval_seconds
         bounds.append((lo / r_lo / p.iteration_seconds, hi / r_hi / p.iteration_seconds))
-    return ValidationSummary(plat.name, fpath, recorded, leave_one_out(recorded, bounds), preds)
+    return ValidationSummary(plat.name, fpath, recorded, leave_one_out(recorded, bounds), preds, fit_res)
 
+
+def _fit_reason(res: "FitResult", improves: bool, dry_run: bool) -> str:
+    if res.reason:
+        return res.reason
+    if not improves:
+        return "not written: leave-one-out does not improve on the platform as it is"
+    return "would write [fitted] (dry run)" if dry_run else "written to [fitted]"
+
+
+# ------------------------------------------------------------------------------------ fitting
+def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
+              current: Optional[Sequence[float]] = None) -> FitResult:
+    """Fit ``[fitted]`` compute and host scales on ``runs``; leave-one-out MAPE before and after.
+
+    The scales replace any the platform has (they are fitted from the unscaled models).  The loss
+    is the mean squared log of predicted / measured: symmetric in over- and under-prediction, and
+    independent of a run's length.  ``current``: the platform's own predictions (as it is) of the
+    runs, when already computed.
+    """
+    from predictor.estimate import predict_many
+    measured = np.array([r.measured_iteration_seconds for r in runs], dtype=float)
+    n = len(runs)
+    if current is None:
+        current = [p.iteration_seconds for p in predict_many([r.job for r in runs], platform)]
+    before = float(np.mean(np.abs(np.asarray(current, dtype=float) / measured - 1.0)))
+    if n < MIN_FIT_RUNS:
+        return FitResult(1.0, 1.0, False, before, before, list(current), False,
+                         f"not written: fitting needs at least {MIN_FIT_RUNS} runs (got {n})")
+    base = dataclasses.replace(platform, fitted=None)
+    jobs = [r.job for r in runs]
+    cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def at(ci: int, hi: int) -> np.ndarray:
+        key = (ci, hi)
+        if key not in cache:
+            plat = dataclasses.replace(base, fitted=FittedTerms(compute_scale=float(_LATTICE[ci]),
+                                                                host_scale=float(_LATTICE[hi])))
+            cache[key] = np.array([p.iteration_seconds for p in predict_many(jobs, plat)], dtype=float)
+        return cache[key]
+
+    logm = np.log(measured)
+
+    def loss(ci: int, hi: int, mask: np.ndarray) -> float:
+        return float(np.mean((np.log(at(ci, hi))[mask] - logm[mask]) ** 2))
+
+    # A host scale is a term only where the platform has host costs and some run waits on its host
+    # at some scale in range; otherwise it changes no prediction and stays 1.
+    host_fitted = platform.host is not None and bool(
+        np.any(np.abs(at(_ONE, len(_LATTICE) - 1) / at(_ONE, _ONE) - 1.0) > 1e-9)
+        or np.any(np.abs(at(0, len(_LATTICE) - 1) / at(0, _ONE) - 1.0) > 1e-9))
+
+    def fit(mask: np.ndarray) -> tuple[int, int]:
+        ci, hi = _ONE, _ONE
+        for _ in range(6):           # coordinate descent; each pass is exact on its lattice line
+            nci = _line_search(lambda i: loss(i, hi, mask))
+            nhi = _line_search(lambda j: loss(nci, j, mask)) if host_fitted else _ONE
+            if (nci, nhi) == (ci, hi):
+                break
+            ci, hi = nci, nhi
+        return ci, hi
+
+    everyone = np.ones(n, dtype=bool)
+    ci, hi = fit(everyone)
+    loo = []
+    for i in range(n):
+        mask = everyone.copy()
+        mask[i] = False
+        fci, fhi = fit(mask)
+        loo.append(float(at(fci, fhi)[i]))
+    after = float(np.mean(np.abs(np.array(loo) / measured - 1.0)))
+    log.info("fit on %d runs: compute %.3f host %.3f; %d lattice points evaluated", n,
+             _LATTICE[ci], _LATTICE[hi], len(cache))
+    return FitResult(float(_LATTICE[ci]), float(_LATTICE[hi]), host_fitted, before, after, loo, False, "")
+
+
+def _line_search(f: Callable[[int], float]) -> int:
+    """The lattice index minimising ``f``: every ``_COARSE``-th point, then every point around the best
+    (ties go to the index nearest 1.0, the unscaled models)."""
+    n = len(_LATTICE)
+    coarse = sorted(set(range(0, n, _COARSE)) | {_ONE, n - 1})
+    best = min(coarse, key=lambda i: (f(i), abs(i - _ONE)))
+    fine = range(max(0, best - _COARSE), min(n, best + _COARSE + 1))
+    return min(fine, key=lambda i: (f(i), abs(i - _ONE)))

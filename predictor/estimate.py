@@ -210,6 +210,10 @@ class QuerySet:
                 dev = np.maximum(t - 0.5 * call, roof)
                 secs[handles] = dev
                 rel[handles] += np.minimum(0.5 * call, t - roof).clip(min=0.0) / dev
+            if plat.fitted is not None and plat.fitted.compute_scale != 1.0:
+                # [fitted] compute scale (perf-calibrate validate --fit): device time, never below
+                # the roofline (no kernel beats it).
+                secs[handles] = np.maximum(secs[handles] * plat.fitted.compute_scale, roof)
         self._evaluate_collectives(secs, rel, extra)
         return secs, rel, extra
 
@@ -503,6 +507,8 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         stage_host = [plat.host.stage_seconds(n, n * tp_launches + len(p2p_terms[i][0].parts)
                                               + len(p2p_terms[i][1].parts), lay.recompute)
                       for i, n in enumerate(sizes)]
+        if plat.fitted is not None:    # [fitted] host scale (perf-calibrate validate --fit)
+            stage_host = [h * plat.fitted.host_scale for h in stage_host]
     return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
                     stage_host, cp_ring, list(sizes))
 
@@ -591,6 +597,9 @@ def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Predic
         lo, hi = lo * ratio_lo, hi * ratio_hi
         details["timeline_ratio"] = [ratio_lo, ratio_hi]
         details["timeline_runs"] = len(platform.validation)
+        if platform.fitted is not None:
+            details["fitted_scales"] = {"compute": platform.fitted.compute_scale,
+                                        "host": platform.fitted.host_scale}
         handles = _plan_handles(plan)
         warnings = list(plan.warnings)
         if not platform.calibrated:

@@ -4,11 +4,16 @@ The same GPU on another network is the same compute bundle with another network:
 reuses the A100 bundle measured on Perlmutter.  A platform directory::
 
     platform.toml     name, description, calibrated, gpus_per_node, compute_bundle (a path
-                      relative to this file), collective_bundle (optional), [links], [overheads],
+                      relative to this file), collective_bundle (optional), the sha256 of each
+                      bundle's manifest (compute_bundle_sha256, collective_bundle_sha256: an
+                      edited manifest is refused; absent = not checked, for older platforms),
+                      [links], [overheads],
                       and an optional [gpu] that moves the compute ratios onto another GPU's roofline
                       (spec-only platforms), an optional [host] (measured host issue costs,
                       :mod:`predictor.host`), and ``[[validation]]``: measured end-to-end runs
-                      with what this platform predicted for them (see :mod:`predictor.validation`)
+                      with what this platform predicted for them (see :mod:`predictor.validation`),
+                      and an optional ``[fitted]``: end-to-end scales fitted on those runs
+                      (``perf-calibrate validate --fit``, :class:`FittedTerms`)
 
 Lookup order for a name: a path to such a directory; ``$PERFCAST_PLATFORMS`` (colon-separated
 roots); ``/var/lib/perfcast/platforms`` (what ``perf-calibrate schedule`` installs, as
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .bundle import Bundle, load_bundle
+from .bundle import Bundle, check_manifest_pin, load_bundle
 from .errors import BundleError, PlatformNotFound, RunRecordError
 from .host import HostCosts
 from .network import Links
@@ -50,6 +55,61 @@ class Overheads:
     checkpoint_fixed_seconds: float = 10.0
 
 
+# --- [fitted]: end-to-end terms fitted on measured runs (perf-calibrate validate --fit) ---
+# Bounds of a fitted scale: a factor of 2 either way covers every measured/predicted ratio of the
+# shipped platforms' runs (0.94-1.59, predictor.validation); beyond it the models are wrong, not
+# mis-scaled, and a scale would only hide that.
+FITTED_SCALE_RANGE = (0.5, 2.0)
+
+
+@dataclass(frozen=True)
+class FittedTerms:
+    """``[fitted]``: ``compute_scale`` multiplies every operator's device time (never below its
+    roofline), ``host_scale`` the host's issue time (:mod:`predictor.host`); the rest says how they
+    were fitted (the runs, leave-one-out MAPE before and after, when)."""
+
+    compute_scale: float = 1.0
+    host_scale: float = 1.0
+    runs: tuple[str, ...] = ()
+    loo_mape_before: float = 0.0
+    loo_mape_after: float = 0.0
+    fitted_at: str = ""
+    source: str = ""
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> "FittedTerms":
+        if not isinstance(d, dict):
+            raise BundleError(f"{where}: [fitted] must be a table")
+        unknown = sorted(set(d) - {f for f in cls.__dataclass_fields__})
+        if unknown:
+            raise BundleError(f"{where}: fitted.{unknown[0]}: unknown key")
+        lo, hi = FITTED_SCALE_RANGE
+        for key in ("compute_scale", "host_scale"):
+            v = d.get(key, 1.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise BundleError(f"{where}: fitted.{key} must be a number in [{lo}, {hi}], got {v!r}")
+        for key in ("loo_mape_before", "loo_mape_after"):
+            v = d.get(key, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:
+                raise BundleError(f"{where}: fitted.{key} must be a number >= 0, got {v!r}")
+        runs = d.get("runs", [])
+        if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):
+            raise BundleError(f"{where}: fitted.runs must be a list of run names")
+        for key in ("fitted_at", "source"):
+            if not isinstance(d.get(key, ""), str):
+                raise BundleError(f"{where}: fitted.{key} must be a string")
+        return cls(compute_scale=float(d.get("compute_scale", 1.0)), host_scale=float(d.get("host_scale", 1.0)),
+                   runs=tuple(runs), loo_mape_before=float(d.get("loo_mape_before", 0.0)),
+                   loo_mape_after=float(d.get("loo_mape_after", 0.0)),
+                   fitted_at=d.get("fitted_at", ""), source=d.get("source", ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"compute_scale": self.compute_scale, "host_scale": self.host_scale, "runs": list(self.runs),
+                "loo_mape_before": self.loo_mape_before, "loo_mape_after": self.loo_mape_after,
+                "fitted_at": self.fitted_at, "source": self.source}
+# --- end [fitted] ---
+
+
 @dataclass
 class Platform:
     name: str
@@ -65,6 +125,7 @@ class Platform:
     notes: list[str] = field(default_factory=list)
     validation: list[MeasuredRun] = field(default_factory=list)
     host: Optional[HostCosts] = None     # None: no host term (device time alone)
+    fitted: Optional[FittedTerms] = None   # [fitted] scales (None: none fitted)
 
     @property
     def timeline_ratio(self) -> tuple[float, float]:
@@ -94,14 +155,103 @@ class Platform:
                 "path": str(self.path)}
 
 
+# platform.toml key naming a bundle -> the key pinning that bundle's manifest
+BUNDLE_PINS = {"compute_bundle": "compute_bundle_sha256",
+               "collective_bundle": "collective_bundle_sha256"}
+
+
+def bundle_pins(directory: "str | os.PathLike[str]", data: dict[str, Any]) -> dict[str, str]:
+    """The manifest pins of the bundles ``data`` names, computed from the bundles on disk
+    (a bundle that is not there yet gets no pin)."""
+    from .bundle import MANIFEST, manifest_sha256
+    pins: dict[str, str] = {}
+    for key, pin in BUNDLE_PINS.items():
+        rel = data.get(key)
+        if isinstance(rel, str) and rel and (Path(directory) / rel / MANIFEST).is_file():
+            pins[pin] = manifest_sha256(Path(directory) / rel)
+    return pins
+
+
 def write_platform(directory: "str | os.PathLike[str]", data: dict[str, Any]) -> Path:
-    """Write ``platform.toml`` (keys as in this module's docstring) into ``directory``."""
+    """Write ``platform.toml`` (keys as in this module's docstring) into ``directory``.
+
+    The bundles' manifest pins are (re)computed from the bundles on disk: whoever writes a
+    platform file (fit, validate, the build script) vouches for the bundles it names.
+    """
     from .samples import atomic_write, dump_toml
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
+    pins = bundle_pins(d, data)
+    if pins:
+        data = _with_pins(data, pins)
     path = d / PLATFORM_FILE
     atomic_write(path, dump_toml(data))
     return path
+
+
+def _with_pins(data: dict[str, Any], pins: dict[str, str]) -> dict[str, Any]:
+    """``data`` with each pin right after the bundle key it belongs to (readable files)."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if k in pins:
+            continue
+        out[k] = v
+        pin = BUNDLE_PINS.get(k)
+        if pin in pins:
+            out[pin] = pins[pin]
+    for k, v in pins.items():
+        out.setdefault(k, v)
+    return out
+
+
+def pin_platform_bundles(directory: "str | os.PathLike[str]", only_missing: bool = False) -> dict[str, str]:
+    """Add (or update) the manifest pins in an existing ``platform.toml``, touching nothing else.
+
+    The file is edited as text -- one ``..._sha256 = "..."`` line after the bundle's line --
+    so comments, key order, the number formats and every table ([host], [[validation]], ...)
+    stay exactly as they are; the result is checked to read back as the old file plus the pins.
+    ``only_missing``: keep pins already there (perf-calibrate install on an older platform).
+    Returns the pins written (empty if there was nothing to do).
+    """
+    import re
+
+    from .samples import atomic_write
+    d = Path(directory)
+    path = d / PLATFORM_FILE
+    text = path.read_text(encoding="utf-8")
+    try:
+        before = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BundleError(f"{path}: unreadable platform file: {exc}") from None
+    pins = bundle_pins(d, before)
+    if only_missing:
+        pins = {k: v for k, v in pins.items() if k not in before}
+    pins = {k: v for k, v in pins.items() if before.get(k) != v}
+    if not pins:
+        return {}
+    lines = text.splitlines(keepends=True)
+    top = next((i for i, line in enumerate(lines) if re.match(r"\s*\[", line)), len(lines))
+    head, rest = lines[:top], lines[top:]
+    head = [line for line in head
+            if not any(re.match(rf"\s*{pin}\s*=", line) for pin in pins)]
+    for key, pin in BUNDLE_PINS.items():
+        if pin not in pins:
+            continue
+        at = next((i for i, line in enumerate(head) if re.match(rf"\s*{key}\s*=", line)), None)
+        new = f'{pin} = "{pins[pin]}"\n'
+        if at is None:
+            head.append(new)
+        else:
+            if not head[at].endswith("\n"):
+                head[at] += "\n"
+            head.insert(at + 1, new)
+    new_text = "".join(head + rest)
+    after = tomllib.loads(new_text)
+    if {k: v for k, v in after.items() if k not in pins} != \
+            {k: v for k, v in before.items() if k not in pins} or any(after.get(k) != v for k, v in pins.items()):
+        raise BundleError(f"{path}: cannot add the bundle pins without changing other keys")
+    atomic_write(path, new_text)
+    return pins
 
 
 def _search_roots() -> list[Path]:
@@ -131,14 +281,19 @@ _bundles: dict[tuple, Bundle] = {}
 _lock = threading.Lock()
 
 
-def _bundle(path: Path, reload: bool) -> Bundle:
-    """Platforms that share a compute bundle (dgx-a100 and perlmutter-a100) share it in memory."""
+def _bundle(path: Path, reload: bool, pin: str = "", pinned_by: str = "") -> Bundle:
+    """Platforms that share a compute bundle (dgx-a100 and perlmutter-a100) share it in memory.
+
+    ``pin``: the manifest's sha256 as platform.toml records it (checked on cached bundles too).
+    """
     d = path.resolve()
     stamp = (str(d), (d / "manifest.toml").stat().st_mtime_ns) if (d / "manifest.toml").exists() else (str(d), 0)
     with _lock:
-        if not reload and stamp in _bundles:
-            return _bundles[stamp]
-    b = load_bundle(d)
+        cached = None if reload else _bundles.get(stamp)
+    if cached is not None:
+        check_manifest_pin(cached, pin, pinned_by)
+        return cached
+    b = load_bundle(d, pin, pinned_by)
     with _lock:
         _bundles[stamp] = b
     return b
@@ -164,8 +319,14 @@ def _load(d: Path, reload: bool = False) -> Platform:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise BundleError(f"{fpath}: unreadable platform file: {exc}") from None
     try:
-        compute = _bundle(d / raw["compute_bundle"], reload)
-        collectives = _bundle(d / raw["collective_bundle"], reload) if raw.get("collective_bundle") else None
+        pins = {k: raw.get(p, "") for k, p in BUNDLE_PINS.items()}
+        for key, pin in pins.items():
+            if not isinstance(pin, str) or (pin and len(pin) != 64):
+                raise BundleError(f"{fpath}: {BUNDLE_PINS[key]} must be a sha256 (64 hex digits)")
+        compute = _bundle(d / raw["compute_bundle"], reload, pins["compute_bundle"],
+                          f"{fpath} compute_bundle_sha256")
+        collectives = _bundle(d / raw["collective_bundle"], reload, pins["collective_bundle"],
+                              f"{fpath} collective_bundle_sha256") if raw.get("collective_bundle") else None
         if "links" in raw:
             links = Links.from_dict(raw["links"])
         elif collectives is not None and collectives.links is not None:
@@ -178,6 +339,7 @@ def _load(d: Path, reload: bool = False) -> Platform:
             gpu = GpuSpec(g["name"], float(g["memory_gib"]), dict(g["tflops"]), float(g["memory_gbps"]))
         over = Overheads(**raw.get("overheads", {}))
         host = HostCosts.from_dict(raw["host"], str(fpath)) if "host" in raw else None
+        fitted = FittedTerms.from_dict(raw["fitted"], str(fpath)) if "fitted" in raw else None
         try:
             runs = parse_runs(raw.get("validation"), f"{fpath}: validation", need_prediction=True)
         except RunRecordError as exc:
@@ -186,7 +348,7 @@ def _load(d: Path, reload: bool = False) -> Platform:
                         calibrated=bool(raw.get("calibrated", False)),
                         gpus_per_node=int(raw["gpus_per_node"]), gpu=gpu, compute=compute,
                         links=links, collectives=collectives, overheads=over, path=d,
-                        notes=list(raw.get("notes", [])), validation=runs, host=host)
+                        notes=list(raw.get("notes", [])), validation=runs, host=host, fitted=fitted)
     except BundleError:
         raise
     except (KeyError, TypeError, ValueError) as exc:

@@ -1,0 +1,637 @@
+"""``perf-calibrate harvest``: every finished job that perfcast predicted becomes a measured run.
+
+For each job that ended (COMPLETED, TIMEOUT, FAILED, ...) and carries a perfcast record in its
+AdminComment (``perfcast:v1 ... rec=<id>``):
+
+1. **Accounting** says how it ended: ``sacct`` (``--json``, else ``-P``) where slurmdbd runs, else
+   ``scontrol -o show job`` while slurmctld still knows the job (``MinJobAge``, 300 s by default).
+2. **The record** (:mod:`slurm_plugin.records`, written by perf-predictd) says what was predicted,
+   for which job, whose job it is and where its output goes.  It is the trusted side: the uid a
+   log is read as comes from the record (the daemon took it from slurmctld), never from a log or
+   from text a user controls (a job name, a working directory).
+3. **The job's own output file** is read *as the job's user* (a child that drops to the user's
+   uid, gid and groups before it opens the file, exactly as perf-predictd reads a script's config
+   files), its last :data:`MAX_LOG_BYTES` only, within :data:`LOG_READ_TIMEOUT_S`.  Steady-state
+   iteration times come from :mod:`calibrate.joblogs`.
+
+Each job's :class:`~slurm_plugin.records.JobOutcome` goes into the record store (the report reads
+it); each job with a measured iteration time also becomes a ``[[run]]`` of its partition's runs
+file (``<out>/<partition>.toml``, the format of ``perf-calibrate validate --runs``), de-duplicated
+by job id and bounded to the newest :data:`predictor.validation.MAX_RUNS`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import errno
+import json
+import logging
+import os
+import pwd
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from predictor.errors import JobError, PerfcastError, RunRecordError
+from predictor.job import TrainingJob
+from predictor.validation import MAX_RUNS, MeasuredRun
+from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, JobOutcome, PredictionRecord, RecordStore,
+                                  is_record_id, parse_admin_comment)
+from slurm_plugin.slurm_client import SlurmClient, SlurmError, parse_oneliner
+
+from .joblogs import IterationTimes, iteration_times
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OUT = Path("/var/lib/perfcast/runs")
+# Read at most the last 8 MiB of a job's output: ~20,000 Megatron log lines (~400 bytes each at
+# log_interval 1), far more than a steady-state median needs, and bounded whatever the job wrote.
+MAX_LOG_BYTES = 8 << 20
+# A local disk reads 8 MiB in well under a second; a slow network file system in a few.  Past this
+# the file is a FIFO, a device or a hung mount: give up on that job, not on the harvest.
+LOG_READ_TIMEOUT_S = 10.0
+# SlurmClient's 30 s default is for interactive queries; a harvest is a batch task that may wait
+# longer for a week of a busy cluster's accounting, and 4x that still bounds a hung slurmdbd.
+SLURM_TIMEOUT_S = 120.0
+# The harvest runs daily (docs/harvest.md); a week back covers missed days.  --since overrides.
+DEFAULT_SINCE = "7d"
+# States of a job that has ended (Slurm's job state codes); anything else is harvested later.
+FINISHED = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY",
+                      "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
+# Slurm's NO_VAL / INFINITE markers in 32-bit fields (slurm_plugin.policy).
+_NO_VAL32 = 0xFFFFFFFE
+_PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Unlikely in any field and plain ASCII (sacct --delimiter takes characters): with AdminComment
+# last, a delimiter inside a user-controlled field shows up as a wrong field count and the line is
+# refused (see parse_sacct_parsable).
+_DELIM = "|#pc#|"
+_SACCT_FIELDS = ("JobIDRaw", "JobName", "Partition", "State", "ElapsedRaw", "TimelimitRaw", "Start",
+                 "End", "NNodes", "ExitCode", "User", "UID", "WorkDir", "NodeList", "AdminComment")
+TAIL = "/usr/bin/tail" if os.path.exists("/usr/bin/tail") else "tail"
+
+
+class HarvestError(PerfcastError):
+    """The harvest cannot run (no accounting source, a bad runs file); one line for the admin."""
+
+
+class LogReadError(OSError):
+    """A job's output file could not be read as its user (the reason is one line)."""
+
+
+# --------------------------------------------------------------------------------------------
+# accounting
+
+@dataclass(frozen=True)
+class AccountingJob:
+    """One job as Slurm accounting (sacct) or slurmctld (scontrol) describes it."""
+
+    job_id: int
+    state: str
+    partition: str = ""
+    name: str = ""
+    user: str = ""
+    uid: Optional[int] = None
+    elapsed_seconds: Optional[float] = None
+    time_limit_seconds: Optional[float] = None     # None: unlimited or unknown
+    start: Optional[float] = None                  # UNIX seconds
+    end: Optional[float] = None
+    nodes: Optional[int] = None
+    exit_code: str = ""
+    work_dir: str = ""
+    std_out: str = ""                              # scontrol only (sacct 22.05 has no StdOut)
+    node_list: str = ""
+    batch_host: str = ""
+    admin_comment: str = ""
+    array_job_id: Optional[int] = None
+    array_task_id: Optional[int] = None
+    source: str = ""
+
+
+def _int(v: Any) -> Optional[int]:
+    """An integer from Slurm's answer: plain, a string, or 22.05+'s {"set","infinite","number"}."""
+    if isinstance(v, Mapping):
+        if v.get("infinite") or v.get("set") is False:
+            return None
+        v = v.get("number")
+    if isinstance(v, bool):
+        return None
+    try:
+        out = int(str(v).strip())
+    except (TypeError, ValueError):
+        return None
+    return None if out < 0 or out >= _NO_VAL32 else out
+
+
+def _state(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        v = v[0] if v else ""
+    text = str(v or "").strip().split(" ")[0].rstrip("+").upper()
+    return text
+
+
+def _epoch(v: Any) -> Optional[float]:
+    """UNIX seconds from an epoch number (JSON) or Slurm's local ISO time (``2024-05-01T10:00:01``)."""
+    n = _int(v)
+    if n is not None and not isinstance(v, str):
+        return float(n) if n > 0 else None
+    text = str(v or "").strip()
+    if not text or text in ("Unknown", "None", "N/A", "(null)"):
+        return None
+    try:
+        return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return float(n) if n else None
+
+
+def duration_seconds(text: str) -> Optional[float]:
+    """Slurm's ``[D-]HH:MM:SS`` / ``MM:SS`` / ``MM`` as seconds; None for UNLIMITED and the like."""
+    text = (text or "").strip()
+    if text.upper() in ("UNLIMITED", "INFINITE", "NONE", "N/A", "", "(NULL)", "PARTITION_LIMIT"):
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not m:
+        return None
+    d, a, b, c = m.groups()
+    if d is not None:
+        h, mi, s = int(a), int(b or 0), int(c or 0)
+        return float(((int(d) * 24 + h) * 60 + mi) * 60 + s)
+    if c is not None:
+        return float((int(a) * 60 + int(b)) * 60 + int(c))
+    if b is not None:
+        return float(int(a) * 60 + int(b))
+    return float(int(a) * 60)
+
+
+def parse_sacct_json(data: Mapping[str, Any]) -> list[AccountingJob]:
+    """``sacct --json`` (openapi/dbv0.0.38 in Slurm 22.05; later versions' wrapped numbers too)."""
+    out = []
+    for j in data.get("jobs") or []:
+        if not isinstance(j, Mapping):
+            continue
+        jid = _int(j.get("job_id"))
+        if jid is None:
+            continue
+        t = j.get("time") if isinstance(j.get("time"), Mapping) else {}
+        st = j.get("state") if isinstance(j.get("state"), Mapping) else {}
+        ec = j.get("exit_code") if isinstance(j.get("exit_code"), Mapping) else {}
+        rc = _int(ec.get("return_code"))
+        sig = ec.get("signal") if isinstance(ec.get("signal"), Mapping) else {}
+        comment = j.get("comment") if isinstance(j.get("comment"), Mapping) else {}
+        arr = j.get("array") if isinstance(j.get("array"), Mapping) else {}
+        limit = _int(t.get("limit"))
+        elapsed = _int(t.get("elapsed"))
+        out.append(AccountingJob(
+            job_id=jid, state=_state(st.get("current")), partition=str(j.get("partition") or ""),
+            name=str(j.get("name") or ""), user=str(j.get("user") or ""),
+            elapsed_seconds=float(elapsed) if elapsed is not None else None,
+            time_limit_seconds=60.0 * limit if limit is not None else None,
+            start=_epoch(t.get("start")), end=_epoch(t.get("end")),
+            nodes=_int(j.get("allocation_nodes")),
+            exit_code=f"{rc if rc is not None else ''}:{_int(sig.get('signal_id')) or 0}",
+            work_dir=str(j.get("working_directory") or ""), node_list=str(j.get("nodes") or ""),
+            admin_comment=str(comment.get("administrator") or ""),
+            array_job_id=_int(arr.get("job_id")) or None, array_task_id=_int(arr.get("task_id")),
+            source="sacct"))
+    return out
+
+
+def parse_sacct_parsable(text: str, delimiter: str = _DELIM) -> list[AccountingJob]:
+    """``sacct -P --delimiter=D -o`` :data:`_SACCT_FIELDS` lines; a line with the wrong number of
+    fields (a delimiter or a newline inside a field a user controls) is refused, not guessed at."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split(delimiter)
+        if len(parts) != len(_SACCT_FIELDS):
+            log.warning("sacct: skipped a line with %d fields (expected %d)", len(parts), len(_SACCT_FIELDS))
+            continue
+        f = dict(zip(_SACCT_FIELDS, parts))
+        jid = _int(f["JobIDRaw"])
+        if jid is None:
+            continue
+        limit = _int(f["TimelimitRaw"])
+        elapsed = _int(f["ElapsedRaw"])
+        out.append(AccountingJob(
+            job_id=jid, state=_state(f["State"]), partition=f["Partition"], name=f["JobName"],
+            user=f["User"], uid=_int(f["UID"]),
+            elapsed_seconds=float(elapsed) if elapsed is not None else None,
+            time_limit_seconds=60.0 * limit if limit is not None else None,
+            start=_epoch(f["Start"]), end=_epoch(f["End"]), nodes=_int(f["NNodes"]),
+            exit_code=f["ExitCode"], work_dir=f["WorkDir"], node_list=f["NodeList"],
+            admin_comment=f["AdminComment"], source="sacct"))
+    return out
+
+
+def parse_scontrol_jobs(text: str) -> list[AccountingJob]:
+    """``scontrol -o show job`` (every job slurmctld still knows, one line each)."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("JobId="):
+            continue
+        kv = parse_oneliner(line)
+        jid = _int(kv.get("JobId"))
+        if jid is None:
+            continue
+        user = kv.get("UserId", "")
+        m = re.fullmatch(r"([^()]*)\((\d+)\)", user)
+        out.append(AccountingJob(
+            job_id=jid, state=_state(kv.get("JobState")), partition=kv.get("Partition", ""),
+            name=kv.get("JobName", ""), user=m.group(1) if m else user,
+            uid=int(m.group(2)) if m else None,
+            elapsed_seconds=duration_seconds(kv.get("RunTime", "")),
+            time_limit_seconds=duration_seconds(kv.get("TimeLimit", "")),
+            start=_epoch(kv.get("StartTime")), end=_epoch(kv.get("EndTime")),
+            nodes=_int((kv.get("NumNodes") or "").split("-")[0]), exit_code=kv.get("ExitCode", ""),
+            work_dir=kv.get("WorkDir", ""), std_out=kv.get("StdOut", ""),
+            node_list=kv.get("NodeList", ""), batch_host=kv.get("BatchHost", ""),
+            admin_comment=kv.get("AdminComment", ""),
+            array_job_id=_int(kv.get("ArrayJobId")), array_task_id=_int(kv.get("ArrayTaskId")),
+            source="scontrol"))
+    return out
+
+
+class AccountingClient(SlurmClient):
+    """:class:`~slurm_plugin.slurm_client.SlurmClient` plus the two listings a harvest needs."""
+
+    def sacct_jobs(self, since: float, partition: Optional[str] = None) -> list[AccountingJob]:
+        """Jobs of every user that were eligible or ran since ``since``: ``--json``, else ``-P``."""
+        start = _dt.datetime.fromtimestamp(since).strftime("%Y-%m-%dT%H:%M:%S")
+        base = ["sacct", "-a", "-X", "-S", start, "-E", "now"] + (["-r", partition] if partition else [])
+        try:
+            proc = self._cmd(base + ["--json"])
+            data = json.loads(proc.stdout)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            errors = data.get("errors") or []
+            if errors:
+                raise SlurmError(f"sacct --json: {errors[0]}")
+            return parse_sacct_json(data)
+        except (ValueError, SlurmError) as exc:
+            # A build without the JSON plugins, or one that prints a warning first: the plain form.
+            log.info("sacct --json unusable (%s); using sacct -P", exc)
+        proc = self._cmd(base + ["-n", "-P", f"--delimiter={_DELIM}", "-o", ",".join(_SACCT_FIELDS)])
+        return parse_sacct_parsable(proc.stdout.decode("utf-8", "replace"))
+
+    def scontrol_jobs(self) -> list[AccountingJob]:
+        proc = self._cmd(["scontrol", "-o", "show", "job"])
+        return parse_scontrol_jobs(proc.stdout.decode("utf-8", "replace"))
+
+
+def finished_jobs(client: AccountingClient, since: float, partition: Optional[str] = None,
+                  source: str = "auto") -> tuple[list[AccountingJob], str]:
+    """Ended jobs carrying a perfcast record, and which source answered (sacct or scontrol)."""
+    jobs: Optional[list[AccountingJob]] = None
+    used = ""
+    if source in ("auto", "sacct"):
+        try:
+            jobs, used = client.sacct_jobs(since, partition), "sacct"
+        except SlurmError as exc:
+            if source == "sacct":
+                raise HarvestError(f"sacct: {exc}") from None
+            log.warning("no accounting (%s); using scontrol (jobs slurmctld still knows only)", exc)
+    if jobs is None:
+        try:
+            jobs, used = client.scontrol_jobs(), "scontrol"
+        except SlurmError as exc:
+            raise HarvestError(f"neither sacct nor scontrol answered: {exc}") from None
+    out = []
+    for j in jobs:
+        if j.state not in FINISHED or RECORD_TAG not in j.admin_comment:
+            continue
+        if partition and j.partition != partition:
+            continue
+        if j.end is not None and j.end < since:
+            continue
+        out.append(j)
+    return out, used
+
+
+# --------------------------------------------------------------------------------------------
+# the job's output file
+
+_PATTERN = re.compile(r"%(\d{0,9})([%AaJjNnstux])")
+
+
+def first_node(node_list: str) -> str:
+    """The first host of a Slurm node list (``gpu[003-004,7],cpu1`` -> ``gpu003``)."""
+    m = re.match(r"([^\[,]+)(?:\[(\d+))?", node_list or "")
+    if not m or node_list in ("None assigned", "(null)"):
+        return ""
+    return m.group(1) + (m.group(2) or "")
+
+
+def expand_output_pattern(pattern: str, job: AccountingJob) -> str:
+    """Slurm's filename pattern (sbatch --output) for the batch step of ``job``.
+
+    ``%j``/``%J`` job id, ``%A``/``%a`` array job and task ids, ``%x`` job name, ``%u`` user, ``%N``
+    the batch host, ``%n``/``%t`` 0, ``%s`` batch, ``%%``; a number after ``%`` zero-pads numbers.
+    A backslash anywhere turns expansion off (sbatch does the same).
+    """
+    if "\\" in pattern:
+        return pattern.replace("\\", "")
+    array_job = job.array_job_id or job.job_id
+    values: dict[str, Any] = {
+        "j": job.job_id, "J": job.job_id, "A": array_job,
+        "a": job.array_task_id if job.array_task_id is not None else 4294967294,
+        "x": job.name, "u": job.user, "N": job.batch_host or first_node(job.node_list),
+        "n": 0, "t": 0, "s": "batch", "%": "%"}
+
+    def sub(m: "re.Match[str]") -> str:
+        width, c = m.groups()
+        v = values[c]
+        if isinstance(v, int) and width:
+            return str(v).zfill(min(int(width), 10))
+        return str(v)
+
+    return _PATTERN.sub(sub, pattern)
+
+
+def output_path(job: AccountingJob, record: PredictionRecord) -> Optional[str]:
+    """The job's stdout file: scontrol's StdOut, else the record's --output (or Slurm's default
+    ``slurm-%j.out``, ``slurm-%A_%a.out`` for arrays) in its working directory."""
+    work_dir = record.work_dir or job.work_dir
+    if job.std_out:
+        raw = job.std_out
+    elif record.std_out:
+        raw = record.std_out
+    else:
+        raw = "slurm-%A_%a.out" if job.array_task_id is not None else "slurm-%j.out"
+    path = expand_output_pattern(raw, job)
+    if not os.path.isabs(path):
+        if not work_dir or not os.path.isabs(work_dir):
+            return None
+        path = os.path.join(work_dir, path)
+    return os.path.normpath(path)
+
+
+def _groups(uid: int, gid: int) -> list[int]:
+    try:
+        return sorted(set(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)))
+    except (KeyError, OSError):
+        return [gid]
+
+
+def read_tail_as(path: str, uid: int, gid: Optional[int] = None, *, max_bytes: int = MAX_LOG_BYTES,
+                 timeout_s: float = LOG_READ_TIMEOUT_S) -> bytes:
+    """The last ``max_bytes`` of ``path``, read by a child running as ``uid``/``gid`` and that
+    user's groups -- never as root.  ``subprocess`` drops the credentials (setgroups, setregid,
+    setreuid) in C between fork and exec, so the kernel checks the open exactly as for the user:
+    permissions, ACLs, root-squashed NFS.  Not root: only one's own files (anything else is refused).
+    """
+    if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
+        raise LogReadError(errno.EINVAL, "not an absolute path")
+    if gid is None:
+        try:
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            raise LogReadError(errno.EPERM, f"uid {uid} has no passwd entry (its primary group is unknown)") from None
+    kwargs: dict[str, Any] = {}
+    if os.geteuid() == 0:
+        kwargs = {"user": uid, "group": gid, "extra_groups": _groups(uid, gid)}
+    elif uid != os.geteuid():
+        raise LogReadError(errno.EPERM, f"cannot read as uid {uid} without root (run the harvest as root: "
+                           "it reads each job's output as that job's user)")
+    try:
+        proc = subprocess.run([TAIL, "-c", str(int(max_bytes)), "--", path], capture_output=True,
+                              timeout=timeout_s, cwd="/", close_fds=True,
+                              env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"}, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise LogReadError(errno.ETIMEDOUT, f"no answer within {timeout_s:g} s (a FIFO, a device or a "
+                           "hung mount?)") from None
+    except OSError as exc:
+        raise LogReadError(exc.errno or errno.EIO, f"cannot start the reader: {exc.strerror or exc}") from None
+    if proc.returncode != 0:
+        err = proc.stderr.decode("utf-8", "replace")
+        for needle, code, why in (("Permission denied", errno.EACCES, "permission denied (as the job's user)"),
+                                  ("No such file", errno.ENOENT, "no such file"),
+                                  ("Not a directory", errno.ENOENT, "no such file"),
+                                  ("Is a directory", errno.EISDIR, "a directory")):
+            if needle in err:
+                raise LogReadError(code, why)
+        raise LogReadError(errno.EIO, "cannot read")
+    return proc.stdout[-max_bytes:]
+
+
+def _drop_partial_first_line(data: bytes, max_bytes: int) -> bytes:
+    """A tail that was cut starts mid-line: drop that fragment."""
+    if len(data) < max_bytes:
+        return data
+    nl = data.find(b"\n")
+    return data[nl + 1:] if nl >= 0 else data
+
+
+# --------------------------------------------------------------------------------------------
+# the harvest
+
+@dataclass(frozen=True)
+class HarvestOptions:
+    records: Path
+    out_dir: Path = DEFAULT_OUT
+    partition: Optional[str] = None
+    since: float = 0.0                    # UNIX seconds; 0 = DEFAULT_SINCE before now
+    source: str = "auto"                  # auto | sacct | scontrol
+    rescan: bool = False                  # read jobs harvested before again
+    dry_run: bool = False
+    max_log_bytes: int = MAX_LOG_BYTES
+    log_timeout_s: float = LOG_READ_TIMEOUT_S
+
+
+@dataclass
+class HarvestResult:
+    source: str = ""
+    outcomes: list[JobOutcome] = field(default_factory=list)
+    runs_files: dict[str, tuple[Path, int, int]] = field(default_factory=dict)   # partition -> (file, added, total)
+    skipped: list[tuple[int, str]] = field(default_factory=list)                 # (job id, why)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "jobs": [o.to_dict() for o in self.outcomes],
+                "runs_files": {p: {"path": str(f), "added": a, "total": t}
+                               for p, (f, a, t) in self.runs_files.items()},
+                "skipped": [{"job_id": j, "reason": r} for j, r in self.skipped]}
+
+    def summary(self) -> str:
+        measured = sum(1 for o in self.outcomes if o.measured_iteration_seconds is not None)
+        lines = [f"harvested {len(self.outcomes)} finished perfcast jobs from {self.source or '-'} "
+                 f"({measured} with iteration times from their logs)"]
+        for o in self.outcomes:
+            it = (f"{o.measured_iteration_seconds:.4g} s/iter ({o.log_format}, {o.log_samples} samples)"
+                  if o.measured_iteration_seconds is not None else f"no iteration time: {o.note}")
+            lines.append(f"  job {o.slurm_job_id}: {o.state}, elapsed {o.elapsed_seconds or 0:.0f} s; {it}")
+        for part, (f, added, total) in sorted(self.runs_files.items()):
+            lines.append(f"runs of {part}: {f} (+{added}, {total} in all)")
+        for jid, why in self.skipped:
+            lines.append(f"  skipped job {jid}: {why}")
+        return "\n".join(lines)
+
+
+def parse_since(text: Optional[str], now: Optional[float] = None) -> float:
+    """``7d``, ``12h``, ``30m``, ``2w`` before now, or a date / local time (``2024-05-01[T10:00[:00]]``)."""
+    now = time.time() if now is None else now
+    text = (text or DEFAULT_SINCE).strip()
+    m = re.fullmatch(r"(\d{1,6})\s*([mhdw])", text)
+    if m:
+        unit = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
+        return now - int(m.group(1)) * unit
+    for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"):
+        try:
+            return _dt.datetime.strptime(text, fmt).timestamp()
+        except ValueError:
+            continue
+    raise HarvestError(f"--since: {text!r} is not a duration (7d, 12h, 30m, 2w) or a date (YYYY-MM-DD[THH:MM[:SS]])")
+
+
+def harvest(opts: HarvestOptions, client: Optional[AccountingClient] = None) -> HarvestResult:
+    """Collect the finished perfcast jobs since ``opts.since`` (see the module docstring)."""
+    if opts.partition is not None and not _PARTITION_RE.match(opts.partition):
+        raise HarvestError(f"--partition: bad partition name {opts.partition!r}")
+    store = RecordStore(opts.records, create=False)
+    store.count()                 # a missing or broken store says so before Slurm is asked anything
+    since = opts.since or parse_since(None)
+    client = client or AccountingClient(timeout=SLURM_TIMEOUT_S)
+    jobs, used = finished_jobs(client, since, opts.partition, opts.source)
+    res = HarvestResult(source=used)
+    new_runs: dict[str, list[MeasuredRun]] = {}
+    for job in sorted(jobs, key=lambda j: j.job_id):
+        outcome, run, why = _harvest_one(job, store, opts)
+        if outcome is None:
+            res.skipped.append((job.job_id, why))
+            continue
+        res.outcomes.append(outcome)
+        if not opts.dry_run:
+            store.put_outcome(outcome)
+        if run is not None:
+            new_runs.setdefault(run[0], []).append(run[1])
+    for part, runs in sorted(new_runs.items()):
+        res.runs_files[part] = append_runs(opts.out_dir, part, runs, dry_run=opts.dry_run)
+    return res
+
+
+def _harvest_one(job: AccountingJob, store: RecordStore, opts: HarvestOptions
+                 ) -> tuple[Optional[JobOutcome], Optional[tuple[str, MeasuredRun]], str]:
+    """(outcome, (partition, run) or None, why skipped)."""
+    fields_ = parse_admin_comment(job.admin_comment)
+    rid = fields_.get(RECORD_KEY, "")
+    record: Optional[PredictionRecord] = None
+    if is_record_id(rid):
+        record = store.get(rid)
+        if record is None:
+            return None, None, f"record {rid} is not in {store.path} (pruned, or another controller's)"
+    else:
+        found = store.find(slurm_job_id=job.job_id, limit=2)
+        if len(found) != 1:
+            return None, None, "its AdminComment record has no rec= id (predicted before records were kept)"
+        record = found[0]
+    if record.slurm_job_id is not None and record.slurm_job_id != job.job_id:
+        return None, None, f"record {record.record_id} belongs to job {record.slurm_job_id}"
+    if record.uid is not None and job.uid is not None and record.uid != job.uid:
+        return None, None, f"record {record.record_id} is uid {record.uid}'s, the job is uid {job.uid}'s"
+    if record.user and job.user and job.uid is None and record.user != job.user:
+        return None, None, f"record {record.record_id} is {record.user}'s, the job is {job.user}'s"
+    if job.partition and record.partition and job.partition != record.partition:
+        return None, None, f"ran in {job.partition}, predicted for {record.partition}"
+    if not opts.rescan:
+        prev = store.outcome(record.record_id)
+        if prev is not None and prev.slurm_job_id == job.job_id:
+            return None, None, "harvested before (--rescan reads it again)"
+
+    timing, note = _measure(job, record, opts)
+    measured = timing.median_seconds if timing is not None else None
+    if measured is not None and job.elapsed_seconds:
+        # At least half the steady samples are >= their median, so median x iterations spanned is
+        # at most twice the time those iterations took, which cannot exceed the job's wall time.
+        span = timing.iterations_spanned
+        if measured > job.elapsed_seconds or (span and measured * span > 2.0 * job.elapsed_seconds):
+            note = (f"log claims {measured:.4g} s/iter over {span or 1} iterations, more than the job's "
+                    f"{job.elapsed_seconds:.0f} s: not this job's log")
+            measured = None
+    outcome = JobOutcome(
+        record_id=record.record_id, slurm_job_id=job.job_id, state=job.state,
+        elapsed_seconds=job.elapsed_seconds, time_limit_seconds=job.time_limit_seconds,
+        start=job.start, end=job.end, nodes=job.nodes, exit_code=job.exit_code,
+        measured_iteration_seconds=measured,
+        log_format=timing.format if timing is not None else "",
+        log_samples=len(timing.steady) if timing is not None else 0,
+        note=note[:500], source=job.source)
+    if measured is None:
+        return outcome, None, ""
+    try:
+        tj = TrainingJob.from_dict(record.job)
+    except JobError as exc:
+        return dataclasses.replace(outcome, note=f"record's job unusable: {exc}"[:500]), None, ""
+    run = MeasuredRun(
+        name=f"slurm job {job.job_id}", job=tj, measured_iteration_seconds=measured,
+        predicted_iteration_seconds=record.iteration_seconds if record.iteration_seconds > 0 else 0.0,
+        source=(f"perf-calibrate harvest: partition {record.partition}, record {record.record_id}, "
+                f"{job.state} after {job.elapsed_seconds or 0:.0f} s, {timing.format} log, "
+                f"median of {len(timing.steady)} steady-state samples, platform {record.platform} "
+                f"bundle {record.bundle}")[:1000])
+    return outcome, (record.partition, run), ""
+
+
+def _measure(job: AccountingJob, record: PredictionRecord, opts: HarvestOptions
+             ) -> tuple[Optional[IterationTimes], str]:
+    path = output_path(job, record)
+    if path is None:
+        return None, "no output path (no --output and no absolute working directory)"
+    if record.uid is None:
+        return None, "the record names no uid: its output is never read as anyone else"
+    try:
+        data = read_tail_as(path, record.uid, record.gid, max_bytes=opts.max_log_bytes,
+                            timeout_s=opts.log_timeout_s)
+    except LogReadError as exc:
+        return None, f"log unreadable: {exc.strerror or exc}"
+    timing = iteration_times(_drop_partial_first_line(data, opts.max_log_bytes))
+    if timing is None:
+        return None, "no iteration times in its log (Megatron, GPT-NeoX, NeMo, DeepSpeed formats)"
+    if timing.median_seconds is None:
+        return timing, timing.note or "too few iterations after warm-up"
+    return timing, ""
+
+
+# --------------------------------------------------------------------------------------------
+# the runs files
+
+def runs_file(out_dir: "str | os.PathLike[str]", partition: str) -> Path:
+    if not _PARTITION_RE.match(partition or ""):
+        raise HarvestError(f"bad partition name {partition!r} for a runs file")
+    return Path(out_dir) / f"{partition}.toml"
+
+
+def append_runs(out_dir: "str | os.PathLike[str]", partition: str, runs: Sequence[MeasuredRun], *,
+                dry_run: bool = False) -> tuple[Path, int, int]:
+    """Merge ``runs`` into ``<out_dir>/<partition>.toml`` (by name: one run per job id, the newer
+    wins), keep the newest :data:`MAX_RUNS`; (file, runs added, runs in the file)."""
+    from predictor.samples import atomic_write, dump_toml
+
+    from .validate import load_runs
+    path = runs_file(out_dir, partition)
+    existing: list[MeasuredRun] = []
+    if path.exists():
+        try:
+            existing = load_runs(path)
+        except RunRecordError as exc:
+            raise HarvestError(f"{exc} (the harvest's own runs file: fix it or move it aside)") from None
+    names = {r.name for r in runs}
+    kept = [r for r in existing if r.name not in names]
+    added = sum(1 for r in runs if r.name not in {e.name for e in existing})
+    merged = (kept + list(runs))[-MAX_RUNS:]
+    if not dry_run:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            text = (f"# Measured runs of partition {partition}, harvested from finished jobs by "
+                    "perf-calibrate harvest.\n# Input to: perf-calibrate validate PLATFORM --runs "
+                    f"{path} [--fit]\n\n" + dump_toml({"run": [r.to_dict() for r in merged]}))
+            atomic_write(path, text)
+        except OSError as exc:
+            raise HarvestError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    return path, added, len(merged)
+
+
+__all__ = ["AccountingClient", "AccountingJob", "HarvestError", "HarvestOptions", "HarvestResult",
+           "LogReadError", "append_runs", "expand_output_pattern", "finished_jobs", "harvest",
+           "output_path", "parse_sacct_json", "parse_sacct_parsable", "parse_scontrol_jobs",
+           "parse_since", "read_tail_as"]

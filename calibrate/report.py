@@ -1,0 +1,257 @@
+"""``perf-calibrate report``: how perfcast's predictions and limits did on the jobs that finished.
+
+Reads the record store (what perf-predictd answered, :mod:`slurm_plugin.records`) joined with the
+outcomes ``perf-calibrate harvest`` stored.  Per job: state, elapsed seconds, time limit, predicted
+and measured seconds per iteration, predicted total.  Per partition:
+
+- **iteration MAPE** and **signed mean error** (predicted / measured - 1: < 0 is an
+  under-prediction, the sign of :attr:`predictor.validation.MeasuredRun.error`), over the jobs
+  whose log gave an iteration time;
+- **interval coverage**: the share of those whose measured time lies inside the interval the
+  prediction gave;
+- **timeouts at a perfcast limit**: jobs that ended TIMEOUT at a ``--time`` perfcast set (the
+  failure a too-short prediction causes);
+- **over-reservation**: time limit / elapsed of jobs that COMPLETED (median and 90th percentile),
+  for limits perfcast set and, apart, for limits users set -- long limits are what hurts backfill.
+
+This module is unrelated to :mod:`calibrate.fitting.report` (the operator-fit validation report).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from predictor.errors import PerfcastError
+from slurm_plugin.records import JobOutcome, PredictionRecord
+
+
+@dataclass(frozen=True)
+class JobRow:
+    job_id: int
+    partition: str
+    state: str
+    elapsed_seconds: Optional[float]
+    time_limit_seconds: Optional[float]
+    predicted_iteration_seconds: float
+    measured_iteration_seconds: Optional[float]
+    predicted_total_seconds: float
+    interval_seconds: tuple[float, float]
+    limit_set_by_perfcast: bool
+    time_min_seconds: Optional[float]
+    record_id: str
+    platform: str
+    user: str
+    log_format: str
+    note: str
+
+    @property
+    def error(self) -> Optional[float]:
+        """predicted / measured - 1 of the iteration time (None without a measurement)."""
+        if not self.measured_iteration_seconds or self.predicted_iteration_seconds <= 0:
+            return None
+        return self.predicted_iteration_seconds / self.measured_iteration_seconds - 1.0
+
+    @property
+    def inside_interval(self) -> Optional[bool]:
+        lo, hi = self.interval_seconds
+        if self.measured_iteration_seconds is None or hi <= 0:
+            return None
+        return lo <= self.measured_iteration_seconds <= hi
+
+    @property
+    def over_reservation(self) -> Optional[float]:
+        """limit / elapsed of a job that completed (how much longer the limit was than needed)."""
+        if self.state != "COMPLETED" or not self.time_limit_seconds or not self.elapsed_seconds:
+            return None
+        return self.time_limit_seconds / self.elapsed_seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["interval_seconds"] = list(self.interval_seconds)
+        d["iteration_error"] = self.error
+        d["inside_interval"] = self.inside_interval
+        d["over_reservation"] = self.over_reservation
+        return d
+
+
+@dataclass(frozen=True)
+class Spread:
+    n: int
+    median: Optional[float]
+    p90: Optional[float]
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> "Spread":
+        v = sorted(x for x in values if x is not None and math.isfinite(x))
+        if not v:
+            return cls(0, None, None)
+        return cls(len(v), statistics.median(v), _percentile(v, 0.90))
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), without numpy."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class PartitionSummary:
+    partition: str
+    jobs: int
+    measured: int                       # jobs with an iteration time from their log
+    mape: Optional[float]               # of the iteration time
+    signed_error: Optional[float]       # mean of predicted / measured - 1
+    coverage: Optional[float]           # share of measured jobs inside their interval
+    limits_set: int                     # jobs whose --time perfcast set
+    timeouts_at_perfcast_limit: int
+    timeout_jobs: list[int]
+    over_reservation: Spread            # limits perfcast set, COMPLETED jobs
+    over_reservation_user_limits: Spread
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["over_reservation"] = asdict(self.over_reservation)
+        d["over_reservation_user_limits"] = asdict(self.over_reservation_user_limits)
+        return d
+
+
+@dataclass
+class Report:
+    jobs: list[JobRow] = field(default_factory=list)
+    partitions: dict[str, PartitionSummary] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"jobs": [j.to_dict() for j in self.jobs],
+                "partitions": {p: s.to_dict() for p, s in sorted(self.partitions.items())}}
+
+    def table(self) -> str:
+        if not self.jobs:
+            return "no harvested jobs (run perf-calibrate harvest first)"
+        lines = [f"{'job':>10} {'partition':<12} {'state':<10} {'elapsed':>9} {'limit':>9} "
+                 f"{'pred s/it':>10} {'meas s/it':>10} {'error':>8}  {'pred total':>10}"]
+        for j in self.jobs:
+            err = f"{100 * j.error:+.1f}%" if j.error is not None else "-"
+            lines.append(f"{j.job_id:>10} {j.partition[:12]:<12} {j.state[:10]:<10} {_hms(j.elapsed_seconds):>9} "
+                         f"{_hms(j.time_limit_seconds):>9} {j.predicted_iteration_seconds:>10.4g} "
+                         f"{_num(j.measured_iteration_seconds):>10} {err:>8}  {_hms(j.predicted_total_seconds):>10}")
+        for name, s in sorted(self.partitions.items()):
+            lines.append("")
+            lines.append(f"partition {name}: {s.jobs} jobs, {s.measured} with a measured iteration time")
+            if s.measured:
+                text = (f"  iteration time: MAPE {100 * s.mape:.1f}%, signed mean error "
+                        f"{100 * s.signed_error:+.1f}% (< 0: under-predicted)")
+                if s.coverage is not None:
+                    text += f", interval coverage {100 * s.coverage:.0f}%"
+                lines.append(text)
+            lines.append(f"  limits perfcast set: {s.limits_set}; ended TIMEOUT at one: "
+                         f"{s.timeouts_at_perfcast_limit}"
+                         + (f" (jobs {', '.join(map(str, s.timeout_jobs[:10]))})" if s.timeout_jobs else ""))
+            for label, sp in (("perfcast's limits", s.over_reservation),
+                              ("users' limits", s.over_reservation_user_limits)):
+                if sp.n:
+                    lines.append(f"  over-reservation (limit / elapsed, completed jobs) of {label}: "
+                                 f"median {sp.median:.2f}x, p90 {sp.p90:.2f}x over {sp.n} jobs")
+        return "\n".join(lines)
+
+
+def _num(v: Optional[float]) -> str:
+    return f"{v:.4g}" if v is not None else "-"
+
+
+def _hms(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h}:{m:02d}:{s:02d}"
+
+
+def job_row(record: PredictionRecord, outcome: JobOutcome) -> JobRow:
+    return JobRow(
+        job_id=outcome.slurm_job_id, partition=record.partition, state=outcome.state,
+        elapsed_seconds=outcome.elapsed_seconds, time_limit_seconds=outcome.time_limit_seconds,
+        predicted_iteration_seconds=record.iteration_seconds,
+        measured_iteration_seconds=outcome.measured_iteration_seconds,
+        predicted_total_seconds=record.total_seconds, interval_seconds=tuple(record.interval_seconds),
+        limit_set_by_perfcast=record.action == "set" and record.time_limit_minutes is not None,
+        time_min_seconds=60.0 * record.time_min_minutes if record.time_min_minutes is not None else None,
+        record_id=record.record_id, platform=record.platform, user=record.user,
+        log_format=outcome.log_format, note=outcome.note)
+
+
+def summarize(partition: str, rows: Sequence[JobRow]) -> PartitionSummary:
+    errors = [r.error for r in rows if r.error is not None]
+    inside = [r.inside_interval for r in rows if r.inside_interval is not None]
+    timeouts = [r.job_id for r in rows if r.state == "TIMEOUT" and r.limit_set_by_perfcast]
+    return PartitionSummary(
+        partition=partition, jobs=len(rows), measured=len(errors),
+        mape=sum(abs(e) for e in errors) / len(errors) if errors else None,
+        signed_error=sum(errors) / len(errors) if errors else None,
+        coverage=sum(inside) / len(inside) if inside else None,
+        limits_set=sum(1 for r in rows if r.limit_set_by_perfcast),
+        timeouts_at_perfcast_limit=len(timeouts), timeout_jobs=timeouts,
+        over_reservation=Spread.of([r.over_reservation for r in rows if r.limit_set_by_perfcast]),
+        over_reservation_user_limits=Spread.of([r.over_reservation for r in rows if not r.limit_set_by_perfcast]))
+
+
+def build_report(pairs: Sequence[tuple[PredictionRecord, JobOutcome]],
+                 partition: Optional[str] = None) -> Report:
+    rows = [job_row(r, o) for r, o in pairs if partition is None or r.partition == partition]
+    rows.sort(key=lambda j: j.job_id)
+    rep = Report(jobs=rows)
+    for part in sorted({r.partition for r in rows}):
+        rep.partitions[part] = summarize(part, [r for r in rows if r.partition == part])
+    return rep
+
+
+def plot_report(report: Report, path: "str | Path") -> Path:
+    """Predicted vs measured seconds per iteration, and limit / elapsed, per partition, as a PNG."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PerfcastError(f"--plot needs matplotlib (pip install 'perfcast[plot]'): {exc}") from None
+    out = Path(path)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for part in sorted(report.partitions):
+        rows = [j for j in report.jobs if j.partition == part and j.measured_iteration_seconds]
+        ax1.scatter([j.measured_iteration_seconds for j in rows], [j.predicted_iteration_seconds for j in rows],
+                    label=part, s=18)
+    vals = [v for j in report.jobs for v in (j.measured_iteration_seconds, j.predicted_iteration_seconds)
+            if v]
+    if vals:
+        lo, hi = min(vals) / 1.2, max(vals) * 1.2
+        ax1.plot([lo, hi], [lo, hi], color="grey", lw=1)
+        ax1.set_xscale("log")
+        ax1.set_yscale("log")
+    ax1.set_xlabel("measured s/iteration (job log)")
+    ax1.set_ylabel("predicted s/iteration")
+    ax1.set_title("iteration time")
+    ratios = [j.over_reservation for j in report.jobs if j.over_reservation is not None]
+    if ratios:
+        ax2.hist(ratios, bins=min(30, max(5, len(ratios) // 2)))
+    ax2.axvline(1.0, color="red", lw=1)
+    ax2.set_xlabel("time limit / elapsed (completed jobs)")
+    ax2.set_ylabel("jobs")
+    ax2.set_title("over-reservation")
+    if report.partitions:
+        ax1.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=110)
+    finally:
+        plt.close(fig)
+    return out
+
+
+__all__ = ["JobRow", "PartitionSummary", "Report", "Spread", "build_report", "plot_report", "summarize"]
