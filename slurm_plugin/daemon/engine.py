@@ -354,7 +354,8 @@ class Engine:
         facts = out.facts
         decision = policy_mod.decide(facts, route.req.time_limit, part, route.max_time)
         return Answer("ok", reason=decision.action, message=decision.message, partition=route.name,
-                      time_limit=decision.time_limit_minutes, admin_comment=decision.admin_comment,
+                      time_limit=decision.time_limit_minutes, time_min=decision.time_min_minutes,
+                      admin_comment=decision.admin_comment,
                       warnings=decision.warnings + list(out.warnings),
                       prediction={"iteration_seconds": facts.iteration_seconds,
                                   "iterations": facts.iterations,

@@ -15,6 +15,7 @@
 
       status=ok|skip|error|refused
       time_limit=30            (only when the limit must be set; minutes)
+      time_min=20              (only when --time-min must be set too; minutes, ≤ time_limit)
       admin_comment=perfcast:v1 iter_s=... iters=... total_min=... platform=... bundle=...
       message=perfcast: ...    (one line for the user; absent = say nothing)
       reason=short-code        (skip: busy, deadline, no-job, ...; error: bad-request, ...)
@@ -261,6 +262,7 @@ class Answer:
     reason: str = ""
     message: str = ""
     time_limit: Optional[int] = None
+    time_min: Optional[int] = None    # --time-min for backfill (only with time_limit)
     admin_comment: str = ""
     warnings: list[str] = field(default_factory=list)
     prediction: Optional[dict] = None
@@ -271,6 +273,8 @@ class Answer:
             out = [f"status={self.status}"]
             if self.time_limit is not None:
                 out.append(f"time_limit={int(self.time_limit)}")
+                if self.time_min is not None:
+                    out.append(f"time_min={int(self.time_min)}")
             if self.admin_comment:
                 out.append(f"admin_comment={one_line(self.admin_comment, MAX_RECORD)}")
             if self.message:
@@ -280,6 +284,7 @@ class Answer:
             return ("\n".join(out) + "\n").encode("utf-8", "replace")
         body = {"status": self.status, "reason": self.reason,
                 "message": one_line(self.message, MAX_MESSAGE), "time_limit": self.time_limit,
+                "time_min": self.time_min if self.time_limit is not None else None,
                 "admin_comment": one_line(self.admin_comment, MAX_RECORD),
                 "warnings": [one_line(w, MAX_MESSAGE) for w in self.warnings],
                 "prediction": self.prediction}

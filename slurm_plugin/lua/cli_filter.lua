@@ -127,6 +127,10 @@ local function pre_submit(options, offset)
         local limit = tonumber(a.time_limit)
         if limit and limit >= 1 and limit == math.floor(limit) then
             options["time"] = a.time_limit
+            local tmin = tonumber(a.time_min)
+            if tmin and tmin >= 1 and tmin == math.floor(tmin) and tmin <= limit then
+                options["time-min"] = a.time_min
+            end
         end
     end
     if a.message and a.message ~= "" and (a.status == "ok" or not settings.quiet_failures) then

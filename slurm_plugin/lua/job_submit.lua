@@ -9,8 +9,8 @@ slow or answering nonsense -- lets the job through unchanged with one line sayin
 script never rejects a job: it always returns slurm.SUCCESS.
 
 Wire format (see slurm_plugin/daemon/protocol.py): request = one line of JSON starting with
-{"format":"lines", ... }; answer = key=value lines (status, time_limit, admin_comment, message,
-reason), so no JSON parser is needed here.
+{"format":"lines", ... }; answer = key=value lines (status, time_limit, time_min, admin_comment,
+message, reason), so no JSON parser is needed here.
 
 Settings: an optional Lua file `perfcast_settings.lua` beside this script (i.e. beside slurm.conf)
 returning a table, e.g.  return { socket = "/run/perfcast/predictd.sock", timeout_ms = 300 }
@@ -190,6 +190,11 @@ local function submit(job_desc, part_list, submit_uid)
             return say("unusable time limit from the prediction daemon")
         end
         if limit then job_desc.time_limit = limit end
+        -- --time-min: backfill may start the job with a limit as low as this (never above it).
+        local tmin = tonumber(a.time_min)
+        if limit and tmin and tmin >= 1 and tmin == math.floor(tmin) and tmin <= limit then
+            job_desc.time_min = tmin
+        end
         if a.admin_comment and a.admin_comment ~= "" then
             local old = job_desc.admin_comment
             if type(old) == "string" and old ~= "" then

@@ -41,7 +41,8 @@ def test_prediction_json(running):
 def test_prediction_lines_for_lua(running):
     a = running.ask(req(format="lines"))
     assert a["status"] == "ok" and a["time_limit"] == "55"
-    assert set(a) <= {"status", "time_limit", "admin_comment", "message", "reason"}
+    assert set(a) <= {"status", "time_limit", "time_min", "admin_comment", "message", "reason"}
+    assert int(a["time_min"]) < int(a["time_limit"])     # --time-min, for backfill
 
 
 def test_max_time_from_lua_partition_list_caps(running):

@@ -44,6 +44,10 @@ def test_time_limit_filled_recorded_and_told(cluster, held_jobs, megatron, user)
     assert expect["status"] == "ok", expect
     assert limit_of(info) == expect["time_limit"], info["TimeLimit"]
     assert limit_of(info) % 5 == 0 and limit_of(info) < 2880
+    # --time-min from the point prediction, below the limit: backfill may start it sooner.
+    assert expect["time_min"] is not None and expect["time_min"] < expect["time_limit"], expect
+    assert parse_slurm_time(info["TimeMin"]) == expect["time_min"], info.get("TimeMin")
+    assert f"min_min={expect['time_min']}" in info["AdminComment"]
     assert RECORD.match(info["AdminComment"]), info["AdminComment"]
     assert "action=set" in info["AdminComment"]
     lines = perfcast_lines(messages)
