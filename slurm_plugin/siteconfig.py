@@ -15,6 +15,7 @@ partition's ``platform``)::
     workers = 0                              # worker processes; 0 = one per usable core (<= 16)
     max_queue = 256                          # requests waiting for a worker; more answer "busy"
     user_socket = ""                         # for cli_filter.lua on login nodes; "" = off
+    records = "/var/lib/perfcast/records.sqlite"  # every prediction, for perf-calibrate harvest
 
     [defaults]                               # every partition inherits these
     policy = "fill"                          # off | advise | fill | enforce
@@ -73,6 +74,7 @@ class DaemonSettings:
     user_socket_mode: int = 0o666
     cache_size: int = 1024
     log_level: str = "info"
+    records: str = ""            # SQLite file of every prediction answered ("" = none kept)
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,8 @@ def parse_site_config(data: Mapping[str, Any], path: str = "<config>") -> SiteCo
         raise SiteConfigError(f"{path}: daemon.socket: must be an absolute path")
     if daemon.user_socket and not os.path.isabs(daemon.user_socket):
         raise SiteConfigError(f"{path}: daemon.user_socket: must be an absolute path")
+    if daemon.records and not os.path.isabs(daemon.records):
+        raise SiteConfigError(f"{path}: daemon.records: must be an absolute path")
     for key in ("deadline_ms", "max_request_bytes", "max_file_bytes", "file_read_timeout_ms",
                 "max_queue"):
         if getattr(daemon, key) <= 0:

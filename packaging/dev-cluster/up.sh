@@ -3,7 +3,7 @@
 # perf-predictd from this checkout.  64 nodes x 8 fake GPUs are defined so that big training jobs
 # are accepted (and stay pending); one slurmd (dev001) runs, so small jobs really run.
 #
-#   eval "$(packaging/dev-cluster/up.sh)"     # prints: export SLURM_CONF=...
+#   eval "$(packaging/dev-cluster/up.sh)"     # prints: export SLURM_CONF=... PERFCAST_CONFIG=...
 #   packaging/dev-cluster/down.sh
 #
 # Idempotent: what already runs (pid file + /proc/PID/comm) is left alone.  Everything lives under
@@ -48,7 +48,7 @@ alive() {  # alive PIDFILE COMM
 }
 
 # ---- layout (BASE must be traversable by all: non-root sbatch needs munge's socket and slurm.conf)
-mkdir -p "$BASE"/{etc,state,spool,log,run,dev,jobs} "$BASE"/munge/{etc,lib,log,run}
+mkdir -p "$BASE"/{etc,state,spool,log,run,dev,jobs,var} "$BASE"/munge/{etc,lib,log,run}
 chmod 0755 "$BASE" "$BASE"/etc "$BASE"/run "$BASE"/munge "$BASE"/munge/run "$BASE"/dev
 chmod 1777 "$BASE"/jobs            # tests write scripts here as any user
 chmod 0700 "$BASE"/munge/{etc,lib,log} "$BASE"/state
@@ -119,6 +119,7 @@ slurm_user = "root"
 deadline_ms = 250
 user_socket = "$BASE/run/predictd-user.sock"   # for etc-cli (cli_filter.lua)
 log_level = "info"
+records = "$BASE/var/records.sqlite"           # for perf-calibrate harvest / report
 
 [defaults]
 policy = "fill"
@@ -209,4 +210,4 @@ done
 case "$st" in idle|mix|alloc|comp) ;; *) die "node dev001 is '$st' (see $BASE/log/slurmd-dev001.log)";; esac
 
 say "up: $(sinfo -h -o '%P %D %t' | tr '\n' ' ')"
-echo "export SLURM_CONF=$CONF"
+echo "export SLURM_CONF=$CONF PERFCAST_CONFIG=$BASE/etc/perfcast.toml"

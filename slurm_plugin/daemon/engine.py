@@ -82,11 +82,12 @@ class Outcome:
     skip_reason: str = ""
     skip_why: str = ""
     cacheable: bool = False           # read no file and finished within its budget
+    job: Optional[dict] = None        # the resolved job (TrainingJob.to_dict()), for the record
 
     def to_json(self) -> bytes:
         body = {"facts": dataclasses.asdict(self.facts) if self.facts else None,
                 "warnings": self.warnings, "skip_reason": self.skip_reason,
-                "skip_why": self.skip_why, "cacheable": self.cacheable}
+                "skip_why": self.skip_why, "cacheable": self.cacheable, "job": self.job}
         return json.dumps(body).encode()
 
     @classmethod
@@ -99,7 +100,8 @@ class Outcome:
             facts = PredictionFacts(**f)
         return cls(facts=facts, warnings=[str(w) for w in d.get("warnings") or []],
                    skip_reason=str(d.get("skip_reason") or ""), skip_why=str(d.get("skip_why") or ""),
-                   cacheable=bool(d.get("cacheable")))
+                   cacheable=bool(d.get("cacheable")),
+                   job=d["job"] if isinstance(d.get("job"), dict) else None)
 
 
 class LRU:
@@ -283,7 +285,8 @@ class Engine:
                                   skip_why="cannot predict the run time: the script gives no "
                                   "train_iters, train_samples or train_tokens that could be read")
                 else:
-                    out = Outcome(facts=facts, warnings=warnings, cacheable=cacheable)
+                    out = Outcome(facts=facts, warnings=warnings, cacheable=cacheable,
+                                  job=job.to_dict() if hasattr(job, "to_dict") else None)
         if reader.contents:
             redact_outcome(out, reader.contents, req.script)
         return out

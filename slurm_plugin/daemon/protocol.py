@@ -5,7 +5,8 @@
 
       script, work_dir, submit_uid, submit_gid, partition, min_nodes, max_nodes, num_tasks,
       ntasks_per_node, cpus_per_task, tres_per_node, tres_per_job, tres_per_task, time_limit,
-      max_time, argv (list), name, array, env (object; cli_filter only), format ("lines"|"json"),
+      max_time, argv (list), name, array, std_out (--output as given), env (object; cli_filter
+      only), format ("lines"|"json"),
       partitions ({name: {"max_time": minutes, "default": bool}}, from job_submit.lua's part_list)
 
   Numbers may be Slurm's NO_VAL markers; the daemon treats those as "not given".  ``partition``
@@ -71,6 +72,7 @@ class PredictRequest:
     argv: tuple[str, ...] = ()
     name: Optional[str] = None
     array: Optional[str] = None
+    std_out: str = ""                 # --output as submitted ("" = Slurm's default), for the record
     env: Mapping[str, str] = field(default_factory=dict)
     format: str = "json"
     partition_max_time: Mapping[str, Optional[int]] = field(default_factory=dict)
@@ -201,7 +203,7 @@ def parse_request(raw: bytes, *, max_script: int,
         tres_per_task=_opt_str(data, "tres_per_task") or "",
         time_limit=time_limit, max_time=_opt_int(data, "max_time"),
         argv=tuple(argv[:256]), name=_opt_str(data, "name"), array=_opt_str(data, "array"),
-        env=env, format=fmt, partition_max_time=max_times, default_partition=default_part)
+        std_out=(_opt_str(data, "std_out") or "")[:4096], env=env, format=fmt, partition_max_time=max_times, default_partition=default_part)
 
 
 # cli_filter.lua sends slurm.json_cli_options(options): sbatch's long option names -> our keys.

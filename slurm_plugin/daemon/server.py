@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from ..records import (AsyncRecordWriter, PredictionRecord, RecordStore, RecordStoreError, new_record_id,
+                       record_key)
 from ..siteconfig import SiteConfig, SiteConfigError, load_site_config
 from .engine import Engine, Outcome, Route, release_memory, worker_count
 from .logs import log_event
@@ -107,6 +109,7 @@ class PredictServer:
         self.stats: collections.Counter[str] = collections.Counter()
         self._reloading: Optional[asyncio.Task] = None
         self._in_flight = 0
+        self.records: Optional[AsyncRecordWriter] = None
 
     async def start(self) -> None:
         if self.freeze_gc:
@@ -114,6 +117,13 @@ class PredictServer:
             gc.freeze()
         self.pool.start()
         await self.pool.wait_ready(5.0)   # answer the first burst with warm workers
+        if self.settings.records:
+            # After the workers are forked: the writer's thread lives in this process only.
+            # A store that cannot be opened costs the records, never an answer.
+            try:
+                self.records = AsyncRecordWriter(RecordStore(self.settings.records))
+            except RecordStoreError as exc:
+                log.warning("prediction records off: %s", exc)
         s = self.settings
         self.servers.append(await self._listen(s.socket, s.socket_mode, user_mode=False))
         if s.user_socket:
@@ -208,7 +218,7 @@ class PredictServer:
         out: Optional[Outcome] = engine.outcomes.get(key)
         if out is not None:   # repeats (arrays, resubmissions) are answered right here
             fields["cached"] = 1
-            return engine.finish(routed, out)
+            return self._finish(engine, routed, out, req)
         try:
             fut = self.pool.submit(engine.work(routed, deadline), deadline)
         except PoolBusy as exc:
@@ -228,7 +238,26 @@ class PredictServer:
         out = Outcome.from_json(raw)
         if out.cacheable:
             engine.outcomes.put(key, out)
-        return engine.finish(routed, out)
+        return self._finish(engine, routed, out, req)
+
+    def _finish(self, engine: Engine, routed: Route, out: Outcome, req: PredictRequest) -> Answer:
+        """The policy's answer; a prediction is also recorded (off the loop, by the writer's
+        thread) under an id that goes into the job's AdminComment, for perf-calibrate harvest."""
+        answer = engine.finish(routed, out)
+        if self.records is None or answer.status != "ok" or out.facts is None or out.job is None:
+            return answer
+        rid = new_record_id()
+        facts, pred = out.facts, answer.prediction or {}
+        self.records.submit(PredictionRecord(
+            record_id=rid, partition=routed.name or "", platform=facts.platform, bundle=facts.bundle,
+            job=out.job, iteration_seconds=facts.iteration_seconds, iterations=facts.iterations,
+            total_seconds=facts.total_seconds, interval_seconds=tuple(facts.interval_seconds),
+            time_limit_minutes=answer.time_limit, time_min_minutes=answer.time_min,
+            recommended_minutes=pred.get("recommended_minutes"), action=answer.reason,
+            policy=routed.part.policy, std_out=req.std_out, work_dir=req.work_dir,
+            job_name=req.name or "", uid=req.submit_uid, gid=req.submit_gid))
+        answer.admin_comment = f"{answer.admin_comment} {record_key(rid)}"
+        return answer
 
     async def reload(self) -> None:
         """SIGHUP: re-read the config, reload platforms off the loop, swap; keep serving meanwhile."""
@@ -280,6 +309,8 @@ class PredictServer:
         while self._in_flight and time.monotonic() < end:
             await asyncio.sleep(0.01)
         await self.pool.close()
+        if self.records is not None:
+            self.records.close()
         for path in (self.settings.socket, self.settings.user_socket):
             if path:
                 try:

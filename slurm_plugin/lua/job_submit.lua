@@ -90,6 +90,7 @@ local function request_json(job_desc, part_list, submit_uid)
     add("tres_per_task", job_desc.tres_per_task)
     add("time_limit", job_desc.time_limit)
     add("name", job_desc.name)
+    add("std_out", job_desc.std_out)   -- where the job's log goes: perf-calibrate harvest reads it
     add("array", job_desc.array_inx)
     -- sbatch's argv: [0] is the script path, then the script's arguments.
     local argv, argc = job_desc.argv, job_desc.argc

@@ -30,6 +30,7 @@ max_request_bytes = 65536
 max_file_bytes = 4096
 workers = {workers}
 max_queue = {max_queue}
+records = "{dir}/records.sqlite"
 
 [defaults]
 margin = 0.15

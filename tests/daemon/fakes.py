@@ -41,6 +41,9 @@ class FakeJob:
     iter_s: float
     bad: bool = False
 
+    def to_dict(self) -> dict:
+        return {"fake": {"iters": self.iters, "iter_s": self.iter_s}}
+
 
 @dataclass
 class FakeRequest:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -421,8 +422,33 @@ def test_parse_is_reused_only_when_no_file_was_read(running):
     first = running.ask(req(script=JOB + "# FAKE tag=reuse\n"))
     again = running.ask(req(script=JOB + "# FAKE tag=reuse\n"))
     assert len(fakes.seen()) == n + 1          # second one came from the cache
-    assert first == again
+    # The same answer, but each submission is a job of its own with its own record id.
+    recless = [dict(a, admin_comment=re.sub(r" rec=\w+", "", a["admin_comment"])) for a in (first, again)]
+    assert recless[0] == recless[1] and first["admin_comment"] != again["admin_comment"]
     script = JOB + "# FAKE config=/etc/hostname\n"
     running.ask(req(script=script))
     running.ask(req(script=script))
     assert len(fakes.seen()) == n + 3          # read a file: parsed every time
+
+
+def test_every_prediction_is_recorded_under_the_id_in_its_admin_comment(running):
+    from slurm_plugin.records import RecordStore, parse_admin_comment
+    a = running.ask(req(std_out="/tmp/logs/train-%j.out", name="train"))
+    assert a["status"] == "ok"
+    rid = parse_admin_comment(a["admin_comment"])["rec"]
+    again = running.ask(req())                      # the same script again: a new job, a new record
+    assert parse_admin_comment(again["admin_comment"])["rec"] != rid
+    store_path = os.path.join(running.dir, "records.sqlite")
+    running.server.records.flush()                  # the writer thread's queue, drained
+    rec = RecordStore(store_path).get(rid)
+    assert rec is not None
+    assert rec.partition == "gpu" and rec.platform == "perlmutter-a100"
+    assert rec.time_limit_minutes == a["time_limit"] and rec.time_min_minutes == a["time_min"]
+    assert rec.std_out == "/tmp/logs/train-%j.out" and rec.job_name == "train"
+    assert rec.uid == os.geteuid() and rec.job == {"fake": {"iters": 1000, "iter_s": 2.4}}
+
+
+def test_skips_are_not_recorded(running):
+    a = running.ask(req(script="#!/bin/bash\necho hello\n"))
+    assert a["status"] == "skip" and "rec=" not in (a.get("admin_comment") or "")
+

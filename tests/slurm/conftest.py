@@ -113,7 +113,10 @@ def cluster():
     up = subprocess.run([str(DEV / "up.sh")], env=env, capture_output=True, text=True, timeout=180)
     if up.returncode != 0:
         pytest.fail(f"up.sh failed:\n{up.stderr[-3000:]}")
-    conf = up.stdout.strip().split("=", 1)[1]
+    # "export SLURM_CONF=... PERFCAST_CONFIG=...": the line a user evals.
+    exported = dict(kv.split("=", 1) for kv in up.stdout.split()[1:])
+    conf = exported["SLURM_CONF"]
+    assert exported["PERFCAST_CONFIG"] == str(base / "etc" / "perfcast.toml")
     sock = str(base / "run" / "predictd.sock")
     if fake:
         subprocess.Popen([sys.executable, "-m", "tests.daemon.fakes", "--config",

@@ -48,6 +48,15 @@ def test_time_limit_filled_recorded_and_told(cluster, held_jobs, megatron, user)
     assert expect["time_min"] is not None and expect["time_min"] < expect["time_limit"], expect
     assert parse_slurm_time(info["TimeMin"]) == expect["time_min"], info.get("TimeMin")
     assert f"min_min={expect['time_min']}" in info["AdminComment"]
+    # ... and kept in the daemon's record store under the id the AdminComment carries.
+    from slurm_plugin.records import RecordStore, parse_admin_comment
+    rid = parse_admin_comment(info["AdminComment"])["rec"]
+    store = RecordStore(str(cluster.base / "var" / "records.sqlite"), create=False)
+    end = time.monotonic() + 30      # written by the daemon's writer thread, off the request path
+    while (rec := store.get(rid)) is None and time.monotonic() < end:
+        time.sleep(0.05)
+    assert rec is not None and rec.partition == "gpu" and rec.time_min_minutes == expect["time_min"]
+    assert rec.uid == (0 if user == "root" else 65534)
     assert RECORD.match(info["AdminComment"]), info["AdminComment"]
     assert "action=set" in info["AdminComment"]
     lines = perfcast_lines(messages)
@@ -298,7 +307,8 @@ def test_up_is_idempotent(cluster):
     up = subprocess.run([str(DEV / "up.sh")], env=cluster.dev_env, capture_output=True, text=True,
                         timeout=60)
     assert up.returncode == 0, up.stderr
-    assert up.stdout.strip() == f"export SLURM_CONF={cluster.conf}"
+    perfcast_conf = str(cluster.dev_env.get("PERFCAST_DEV_BASE", "")) + "/etc/perfcast.toml"
+    assert up.stdout.strip() == f"export SLURM_CONF={cluster.conf} PERFCAST_CONFIG={perfcast_conf}"
     assert "started" not in up.stderr and "starting" not in up.stderr, up.stderr
 
 
