@@ -52,7 +52,7 @@ def main() -> int:
                         text=True)
     if up.returncode != 0:
         sys.exit(f"up.sh failed:\n{up.stderr}")
-    conf = up.stdout.strip().split("=", 1)[1]
+    conf = dict(kv.split("=", 1) for kv in up.stdout.split()[1:])["SLURM_CONF"]   # "export A=.. B=.."
     env["SLURM_CONF"] = conf
     base = Path(args.base)
     link = base / "etc" / "job_submit.lua"
