@@ -35,7 +35,7 @@ from .logs import log_event
 from .protocol import Answer, PredictRequest, one_line
 from .reader import UserFileReader
 
-PARSE_BUDGET_S = 0.1         # at most this much parsing per script, then a clean skip
+PARSE_BUDGET_S = 0.06        # at most this much parsing per script (+ the last loop), then a clean skip
 PREDICT_RESERVE_S = 0.02     # of the request's deadline, kept for predicting after the parse
 WORKER_CACHE = 256           # predictions remembered per worker (same job shape, other script)
 PASSWD_CACHE = 4096          # uids remembered (per process)

@@ -36,6 +36,8 @@ _SHORT_TO_LONG = {
 # A directive line longer than this is not read (with a warning naming the line): real ones are
 # well under 1 KiB, and a megabyte-long --comment must not cost the daemon its deadline.
 MAX_DIRECTIVE_CHARS = 64 << 10
+# Likewise for words: a real directive line holds a handful of options; thousands only cost time.
+MAX_DIRECTIVE_WORDS = 1024
 
 # One shell word of a directive line: unquoted runs, backslash escapes, '...' and "..." (with
 # escapes inside), in any sequence.  Every alternative consumes input, so matching is linear.
@@ -281,6 +283,10 @@ def read_directives(text: str, label: str, budget: Optional[Budget] = None) -> D
             tokens = split_directive(rest)
         except ValueError:
             d.warnings.append(f"unbalanced quotes in #SBATCH directive ignored ({where})")
+            continue
+        if len(tokens) > MAX_DIRECTIVE_WORDS:
+            d.warnings.append(f"#SBATCH directive of {len(tokens)} words not read (more than "
+                              f"{MAX_DIRECTIVE_WORDS}; {where})")
             continue
         apply_options(d, tokens, where)
     d.header_end_line = lineno

@@ -204,3 +204,8 @@ def test_long_escaped_word_is_read_linearly_and_whole():
     # 50k escaped quotes in one double-quoted word: merged into one literal, not 50k pieces.
     res = parse_script("dq.sbatch", HEAD + 'X="' + 'a\\"' * 50_000 + '"\n' + LAUNCH, deadline_s=600.0)
     assert res.error is None, res.error
+
+
+def test_directive_of_thousands_of_words_is_skipped_with_a_warning():
+    res = parse_script("many.sbatch", HEAD + "#SBATCH" + " -N 1" * 5000 + "\n" + LAUNCH, deadline_s=600.0)
+    assert any("10000 words not read" in w and "many.sbatch:3" in w for w in res.warnings), res.warnings
