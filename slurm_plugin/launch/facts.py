@@ -43,15 +43,19 @@ class Facts:
 
     # ---- conversions from command-line tokens
     def set_int(self, key: str, tok: Tok, offset: int = 0, what: str = "") -> None:
-        text = tok.text[offset:]
-        origin = tok.origin_at(offset)
-        if MARK_OPEN in text:
-            self.set_unknown(key, self.u.reason(text) or "unknown", origin)
+        self.set_int_value(key, tok.text[offset:], tok.origin_at(offset), what)
+
+    def set_int_value(self, key: str, value: Any, origin: str, what: str = "") -> None:
+        """A command-line word or a config value as an integer fact; an unknown or malformed
+        one is recorded as unknown, with the reason (and a warning for a malformed one)."""
+        if isinstance(value, str) and MARK_OPEN in value:
+            self.set_unknown(key, self.u.reason(value) or "unknown", origin)
             return
-        n = to_int(text)
+        n = to_int(value)
         if n is None:
-            self.warnings.append(f"{what or key}: {text[:40]!r} is not an integer ({origin})")
-            self.set_unknown(key, f"{what or key} is {text[:40]!r}, not an integer", origin)
+            shown = str(value)[:40]
+            self.warnings.append(f"{what or key}: {shown!r} is not an integer ({origin})")
+            self.set_unknown(key, f"{what or key} is {shown!r}, not an integer", origin)
             return
         self.set(key, n, origin)
 

@@ -144,15 +144,7 @@ def _set_int(f: Facts, v: View, dotted: str, fact: str, allow_null: bool = False
     value, origin, found = v.get(dotted)
     if not found or (value is None and allow_null):
         return
-    if isinstance(value, str) and MARK_OPEN in value:
-        f.set_unknown(fact, f.u.reason(value) or "unknown", origin)
-        return
-    n = to_int(value)
-    if n is None:
-        f.warnings.append(f"{dotted} = {str(value)[:30]!r} is not an integer ({origin})")
-        f.set_unknown(fact, f"{dotted} is {str(value)[:30]!r}", origin)
-        return
-    f.set(fact, n, origin)
+    f.set_int_value(fact, value, origin, what=dotted)
 
 
 def _str(v: View, dotted: str) -> tuple[Optional[str], str]:

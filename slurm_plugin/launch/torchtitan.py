@@ -20,7 +20,7 @@ from . import moe
 from .configs import to_bool, to_int
 from .facts import Facts
 from .limits import MAX_CONFIG_BYTES, CannotPredict
-from .values import MARK_OPEN, Tok
+from .values import Tok
 
 try:  # Python 3.11+
     import tomllib as _toml
@@ -169,15 +169,7 @@ def _int(f: Facts, t: Toml, name: str, fact: str) -> None:
     v, origin, found = t.get(name)
     if not found:
         return
-    if isinstance(v, str) and MARK_OPEN in v:
-        f.set_unknown(fact, f.u.reason(v) or "unknown", origin)
-        return
-    n = to_int(v)
-    if n is None:
-        f.warnings.append(f"{name} = {str(v)[:30]!r} is not an integer ({origin})")
-        f.set_unknown(fact, f"{str(v)[:30]!r} is not an integer", origin)
-        return
-    f.set(fact, n, origin)
+    f.set_int_value(fact, v, origin, what=name)
 
 
 def ffn_dim(dim: int, multiplier: Optional[float], multiple_of: int) -> int:
