@@ -6,7 +6,6 @@ import pathlib
 
 from slurm_plugin.launch import ParsedScript, SlurmRequest, parse_script
 from slurm_plugin.launch.files import default_read_file
-from slurm_plugin.launch.limits import Budget
 
 CORPUS = pathlib.Path(__file__).parent / "data" / "corpus"
 
@@ -28,7 +27,7 @@ def run_case(case: pathlib.Path) -> tuple[ParsedScript, dict]:
     req = SlurmRequest(**params["request"]) if "request" in params else None
     res = parse_script(str(case / "job.sbatch"), request=req, read_file=reader, env=params.get("env"),
                        default_gpus_per_node=params.get("default_gpus_per_node"), work_dir=str(case),
-                       _budget=Budget(seconds=10.0))   # no wall-clock flakiness on a busy CI machine
+                       deadline_s=10.0)   # no wall-clock flakiness on a busy CI machine
     return res, exp
 
 

@@ -5,8 +5,7 @@ import pathlib
 
 import pytest
 
-from slurm_plugin.launch import parse_script
-from slurm_plugin.launch.limits import Budget
+from .helpers import parse_in
 
 HEAD = "#!/bin/bash\n#SBATCH --nodes=2 --gpus-per-node=8 --ntasks-per-node=1\n"
 BASE = ("srun torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
@@ -15,9 +14,7 @@ BASE = ("srun torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layer
 
 
 def _run(tmp_path: pathlib.Path, extra: str):
-    p = tmp_path / "job.sbatch"
-    p.write_text(HEAD + BASE + extra + "\n")
-    return parse_script(str(p), _budget=Budget(seconds=10.0))   # no wall-clock flakiness
+    return parse_in(tmp_path, HEAD + BASE + extra + "\n")
 
 
 def test_layers_per_virtual_stage(tmp_path):

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from slurm_plugin.launch import parse_script
-from slurm_plugin.launch.limits import Budget
 from slurm_plugin.launch.limits import MAX_KEY_SUGGESTIONS
 from slurm_plugin.launch.neox_keys import NEOX_KEYS, suggest
+
+from .helpers import parse_in
 
 HEAD = "#!/bin/bash\n#SBATCH --nodes=2 --gpus-per-node=4 --ntasks-per-node=1\n"
 MEGATRON = ("srun torchrun --nproc_per_node 4 --nnodes 2 pretrain_gpt.py --num-layers 8 --hidden-size 1024 "
@@ -32,11 +32,7 @@ NEOX_YML = """{
 
 
 def _run(tmp_path: pathlib.Path, script: str, files: dict[str, str] | None = None):
-    for name, text in (files or {}).items():
-        (tmp_path / name).write_text(text)
-    p = tmp_path / "job.sbatch"
-    p.write_text(HEAD + script)
-    return parse_script(str(p), _budget=Budget(seconds=10.0))   # no wall-clock flakiness
+    return parse_in(tmp_path, HEAD + script, files)
 
 
 def _err(res) -> str:

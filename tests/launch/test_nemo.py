@@ -5,8 +5,7 @@ import pathlib
 
 import pytest
 
-from slurm_plugin.launch import parse_script
-from slurm_plugin.launch.limits import Budget
+from .helpers import parse_in
 
 HEAD = "#!/bin/bash\n#SBATCH --nodes=1 --ntasks-per-node=8 --gpus-per-node=8\n"
 CONF = """trainer:
@@ -40,12 +39,7 @@ LAUNCH = "srun python /opt/NeMo/examples/nlp/language_modeling/megatron_gpt_pret
 
 
 def _run(tmp_path: pathlib.Path, body: str, conf: str | None = CONF):
-    if conf is not None:
-        (tmp_path / "conf").mkdir(exist_ok=True)
-        (tmp_path / "conf" / "gpt.yaml").write_text(conf)
-    p = tmp_path / "job.sbatch"
-    p.write_text(HEAD + body)
-    return parse_script(str(p), _budget=Budget(seconds=10.0))   # no wall-clock flakiness
+    return parse_in(tmp_path, HEAD + body, {"conf/gpt.yaml": conf} if conf is not None else None)
 
 
 def test_base_config_and_overrides(tmp_path):

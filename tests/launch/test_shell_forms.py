@@ -6,7 +6,8 @@ import pathlib
 import pytest
 
 from slurm_plugin.launch import parse_script
-from slurm_plugin.launch.limits import Budget
+
+from .helpers import parse_in
 
 HEAD = "#!/bin/bash\n#SBATCH --nodes=2 --gpus-per-node=8 --ntasks-per-node=1\n"
 ARGS = ("--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
@@ -15,11 +16,7 @@ TR = "torchrun --nproc_per_node 8 --nnodes 2"
 
 
 def _run(tmp_path: pathlib.Path, body: str, files: dict[str, str] | None = None):
-    for name, text in (files or {}).items():
-        (tmp_path / name).write_text(text)
-    p = tmp_path / "job.sbatch"
-    p.write_text(HEAD + body)
-    return parse_script(str(p), _budget=Budget(seconds=10.0))   # no wall-clock flakiness
+    return parse_in(tmp_path, HEAD + body, files)
 
 
 def _ok(res):
@@ -110,7 +107,7 @@ def test_argument_file_goes_through_the_read_file_callback(tmp_path):
         seen.append(path)
         return pathlib.Path(path).read_bytes()
 
-    res = parse_script(str(p), read_file=reader, _budget=Budget(seconds=10.0))
+    res = parse_script(str(p), read_file=reader, deadline_s=10.0)
     _ok(res)
     assert str(tmp_path / "args.txt") in seen
 
@@ -131,6 +128,6 @@ def test_huge_heredoc_command_names_one_location(tmp_path):
     body = "read -r -d '' cmd <<EOF\n" + "--x 1 \\\n" * 6000 + "EOF\nbash -c \"$cmd\"\n"
     p = tmp_path / "job.sbatch"
     p.write_text(HEAD + body)
-    res = parse_script(str(p), _budget=Budget(seconds=10.0))    # the word limit, not the clock, stops it
+    res = parse_script(str(p), deadline_s=10.0)    # the word limit, not the clock, stops it
     assert res.job is None and "more than 10000 words" in res.error
     assert res.error.count("job.sbatch") == 1, res.error

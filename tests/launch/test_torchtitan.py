@@ -5,9 +5,9 @@ import pathlib
 
 import pytest
 
-from slurm_plugin.launch import parse_script
-from slurm_plugin.launch.limits import Budget
 from slurm_plugin.launch.torchtitan import FLAVORS, ffn_dim
+
+from .helpers import parse_in
 
 HEAD = "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=8\n"
 TOML = """[model]
@@ -41,11 +41,7 @@ LAUNCH = "srun torchrun --nnodes 2 --nproc_per_node 8 -m torchtitan.train --job.
 
 
 def _run(tmp_path: pathlib.Path, body: str, toml: str | None = TOML):
-    if toml is not None:
-        (tmp_path / "cfg.toml").write_text(toml)
-    p = tmp_path / "job.sbatch"
-    p.write_text(HEAD + body)
-    return parse_script(str(p), _budget=Budget(seconds=10.0))   # no wall-clock flakiness
+    return parse_in(tmp_path, HEAD + body, {"cfg.toml": toml} if toml is not None else None)
 
 
 def test_published_flavor_ffn_sizes():
