@@ -497,14 +497,15 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         stage_dp[-1].add(tied)
     stage_host = []
     if plat.host is not None:
-        # Launches beyond a plain layer's kernels: TP all-reduces (forward, backward, recompute).
-        tp_launches = sum(c for _, c in mp_fwd.parts) + sum(c for _, c in mp_bwd.parts) if tp > 1 else 0.0
+        # Launches per layer beyond a plain layer's kernels: TP all-reduces (forward, backward,
+        # recompute) and context-parallel K/V passes.
+        layer_launches = sum(c for _, c in mp_fwd.parts) + sum(c for _, c in mp_bwd.parts) if tp > 1 else 0.0
         if cp_ring is not None:
             # K/V passes: cp − 1 in forward, twice that in backward, the forward's again when
             # recomputed; each a send and a receive.
             passes = (cp - 1) * (3 + (1 if lay.recompute == "full" else 0))
-            tp_launches += 2 * passes
-        stage_host = [plat.host.stage_seconds(n, n * tp_launches + len(p2p_terms[i][0].parts)
+            layer_launches += 2 * passes
+        stage_host = [plat.host.stage_seconds(n, n * layer_launches + len(p2p_terms[i][0].parts)
                                               + len(p2p_terms[i][1].parts), lay.recompute)
                       for i, n in enumerate(sizes)]
         if plat.fitted is not None:    # [fitted] host scale (perf-calibrate validate --fit)
@@ -560,7 +561,7 @@ def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, 
     }
     details = {"stage_fwd_seconds": fwd, "stage_bwd_seconds": bwd,
                "stage_host_wait_seconds": host_wait,
-               "stage_layers": stage_layers(plan.job.model, plan.job.layout),
+               "stage_layers": list(plan.sizes),
                "forward_pipeline_seconds": (mb + (p - 1) / v) * F}
     return iteration, breakdown, details
 
