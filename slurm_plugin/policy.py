@@ -90,10 +90,13 @@ def recommended_minutes(pred: PredictionFacts, part: PartitionPolicy) -> int:
     seconds = pred.total_seconds * (1.0 + part.margin)
     if part.cover_interval:
         seconds = max(seconds, upper_total_seconds(pred))
-    raw = seconds / 60.0 + part.startup_minutes
-    step = part.round_minutes
+    return _round_up(seconds / 60.0 + part.startup_minutes, part.round_minutes)
+
+
+def _round_up(minutes: float, step: int) -> int:
+    """Up to a multiple of ``step`` minutes (at least one step)."""
     # A hair of tolerance so that exactly 30.0000001 minutes does not become 35.
-    return max(step, int(math.ceil(raw / step - 1e-9)) * step)
+    return max(step, int(math.ceil(minutes / step - 1e-9)) * step)
 
 
 def iterations_within(minutes: float, pred: PredictionFacts, part: PartitionPolicy) -> int:
@@ -106,9 +109,7 @@ def iterations_within(minutes: float, pred: PredictionFacts, part: PartitionPoli
 
 def point_minutes(pred: PredictionFacts, part: PartitionPolicy) -> int:
     """The point prediction + startup, rounded up to ``round_minutes`` (the --time-min)."""
-    raw = pred.total_seconds / 60.0 + part.startup_minutes
-    step = part.round_minutes
-    return max(step, int(math.ceil(raw / step - 1e-9)) * step)
+    return _round_up(pred.total_seconds / 60.0 + part.startup_minutes, part.round_minutes)
 
 
 def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPolicy,
