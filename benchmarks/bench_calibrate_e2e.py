@@ -93,7 +93,7 @@ def main() -> int:
         "measured_steps_s": meas.steps,
         "relative_error": err,
         "inside_interval": lo <= meas.iteration_seconds <= hi,
-        "breakdown_s": pred.breakdown,
+        "breakdown_s": pred.breakdown.to_dict(),
         "warnings": pred.warnings,
         "calibration": {"seconds": t_run, "measured_operators": run.measured_operators,
                         "measured_collectives": run.measured_collectives,
@@ -124,7 +124,7 @@ def main() -> int:
               f"{len(meas.steps)} steps, min {1e3 * min(meas.steps):.2f}, max {1e3 * max(meas.steps):.2f})")
         print(f"error      {100 * err:+8.1f} %  ({'inside' if result['inside_interval'] else 'outside'} "
               "the predicted interval)")
-        print("breakdown (ms): " + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in pred.breakdown.items() if v))
+        print("breakdown (ms): " + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in pred.breakdown.to_dict().items() if v))
         print(f"load average (1 min) on {os.cpu_count()} CPUs: {load_before:.1f} before, "
               f"{load_calibration:.1f} after calibration, {load_training:.1f} after training "
               "(anything above the 2 ranks' own load skews the comparison)")

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from predictor.decompose import vocab_per_rank
+from predictor.recipe import linear_bias, mlp_up_width, vocab_per_rank
 from predictor.job import TrainingJob
 
 from . import kernels as K
@@ -75,8 +75,8 @@ class FlatGPT:
         self.seq, self.mb = m.seq_len, job.layout.micro_batch
         self.vocab = vocab_per_rank(m.vocab, 1)
         self.ffn = m.ffn_hidden
-        self.bias = m.norm == "layernorm"    # NeoX-style linears carry biases (as the decomposition)
-        up = (2 if m.activation == "swiglu" else 1) * self.ffn
+        self.bias = linear_bias(m)          # the recipe's rule, so the model is the one predicted
+        up = mlp_up_width(m)
         shapes: list[tuple[str, tuple[int, ...]]] = [("emb", (self.vocab, self.h))]
         for i in range(m.layers):
             shapes += [(f"{i}.ln1_w", (self.h,))] + ([(f"{i}.ln1_b", (self.h,))] if self.bias else [])

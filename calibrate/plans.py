@@ -24,13 +24,13 @@ malformed one is refused with a message naming the key.  This module does not im
 from __future__ import annotations
 
 import itertools
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from predictor.operators import BYTES_PER_ELEMENT, COLLECTIVES, OPERATORS, GpuSpec
+from predictor.recipe import gated_ffn_width
 
 from .errors import CalibrationError
 
@@ -103,11 +103,6 @@ class Allocation:
         return self.nodes * self.gpus_per_node
 
 
-def swiglu_width(hidden: int) -> int:
-    """LLaMA's gated MLP width: 2/3 of 4h, rounded up to a multiple of 256."""
-    return int(math.ceil(8 * hidden / 3 / 256) * 256)
-
-
 def operator_shapes(p: ModelPoint, *, ffn: int | None = None, gated: bool = False) -> dict[str, dict[str, int]]:
     """Physical shape of every operator for one model point (per GPU, tensor parallel ``mp``).
 
@@ -116,7 +111,7 @@ def operator_shapes(p: ModelPoint, *, ffn: int | None = None, gated: bool = Fals
     by (tokens, width).  ``gated`` makes linear3 produce gate and up together (2 × ffn / mp).
     """
     h, mp, t = p.hidden, p.mp, p.tokens
-    f = ffn if ffn is not None else (swiglu_width(h) if gated else 4 * h)
+    f = ffn if ffn is not None else (gated_ffn_width(h, "llama") if gated else 4 * h)
     hp = p.heads // mp
     d = p.head_dim
     v = p.vocab // mp

@@ -9,7 +9,10 @@ GPU counts, in one batched call too, and reports time-to-train and GPU-hours per
 
 Constraints of the enumeration (each one a reason a layout would fail to launch):
 
-* pp × tp × dp = the GPU count; whole nodes when more than one node is used;
+* pp × tp × cp × dp = the GPU count; whole nodes when more than one node is used;
+* every layout passes :func:`predictor.job.check_layout`, the rules a job file is validated by;
+* context parallelism (cp > 1) only with flash attention, and while each rank keeps at least
+  :data:`CP_MIN_TOKENS_PER_RANK` tokens of a sequence (or up to the job's own cp);
 * heads, kv_heads and ffn_hidden divisible by tp; tp within a node (tp ≤ GPUs per node and a
   divisor of it) unless ``allow_cross_node_tp`` — tensor parallelism all-reduces twice per layer
   and direction, which inter-node links turn into the bottleneck;
@@ -17,7 +20,7 @@ Constraints of the enumeration (each one a reason a layout would fail to launch)
   layers divisible by pp × v and micro-batches per step divisible by pp (Megatron's interleaved
   schedule);
 * a split of the layers over the pp stages that the job's framework makes
-  (:func:`predictor.decompose.pipeline_split`, the same split the predictor times and the memory
+  (:func:`predictor.recipe.pipeline_split`, the same split the predictor times and the memory
   model sizes): a candidate keeps the job's ``layout.pipe_split`` rule; its explicit
   ``layout.stage_layers`` and Megatron's first/last-stage layer counts where they fit the
   candidate's pp and v (the job's own pp and v), the rule alone where they do not; Megatron's
@@ -41,17 +44,20 @@ P_layer = h·(h + 2k) + h·h + h·f·(2 if gated else 1) + f·h the matmul weigh
 (k = K/V width, f = MLP inner width); the first term is every weight GEMM forward and backward
 (2 + 4 FLOPs per weight per token), the second QKᵀ and attention·V (2·2·s·h per token and layer
 forward, ×3 with backward).  For k = h, f = 4h it is Narayanan's 72·B·s·L·h²·(1 + s/6h + V/12hL).
+The FLOPs are summed from the recipe's operators (:func:`predictor.recipe.model_flops_per_iteration`),
+so causal flash attention counts the half of the s² square it computes.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from .decompose import pipeline_split, stage_layers
 from .errors import JobError, PerfcastError
-from .job import Layout, ModelSpec, TrainingJob, ClusterSpec, RECOMPUTES
+from .job import Layout, ModelSpec, TrainingJob, ClusterSpec, RECOMPUTES, check_layout
+from .recipe import model_flops_per_iteration, pipeline_split, stage_layers
 from . import memory as mem
 
 log = logging.getLogger(__name__)
@@ -59,12 +65,15 @@ log = logging.getLogger(__name__)
 PredictMany = Callable[[Sequence[TrainingJob], Any], list]
 
 # Tuple key of a layout, in the order of the JSON answer.
-LAYOUT_KEYS = ("pp", "tp", "dp", "micro_batch", "micro_batches", "recompute", "zero_stage",
+LAYOUT_KEYS = ("pp", "tp", "cp", "dp", "micro_batch", "micro_batches", "recompute", "zero_stage",
                "virtual_stages")
 # The keys of the pipeline split, which candidates inherit from the job (see _split_fields).
 SPLIT_KEYS = ("pipe_split", "stage_layers", "first_stage_layers", "last_stage_layers",
               "account_for_embedding", "account_for_loss")
 _RECOMPUTE_COST = {"none": 0, "selective": 1, "full": 2}
+# Context parallelism is searched while each rank keeps at least this many tokens of a sequence:
+# shorter chunks leave ring attention too little work to hide its K/V passes behind.
+CP_MIN_TOKENS_PER_RANK = 4096
 
 
 class AdviseError(PerfcastError):
@@ -82,6 +91,8 @@ class SearchOptions:
     virtual_stages: Optional[int] = None
     pp: Optional[int] = None
     tp: Optional[int] = None
+    cp: Optional[int] = None
+    max_cp: Optional[int] = None               # None: the job's cp, or seq_len / CP_MIN_TOKENS_PER_RANK
     allow_cross_node_tp: bool = False
     include_unfit: bool = False                # --all: predict and show layouts that do not fit
     max_micro_batch: int = 32                  # beyond this no A100/H100 layout of an LLM fits
@@ -93,7 +104,7 @@ class SearchOptions:
             raise AdviseError(f"recompute must be one of {', '.join(RECOMPUTES)}, got {self.recompute!r}")
         if self.zero_stage is not None and not 0 <= self.zero_stage <= 3:
             raise AdviseError(f"ZeRO stage must be 0..3, got {self.zero_stage}")
-        for name in ("gpus", "micro_batch", "virtual_stages", "pp", "tp"):
+        for name in ("gpus", "micro_batch", "virtual_stages", "pp", "tp", "cp", "max_cp"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise AdviseError(f"{name.replace('_', ' ')} must be at least 1, got {v}")
@@ -120,8 +131,9 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        """PP-MP-DP, as the paper writes layouts."""
-        return f"{self.layout.pp}-{self.layout.tp}-{self.layout.dp}"
+        """PP-MP-DP, as the paper writes layouts (PP-MP-CP-DP with context parallelism)."""
+        lay = self.layout
+        return f"{lay.pp}-{lay.tp}-{lay.cp}-{lay.dp}" if lay.cp > 1 else f"{lay.pp}-{lay.tp}-{lay.dp}"
 
     @property
     def stage_layers(self) -> list[int]:
@@ -144,15 +156,11 @@ class Candidate:
     def mfu(self) -> float:
         return self.tflops_per_gpu / self.peak_tflops if self.peak_tflops else math.nan
 
-    def _share(self, keys: Iterable[str]) -> float:
-        if self.prediction is None:
-            return math.nan
-        b = self.prediction.breakdown
-        return min(1.0, sum(float(b.get(k, 0.0)) for k in keys) / self.iteration_seconds)
-
     @property
     def bubble_share(self) -> float:
-        return self._share(("bubble",))
+        if self.prediction is None:
+            return math.nan
+        return min(1.0, self.prediction.breakdown.bubble_seconds / self.iteration_seconds)
 
     @property
     def comm_share(self) -> float:
@@ -166,22 +174,22 @@ class Candidate:
         """Seconds per step in four additive parts: compute, communication, pipeline bubble and
         the rest (optimizer step, overheads).
 
-        The predictor reports TP all-reduces and pipeline sends (``mp_allreduce``, ``pp_p2p``)
-        as the part of the whole pipeline, bubble slots included, that is communication; the
+        The predictor reports TP all-reduces and pipeline sends (``tp_allreduce_seconds``,
+        ``pp_p2p_seconds``) as the part of the whole pipeline, bubble slots included, that is communication; the
         same fraction of the non-bubble stage time is communication here, and the DP all-reduce
         is added to it.
         """
         if self.prediction is None:
             return {}
-        b = {k: float(v) for k, v in self.prediction.breakdown.items()}
+        b = self.prediction.breakdown
         t = self.iteration_seconds
-        stage = b.get("stage_fwd_max", 0.0) + b.get("stage_bwd_max", 0.0)
-        bubble = b.get("bubble", 0.0)
+        stage = b.forward_seconds + b.backward_seconds
+        bubble = b.bubble_seconds
         pipeline = stage + bubble
-        inside = b.get("mp_allreduce", 0.0) + b.get("pp_p2p", 0.0)
+        inside = b.tp_allreduce_seconds + b.pp_p2p_seconds
         frac = min(1.0, inside / pipeline) if pipeline > 0 else 0.0
         compute = stage * (1.0 - frac)
-        comm = stage * frac + b.get("dp_allreduce", 0.0)
+        comm = stage * frac + b.gradient_reduce_seconds
         return {"compute": compute, "communication": comm, "bubble": bubble,
                 "other": max(0.0, t - compute - comm - bubble)}
 
@@ -315,14 +323,9 @@ class SweepPoint:
 
 # ------------------------------------------------------------------------------------ FLOPs
 def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:
-    """Model FLOPs of one optimizer step (formula in the module docstring; no recompute)."""
-    h, f, s, L = model.hidden, model.ffn_hidden, model.seq_len, model.layers
-    k = model.kv_heads * model.head_dim
-    up = 2 * f if model.activation == "swiglu" else f
-    p_layer = h * (h + 2 * k) + h * h + h * up + f * h
-    vocab = mem.padded_vocab(model.vocab, 1)
-    tokens = global_batch * s
-    return 6.0 * tokens * (L * p_layer + h * vocab) + 12.0 * tokens * s * L * h
+    """Model FLOPs of one optimizer step (module docstring; no recompute), from the recipe's
+    operators: the same FLOPs whatever the layout, so they are counted on one GPU."""
+    return model_flops_per_iteration(model, Layout(micro_batch=1, micro_batches=global_batch))
 
 
 # ------------------------------------------------------------------------------------ enumeration
@@ -375,6 +378,17 @@ def _split_fields(job: TrainingJob, pp: int, tp: int, v: int) -> tuple[Optional[
     return None, reason
 
 
+def _cp_choices(job: TrainingJob, ranks: int, opts: SearchOptions) -> list[int]:
+    """Context-parallel sizes to search among ``ranks`` GPUs (see the module docstring)."""
+    m = job.model
+    if opts.cp is not None:
+        return [opts.cp] if ranks % opts.cp == 0 else []
+    if m.attention != "flash":
+        return [1]
+    top = opts.max_cp or max(job.layout.cp, m.seq_len // CP_MIN_TOKENS_PER_RANK)
+    return [c for c in _divisors(ranks) if c <= top and m.seq_len % (2 * c) == 0]
+
+
 def enumerate_layouts(job: TrainingJob, gpus: int, gpus_per_node: int,
                       opts: SearchOptions) -> tuple[list[Layout], dict[str, int]]:
     """Every layout of ``gpus`` GPUs that keeps the job's global batch and could launch.
@@ -391,58 +405,57 @@ def enumerate_layouts(job: TrainingJob, gpus: int, gpus_per_node: int,
     recomputes = (opts.recompute,) if opts.recompute else RECOMPUTES
     out: list[Layout] = []
     for tp in _tp_choices(m, gpus, gpus_per_node, opts):
-        for pp in _divisors(gpus // tp):
-            if opts.pp is not None and pp != opts.pp:
-                continue
-            if pp > m.layers:
-                skip("fewer layers than pipeline stages")
-                continue
-            dp = gpus // (tp * pp)
-            if gb % dp:
-                skip("global batch not divisible by dp")
-                continue
-            if opts.zero_stage is not None:
-                zeros: Sequence[int] = (opts.zero_stage,)
-                if opts.zero_stage >= 2 and pp > 1:
-                    skip("ZeRO ≥ 2 with pp > 1")
+        for cp in _cp_choices(job, gpus // tp, opts):
+            for pp in _divisors(gpus // (tp * cp)):
+                if opts.pp is not None and pp != opts.pp:
                     continue
-            elif dp == 1:
-                # Nothing to shard over one data-parallel rank: every stage is the same layout.
-                z = lay.zero_stage
-                zeros = (z if z <= 1 or pp == 1 else 0,)
-            else:
-                zeros = (0, 1, 2, 3) if pp == 1 else (0, 1)
-            if opts.virtual_stages is not None:
-                vs: Sequence[int] = (opts.virtual_stages,)
-            elif pp == 1:
-                vs = (1,)
-            else:
-                vs = [v for v in range(1, opts.max_virtual_stages + 1)
-                      if v == 1 or m.layers % (pp * v) == 0]
-            per_dp = gb // dp
-            splits = {v: _split_fields(job, pp, tp, v) for v in vs}
-            for mb in _divisors(per_dp):
-                if opts.micro_batch is not None:
-                    if mb != opts.micro_batch:
-                        continue
-                elif mb > opts.max_micro_batch:
+                if pp > m.layers:
+                    skip("fewer layers than pipeline stages")
                     continue
-                mbs = per_dp // mb
-                for v in vs:
-                    if v > 1:
-                        if pp < 2 or m.layers % (pp * v) or mbs % pp:
-                            skip("interleaving constraints (layers or micro-batches per pp·v)")
+                dp = gpus // (tp * cp * pp)
+                if gb % dp:
+                    skip("global batch not divisible by dp")
+                    continue
+                if opts.zero_stage is not None:
+                    zeros: Sequence[int] = (opts.zero_stage,)
+                elif dp * cp == 1:
+                    # Nothing to shard over one data-parallel rank: every stage is the same layout.
+                    z = lay.zero_stage
+                    zeros = (z if z <= 1 or pp == 1 else 0,)
+                else:
+                    zeros = (0, 1, 2, 3) if pp == 1 or job.run.framework == "torchtitan" else (0, 1)
+                if opts.virtual_stages is not None:
+                    vs: Sequence[int] = (opts.virtual_stages,)
+                elif pp == 1:
+                    vs = (1,)
+                else:
+                    vs = [v for v in range(1, opts.max_virtual_stages + 1)
+                          if v == 1 or m.layers % (pp * v) == 0]
+                per_dp = gb // dp
+                splits = {v: _split_fields(job, pp, tp, v) for v in vs}
+                for mb in _divisors(per_dp):
+                    if opts.micro_batch is not None:
+                        if mb != opts.micro_batch:
                             continue
-                    fields, why = splits[v]
-                    if fields is None:
-                        skip(why)
+                    elif mb > opts.max_micro_batch:
                         continue
-                    for z in zeros:
-                        for rc in recomputes:
-                            out.append(Layout(pp=pp, tp=tp, dp=dp, micro_batch=mb, micro_batches=mbs,
-                                              zero_stage=z, recompute=rc,
-                                              sequence_parallel=lay.sequence_parallel and tp > 1,
-                                              virtual_stages=v, **fields))
+                    for v in vs:
+                        fields, why = splits[v]
+                        if fields is None:
+                            skip(why)
+                            continue
+                        for z in zeros:
+                            base = Layout(pp=pp, tp=tp, cp=cp, dp=dp, micro_batch=mb,
+                                          micro_batches=per_dp // mb, zero_stage=z,
+                                          sequence_parallel=lay.sequence_parallel and tp > 1,
+                                          virtual_stages=v, **fields)
+                            try:
+                                # The job file's own rules: one statement of what launches.
+                                check_layout(m, base, job.run.framework)
+                            except JobError as exc:
+                                skip(f"the job rules refuse it ({exc.key})", len(recomputes))
+                                continue
+                            out.extend(dataclasses.replace(base, recompute=rc) for rc in recomputes)
     if opts.micro_batch is not None and not out:
         skip(f"micro-batch {opts.micro_batch} does not divide the global batch per dp rank")
     return out, skipped
@@ -473,10 +486,10 @@ def _current_layout(job: TrainingJob, gpus: int) -> tuple[Optional[Layout], str]
     lay = job.layout
     if lay.gpus == gpus:
         return lay, ""
-    if gpus % (lay.pp * lay.tp):
-        return None, (f"your pp × tp = {lay.pp * lay.tp} does not divide {gpus} GPUs: "
+    if gpus % (lay.pp * lay.tp * lay.cp):
+        return None, (f"your pp × tp × cp = {lay.pp * lay.tp * lay.cp} does not divide {gpus} GPUs: "
                       "no like-for-like comparison")
-    dp = gpus // (lay.pp * lay.tp)
+    dp = gpus // (lay.pp * lay.tp * lay.cp)
     if lay.global_batch % (lay.micro_batch * dp):
         return None, (f"your global batch {lay.global_batch} is not divisible by micro-batch "
                       f"{lay.micro_batch} × dp {dp} at {gpus} GPUs")
@@ -502,14 +515,14 @@ def _prune_dominated(fitting: list[tuple[Layout, mem.MemoryEstimate]],
     """
     best: dict[tuple, tuple[Layout, mem.MemoryEstimate]] = {}
     for lay, est in fitting:
-        k = (lay.pp, lay.tp, lay.dp, lay.micro_batch, lay.zero_stage, lay.virtual_stages)
+        k = (lay.pp, lay.tp, lay.cp, lay.dp, lay.micro_batch, lay.zero_stage, lay.virtual_stages)
         prev = best.get(k)
         if prev is None or _RECOMPUTE_COST[lay.recompute] < _RECOMPUTE_COST[prev[0].recompute]:
             best[k] = (lay, est)
     kept = list(best.values())
     if prune_zero:
         def z2(lay: Layout) -> Optional[tuple[Layout, mem.MemoryEstimate]]:
-            return best.get((lay.pp, lay.tp, lay.dp, lay.micro_batch, 2, lay.virtual_stages))
+            return best.get((lay.pp, lay.tp, lay.cp, lay.dp, lay.micro_batch, 2, lay.virtual_stages))
         kept = [(lay, est) for lay, est in kept
                 if lay.zero_stage != 3 or (other := z2(lay)) is None
                 or _RECOMPUTE_COST[other[0].recompute] > _RECOMPUTE_COST[lay.recompute]]
@@ -519,8 +532,8 @@ def _prune_dominated(fitting: list[tuple[Layout, mem.MemoryEstimate]],
 def _dominating(lay: Layout, kept: list[tuple[Layout, mem.MemoryEstimate]]) -> Optional[Layout]:
     """The kept layout that made :func:`_prune_dominated` drop ``lay``."""
     for other, _ in kept:
-        if (other.pp, other.tp, other.dp, other.micro_batch, other.virtual_stages) != \
-                (lay.pp, lay.tp, lay.dp, lay.micro_batch, lay.virtual_stages):
+        if (other.pp, other.tp, other.cp, other.dp, other.micro_batch, other.virtual_stages) != \
+                (lay.pp, lay.tp, lay.cp, lay.dp, lay.micro_batch, lay.virtual_stages):
             continue
         if other.zero_stage == lay.zero_stage or (lay.zero_stage == 3 and other.zero_stage == 2):
             if _RECOMPUTE_COST[other.recompute] <= _RECOMPUTE_COST[lay.recompute]:

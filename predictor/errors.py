@@ -23,6 +23,7 @@ class JobError(PerfcastError, ValueError):
     def __init__(self, key: str, message: str, source: str = ""):
         self.key = key
         self.source = source
+        self.reason = message
         where = f"{source}: " if source else ""
         text = f"{where}{key}: {message}" if key else f"{where}{message}"
         super().__init__(text)

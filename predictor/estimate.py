@@ -16,7 +16,6 @@ all-reduces included; recomputation folded into B), v the virtual stages, and up
 """
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -24,7 +23,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .bundle import collective_features
-from .decompose import Group, groups, stage_layers, stage_params, total_params, vocab_per_rank
+from .recipe import (Group, groups, micro_batch_recipe, stage_layers, stage_parameter_counts,
+                     total_parameters)
+from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError
 from .job import TrainingJob
 from .network import collective_seconds
@@ -35,7 +36,6 @@ from .platform import Platform
 # original operator's FLOPs and bytes) and the answer says so.
 SUBSTITUTES = {"swiglu": "gelu", "gelu": "swiglu", "rmsnorm": "layernorm", "layernorm": "rmsnorm",
                "scaled_masked_softmax": "softmax", "softmax": "scaled_masked_softmax"}
-ATTENTION_CORE = ("baddbmm", "scaled_masked_softmax", "bmm", "fillmask", "flash_atten")
 # DeepSpeed's default reduce bucket: gradients are reduced in chunks of this many elements.
 REDUCE_BUCKET_ENTRIES = 500_000_000
 ANALYTIC_REL_ERROR = 0.5       # an unmeasured topology: the ring model can be off by half
@@ -51,18 +51,18 @@ class Prediction:
     interval_seconds: tuple[float, float]
     total_seconds: float
     iterations: int
-    breakdown: dict[str, float]
+    breakdown: Breakdown
     platform: str
     bundle: str
     warnings: list[str]
     job: TrainingJob
     extrapolated: bool = False
-    details: dict[str, Any] = field(default_factory=dict)
+    details: Optional[Details] = None
 
     @property
     def parameters(self) -> int:
         """Parameters of the whole model."""
-        return int(total_params(self.job))
+        return total_parameters(self.job.model, self.job.layout.tp)
 
     def stages(self, gpu_memory_gib: float = 0.0) -> list[dict[str, Any]]:
         """One entry per pipeline stage: its layers, parameters and peak memory per GPU (the
@@ -73,9 +73,10 @@ class Prediction:
         from . import memory
         job = self.job
         est = memory.stage_estimates(job.model, job.layout, job.run.precision)
-        fwd, bwd = self.details["stage_fwd_seconds"], self.details["stage_bwd_seconds"]
+        st = self.details.stages
+        fwd, bwd = st.forward_seconds, st.backward_seconds
         out = []
-        for i, (n, e) in enumerate(zip(self.details["stage_layers"], est)):
+        for i, (n, e) in enumerate(zip(st.layers, est)):
             row = {"stage": i, "layers": int(n), "parameters": int(e.parameters),
                    "peak_memory_bytes": int(e.total), "forward_seconds": fwd[i], "backward_seconds": bwd[i]}
             if gpu_memory_gib:
@@ -89,12 +90,12 @@ class Prediction:
             "interval_seconds": list(self.interval_seconds),
             "total_seconds": self.total_seconds,
             "iterations": self.iterations,
-            "breakdown": dict(self.breakdown),
+            "breakdown": self.breakdown.to_dict(),
             "platform": self.platform,
             "bundle": self.bundle,
             "warnings": list(self.warnings),
             "extrapolated": self.extrapolated,
-            "details": self.details,
+            "details": self.details.to_dict() if self.details is not None else {},
             "parameters": self.parameters,
             "stages": self.stages(gpu_memory_gib),
             "job": self.job.to_dict(),
@@ -343,67 +344,34 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                         f"{plat.name} has {plat.gpus_per_node}; costed with the job's")
     grp = groups(job, gpn)
     tp, cp = lay.tp, lay.cp
-    # With context parallelism each rank holds seq_len / cp tokens of every sequence.
-    tokens = lay.micro_batch * m.seq_len // cp
-    sp = lay.sequence_parallel and tp > 1
-    norm_tokens = tokens / tp if sp else tokens
-    hpg, kvpg, d, h = m.heads // tp, m.kv_heads // tp, m.head_dim, m.hidden
-    ffn = m.ffn_hidden // tp
-    vpr = vocab_per_rank(m.vocab, tp)
+    recipe = micro_batch_recipe(m, lay)
 
     def op(name: str, direction: str, **shape: float) -> int:
         return q.op(name, direction, prec, shape)
 
-    # One transformer layer, forward and backward, for one micro-batch.
-    layer_ops: list[tuple[str, dict[str, float], int]] = [
-        (m.norm, {"tokens": norm_tokens, "dim": h}, 2),
-        ("linear1", {"m": tokens, "k": h, "n": (hpg + 2 * kvpg) * d}, 1),
-    ]
-    if m.pos_emb == "rotary":
-        layer_ops.append(("rope", {"tokens": tokens, "heads": (hpg + kvpg) / 2, "d": d}, 1))
-    attn_batch = lay.micro_batch * hpg
-    if m.attention == "flash":
-        # Ring attention (cp > 1): a rank's queries meet every K/V chunk in turn, cp blocks of
-        # seq_len / cp — with Megatron's load balancing, 1/cp of the whole causal attention.
-        layer_ops.append(("flash_atten", {"b": lay.micro_batch, "heads": hpg, "l": m.seq_len // cp, "d": d}, cp))
-    elif m.attention == "fused_softmax":
-        layer_ops += [("baddbmm", {"batch": attn_batch, "l": m.seq_len, "d": d}, 1),
-                      ("scaled_masked_softmax", {"batch": attn_batch, "l": m.seq_len}, 1),
-                      ("bmm", {"batch": attn_batch, "l": m.seq_len, "d": d}, 1)]
-    else:   # unfused: baddbmm, mask fill and softmax measured as one block, then ·V
-        layer_ops += [("fillmask", {"batch": attn_batch, "l": m.seq_len, "d": d}, 1),
-                      ("bmm", {"batch": attn_batch, "l": m.seq_len, "d": d}, 1)]
-    up = 2 * ffn if m.activation == "swiglu" else ffn
-    layer_ops += [
-        ("linear2", {"m": tokens, "k": hpg * d, "n": h}, 1),
-        ("res_add", {"tokens": norm_tokens, "dim": h}, 2),
-        ("linear3", {"m": tokens, "k": h, "n": up}, 1),
-        (m.activation, {"tokens": tokens, "width": ffn}, 1),
-        ("linear4", {"m": tokens, "k": ffn, "n": h}, 1),
-    ]
     layer_fwd, layer_bwd, core_fwd = _Term(), _Term(), _Term()
     core_bwd = _Term()
-    for name, shape, count in layer_ops:
-        hf = op(name, "fwd", **shape)
-        hb = op(name, "bwd", **shape)
-        layer_fwd.add(hf, count)
-        layer_bwd.add(hb, count)
-        if name in ATTENTION_CORE:
-            core_fwd.add(hf, count)
-            core_bwd.add(hb, count)
+    for c in recipe.layer:
+        hf = op(c.name, "fwd", **c.shape)
+        hb = op(c.name, "bwd", **c.shape)
+        layer_fwd.add(hf, c.count)
+        layer_bwd.add(hb, c.count)
+        if c.attention_core:
+            core_fwd.add(hf, c.count)
+            core_bwd.add(hb, c.count)
     # Context parallelism: ring attention passes this rank's K and V chunk on cp − 1 times per
     # forward (K/V and their gradients in backward), overlapped with the attention blocks; only
     # what the attention does not hide is exposed (added in _assemble).
     cp_ring = None
     if cp > 1:
-        kv = q.coll("p2p", 2 * tokens * kvpg * d, grp["cp_ring"], prec)
+        kv = q.coll("p2p", recipe.cp_kv_entries, grp["cp_ring"], prec)
         cp_ring = (_Term().add(kv, cp - 1), core_fwd, _Term().add(kv, 2 * (cp - 1)), core_bwd)
     # TP: one all-reduce after attention and one after the MLP in forward (one in all with a
     # parallel residual), two in backward; sequence parallelism swaps each for a reduce-scatter +
     # all-gather of the same volume, which the ring model costs the same.
     mp_fwd, mp_bwd = _Term(), _Term()
     if tp > 1:
-        ar = q.coll("allreduce", tokens * h, grp["tp"], prec)
+        ar = q.coll("allreduce", recipe.tp_allreduce_entries, grp["tp"], prec)
         mp_fwd.add(ar, 1 if m.parallel_residual else 2)
         mp_bwd.add(ar, 2)
     layer_fwd.extend(mp_fwd)
@@ -415,27 +383,22 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         layer_bwd.extend(core_fwd)
 
     # First stage: vocab-parallel embedding (its output is all-reduced over TP).
-    emb = {"tokens": tokens, "dim": h, "vocab": vpr}
-    first_fwd = _Term().add(op("embedding", "fwd", **emb))
-    first_bwd = _Term().add(op("embedding", "bwd", **emb))
+    first_fwd, first_bwd = _Term(), _Term()
+    for c in recipe.embedding:
+        first_fwd.add(op(c.name, "fwd", **c.shape), c.count)
+        first_bwd.add(op(c.name, "bwd", **c.shape), c.count)
     emb_mp = _Term()
     if tp > 1:
-        emb_mp.add(q.coll("allreduce", tokens * h, grp["tp"], prec))
+        emb_mp.add(q.coll("allreduce", recipe.tp_allreduce_entries, grp["tp"], prec))
         first_fwd.extend(emb_mp)
     # Last stage: final norm, output projection, vocab-parallel cross entropy.
     last_fwd, last_bwd = _Term(), _Term()
-    for name, shape in ((m.norm, {"tokens": norm_tokens, "dim": h}),
-                        ("linear_final", {"m": tokens, "k": h, "n": vpr}),
-                        ("cross_entropy", {"tokens": tokens, "vocab": vpr})):
-        last_fwd.add(op(name, "fwd", **shape))
-        last_bwd.add(op(name, "bwd", **shape))
-
-    # DeepSpeed's pipeline engine (GPT-NeoX) sends the whole activation from every TP rank; only
-    # with sequence parallelism is each rank's slice 1/tp of it.
-    p2p_entries = tokens * h / tp if sp else tokens * h
-    p2p_h = q.coll("p2p", p2p_entries, grp["pp"], prec) if lay.pp > 1 else None
+    for c in recipe.head:
+        last_fwd.add(op(c.name, "fwd", **c.shape), c.count)
+        last_bwd.add(op(c.name, "bwd", **c.shape), c.count)
+    p2p_h = q.coll("p2p", recipe.p2p_entries, grp["pp"], prec) if lay.pp > 1 else None
     sizes = stage_layers(m, lay)
-    params = stage_params(job)
+    params = stage_parameter_counts(m, lay)
     v = lay.virtual_stages
     stage_fwd, stage_bwd, mp_comm, p2p_terms = [], [], [], []
     for i, n_layers in enumerate(sizes):
@@ -492,7 +455,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     if lay.pp > 1 and m.tied_embeddings:
         # Tied input and output embeddings live on the first and last stage: DeepSpeed all-reduces
         # their gradient between the two once per step, before the data-parallel reduction.
-        tied = q.coll("allreduce", vpr * h, grp["pp"], prec)
+        tied = q.coll("allreduce", recipe.tied_embedding_entries, grp["pp"], prec)
         stage_dp[0].add(tied)
         stage_dp[-1].add(tied)
     stage_host = []
@@ -514,7 +477,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                     stage_host, cp_ring, list(sizes))
 
 
-def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, dict[str, float], dict[str, Any]]:
+def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, Breakdown, Details]:
     lay = plan.job.layout
     mb, p, v = lay.micro_batches, lay.pp, lay.virtual_stages
     fwd = [t.value(secs) for t in plan.stage_fwd]
@@ -544,42 +507,38 @@ def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, 
     crit = int(np.argmax(tail))
     bubble = (p - 1) / v * (F + B)
     iteration = mb * (F + B) + bubble + tail[crit] + plat.overheads.step_seconds
-    breakdown = {
-        "stage_fwd_max": mb * F,
-        "stage_bwd_max": mb * B,
-        "bubble": bubble,
-        "dp_allreduce": plan.stage_dp[crit].value(secs),
-        "max_update": plan.stage_update[crit].value(secs),
+    waves = mb + (p - 1) / v
+    breakdown = Breakdown(
+        forward_seconds=mb * F,
+        backward_seconds=mb * B,
+        bubble_seconds=bubble,
+        gradient_reduce_seconds=plan.stage_dp[crit].value(secs),
+        optimizer_seconds=plan.stage_update[crit].value(secs),
+        step_overhead_seconds=plat.overheads.step_seconds,
         # Of which (already inside the stage times above), over the whole iteration:
-        "mp_allreduce": (mb + (p - 1) / v) * (plan.mp_comm[crit_f][0].value(secs) + plan.mp_comm[crit_b][1].value(secs)),
-        "pp_p2p": (mb + (p - 1) / v) * (plan.p2p[crit_f][0].value(secs) + plan.p2p[crit_b][1].value(secs)),
-        "step_overhead": plat.overheads.step_seconds,
-        # Of which (inside stage_bwd_max): the device waiting for its host to issue the work.
-        "host_wait": mb * host_wait[crit_b],
+        tp_allreduce_seconds=waves * (plan.mp_comm[crit_f][0].value(secs) + plan.mp_comm[crit_b][1].value(secs)),
+        pp_p2p_seconds=waves * (plan.p2p[crit_f][0].value(secs) + plan.p2p[crit_b][1].value(secs)),
+        # Of which (inside the backward): the device waiting for its host to issue the work.
+        host_wait_seconds=mb * host_wait[crit_b],
         # Of which (inside the stage times): context-parallel K/V passes the attention did not hide.
-        "cp_exposed": mb * cp_exposed[crit_b],
-    }
-    details = {"stage_fwd_seconds": fwd, "stage_bwd_seconds": bwd,
-               "stage_host_wait_seconds": host_wait,
-               "stage_layers": list(plan.sizes),
-               "forward_pipeline_seconds": (mb + (p - 1) / v) * F}
-    return iteration, breakdown, details
+        cp_exposed_seconds=mb * cp_exposed[crit_b],
+    )
+    stages = StageTimes(tuple(plan.sizes), tuple(fwd), tuple(bwd), tuple(host_wait))
+    return iteration, breakdown, Details(stages, waves * F)
 
 
 def _total(job: TrainingJob, iteration: float, fwd_pipeline: float, plat: Platform,
-           iterations: int) -> tuple[float, dict[str, float]]:
+           iterations: int) -> tuple[float, TotalTime]:
     run, ov = job.run, plat.overheads
     evals = iterations // run.eval_interval if run.eval_interval else 0
     eval_s = evals * run.eval_iters * fwd_pipeline
     saves = iterations // run.save_interval if run.save_interval else 0
     # fp16/bf16 weights + fp32 master weights and two Adam moments, written by every node in parallel.
-    ckpt_bytes = total_params(job) * (BYTES_PER_ELEMENT[run.precision] + 12)
+    ckpt_bytes = total_parameters(job.model, job.layout.tp) * (BYTES_PER_ELEMENT[run.precision] + 12)
     nodes = job.nodes(job.cluster.gpus_per_node or plat.gpus_per_node)
     ckpt_s = saves * (ov.checkpoint_fixed_seconds + ckpt_bytes / (ov.checkpoint_gbps_per_node * 1e9 * nodes))
     total = ov.startup_seconds + iterations * iteration + eval_s + ckpt_s
-    return total, {"startup_seconds": ov.startup_seconds, "train_seconds": iterations * iteration,
-                   "eval_seconds": eval_s, "checkpoint_seconds": ckpt_s,
-                   "evaluations": evals, "checkpoints": saves}
+    return total, TotalTime(ov.startup_seconds, iterations * iteration, eval_s, ckpt_s, evals, saves)
 
 
 def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Prediction]:
@@ -596,11 +555,11 @@ def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Predic
         hi, _, _ = _assemble(plan, hi_secs, platform)
         # The timeline's own error, from measured runs on this platform (or the default).
         lo, hi = lo * ratio_lo, hi * ratio_hi
-        details["timeline_ratio"] = [ratio_lo, ratio_hi]
-        details["timeline_runs"] = len(platform.validation)
+        details.timeline_ratio = (ratio_lo, ratio_hi)
+        details.timeline_runs = len(platform.validation)
         if platform.fitted is not None:
-            details["fitted_scales"] = {"compute": platform.fitted.compute_scale,
-                                        "host": platform.fitted.host_scale}
+            details.fitted_scales = {"compute": platform.fitted.compute_scale,
+                                     "host": platform.fitted.host_scale}
         handles = _plan_handles(plan)
         warnings = list(plan.warnings)
         if not platform.calibrated:
@@ -621,13 +580,12 @@ def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Predic
             warnings.append("shape outside the sampled range for " + ", ".join(names)
                             + "; costed by roofline scaling (wider interval)")
         iters = plan.job.iterations
-        total, parts = _total(plan.job, iteration, details["forward_pipeline_seconds"], platform, iters)
+        total, details.total = _total(plan.job, iteration, details.forward_pipeline_seconds, platform, iters)
         if not iters:
             warnings.append("the job gives no train_iters, train_samples or train_tokens: "
                             "total_seconds covers start-up only")
-        details.update(parts)
-        details["gpus"] = plan.job.gpus
-        details["nodes"] = plan.job.nodes(plan.job.cluster.gpus_per_node or platform.gpus_per_node)
+        details.gpus = plan.job.gpus
+        details.nodes = plan.job.nodes(plan.job.cluster.gpus_per_node or platform.gpus_per_node)
         out.append(Prediction(
             iteration_seconds=iteration, interval_seconds=(lo, hi), total_seconds=total,
             iterations=iters, breakdown=breakdown, platform=platform.name, bundle=platform.bundle_id,

@@ -5,7 +5,7 @@ Like Calculon's application / execution / system split, each part is a small nam
 and is validated on construction, with errors that name the key at fault.
 
 How the layers are split over pipeline stages is part of the layout (the rules themselves are in
-:mod:`predictor.decompose`)::
+:mod:`predictor.recipe`)::
 
     [layout]
     pipe_split = "neox"          # the framework's rule: neox | deepspeed_parameters |
@@ -46,7 +46,7 @@ ATTENTIONS = ("fused_softmax", "flash", "unfused")
 POS_EMBS = ("rotary", "learned", "alibi", "none")
 RECOMPUTES = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp32")
-#: rules for splitting layers over pipeline stages (see predictor.decompose.pipeline_split)
+#: rules for splitting layers over pipeline stages (see predictor.recipe.pipeline_split)
 PIPE_SPLITS = ("neox", "deepspeed_parameters", "deepspeed_uniform", "megatron")
 # The training framework, where the launch says which ("" = not said): it decides what a layout
 # may combine (TorchTitan's FSDP2 shards parameters, ZeRO-3 style, under pipeline parallelism).
@@ -110,7 +110,7 @@ class Layout:
     recompute: str = "full"
     sequence_parallel: bool = False
     virtual_stages: int = 1
-    # The pipeline split (module docstring; predictor.decompose.pipeline_split computes it).
+    # The pipeline split (module docstring; predictor.recipe.pipeline_split computes it).
     pipe_split: str = "neox"
     stage_layers: tuple[int, ...] = ()       # () = by pipe_split's rule
     first_stage_layers: int = 0              # 0 = not set (megatron only)
@@ -344,6 +344,53 @@ def _coerce(dotted: str, f: dataclasses.Field, value: Any, source: str) -> Any:
     raise AssertionError(f"unhandled field type {kind} for {dotted}")  # a bug in this module
 
 
+def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
+    """Raise :class:`JobError` naming the key when the framework could not run ``lay`` for ``m``.
+
+    The one statement of which layouts launch: job files are validated with it and perf-advise
+    enumerates only layouts it accepts.
+    """
+    if m.hidden % m.heads:
+        raise JobError("model.heads", f"hidden ({m.hidden}) must be divisible by heads ({m.heads})")
+    if m.kv_heads > m.heads or m.heads % m.kv_heads:
+        raise JobError("model.kv_heads", f"heads ({m.heads}) must be a multiple of kv_heads ({m.kv_heads})")
+    if m.heads % lay.tp:
+        raise JobError("layout.tp", f"heads ({m.heads}) must be divisible by tp ({lay.tp})")
+    if m.kv_heads % lay.tp:
+        raise JobError("layout.tp", f"kv_heads ({m.kv_heads}) must be divisible by tp ({lay.tp})")
+    if m.ffn_hidden % lay.tp:
+        raise JobError("layout.tp", f"ffn_hidden ({m.ffn_hidden}) must be divisible by tp ({lay.tp})")
+    chunks = lay.pp * lay.virtual_stages
+    if m.layers < chunks:
+        raise JobError("layout.pp", f"{m.layers} layers cannot fill pp × virtual_stages = {chunks} stages")
+    if lay.virtual_stages > 1 and lay.pp < 2:
+        raise JobError("layout.virtual_stages", "interleaved stages need pp of at least 2")
+    # The split over pipeline stages: the framework's rule may refuse this pp (Megatron's even
+    # split, the interleaved schedule's layers per chunk, an explicit split of the wrong length);
+    # the recipe names the key at fault.
+    from .recipe import pipeline_split   # here: the recipe imports this module
+    pipeline_split(m, lay)
+    if lay.virtual_stages > 1:
+        if lay.micro_batches % lay.pp:
+            raise JobError("layout.micro_batches",
+                           f"the interleaved schedule needs micro_batches ({lay.micro_batches}) "
+                           f"divisible by pp ({lay.pp})")
+    if not 0 <= lay.zero_stage <= 3:
+        raise JobError("layout.zero_stage", f"must be 0, 1, 2 or 3, got {lay.zero_stage}")
+    if lay.zero_stage >= 2 and lay.pp > 1 and framework != "torchtitan":
+        raise JobError("layout.zero_stage",
+                       f"ZeRO stage {lay.zero_stage} cannot be combined with pipeline parallelism (pp={lay.pp}); "
+                       "DeepSpeed supports only stages 0 and 1 with pp > 1 (TorchTitan's FSDP2 does: "
+                  "run.framework = \"torchtitan\")")
+    if lay.cp > 1:
+        # Megatron splits each sequence into 2·cp chunks (load-balanced causal attention).
+        if m.seq_len % (2 * lay.cp):
+            raise JobError("layout.cp", f"seq_len ({m.seq_len}) must be divisible by 2 × cp ({2 * lay.cp})")
+        if m.attention != "flash":
+            raise JobError("layout.cp", "context parallelism runs ring attention on flash-attention "
+                                        "kernels: model.attention must be \"flash\"")
+
+
 def _validate(job: TrainingJob) -> None:
     m, lay, run, src = job.model, job.layout, job.run, job.source
 
@@ -356,48 +403,10 @@ def _validate(job: TrainingJob) -> None:
     for key in ("pp", "tp", "dp", "cp", "micro_batch", "micro_batches", "virtual_stages"):
         if getattr(lay, key) < 1:
             raise err(f"layout.{key}", "must be at least 1")
-    if m.hidden % m.heads:
-        raise err("model.heads", f"hidden ({m.hidden}) must be divisible by heads ({m.heads})")
-    if m.kv_heads > m.heads or m.heads % m.kv_heads:
-        raise err("model.kv_heads", f"heads ({m.heads}) must be a multiple of kv_heads ({m.kv_heads})")
-    if m.heads % lay.tp:
-        raise err("layout.tp", f"heads ({m.heads}) must be divisible by tp ({lay.tp})")
-    if m.kv_heads % lay.tp:
-        raise err("layout.tp", f"kv_heads ({m.kv_heads}) must be divisible by tp ({lay.tp})")
-    if m.ffn_hidden % lay.tp:
-        raise err("layout.tp", f"ffn_hidden ({m.ffn_hidden}) must be divisible by tp ({lay.tp})")
-    chunks = lay.pp * lay.virtual_stages
-    if m.layers < chunks:
-        raise err("layout.pp", f"{m.layers} layers cannot fill pp × virtual_stages = {chunks} stages")
-    if lay.virtual_stages > 1 and lay.pp < 2:
-        raise err("layout.virtual_stages", "interleaved stages need pp of at least 2")
-    # The split over pipeline stages: the framework's rule may refuse this pp (Megatron's even
-    # split, the interleaved schedule's layers per chunk, an explicit split of the wrong length);
-    # decompose names the key at fault.
-    from .decompose import pipeline_split   # here: decompose imports this module
     try:
-        pipeline_split(m, lay)
+        check_layout(m, lay, run.framework)
     except JobError as exc:
-        raise err(exc.key, str(exc).split(": ", 1)[-1] if exc.key else str(exc)) from None
-    if lay.virtual_stages > 1:
-        if lay.micro_batches % lay.pp:
-            raise err("layout.micro_batches",
-                      f"the interleaved schedule needs micro_batches ({lay.micro_batches}) "
-                      f"divisible by pp ({lay.pp})")
-    if not 0 <= lay.zero_stage <= 3:
-        raise err("layout.zero_stage", f"must be 0, 1, 2 or 3, got {lay.zero_stage}")
-    if lay.zero_stage >= 2 and lay.pp > 1 and run.framework != "torchtitan":
-        raise err("layout.zero_stage",
-                  f"ZeRO stage {lay.zero_stage} cannot be combined with pipeline parallelism (pp={lay.pp}); "
-                  "DeepSpeed supports only stages 0 and 1 with pp > 1 (TorchTitan's FSDP2 does: "
-                  "run.framework = \"torchtitan\")")
-    if lay.cp > 1:
-        # Megatron splits each sequence into 2·cp chunks (load-balanced causal attention).
-        if m.seq_len % (2 * lay.cp):
-            raise err("layout.cp", f"seq_len ({m.seq_len}) must be divisible by 2 × cp ({2 * lay.cp})")
-        if m.attention != "flash":
-            raise err("layout.cp", "context parallelism runs ring attention on flash-attention kernels: "
-                      "model.attention must be \"flash\"")
+        raise err(exc.key, exc.reason) from None
     if run.eval_interval and not run.eval_iters:
         raise err("run.eval_iters", "eval_interval is set but eval_iters is 0")
     if job.cluster.gpus_per_node and lay.gpus > job.cluster.gpus_per_node \

@@ -59,7 +59,7 @@ The estimate is the worst pipeline stage's peak, in bytes, as the sum of
   A layout predicted to fit within a few percent of the card is therefore a layout that is
   likely to run, not one that needs luck.
 
-The layers of each stage are :func:`predictor.decompose.stage_layers`, the split timing uses too
+The layers of each stage are :func:`predictor.recipe.stage_layers`, the split timing uses too
 (the framework's rule, ``layout.pipe_split``, or an explicit ``layout.stage_layers``).  The
 worst stage is searched among the first, the last, and the middle stages that hold more layers
 than the first and every middle stage before them: a middle stage has neither embedding nor head,
@@ -68,12 +68,11 @@ middle stage is outdone by one of those.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from .decompose import stage_layers as _split_stage_layers
 from .job import Layout, ModelSpec
+from .recipe import layer_parameters, mlp_up_width, padded_vocab, stage_layers, stage_parameters
 
 if TYPE_CHECKING:  # only for the type hint of estimate_job
     from .job import TrainingJob
@@ -88,7 +87,6 @@ OPTIMIZER_BYTES = {"fp16": 12, "bf16": 12, "fp32": 8}
 
 RESERVE_FIXED_BYTES = 2.0 * GIB
 RESERVE_FRACTION = 0.05
-VOCAB_DIVISOR = 128           # GPT-NeoX make_vocab_size_divisible_by
 
 
 @dataclass(frozen=True)
@@ -131,59 +129,8 @@ class MemoryEstimate:
         }
 
 
-# --------------------------------------------------------------------------------- parameters
-def padded_vocab(vocab: int, tp: int, divisor: int = VOCAB_DIVISOR) -> int:
-    """GPT-NeoX/Megatron pad the vocabulary to a multiple of divisor × tp (Zhang et al. Eq. 1–2)."""
-    step = divisor * tp
-    return int(math.ceil(vocab / step) * step)
-
-
-def layer_parameters(model: ModelSpec, tp: int = 1) -> float:
-    """Parameters of one transformer layer held by one tensor-parallel rank.
-
-    Megatron's split: QKV and MLP-up are column parallel (weights and biases ÷ t), attention-out
-    and MLP-down row parallel (weights ÷ t, biases replicated), norms replicated.
-    """
-    h, f = model.hidden, model.ffn_hidden
-    kv = model.kv_heads * model.head_dim
-    up = 2 * f if model.activation == "swiglu" else f        # gate and up projections together
-    sharded = h * (h + 2 * kv) + (h + 2 * kv) + h * h + h * up + up + f * h
-    norm = 2 * h if model.norm == "layernorm" else h
-    replicated = h + h + 2 * norm                            # two row-parallel biases, two norms
-    return sharded / tp + replicated
-
-
-def stage_layers(model: ModelSpec, layout: Layout) -> list[int]:
-    """Transformer layers per stage (per device): :func:`predictor.decompose.stage_layers`, the one
-    place the split is computed, so that memory and timing see the same stages."""
-    return _split_stage_layers(model, layout)
-
-
-def stage_parameters(model: ModelSpec, layout: Layout, stage: int,
-                     layers: Optional[int] = None) -> float:
-    """Parameters one GPU of ``stage`` holds (its tensor-parallel shard), before ZeRO.
-
-    ``layers``: the stage's transformer layers when the caller has the split at hand.
-    """
-    tp, pp = layout.tp, layout.pp
-    h = model.hidden
-    if layers is None:
-        layers = stage_layers(model, layout)[stage]
-    n = layers * layer_parameters(model, tp)
-    embedding = padded_vocab(model.vocab, tp) * h / tp
-    if stage == 0:
-        n += embedding
-        if model.pos_emb == "learned":
-            n += model.seq_len * h
-    if stage == pp - 1:
-        n += 2 * h if model.norm == "layernorm" else h          # final norm
-        # The head: a separate matrix when untied, and with pp > 1 the last stage keeps its own
-        # copy of a tied embedding (its gradient is all-reduced with the first stage's).
-        if not model.tied_embeddings or pp > 1:
-            n += embedding
-    return n
-
-
+# Parameter counts, the vocabulary padding and the stage split are the recipe's
+# (predictor.recipe): memory sizes the same stages and parameters that timing costs.
 # --------------------------------------------------------------------------------- activations
 def layer_activation_bytes(model: ModelSpec, layout: Layout, precision: str,
                            recompute: str | None = None) -> float:
@@ -211,7 +158,7 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout, precision: str,
         return e * T * h / (t if sp else 1)
     k = model.kv_heads * model.head_dim
     f = model.ffn_hidden
-    act_in = 2 * f if model.activation == "swiglu" else f
+    act_in = mlp_up_width(model)
     replicated = (e * T * h * (4 if not model.parallel_residual else 3)   # norm1 in, qkv in, norm2 in, mlp in
                   + 2 * T * h)                                            # two dropout masks
     sharded = e * T * (h + 2 * k + h + act_in + f)

@@ -34,7 +34,7 @@ from predictor.errors import OneLineParser
 from .jobinput import UsageError, load_job_and_platform, load_job_input
 
 PROG = "perf-advise"
-KNOBS = ("micro_batch", "recompute", "zero_stage", "virtual_stages", "pp", "tp")
+KNOBS = ("micro_batch", "recompute", "zero_stage", "virtual_stages", "pp", "tp", "cp")
 
 
 def _counts(text: str) -> list[int]:
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute", choices=("none", "selective", "full"), help="pin recomputation")
     p.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="pin the ZeRO stage")
     p.add_argument("--virtual-stages", type=_positive, help="pin the interleaving (1 = plain 1F1B)")
+    p.add_argument("--cp", type=_positive, help="pin context parallelism (1 = none; needs flash attention)")
     p.add_argument("--pin", default="", help=f"keep the job's own value of these knobs "
                    f"(comma-separated: {', '.join(KNOBS)})")
     p.add_argument("-v", "--verbose", action="store_true", help="log the search")
@@ -95,7 +96,7 @@ def search_options(args: argparse.Namespace, job: Any, gpus: Optional[int]):
         if knob not in KNOBS:
             raise UsageError(f"--pin: unknown knob {knob!r} (one of {', '.join(KNOBS)})")
         pinned[knob] = getattr(job.layout, knob)
-    for knob in ("micro_batch", "recompute", "zero_stage", "virtual_stages"):
+    for knob in ("micro_batch", "recompute", "zero_stage", "virtual_stages", "cp"):
         value = getattr(args, knob)
         if value is not None:
             pinned[knob] = value

@@ -64,7 +64,7 @@ def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
         f"model     {m.layers} layers, hidden {m.hidden}, {m.heads} heads, seq {m.seq_len}, "
         f"{m.norm}/{m.activation}/{m.attention}, {job.run.precision}; {pred.parameters / 1e9:.2f} B parameters",
         f"layout    PP-TP-DP {lay.pp}-{lay.tp}-{lay.dp}{cp} on {job.gpus} GPUs "
-        f"({pred.details.get('nodes')} nodes), micro-batch {lay.micro_batch} × {lay.micro_batches}, "
+        f"({pred.details.nodes} nodes), micro-batch {lay.micro_batch} × {lay.micro_batches}, "
         f"ZeRO-{lay.zero_stage}, recompute {lay.recompute}"
         + (f", {lay.virtual_stages} virtual stages" if lay.virtual_stages > 1 else ""),
         f"platform  {pred.platform}  (bundle {pred.bundle})",
@@ -73,28 +73,29 @@ def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
         f"{'per iteration':<26}{'seconds':>10}",
     ]
     b = pred.breakdown
-    rows = [("forward, slowest stage", b["stage_fwd_max"]), ("backward, slowest stage", b["stage_bwd_max"]),
-            ("pipeline bubble", b["bubble"]), ("DP gradient reduction", b["dp_allreduce"]),
-            ("optimizer + all-gather", b["max_update"])]
-    if b.get("step_overhead"):
-        rows.append(("step overhead", b["step_overhead"]))
+    rows = [("forward, slowest stage", b.forward_seconds), ("backward, slowest stage", b.backward_seconds),
+            ("pipeline bubble", b.bubble_seconds), ("DP gradient reduction", b.gradient_reduce_seconds),
+            ("optimizer + all-gather", b.optimizer_seconds)]
+    if b.step_overhead_seconds:
+        rows.append(("step overhead", b.step_overhead_seconds))
     for label, v in rows:
         lines.append(f"  {label:<24}{v:>10.3f}")
-    lines.append(f"  {'(of which TP all-reduce)':<24}{b['mp_allreduce']:>10.3f}")
-    lines.append(f"  {'(of which PP p2p)':<24}{b['pp_p2p']:>10.3f}")
+    lines.append(f"  {'(of which TP all-reduce)':<24}{b.tp_allreduce_seconds:>10.3f}")
+    lines.append(f"  {'(of which PP p2p)':<24}{b.pp_p2p_seconds:>10.3f}")
     lines.append(f"{'iteration':<26}{pred.iteration_seconds:>10.3f}   [{lo:.3f} – {hi:.3f}]")
     d = pred.details
-    if "timeline_ratio" in d:
-        r_lo, r_hi = d["timeline_ratio"]
-        n = d.get("timeline_runs", 0)
+    if d is not None:
+        r_lo, r_hi = d.timeline_ratio
+        n = d.timeline_runs
         whence = (f"{n} measured runs on this platform" if n
                   else "default: no measured runs recorded on this platform")
         lines.append(f"{'':<26}(interval × {r_lo:.2f}–{r_hi:.2f} for the timeline's own error: {whence})")
     lines.append("")
-    if pred.iterations:
+    if pred.iterations and d is not None:
+        t = d.total
         lines.append(f"total     {fmt_duration(pred.total_seconds)}  ({pred.iterations} iterations; "
-                     f"start-up {d['startup_seconds']:.0f} s, {d['evaluations']} evaluations "
-                     f"{d['eval_seconds']:.0f} s, {d['checkpoints']} checkpoints {d['checkpoint_seconds']:.0f} s)")
+                     f"start-up {t.startup_seconds:.0f} s, {t.evaluations} evaluations "
+                     f"{t.eval_seconds:.0f} s, {t.checkpoints} checkpoints {t.checkpoint_seconds:.0f} s)")
     else:
         lines.append("total     unknown: the job gives no number of iterations")
     for w in pred.warnings:

@@ -8,6 +8,8 @@ Parsers there use ``allow_abbrev=False`` and argparse keeps the last of repeated
 """
 from __future__ import annotations
 
+from predictor.recipe import gated_ffn_width
+
 from . import moe
 from .facts import Facts
 from .limits import CannotPredict
@@ -174,7 +176,7 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
     gated = bool(f.val("swiglu")) or f.val("glu") in ("swiglu", "geglu", "reglu", "liglu")
     if f.get("ffn_hidden") is None and f.known("hidden"):
         h = f.val("hidden")
-        ffn = int((4 * h * 2 / 3) / 64) * 64 if f.val("swiglu") else 4 * h
+        ffn = gated_ffn_width(h, "megatron") if f.val("swiglu") else 4 * h
         f.set("ffn_hidden", ffn, f.origin("swiglu", f.origin("hidden")))
     if gated:
         if f.val("glu") not in (None, "swiglu"):
@@ -315,7 +317,7 @@ _SPLIT_OPTIONS = (("first_stage_layers", "--decoder-first-pipeline-num-layers"),
 
 
 def _pipeline_split(f: Facts, deepspeed: bool) -> None:
-    """The rule that splits the layers over pipeline stages (predictor.decompose.pipeline_split)."""
+    """The rule that splits the layers over pipeline stages (predictor.recipe.pipeline_split)."""
     given = [(fact, flag) for fact, flag in _SPLIT_OPTIONS if f.get(fact) is not None]
     if deepspeed:
         # Megatron-DeepSpeed hands its own layer list to DeepSpeed's PipelineModule

@@ -253,7 +253,7 @@ def _type_matches(pattern: str, tied: bool) -> Optional[tuple]:
 
 
 def _pipe_partition(m: Merged, f: Facts) -> None:
-    """``pipe_partition_method`` -> the pipe_split rule (predictor.decompose.pipeline_split)."""
+    """``pipe_partition_method`` -> the pipe_split rule (predictor.recipe.pipeline_split)."""
     key = "pipe_partition_method"
     default_origin = f"NeoX default (pipe_partition_method type:{_NEOX_DEFAULT_TYPE})"
     if not m.has(key) or m.raw(key) is None:

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from predictor.advise import model_flops_per_step
 from predictor.memory import stage_parameters
+from predictor.results import Breakdown
 from predictor.operators import GpuSpec
 
 
@@ -25,14 +26,14 @@ class FakePlatform:
 @dataclass
 class FakePrediction:
     iteration_seconds: float
-    breakdown: dict
+    breakdown: Breakdown
     iterations: int
     total_seconds: float
     interval_seconds: tuple = (0.0, 0.0)
     warnings: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"iteration_seconds": self.iteration_seconds, "breakdown": self.breakdown}
+        return {"iteration_seconds": self.iteration_seconds, "breakdown": self.breakdown.to_dict()}
 
 
 class FakePredictMany:
@@ -75,8 +76,8 @@ def _predict(job: Any, platform: Any) -> FakePrediction:
         dp *= 1.5
     update = params * 16 / (platform.gpu.memory_gbps * 1e9) / (lay.dp if lay.zero_stage else 1)
     it = lay.micro_batches * per_mb + bubble + dp + update
-    b = {"stage_fwd_max": lay.micro_batches * fwd, "stage_bwd_max": lay.micro_batches * bwd,
-         "dp_allreduce": dp, "max_update": update, "mp_allreduce": slots * mp, "pp_p2p": slots * p2p,
-         "bubble": bubble}
+    b = Breakdown(forward_seconds=lay.micro_batches * fwd, backward_seconds=lay.micro_batches * bwd,
+                  bubble_seconds=bubble, gradient_reduce_seconds=dp, optimizer_seconds=update,
+                  step_overhead_seconds=0.0, tp_allreduce_seconds=slots * mp, pp_p2p_seconds=slots * p2p)
     iters = job.iterations
     return FakePrediction(it, b, iters, it * max(iters, 1))

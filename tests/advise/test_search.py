@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from predictor import memory as mem
 from predictor.advise import (AdviseError, SearchOptions, advise, enumerate_layouts, layout_key,
                               model_flops_per_step, sweep)
-from predictor.decompose import stage_layers
+from predictor.recipe import stage_layers
 from predictor.job import PIPE_SPLITS, Layout, ModelSpec, TrainingJob
 
 from .fakes import FakePlatform, FakePredictMany
@@ -30,7 +30,7 @@ def gpt20b(pp=4, tp=8, dp=4, mb=4, m=16, iters=1000, **layout) -> TrainingJob:
 
 def check_constraints(job: TrainingJob, c, gpus: int, gpn: int, cross_node: bool = False) -> None:
     lay, m = c.layout, job.model
-    assert lay.pp * lay.tp * lay.dp == gpus
+    assert lay.pp * lay.tp * lay.cp * lay.dp == gpus
     assert lay.global_batch == job.layout.global_batch
     assert m.heads % lay.tp == 0 and m.kv_heads % lay.tp == 0
     if not cross_node:
@@ -309,3 +309,39 @@ def test_options_validate():
     with pytest.raises(AdviseError):
         SearchOptions(gpus=0)
 
+
+
+def _long_context(cp: int = 1, seq: int = 16384, attention: str = "flash") -> TrainingJob:
+    return TrainingJob.from_dict({
+        "model": {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
+                  "seq_len": seq, "vocab": 128256, "norm": "rmsnorm", "activation": "swiglu",
+                  "attention": attention, "tied_embeddings": False},
+        "layout": {"pp": 1, "tp": 4, "cp": cp, "dp": 2 if cp == 2 else 4, "micro_batch": 1,
+                   "micro_batches": 8, "zero_stage": 1, "recompute": "selective"},
+        "run": {"precision": "bf16", "train_iters": 100},
+        "cluster": {"gpus_per_node": 8},
+    })
+
+
+def test_context_parallelism_is_searched_for_long_flash_sequences():
+    layouts, _ = enumerate_layouts(_long_context(), 16, 8, SearchOptions())
+    cps = {lay.cp for lay in layouts}
+    # seq 16384: each rank keeps ≥ 4096 tokens up to cp = 4.
+    assert cps == {1, 2, 4}
+    for lay in layouts:
+        assert lay.pp * lay.tp * lay.cp * lay.dp == 16
+        TrainingJob(model=_long_context().model, layout=lay)    # every one passes the job rules
+    # Short sequences or no flash attention: no context parallelism.
+    assert {lay.cp for lay in enumerate_layouts(_long_context(seq=2048), 16, 8, SearchOptions())[0]} == {1}
+    fused = _long_context(attention="fused_softmax")
+    assert {lay.cp for lay in enumerate_layouts(fused, 16, 8, SearchOptions())[0]} == {1}
+    # A pinned cp is the only one searched.
+    assert {lay.cp for lay in enumerate_layouts(_long_context(), 16, 8, SearchOptions(cp=2))[0]} == {2}
+
+
+def test_a_cp_job_is_compared_like_for_like():
+    job = _long_context(cp=2)
+    adv = advise(job, FakePlatform(gpus_per_node=8), SearchOptions(gpus=32), predict_many=FakePredictMany())
+    cur = adv.current
+    assert cur is not None and cur.layout.cp == 2 and cur.layout.dp == 4       # 32 / (tp 4 × cp 2)
+    assert any(c.layout.cp == 2 for c in adv.candidates) and cur.name == "1-4-2-4"

@@ -139,7 +139,7 @@ def _megatron(args: str, layers: int = 44, ds: str = ""):
 
 
 def test_megatron_pipeline_split_arguments():
-    from predictor.decompose import stage_layers
+    from predictor.recipe import stage_layers
     res = _megatron("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 8 "
                     "--decoder-last-pipeline-num-layers=10")
     assert res.error is None, res.error

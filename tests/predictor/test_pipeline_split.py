@@ -1,4 +1,4 @@
-"""The one pipeline split (predictor.decompose.pipeline_split): DeepSpeed's and Megatron's own
+"""The one pipeline split (predictor.recipe.pipeline_split): DeepSpeed's and Megatron's own
 arithmetic, the explicit split, its validation, and that timing and memory see the same stages."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from predictor import JobError, TrainingJob, memory as mem, predict
-from predictor.decompose import (partition_balanced, partition_uniform, pipeline_split, stage_layers,
+from predictor.recipe import (partition_balanced, partition_uniform, pipeline_split, stage_layers,
                                  _neox_items)
 from predictor.job import PIPE_SPLITS, Layout, ModelSpec
 
@@ -229,8 +229,8 @@ def test_perf_predict_json_job_shows_the_split(perlmutter):
 def test_timing_follows_the_split(perlmutter):
     job = _job(stage_layers=[20, 8, 8, 8], recompute="none")
     p = predict(job, perlmutter)
-    assert p.details["stage_layers"] == [20, 8, 8, 8]
-    fwd = p.details["stage_fwd_seconds"]
+    assert list(p.details.stages.layers) == [20, 8, 8, 8]
+    fwd = p.details.stages.forward_seconds
     assert fwd[0] == max(fwd) and fwd[0] > 2 * fwd[1]
 
 
@@ -313,7 +313,7 @@ def test_split_properties_on_random_valid_jobs(case):
     if explicit or lay.virtual_stages > 1 or lay.pipe_split == "megatron" \
             or (lay.pipe_split in ("neox", "deepspeed_uniform") and L >= 4 * lay.pp):
         assert min(split) >= 1
-    # Timing's and memory's stages are decompose's.
+    # Timing's and memory's stages are the recipe's.
     per_device = stage_layers(job)
     assert len(per_device) == lay.pp and sum(per_device) == L
     assert mem.stage_layers(job.model, lay) == per_device
@@ -333,5 +333,5 @@ def test_split_properties_on_random_valid_jobs(case):
 def test_timing_and_memory_see_the_same_stages(perlmutter, case):
     job, _ = case
     p = predict(job, perlmutter)
-    assert p.details["stage_layers"] == stage_layers(job) == mem.stage_layers(job.model, job.layout)
-    assert len(p.details["stage_fwd_seconds"]) == job.layout.pp
+    assert list(p.details.stages.layers) == stage_layers(job) == mem.stage_layers(job.model, job.layout)
+    assert len(p.details.stages.forward_seconds) == job.layout.pp

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from predictor import BundleError, load_platform, predict, predict_many
-from predictor.decompose import stage_layers
+from predictor.recipe import stage_layers
 
 from .conftest import GPT20B, make_job
 
@@ -21,8 +21,8 @@ def test_prediction_shape_and_json(perlmutter):
     lo, hi = p.interval_seconds
     assert lo < p.iteration_seconds < hi
     b = p.breakdown
-    assert math.isclose(p.iteration_seconds, b["stage_fwd_max"] + b["stage_bwd_max"] + b["bubble"]
-                        + b["dp_allreduce"] + b["max_update"] + b["step_overhead"], rel_tol=1e-9)
+    assert math.isclose(p.iteration_seconds, b.forward_seconds + b.backward_seconds + b.bubble_seconds
+                        + b.gradient_reduce_seconds + b.optimizer_seconds + b.step_overhead_seconds, rel_tol=1e-9)
     assert d["job"]["layout"]["pp"] == 4
     assert math.isclose(p.total_seconds, 120 + 100 * p.iteration_seconds, rel_tol=1e-9)
 
@@ -36,41 +36,41 @@ def test_predict_many_equals_one_by_one(perlmutter):
 
 def test_timeline_eq7(perlmutter):
     p = predict(make_job(), perlmutter)
-    F = max(p.details["stage_fwd_seconds"])
-    B = max(p.details["stage_bwd_seconds"])
-    assert math.isclose(p.breakdown["stage_fwd_max"], 16 * F)
-    assert math.isclose(p.breakdown["bubble"], 3 * (F + B))
+    F = max(p.details.stages.forward_seconds)
+    B = max(p.details.stages.backward_seconds)
+    assert math.isclose(p.breakdown.forward_seconds, 16 * F)
+    assert math.isclose(p.breakdown.bubble_seconds, 3 * (F + B))
 
 
 def test_more_layers_more_time_and_recompute_costs(perlmutter):
     t = [predict(make_job(model=dict(GPT20B, layers=n)), perlmutter).iteration_seconds for n in (12, 24, 44)]
     assert t[0] < t[1] < t[2]
-    full = predict(make_job(recompute="full"), perlmutter).breakdown["stage_bwd_max"]
-    sel = predict(make_job(recompute="selective"), perlmutter).breakdown["stage_bwd_max"]
-    none = predict(make_job(recompute="none"), perlmutter).breakdown["stage_bwd_max"]
+    full = predict(make_job(recompute="full"), perlmutter).breakdown.backward_seconds
+    sel = predict(make_job(recompute="selective"), perlmutter).breakdown.backward_seconds
+    none = predict(make_job(recompute="none"), perlmutter).breakdown.backward_seconds
     assert none < sel < full
 
 
 def test_pp1_costs_the_real_layer_count(perlmutter):
     small = dict(GPT20B, layers=8, hidden=2048, heads=16)
     p = predict(make_job(model=small, pp=1, tp=1, dp=4, micro_batch=1), perlmutter)
-    assert p.details["stage_layers"] == [8]
-    assert p.breakdown["bubble"] == 0
-    assert p.breakdown["pp_p2p"] == 0
+    assert list(p.details.stages.layers) == [8]
+    assert p.breakdown.bubble_seconds == 0
+    assert p.breakdown.pp_p2p_seconds == 0
 
 
 def test_parallel_residual_saves_one_tp_allreduce(perlmutter):
     a = predict(make_job(model=dict(GPT20B, parallel_residual=True), recompute="none"), perlmutter)
     b = predict(make_job(model=dict(GPT20B, parallel_residual=False), recompute="none"), perlmutter)
-    assert a.breakdown["mp_allreduce"] < b.breakdown["mp_allreduce"]
-    assert math.isclose(a.breakdown["mp_allreduce"] / b.breakdown["mp_allreduce"], 3 / 4, rel_tol=0.05)
+    assert a.breakdown.tp_allreduce_seconds < b.breakdown.tp_allreduce_seconds
+    assert math.isclose(a.breakdown.tp_allreduce_seconds / b.breakdown.tp_allreduce_seconds, 3 / 4, rel_tol=0.05)
 
 
 def test_interleaving_shrinks_the_bubble(perlmutter):
     a = predict(make_job(), perlmutter)
     b = predict(make_job(model=dict(GPT20B, layers=48), virtual_stages=2), perlmutter)
     c = predict(make_job(model=dict(GPT20B, layers=48)), perlmutter)
-    assert b.breakdown["bubble"] < c.breakdown["bubble"]
+    assert b.breakdown.bubble_seconds < c.breakdown.bubble_seconds
     assert a.iteration_seconds > 0
 
 
@@ -79,7 +79,7 @@ def test_zero_stages(perlmutter):
     small = dict(GPT20B, layers=8)
     z = {s: predict(make_job(model=small, zero_stage=s, **base), perlmutter) for s in (0, 1, 2, 3)}
     # ZeRO-0 updates the whole replica; ZeRO-1 shards the optimizer step and all-gathers.
-    assert z[1].breakdown["max_update"] != z[0].breakdown["max_update"]
+    assert z[1].breakdown.optimizer_seconds != z[0].breakdown.optimizer_seconds
     # ZeRO-3 gathers parameters every micro-batch: the slowest.
     assert z[3].iteration_seconds > z[1].iteration_seconds
 
@@ -152,15 +152,15 @@ def test_host_bound_micro_batches_cost_the_hosts_issue_time(tmp_path):
     job = make_job(small, pp=1, tp=1, dp=1, micro_batch=1, micro_batches=4, recompute="none")
     p = predict(job, plat)
     per_mb = plat.host.stage_seconds(16, 0, "none")
-    assert p.breakdown["host_wait"] > 0
-    assert p.breakdown["stage_fwd_max"] + p.breakdown["stage_bwd_max"] == pytest.approx(4 * per_mb, rel=1e-6)
+    assert p.breakdown.host_wait_seconds > 0
+    assert p.breakdown.forward_seconds + p.breakdown.backward_seconds == pytest.approx(4 * per_mb, rel=1e-6)
     # Without the [host] table the same job is costed on device time alone, and is faster.
     bare = predict(job, _platform_copy(tmp_path, "dgx-h100", host=None))
-    assert bare.breakdown["host_wait"] == 0
+    assert bare.breakdown.host_wait_seconds == 0
     # A big layer is device-bound: the host adds nothing.
     wide = {"layers": 4, "hidden": 8192, "heads": 64, "seq_len": 4096, "vocab": 32000}
     big = predict(make_job(wide, pp=1, tp=1, dp=1, micro_batch=4, micro_batches=4, recompute="none"), plat)
-    assert big.breakdown["host_wait"] == 0
+    assert big.breakdown.host_wait_seconds == 0
 
 
 def test_bad_host_table_is_refused_naming_the_key(tmp_path):
@@ -190,8 +190,8 @@ def test_total_time_counts_eval_and_checkpoints(perlmutter):
     job = make_job().replace(run={"train_iters": 1000, "eval_interval": 100, "eval_iters": 10,
                                   "save_interval": 500})
     p = predict(job, perlmutter)
-    assert p.details["evaluations"] == 10 and p.details["checkpoints"] == 2
-    assert p.total_seconds > 120 + 1000 * p.iteration_seconds + p.details["eval_seconds"]
+    assert p.details.total.evaluations == 10 and p.details.total.checkpoints == 2
+    assert p.total_seconds > 120 + 1000 * p.iteration_seconds + p.details.total.eval_seconds
 
 
 def test_a_backward_without_model_is_costed_at_the_forward_efficiency(vista):

@@ -1,8 +1,22 @@
-"""A job, decomposed: pipeline stages, parameters, and the operators one micro-batch runs.
+"""The transformer recipe: what one training job *is*, computed once for every part of perfcast.
+
+From a model and its layout this module gives the widths each rank sees, the operators one
+micro-batch runs (with their shapes), the parameters each GPU holds, the model's FLOPs, and the
+pipeline split.  Timing (:mod:`predictor.estimate`), memory (:mod:`predictor.memory`),
+perf-advise (:mod:`predictor.advise`) and calibration's plans (which shapes to measure) all read
+it; nothing else computes a width, a parameter count or a split.
 
 Paper references are to Zhang et al., arXiv:2509.22832: Eq. 1–2 vocabulary padding, Eq. 3–5
-stage split, Eq. 6 / Table III parameter counts.  Where their code goes wrong (see the issue), the
-comments say what we do instead.
+stage split, Eq. 6 / Table III parameter counts.  Where their code goes wrong, the comments say
+what we do instead.  The counts reproduce the published closed forms: a GPT-3-style model
+(LayerNorm, GeLU, biases, learned positions, tied embeddings) has
+12·L·h² + 13·L·h + V·h + s·h + 2·h parameters (Narayanan et al., SC 2021, with V the padded
+vocabulary), LLaMA-7B 6,738,415,616 (Touvron et al. 2023); tests/predictor/test_recipe.py checks
+both and that the operators' FLOPs sum to the closed form of Narayanan et al.
+
+**Linear biases.**  GPT-NeoX- and GPT-3-style models (LayerNorm) carry biases on every linear
+layer; LLaMA-style models (RMSNorm; Megatron's ``--disable-bias-linear``, NeoX's LLaMA configs)
+carry none.  The job file has no separate key for it, so the norm decides (:func:`linear_bias`).
 
 **The pipeline split** (:func:`pipeline_split`, the one place it is computed; timing, memory and
 perf-advise all read it) follows the rule the framework itself applies, named by
@@ -49,7 +63,7 @@ import logging
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
 from .errors import JobError
 from .job import PIPE_SPLITS, Layout, ModelSpec, TrainingJob
@@ -77,6 +91,47 @@ def vocab_per_rank(vocab: int, tp: int) -> int:
     """Eq. 2: the vocabulary rows one tensor-parallel rank holds."""
     return padded_vocab(vocab, tp) // tp
 
+
+# ------------------------------------------------------------------------------ widths
+def is_gated(model: ModelSpec) -> bool:
+    """A gated MLP (SwiGLU; GeGLU and ReGLU have the same shapes): the up projection makes gate
+    and up together."""
+    return model.activation == "swiglu"
+
+
+def linear_bias(model: ModelSpec) -> bool:
+    """Whether the linear layers carry biases (module docstring: the norm decides)."""
+    return model.norm == "layernorm"
+
+
+def norm_parameters(model: ModelSpec) -> int:
+    """One norm's parameters: LayerNorm has a weight and a bias, RMSNorm a weight."""
+    return (2 if model.norm == "layernorm" else 1) * model.hidden
+
+
+def qkv_width(model: ModelSpec) -> int:
+    """Output columns of the fused QKV projection (grouped-query attention: narrower K and V)."""
+    return (model.heads + 2 * model.kv_heads) * model.head_dim
+
+
+def mlp_up_width(model: ModelSpec) -> int:
+    """Output columns of the MLP's up projection: 2 × ffn_hidden for a gated MLP."""
+    return (2 if is_gated(model) else 1) * model.ffn_hidden
+
+
+#: How frameworks size a gated MLP when the config gives no width: Megatron-LM's ``--swiglu``
+#: takes 2/3 of 4h rounded *down* to a multiple of 64; Meta's LLaMA code (``multiple_of=256``)
+#: rounds *up* to a multiple of 256.
+GATED_FFN_RULES = ("megatron", "llama")
+
+
+def gated_ffn_width(hidden: int, rule: str = "megatron") -> int:
+    """The default inner width of a gated MLP of ``hidden`` under ``rule`` (:data:`GATED_FFN_RULES`)."""
+    if rule == "megatron":
+        return int((4 * hidden * 2 / 3) / 64) * 64
+    if rule == "llama":
+        return int(math.ceil(8 * hidden / 3 / 256) * 256)
+    raise ValueError(f"gated_ffn_width: rule {rule!r} is not one of {', '.join(GATED_FFN_RULES)}")
 
 # ------------------------------------------------------------------------------ DeepSpeed's arithmetic
 def partition_uniform(num_items: int, num_parts: int) -> list[int]:
@@ -193,22 +248,6 @@ def _lprobe(prefix: list[float], m: int, bottleneck: float) -> tuple[list[int], 
 
 
 # ------------------------------------------------------------------------------ the split
-def _neox_layer_params(model: ModelSpec, tp: int) -> int:
-    """Trainable parameters of one ParallelTransformerLayerPipe as DeepSpeed counts them when it
-    builds the layer on one tensor-parallel rank: column-parallel weights and biases ÷ tp,
-    row-parallel weights ÷ tp with whole biases, norms whole."""
-    h, d = model.hidden, model.head_dim
-    bias = 1 if model.norm == "layernorm" else 0
-    qkv_out = (model.heads + 2 * model.kv_heads) * d
-    up_out = (2 if model.activation == "swiglu" else 1) * model.ffn_hidden
-    norm = (2 if model.norm == "layernorm" else 1) * h
-    return (h * qkv_out // tp + bias * qkv_out // tp
-            + model.heads * d // tp * h + bias * h
-            + h * up_out // tp + bias * up_out // tp
-            + model.ffn_hidden // tp * h + bias * h
-            + 2 * norm)
-
-
 def _neox_items(model: ModelSpec, tp: int, rule: str) -> list[int]:
     """Weights of GPT-NeoX's pipeline items [embedding, pre hook, L layers, post hook, norm, head]
     under ``pipe_partition_method`` ``type:transformer|mlp`` or ``parameters``."""
@@ -216,14 +255,12 @@ def _neox_items(model: ModelSpec, tp: int, rule: str) -> list[int]:
     if rule == "neox":
         # The regex matches ParallelTransformerLayerPipe and the _pre/_post_transformer_block hooks.
         return [0, 1] + [1] * L + [1, 0, 0]
-    emb = vocab_per_rank(model.vocab, tp) * model.hidden
-    if model.pos_emb == "learned":
-        emb += model.seq_len * model.hidden
-    norm = (2 if model.norm == "layernorm" else 1) * model.hidden
+    emb = vocab_per_rank(model.vocab, tp) * model.hidden + position_parameters(model)
+    norm = norm_parameters(model)
     # Tied embeddings: the head is a second TiedLayerSpec of the whole EmbeddingPipe, and DeepSpeed
     # builds and counts it like the first; untied, a ParallelLinearPipe without bias.
     head = emb if model.tied_embeddings else vocab_per_rank(model.vocab, tp) * model.hidden
-    return [emb, 0] + [_neox_layer_params(model, tp)] * L + [0, norm, head]
+    return [emb, 0] + [layer_parameters(model, tp)] * L + [0, norm, head]
 
 
 def _layers_per_part(parts: Sequence[int], layers: int) -> tuple[int, ...]:
@@ -379,54 +416,161 @@ def _per_device(split: tuple[int, ...], pp: int) -> tuple[int, ...]:
     return tuple(sum(split[r::pp]) for r in range(pp))
 
 
-def layer_params(job: TrainingJob) -> float:
-    """Parameters of one transformer layer on one tensor-parallel rank (Eq. 6, with GQA and gated MLP).
+# ------------------------------------------------------------------------------ parameters
+def layer_parameters(model: ModelSpec, tp: int = 1) -> int:
+    """Parameters of one transformer layer on one tensor-parallel rank (Eq. 6, with GQA, gated
+    MLPs and the bias rule of :func:`linear_bias`).
 
-    Norm weights (and LayerNorm biases) are replicated on every rank; linear weights and biases are
-    split.  A gated MLP's up projection holds gate and up (2 × ffn columns).
+    Megatron's split, which DeepSpeed counts the same way when it builds a layer on one rank: QKV
+    and MLP-up are column parallel (weights and biases ÷ tp), attention-out and MLP-down row
+    parallel (weights ÷ tp, biases whole), the two norms whole.
     """
-    m, tp = job.model, job.layout.tp
-    h, d = m.hidden, m.head_dim
-    norm = (2 if m.norm == "layernorm" else 1) * h
-    qkv_out = (m.heads + 2 * m.kv_heads) * d
-    up_out = (2 if m.activation == "swiglu" else 1) * m.ffn_hidden
-    bias = 1 if m.norm == "layernorm" else 0   # NeoX-style linears carry biases; LLaMA-style do not
-    linears = (h * qkv_out + bias * qkv_out) + (m.heads * d * h + bias * h) \
-        + (h * up_out + bias * up_out) + (m.ffn_hidden * h + bias * h)
-    return 2 * norm + linears / tp
+    h = model.hidden
+    bias = 1 if linear_bias(model) else 0
+    qkv, up = qkv_width(model) // tp, mlp_up_width(model) // tp
+    attn_in, ffn = model.heads * model.head_dim // tp, model.ffn_hidden // tp
+    return (h * qkv + bias * qkv) + (attn_in * h + bias * h) \
+        + (h * up + bias * up) + (ffn * h + bias * h) + 2 * norm_parameters(model)
 
 
-def stage_params(job: TrainingJob) -> list[float]:
-    """Parameters held by one GPU of each pipeline stage (Table III)."""
-    m, lay = job.model, job.layout
-    emb = vocab_per_rank(m.vocab, lay.tp) * m.hidden
-    per_layer = layer_params(job)
-    sizes = stage_layers(m, lay)
-    out = [n * per_layer for n in sizes]
-    final_norm = (2 if m.norm == "layernorm" else 1) * m.hidden
-    out[0] += emb + _position_params(m)
-    out[-1] += final_norm
-    if lay.pp > 1 or not m.tied_embeddings:
-        # The output projection: tied embeddings keep a copy on the last stage when pp > 1.
-        out[-1] += emb
-    return out
-
-
-def total_params(job: TrainingJob) -> float:
-    """Parameters of the whole model (every rank of one pipeline × tp)."""
-    m, tp = job.model, job.layout.tp
-    norm = (2 if m.norm == "layernorm" else 1) * m.hidden
-    # A layer's split part times tp, plus its replicated norms once.
-    per_layer = (layer_params(job) - 2 * norm) * tp + 2 * norm
-    emb = padded_vocab(m.vocab, tp) * m.hidden
-    return m.layers * per_layer + emb * (1 if m.tied_embeddings else 2) + _position_params(m) + norm
-
-
-def _position_params(m) -> int:
-    """Learned position embeddings (seq_len × hidden, replicated on every TP rank of stage 0);
+def position_parameters(model: ModelSpec) -> int:
+    """Learned position embeddings (seq_len × hidden, whole on every TP rank of the first stage);
     rotary, ALiBi and none have no parameters."""
-    return m.seq_len * m.hidden if m.pos_emb == "learned" else 0
+    return model.seq_len * model.hidden if model.pos_emb == "learned" else 0
 
+
+def stage_parameters(model: ModelSpec, layout: Layout, stage: int, layers: Optional[int] = None) -> int:
+    """Parameters one GPU of pipeline ``stage`` holds (its tensor-parallel shard), before ZeRO
+    (Table III).  ``layers``: the stage's transformer layers when the caller has the split."""
+    tp, pp = layout.tp, layout.pp
+    if layers is None:
+        layers = stage_layers(model, layout)[stage]
+    n = layers * layer_parameters(model, tp)
+    embedding = vocab_per_rank(model.vocab, tp) * model.hidden
+    if stage == 0:
+        n += embedding + position_parameters(model)
+    if stage == pp - 1:
+        n += norm_parameters(model)                  # the final norm
+        # The head: its own matrix when untied; with pp > 1 the last stage also keeps its own copy
+        # of a tied embedding (its gradient is all-reduced with the first stage's).
+        if not model.tied_embeddings or pp > 1:
+            n += embedding
+    return n
+
+
+def stage_parameter_counts(model: ModelSpec, layout: Layout) -> list[int]:
+    """:func:`stage_parameters` of every pipeline stage, in order."""
+    return [stage_parameters(model, layout, r, n) for r, n in enumerate(stage_layers(model, layout))]
+
+
+def total_parameters(model: ModelSpec, tp: int = 1) -> int:
+    """Parameters of the whole model, its vocabulary padded for ``tp`` ranks."""
+    embedding = padded_vocab(model.vocab, tp) * model.hidden
+    return (model.layers * layer_parameters(model, 1) + embedding * (1 if model.tied_embeddings else 2)
+            + position_parameters(model) + norm_parameters(model))
+
+
+# ------------------------------------------------------------------------------ operators
+#: The attention core: what selective recompute replays in backward, and what hides the ring
+#: K/V passes of context parallelism.
+ATTENTION_CORE = frozenset(("baddbmm", "scaled_masked_softmax", "bmm", "fillmask", "flash_atten"))
+
+
+@dataclass(frozen=True)
+class OperatorCall:
+    """One operator kind (a :data:`predictor.operators.OPERATORS` name) with its shape on one
+    rank, called ``count`` times per micro-batch in forward (and as often in backward)."""
+
+    name: str
+    shape: Mapping[str, float]
+    count: float = 1.0
+
+    @property
+    def attention_core(self) -> bool:
+        return self.name in ATTENTION_CORE
+
+    def forward_flops(self) -> float:
+        """FLOPs of the ``count`` forward calls (element-wise operators count none)."""
+        from .operators import OPERATORS    # the numpy catalogue; the split alone does not need it
+        flops = OPERATORS[self.name].flops({k: float(v) for k, v in self.shape.items()})
+        return float(flops) * self.count
+
+
+@dataclass(frozen=True)
+class MicroBatchRecipe:
+    """What one rank runs for one micro-batch, and the sizes its communication moves.
+
+    Sizes are tensor elements; ``layer`` is one transformer layer, ``embedding`` the first stage's
+    extra operators, ``head`` the last stage's (final norm, output projection, loss).
+    """
+
+    tokens: float                        # tokens per rank: micro_batch × seq_len / cp
+    layer: tuple[OperatorCall, ...]
+    embedding: tuple[OperatorCall, ...]
+    head: tuple[OperatorCall, ...]
+    tp_allreduce_entries: float          # one TP all-reduce of a layer's output
+    p2p_entries: float                   # one pipeline send of activations (or their gradients)
+    cp_kv_entries: float                 # one ring pass of this rank's K and V chunk
+    tied_embedding_entries: float        # the tied embedding's gradient, first to last stage
+
+
+@functools.lru_cache(maxsize=1024)
+def micro_batch_recipe(model: ModelSpec, layout: Layout) -> MicroBatchRecipe:
+    """The operators (paper Table I) and communication sizes of one micro-batch on one rank."""
+    tp, cp, b = layout.tp, layout.cp, layout.micro_batch
+    # With context parallelism each rank holds seq_len / cp tokens of every sequence.
+    tokens = b * model.seq_len // cp
+    sp = layout.sequence_parallel and tp > 1
+    norm_tokens = tokens / tp if sp else tokens
+    hpg, kvpg, d, h = model.heads // tp, model.kv_heads // tp, model.head_dim, model.hidden
+    ffn = model.ffn_hidden // tp
+    vpr = vocab_per_rank(model.vocab, tp)
+
+    def call(name: str, count: float = 1, **shape: float) -> OperatorCall:
+        return OperatorCall(name, shape, count)
+
+    layer = [call(model.norm, 2, tokens=norm_tokens, dim=h),
+             call("linear1", m=tokens, k=h, n=qkv_width(model) // tp)]
+    if model.pos_emb == "rotary":
+        layer.append(call("rope", tokens=tokens, heads=(hpg + kvpg) / 2, d=d))
+    attn_batch = b * hpg
+    if model.attention == "flash":
+        # Ring attention (cp > 1): a rank's queries meet every K/V chunk in turn, cp blocks of
+        # seq_len / cp — with Megatron's load balancing, 1/cp of the whole causal attention.
+        layer.append(call("flash_atten", cp, b=b, heads=hpg, l=model.seq_len // cp, d=d))
+    elif model.attention == "fused_softmax":
+        layer += [call("baddbmm", batch=attn_batch, l=model.seq_len, d=d),
+                  call("scaled_masked_softmax", batch=attn_batch, l=model.seq_len),
+                  call("bmm", batch=attn_batch, l=model.seq_len, d=d)]
+    else:   # unfused: baddbmm, mask fill and softmax measured as one block, then ·V
+        layer += [call("fillmask", batch=attn_batch, l=model.seq_len, d=d),
+                  call("bmm", batch=attn_batch, l=model.seq_len, d=d)]
+    layer += [call("linear2", m=tokens, k=hpg * d, n=h),
+              call("res_add", 2, tokens=norm_tokens, dim=h),
+              call("linear3", m=tokens, k=h, n=mlp_up_width(model) // tp),
+              call(model.activation, tokens=tokens, width=ffn),
+              call("linear4", m=tokens, k=ffn, n=h)]
+    embedding = (call("embedding", tokens=tokens, dim=h, vocab=vpr),)
+    head = (call(model.norm, tokens=norm_tokens, dim=h),
+            call("linear_final", m=tokens, k=h, n=vpr),
+            call("cross_entropy", tokens=tokens, vocab=vpr))
+    # DeepSpeed's pipeline engine (GPT-NeoX) sends the whole activation from every TP rank; only
+    # with sequence parallelism is each rank's slice 1/tp of it.
+    p2p = tokens * h / tp if sp else tokens * h
+    return MicroBatchRecipe(tokens, tuple(layer), embedding, head, tokens * h, p2p,
+                            2 * tokens * kvpg * d, vpr * h)
+
+
+def model_flops_per_iteration(model: ModelSpec, layout: Layout) -> float:
+    """Model FLOPs of one optimizer step over every GPU: 3 × the forward FLOPs (backward is twice
+    forward), recomputation not counted (model FLOPs in the PaLM sense).  Summed from the operators
+    of :func:`micro_batch_recipe`, so attention counts as it runs (flash attention skips the
+    causal half; the fused and unfused paths compute the whole square)."""
+    r = micro_batch_recipe(model, layout)
+    per_rank = (model.layers * sum(c.forward_flops() for c in r.layer)
+                + sum(c.forward_flops() for c in r.embedding + r.head))
+    ranks_per_micro_batch = layout.tp * layout.cp
+    return 3.0 * per_rank * ranks_per_micro_batch * layout.micro_batches * layout.dp
 
 @dataclass(frozen=True)
 class Group:

@@ -1,0 +1,93 @@
+"""What a prediction answers, as typed objects: the iteration's breakdown and the details behind it.
+
+The JSON of ``perf-predict --json`` keeps its documented keys (docs/job-file.md): the fields here
+carry units in their names, and ``to_dict`` writes the published key for each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Seconds of one iteration on its critical path, by part.
+
+    The first five and ``step_overhead_seconds`` add up to the iteration; the others are already
+    inside them (``tp_allreduce_seconds``, ``pp_p2p_seconds``, ``cp_exposed_seconds`` inside the
+    stage times, ``host_wait_seconds`` inside the backward).
+    """
+
+    forward_seconds: float               # micro-batches × the slowest stage's forward
+    backward_seconds: float              # micro-batches × the slowest stage's backward
+    bubble_seconds: float                # pipeline fill and drain
+    gradient_reduce_seconds: float       # data-parallel gradient reduction of the critical stage
+    optimizer_seconds: float             # optimizer step (and ZeRO all-gather) of that stage
+    step_overhead_seconds: float         # the platform's fixed per-step cost
+    tp_allreduce_seconds: float = 0.0
+    pp_p2p_seconds: float = 0.0
+    host_wait_seconds: float = 0.0
+    cp_exposed_seconds: float = 0.0
+
+    # field name -> the key of the published JSON
+    JSON_KEYS = {"forward_seconds": "stage_fwd_max", "backward_seconds": "stage_bwd_max",
+                 "bubble_seconds": "bubble", "gradient_reduce_seconds": "dp_allreduce",
+                 "optimizer_seconds": "max_update", "tp_allreduce_seconds": "mp_allreduce",
+                 "pp_p2p_seconds": "pp_p2p", "step_overhead_seconds": "step_overhead",
+                 "host_wait_seconds": "host_wait", "cp_exposed_seconds": "cp_exposed"}
+
+    def to_dict(self) -> dict[str, float]:
+        return {key: float(getattr(self, name)) for name, key in self.JSON_KEYS.items()}
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Per pipeline stage (device), seconds of one micro-batch and the layers it runs."""
+
+    layers: tuple[int, ...]
+    forward_seconds: tuple[float, ...]
+    backward_seconds: tuple[float, ...]
+    host_wait_seconds: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class TotalTime:
+    """The whole job beyond its iterations: start-up, evaluations and checkpoints."""
+
+    startup_seconds: float = 0.0
+    train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
+    evaluations: int = 0
+    checkpoints: int = 0
+
+
+@dataclass
+class Details:
+    """What stands behind a prediction: the stages, the pipeline, the interval's inputs, the
+    whole-job parts and where the job runs.  ``to_dict`` writes the documented ``details`` JSON."""
+
+    stages: StageTimes
+    forward_pipeline_seconds: float          # one forward wave through the pipeline (evaluation)
+    timeline_ratio: tuple[float, float] = (1.0, 1.0)
+    timeline_runs: int = 0
+    fitted_scales: Optional[dict[str, float]] = None
+    total: TotalTime = field(default_factory=TotalTime)
+    gpus: int = 0
+    nodes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        s, t = self.stages, self.total
+        d: dict[str, Any] = {
+            "stage_fwd_seconds": list(s.forward_seconds), "stage_bwd_seconds": list(s.backward_seconds),
+            "stage_host_wait_seconds": list(s.host_wait_seconds), "stage_layers": list(s.layers),
+            "forward_pipeline_seconds": self.forward_pipeline_seconds,
+            "timeline_ratio": list(self.timeline_ratio), "timeline_runs": self.timeline_runs,
+        }
+        if self.fitted_scales is not None:
+            d["fitted_scales"] = dict(self.fitted_scales)
+        d.update({"startup_seconds": t.startup_seconds, "train_seconds": t.train_seconds,
+                  "eval_seconds": t.eval_seconds, "checkpoint_seconds": t.checkpoint_seconds,
+                  "evaluations": t.evaluations, "checkpoints": t.checkpoints,
+                  "gpus": self.gpus, "nodes": self.nodes})
+        return d
