@@ -83,7 +83,7 @@ _LAUNCH = ("srun python pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-at
 
 
 def hostile_script(rng: random.Random) -> str:
-    """One of the shapes that stalled the daemon before its parser was bounded (issue 15)."""
+    """One of the shapes that stalled the daemon before its parser was bounded."""
     head = "#!/bin/bash\n#SBATCH --nodes=1 --gpus-per-node=8\n"
     size = rng.choice((1 << 16, 1 << 20, 3 << 20))
     kind = rng.randrange(9)

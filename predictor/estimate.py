@@ -16,9 +16,10 @@ all-reduces included; recomputation folded into B), v the virtual stages, and up
 """
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from .recipe import (Group, groups, micro_batch_recipe, stage_layers, stage_para
                      total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError
+from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
 from .network import collective_seconds
 from .operators import BYTES_PER_ELEMENT, OPERATORS, regressor_features
@@ -114,6 +116,35 @@ def _unique_rows(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------------ queries
+# Memoised operator and collective answers per loaded platform (see QuerySet._remember), by
+# id(platform); an entry goes when its platform is collected.
+MEMO_ENTRIES = 200_000
+_MEMOS: dict[int, dict] = {}
+
+
+def _memo(platform: Platform) -> dict:
+    key = id(platform)
+    memo = _MEMOS.get(key)
+    if memo is None:
+        memo = _MEMOS[key] = {}
+        weakref.finalize(platform, _MEMOS.pop, key, None)
+    return memo
+
+
+def _interval_rule(platform: Platform) -> IntervalRule:
+    memo = _memo(platform)
+    rule = memo.get("interval_rule")
+    if rule is None:
+        rule = memo["interval_rule"] = IntervalRule.for_platform(platform)
+    return rule
+
+
+def clear_memos() -> None:
+    """Forget every memoised answer (for code that changes a loaded platform in place: tests)."""
+    for memo in _MEMOS.values():
+        memo.clear()
+
+
 class QuerySet:
     """Operator and collective queries of many jobs, answered with one model call per model."""
 
@@ -124,22 +155,49 @@ class QuerySet:
         self._coll_rows: list[tuple[int, str, str, float, Group]] = []
         self._n = 0
         self.warnings: dict[int, list[str]] = defaultdict(list)   # handle -> warnings
+        self._memo = _memo(platform)
+        self._known: dict[int, tuple[float, float, bool]] = {}     # handle -> memoised answer
+        self._keys: dict[int, tuple] = {}                            # handle -> memo key (misses)
+        self.analytic: set[int] = set()       # collectives costed by the ring model of link speeds
+        self._names: dict[int, str] = {}      # handle -> operator or collective (for messages)
 
     def _handle(self) -> int:
         self._n += 1
         return self._n - 1
 
-    def op(self, name: str, direction: str, precision: str, shape: dict[str, float]) -> int:
+    def op(self, name: str, direction: str, precision: str, shape: Mapping[str, float]) -> int:
         h = self._handle()
-        model_key, model_op, note = self._resolve_op(name, direction, precision)
-        self._op_rows[(model_key, model_op, name, direction, precision)].append((h, shape))
+        self._names[h] = name
+        rkey = ("resolve", name, direction, precision)
+        resolved = self._memo.get(rkey)
+        if resolved is None:
+            resolved = self._memo[rkey] = self._resolve_op(name, direction, precision)
+        model_key, model_op, note = resolved
         if note:
             self.warnings[h].append(note)
+        key = ("op", name, direction, precision, tuple(float(shape[f]) for f in OPERATORS[name].features))
+        hit = self._memo.get(key)
+        if hit is not None:
+            self._known[h] = hit
+        else:
+            self._keys[h] = key
+            self._op_rows[(model_key, model_op, name, direction, precision)].append((h, shape))
         return h
 
     def coll(self, kind: str, entries: float, group: Group, precision: str) -> int:
         h = self._handle()
-        self._coll_rows.append((h, kind, precision, float(entries), group))
+        self._names[h] = kind
+        key = ("coll", kind, precision, float(entries), group.nodes, group.gpus_per_node)
+        hit = self._memo.get(key)
+        if hit is not None:
+            self._known[h] = hit[:3]
+            if hit[3]:
+                self.warnings[h].append(hit[3])
+            if hit[4]:
+                self.analytic.add(h)
+        else:
+            self._keys[h] = key
+            self._coll_rows.append((h, kind, precision, float(entries), group))
         return h
 
     def _resolve_op(self, name: str, direction: str, precision: str) -> tuple[str, str, str]:
@@ -175,6 +233,8 @@ class QuerySet:
         """(seconds, relative error, extrapolated) per handle."""
         n = self._n
         secs, rel, extra = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
+        for h, (t, r, x) in self._known.items():
+            secs[h], rel[h], extra[h] = t, r, x
         plat = self.platform
         base_rel = TRANSFER_REL_ERROR if plat.transferred else 0.0
         groups = list(self._op_rows.items())
@@ -216,7 +276,21 @@ class QuerySet:
                 # the roofline (no kernel beats it).
                 secs[handles] = np.maximum(secs[handles] * plat.fitted.compute_scale, roof)
         self._evaluate_collectives(secs, rel, extra)
+        self._remember(secs, rel, extra)
         return secs, rel, extra
+
+    def _remember(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
+        """Keep what this set computed: the platform never changes once loaded (a reload is a new
+        Platform), so the same shape costs the same on the next job the daemon or perf-advise asks
+        about.  Bounded: cleared when full rather than grown."""
+        memo = self._memo
+        if len(memo) + len(self._keys) > MEMO_ENTRIES:
+            memo.clear()
+        for h, key in self._keys.items():
+            answer = (float(secs[h]), float(rel[h]), bool(extra[h]))
+            if key[0] == "coll":
+                answer += ("; ".join(self.warnings.get(h, ())), h in self.analytic)
+            memo[key] = answer
 
     def _evaluate_collectives(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
         plat = self.platform
@@ -240,6 +314,7 @@ class QuerySet:
             if model is not None:
                 topo = {tuple(t) for t in model.info.topologies}
                 measured = np.array([(int(a), int(b)) in topo for a, b in zip(nodes, gpn)])
+            self.analytic.update(int(h) for h in handles[~measured])
             if measured.any():
                 idx = np.nonzero(measured)[0]
                 base = collective_seconds(plat.links, measured_kind, entries[idx], nodes[idx], gpn[idx], eb)
@@ -276,13 +351,6 @@ class QuerySet:
 
     def names_of(self, handles: "list[int]") -> list[str]:
         """Operator or collective names behind some handles (for messages)."""
-        if not hasattr(self, "_names"):
-            self._names = {}
-            for (_, _, name, _, _), rows in self._op_rows.items():
-                for h, _ in rows:
-                    self._names[h] = name
-            for h, kind, *_ in self._coll_rows:
-                self._names[h] = kind
         out: list[str] = []
         for h in handles:
             n = self._names.get(h)
@@ -547,20 +615,27 @@ def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Predic
     plans = [_plan(job, platform, q) for job in jobs]
     secs, rel, extra = q.evaluate()
     lo_secs, hi_secs = secs * np.maximum(1.0 - rel, 0.05), secs * (1.0 + rel)
-    ratio_lo, ratio_hi = platform.timeline_ratio
+    rule = _interval_rule(platform)
     out = []
     for plan in plans:
         iteration, breakdown, details = _assemble(plan, secs, platform)
-        lo, _, _ = _assemble(plan, lo_secs, platform)
-        hi, _, _ = _assemble(plan, hi_secs, platform)
-        # The timeline's own error, from measured runs on this platform (or the default).
-        lo, hi = lo * ratio_lo, hi * ratio_hi
-        details.timeline_ratio = (ratio_lo, ratio_hi)
+        spread_lo, _, _ = _assemble(plan, lo_secs, platform)
+        spread_hi, _, _ = _assemble(plan, hi_secs, platform)
+        handles = _plan_handles(plan)
+        extrapolated = bool(extra[handles].any()) if handles else False
+        # The interval: a conformal bound on the platform's measured residuals, widened by the
+        # operators' own spread only where the job leaves what those runs cover.
+        analytic = any(h in q.analytic for h in handles)
+        lo, hi = interval_seconds(iteration, spread_lo, spread_hi, rule, extrapolated=extrapolated,
+                                  analytic_collectives=analytic)
+        details.analytic_collectives = analytic
+        details.timeline_ratio = rule.factors
         details.timeline_runs = len(platform.validation)
+        details.operator_spread_seconds = (spread_lo, spread_hi)
+        details.interval_rule = rule.describe()
         if platform.fitted is not None:
             details.fitted_scales = {"compute": platform.fitted.compute_scale,
                                      "host": platform.fitted.host_scale}
-        handles = _plan_handles(plan)
         warnings = list(plan.warnings)
         if not platform.calibrated:
             warnings.append(f"platform {platform.name} is uncalibrated (published specs only): "
@@ -574,7 +649,6 @@ def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Predic
                 if w not in seen:
                     seen.add(w)
                     warnings.append(w)
-        extrapolated = bool(extra[handles].any()) if handles else False
         if extrapolated:
             names = q.names_of([h for h in handles if extra[h]])
             warnings.append("shape outside the sampled range for " + ", ".join(names)

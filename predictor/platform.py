@@ -33,7 +33,7 @@ from .errors import BundleError, PlatformNotFound, RunRecordError
 from .host import HostCosts
 from .network import Links
 from .operators import GpuSpec
-from .validation import MeasuredRun, parse_runs, ratio_range
+from .validation import MeasuredRun, parse_runs
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -126,11 +126,6 @@ class Platform:
     validation: list[MeasuredRun] = field(default_factory=list)
     host: Optional[HostCosts] = None     # None: no host term (device time alone)
     fitted: Optional[FittedTerms] = None   # [fitted] scales (None: none fitted)
-
-    @property
-    def timeline_ratio(self) -> tuple[float, float]:
-        """(low, high) factors for intervals: measured / predicted over this platform's runs."""
-        return ratio_range(self.validation)
 
     @property
     def gpu_memory_gib(self) -> float:

@@ -72,6 +72,9 @@ class Details:
     timeline_ratio: tuple[float, float] = (1.0, 1.0)
     timeline_runs: int = 0
     fitted_scales: Optional[dict[str, float]] = None
+    operator_spread_seconds: tuple[float, float] = (0.0, 0.0)   # every term at its low / high end
+    interval_rule: Optional[dict[str, Any]] = None              # predictor.interval.IntervalRule
+    analytic_collectives: bool = False       # a collective costed by the ring model (wider interval)
     total: TotalTime = field(default_factory=TotalTime)
     gpus: int = 0
     nodes: int = 0
@@ -86,6 +89,10 @@ class Details:
         }
         if self.fitted_scales is not None:
             d["fitted_scales"] = dict(self.fitted_scales)
+        d["operator_spread_seconds"] = list(self.operator_spread_seconds)
+        if self.interval_rule is not None:
+            d["interval_rule"] = dict(self.interval_rule)
+        d["analytic_collectives"] = self.analytic_collectives
         d.update({"startup_seconds": t.startup_seconds, "train_seconds": t.train_seconds,
                   "eval_seconds": t.eval_seconds, "checkpoint_seconds": t.checkpoint_seconds,
                   "evaluations": t.evaluations, "checkpoints": t.checkpoints,

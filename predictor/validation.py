@@ -13,14 +13,17 @@ to what its models predicted for the same job, in ``platform.toml``::
     [validation.job.model]   # the job, in the job-file keys
     ...
 
-The spread of measured / predicted over those runs widens every interval the platform gives
-(:func:`ratio_range`); a platform with no runs of its own gets :data:`DEFAULT_TIMELINE_RATIO`.
+Their residuals, ``log(measured / predicted)`` (:attr:`MeasuredRun.log_ratio`), set the interval
+every answer on the platform gives: :mod:`predictor.interval` (split conformal, with a pooled prior
+where a platform has fewer than 9 runs).  :func:`ratio_range` and :data:`DEFAULT_TIMELINE_RATIO`
+are the earlier rule (the min-max spread of measured / predicted, multiplied onto the operator
+spread), kept for what still reads it; ``python benchmarks/bench_intervals.py`` compares the two.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from .errors import JobError, RunRecordError
 from .job import TrainingJob
@@ -46,6 +49,12 @@ class MeasuredRun:
     def ratio(self) -> float:
         """measured / predicted (> 1: the platform under-predicted this run)."""
         return self.measured_iteration_seconds / self.predicted_iteration_seconds
+
+    @property
+    def log_ratio(self) -> float:
+        """log(measured / predicted): the run's residual, > 0 where under-predicted
+        (:mod:`predictor.interval` builds intervals from these)."""
+        return math.log(self.measured_iteration_seconds / self.predicted_iteration_seconds)
 
     @property
     def error(self) -> float:
@@ -117,22 +126,6 @@ def ratio_range(runs: Sequence[MeasuredRun]) -> tuple[float, float]:
     if not ratios:
         return DEFAULT_TIMELINE_RATIO
     return min(1.0, min(ratios)), max(1.0, max(ratios))
-
-
-def leave_one_out(runs: Sequence[MeasuredRun],
-                  operator_bounds: Optional[Sequence[tuple[float, float]]] = None) -> list[bool]:
-    """For each run: inside the interval the *other* runs would have given it?
-
-    ``operator_bounds`` are each run's interval ends from operator uncertainty alone, relative to
-    its prediction (``(0.97, 1.03)``); without them only the timeline spread is checked.
-    """
-    out = []
-    for i, run in enumerate(runs):
-        others = [r for j, r in enumerate(runs) if j != i]
-        lo, hi = ratio_range(others) if others else DEFAULT_TIMELINE_RATIO
-        op_lo, op_hi = operator_bounds[i] if operator_bounds is not None else (1.0, 1.0)
-        out.append(op_lo * lo <= run.ratio <= op_hi * hi)
-    return out
 
 
 def runs_to_toml(runs: Iterable[MeasuredRun]) -> list[dict[str, Any]]:

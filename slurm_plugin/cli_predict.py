@@ -87,9 +87,13 @@ def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
     if d is not None:
         r_lo, r_hi = d.timeline_ratio
         n = d.timeline_runs
-        whence = (f"{n} measured runs on this platform" if n
-                  else "default: no measured runs recorded on this platform")
-        lines.append(f"{'':<26}(interval × {r_lo:.2f}–{r_hi:.2f} for the timeline's own error: {whence})")
+        source = (d.interval_rule or {}).get("source", "")
+        whence = {"own": f"residuals of {n} runs measured here",
+                  "pooled": f"residuals of {n} runs here and of the shipped platforms'",
+                  "prior": "no run measured here: the shipped platforms' largest residual",
+                  }.get(source, f"{n} measured runs")
+        widened = "; widened by operator spread" if (pred.extrapolated or d.analytic_collectives) else ""
+        lines.append(f"{'':<26}(90 % interval × {r_lo:.2f}–{r_hi:.2f}: {whence}{widened})")
     lines.append("")
     if pred.iterations and d is not None:
         t = d.total

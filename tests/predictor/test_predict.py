@@ -95,13 +95,16 @@ def test_unmeasured_topology_says_so_and_uses_analytic(perlmutter):
 def test_extrapolation_flagged_with_wider_interval(perlmutter, monkeypatch):
     from predictor import estimate
     # Operator uncertainty only: the timeline spread of the recorded runs would dilute the factor.
-    monkeypatch.setattr(type(perlmutter), "timeline_ratio", property(lambda self: (1.0, 1.0)))
+    from predictor.interval import IntervalRule
+    monkeypatch.setattr(estimate.IntervalRule, "for_platform",
+                        classmethod(lambda cls, p: IntervalRule(0.0, 0.0, "own", 9)))
     job = make_job(model=dict(GPT20B, hidden=16384, heads=128))
     outside = predict(job, perlmutter)
     assert outside.extrapolated
     assert any("outside the sampled range" in w for w in outside.warnings)
     width = lambda p: p.interval_seconds[1] - p.interval_seconds[0]
     monkeypatch.setattr(estimate, "EXTRAPOLATION_FACTOR", 1.0)
+    estimate.clear_memos()          # the memo holds answers made with the factor of 2
     unwidened = predict(job, perlmutter)
     assert width(outside) > 1.2 * width(unwidened)
 
@@ -223,3 +226,29 @@ def test_host_prior_platforms_say_so_and_subtract_nothing(name):
     host = load_platform(name).host
     assert host is not None and host.source.startswith("prior:")
     assert not host.operators and host.layer_seconds > 0
+
+
+def test_memoised_answers_are_the_answers(perlmutter):
+    # The platform memoises operator and collective answers: a job asked again (or another job
+    # with the same shapes) gets the same prediction, interval and warnings as on a fresh load.
+    from predictor import load_platform
+    jobs = [make_job(), make_job(micro_batch=2, micro_batches=32), make_job(pp=8, tp=4, dp=4, micro_batches=32)]
+    fresh = [predict(j, load_platform("perlmutter-a100", reload=True)) for j in jobs]
+    warm = load_platform("perlmutter-a100", reload=True)
+    first = [predict(j, warm) for j in jobs]
+    again = [predict(j, warm) for j in jobs]
+    from predictor.estimate import _memo
+    assert _memo(warm)
+    for a, b, c in zip(fresh, first, again):
+        assert a.iteration_seconds == b.iteration_seconds == c.iteration_seconds
+        assert a.interval_seconds == b.interval_seconds == c.interval_seconds
+        assert a.breakdown == b.breakdown == c.breakdown
+        assert a.warnings == b.warnings == c.warnings
+
+
+def test_memoised_collective_warning_is_kept():
+    from predictor import load_platform
+    plat = load_platform("vista-gh200", reload=True)
+    job = make_job(pp=2, tp=1, dp=64, micro_batches=16)      # a DP group no calibration measured
+    a, b = predict(job, plat), predict(job, plat)
+    assert a.warnings == b.warnings

@@ -1,0 +1,280 @@
+"""Intervals from measured residuals (predictor/interval.py): split conformal with a pooled prior."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from predictor import load_platform
+from predictor.errors import PerfcastError, RunRecordError
+from predictor.interval import (ALPHA, MIN_OWN_RUNS, SHIPPED_PRIOR, IntervalRule, PooledPrior,
+                                conformal_quantile, conformal_rank, interval_seconds, leave_one_out,
+                                min_runs, run_scores)
+from predictor.platform import SHIPPED_DIR
+from predictor.validation import MeasuredRun
+
+from .conftest import make_job
+
+ROOT = Path(__file__).resolve().parents[2]
+PRIOR = PooledPrior(quantile=0.2, maximum=0.5, runs=40)
+
+
+def _run(measured: float, predicted: float = 1.0, name: str = "r") -> MeasuredRun:
+    return MeasuredRun(name, make_job(), measured_iteration_seconds=measured,
+                       predicted_iteration_seconds=predicted)
+
+
+# ------------------------------------------------------------------------- the conformal quantile
+@pytest.mark.parametrize("n, rank", [(0, 1), (8, 9), (9, 9), (19, 18), (33, 31), (43, 40), (99, 90)])
+def test_conformal_rank_is_ceil_n_plus_one_times_level(n, rank):
+    assert conformal_rank(n) == rank
+
+
+def test_fewest_runs_for_a_finite_bound():
+    assert MIN_OWN_RUNS == min_runs(0.1) == 9
+    assert min_runs(0.2) == 4 and min_runs(0.05) == 19
+
+
+def test_rule_from_synthetic_residuals_is_the_exact_conformal_quantile():
+    # 19 residuals, signs mixed, |s| = 0.01 ... 0.19 in scrambled order: rank ⌈20 · 0.9⌉ = 18.
+    mags = [0.01 * k for k in range(1, 20)]
+    rng = np.random.default_rng(7)
+    scores = [m * (1 if i % 3 else -1) for i, m in zip(range(19), rng.permutation(mags))]
+    rule = IntervalRule.from_scores(scores, prior=PRIOR)
+    assert rule.source == "own" and rule.runs == 19
+    assert rule.low == rule.high == pytest.approx(0.18)
+    assert rule.factors == (pytest.approx(math.exp(-0.18)), pytest.approx(math.exp(0.18)))
+    assert conformal_quantile([abs(s) for s in scores]) == pytest.approx(0.18)
+
+
+def test_rule_from_runs_uses_log_measured_over_predicted():
+    runs = [_run(m, 2.0, f"r{i}") for i, m in enumerate((2.0, 2.2, 1.9, 2.1, 2.3, 1.7, 2.05, 2.25, 1.95))]
+    rule = IntervalRule.from_runs(runs, prior=PRIOR)
+    # 9 runs: the 9th smallest = the largest |log(m / 2)|, 1.7 s (over-predicted by 18 %).
+    assert rule.source == "own"
+    assert rule.low == rule.high == pytest.approx(abs(math.log(1.7 / 2.0)))
+    assert run_scores(runs)[4] == pytest.approx(math.log(1.15))
+
+
+def _coverage(rng: np.random.Generator, n: int, trials: int, mean: float, sigma: float,
+              rank_shift: int = 0) -> float:
+    """How often a new log-normal run lands inside the rule built from n others like it."""
+    cal = rng.normal(mean, sigma, size=(trials, n))
+    new = rng.normal(mean, sigma, size=trials)
+    inside = 0
+    for row, x in zip(cal, new):
+        rule = IntervalRule.from_scores(row.tolist(), prior=PRIOR)
+        if rank_shift:
+            q = sorted(abs(row))[conformal_rank(n) - 1 + rank_shift]
+            rule = IntervalRule(q, q, "own", n)
+        lo, hi = interval_seconds(1.0, 1.0, 1.0, rule)
+        inside += lo <= math.exp(x) <= hi
+    return inside / trials
+
+
+@pytest.mark.parametrize("mean, sigma", [(0.0, 0.1), (0.08, 0.15)])   # unbiased; under-predicting
+def test_coverage_on_synthetic_lognormal_residuals_is_at_least_90_percent(mean, sigma):
+    rng = np.random.default_rng(20261124)
+    cov = _coverage(rng, 20, 20000, mean, sigma)
+    # Exchangeable residuals: coverage is 19/21 = 0.905 in expectation (never below 0.9), and not
+    # much above (the bound is tight, not merely wide).
+    assert 0.9 <= cov <= 0.915, cov
+
+
+def test_one_rank_lower_would_undercover():
+    # The check above can fail: the next-smaller order statistic covers only 18/21 = 0.857.
+    cov = _coverage(np.random.default_rng(3), 20, 20000, 0.0, 0.1, rank_shift=-1)
+    assert cov < 0.87, cov
+
+
+# --------------------------------------------------------------------------- too few runs
+def test_too_few_runs_fall_back_to_the_pooled_prior_widened_to_their_own_worst():
+    scores = [0.05, -0.03, 0.35, 0.01, -0.1]          # 5 runs < 9: under-predicted by up to 42 %
+    rule = IntervalRule.from_scores(scores, prior=PRIOR)
+    assert rule.source == "pooled" and rule.runs == 5
+    assert rule.low == pytest.approx(0.2)              # pooled quantile: no own run is worse below
+    assert rule.high == pytest.approx(0.35)            # its own worst under-prediction
+    lo, hi = interval_seconds(10.0, 9.0, 11.0, rule)
+    for s in scores:                                   # its own runs are always inside
+        assert lo <= 10.0 * math.exp(s) <= hi
+
+
+def test_eight_runs_pool_nine_own():
+    eight = [0.01 * k for k in range(1, 9)]
+    assert IntervalRule.from_scores(eight, prior=PRIOR).source == "pooled"
+    nine = IntervalRule.from_scores(eight + [0.09], prior=PRIOR)
+    assert nine.source == "own" and nine.high == pytest.approx(0.09)
+
+
+def test_no_runs_get_the_pooled_maximum():
+    rule = IntervalRule.from_scores([], prior=PRIOR)
+    assert (rule.source, rule.low, rule.high, rule.runs) == ("prior", 0.5, 0.5, 0)
+    assert IntervalRule.from_runs([]).high == SHIPPED_PRIOR.maximum
+
+
+# ------------------------------------------------------------------------ the operator spread
+def test_spread_ignored_unless_the_job_leaves_the_recorded_runs():
+    rule = IntervalRule(0.1, 0.2, "own", 20)
+    plain = interval_seconds(10.0, 5.0, 20.0, rule)
+    assert plain == (pytest.approx(10 * math.exp(-0.1)), pytest.approx(10 * math.exp(0.2)))
+    # Extrapolated: in quadrature on the log scale with the conformal bound.
+    lo, hi = interval_seconds(10.0, 9.0, 12.0, rule, extrapolated=True)
+    assert lo == pytest.approx(10 * math.exp(-math.hypot(0.1, math.log(10 / 9))))
+    assert hi == pytest.approx(10 * math.exp(math.hypot(0.2, math.log(1.2))))
+    assert interval_seconds(10.0, 9.0, 12.0, rule, analytic_collectives=True) == (lo, hi)
+    # An uncalibrated platform: always.
+    spec_only = IntervalRule(0.1, 0.2, "own", 20, calibrated=False)
+    assert interval_seconds(10.0, 9.0, 12.0, spec_only) == (lo, hi)
+
+
+def test_spread_never_narrows_and_a_zero_low_end_stays_finite():
+    rule = IntervalRule(0.1, 0.1, "own", 20)
+    # Ends on the wrong side of the point widen nothing.
+    plain = interval_seconds(10.0, 10.0, 10.0, rule)
+    assert interval_seconds(10.0, 11.0, 9.0, rule, extrapolated=True) == plain
+    lo, hi = interval_seconds(10.0, 0.0, 10.0, rule, extrapolated=True)
+    assert lo == pytest.approx(10 * math.exp(-math.hypot(0.1, math.log(20))))   # capped at 5 %
+
+
+def test_platform_rule_knows_an_uncalibrated_platform():
+    plat = load_platform("dgx-a100")
+    plat_spec = type(plat)(**{**plat.__dict__, "calibrated": False})
+    rule = IntervalRule.for_platform(plat_spec)
+    assert not rule.calibrated and rule.source == "prior"
+    lo, hi = interval_seconds(10.0, 8.0, 13.0, rule)
+    assert hi > 10.0 * math.exp(SHIPPED_PRIOR.maximum)
+
+
+# ------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("scores", [[0.1, float("nan")], [float("inf")], [0.1, "0.2"], [True]])
+def test_bad_residuals_raise_run_record_errors(scores):
+    with pytest.raises(RunRecordError, match="finite number"):
+        IntervalRule.from_scores(scores)
+
+
+def test_a_run_without_a_prediction_is_refused_by_name():
+    with pytest.raises(RunRecordError, match="run 'no-pred': no predicted_iteration_seconds") as exc:
+        IntervalRule.from_runs([_run(2.0, 1.0, "a"), _run(2.0, 0.0, "no-pred")])
+    assert isinstance(exc.value, PerfcastError)
+
+
+def test_a_pooled_prior_needs_enough_runs():
+    with pytest.raises(RunRecordError, match="at least 9 runs, got 8"):
+        PooledPrior.from_scores([0.1] * 8)
+
+
+@pytest.mark.parametrize("args", [(0.0, 1.0, 1.0), (float("nan"), 1.0, 1.0), (1.0, -1.0, 1.0),
+                                  (1.0, 1.0, float("inf")), (True, 1.0, 1.0)])
+def test_bad_seconds_raise(args):
+    with pytest.raises(ValueError):
+        interval_seconds(*args, IntervalRule(0.1, 0.1, "own", 9))
+
+
+@pytest.mark.parametrize("kw", [dict(low=-0.1), dict(high=float("nan")), dict(source="guess"),
+                                dict(alpha=0.0), dict(alpha=1.5)])
+def test_bad_rules_raise(kw):
+    args = dict(low=0.1, high=0.1, source="own", runs=9)
+    args.update(kw)
+    with pytest.raises(ValueError):
+        IntervalRule(**args)
+
+
+# ---------------------------------------------------------------------------- leave-one-out
+def test_leave_one_out_judges_each_score_without_it_in_the_rule_or_the_prior():
+    own = [0.3, 0.0, -0.05]
+    pooled = [0.01 * k for k in range(1, 10)] + own        # 12 pooled; own at 9, 10, 11
+    rules = leave_one_out(own, pooled=pooled, pooled_index=[9, 10, 11])
+    # Left out 0.3: others (0.0, -0.05); pool of 11 without it: rank 11 -> max 0.09.
+    assert (rules[0].low, rules[0].high) == (pytest.approx(0.09), pytest.approx(0.09))
+    # Left out 0.0: others (0.3, -0.05); pool of 11 with 0.3: rank 11 -> 0.3; high reaches 0.3.
+    assert rules[1].high == pytest.approx(0.3) and rules[1].low == pytest.approx(0.3)
+    with pytest.raises(ValueError):
+        leave_one_out(own, pooled_index=[0, 1, 2])
+
+
+# ------------------------------------------------------------------------ the shipped records
+def _shipped_runs() -> list[tuple[str, MeasuredRun]]:
+    out = []
+    for d in sorted(SHIPPED_DIR.iterdir()):
+        if (d / "platform.toml").is_file():
+            plat = load_platform(d)
+            out += [(plat.name, r) for r in plat.validation]
+    return out
+
+
+def test_shipped_prior_still_matches_the_shipped_records():
+    # The constant is what `python benchmarks/bench_intervals.py --pooled` computes from every
+    # shipped platform's recorded runs, rounded up at the 4th decimal: a re-recorded or added run
+    # that moves it makes this fail until the constant is recomputed.
+    scores = [r.log_ratio for _, r in _shipped_runs()]
+    fresh = PooledPrior.from_scores(scores)
+    assert SHIPPED_PRIOR.runs == fresh.runs == len(scores)
+    assert fresh.quantile <= SHIPPED_PRIOR.quantile < fresh.quantile + 1e-4
+    assert fresh.maximum <= SHIPPED_PRIOR.maximum < fresh.maximum + 1e-4
+    mags = [abs(s) for s in scores]
+    # It covers what the records say: ≥ 90 % of the pooled runs inside the quantile, all inside the maximum.
+    assert sum(m <= SHIPPED_PRIOR.quantile for m in mags) / len(mags) >= 1 - ALPHA
+    assert all(m <= SHIPPED_PRIOR.maximum for m in mags)
+
+
+@pytest.mark.parametrize("name, source", [("dgx-h100", "own"), ("perlmutter-a100", "pooled"),
+                                          ("vista-gh200", "pooled"), ("dgx-a100", "prior")])
+def test_shipped_platform_rules(name, source):
+    plat = load_platform(name)
+    rule = IntervalRule.for_platform(plat)
+    assert rule.source == source and rule.runs == len(plat.validation)
+    inside = [math.exp(-rule.low) <= r.ratio <= math.exp(rule.high) for r in plat.validation]
+    assert not inside or sum(inside) / len(inside) >= 1 - ALPHA
+    if source == "pooled":       # too few own runs: every one of them inside
+        assert all(inside)
+
+
+def _bench():
+    path = ROOT / "benchmarks" / "bench_intervals.py"
+    spec = importlib.util.spec_from_file_location("bench_intervals", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_leave_one_out_on_the_shipped_runs_meets_the_target():
+    # Issue 12 item 7: ≥ 90 % of runs the rule never saw inside, median width ≤ 0.5 × the point
+    # (the earlier rule: about 1.02 × at 42/43).  Figures: python benchmarks/bench_intervals.py
+    bench = _bench()
+    rep = bench.evaluate(bench.shipped_platforms())
+    new = rep["all"]["new"]
+    assert new["runs"] == SHIPPED_PRIOR.runs
+    assert new["coverage"] >= 1 - ALPHA and new["median_width"] <= 0.5, new
+    assert rep["all"]["old"]["median_width"] > 2 * new["median_width"]
+    assert bench.main(["--pooled"]) == 0
+
+
+# ------------------------------------------------------------------- predictions use the rule
+def _details(p) -> dict:
+    return p.details.to_dict() if hasattr(p.details, "to_dict") else dict(p.details)
+
+
+@pytest.mark.parametrize("name, job, analytic", [
+    ("dgx-h100", None, False),                                  # a recorded single-GPU job
+    ("dgx-a100", make_job(), True),                             # 128 GPUs, ring-model collectives
+])
+def test_predictions_take_their_interval_from_the_rule(name, job, analytic):
+    from predictor import predict
+    plat = load_platform(name)
+    p = predict(job or plat.validation[0].job, plat)
+    d = _details(p)
+    if "operator_spread_seconds" not in d:
+        pytest.skip("estimate.py does not call predictor.interval.interval_seconds yet")
+    rule = IntervalRule.for_platform(plat)
+    lo_op, hi_op = d["operator_spread_seconds"]
+    expect = interval_seconds(p.iteration_seconds, lo_op, hi_op, rule, extrapolated=p.extrapolated,
+                              analytic_collectives=analytic)
+    assert p.interval_seconds == (pytest.approx(expect[0]), pytest.approx(expect[1]))
+    assert d["interval_rule"] == rule.describe()
+    if analytic:    # the ring model's ±50 % is outside every recorded run: it widens
+        assert p.interval_seconds[1] > p.iteration_seconds * rule.factors[1]
