@@ -18,6 +18,10 @@ Each job's :class:`~slurm_plugin.records.JobOutcome` goes into the record store 
 it); each job with a measured iteration time also becomes a ``[[run]]`` of its partition's runs
 file (``<out>/<partition>.toml``, the format of ``perf-calibrate validate --runs``), de-duplicated
 by job id and bounded to the newest :data:`predictor.validation.MAX_RUNS`.
+
+With ``--refit`` (:func:`refit_partitions`), each partition's runs then refit the end-to-end terms
+of the platform installed for it (:func:`calibrate.install.refit_partition`: ``validate --fit`` on
+a copy, installed as a new version only when leave-one-out improves; ``rollback`` undoes it).
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from predictor.errors import JobError, PerfcastError, RunRecordError
 from predictor.job import TrainingJob
@@ -42,6 +46,7 @@ from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, JobOutcome, Prediction
                                   is_record_id, parse_admin_comment)
 from slurm_plugin.slurm_client import SlurmClient, SlurmError, parse_oneliner
 
+from .install import DEFAULT_REFIT_MIN_RUNS, RefitResult, refit_partition
 from .joblogs import IterationTimes, iteration_times
 
 log = logging.getLogger(__name__)
@@ -438,6 +443,12 @@ class HarvestOptions:
     dry_run: bool = False
     max_log_bytes: int = MAX_LOG_BYTES
     log_timeout_s: float = LOG_READ_TIMEOUT_S
+    refit: bool = False                   # then refit each partition's installed platform
+    refit_min_runs: int = DEFAULT_REFIT_MIN_RUNS
+    platforms_root: Optional[Path] = None     # None: calibrate.install.platforms_root()
+    pid_file: Optional[Path] = None           # perf-predictd's, for the reload after a refit
+    # partition -> the platform perfcast.toml predicts it with (None: not managed); unset: unknown
+    site_platform: Optional[Callable[[str], Optional[str]]] = None
 
 
 @dataclass
@@ -446,12 +457,19 @@ class HarvestResult:
     outcomes: list[JobOutcome] = field(default_factory=list)
     runs_files: dict[str, tuple[Path, int, int]] = field(default_factory=dict)   # partition -> (file, added, total)
     skipped: list[tuple[int, str]] = field(default_factory=list)                 # (job id, why)
+    refits: list[RefitResult] = field(default_factory=list)                      # with --refit
+
+    @property
+    def ok(self) -> bool:
+        """False when a refit failed or the daemon did not reload after one."""
+        return all(r.ok for r in self.refits)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "jobs": [o.to_dict() for o in self.outcomes],
                 "runs_files": {p: {"path": str(f), "added": a, "total": t}
                                for p, (f, a, t) in self.runs_files.items()},
-                "skipped": [{"job_id": j, "reason": r} for j, r in self.skipped]}
+                "skipped": [{"job_id": j, "reason": r} for j, r in self.skipped],
+                "refits": [r.to_dict() for r in self.refits]}
 
     def summary(self) -> str:
         measured = sum(1 for o in self.outcomes if o.measured_iteration_seconds is not None)
@@ -465,6 +483,8 @@ class HarvestResult:
             lines.append(f"runs of {part}: {f} (+{added}, {total} in all)")
         for jid, why in self.skipped:
             lines.append(f"  skipped job {jid}: {why}")
+        for r in self.refits:
+            lines.append(f"refit of {r.partition}: {r.status}: {r.message}")
         return "\n".join(lines)
 
 
@@ -495,6 +515,7 @@ def harvest(opts: HarvestOptions, client: Optional[AccountingClient] = None) -> 
     jobs, used = finished_jobs(client, since, opts.partition, opts.source)
     res = HarvestResult(source=used)
     new_runs: dict[str, list[MeasuredRun]] = {}
+    merged: dict[str, list[MeasuredRun]] = {}
     for job in sorted(jobs, key=lambda j: j.job_id):
         outcome, run, why = _harvest_one(job, store, opts)
         if outcome is None:
@@ -506,8 +527,73 @@ def harvest(opts: HarvestOptions, client: Optional[AccountingClient] = None) -> 
         if run is not None:
             new_runs.setdefault(run[0], []).append(run[1])
     for part, runs in sorted(new_runs.items()):
-        res.runs_files[part] = append_runs(opts.out_dir, part, runs, dry_run=opts.dry_run)
+        path, added, total, merged[part] = _append_runs(opts.out_dir, part, runs, dry_run=opts.dry_run)
+        res.runs_files[part] = (path, added, total)
+    if opts.refit:
+        res.refits = refit_partitions(opts, merged)
     return res
+
+
+def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequence[MeasuredRun]]] = None
+                     ) -> list[RefitResult]:
+    """``--refit``: refit each partition that has harvested runs (``opts.partition`` only, if
+    set) with :func:`calibrate.install.refit_partition`.  ``harvested``: runs files as this
+    harvest left them (a dry run writes none), by partition; the others are read from disk.
+    A partition that cannot be refitted is reported, never stops the others."""
+    harvested = dict(harvested or {})
+    if opts.partition:
+        parts = [opts.partition]
+    else:
+        on_disk = []
+        if opts.out_dir.is_dir():
+            on_disk = [f.stem for f in opts.out_dir.glob("*.toml") if _PARTITION_RE.match(f.stem)]
+        parts = sorted(set(on_disk) | set(harvested))
+    out = []
+    for part in parts:
+        path = runs_file(opts.out_dir, part)
+        runs = harvested.get(part)
+        if runs is None:
+            if not path.exists():
+                out.append(RefitResult(part, "skipped", f"no harvested runs ({path} does not exist)"))
+                continue
+            from .validate import load_runs
+            try:
+                runs = load_runs(path)
+            except RunRecordError as exc:
+                out.append(RefitResult(part, "failed", f"{exc} (the harvest's own runs file: fix it or "
+                                                       "move it aside)"))
+                continue
+        res = refit_partition(part, runs, root=opts.platforms_root, min_runs=opts.refit_min_runs,
+                              pid_file=opts.pid_file, dry_run=opts.dry_run, runs_file=str(path))
+        note = _site_note(opts, part, res)
+        if note:
+            res.message += f"; {note}"
+        out.append(res)
+    return out
+
+
+def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
+    """Whether perf-predictd predicts ``partition`` with the platform a refit updates
+    (``<root>/<partition>/current``): a refit the daemon never loads would mislead the admin."""
+    from predictor.errors import PlatformNotFound
+    from predictor.platform import resolve_platform
+
+    from .install import platforms_root
+    installed = platforms_root(opts.platforms_root) / partition / "current"
+    if opts.site_platform is None or not (
+            res.status in ("installed", "dry-run") or (res.status == "skipped" and not installed.exists())):
+        return ""
+    name = opts.site_platform(partition)
+    if name is None:
+        return "note: perfcast.toml does not manage this partition"
+    try:
+        used = resolve_platform(name).resolve()
+    except PlatformNotFound:
+        return f"note: perfcast.toml names platform {name!r} for it, which does not resolve"
+    if installed.exists() and used == installed.resolve():
+        return ""
+    return (f"note: perf-predictd predicts it with {name!r}, not with {installed} (perfcast.toml: "
+            f"platform = \"{partition}\" for the installed one)")
 
 
 def _harvest_one(job: AccountingJob, store: RecordStore, opts: HarvestOptions
@@ -605,6 +691,13 @@ def append_runs(out_dir: "str | os.PathLike[str]", partition: str, runs: Sequenc
                 dry_run: bool = False) -> tuple[Path, int, int]:
     """Merge ``runs`` into ``<out_dir>/<partition>.toml`` (by name: one run per job id, the newer
     wins), keep the newest :data:`MAX_RUNS`; (file, runs added, runs in the file)."""
+    path, added, total, _ = _append_runs(out_dir, partition, runs, dry_run=dry_run)
+    return path, added, total
+
+
+def _append_runs(out_dir: "str | os.PathLike[str]", partition: str, runs: Sequence[MeasuredRun], *,
+                 dry_run: bool = False) -> tuple[Path, int, int, list[MeasuredRun]]:
+    """:func:`append_runs`, plus the runs the file holds afterwards (or would, in a dry run)."""
     from predictor.samples import atomic_write, dump_toml
 
     from .validate import load_runs
@@ -628,10 +721,10 @@ def append_runs(out_dir: "str | os.PathLike[str]", partition: str, runs: Sequenc
             atomic_write(path, text)
         except OSError as exc:
             raise HarvestError(f"{path}: cannot write: {exc.strerror or exc}") from None
-    return path, added, len(merged)
+    return path, added, len(merged), merged
 
 
 __all__ = ["AccountingClient", "AccountingJob", "HarvestError", "HarvestOptions", "HarvestResult",
            "LogReadError", "append_runs", "expand_output_pattern", "finished_jobs", "harvest",
            "output_path", "parse_sacct_json", "parse_sacct_parsable", "parse_scontrol_jobs",
-           "parse_since", "read_tail_as"]
+           "parse_since", "read_tail_as", "refit_partitions"]

@@ -16,6 +16,12 @@ partition take a lock (``<partition>/.lock``); what a killed install left behind
 folders, half-made links) is removed by the next one.  An installed platform always pins its
 bundles' manifests (``compute_bundle_sha256`` ...): one fitted before pins existed gets them here.
 
+``perf-calibrate harvest --refit`` (:func:`refit_partition`) makes a new version the same way: a
+copy of the active version whose ``[fitted]`` end-to-end terms are fitted on the partition's
+harvested runs (``perf-calibrate validate --fit``), installed only when leave-one-out improves.
+Its directory carries ``refit.toml`` (what it was refitted from, on how many runs, leave-one-out
+MAPE before and after), which ``status`` shows; ``rollback`` undoes it like any install.
+
 After a switch the daemon reloads (:func:`reload_daemon`): SIGHUP to the pid in the pid file
 (``--pid-file``, ``$PERFCAST_DAEMON_PIDFILE`` or ``/run/perfcast/perf-predictd.pid``, which the
 packaged systemd unit has the daemon write) once ``/proc/PID/cmdline`` shows that process really
@@ -39,10 +45,11 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
-from predictor.errors import BundleError
+from predictor.errors import BundleError, PerfcastError
 from predictor.platform import PLATFORM_FILE, load_platform, pin_platform_bundles
+from predictor.validation import MAX_RUNS, MeasuredRun
 
 from .errors import CalibrationError, InstallRefused
 from .fitting import read_calibration
@@ -59,6 +66,14 @@ KEEP_VERSIONS = 5
 # small stores) before it is refused.
 DEFAULT_TOLERANCE = 0.10
 _ABS_SLACK = 0.005
+# In a version directory made by `harvest --refit`: where it came from (read by status()).
+REFIT_FILE = "refit.toml"
+# Harvested runs a refit needs at least.  Leave-one-out needs 3 to fit at all (validate's
+# MIN_FIT_RUNS); with 5 each fit inside it still sees 4 jobs, so one odd job cannot carry a scale.
+DEFAULT_REFIT_MIN_RUNS = 5
+# The names perf-calibrate harvest gives its runs ("slurm job <id>"): the runs file is their
+# authority, so a refit drops such runs from the platform's [[validation]] before adding the file's.
+HARVESTED_RUN_PREFIX = "slurm job "
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -257,8 +272,10 @@ def install_platform(platform_dir: "str | Path", partition: str, *, root: "str |
 
 
 def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion, *,
-                    tolerance: float, force: bool, tag: str, keep: int) -> InstallResult:
-    _prune_leftovers(base / partition)
+                    tolerance: float, force: bool, tag: str, keep: int,
+                    origin: str = "", prune_leftovers: bool = True) -> InstallResult:
+    if prune_leftovers:       # a refit pruned them already, and src is its own staging folder
+        _prune_leftovers(base / partition)
     cur = current_version(base, partition)
     if cur is not None and not force:
         if cur.gpu and new.gpu and cur.gpu != new.gpu:
@@ -304,7 +321,7 @@ def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion
         _switch(pdir / "previous", cur.path)
     _switch(pdir / "current", dest)
     _history(base, partition, f"installed {dest.name} (compute MAPE {new.compute_mape:.4f}, "
-                              f"{new.samples} samples) from {src}")
+                              f"{new.samples} samples) {origin or f'from {src}'}")
     _prune(pdir, keep)
     msg = f"installed {dest.name} as the platform of partition {partition}"
     if cur is not None:
@@ -505,9 +522,28 @@ class PartitionStatus:
     gpu: str
     previous: str | None
     versions: int
+    origin: str = "calibration"          # calibration | refit (perf-calibrate harvest --refit)
+    refit: dict[str, Any] | None = None  # refit.toml of the active version: base, runs, LOO MAPE
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def read_refit(version_dir: Path) -> dict[str, Any] | None:
+    """``refit.toml`` of a version directory (None: not made by a refit, or unreadable)."""
+    import sys
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        data = tomllib.loads((version_dir / REFIT_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        log.warning("%s: unreadable (%s); shown as a calibration", version_dir / REFIT_FILE, exc)
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def status(root: "str | Path | None" = None) -> list[PartitionStatus]:
@@ -529,9 +565,183 @@ def status(root: "str | Path | None" = None) -> list[PartitionStatus]:
             except ValueError:
                 created = (cur.path / PLATFORM_FILE).stat().st_mtime
             age = max(0.0, (now - created) / 86400.0)
+        refit = read_refit(cur.path) if cur is not None else None
         out.append(PartitionStatus(
             pdir.name, cur.version if cur else None, age, cur.samples if cur else 0,
             cur.compute_mape if cur and math.isfinite(cur.compute_mape) else None,
             cur.collective_mape if cur else None, cur.gpu if cur else "",
-            prev.version if prev else None, nvers))
+            prev.version if prev else None, nvers, "refit" if refit is not None else "calibration",
+            refit))
     return out
+
+
+
+# ------------------------------------------------------------------------------------- refit
+@dataclass
+class RefitResult:
+    """What ``harvest --refit`` did for one partition."""
+
+    partition: str
+    status: str                    # installed | declined | skipped | failed | dry-run
+    message: str                   # one line, for the admin
+    runs: int = 0                  # harvested runs offered
+    fit_runs: int = 0              # runs the fit used (the harvested + the platform's own)
+    base_version: str | None = None
+    version: str | None = None     # the version installed
+    loo_mape_before: float | None = None
+    loo_mape_after: float | None = None
+    compute_scale: float | None = None
+    host_scale: float | None = None
+    reload: ReloadResult | None = None
+
+    @property
+    def ok(self) -> bool:
+        """False when something is broken (a failed refit, a daemon that did not reload)."""
+        return self.status != "failed" and (self.reload is None or self.reload.ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "reload"}
+        d["reload"] = None if self.reload is None else {"status": self.reload.status, "pid": self.reload.pid,
+                                                        "message": self.reload.message}
+        return d
+
+
+def _fit_runs(platform_validation: Sequence[MeasuredRun], harvested: Sequence[MeasuredRun]) -> list[MeasuredRun]:
+    """The runs a refit fits on: the platform's own recorded runs (an admin's, ``validate``'s) that
+    are not harvested ones, then the harvested runs (newest last), at most MAX_RUNS in all (the
+    oldest harvested give way: [[validation]] holds no more)."""
+    names = {r.name for r in harvested}
+    kept = [r for r in platform_validation
+            if not r.name.startswith(HARVESTED_RUN_PREFIX) and r.name not in names][:MAX_RUNS]
+    room = MAX_RUNS - len(kept)
+    return kept + (list(harvested)[-room:] if room > 0 else [])
+
+
+def refit_partition(partition: str, runs: Sequence[MeasuredRun], *, root: "str | Path | None" = None,
+                    min_runs: int = DEFAULT_REFIT_MIN_RUNS, pid_file: "str | Path | None" = None,
+                    dry_run: bool = False, keep: int = KEEP_VERSIONS, runs_file: str = "") -> RefitResult:
+    """Fit the active platform of ``partition``'s end-to-end terms on its harvested ``runs`` and,
+    when leave-one-out improves, install the result as a new version (see the module docstring).
+
+    Never raises for a partition it cannot refit: the result says why (``skipped``: nothing to do;
+    ``failed``: something is broken); only bad arguments raise :class:`CalibrationError`.  A
+    declined or dry-run fit changes nothing on disk.
+    """
+    from .validate import MIN_FIT_RUNS
+    check_partition_name(partition)
+    if min_runs < MIN_FIT_RUNS:
+        raise CalibrationError(f"a refit needs at least {MIN_FIT_RUNS} runs (leave-one-out fits on "
+                               f"all but one), not {min_runs}")
+    base = platforms_root(root)
+    res = RefitResult(partition, "skipped", "", runs=len(runs))
+    if len(runs) < min_runs:
+        res.message = (f"{len(runs)} harvested run{'s' if len(runs) != 1 else ''}, a refit needs at "
+                       f"least {min_runs}: not refitted")
+        return res
+    pdir = base / partition
+    if not (pdir / "current").is_symlink():
+        # Before the lock, which would create the directory.
+        res.message = (f"no platform installed for it under {base} (a refit makes a new version of "
+                       "the partition's installed platform; see perf-calibrate install)")
+        return res
+    try:
+        if dry_run:
+            cur = current_version(base, partition)
+            if cur is None:
+                res.status, res.message = "failed", f"{pdir / 'current'} is not a platform directory"
+                return res
+            return _refit(res, cur, runs, base, dry_run=True, keep=keep, runs_file=runs_file)
+        with _partition_lock(pdir):
+            _prune_leftovers(pdir)
+            cur = current_version(base, partition)
+            if cur is None:
+                res.status, res.message = "failed", f"{pdir / 'current'} is not a platform directory"
+                return res
+            res = _refit(res, cur, runs, base, dry_run=False, keep=keep, runs_file=runs_file)
+    except CalibrationError as exc:            # another install running, a refused copy
+        res.status, res.message = "failed", str(exc)
+        return res
+    if res.status == "installed":
+        res.reload = reload_daemon(pid_file)
+        if not res.reload.ok:
+            res.message += (f", but perf-predictd was not reloaded: {res.reload.message}; it keeps "
+                            "predicting with the old platform until `systemctl reload perf-predictd`")
+        elif res.reload.status == "not-running":
+            log.warning("%s", res.reload.message)
+    return res
+
+
+def _refit(res: RefitResult, cur: InstalledVersion, runs: Sequence[MeasuredRun], base: Path, *,
+           dry_run: bool, keep: int, runs_file: str) -> RefitResult:
+    from predictor.samples import dump_toml
+
+    from .validate import validate_platform
+    partition = res.partition
+    res.base_version = cur.version
+    try:
+        plat = load_platform(cur.path, reload=True)
+    except BundleError as exc:
+        res.status, res.message = "failed", f"the installed platform {cur.version} does not load: {exc}"
+        return res
+    names = [r.name for r in runs]
+    if plat.fitted is not None and set(names) <= set(plat.fitted.runs):
+        res.message = (f"no runs harvested since {cur.version} was fitted on them: not refitted")
+        return res
+    fit_runs = _fit_runs(plat.validation, runs)
+    res.fit_runs = len(fit_runs)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    source = (f"perf-calibrate harvest --refit of partition {partition} on {len(runs)} harvested runs"
+              + (f" ({runs_file})" if runs_file else ""))
+    versions = base / partition / "versions"
+    # The copy is fitted beside the versions (same depth: bundle paths relative to a version
+    # directory resolve alike); a killed refit leaves a .tmp folder the next install removes.
+    stage = versions / f".refit-{os.getpid()}.tmp"
+    try:
+        if not dry_run:
+            shutil.rmtree(stage, ignore_errors=True)
+            shutil.copytree(cur.path, stage, symlinks=False)
+        summary = validate_platform(cur.path if dry_run else stage, fit_runs, replace=True, fit=True,
+                                    dry_run=dry_run, fit_source=source)
+        fit = summary.fit
+        if fit is None:                    # validate_platform(fit=True) always fits
+            raise CalibrationError("validate --fit returned no fit")
+        res.loo_mape_before, res.loo_mape_after = fit.mape_before, fit.loo_mape_after
+        res.compute_scale, res.host_scale = fit.compute_scale, fit.host_scale
+        scores = (f"leave-one-out MAPE {100 * fit.mape_before:.2f} % -> {100 * fit.loo_mape_after:.2f} % "
+                  f"on {len(fit_runs)} runs ({len(runs)} harvested); compute scale {fit.compute_scale:.3f}, "
+                  f"host scale {fit.host_scale:.3f}")
+        if not fit.improves:
+            res.status = "declined"
+            res.message = f"{scores}: no better than {cur.version} as it is; nothing changed"
+            return res
+        if dry_run:
+            res.status = "dry-run"
+            res.message = f"{scores}: would install a refit of {cur.version} (dry run: nothing written)"
+            return res
+        (stage / REFIT_FILE).write_text(
+            "# This platform version was made by perf-calibrate harvest --refit (perf-calibrate status "
+            "shows it).\n" + dump_toml({
+                "partition": partition, "base_version": cur.version, "runs": len(runs),
+                "fit_runs": len(fit_runs), "loo_mape_before": round(fit.mape_before, 6),
+                "loo_mape_after": round(fit.loo_mape_after, 6),
+                "compute_scale": round(fit.compute_scale, 4), "host_scale": round(fit.host_scale, 4),
+                "refitted_at": stamp, "runs_file": runs_file}), encoding="utf-8")
+        new = validate_candidate(stage, allow_incomplete=True)
+        # The regressors and calibration.toml are the active version's: the comparisons with it
+        # (GPU type, validation error) hold trivially; leave-one-out decided above.
+        inst = _install_locked(stage, partition, base, new, tolerance=DEFAULT_TOLERANCE, force=False,
+                               tag="refit", keep=keep, origin=f"refit of {cur.version}: {scores}",
+                               prune_leftovers=False)
+    except PerfcastError as exc:           # a run the platform cannot predict, a refused copy, ...
+        res.status, res.message = "failed", f"refit of {cur.version}: {exc}"
+        return res
+    except OSError as exc:
+        res.status, res.message = "failed", f"refit of {cur.version}: {exc.filename or stage}: {exc.strerror or exc}"
+        return res
+    finally:
+        if not dry_run:
+            shutil.rmtree(stage, ignore_errors=True)
+    res.status, res.version = "installed", inst.version
+    res.message = f"{scores}: installed {inst.version} (previous: {cur.version}, kept for rollback)"
+    log.info("partition %s: %s", partition, res.message)
+    return res

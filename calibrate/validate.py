@@ -42,7 +42,8 @@ from predictor.errors import JobError, RunRecordError
 from predictor.job import TrainingJob
 from predictor.platform import (FITTED_SCALE_RANGE, PLATFORM_FILE, FittedTerms, Platform, load_platform,
                                 resolve_platform, write_platform)
-from predictor.validation import MeasuredRun, leave_one_out, parse_runs, ratio_range, runs_to_toml
+from predictor import interval
+from predictor.validation import MeasuredRun, parse_runs, ratio_range, runs_to_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -110,8 +111,8 @@ class ValidationSummary:
                          f"{r.predicted_iteration_seconds:>10.3g}s{100 * r.error:>+8.1f}%  "
                          f"{'inside' if ok else 'OUTSIDE'}")
         lo, hi = self.ratio_range
-        lines.append(f"{len(self.runs)} runs: MAPE {100 * self.mape:.2f}%; intervals widened by "
-                     f"measured/predicted [{lo:.3f}, {hi:.3f}]; leave-one-out coverage "
+        lines.append(f"{len(self.runs)} runs: MAPE {100 * self.mape:.2f}%; measured/predicted "
+                     f"[{lo:.3f}, {hi:.3f}]; leave-one-out coverage of the interval "
                      f"{sum(self.inside_loo)}/{len(self.inside_loo)}")
         if self.fit is not None:
             f = self.fit
@@ -166,11 +167,13 @@ def _job_file(runs_file: Path, value: Any, where: str) -> dict:
 
 
 def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[MeasuredRun], *,
-                      replace: bool = False, dry_run: bool = False, fit: bool = False) -> ValidationSummary:
+                      replace: bool = False, dry_run: bool = False, fit: bool = False,
+                      fit_source: Optional[str] = None) -> ValidationSummary:
     """Predict ``runs`` (and, unless ``replace``, the runs already recorded) and record them.
 
     ``fit``: also fit the ``[fitted]`` terms (:func:`fit_terms`) and write them with the runs when
     leave-one-out improves; the runs are then recorded with their leave-one-out predictions.
+    ``fit_source``: what ``[fitted] source`` says made them (``harvest --refit`` names itself).
     """
     from predictor.estimate import predict_many
     d = resolve_platform(platform)
@@ -192,7 +195,7 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
                                  loo_mape_before=round(fit_res.mape_before, 6),
                                  loo_mape_after=round(fit_res.loo_mape_after, 6),
                                  fitted_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                 source=f"perf-calibrate validate --fit on {len(all_runs)} runs")
+                                 source=fit_source or f"perf-calibrate validate --fit on {len(all_runs)} runs")
             fplat = dataclasses.replace(plat, fitted=fitted)
             preds = predict_many([r.job for r in all_runs], fplat)
             recorded = [dataclasses.replace(r, predicted_iteration_seconds=p)
@@ -206,13 +209,23 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
         if fitted is not None:
             raw["fitted"] = fitted.to_dict()
         write_platform(d, raw)
-    # Each prediction's interval without the timeline spread, relative to the prediction.
-    bounds = []
-    for p in preds:
-        r_lo, r_hi = p.details["timeline_ratio"]
-        lo, hi = p.interval_seconds
-        bounds.append((lo / r_lo / p.iteration_seconds, hi / r_hi / p.iteration_seconds))
-    return ValidationSummary(plat.name, fpath, recorded, leave_one_out(recorded, bounds), preds, fit_res)
+    # Each run judged by the interval rule the *other* runs give (predictor/interval.py).
+    rules = interval.leave_one_out([r.log_ratio for r in recorded], calibrated=plat.calibrated)
+    inside = []
+    for r, p, rule in zip(recorded, preds, rules):
+        lo, hi = interval.interval_seconds(r.predicted_iteration_seconds, *_spread(p, r), rule,
+                                           extrapolated=p.extrapolated,
+                                           analytic_collectives=p.details.analytic_collectives)
+        inside.append(lo <= r.measured_iteration_seconds <= hi)
+    return ValidationSummary(plat.name, fpath, recorded, inside, preds, fit_res)
+
+
+def _spread(p: Any, run: MeasuredRun) -> tuple[float, float]:
+    """The operator spread of prediction ``p``, moved onto the run's recorded prediction (the
+    leave-one-out one under --fit)."""
+    lo, hi = p.details.operator_spread_seconds
+    scale = run.predicted_iteration_seconds / p.iteration_seconds
+    return lo * scale, hi * scale
 
 
 def _fit_reason(res: "FitResult", improves: bool, dry_run: bool) -> str:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stop what packaging/dev-cluster/up.sh started (by the pids in its pid files, after checking
-# /proc/PID/comm), jobs first so that slurmstepd exits cleanly.  Idempotent.
+# /proc/PID/comm), jobs first so that slurmstepd exits cleanly, slurmdbd after slurmctld (which
+# hands it its last job records) and MariaDB last.  Idempotent.
 # PERFCAST_DEV_PURGE=1 also removes the base directory (state, logs, keys).
 set -uo pipefail
 
@@ -19,11 +20,11 @@ pid_of() {  # pid_of PIDFILE COMM...  -> pid if that process still runs under on
   return 1
 }
 
-stop() {  # stop LABEL PIDFILE COMM...
+stop() {  # [STOP_WAIT=tenths] stop LABEL PIDFILE COMM...
   local label="$1" file="$2" pid; shift 2
   pid="$(pid_of "$file" "$@")" || { rm -f "$file"; return 0; }
   kill -TERM "$pid" 2>/dev/null
-  for _ in $(seq 1 50); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+  for _ in $(seq 1 "${STOP_WAIT:-50}"); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
   if [ -d "/proc/$pid" ]; then kill -KILL "$pid" 2>/dev/null; say "$label killed"; else say "$label stopped"; fi
   rm -f "$file"
 }
@@ -35,7 +36,11 @@ if pid_of "$BASE/run/slurmctld.pid" slurmctld >/dev/null; then
     'while [ -n "$(squeue -h -t R,CG 2>/dev/null)" ]; do sleep 0.2; done' || true
 fi
 stop slurmd "$BASE/run/slurmd-dev001.pid" slurmd
-stop slurmctld "$BASE/run/slurmctld.pid" slurmctld
+# slurmctld saves its state and hands slurmdbd its pending records (~6 s with the dead nodes).
+STOP_WAIT=150 stop slurmctld "$BASE/run/slurmctld.pid" slurmctld
+stop slurmdbd "$BASE/run/slurmdbd.pid" slurmdbd
+# MariaDB flushes InnoDB on SIGTERM (about a second); killing it would cost a recovery next start.
+STOP_WAIT=300 stop mariadb "$BASE/mysql/run/mariadbd.pid" mariadbd
 py="$(basename "$(readlink -f "$(command -v "${PERFCAST_PYTHON:-python3}")")" 2>/dev/null || echo python3)"
 stop perf-predictd "$BASE/run/predictd.pid" python3 python3.11 python3.12 python "$py" perf-predictd
 stop munged "$BASE/munge/run/munged.pid" munged

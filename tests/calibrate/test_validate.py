@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from calibrate.cli import main
+from predictor.validation import ratio_range
 from predictor import load_platform
 from predictor.platform import SHIPPED_DIR
 from predictor.samples import dump_toml
@@ -42,23 +43,23 @@ def _runs_file(tmp_path, *measured, name="runs.toml"):
 def test_validate_records_runs_and_widens_the_interval(capsys, tmp_path, platform_dir):
     before = load_platform(platform_dir)
     assert before.validation == []
-    base = before.timeline_ratio
+    base = ratio_range(before.validation)
     from predictor import predict, TrainingJob
     point = predict(TrainingJob.from_dict(JOB), before).iteration_seconds
     f = _runs_file(tmp_path, point * 1.25, point * 1.10)
     assert main(["validate", str(platform_dir), "--runs", str(f)]) == 0
     out = capsys.readouterr().out
-    assert "recorded 2 runs" in out and "leave-one-out coverage" in out
+    assert "recorded 2 runs" in out and "leave-one-out coverage of the interval 2/2" in out
     after = load_platform(platform_dir)
     assert [r.name for r in after.validation] == ["run 0", "run 1"]
     assert after.validation[0].predicted_iteration_seconds == pytest.approx(point)
-    assert after.timeline_ratio == (1.0, pytest.approx(1.25)) != base
+    assert ratio_range(after.validation) == (1.0, pytest.approx(1.25)) != base
     # Again without --replace: the old runs are kept (and predicted again); with it, dropped.
     assert main(["validate", str(platform_dir), "--runs", str(f)]) == 0
     assert len(load_platform(platform_dir).validation) == 4
     g = _runs_file(tmp_path, point * 0.8, name="one.toml")
     assert main(["validate", str(platform_dir), "--runs", str(g), "--replace"]) == 0
-    assert load_platform(platform_dir).timeline_ratio == (pytest.approx(0.8), 1.0)
+    assert ratio_range(load_platform(platform_dir).validation) == (pytest.approx(0.8), 1.0)
 
 
 def test_dry_run_writes_nothing_and_json_reports(capsys, tmp_path, platform_dir):

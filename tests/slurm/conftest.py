@@ -1,6 +1,9 @@
 """A real Slurm (packaging/dev-cluster) for the whole session, with perfcast's plugin and daemon.
 
 Skips only when slurmctld is not installed (or we are not root); with CI=true it fails instead.
+The cluster has real accounting (slurmdbd + a private MariaDB) unless PERFCAST_DEV_NO_ACCOUNTING=1;
+tests that need ``sacct`` take the ``accounting`` fixture, which skips without it (fails under
+CI=true, where up.sh refuses to run without accounting anyway).
 Its own base dir (.dev-cluster/pytest) and a free port keep it apart from a developer's cluster.
 PERFCAST_TEST_FAKE_PREDICTOR=1 serves the daemon with tests/daemon/fakes.py backends instead of
 the real predictor and parser (for working on the Slurm side alone).
@@ -35,16 +38,18 @@ def pytest_collection_modifyitems(items):
 
 def _unavailable() -> Optional[str]:
     if not shutil.which("slurmctld"):
-        return "slurmctld is not installed (apt-get install slurmctld slurmd slurm-client munge lua-socket)"
+        return ("slurmctld is not installed (apt-get install slurmctld slurmd slurm-client munge lua-socket "
+                "slurmdbd mariadb-server)")
     if os.geteuid() != 0:
         return "the dev cluster runs slurmctld/slurmd/munged as root"
     return None
 
 
-def _free_port_triple() -> int:
-    for port in range(26817, 27817, 3):
+def _free_ports() -> int:
+    """The first of 5 free ports: slurmctld, slurmd, the dead nodes', slurmdbd, MariaDB (up.sh)."""
+    for port in range(26817, 27817, 5):
         ok = True
-        for p in (port, port + 1, port + 2):
+        for p in range(port, port + 5):
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", p))
@@ -88,6 +93,43 @@ class Cluster:
     def show(self, job_id: int) -> dict:
         return dict(self.client.job(job_id).raw)
 
+    @property
+    def accounting(self) -> bool:
+        """Whether up.sh configured slurmdbd (it does unless PERFCAST_DEV_NO_ACCOUNTING=1)."""
+        return "AccountingStorageType=accounting_storage/slurmdbd" in Path(self.conf).read_text()
+
+    def sacct_state(self, job_id: int, since: float) -> tuple[str, str]:
+        """(State, End) of a job in the listing the harvest asks for (every user's jobs since
+        ``since``, up to now); ("", "") while slurmdbd's answer does not have it yet."""
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
+        out = subprocess.run(["sacct", "-a", "-X", "-n", "-P", "-S", start, "-E", "now",
+                              "-o", "JobIDRaw,State,End"],
+                             env=self.env(), capture_output=True, text=True, timeout=30)
+        for line in out.stdout.splitlines() if out.returncode == 0 else []:
+            jid, _, rest = line.partition("|")
+            if jid == str(job_id):
+                state, _, end = rest.partition("|")
+                return state.split(" ")[0], end
+        return "", ""
+
+    def wait_accounted(self, job_id: int, timeout: float = 120.0) -> str:
+        """Poll sacct until slurmdbd's listing has the job's final record; its state.  slurmctld
+        sends records asynchronously, and a listing up to "now" may leave out a job that ended
+        that very second (seen on 22.05), so this asks exactly what the harvest asks.  The bound
+        is generous, not a guess at speed."""
+        deadline = time.monotonic() + timeout
+        since = time.time() - 86400
+        while True:
+            state, end = self.sacct_state(job_id, since)
+            if state and state not in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING") \
+                    and end not in ("", "Unknown", "None"):
+                return state
+            if time.monotonic() > deadline:
+                raise AssertionError(f"sacct has no final record of job {job_id} after {timeout:.0f} s "
+                                     f"(last: {state or 'nothing'!r}, end {end!r}); see "
+                                     f"{self.base}/log/slurmdbd.log")
+            time.sleep(0.5)
+
     def ask(self, script_text: str, **fields) -> dict:
         req = {"script": script_text, "submit_uid": 0, "submit_gid": 0, "work_dir": str(self.jobs_dir),
                "partitions": {p.name: {"max_time": p.max_time_minutes or 0xFFFFFFFF,
@@ -105,7 +147,7 @@ def cluster():
         pytest.skip(why)
     base = REPO / ".dev-cluster" / "pytest"
     fake = os.environ.get("PERFCAST_TEST_FAKE_PREDICTOR") == "1"
-    env = {**os.environ, "PERFCAST_DEV_BASE": str(base), "PERFCAST_DEV_PORT": str(_free_port_triple()),
+    env = {**os.environ, "PERFCAST_DEV_BASE": str(base), "PERFCAST_DEV_PORT": str(_free_ports()),
            "PERFCAST_PYTHON": sys.executable}
     if fake:
         env["PERFCAST_DEV_NO_DAEMON"] = "1"
@@ -136,6 +178,17 @@ def cluster():
                               timeout=120)
         if down.returncode != 0:
             print(down.stderr, file=sys.stderr)
+
+
+@pytest.fixture
+def accounting(cluster):
+    """The cluster, for a test that needs sacct: skips without accounting (fails under CI=true)."""
+    if not cluster.accounting:
+        why = "the dev cluster runs without accounting (PERFCAST_DEV_NO_ACCOUNTING=1)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+    return cluster
 
 
 @pytest.fixture

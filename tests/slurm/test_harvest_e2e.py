@@ -1,5 +1,7 @@
 """Issue 13's loop on a real Slurm: a job submitted without --time gets a limit and a time-min,
-runs to the end, and harvest + report show what was predicted next to what its log measured."""
+runs to the end, and harvest + report show what was predicted next to what its log measured --
+once from slurmctld (scontrol, no accounting needed) and once from slurmdbd (sacct, which
+``--source auto`` must pick where accounting answers)."""
 from __future__ import annotations
 
 import json
@@ -35,29 +37,71 @@ srun python3 pretrain_gpt.py \\
 """
 
 
-def test_submitted_run_harvested_reported(cluster, tmp_path, capsys, monkeypatch):
+def _run_to_the_end(cluster, name: str) -> tuple[int, int, int, str]:
+    """Submit the stand-in without --time; (job id, limit and time-min perfcast set in minutes,
+    its log's path) once it COMPLETED."""
     cluster.write_script("pretrain_gpt.py", STAND_IN)
-    log = cluster.jobs_dir / "e2e-%j.out"
-    script = cluster.write_script("e2e.sh", SCRIPT.format(out=log))
+    log = cluster.jobs_dir / f"{name}-%j.out"
+    script = cluster.write_script(f"{name}.sh", SCRIPT.format(out=log))
     res = cluster.client.submit(script, cwd=str(cluster.jobs_dir))
     info = cluster.client.wait(res.job_id, timeout=120, poll=0.2)
     assert info.state == "COMPLETED", info
     raw = dict(cluster.client.job(res.job_id).raw)
     limit, time_min = parse_slurm_time(raw["TimeLimit"]), parse_slurm_time(raw["TimeMin"])
     assert 0 < time_min < limit, raw
+    assert "perfcast:v1" in raw["AdminComment"] and "action=set" in raw["AdminComment"], raw
+    return res.job_id, limit, time_min, str(log).replace("%j", str(res.job_id))
 
+
+def _harvest_and_report(cluster, runs, capsys, monkeypatch, source: str) -> tuple[dict, dict]:
     monkeypatch.setenv("SLURM_CONF", cluster.conf)
     config = str(cluster.base / "etc" / "perfcast.toml")
-    runs = tmp_path / "runs"
-    assert calibrate_main(["harvest", "--config", config, "--source", "scontrol", "--since", "1d",
+    assert calibrate_main(["harvest", "--config", config, "--source", source, "--since", "1d",
                            "--out", str(runs), "--json"]) == 0, capsys.readouterr()
-    capsys.readouterr()
+    harvested = json.loads(capsys.readouterr().out)
     assert calibrate_main(["report", "--config", config, "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    (job,) = [j for j in report["jobs"] if int(j["job_id"]) == res.job_id]
+    return harvested, json.loads(capsys.readouterr().out)
+
+
+def _check_reported(report: dict, job_id: int, limit_min: int, runs) -> None:
+    (job,) = [j for j in report["jobs"] if int(j["job_id"]) == job_id]
     assert job["state"] == "COMPLETED"
-    assert job["time_limit_seconds"] == limit * 60 and job["elapsed_seconds"] >= 1
+    assert job["time_limit_seconds"] == limit_min * 60 and job["limit_set_by_perfcast"] is True
+    # The stand-in sleeps 20 x 0.1 s: Slurm counts at least a second of it.
+    assert job["elapsed_seconds"] >= 1
     assert job["predicted_iteration_seconds"] > 0
     assert abs(job["measured_iteration_seconds"] - 0.150) < 1e-6   # the log's steady state
-    assert (runs / "gpu.toml").exists() and f"slurm job {res.job_id}" in (runs / "gpu.toml").read_text()
-    assert os.path.exists(str(log).replace("%j", str(res.job_id)))
+    assert (runs / "gpu.toml").exists() and f"slurm job {job_id}" in (runs / "gpu.toml").read_text()
+
+
+def test_submitted_run_harvested_from_scontrol(cluster, tmp_path, capsys, monkeypatch):
+    job_id, limit, _, log = _run_to_the_end(cluster, "e2e-scontrol")
+    harvested, report = _harvest_and_report(cluster, tmp_path / "runs", capsys, monkeypatch, "scontrol")
+    assert harvested["source"] == "scontrol"
+    _check_reported(report, job_id, limit, tmp_path / "runs")
+    assert os.path.exists(log)
+
+
+def test_submitted_run_harvested_from_sacct(accounting, tmp_path, capsys, monkeypatch):
+    cluster = accounting
+    job_id, limit, _, log = _run_to_the_end(cluster, "e2e-sacct")
+    # slurmctld hands the job's end to slurmdbd asynchronously: wait for sacct to have it.
+    assert cluster.wait_accounted(job_id) == "COMPLETED"
+    harvested, report = _harvest_and_report(cluster, tmp_path / "runs", capsys, monkeypatch, "auto")
+    assert harvested["source"] == "sacct"           # auto takes accounting where it answers
+    mine = [j for j in harvested["jobs"] if int(j["slurm_job_id"]) == job_id]
+    assert len(mine) == 1, (job_id, harvested)
+    mine = mine[0]
+    assert mine["source"] == "sacct" and mine["state"] == "COMPLETED"
+    assert mine["time_limit_seconds"] == limit * 60 and mine["end"] and mine["start"] <= mine["end"]
+    _check_reported(report, job_id, limit, tmp_path / "runs")
+    assert os.path.exists(log)
+
+
+def test_forced_sacct_source_answers(accounting, tmp_path, capsys, monkeypatch):
+    """--source sacct is answered by slurmdbd itself (a failure would be an error, not a fallback)."""
+    monkeypatch.setenv("SLURM_CONF", accounting.conf)
+    config = str(accounting.base / "etc" / "perfcast.toml")
+    assert calibrate_main(["harvest", "--config", config, "--source", "sacct", "--since", "2m",
+                           "--out", str(tmp_path / "runs"), "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["source"] == "sacct"
