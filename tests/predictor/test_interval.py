@@ -243,7 +243,7 @@ def _bench():
 
 
 def test_leave_one_out_on_the_shipped_runs_meets_the_target():
-    # Issue 12 item 7: ≥ 90 % of runs the rule never saw inside, median width ≤ 0.5 × the point
+    # The target: ≥ 90 % of runs the rule never saw inside, median width ≤ 0.5 × the point
     # (the earlier rule: about 1.02 × at 42/43).  Figures: python benchmarks/bench_intervals.py
     bench = _bench()
     rep = bench.evaluate(bench.shipped_platforms())

@@ -1,4 +1,4 @@
-"""Issue 13's loop on a real Slurm: a job submitted without --time gets a limit and a time-min,
+"""The harvest loop on a real Slurm: a job submitted without --time gets a limit and a time-min,
 runs to the end, and harvest + report show what was predicted next to what its log measured --
 once from slurmctld (scontrol, no accounting needed) and once from slurmdbd (sacct, which
 ``--source auto`` must pick where accounting answers)."""
