@@ -11,11 +11,13 @@
     perf-calibrate rollback P [--root ROOT]
     perf-calibrate validate PLATFORM --runs RUNS.toml [--fit] [--replace] [--dry-run] [--json]
     perf-calibrate harvest [--partition P] [--since 7d] [--config FILE] [--records DB] [--out DIR]
+                           [--refit [--refit-min-runs 5] [--root ROOT] [--pid-file FILE]]
     perf-calibrate report [PARTITION] [--json] [--plot FILE.png] [--config FILE] [--records DB]
 
-Errors a user can cause print one line and exit with code 2 (no traceback).  ``fit``, ``import``,
-``install``, ``status``, ``rollback``, ``schedule``, ``validate``, ``harvest``, ``report`` and
-``plan`` never import torch; ``run`` does.
+Errors a user can cause print one line and exit with code 2 (no traceback); ``harvest --refit``
+exits 1 when a partition's refit failed or perf-predictd missed the reload after one.  ``fit``,
+``import``, ``install``, ``status``, ``rollback``, ``schedule``, ``validate``, ``harvest``,
+``report`` and ``plan`` never import torch; ``run`` does.
 """
 from __future__ import annotations
 
@@ -49,6 +51,18 @@ def _positive(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(v) or v <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def _min_refit_runs(text: str) -> int:
+    from .validate import MIN_FIT_RUNS
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < MIN_FIT_RUNS:
+        raise argparse.ArgumentTypeError(f"at least {MIN_FIT_RUNS} (leave-one-out fits on all runs "
+                                         f"but one), got {v}")
     return v
 
 
@@ -154,6 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     hv.add_argument("--rescan", action="store_true", help="read jobs harvested before again")
     hv.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     hv.add_argument("--json", action="store_true")
+    hv.add_argument("--refit", action="store_true",
+                    help="then fit each partition's installed platform on its runs (validate --fit) and "
+                         "install the result when leave-one-out improves (rollback undoes it)")
+    hv.add_argument("--refit-min-runs", type=_min_refit_runs, default=None,
+                    help="harvested runs a partition needs before a refit (default 5, at least 3)")
+    hv.add_argument("--root", default=None, help="platforms root of the installed platforms "
+                    "(default $PERFCAST_PLATFORMS, /var/lib/perfcast/platforms)")
+    hv.add_argument("--pid-file", default=None, help="perf-predictd's pid file (reload after a refit)")
 
     rp = sub.add_parser("report", help="predicted vs actual per job, errors, timeouts and over-reservation "
                         "per partition")
@@ -302,7 +324,20 @@ def cmd_status(args: argparse.Namespace) -> int:
         cc = f"{100 * r.collective_mape:.1f}%" if r.collective_mape is not None else "-"
         print(f"{r.partition:<16} {r.version or '(none)':<28} {age:>7} {r.samples:>8} {cm:>8} {cc:>7}  "
               f"{r.previous or '-'}")
+        if r.origin == "refit" and r.refit:
+            print(f"{'':<16} {_refit_line(r.refit)}")
     return 0
+
+
+def _refit_line(refit: dict) -> str:
+    """One line on where a refitted version came from (its refit.toml)."""
+    def pct(key: str) -> str:
+        v = refit.get(key)
+        return f"{100 * v:.2f} %" if isinstance(v, (int, float)) else "?"
+    return (f"refit of {refit.get('base_version', '?')} on {refit.get('runs', '?')} harvested runs "
+            f"({refit.get('fit_runs', '?')} fitted): leave-one-out MAPE {pct('loo_mape_before')} -> "
+            f"{pct('loo_mape_after')}, compute scale {refit.get('compute_scale', '?')}, host scale "
+            f"{refit.get('host_scale', '?')}, {refit.get('refitted_at', '')}")
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
@@ -324,33 +359,60 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _site_config(args: argparse.Namespace):
+    """The site config named by --config or $PERFCAST_CONFIG (it must load), else the default one
+    when it exists, else None."""
+    from slurm_plugin.siteconfig import DEFAULT_PATH as CONFIG_DEFAULT, ENV_VAR, SiteConfigError, load_site_config
+    named = args.config or os.environ.get(ENV_VAR)
+    if not named and not os.path.exists(CONFIG_DEFAULT):
+        return None
+    try:
+        return load_site_config(named)
+    except SiteConfigError as exc:
+        raise PerfcastError(str(exc)) from None
+
+
 def _records_path(args: argparse.Namespace) -> str:
     """--records, else the site config's ``[daemon] records`` (when the config has that key), else
     the default path.  A config named by --config or $PERFCAST_CONFIG must load."""
     from slurm_plugin.records import DEFAULT_PATH
-    from slurm_plugin.siteconfig import DEFAULT_PATH as CONFIG_DEFAULT, ENV_VAR, SiteConfigError, load_site_config
     if args.records:
         return args.records
-    named = args.config or os.environ.get(ENV_VAR)
-    if not named and not os.path.exists(CONFIG_DEFAULT):
+    cfg = _site_config(args)
+    if cfg is None:
         return DEFAULT_PATH
-    try:
-        cfg = load_site_config(named)
-    except SiteConfigError as exc:
-        raise PerfcastError(str(exc)) from None
     return getattr(cfg.daemon, "records", "") or DEFAULT_PATH
 
 
 def cmd_harvest(args: argparse.Namespace) -> int:
-    from .harvest import DEFAULT_OUT, HarvestOptions, harvest, parse_since
+    from .harvest import DEFAULT_OUT, DEFAULT_REFIT_MIN_RUNS, HarvestOptions, harvest, parse_since
+    if not args.refit and (args.refit_min_runs is not None or args.root or args.pid_file):
+        raise PerfcastError("--refit-min-runs, --root and --pid-file go with --refit")
+    cfg = _site_config(args) if args.refit else None
+
+    def site_platform(name: str) -> "str | None":
+        """The platform perfcast.toml predicts partition ``name`` with (None: not managed)."""
+        pol = cfg.partition(name) if cfg is not None else None
+        return pol.platform if pol is not None and pol.platform else None
+
     opts = HarvestOptions(records=Path(_records_path(args)), out_dir=Path(args.out) if args.out else DEFAULT_OUT,
                           partition=args.partition, since=parse_since(args.since), source=args.source,
-                          rescan=args.rescan, dry_run=args.dry_run)
+                          rescan=args.rescan, dry_run=args.dry_run, refit=args.refit,
+                          refit_min_runs=args.refit_min_runs or DEFAULT_REFIT_MIN_RUNS,
+                          platforms_root=Path(args.root) if args.root else None,
+                          pid_file=Path(args.pid_file) if args.pid_file else None,
+                          site_platform=site_platform if cfg is not None else None)
     res = harvest(opts)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     else:
         print(res.summary() + (" (dry run: nothing written)" if args.dry_run else ""))
+    # A refit that failed, or a daemon that missed the reload, is a failed run (a timer shows it).
+    if not res.ok:
+        for r in res.refits:
+            if not r.ok:
+                print(f"perf-calibrate: refit of {r.partition}: {r.message}", file=sys.stderr)
+        return 1
     return 0
 
 

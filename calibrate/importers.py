@@ -19,7 +19,9 @@ from typing import Callable, Iterable
 import numpy as np
 
 from predictor.errors import PerfcastError
-from predictor.samples import append_rows, collective_columns, operator_columns, write_meta
+from predictor.samples import collective_columns, operator_columns
+
+from .store import append_rows, write_meta
 
 log = logging.getLogger(__name__)
 

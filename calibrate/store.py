@@ -1,6 +1,7 @@
 """The resumable sample store: the predictor's sample layout plus what resuming needs.
 
-Built on ``predictor.samples`` (the format every fitting path reads).  On top of it:
+``predictor.samples`` reads the layout (every fitting path goes through it); the writers are here,
+:func:`append_rows` and :func:`write_meta` (the importers write the same layout).  On top of them:
 
 * an identity check on resume — a store written for another device, GPU type or measurement-method
   version is refused rather than silently mixed (mixed samples bias the regressors);
@@ -19,11 +20,11 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from predictor.errors import BundleError
-from predictor.samples import (FORMAT_VERSION, META_FILE, SampleSet, append_rows, collective_columns,
-                               load_samples, operator_columns, write_meta)
+from predictor.samples import (FORMAT_VERSION, META_FILE, SampleSet, atomic_write, collective_columns,
+                               dump_toml, load_samples, operator_columns)
 from predictor.operators import OPERATORS
 
 from .env import METHOD_VERSION
@@ -39,6 +40,42 @@ log = logging.getLogger(__name__)
 
 SKIPPED_FILE = "skipped.csv"
 STORE_KIND = "perfcast-calibration"
+
+
+def write_meta(directory: Path, meta: Mapping[str, Any]) -> None:
+    """Write samples.toml (only flat string/number/bool values and one level of tables)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    full = {"format": FORMAT_VERSION, **meta}
+    atomic_write(directory / META_FILE, dump_toml(full))
+
+
+def append_rows(path: Path, columns: Sequence[str], rows: Iterable[Sequence[float]]) -> int:
+    """Append rows to a sample CSV, writing the header if the file is new; returns rows written.
+
+    Each row is flushed and fsynced with the file so that a job killed mid-run loses at most the
+    row being measured.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    n = 0
+    with open(path, "a", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        if new:
+            w.writerow(columns)
+        for row in rows:
+            if len(row) != len(columns):
+                raise ValueError(f"{path}: row has {len(row)} values, header has {len(columns)}")
+            w.writerow([_fmt(v) for v in row])
+            n += 1
+        fh.flush()
+        os.fsync(fh.fileno())
+    return n
+
+
+def _fmt(v: float) -> str:
+    # Integers as integers (shapes read back exactly and diff cleanly), other values round-trip.
+    f = float(v)
+    return str(int(f)) if f.is_integer() and abs(f) < 2**53 else repr(f)
 
 
 @dataclass(frozen=True)

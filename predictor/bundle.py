@@ -1,38 +1,42 @@
-"""Bundles: fitted regressors on disk, as data.
+"""Bundles: fitted regressors on disk, as data -- loaded, verified and evaluated here.
 
-A bundle is a directory::
+A bundle is a directory (format 2)::
 
     manifest.toml        what it is (compute | collectives), GPU, provenance, per-model sample
                          counts, validation errors, feature ranges, and the sha256 of every file
-    models/*.gz          one model per operator, direction and precision (XGBoost JSON or
-                         LightGBM text, gzip-compressed)
+    forest.bin           every model's trees in one flat file (:mod:`predictor.trees`): what
+                         predictions read, viewed in place after one read
+    models/*.gz          one model per operator, direction and precision in the library's own
+                         portable format (XGBoost JSON or LightGBM text, gzip-compressed), for
+                         other tools and for checking the forest against the libraries
     LICENSE              the data's licence, where the samples came from a third party
 
-Loading one never executes code: files are checked against their sha256 before they are parsed,
-and only the libraries' own model parsers read them.  The manifest itself is covered by a sha256
-that the platform pins (``compute_bundle_sha256`` / ``collective_bundle_sha256`` in
-platform.toml, see :mod:`predictor.platform`): an edited manifest is refused like an edited model.
+Format 1 kept one ``models/<key>.trees.npz`` per model instead of ``forest.bin``; it is still
+read (more slowly: zlib and a re-layout), and ``calibrate.fitting.convert_bundle`` rewrites it.
+
+Loading one never executes code (nothing is unpickled): every file the manifest lists is checked
+against its sha256, and the forest is parsed from the very bytes that were hashed.  The manifest
+itself is covered by a sha256 that the platform pins (``compute_bundle_sha256`` /
+``collective_bundle_sha256`` in platform.toml, see :mod:`predictor.platform`): an edited
+manifest is refused like an edited model.  Fitting bundles is :mod:`calibrate.fitting`'s job.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import logging
 import os
-import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from .errors import BundleError
-from .network import Links, collective_seconds, fit_links
-from .operators import BYTES_PER_ELEMENT, COLLECTIVE_FEATURES, OPERATORS, GpuSpec, regressor_features
-from .regress import CANDIDATES, fit_ratio_model
-from .trees import Forest, TreeTable
-from .samples import SampleSet, dump_toml
+from .network import Links
+from .operators import GpuSpec
+from .trees import Forest, ForestError, TreeTable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -41,9 +45,14 @@ else:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-BUNDLE_FORMAT = 1
+BUNDLE_FORMAT = 2                 # what calibrate.fitting writes
+READABLE_FORMATS = (1, 2)
 MANIFEST = "manifest.toml"
-MAX_MODEL_BYTES = 64 << 20        # a model file beyond this is not one we wrote
+FOREST_FILE = "forest.bin"
+MAX_MODEL_BYTES = 64 << 20        # a library model file beyond this is not one we wrote
+MAX_FOREST_BYTES = 2 << 30        # 16 bytes a node: some 130 million nodes
+_CHUNK = 1 << 20                  # hashing files that are checked but not kept
+_HASH_THREADS = 2
 
 
 @dataclass
@@ -58,194 +67,53 @@ class ModelInfo:
     feature_max: list[float]
     candidate_mape: dict[str, float] = field(default_factory=dict)
     topologies: list[list[int]] = field(default_factory=list)   # collectives: measured (nodes, gpn)
-    table: str = ""               # the same trees as a tree table: what predictions read
+    table: str = ""               # format 1 only: the model's own tree table file
 
 
-@dataclass
-class FitReport:
-    bundle_dir: Path
-    models: dict[str, ModelInfo]
-    skipped: list[str]
-    links: Optional[Links] = None
-
-    def table(self) -> str:
-        lines = [f"{'model':<34} {'library':<14} {'samples':>7} {'val MAPE':>9} {'p90':>7}"]
-        for k, m in sorted(self.models.items()):
-            lines.append(f"{k:<34} {m.library:<14} {m.samples:>7} {100 * m.validation_mape:>8.2f}% "
-                         f"{100 * m.validation_p90:>6.1f}%")
-        return "\n".join(lines)
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def operator_training_rows(samples: SampleSet, op_name: str, direction: str, precision: str,
-                           gpu: GpuSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(X = log2 features, y = log(measured / roofline), raw features) of one model's samples."""
-    table = samples.operators[(op_name, precision)]
-    op = OPERATORS[op_name]
-    shape = {f: table.column(f) for f in op.features}
-    measured_s = table.column(f"{direction}_us") * 1e-6
-    keep = measured_s > 0
-    roof = op.roofline_seconds(shape, direction, precision, gpu)
-    X = regressor_features(op, shape)
-    raw = np.column_stack([shape[f] for f in op.features])
-    return X[keep], np.log(measured_s[keep] / roof[keep]), raw[keep]
-
-
-def collective_training_rows(table: np.ndarray, kind: str, links: Links, precision: str
-                             ) -> tuple[np.ndarray, np.ndarray]:
-    entries, nodes, gpn, us = (table[:, i] for i in range(4))
-    analytic = collective_seconds(links, kind, entries, nodes, gpn, BYTES_PER_ELEMENT[precision])
-    X = collective_features(entries, nodes, gpn)
-    return X, np.log(us * 1e-6 / analytic)
-
-
-def collective_features(entries, nodes, gpn) -> np.ndarray:
-    e = np.asarray(entries, dtype=float)
-    return np.column_stack([np.log2(np.maximum(e, 1.0)),
-                            np.broadcast_to(np.asarray(nodes, dtype=float), e.shape),
-                            np.broadcast_to(np.asarray(gpn, dtype=float), e.shape)])
-
-
-def fit_bundle(samples: SampleSet, out_dir: "str | Path", *, name: str, gpu: GpuSpec,
-               kind: str = "compute", nics_per_node: int = 1, seed: int = 0,
-               candidates: tuple[str, ...] = CANDIDATES, license_file: "str | Path | None" = None,
-               extra_meta: Optional[Mapping[str, Any]] = None, overwrite: bool = False) -> FitReport:
-    """Fit every operator (kind="compute") or collective (kind="collectives") in ``samples``.
-
-    Writes ``out_dir`` atomically (a temporary sibling renamed into place) so a failed fit never
-    leaves half a bundle where a platform might load it.
-    """
-    out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise BundleError(f"{out}: already exists")
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    (tmp / "models").mkdir(parents=True)
-    models: dict[str, ModelInfo] = {}
-    skipped: list[str] = []
-    links: Optional[Links] = None
-    try:
-        if kind == "compute":
-            for (op_name, precision), table in sorted(samples.operators.items()):
-                for direction in OPERATORS[op_name].directions:
-                    key = f"{op_name}.{direction}.{precision}"
-                    X, y, raw = operator_training_rows(samples, op_name, direction, precision, gpu)
-                    if len(table) and not len(y):
-                        skipped.append(f"{key}: every sample marks it as not measured or dropped (0 µs)")
-                        continue
-                    info = _fit_one(tmp, key, X, y, raw, seed, candidates, skipped)
-                    if info:
-                        models[key] = info
-        elif kind == "collectives":
-            by_prec: dict[str, dict[str, np.ndarray]] = {}
-            for (kind_name, precision), table in samples.collectives.items():
-                by_prec.setdefault(precision, {})[kind_name] = table.rows
-            if not by_prec:
-                raise BundleError("no collective samples to fit")
-            # Links are fitted on the half-precision rows when present: that is what training sends.
-            prec0 = "fp16" if "fp16" in by_prec else sorted(by_prec)[0]
-            links = fit_links(by_prec[prec0], nics_per_node, BYTES_PER_ELEMENT[prec0])
-            for precision, kinds in sorted(by_prec.items()):
-                for kind_name, rows in sorted(kinds.items()):
-                    key = f"{kind_name}.{precision}"
-                    X, y = collective_training_rows(rows, kind_name, links, precision)
-                    info = _fit_one(tmp, key, X, y, rows[:, :3], seed, candidates, skipped)
-                    if info:
-                        topo = sorted({(int(a), int(b)) for a, b in rows[:, 1:3]})
-                        info.topologies = [list(t) for t in topo]
-                        models[key] = info
-        else:
-            raise ValueError(f"unknown bundle kind {kind!r}")
-        if not models:
-            raise BundleError("no model could be fitted from these samples")
-        manifest: dict[str, Any] = {
-            "format": BUNDLE_FORMAT,
-            "kind": kind,
-            "name": name,
-            "gpu": gpu.name,
-            "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-            "source": dict(_flat(samples.meta)),
-            "gpu_spec": {"name": gpu.name, "memory_gib": gpu.memory_gib,
-                         "memory_gbps": gpu.memory_gbps, "tflops": dict(gpu.tflops)},
-        }
-        if extra_meta:
-            manifest["meta"] = dict(extra_meta)
-        if links is not None:
-            manifest["links"] = links.to_dict()
-        manifest["models"] = {k: _info_dict(m) for k, m in models.items()}
-        if skipped:
-            manifest["not_fitted"] = list(skipped)    # "key: why" (the predictor quotes it)
-        if license_file and Path(license_file).is_file():
-            shutil.copyfile(license_file, tmp / "LICENSE")
-        files = {}
-        for p in sorted(tmp.rglob("*")):
-            if p.is_file():
-                files[p.relative_to(tmp).as_posix()] = _sha256(p.read_bytes())
-        manifest["sha256"] = files
-        (tmp / MANIFEST).write_text(dump_toml(manifest), encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return FitReport(out, models, skipped, links)
-
-
-def _flat(meta: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
-    for k, v in meta.items():
-        if isinstance(v, (str, int, float, bool)) or (isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v)):
-            yield k, v
-
-
-def _fit_one(tmp: Path, key: str, X: np.ndarray, y: np.ndarray, raw: np.ndarray, seed: int,
-             candidates: tuple[str, ...], skipped: list[str]) -> Optional[ModelInfo]:
-    finite = np.isfinite(y) & np.all(np.isfinite(X), axis=1)
-    X, y, raw = X[finite], y[finite], raw[finite]
-    try:
-        res = fit_ratio_model(X, y, seed=seed, candidates=candidates)
-    except ValueError as exc:
-        skipped.append(f"{key}: {exc}")
-        log.warning("not fitted %s: %s", key, exc)
-        return None
-    ext = ".txt.gz" if res.library == "lightgbm" else ".json.gz"
-    rel = f"models/{key}{ext}"
-    (tmp / rel).write_bytes(res.model_bytes)
-    table_rel = f"models/{key}.trees.npz"
-    (tmp / table_rel).write_bytes(res.table_bytes)
-    log.info("fitted %s with %s: %d samples, validation MAPE %.2f%%", key, res.library, res.samples,
-             100 * res.validation_mape)
-    return ModelInfo(key, rel, res.library, res.samples, res.validation_mape, res.validation_p90,
-                     [float(v) for v in raw.min(axis=0)], [float(v) for v in raw.max(axis=0)],
-                     res.candidate_mape, table=table_rel)
-
-
-def _info_dict(m: ModelInfo) -> dict[str, Any]:
-    d = {"file": m.file, "table": m.table, "library": m.library, "samples": m.samples,
-         "validation_mape": m.validation_mape, "validation_p90": m.validation_p90,
-         "feature_min": m.feature_min, "feature_max": m.feature_max,
-         "candidate_mape": dict(m.candidate_mape)}
+def info_dict(m: ModelInfo) -> dict[str, Any]:
+    """A model's manifest entry (format 2: the trees are in the bundle's forest file)."""
+    d: dict[str, Any] = {"file": m.file, "library": m.library, "samples": m.samples,
+                         "validation_mape": m.validation_mape, "validation_p90": m.validation_p90,
+                         "feature_min": m.feature_min, "feature_max": m.feature_max,
+                         "candidate_mape": dict(m.candidate_mape)}
     if m.topologies:
         d["topologies"] = m.topologies
     return d
+
+
+def _sha256(data: Any) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def collective_features(entries: "np.ndarray | float", nodes: "np.ndarray | float",
+                        gpn: "np.ndarray | float") -> np.ndarray:
+    """The collective regressors' input: log2 of the entries, nodes, GPUs per node (rows × 3)."""
+    e = np.asarray(entries, dtype=float).reshape(-1)
+    # Filled column by column: called for every collective of every prediction, and
+    # np.column_stack of broadcast views costs more than the arithmetic.
+    out = np.empty((len(e), 3))
+    out[:, 0] = np.log2(np.maximum(e, 1.0))
+    out[:, 1] = nodes
+    out[:, 2] = gpn
+    return out
 
 
 # ------------------------------------------------------------------------------------- loading
 @dataclass
 class LoadedModel:
     info: ModelInfo
-    table: TreeTable
     index: int                    # position in the bundle's Forest
+    _lo: np.ndarray = field(init=False, repr=False)
+    _hi: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # The sampled range with 1 % slack, computed once: every prediction asks.
+        self._lo = np.asarray(self.info.feature_min, dtype=float) * 0.99
+        self._hi = np.asarray(self.info.feature_max, dtype=float) * 1.01
 
     def in_range(self, raw: np.ndarray) -> np.ndarray:
         """Rows whose every feature lies inside the sampled range (with 1 % slack)."""
-        lo = np.asarray(self.info.feature_min) * 0.99
-        hi = np.asarray(self.info.feature_max) * 1.01
-        return np.all((raw >= lo) & (raw <= hi), axis=1)
+        return ((raw >= self._lo) & (raw <= self._hi)).all(axis=1)
 
 
 @dataclass
@@ -259,6 +127,10 @@ class Bundle:
     links: Optional[Links] = None
     forest: Optional[Forest] = None
     manifest_sha256: str = ""
+
+    @property
+    def format(self) -> int:
+        return int(self.manifest.get("format", 0))
 
     @property
     def bundle_id(self) -> str:
@@ -302,12 +174,94 @@ def _check_pin(mpath: Path, actual: str, expected: str, pinned_by: str) -> None:
                           f"the file has {actual[:16]}... (edited or replaced)")
 
 
+def _bundle_file(root: Path, rel: str, mpath: Path, parents: dict[str, Path]) -> Path:
+    """The path of manifest entry ``rel``, refused if it leads outside the bundle (``..``, an
+    absolute path, a symlink out).  Directories are resolved once each, not once per file."""
+    parts = rel.split("/") if isinstance(rel, str) else []
+    if not parts or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise BundleError(f"{mpath}: file {rel} points outside the bundle")
+    sub = "/".join(parts[:-1])
+    parent = parents.get(sub)
+    if parent is None:
+        parent = (root / sub).resolve() if sub else root
+        if parent != root and root not in parent.parents:
+            raise BundleError(f"{mpath}: file {rel} points outside the bundle")
+        parents[sub] = parent
+    fpath = parent / parts[-1]
+    if fpath.is_symlink():
+        fpath = fpath.resolve()
+        if root not in fpath.parents:
+            raise BundleError(f"{mpath}: file {rel} points outside the bundle")
+    return fpath
+
+
+def _read_verified(fpath: Path, digest: str, limit: int, keep: bool) -> Optional[np.ndarray]:
+    """Read ``fpath`` once and check its sha256; ``keep``: return the bytes (a uint8 array that
+    numpy allocated, so aligned for the records viewed from it), else hash in chunks and keep
+    nothing."""
+    try:
+        with open(fpath, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(0)
+            if size > limit:
+                raise BundleError(f"{fpath}: file is implausibly large ({size} bytes)")
+            h = hashlib.sha256()
+            if keep:
+                buf = np.empty(size, dtype=np.uint8)
+                got = fh.readinto(memoryview(buf)) if size else 0
+                if got != size or fh.read(1):
+                    raise BundleError(f"{fpath}: file changed while it was read")
+                h.update(buf)
+            else:
+                buf = None
+                chunk = bytearray(min(_CHUNK, max(size, 1)))
+                view = memoryview(chunk)
+                while True:
+                    n = fh.readinto(chunk)
+                    if not n:
+                        break
+                    h.update(view[:n])
+    except FileNotFoundError:
+        raise BundleError(f"{fpath}: file listed in the manifest is missing") from None
+    except IsADirectoryError:
+        raise BundleError(f"{fpath}: file listed in the manifest is a directory") from None
+    except OSError as exc:
+        raise BundleError(f"{fpath}: cannot read: {exc}") from None
+    if h.hexdigest() != digest:
+        raise BundleError(f"{fpath}: checksum mismatch (file corrupted or tampered with)")
+    return buf
+
+
+def _read_all(jobs: list[tuple[str, Path, str, int, bool]]) -> dict[str, np.ndarray]:
+    """Read and verify every file; the kept ones by name.
+
+    Hashing is most of a load (some 40 MB for the A100 bundle) and hashlib and file reads release
+    the GIL, so two threads halve it where two cores are free; the largest file goes first.
+    """
+    jobs = sorted(jobs, key=lambda j: not j[4])     # the kept (forest) file first: it is the largest
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    workers = min(_HASH_THREADS, cores, len(jobs))
+
+    def run(j: tuple[str, Path, str, int, bool]) -> Optional[np.ndarray]:
+        return _read_verified(j[1], j[2], j[3], j[4])
+
+    if workers > 1:
+        with ThreadPoolExecutor(workers, thread_name_prefix="bundle-sha256") as ex:
+            bufs = list(ex.map(run, jobs))
+    else:
+        bufs = [run(j) for j in jobs]
+    return {j[0]: b for j, b in zip(jobs, bufs) if b is not None}
+
+
 def load_bundle(path: "str | Path", expected_manifest_sha256: str = "",
                 pinned_by: str = "") -> Bundle:
     """Load and verify a bundle directory; every problem names the file at fault.
 
     Every file the manifest lists is checked against its sha256 (a tampered library file is
-    refused too, though predictions read only the tree tables); the manifest is checked against
+    refused too, though predictions read only the forest); the manifest is checked against
     ``expected_manifest_sha256`` when given (before anything in it is trusted).
     """
     d = Path(path)
@@ -323,51 +277,84 @@ def load_bundle(path: "str | Path", expected_manifest_sha256: str = "",
         manifest = tomllib.loads(mbytes.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise BundleError(f"{mpath}: unreadable manifest: {exc}") from None
-    if manifest.get("format") != BUNDLE_FORMAT:
-        raise BundleError(f"{mpath}: bundle format {manifest.get('format')!r} is not supported "
-                          f"(this perfcast reads format {BUNDLE_FORMAT})")
+    fmt = manifest.get("format")
+    if fmt not in READABLE_FORMATS:
+        raise BundleError(f"{mpath}: bundle format {fmt!r} is not supported "
+                          f"(this perfcast reads formats {', '.join(map(str, READABLE_FORMATS))})")
     try:
         sums: Mapping[str, str] = manifest["sha256"]
         spec = manifest["gpu_spec"]
         gpu = GpuSpec(spec["name"], float(spec["memory_gib"]), dict(spec["tflops"]), float(spec["memory_gbps"]))
         entries = manifest["models"]
         kind, name = manifest["kind"], manifest["name"]
+        forest_rel = manifest["forest"] if fmt >= 2 else ""
+        if not isinstance(sums, Mapping) or not isinstance(entries, Mapping) or not isinstance(forest_rel, str):
+            raise TypeError("sha256, models or forest")
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"{mpath}: incomplete manifest (missing or bad {exc})") from None
-    root = d.resolve()
-    contents: dict[str, bytes] = {}
-    for rel, digest in sums.items():
-        fpath = (d / rel).resolve()
-        if root not in fpath.parents:
-            raise BundleError(f"{mpath}: file {rel} points outside the bundle")
-        try:
-            if fpath.stat().st_size > MAX_MODEL_BYTES:
-                raise BundleError(f"{fpath}: file is implausibly large")
-            data = fpath.read_bytes()
-        except FileNotFoundError:
-            raise BundleError(f"{fpath}: file listed in the manifest is missing") from None
-        except OSError as exc:
-            raise BundleError(f"{fpath}: cannot read: {exc}") from None
-        if _sha256(data) != digest:
-            raise BundleError(f"{fpath}: checksum mismatch (file corrupted or tampered with)")
-        contents[rel] = data
-    models: dict[str, LoadedModel] = {}
-    tables: list[TreeTable] = []
+    infos: dict[str, ModelInfo] = {}
     for key, e in entries.items():
         try:
             info = ModelInfo(key, e["file"], e["library"], int(e["samples"]), float(e["validation_mape"]),
-                             float(e["validation_p90"]), list(e["feature_min"]), list(e["feature_max"]),
-                             dict(e.get("candidate_mape", {})), list(e.get("topologies", [])), e["table"])
+                             float(e["validation_p90"]), [float(v) for v in e["feature_min"]],
+                             [float(v) for v in e["feature_max"]], dict(e.get("candidate_mape", {})),
+                             list(e.get("topologies", [])), e["table"] if fmt == 1 else "")
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"{mpath}: model {key}: incomplete entry ({exc})") from None
-        for rel in (info.file, info.table):
-            if rel not in contents:
+        for rel in (info.file, info.table) if fmt == 1 else (info.file,):
+            if rel not in sums:
                 raise BundleError(f"{mpath}: model {key}: file {rel} has no sha256")
+        infos[key] = info
+    if fmt >= 2 and forest_rel not in sums:
+        raise BundleError(f"{mpath}: the forest file {forest_rel} has no sha256")
+
+    # The files the predictor reads are kept (and parsed from the bytes that were hashed); the
+    # others are hashed in chunks and dropped.
+    keep = {forest_rel} if fmt >= 2 else {i.table for i in infos.values()}
+    root = d.resolve()
+    parents: dict[str, Path] = {}
+    jobs = []
+    for rel, digest in sums.items():
+        fpath = _bundle_file(root, rel, mpath, parents)
+        if not isinstance(digest, str):
+            raise BundleError(f"{mpath}: sha256 of {rel} is not a string")
+        limit = MAX_FOREST_BYTES if rel == forest_rel else MAX_MODEL_BYTES
+        jobs.append((rel, fpath, digest.lower(), limit, rel in keep))
+    kept = _read_all(jobs)
+
+    if fmt >= 2:
         try:
-            table = TreeTable.from_bytes(contents[info.table])
+            forest = Forest.from_buffer(kept[forest_rel])
+        except ForestError as exc:
+            raise BundleError(f"{d / forest_rel}: not a valid forest file: {exc}") from None
+        missing = sorted(set(infos) - set(forest.keys))
+        extra = sorted(set(forest.keys) - set(infos))
+        if missing or extra:
+            raise BundleError(f"{d / forest_rel}: does not match {mpath}: "
+                              f"models missing from the forest: {', '.join(missing) or 'none'}; "
+                              f"models not in the manifest: {', '.join(extra) or 'none'}")
+    else:
+        forest = _legacy_forest(d, infos, kept)
+    models = {key: LoadedModel(info, forest.index(key)) for key, info in infos.items()}
+    try:
+        links = Links.from_dict(manifest["links"]) if "links" in manifest else None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"{mpath}: bad [links] ({exc})") from None
+    return Bundle(d, kind, name, gpu, manifest, models, links, forest, _sha256(mbytes))
+
+
+def _legacy_forest(d: Path, infos: Mapping[str, ModelInfo], kept: Mapping[str, np.ndarray]) -> Forest:
+    """Format 1: one ``.npz`` tree table per model, re-laid out into a forest."""
+    log.info("%s: bundle format 1 (per-model .npz tables): loads slowly; "
+             "calibrate.fitting.convert_bundle rewrites it", d)
+    tables: list[TreeTable] = []
+    for key, info in infos.items():
+        try:
+            tables.append(TreeTable.from_bytes(kept[info.table].tobytes()))
         except Exception as exc:  # numpy raises several types on a malformed archive
             raise BundleError(f"{d / info.table}: not a valid tree table: {exc}") from None
-        models[key] = LoadedModel(info, table, len(tables))
-        tables.append(table)
-    links = Links.from_dict(manifest["links"]) if "links" in manifest else None
-    return Bundle(d, kind, name, gpu, manifest, models, links, Forest(tables), _sha256(mbytes))
+    try:
+        return Forest.from_tables(tables, list(infos))
+    except ForestError as exc:
+        where = d / infos[exc.key].table if exc.key in infos else d
+        raise BundleError(f"{where}: not a valid tree table: {exc}") from None

@@ -9,7 +9,9 @@ Layout of a sample directory (format 1)::
 
 Calibration appends rows as it measures (a killed job resumes where it stopped: rows already
 present are skipped by the caller); the importer of third-party data writes the same layout, so
-one fitting path serves both.  Rows are never rewritten.
+one fitting path serves both.  Rows are never rewritten.  The writers are
+:mod:`calibrate.store`'s; this module reads (the predictor itself never needs samples, but every
+fitting path reads them through here) and keeps the small TOML writer the platform files use.
 """
 from __future__ import annotations
 
@@ -67,36 +69,6 @@ def operator_columns(op_name: str) -> tuple[str, ...]:
 
 def collective_columns() -> tuple[str, ...]:
     return COLLECTIVE_FEATURES + ("us",)
-
-
-def write_meta(directory: Path, meta: Mapping[str, Any]) -> None:
-    """Write samples.toml (only flat string/number/bool values and one level of tables)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    full = {"format": FORMAT_VERSION, **meta}
-    atomic_write(directory / META_FILE, dump_toml(full))
-
-
-def append_rows(path: Path, columns: Sequence[str], rows: Iterable[Sequence[float]]) -> int:
-    """Append rows to a sample CSV, writing the header if the file is new; returns rows written.
-
-    Each row is flushed and fsynced with the file so that a job killed mid-run loses at most the
-    row being measured.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists() or path.stat().st_size == 0
-    n = 0
-    with open(path, "a", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        if new:
-            w.writerow(columns)
-        for row in rows:
-            if len(row) != len(columns):
-                raise ValueError(f"{path}: row has {len(row)} values, header has {len(columns)}")
-            w.writerow([_fmt(v) for v in row])
-            n += 1
-        fh.flush()
-        os.fsync(fh.fileno())
-    return n
 
 
 def read_table(path: Path, name: str, precision: str, expected: Sequence[str]) -> SampleTable:
@@ -161,11 +133,6 @@ def _split_name(path: Path, known: Iterable[str]) -> tuple[str, str]:
         raise BundleError(f"{path}: unknown sample file (expected <name>_<fp16|bf16|fp32>.csv "
                           f"with a name from the catalog)")
     return name, precision
-
-
-def _fmt(v: float) -> str:
-    f = float(v)
-    return str(int(f)) if f.is_integer() and abs(f) < 2**53 else repr(f)
 
 
 def atomic_write(path: Path, text: str) -> None:

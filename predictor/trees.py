@@ -1,32 +1,89 @@
 """Tree ensembles as flat arrays, evaluated for many models at once with numpy.
 
 Calling XGBoost or LightGBM costs about a millisecond per call whatever the batch, and a prediction
-needs some forty models; loading their JSON takes seconds.  So at fit time each model is also
-written as a *tree table* (``.npz`` of plain arrays, read with ``allow_pickle=False``), and
-:class:`Forest` walks every tree of every model in one vectorised loop over depth.
+needs some forty models; loading their JSON takes seconds.  So at fit time every model of a bundle
+is also written into one *forest file* (:func:`Forest.to_bytes`), which :class:`Forest` reads
+without copying and walks -- every tree of every model requested -- in one vectorised loop over
+depth.  The predictor never imports the libraries.
 
-Comparisons follow each library exactly: XGBoost sends ``x < threshold`` left in float32;
-LightGBM sends ``x <= threshold`` left in float64, stored here as ``x < nextafter(threshold)``.
-Leaves point to themselves, so a fixed number of steps (the deepest tree) reaches every leaf.
+Comparisons follow each library exactly: XGBoost sends ``x < threshold`` left in float32 (rows of
+its models are rounded to float32 first; its thresholds are float32 values); LightGBM sends
+``x <= threshold`` left in float64, stored here as ``x < nextafter(threshold)``.  Leaves sum in
+float64, tree by tree in the library's order, then the model's base score is added: the sums are
+the same bits whatever the layout below.
+
+Layout (one record of 16 bytes per node, so that one gather fetches everything a step needs):
+
+* word 0, float64: the split threshold of an internal node, the value of a leaf;
+* word 1, int64:   ``next << 3 | feature``.  An internal node's children are adjacent: the right
+  one at ``next``, the left one at ``next + 1``, so a step is ``node = next + (x < threshold)``.
+  A leaf has ``next`` = itself and feature :data:`LEAF_FEATURE`, a column that holds +inf in every
+  row: ``inf < value`` is false, so a leaf stays put and a fixed number of steps (the model's
+  depth) brings every tree to its leaf.
+
+Nodes are in breadth-first order per model (the top levels, which every row visits, share cache
+lines).  Format-1 bundles kept one ``.npz`` :class:`TreeTable` per model; they are still read
+(:meth:`Forest.from_tables`), just more slowly.
 """
 from __future__ import annotations
 
 import io
 import json
-import re
+import struct
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
+FOREST_MAGIC = b"PCFOREST"
+FOREST_FORMAT = 1
+FEATURE_BITS = 3
+LEAF_FEATURE = (1 << FEATURE_BITS) - 1       # the +inf column: features 0..6 are real ones
+MAX_FEATURES = LEAF_FEATURE
+COLUMNS = 1 << FEATURE_BITS                  # row width of the walk's feature matrix
+_ALIGN = 64                                  # arrays start on a cache line
+_HEAD = struct.Struct("<8sI")                # magic, JSON header length
+MAX_HEADER_BYTES = 16 << 20
+
+# numpy has no 16-byte record type that gathers as fast as a native one; complex128 is 16 bytes,
+# and ``take`` copies its bits unchanged (no arithmetic ever touches it as a complex number).
+_RECORD = np.dtype("<c16")
+
+
+class ForestError(ValueError):
+    """A forest file or tree table that is not one we wrote (the caller names the file)."""
+
+    def __init__(self, message: str, key: str = ""):
+        super().__init__(message)
+        self.key = key          # the model at fault, where one is
+
+
+@dataclass(frozen=True)
+class ForestModel:
+    """Where one model's trees are in a :class:`Forest`, and how to evaluate them."""
+
+    key: str
+    first_tree: int       # index into the forest's roots
+    trees: int
+    first_node: int       # its nodes are [first_node, first_node + nodes)
+    nodes: int
+    depth: int            # steps from a root to the deepest leaf
+    base: float           # added to the sum of leaves
+    float32: bool         # compare features in float32 (XGBoost)
+    n_features: int
+
+
+# ------------------------------------------------------------------------------ format-1 tables
 _FIELDS = ("feature", "threshold", "left", "right", "value", "roots")
 
 
 @dataclass
 class TreeTable:
+    """One model's trees as node arrays: how fitting hands over trees, and format-1 bundles' files."""
+
     feature: np.ndarray      # int32 per node (0 on leaves)
     threshold: np.ndarray    # float64 per node (+inf on leaves)
-    left: np.ndarray         # int32 per node, tree-local + table offset (self on leaves)
+    left: np.ndarray         # int32 per node, table-local (self on leaves)
     right: np.ndarray
     value: np.ndarray        # float64 leaf value (0 on internal nodes)
     roots: np.ndarray        # int32 node index of each tree's root
@@ -35,180 +92,306 @@ class TreeTable:
     float32: bool            # compare features in float32 (XGBoost)
     n_features: int
 
-    def to_bytes(self) -> bytes:
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **{f: getattr(self, f) for f in _FIELDS},
-                            meta=np.array([self.base, self.depth, float(self.float32), self.n_features]))
-        return buf.getvalue()
-
     @classmethod
     def from_bytes(cls, data: bytes) -> "TreeTable":
+        """A format-1 ``.trees.npz`` (plain arrays, read with ``allow_pickle=False``)."""
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = {f: z[f] for f in _FIELDS}
             meta = z["meta"]
         n = len(arrays["feature"])
         for f in ("threshold", "left", "right", "value"):
             if len(arrays[f]) != n:
-                raise ValueError(f"tree table arrays differ in length ({f})")
+                raise ForestError(f"tree table arrays differ in length ({f})")
         if n and (arrays["left"].min() < 0 or arrays["left"].max() >= n or arrays["right"].min() < 0
-                  or arrays["right"].max() >= n or arrays["roots"].max() >= n):
-            raise ValueError("tree table points outside itself")
+                  or arrays["right"].max() >= n or arrays["roots"].min() < 0 or arrays["roots"].max() >= n):
+            raise ForestError("tree table points outside itself")
+        if len(meta) != 4:
+            raise ForestError("tree table metadata has the wrong size")
         return cls(arrays["feature"].astype(np.int32), arrays["threshold"].astype(float),
                    arrays["left"].astype(np.int32), arrays["right"].astype(np.int32),
                    arrays["value"].astype(float), arrays["roots"].astype(np.int32),
                    float(meta[0]), int(meta[1]), bool(meta[2]), int(meta[3]))
 
 
-class _Builder:
-    def __init__(self) -> None:
-        self.feature: list[int] = []
-        self.threshold: list[float] = []
-        self.left: list[int] = []
-        self.right: list[int] = []
-        self.value: list[float] = []
-        self.roots: list[int] = []
-        self.depth = 0
+def _relayout(t: TreeTable) -> tuple[np.ndarray, np.ndarray, int]:
+    """(records, roots, depth) of one table: breadth-first, children adjacent, leaves self-looped.
 
-    def tree(self, internal: Sequence[tuple[int, float, int, int]], leaves: Sequence[float],
-             leaf_ref) -> None:
-        """internal: (feature, threshold, left, right) with children as ("n", i) / ("l", j) refs."""
-        off = len(self.feature)
-        n_int = len(internal)
-        resolve = lambda ref: off + (ref[1] if ref[0] == "n" else n_int + ref[1])
-        for feat, thr, lref, rref in internal:
-            self.feature.append(feat)
-            self.threshold.append(thr)
-            self.left.append(resolve(lref))
-            self.right.append(resolve(rref))
-            self.value.append(0.0)
-        for j, v in enumerate(leaves):
-            me = off + n_int + j
-            self.feature.append(0)
-            self.threshold.append(np.inf)
-            self.left.append(me)
-            self.right.append(me)
-            self.value.append(float(v))
-        root = off if n_int else off + n_int   # a single-leaf tree's root is its leaf
-        self.roots.append(root)
-        self.depth = max(self.depth, _depth(self.left, self.right, root))
-
-    def table(self, base: float, float32: bool, n_features: int) -> TreeTable:
-        return TreeTable(np.array(self.feature, np.int32), np.array(self.threshold, float),
-                         np.array(self.left, np.int32), np.array(self.right, np.int32),
-                         np.array(self.value, float), np.array(self.roots, np.int32),
-                         base, self.depth, float32, n_features)
-
-
-def _depth(left: list[int], right: list[int], root: int) -> int:
-    best, stack = 0, [(root, 0)]
-    while stack:
-        node, d = stack.pop()
-        if left[node] == node:
-            best = max(best, d)
-            continue
-        stack.append((left[node], d + 1))
-        stack.append((right[node], d + 1))
-    return best
-
-
-def from_xgboost_json(raw: bytes, n_features: int) -> TreeTable:
-    """An XGBoost JSON model (gradient boosting or random-forest mode, squared error)."""
-    doc = json.loads(raw)
-    learner = doc["learner"]
-    base_txt = str(learner["learner_model_param"]["base_score"]).strip("[]")
-    base = float(base_txt.split(",")[0])
-    b = _Builder()
-    for t in learner["gradient_booster"]["model"]["trees"]:
-        lc, rc = t["left_children"], t["right_children"]
-        cond, feat = t["split_conditions"], t["split_indices"]
-        internal_ids = [i for i in range(len(lc)) if lc[i] != -1]
-        leaf_ids = [i for i in range(len(lc)) if lc[i] == -1]
-        ipos = {n: k for k, n in enumerate(internal_ids)}
-        lpos = {n: k for k, n in enumerate(leaf_ids)}
-        ref = lambda n: ("n", ipos[n]) if n in ipos else ("l", lpos[n])
-        # The root (node 0) must come first among internal nodes: ids are in breadth order.
-        internal = [(int(feat[i]), float(np.float32(cond[i])), ref(lc[i]), ref(rc[i])) for i in internal_ids]
-        leaves = [cond[i] for i in leaf_ids]       # a leaf's weight lives in split_conditions
-        b.tree(internal, leaves, ref)
-    return b.table(base, True, n_features)
+    Vectorised level by level over all the model's trees.  Refuses tables that are not trees
+    (a node reached twice, a cycle), which would otherwise walk to a wrong leaf.
+    """
+    n = len(t.feature)
+    if not (len(t.threshold) == len(t.left) == len(t.right) == len(t.value) == n):
+        raise ForestError("tree table arrays differ in length")
+    if t.n_features < 1 or t.n_features > MAX_FEATURES:
+        raise ForestError(f"{t.n_features} features (at most {MAX_FEATURES} are supported)")
+    left = t.left.astype(np.int64)
+    right = t.right.astype(np.int64)
+    idx = np.arange(n)
+    leaf = left == idx
+    if np.any(leaf & (right != idx)):
+        raise ForestError("a leaf with one child")
+    internal = ~leaf
+    if np.any(internal & ((t.feature < 0) | (t.feature >= t.n_features))):
+        raise ForestError("a split on a feature the model does not have")
+    new_pos = np.full(n, -1, np.int64)
+    frontier = t.roots.astype(np.int64)
+    new_pos[frontier] = np.arange(len(frontier))
+    if len(frontier) and np.any(new_pos[frontier] != np.arange(len(frontier))):
+        raise ForestError("two trees share a root")
+    levels = [frontier]
+    nxt = len(frontier)
+    depth = 0
+    while True:
+        inner = frontier[internal[frontier]]
+        if not len(inner):
+            break
+        depth += 1
+        if depth > n:
+            raise ForestError("a tree with a cycle")
+        kids = np.empty(2 * len(inner), np.int64)
+        kids[0::2] = right[inner]            # right at next, left at next + 1
+        kids[1::2] = left[inner]
+        pos = nxt + np.arange(len(kids))
+        if np.any(new_pos[kids] >= 0):
+            raise ForestError("a node reached twice (not a tree)")
+        new_pos[kids] = pos
+        if np.any(new_pos[kids] != pos):
+            raise ForestError("a node reached twice (not a tree)")
+        nxt += len(kids)
+        levels.append(kids)
+        frontier = kids
+    order = np.concatenate(levels) if levels else np.zeros(0, np.int64)
+    pos = np.arange(len(order), dtype=np.int64)
+    is_leaf = leaf[order]
+    word0 = np.where(is_leaf, t.value[order], t.threshold[order]).astype(np.float64)
+    child = new_pos[right[order]]
+    word1 = np.where(is_leaf, (pos << FEATURE_BITS) | LEAF_FEATURE,
+                     (child << FEATURE_BITS) | t.feature[order].astype(np.int64))
+    rec = np.empty(len(order), _RECORD)
+    pair = rec.view(np.float64).reshape(-1, 2)
+    pair[:, 0] = word0
+    rec.view(np.int64).reshape(-1, 2)[:, 1] = word1
+    return rec, np.arange(len(t.roots), dtype=np.int64), depth
 
 
-def from_lightgbm_text(text: str, n_features: int) -> TreeTable:
-    """A LightGBM text model (numerical splits only, as our features are)."""
-    b = _Builder()
-    for block in re.split(r"\nTree=\d+\n", "\n" + text.split("end of trees")[0])[1:]:
-        kv = dict(line.split("=", 1) for line in block.strip().splitlines() if "=" in line)
-        leaves = [float(v) for v in kv["leaf_value"].split()]
-        if int(kv["num_leaves"]) == 1:
-            b.tree([], leaves, None)
-            continue
-        feats = [int(v) for v in kv["split_feature"].split()]
-        thr = [float(v) for v in kv["threshold"].split()]
-        dts = [int(v) for v in kv["decision_type"].split()]
-        lc = [int(v) for v in kv["left_child"].split()]
-        rc = [int(v) for v in kv["right_child"].split()]
-        if any(dt & 1 for dt in dts):
-            raise ValueError("categorical splits are not supported")
-        ref = lambda c: ("n", c) if c >= 0 else ("l", ~c)
-        internal = [(feats[i], float(np.nextafter(thr[i], np.inf)), ref(lc[i]), ref(rc[i]))
-                    for i in range(len(feats))]
-        b.tree(internal, leaves, ref)
-    return b.table(0.0, False, n_features)
-
-
+# ---------------------------------------------------------------------------------- the forest
 class Forest:
-    """Many tree tables stacked so that one loop evaluates all of them."""
+    """Every model of a bundle stacked so that one loop over depth evaluates any set of them."""
 
-    def __init__(self, tables: Sequence[TreeTable]):
-        offs = np.cumsum([0] + [len(t.feature) for t in tables])
-        cat = lambda f, dt: np.concatenate([getattr(t, f) for t in tables]).astype(dt) if tables else np.zeros(0, dt)
-        self.feature = cat("feature", np.int64)
-        self.threshold = cat("threshold", float)
-        shift = np.concatenate([np.full(len(t.feature), o) for t, o in zip(tables, offs)]) if tables else np.zeros(0)
-        self.left = (cat("left", np.int64) + shift).astype(np.int64)
-        self.right = (cat("right", np.int64) + shift).astype(np.int64)
-        self.value = cat("value", float)
-        # child[2·node + (x < threshold)]: one gather picks the branch (right at 0, left at 1).
-        self.child = np.stack([self.right, self.left], axis=1).ravel()
-        self.roots = [t.roots.astype(np.int64) + o for t, o in zip(tables, offs)]
-        self.tables = list(tables)
-        self.width = max([t.n_features for t in tables], default=1)
+    def __init__(self, records: np.ndarray, roots: np.ndarray, models: Sequence[ForestModel]):
+        """``records``: complex128 node records (module docstring); ``roots``: global node index of
+        every tree; ``models``: their slices.  Validated: indices out of range raise ForestError."""
+        if records.dtype != _RECORD or records.ndim != 1:
+            raise ForestError("node records must be a flat array of 16-byte records")
+        self.records = records
+        self.roots = np.ascontiguousarray(roots, dtype=np.intp)
+        self.models = list(models)
+        self._validate()
+        self._keys = {m.key: i for i, m in enumerate(self.models)}
+        self._trees = np.array([m.trees for m in self.models], dtype=np.intp)
+        self._first_tree = np.array([m.first_tree for m in self.models], dtype=np.intp)
+        self._base = np.array([m.base for m in self.models], dtype=np.float64)
 
+    @property
+    def keys(self) -> list[str]:
+        return [m.key for m in self.models]
+
+    def index(self, key: str) -> int:
+        return self._keys[key]
+
+    def _validate(self) -> None:
+        """Indices in range, so that a bad file fails here, naming itself, not in a prediction.
+
+        Feature indices need no check: ``& LEAF_FEATURE`` keeps them inside a row, and a column a
+        model does not have holds +inf.  Two passes over the records: a bundle loads in
+        milliseconds.
+        """
+        n = len(self.records)
+        words = self.records.view(np.int64)[1::2]
+        if n:
+            last = (n - 1) << FEATURE_BITS
+            # As unsigned, a negative ``next`` is huge: one pass bounds both ends.
+            if words.view(np.uint64).max() > last | LEAF_FEATURE:
+                raise ForestError("a node points outside the forest")
+            # An internal node's left child is at next + 1: only a leaf may have next = n - 1.
+            at_end = words[words >= last]
+            if np.any(at_end != last | LEAF_FEATURE):
+                raise ForestError("a node points outside the forest")
+        if len(self.roots) and (self.roots.min() < 0 or self.roots.max() >= n):
+            raise ForestError("a tree root outside the forest")
+        node0 = tree0 = 0
+        seen_keys = set()
+        for m in self.models:
+            if m.key in seen_keys:
+                raise ForestError(f"model {m.key} appears twice")
+            seen_keys.add(m.key)
+            # Models are stored one after the other, trees and nodes alike.
+            if m.first_tree != tree0 or m.first_node != node0:
+                raise ForestError(f"model {m.key}: trees or nodes not where the previous model ends")
+            tree0, node0 = m.first_tree + m.trees, m.first_node + m.nodes
+            if tree0 > len(self.roots) or node0 > n:
+                raise ForestError(f"model {m.key}: trees or nodes outside the forest")
+            r = self.roots[m.first_tree:tree0]
+            if len(r) and (r.min() < m.first_node or r.max() >= node0):
+                raise ForestError(f"model {m.key}: a root outside its nodes")
+            if not 1 <= m.n_features <= MAX_FEATURES:
+                raise ForestError(f"model {m.key}: {m.n_features} features (1 to {MAX_FEATURES})")
+            if not 0 <= m.depth <= 64:
+                raise ForestError(f"model {m.key}: depth {m.depth}")
+            if not np.isfinite(m.base):
+                raise ForestError(f"model {m.key}: base score is not finite")
+        if tree0 != len(self.roots) or node0 != n:
+            raise ForestError("trees or nodes that belong to no model")
+
+    # --------------------------------------------------------------------------- building
+    @classmethod
+    def from_tables(cls, tables: Sequence[TreeTable], keys: "Sequence[str] | None" = None) -> "Forest":
+        """The forest of per-model tree tables (format-1 bundles, fresh fits)."""
+        keys = list(keys) if keys is not None else [str(i) for i in range(len(tables))]
+        if len(keys) != len(tables):
+            raise ValueError("one key per table")
+        recs, roots, models = [], [], []
+        node0 = tree0 = 0
+        for key, t in zip(keys, tables):
+            try:
+                rec, r, depth = _relayout(t)
+            except ForestError as exc:
+                raise ForestError(f"model {key}: {exc}", key) from None
+            # Records point at model-local nodes: shift ``next`` (word 1's high bits) to global.
+            rec.view(np.int64)[1::2] += node0 << FEATURE_BITS
+            recs.append(rec)
+            roots.append(r + node0)
+            models.append(ForestModel(key, tree0, len(r), node0, len(rec), depth, float(t.base),
+                                      bool(t.float32), int(t.n_features)))
+            node0 += len(rec)
+            tree0 += len(r)
+        records = np.concatenate(recs) if recs else np.zeros(0, _RECORD)
+        return cls(records, np.concatenate(roots) if roots else np.zeros(0, np.intp), models)
+
+    def to_bytes(self) -> bytes:
+        """The forest file: magic, a JSON header, then the records and the roots (little-endian)."""
+        header = {"format": FOREST_FORMAT, "nodes": len(self.records), "trees": len(self.roots),
+                  "models": [{"key": m.key, "first_tree": m.first_tree, "trees": m.trees,
+                              "first_node": m.first_node, "nodes": m.nodes, "depth": m.depth,
+                              "base": m.base, "float32": m.float32, "n_features": m.n_features}
+                             for m in self.models]}
+        head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        start = _data_offset(len(head))
+        out = bytearray(start)
+        out[:_HEAD.size + len(head)] = _HEAD.pack(FOREST_MAGIC, len(head)) + head
+        out += self.records.astype(_RECORD, copy=False).tobytes()
+        out += self.roots.astype("<i4").tobytes()
+        return bytes(out)
+
+    @classmethod
+    def from_buffer(cls, buf: "bytes | bytearray | memoryview | np.ndarray") -> "Forest":
+        """A forest file's bytes, viewed in place (no copy: keep ``buf`` unchanged afterwards)."""
+        raw = np.frombuffer(buf, dtype=np.uint8)
+        if len(raw) < _HEAD.size:
+            raise ForestError("truncated forest file")
+        magic, hlen = _HEAD.unpack(raw[:_HEAD.size].tobytes())
+        if magic != FOREST_MAGIC:
+            raise ForestError("not a forest file (bad magic)")
+        if hlen > MAX_HEADER_BYTES or _HEAD.size + hlen > len(raw):
+            raise ForestError("truncated forest file (header)")
+        try:
+            header = json.loads(raw[_HEAD.size:_HEAD.size + hlen].tobytes().decode("utf-8"))
+            if header.get("format") != FOREST_FORMAT:
+                raise ForestError(f"forest format {header.get('format')!r} is not supported "
+                                  f"(this perfcast reads format {FOREST_FORMAT})")
+            n_nodes, n_trees = _count(header["nodes"]), _count(header["trees"])
+            models = [ForestModel(str(m["key"]), _count(m["first_tree"]), _count(m["trees"]),
+                                  _count(m["first_node"]), _count(m["nodes"]), _count(m["depth"]),
+                                  float(m["base"]), _flag(m["float32"]), _count(m["n_features"]))
+                      for m in header["models"]]
+        except ForestError:
+            raise
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError,
+                AttributeError) as exc:
+            raise ForestError(f"bad forest header ({type(exc).__name__}: {exc})") from None
+        start = _data_offset(hlen)
+        end = start + 16 * n_nodes + 4 * n_trees
+        if len(raw) != end:
+            raise ForestError(f"forest file is {len(raw)} bytes, its header says {end}")
+        records = raw[start:start + 16 * n_nodes].view(_RECORD)
+        roots = raw[start + 16 * n_nodes:end].view("<i4")
+        return cls(records, roots, models)
+
+    # --------------------------------------------------------------------------- evaluating
     def predict(self, requests: Sequence[tuple[int, np.ndarray]]) -> list[np.ndarray]:
         """Raw model outputs for each (model index, rows × features) request."""
         if not requests:
             return []
-        blocks, pair_nodes, pair_rows, pair_out, sizes = [], [], [], [], []
-        row0 = out0 = 0
-        depth = 0
-        for mi, X in requests:
-            t = self.tables[mi]
-            X = np.asarray(X, dtype=float).reshape(len(X), -1)
-            if t.float32:
-                X = X.astype(np.float32).astype(float)
-            pad = np.zeros((len(X), self.width))
-            pad[:, : X.shape[1]] = X
-            blocks.append(pad)
-            roots = self.roots[mi]
+        models = self.models
+        # Deeper models first: step s then works on a prefix, the pairs of models deeper than s.
+        order = sorted(range(len(requests)), key=lambda i: -models[requests[i][0]].depth)
+        spans: list[tuple[int, int]] = [(0, 0)] * len(requests)
+        unit_model, unit_count, prefix, depths = [], [], [], []
+        blocks = []
+        n_units = n_pairs = 0
+        for i in order:
+            mi, X = requests[i]
+            m = models[mi]
+            X = np.asarray(X, dtype=np.float64)
+            if X.ndim != 2:
+                X = X.reshape(len(X), -1)
+            if X.shape[1] != m.n_features:
+                raise ValueError(f"model {m.key}: rows of {X.shape[1]} features, the model has {m.n_features}")
             n = len(X)
-            pair_nodes.append(np.tile(roots, n))
-            pair_rows.append(np.repeat(np.arange(row0, row0 + n), len(roots)))
-            pair_out.append(np.repeat(np.arange(out0, out0 + n), len(roots)))
-            sizes.append(n)
-            row0 += n
-            out0 += n
-            depth = max(depth, t.depth)
-        Xall = np.vstack(blocks).ravel()
-        node = np.concatenate(pair_nodes)
-        rowbase = np.concatenate(pair_rows) * self.width
-        out = np.concatenate(pair_out)
-        feature, threshold, child = self.feature, self.threshold, self.child
-        for _ in range(depth):
-            go_left = Xall[rowbase + feature[node]] < threshold[node]
-            node = child[2 * node + go_left]
-        sums = np.bincount(out, weights=self.value[node], minlength=out0)
-        res, start = [], 0
-        for (mi, _), n in zip(requests, sizes):
-            res.append(sums[start:start + n] + self.tables[mi].base)
-            start += n
-        return res
+            blocks.append((n_units, X, m.float32))
+            spans[i] = (n_units, n_units + n)
+            unit_model.append(mi)
+            unit_count.append(n)
+            n_units += n
+            n_pairs += n * m.trees
+            prefix.append(n_pairs)
+            depths.append(m.depth)
+        if n_pairs == 0:
+            return [np.zeros(spans[i][1] - spans[i][0]) + models[requests[i][0]].base
+                    for i in range(len(requests))]
+        X_all = np.full((n_units, COLUMNS), np.inf)
+        for u0, X, f32 in blocks:
+            # XGBoost compares in float32: the row rounded to float32, then widened exactly.
+            X_all[u0:u0 + len(X), :X.shape[1]] = X.astype(np.float32) if f32 else X
+        counts = np.asarray(unit_count, dtype=np.intp)
+        mods = np.repeat(np.asarray(unit_model, dtype=np.intp), counts)            # model per unit
+        per_unit = self._trees[mods]
+        ends = np.cumsum(per_unit)
+        unit = np.repeat(np.arange(n_units, dtype=np.intp), per_unit)              # unit per pair
+        node = self.roots[np.arange(n_pairs, dtype=np.intp)
+                          + np.repeat(self._first_tree[mods] - (ends - per_unit), per_unit)]
+        rowbase = unit << FEATURE_BITS
+        flat = X_all.ravel()
+        records = self.records
+        j = len(depths)
+        for step in range(depths[0]):
+            # the pairs of models deeper than ``step``: a prefix, as requests are sorted by depth
+            while depths[j - 1] <= step:
+                j -= 1
+            k = prefix[j - 1]
+            nd = node[:k]
+            rec = records.take(nd)
+            word = rec.view(np.int64)[1::2]
+            x = flat.take(rowbase[:k] + (word & LEAF_FEATURE))
+            np.add(word >> FEATURE_BITS, x < rec.real, out=nd)
+        # bincount adds each unit's leaves in pair order: tree by tree, as the libraries do; the
+        # base score comes last.  (The outputs are slices of one array.)
+        sums = np.bincount(unit, weights=records.take(node).real, minlength=n_units)
+        sums += np.repeat(self._base[np.asarray(unit_model, dtype=np.intp)], counts)
+        return [sums[a:b] for a, b in spans]
+
+
+def _data_offset(header_len: int) -> int:
+    return -(-(_HEAD.size + header_len) // _ALIGN) * _ALIGN
+
+
+def _count(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 1 << 40:
+        raise ForestError(f"bad count {v!r} in the forest header")
+    return v
+
+
+def _flag(v: object) -> bool:
+    if not isinstance(v, bool):
+        raise ForestError(f"bad flag {v!r} in the forest header")
+    return v

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the shipped platforms (predictor/platforms/) from the paper's measured samples.
 
-    python scripts/build_platforms.py --data DIR [--only all|paper|h100]
+    python scripts/build_platforms.py --data DIR [--only all|paper|h100|host-priors|convert]
 
 DIR is the estimate-train-time data (its Perlmutter/ and Vista/ folders); not needed for --only h100.
 
@@ -15,6 +15,11 @@ host`` host costs, and real training steps of a small GPT family recorded as its
 its network is from published specs.  ``--only h100`` rebuilds it alone (no --data needed).
 The other platforms carry the same host costs as a prior (their CPUs were not measured);
 ``--only host-priors`` rewrites just that table.
+
+``--only convert`` refits nothing: it rewrites every shipped bundle still in an older bundle format
+in the current one (the same trees, so every prediction stays the same to the bit) and re-pins the
+platforms' manifests.  That is how the shipped bundles moved to the forest file (bundle format 2)
+without a refit, which would have changed them with the libraries' versions.
 """
 from __future__ import annotations
 
@@ -29,11 +34,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from calibrate.fitting import BundleFitter, convert_bundle  # noqa: E402
 from calibrate.importers import import_estimate_train_time  # noqa: E402
 from calibrate.validate import load_runs, validate_platform  # noqa: E402
-from predictor.bundle import fit_bundle  # noqa: E402
+from predictor.bundle import MANIFEST, load_bundle  # noqa: E402
 from predictor.operators import GpuSpec  # noqa: E402
-from predictor.platform import write_platform  # noqa: E402
+from predictor.platform import PLATFORM_FILE, pin_platform_bundles, write_platform  # noqa: E402
 from predictor.job import TrainingJob  # noqa: E402
 from predictor.samples import load_samples  # noqa: E402
 from predictor.validation import MeasuredRun  # noqa: E402
@@ -69,7 +75,7 @@ NOTICE = ("Bundles built from the measured samples of Zhang et al. (arXiv:2509.2
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="", help="the estimate-train-time data directory (not for --only h100)")
-    ap.add_argument("--only", choices=("all", "paper", "h100", "host-priors"), default="all")
+    ap.add_argument("--only", choices=("all", "paper", "h100", "host-priors", "convert"), default="all")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -81,6 +87,8 @@ def main() -> int:
         build_paper(Path(args.data))
     if args.only == "host-priors":
         apply_host_priors()
+    if args.only == "convert":
+        convert_shipped()
     shutil.rmtree(OUT / "__pycache__", ignore_errors=True)
     return 0
 
@@ -89,8 +97,8 @@ def build_h100() -> None:
     """dgx-h100 from the H100 samples in benchmarks/data/h100-lent (see the module docstring)."""
     src = RUNS / "h100-lent"
     samples = load_samples(src)
-    rep = fit_bundle(samples, OUT / "_bundles" / "h100-80gb-hbm3", name="h100-80gb-hbm3", gpu=H100,
-                     extra_meta={"notice": H100_NOTICE}, overwrite=True)
+    rep = BundleFitter(name="h100-80gb-hbm3", gpu=H100, extra_meta={"notice": H100_NOTICE}).fit(
+        samples, OUT / "_bundles" / "h100-80gb-hbm3", overwrite=True)
     print(f"== h100-80gb-hbm3 compute\n{rep.table()}")
     write_platform(OUT / "dgx-h100", {
         "name": "dgx-h100", "calibrated": True, "gpus_per_node": 8,
@@ -100,6 +108,19 @@ def build_h100() -> None:
         "links": DGX_H100_LINKS, "host": host_costs(src / "host.toml"), "notes": [H100_NOTICE]})
     summary = validate_platform(OUT / "dgx-h100", family_runs(src / "train-family.json"), replace=True)
     print(f"== dgx-h100 end-to-end runs (one GPU)\n{summary.table()}")
+
+
+def convert_shipped() -> None:
+    """Every shipped bundle in the current bundle format (same trees), the platforms re-pinned."""
+    bundles = sorted(p.parent for p in OUT.glob(f"*/*/{MANIFEST}")) + \
+        sorted(p.parent for p in OUT.glob(f"*/{MANIFEST}"))
+    for b in bundles:
+        before = load_bundle(b).format
+        convert_bundle(b)
+        print(f"== {b.relative_to(OUT)}: bundle format {before} -> {load_bundle(b).format}")
+    for plat in sorted(p.parent for p in OUT.glob(f"*/{PLATFORM_FILE}")):
+        pins = pin_platform_bundles(plat)
+        print(f"== {plat.name}: {', '.join(sorted(pins)) or 'pins unchanged'}")
 
 
 def host_prior(path: Path) -> dict:
@@ -167,12 +188,12 @@ def build_paper(data: Path) -> None:
             samples_dir = Path(tmp) / system
             import_estimate_train_time(data / system, samples_dir)
             samples = load_samples(samples_dir)
-            rep = fit_bundle(samples, bundles / bundle_name, name=bundle_name, gpu=gpu, license_file=lic,
-                             extra_meta={"notice": NOTICE}, overwrite=True)
+            rep = BundleFitter(name=bundle_name, gpu=gpu, license_file=lic,
+                               extra_meta={"notice": NOTICE}).fit(samples, bundles / bundle_name, overwrite=True)
             print(f"== {bundle_name} compute\n{rep.table()}")
-            rep = fit_bundle(samples, OUT / plat / "collectives", name=f"{plat}-collectives", gpu=gpu,
-                             kind="collectives", nics_per_node=nics, license_file=lic,
-                             extra_meta={"notice": NOTICE}, overwrite=True)
+            rep = BundleFitter(name=f"{plat}-collectives", gpu=gpu, kind="collectives", nics_per_node=nics,
+                               license_file=lic, extra_meta={"notice": NOTICE}).fit(
+                samples, OUT / plat / "collectives", overwrite=True)
             print(f"== {plat} collectives (links {rep.links})\n{rep.table()}")
             write_platform(OUT / plat, {
                 "name": plat, "description": desc, "calibrated": True, "gpus_per_node": gpn,

@@ -1,9 +1,18 @@
-"""Samples → platform: fit the bundles, write platform.toml, and a validation report.
+"""Fitting: samples → regressors → bundles → a platform.  Everything that fits lives here; the
+predictor only loads, validates and predicts (and never imports the regressor libraries).
+
+- :class:`RatioRegressor` (``ratio``): one operator's regressor, scikit-learn style
+  (``RatioRegressor(candidates, seed=...).fit(X, y)``): the library with the lowest hold-out error.
+- :class:`BundleFitter` (``bundle``): every model of a sample set, written as a bundle directory
+  (``BundleFitter(name=..., gpu=...).fit(samples, out_dir) -> FitReport``); :func:`convert_bundle`
+  rewrites an older bundle format with the same trees.
+- ``libraries``: the libraries' estimators, model files and their conversion to tree tables.
+- ``report``: the validation report of a fit.
 
 ``fit_platform(samples_dir, out_dir)`` is ``perf-calibrate fit``.  The platform directory::
 
     platform.toml          what predictor.platform.load_platform reads
-    compute/               the compute bundle (predictor.bundle.fit_bundle, kind "compute")
+    compute/               the compute bundle (BundleFitter, kind "compute")
     collectives/           the collective bundle, when collectives were measured
     calibration.toml       provenance and the scores that install/status compare
     validation/report.txt  per operator and direction: library, samples, hold-out MAPE and p90
@@ -22,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from predictor.bundle import FitReport, fit_bundle
 from predictor.errors import BundleError
 from predictor.operators import GpuSpec
 from predictor.platform import load_platform, write_platform
@@ -30,6 +38,10 @@ from predictor.samples import SampleSet, dump_toml, load_samples
 
 from ..env import DeviceSpec, published_spec
 from ..errors import CalibrationError
+from .bundle import (BundleFitter, FitReport, collective_training_rows, convert_bundle,
+                     operator_training_rows)
+from .libraries import CANDIDATES
+from .ratio import RatioRegressor
 from .report import ValidationReport, held_out_predictions, write_report
 
 log = logging.getLogger(__name__)
@@ -124,17 +136,17 @@ def fit_platform(samples_dir: "str | Path", out_dir: "str | Path", *, name: str 
     try:
         license_file = src / "LICENSE" if (src / "LICENSE").is_file() else None
         extra = {k: v for k, v in (("samples", str(src.resolve())), ("device", device)) if v}
-        lib = {"candidates": tuple(candidates)} if candidates else {}
-        compute = fit_bundle(samples, tmp / "compute", name=f"{pname}-compute", gpu=gpu,
-                             kind="compute", seed=seed, license_file=license_file, extra_meta=extra,
-                             **lib)
+        libs = tuple(candidates) if candidates else CANDIDATES
+        compute = BundleFitter(name=f"{pname}-compute", gpu=gpu, kind="compute", seed=seed,
+                               candidates=libs, license_file=license_file,
+                               extra_meta=extra).fit(samples, tmp / "compute")
         collectives = None
         if samples.collectives:
             try:
-                collectives = fit_bundle(samples, tmp / "collectives", name=f"{pname}-collectives",
-                                         gpu=gpu, kind="collectives", nics_per_node=nics_per_node,
-                                         seed=seed, license_file=license_file, extra_meta=extra,
-                                         **lib)
+                collectives = BundleFitter(name=f"{pname}-collectives", gpu=gpu, kind="collectives",
+                                           nics_per_node=nics_per_node, seed=seed, candidates=libs,
+                                           license_file=license_file,
+                                           extra_meta=extra).fit(samples, tmp / "collectives")
             except BundleError as exc:
                 notes.append(f"collectives not fitted ({exc}); analytic network model")
                 log.warning("collectives not fitted: %s", exc)
@@ -211,4 +223,6 @@ def read_calibration(platform_dir: Path) -> dict[str, Any]:
         return {}
 
 
-__all__ = ["FitResult", "fit_platform", "gpu_spec_from_meta", "read_calibration", "CALIBRATION_FILE"]
+__all__ = ["FitResult", "fit_platform", "gpu_spec_from_meta", "read_calibration", "CALIBRATION_FILE",
+           "RatioRegressor", "BundleFitter", "FitReport", "convert_bundle", "CANDIDATES",
+           "operator_training_rows", "collective_training_rows"]

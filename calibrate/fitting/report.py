@@ -1,7 +1,7 @@
 """The validation report of a fit: per-model hold-out errors, a table and a predicted-vs-measured plot.
 
-The errors are the fit's own (``predictor.regress`` chooses the library on an 80/20 split and
-reports that split's MAPE and p90).  For the plot, each model's chosen library is refitted on the
+The errors are the fit's own (:class:`~calibrate.fitting.ratio.RatioRegressor` chooses the library
+on an 80/20 split and reports that split's MAPE and p90).  For the plot, each model's chosen library is refitted on the
 same 80 % and asked about the same 20 %, so every point drawn is a prediction of a sample the
 model did not see.
 """
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from predictor.bundle import FitReport, collective_training_rows, operator_training_rows
 from predictor.operators import OPERATORS, GpuSpec
-from predictor import regress
-from predictor.regress import fit_ratio_model
 from predictor.samples import SampleSet, dump_toml
+
+from .bundle import FitReport, collective_training_rows, operator_training_rows
+from .ratio import RatioRegressor, holdout_split
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +72,8 @@ class ValidationReport:
 
 
 def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    # The same permutation as predictor.regress.fit_ratio_model, so "held out" means the same rows.
-    order = np.random.default_rng(seed).permutation(n)
-    n_val = max(2, n // 5)
-    return order[n_val:], order[:n_val]
+    # The split RatioRegressor chose the library on, so "held out" means the same rows.
+    return holdout_split(n, seed)
 
 
 def _held_out(X: np.ndarray, y: np.ndarray, library: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -84,15 +82,12 @@ def _held_out(X: np.ndarray, y: np.ndarray, library: str, seed: int) -> tuple[np
     X, y = X[finite], y[finite]
     train, val = _split(len(y), seed)
     try:
-        res = fit_ratio_model(X[train], y[train], seed=seed, candidates=(library,), min_samples=2)
+        est = RatioRegressor((library,), seed=seed, min_samples=2).fit(X[train], y[train])
     except ValueError:
         return np.zeros(0), np.zeros(0)
-    return np.exp(y[val]), np.exp(_log_ratio(res, X[val]))
-
-
-def _log_ratio(res: "regress.FitResult", X: np.ndarray) -> np.ndarray:
-    """The refitted model's log ratio, from the library's own model file."""
-    return np.asarray(regress.library_predict(res.library, res.model_bytes, X), dtype=float)
+    # The library's own prediction from its model file: the plot checks the library, the
+    # forest is checked against it in the tests.
+    return np.exp(y[val]), np.exp(np.asarray(est.library_predict(X[val]), dtype=float))
 
 
 def held_out_predictions(samples: SampleSet, gpu: GpuSpec, compute: FitReport,

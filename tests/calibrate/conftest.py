@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from calibrate.runner import RunOptions, run_calibration  # noqa: E402
 
-# LightGBM only: the library choice is predictor.regress's business and tested there; here it
+# LightGBM only: the library choice is calibrate.fitting's business and tested there; here it
 # keeps the fit to seconds on a 2-core CI machine.
 FAST_LIBRARIES = ("lightgbm",)
 

@@ -61,7 +61,7 @@ def test_platform_files_and_prediction(tiny_platform):
     assert plat.calibrated and plat.collectives is not None and plat.gpus_per_node == 2
     p = predict(TrainingJob.from_dict(TINY_JOB), plat)
     assert math.isfinite(p.iteration_seconds) and p.iteration_seconds > 0
-    assert p.breakdown["dp_allreduce"] > 0 and p.breakdown["max_update"] > 0
+    assert p.breakdown.gradient_reduce_seconds > 0 and p.breakdown.optimizer_seconds > 0
     assert not p.extrapolated, p.warnings
     lo, hi = p.interval_seconds
     assert lo <= p.iteration_seconds <= hi

@@ -77,7 +77,7 @@ def test_fit_recovers_a_compute_scale_and_carries_it_to_another_job(tmp_path, ca
     want = predict(held, truth).iteration_seconds
     assert abs(predict(held, base).iteration_seconds / want - 1) > 0.15
     assert predict(held, plat).iteration_seconds == pytest.approx(want, rel=0.01)
-    assert predict(held, plat).details["fitted_scales"]["compute"] == plat.fitted.compute_scale
+    assert predict(held, plat).details.fitted_scales["compute"] == plat.fitted.compute_scale
     # The runs are recorded with their leave-one-out predictions (what widens the intervals).
     assert all(r.predicted_iteration_seconds == pytest.approx(r.measured_iteration_seconds, rel=0.01)
                for r in plat.validation)
@@ -94,7 +94,7 @@ def test_fit_recovers_a_host_scale_where_runs_are_host_bound(tmp_path):
             _job(layers=4, hidden=6144, heads=48, mbs=2, **small)]
     truth = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.1, host_scale=1.4))
     preds = predict_many(jobs, truth)
-    assert any(p.breakdown["host_wait"] > 0 for p in preds) and any(p.breakdown["host_wait"] == 0 for p in preds)
+    assert any(p.breakdown.host_wait_seconds > 0 for p in preds) and any(p.breakdown.host_wait_seconds == 0 for p in preds)
     res = fit_terms(base, load_runs(_runs_file(tmp_path / "r.toml", jobs, [p.iteration_seconds for p in preds])))
     assert res.host_fitted
     assert res.compute_scale == pytest.approx(1.1, rel=0.01) and res.host_scale == pytest.approx(1.4, rel=0.01)

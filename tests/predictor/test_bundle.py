@@ -4,11 +4,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from calibrate.fitting import BundleFitter, RatioRegressor
+from calibrate.store import append_rows, write_meta
 from predictor import BundleError, load_platform
-from predictor.bundle import fit_bundle, load_bundle
-from predictor.operators import OPERATORS, GpuSpec
+from predictor.bundle import load_bundle
+from predictor.operators import GpuSpec
 from predictor.platform import SHIPPED_DIR
-from predictor.samples import SampleSet, SampleTable, load_samples, operator_columns, append_rows, write_meta
+from predictor.samples import SampleSet, SampleTable, load_samples, operator_columns
 
 GPU = GpuSpec("Test GPU", 16, {"fp16": 100.0, "bf16": 100.0, "fp32": 10.0}, 1000.0)
 
@@ -29,7 +31,7 @@ def synthetic_samples(rng, n=300):
 @pytest.fixture(scope="module")
 def small_bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("b") / "bundle"
-    rep = fit_bundle(synthetic_samples(np.random.default_rng(0)), out, name="test", gpu=GPU)
+    rep = BundleFitter(name="test", gpu=GPU).fit(synthetic_samples(np.random.default_rng(0)), out)
     return out, rep
 
 
@@ -39,8 +41,8 @@ def test_fit_chooses_by_validation_and_is_accurate(small_bundle):
     assert info.library in ("random_forest", "xgboost", "lightgbm")
     assert info.validation_mape == min(info.candidate_mape.values())
     assert info.validation_mape < 0.03
-    assert (out / "manifest.toml").is_file()
-    assert not list(out.rglob("*.pkl"))
+    assert (out / "manifest.toml").is_file() and (out / "forest.bin").is_file()
+    assert not list(out.rglob("*.pkl")) and not list(out.rglob("*.npz"))
 
 
 def test_load_verifies_and_predicts(small_bundle):
@@ -56,16 +58,14 @@ def test_load_verifies_and_predicts(small_bundle):
 @pytest.mark.parametrize("library", ["random_forest", "xgboost", "lightgbm"])
 def test_tree_tables_match_the_libraries(library):
     """The numpy evaluator must give the libraries' own predictions, for every library."""
-    from predictor.regress import RatioModel, fit_ratio_model, library_predict
-    from predictor.trees import TreeTable
     rng = np.random.default_rng(1)
     X = rng.uniform(8, 14, size=(400, 3))
     y = np.sin(X[:, 0]) + 0.3 * X[:, 1] - 0.1 * X[:, 2] ** 1.5 + rng.normal(0, 0.05, 400)
-    res = fit_ratio_model(X, y, candidates=(library,))
-    assert res.library == library
+    est = RatioRegressor(candidates=(library,)).fit(X, y)
+    assert est.library_ == library
     Q = rng.uniform(7, 15, size=(200, 3))      # beyond the range too
-    ours = np.log(RatioModel(TreeTable.from_bytes(res.table_bytes)).predict(Q))
-    theirs = library_predict(library, res.model_bytes, Q)
+    ours = np.log(est.predict(Q))
+    theirs = est.library_predict(Q)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
