@@ -28,8 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from calibrate.importers import _OPERATORS  # noqa: E402  (their column -> our shape conversions)
 from predictor.operators import OPERATORS, regressor_features  # noqa: E402
-from predictor.regress import RatioModel, fit_ratio_model  # noqa: E402
-from predictor.trees import TreeTable  # noqa: E402
+from calibrate.fitting import RatioRegressor  # noqa: E402
 from scripts.build_platforms import A100, GH200  # noqa: E402
 
 GEMM = ("linear1", "linear2", "linear3", "linear4", "linear_final")
@@ -49,8 +48,7 @@ def fit_predict(op, shape_tr, t_tr, shape_te, direction, gpu):
     X_tr, X_te = regressor_features(op, shape_tr), regressor_features(op, shape_te)
     roof_tr = op.roofline_seconds(shape_tr, direction, "fp16", gpu)
     roof_te = op.roofline_seconds(shape_te, direction, "fp16", gpu)
-    res = fit_ratio_model(X_tr, np.log(t_tr / roof_tr))
-    return RatioModel(TreeTable.from_bytes(res.table_bytes)).predict(X_te) * roof_te
+    return RatioRegressor().fit(X_tr, np.log(t_tr / roof_tr)).predict(X_te) * roof_te
 
 
 def raw_tree(X_tr, t_tr, X_te):

@@ -31,7 +31,7 @@ from .errors import BundleError
 from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
 from .network import collective_seconds
-from .operators import BYTES_PER_ELEMENT, OPERATORS, regressor_features
+from .operators import BYTES_PER_ELEMENT, OPERATORS
 from .platform import Platform
 
 # An operator without samples is costed with a physically close one (its efficiency, at the
@@ -238,25 +238,31 @@ class QuerySet:
         plat = self.platform
         base_rel = TRANSFER_REL_ERROR if plat.transferred else 0.0
         groups = list(self._op_rows.items())
-        feats = []
-        for (model_key, model_op, name, _, precision), rows in groups:
-            shape = {f: np.array([s[f] for _, s in rows], dtype=float) for f in OPERATORS[name].features}
+        # One matrix of raw shape values per model (rows × features): the shape columns for the
+        # roofline are its views, the regressors' input its log2 (predictor.operators.
+        # regressor_features, computed here without a numpy call per column).
+        feats, raws = [], []
+        for (_, model_op, name, _, _), rows in groups:
+            names = OPERATORS[name].features
+            raw = np.array([[s[f] for f in names] for _, s in rows], dtype=float)
+            shape = {f: raw[:, i] for i, f in enumerate(names)}
+            model_names = OPERATORS[model_op].features
             feats.append(shape)
+            raws.append(raw if model_names == names else np.column_stack([shape[f] for f in model_names]))
         # Rows repeat across jobs (advise's candidates share tp and micro-batch): evaluate each
         # distinct row once.
         requests, inverses = [], []
-        for ((model_key, model_op, _, _, _), _), shape in zip(groups, feats):
-            X = regressor_features(OPERATORS[model_op], shape)
-            uniq, inv = _unique_rows(X)
+        for ((model_key, _, _, _, _), _), raw in zip(groups, raws):
+            uniq, inv = _unique_rows(np.log2(np.maximum(raw, 1.0)))
             requests.append((model_key, uniq))
             inverses.append(inv)
         ratios = plat.compute.ratios(requests) if requests else []
-        for ((model_key, model_op, name, direction, precision), rows), shape, r, inv in zip(groups, feats, ratios, inverses):
+        for ((model_key, model_op, name, direction, precision), rows), shape, raw, r, inv in zip(
+                groups, feats, raws, ratios, inverses):
             lm = plat.compute.models[model_key]
             handles = np.fromiter((h for h, _ in rows), dtype=int, count=len(rows))
             roof = OPERATORS[name].roofline_seconds(shape, direction, precision, plat.gpu)
             secs[handles] = r[inv] * roof
-            raw = np.column_stack([shape[f] for f in OPERATORS[model_op].features])
             inside = lm.in_range(raw)
             extra[handles] = ~inside
             rel[handles] = lm.info.validation_p90 * np.where(inside, 1.0, EXTRAPOLATION_FACTOR) + base_rel
