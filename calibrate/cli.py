@@ -252,6 +252,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    try:
+        import lightgbm  # noqa: F401  (the candidates' libraries: the fit extra, not the predictor's)
+        import sklearn  # noqa: F401
+        import xgboost  # noqa: F401
+    except ImportError as exc:
+        raise PerfcastError(f"perf-calibrate fit needs scikit-learn, XGBoost and LightGBM "
+                            f"(pip install 'perfcast[fit]'): {exc}") from None
     from .fitting import fit_platform
     kw = {}
     if args.libraries:

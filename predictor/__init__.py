@@ -1,7 +1,8 @@
 """perfcast's CPU-only predictor: operator-level model of distributed LLM training time.
 
 Never imports torch or Slurm: it runs inside a daemon next to slurmctld and must import fast.
-Heavy pieces (regressor libraries) load lazily, on the first platform load.
+The regressor libraries are never imported here: bundles carry their trees as flat arrays
+(``forest.bin``) that :mod:`predictor.trees` walks with numpy; fitting lives in :mod:`calibrate.fitting`.
 
     from predictor import TrainingJob, load_platform, predict
     predict(TrainingJob.from_dict(d), load_platform("perlmutter-a100")).iteration_seconds
