@@ -11,6 +11,8 @@
    and print predicted vs measured seconds per iteration and the relative error.
 
 A benchmark, not a test: the error depends on the machine and on what else runs on it.
+For a family of such runs (dp 1 and 2, micro-batch 1–8, hidden 128–1024, recompute none and
+full) measured against their predictions, see benchmarks/bench_cpu_family.py.
 """
 from __future__ import annotations
 

@@ -9,7 +9,9 @@ the DP group, Adam on fp32 master weights (ZeRO-1: on this rank's shard, then an
 the updated parameters).
 
 Supported: pp = 1, tp = 1, any dp (local processes, gloo on CPU / NCCL on GPUs), ZeRO 0 and 1,
-no recomputation.  Anything else is refused (the check would not be like for like).
+no recomputation; :class:`RecomputeGPT` (what :func:`measure_training` uses for such jobs) also
+full recomputation (each layer checkpointed, its forward run again in the backward, as Megatron's
+``--recompute-granularity full --recompute-method uniform``).  Anything else is refused (the check would not be like for like).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils.checkpoint import checkpoint
 
 from predictor.recipe import linear_bias, mlp_up_width, vocab_per_rank
 from predictor.job import TrainingJob
@@ -36,8 +39,9 @@ from .timing import middle_half_mean, synchronize
 log = logging.getLogger(__name__)
 
 
-def check_supported(job: TrainingJob) -> None:
-    """Refuse jobs this model cannot run like for like, naming the key."""
+def check_supported(job: TrainingJob, recompute: tuple[str, ...] = ("none",)) -> None:
+    """Refuse jobs this model cannot run like for like, naming the key (``recompute``: the
+    recomputation modes accepted; :class:`RecomputeGPT` runs ``full`` as well)."""
     m, lay = job.model, job.layout
     problems = []
     if lay.pp != 1:
@@ -46,8 +50,8 @@ def check_supported(job: TrainingJob) -> None:
         problems.append(f"layout.tp = {lay.tp} (only 1)")
     if lay.zero_stage > 1:
         problems.append(f"layout.zero_stage = {lay.zero_stage} (0 or 1)")
-    if lay.recompute != "none":
-        problems.append(f"layout.recompute = {lay.recompute!r} (only 'none')")
+    if lay.recompute not in recompute:
+        problems.append(f"layout.recompute = {lay.recompute!r} (only {' or '.join(map(repr, recompute))})")
     if lay.sequence_parallel or lay.virtual_stages != 1:
         problems.append("sequence parallelism / virtual stages")
     if m.kv_heads != m.heads:
@@ -65,8 +69,10 @@ def check_supported(job: TrainingJob) -> None:
 class FlatGPT:
     """The model's parameters as views of one flat buffer, gradients as views of another."""
 
+    RECOMPUTE: tuple[str, ...] = ("none",)
+
     def __init__(self, job: TrainingJob, device: str, dp: int, seed: int = 0):
-        check_supported(job)
+        check_supported(job, self.RECOMPUTE)
         self.job = job
         m = job.model
         self.device = torch.device(device)
@@ -135,27 +141,51 @@ class FlatGPT:
         ctx = K.attn_values(probs, vb)                                       # (b·heads, s, d)
         return ctx.transpose(0, 1).reshape(s * b, hh * d)
 
+    def _layer(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """One transformer layer's forward on the (s·b, h) activations."""
+        m = self.job.model
+        P = self._p
+        t = x.shape[0]
+        ln = self._norm(x, P(f"{i}.ln1_w"), P(f"{i}.ln1_b"))
+        qkv = K.linear(ln, P(f"{i}.qkv_w"), P(f"{i}.qkv_b")).view(t, self.heads, 3, self.d)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        if m.pos_emb == "rotary":
+            q, k = K.rope(q, self.cos, self.sin), K.rope(k, self.cos, self.sin)
+        ctx = self._attention(q, k, v)
+        x = K.res_add(K.linear(ctx, P(f"{i}.out_w"), P(f"{i}.out_b")), x)
+        ln = self._norm(x, P(f"{i}.ln2_w"), P(f"{i}.ln2_b"))
+        u = K.linear(ln, P(f"{i}.up_w"), P(f"{i}.up_b"))
+        a = K.gelu(u) if m.activation == "gelu" else K.swiglu(u)
+        return K.res_add(K.linear(a, P(f"{i}.down_w"), P(f"{i}.down_b")), x)
+
     def loss(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward pass of one micro-batch; ids/targets are (s·b,) in (s, b) order."""
         m = self.job.model
         P = self._p
         x = K.embedding(ids, self.params["emb"])
-        t = ids.shape[0]
+        full = self.job.layout.recompute == "full"
         for i in range(m.layers):
-            ln = self._norm(x, P(f"{i}.ln1_w"), P(f"{i}.ln1_b"))
-            qkv = K.linear(ln, P(f"{i}.qkv_w"), P(f"{i}.qkv_b")).view(t, self.heads, 3, self.d)
-            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-            if m.pos_emb == "rotary":
-                q, k = K.rope(q, self.cos, self.sin), K.rope(k, self.cos, self.sin)
-            ctx = self._attention(q, k, v)
-            x = K.res_add(K.linear(ctx, P(f"{i}.out_w"), P(f"{i}.out_b")), x)
-            ln = self._norm(x, P(f"{i}.ln2_w"), P(f"{i}.ln2_b"))
-            u = K.linear(ln, P(f"{i}.up_w"), P(f"{i}.up_b"))
-            a = K.gelu(u) if m.activation == "gelu" else K.swiglu(u)
-            x = K.res_add(K.linear(a, P(f"{i}.down_w"), P(f"{i}.down_b")), x)
+            if full:
+                # Megatron's full recomputation (uniform, one layer per checkpoint): the forward
+                # keeps only each layer's input; the backward runs the layer's forward again.
+                x = checkpoint(self._layer, i, x, use_reentrant=False)
+            else:
+                x = self._layer(i, x)
         x = self._norm(x, self.params["lnf_w"], P("lnf_b"))
         logits = K.linear(x, self.params["emb"], None)                       # tied output projection
         return K.vocab_parallel_cross_entropy(logits, targets).mean()
+
+
+class RecomputeGPT(FlatGPT):
+    """:class:`FlatGPT` that also runs ``layout.recompute = "full"``: each layer checkpointed
+    (``torch.utils.checkpoint``, non-reentrant), its forward run again in the backward."""
+
+    RECOMPUTE = ("none", "full")
+
+
+def model_class(job: TrainingJob) -> type[FlatGPT]:
+    """The model that runs ``job`` (full recomputation needs :class:`RecomputeGPT`)."""
+    return RecomputeGPT if job.layout.recompute == "full" else FlatGPT
 
 
 @dataclass
@@ -188,7 +218,7 @@ def _train_worker(rank: int, world: int, port: int, job_dict: dict, device: str,
         dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
     try:
         dev = f"cuda:{rank}" if device == "cuda" else "cpu"
-        model = FlatGPT(job, dev, world, seed=0)
+        model = model_class(job)(job, dev, world, seed=0)
         zero = job.layout.zero_stage >= 1 and world > 1
         shard = model.padded // world
         lo = rank * shard if zero else 0
@@ -236,7 +266,7 @@ def _train_worker(rank: int, world: int, port: int, job_dict: dict, device: str,
 def measure_training(job: TrainingJob, *, device: str = "cpu", steps: int = 8, warmup: int = 2,
                      threads: int = 0, timeout_s: float = 900.0) -> TrainMeasurement:
     """Train ``job`` for ``warmup + steps`` iterations on dp local processes and time them."""
-    check_supported(job)
+    check_supported(job, RecomputeGPT.RECOMPUTE)
     world = job.layout.dp
     if device == "cuda" and torch.cuda.device_count() < world:
         raise CalibrationError(f"dp = {world} needs {world} local GPUs")
