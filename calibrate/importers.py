@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import logging
-import math
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from predictor.errors import PerfcastError
+from predictor.recipe import vocab_per_rank
 from predictor.samples import collective_columns, operator_columns
 
 from .store import append_rows, write_meta
@@ -34,15 +34,11 @@ class ImportError_(PerfcastError):
     """Source data that cannot be imported (missing folder, unknown layout, bad row)."""
 
 
-def vocab_per_rank(vocab: int, tp: int, multiple: int = 128) -> int:
-    """Eq. 1–2 of the paper: the vocabulary is padded to a multiple of ``multiple × tp``."""
-    return math.ceil(vocab / (multiple * tp)) * multiple
-
-
 def _layer_params(dim: float, mp: float) -> float:
-    """Parameters of one GPT-NeoX layer held by one tensor-parallel rank (Eq. 6 of the paper).
-
-    Norm weights and biases are replicated on every rank; the four linears (with biases) are split.
+    """Parameters of one GPT-NeoX layer held by one tensor-parallel rank *as the paper's code
+    counted them* when it measured its optimizer samples (Eq. 6 of the paper): every bias split
+    with its linear.  Reading their samples needs their definition, not the recipe's (which keeps
+    row-parallel biases whole, as Megatron does): the difference is 2·dim per layer.
     """
     norms = 2 * (2 * dim)
     linears = 3 * dim * (dim + 1) + dim * (dim + 1) + 4 * dim * (dim + 1) + dim * (4 * dim + 1)

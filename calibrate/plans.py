@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from predictor.operators import BYTES_PER_ELEMENT, COLLECTIVES, OPERATORS, GpuSpec
-from predictor.recipe import gated_ffn_width
+from predictor.job import Layout, ModelSpec
+from predictor.recipe import gated_ffn_width, layer_parameters, micro_batch_recipe, vocab_per_rank
 
 from .errors import CalibrationError
 
@@ -106,48 +107,33 @@ class Allocation:
 def operator_shapes(p: ModelPoint, *, ffn: int | None = None, gated: bool = False) -> dict[str, dict[str, int]]:
     """Physical shape of every operator for one model point (per GPU, tensor parallel ``mp``).
 
-    The same derivation as the predictor's decomposition (see ``predictor/operators.py``):
-    GEMMs by (m = tokens, k = in, n = out per GPU), attention by (b × heads/mp, l, d), element-wise
-    by (tokens, width).  ``gated`` makes linear3 produce gate and up together (2 × ffn / mp).
+    Read from the predictor's recipe (:func:`predictor.recipe.micro_batch_recipe`), so a plan
+    measures exactly the shapes a job of this point will query: one model per attention path
+    (fused softmax, unfused, flash), norm and activation, rotary positions.  ``gated`` makes
+    linear3 produce gate and up together (2 × ffn / mp).
     """
-    h, mp, t = p.hidden, p.mp, p.tokens
-    f = ffn if ffn is not None else (gated_ffn_width(h, "llama") if gated else 4 * h)
-    hp = p.heads // mp
-    d = p.head_dim
-    v = p.vocab // mp
-    return {
-        "linear1": {"m": t, "k": h, "n": 3 * h // mp},
-        "linear2": {"m": t, "k": h // mp, "n": h},
-        "linear3": {"m": t, "k": h, "n": (2 if gated else 1) * f // mp},
-        "linear4": {"m": t, "k": f // mp, "n": h},
-        "linear_final": {"m": t, "k": h, "n": v},
-        "baddbmm": {"batch": p.b * hp, "l": p.seq, "d": d},
-        "bmm": {"batch": p.b * hp, "l": p.seq, "d": d},
-        "fillmask": {"batch": p.b * hp, "l": p.seq, "d": d},
-        "softmax": {"batch": p.b * hp, "l": p.seq},
-        "scaled_masked_softmax": {"batch": p.b * hp, "l": p.seq},
-        "flash_atten": {"b": p.b, "heads": hp, "l": p.seq, "d": d},
-        "rope": {"tokens": t, "heads": hp, "d": d},
-        "gelu" if not gated else "swiglu": {"tokens": t, "width": f // mp},
-        "layernorm": {"tokens": t, "dim": h},
-        "rmsnorm": {"tokens": t, "dim": h},
-        "res_add": {"tokens": t, "dim": h},
-        "embedding": {"tokens": t, "dim": h, "vocab": v},
-        "cross_entropy": {"tokens": t, "vocab": v},
-    }
-
-
-def layer_params(hidden: int, ffn: int | None = None) -> int:
-    """Parameters of one GPT-NeoX transformer layer (Table III of the paper): 12h² + 13h for 4h MLPs."""
-    f = ffn or 4 * hidden
-    return 4 * hidden * hidden + 2 * hidden * f + 9 * hidden + f
+    f = ffn if ffn is not None else (gated_ffn_width(p.hidden, "llama") if gated else 4 * p.hidden)
+    layout = Layout(tp=p.mp, micro_batch=p.b)
+    shapes: dict[str, dict[str, int]] = {}
+    for attention, norm in (("fused_softmax", "layernorm"), ("unfused", "rmsnorm"), ("flash", "layernorm")):
+        model = ModelSpec(layers=1, hidden=p.hidden, heads=p.heads, seq_len=p.seq, ffn_hidden=f,
+                          vocab=p.vocab, norm=norm, activation="swiglu" if gated else "gelu",
+                          attention=attention, pos_emb="rotary")
+        r = micro_batch_recipe(model, layout)
+        for call in r.layer + r.embedding + r.head:
+            shapes.setdefault(call.name, {k: int(v) for k, v in call.shape.items()})
+    # The plain softmax kernel (measured for the unfused path's parts) has the fused one's shape.
+    shapes["softmax"] = dict(shapes["scaled_masked_softmax"])
+    return shapes
 
 
 def optimizer_params(p: ModelPoint, layers: int, first_stage: bool) -> int:
-    """Parameters the optimizer updates on one GPU of a stage of ``layers`` layers."""
-    n = layers * layer_params(p.hidden) // p.mp
+    """Parameters the optimizer updates on one GPU of a stage of ``layers`` GPT-NeoX layers (the
+    recipe's count: :func:`predictor.recipe.stage_parameters`, without the last stage's head)."""
+    model = ModelSpec(layers=max(1, layers), hidden=p.hidden, heads=p.heads, seq_len=p.seq, vocab=p.vocab)
+    n = layers * layer_parameters(model, p.mp)
     if first_stage:
-        n += p.vocab * p.hidden // p.mp
+        n += vocab_per_rank(p.vocab, p.mp) * p.hidden
     return max(1, n)
 
 
