@@ -318,8 +318,7 @@ def _parts_worker(rank: int, world: int, port: int, job_dict: dict, threads: int
     import torch
     import torch.distributed as dist
 
-    from calibrate import kernels as K
-    from calibrate.gpt_model import model_class
+    from calibrate.gpt_model import rank_state
     from predictor import TrainingJob
 
     warnings.filterwarnings("ignore")
@@ -329,17 +328,8 @@ def _parts_worker(rank: int, world: int, port: int, job_dict: dict, threads: int
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        model = model_class(j)(j, "cpu", world, seed=0)
-        zero = j.layout.zero_stage >= 1 and world > 1
-        shard = model.padded // world
-        lo = rank * shard if zero else 0
-        hi = lo + shard if zero else model.padded
-        opt = K.MasterAdam(model.flat[lo:hi], model.flat_grad[lo:hi])
-        gen = torch.Generator().manual_seed(1234 + rank)
-        tokens = model.seq * model.mb
-        batches = [(torch.randint(0, j.model.vocab, (tokens,), generator=gen),
-                    torch.randint(0, j.model.vocab, (tokens,), generator=gen))
-                   for _ in range(j.layout.micro_batches)]
+        st = rank_state(j, "cpu", world, rank)
+        model, opt, batches, zero, lo, hi = st.model, st.optimizer, st.batches, st.zero, st.lo, st.hi
         rows = []
         for step in range(warmup + steps):
             if world > 1:

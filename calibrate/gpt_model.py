@@ -204,6 +204,36 @@ class TrainMeasurement:
                 "params": self.params, "threads": self.threads, "device": self.device}
 
 
+@dataclass
+class RankState:
+    """One training rank: its model, its optimizer over master weights ``flat[lo:hi]`` (ZeRO-1
+    with dp > 1: its shard, gathered back after each step), and its micro-batches of token ids."""
+
+    model: Any
+    optimizer: Any
+    batches: list
+    zero: bool
+    lo: int
+    hi: int
+
+
+def rank_state(job: TrainingJob, device: str, world: int, rank: int) -> RankState:
+    """Build :class:`RankState` for ``rank`` of ``world`` on ``device``."""
+    dev = f"cuda:{rank}" if device == "cuda" else "cpu"
+    model = model_class(job)(job, dev, world, seed=0)
+    zero = job.layout.zero_stage >= 1 and world > 1
+    shard = model.padded // world
+    lo = rank * shard if zero else 0
+    hi = lo + shard if zero else model.padded
+    opt = K.MasterAdam(model.flat[lo:hi], model.flat_grad[lo:hi])
+    gen = torch.Generator().manual_seed(1234 + rank)
+    tokens = model.seq * model.mb
+    batches = [(torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(dev),
+                torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(dev))
+               for _ in range(job.layout.micro_batches)]
+    return RankState(model, opt, batches, zero, lo, hi)
+
+
 def _train_worker(rank: int, world: int, port: int, job_dict: dict, device: str, threads: int,
                   steps: int, warmup: int, results) -> None:
     warnings.filterwarnings("ignore")
@@ -217,18 +247,8 @@ def _train_worker(rank: int, world: int, port: int, job_dict: dict, device: str,
             torch.cuda.set_device(rank)
         dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
     try:
-        dev = f"cuda:{rank}" if device == "cuda" else "cpu"
-        model = model_class(job)(job, dev, world, seed=0)
-        zero = job.layout.zero_stage >= 1 and world > 1
-        shard = model.padded // world
-        lo = rank * shard if zero else 0
-        hi = lo + shard if zero else model.padded
-        opt = K.MasterAdam(model.flat[lo:hi], model.flat_grad[lo:hi])
-        gen = torch.Generator().manual_seed(1234 + rank)
-        tokens = model.seq * model.mb
-        batches = [(torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(dev),
-                    torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(dev))
-                   for _ in range(job.layout.micro_batches)]
+        st = rank_state(job, device, world, rank)
+        model, opt, batches, zero, lo, hi = st.model, st.optimizer, st.batches, st.zero, st.lo, st.hi
         times: list[float] = []
         for step in range(warmup + steps):
             if world > 1:
