@@ -101,6 +101,23 @@ def test_fit_recovers_a_host_scale_where_runs_are_host_bound(tmp_path):
     assert res.loo_mape_after < 0.01 < res.mape_before
 
 
+def test_a_scale_too_few_runs_see_is_not_fitted(tmp_path):
+    # Large device-bound models plus one host-bound run: the host scale moves that one run only,
+    # which cannot identify it, so it stays 1 whatever that run wants (fitted on such a set, a host
+    # scale used to drift far enough to ruin small host-bound jobs it never saw).
+    d = _copy(tmp_path, "dgx-h100")
+    base = load_platform(d)
+    small = dict(seq=1024, mb=1, recompute="none", attention="flash", vocab=32000)
+    jobs = [_job(layers=4, hidden=512, heads=8, mbs=2, **small)] + [
+        _job(layers=4, hidden=h, heads=h // 128, mbs=4, **dict(small, mb=4)) for h in (4096, 5120, 6144, 8192)]
+    truth = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.05, host_scale=1.6))
+    preds = predict_many(jobs, truth)
+    assert sum(p.breakdown.host_wait_seconds > 0 for p in preds) == 1
+    res = fit_terms(base, load_runs(_runs_file(tmp_path / "r.toml", jobs, [p.iteration_seconds for p in preds])))
+    assert not res.host_fitted and res.host_scale == 1.0
+    assert res.compute_scale == pytest.approx(1.05, rel=0.01)
+
+
 def test_nothing_written_when_leave_one_out_does_not_improve(tmp_path, capsys):
     d = _copy(tmp_path, "dgx-a100")
     base = load_platform(d)
