@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from .errors import CalibrationError
 from .kernels import DTYPES
 from .plans import CollectivePoint
-from .timing import middle_half_mean, synchronize
+from .timing import robust_seconds, synchronize
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def measure_point(pt: CollectivePoint, members: Sequence[int], group, ctx: DistC
         fn()
         synchronize(ctx.device)
         times.append(time.perf_counter() - t0)
-    t = middle_half_mean(times)
+    t = robust_seconds(times, ctx.device)
     if pt.kind == "p2p":
         t /= 2.0            # one way of the ping-pong
     slowest = torch.tensor([t], dtype=torch.float64, device=dev)

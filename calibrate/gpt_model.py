@@ -34,7 +34,7 @@ from predictor.job import TrainingJob
 from . import kernels as K
 from .collectives import free_port
 from .errors import CalibrationError
-from .timing import middle_half_mean, synchronize
+from .timing import robust_seconds, synchronize
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def model_class(job: TrainingJob) -> type[FlatGPT]:
 
 @dataclass
 class TrainMeasurement:
-    """Measured seconds per training iteration (slowest rank, middle-half mean over steps)."""
+    """Measured seconds per training iteration (slowest rank; calibrate.timing.robust_seconds over steps)."""
 
     iteration_seconds: float
     steps: list[float]
@@ -317,4 +317,4 @@ def measure_training(job: TrainingJob, *, device: str = "cpu", steps: int = 8, w
                 if p.is_alive():
                     p.terminate()
     times, numel = results.get()
-    return TrainMeasurement(middle_half_mean(times), times, world, int(numel), threads, device)
+    return TrainMeasurement(robust_seconds(times, device), times, world, int(numel), threads, device)

@@ -75,3 +75,15 @@ def test_measure_runs_warmup_and_repeats():
     calls = []
     t = measure(lambda: calls.append(1), "cpu", warmup=2, repeats=5)
     assert len(calls) == 7 and len(t.samples) == 5 and t.us >= 0
+
+
+def test_cpu_statistic_resists_contention_gpu_keeps_the_middle_half():
+    # Contention only adds time: on a CPU the fastest quarter stands for the kernel; on a GPU
+    # (exclusive) the middle half drops cold and preempted repetitions alike.
+    from calibrate.timing import robust_seconds
+    reps = [1.0, 1.1, 2.9, 3.0, 1.05, 2.8, 3.1, 1.0]
+    assert robust_seconds(reps, "cpu") == pytest.approx(1.0)
+    assert robust_seconds(reps, "cuda") == middle_half_mean(reps)
+    assert robust_seconds([5.0], "cpu") == 5.0
+    with pytest.raises(ValueError):
+        robust_seconds([], "cpu")
