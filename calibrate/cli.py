@@ -22,6 +22,7 @@ exits 1 when a partition's refit failed or perf-predictd missed the reload after
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import math
@@ -252,13 +253,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    try:
-        import lightgbm  # noqa: F401  (the candidates' libraries: the fit extra, not the predictor's)
-        import sklearn  # noqa: F401
-        import xgboost  # noqa: F401
-    except ImportError as exc:
+    # The candidates' libraries are the fit extra, not the predictor's: say so before any work.
+    missing = [m for m in ("sklearn", "xgboost", "lightgbm") if importlib.util.find_spec(m) is None]
+    if missing:
         raise PerfcastError(f"perf-calibrate fit needs scikit-learn, XGBoost and LightGBM "
-                            f"(pip install 'perfcast[fit]'): {exc}") from None
+                            f"(pip install 'perfcast[fit]'); missing: {', '.join(missing)}")
     from .fitting import fit_platform
     kw = {}
     if args.libraries:

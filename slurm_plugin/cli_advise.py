@@ -179,7 +179,7 @@ def render_advice(advice: Any, top: int) -> str:
     nfit = len(advice.fitting)
     out.append("")
     out.append(f"{nfit} layouts fit and were predicted, of {advice.enumerated} that meet the launch "
-               f"constraints" + (f"; not predicted: " + "; ".join(f"{n} {why}" for why, n in
+               f"constraints" + ("; not predicted: " + "; ".join(f"{n} {why}" for why, n in
                                                                   sorted(advice.dropped.items()))
                                  if advice.dropped else ""))
     if cur is not None:
