@@ -12,13 +12,14 @@ An admin who has real iteration times (from training logs) writes them as a runs
 and this module predicts every run with the platform's current models and stores measured and
 predicted side by side in the platform's ``platform.toml`` (``[[validation]]``).  Runs already
 recorded there are predicted again too, so the record always describes the models that are
-installed.  The spread of the ratios widens the platform's intervals
-(:func:`predictor.validation.ratio_range`); the summary reports the error and a leave-one-out
-coverage check of that spread.
+installed.  Their residuals set the platform's intervals (:mod:`predictor.interval`); the summary
+reports the error, the spread of measured / predicted (:func:`predictor.validation.ratio_range`)
+and how many runs fall inside the interval the *other* runs give.
 
 With ``--fit`` (:func:`fit_terms`) it also fits a few physical end-to-end terms on the runs: a
 compute scale (multiplies every operator's device time) and, where the platform has a ``[host]``
-table and some run is host-bound, a host scale (multiplies the host's issue time), each bounded to
+table, a host scale (multiplies the host's issue time); each is fitted only on the runs whose
+prediction it moves, and only when at least three do, and each is bounded to
 :data:`predictor.platform.FITTED_SCALE_RANGE`.  Leave-one-out decides: each run is predicted by
 the terms fitted on the other runs, and the terms are written (``[fitted]`` in ``platform.toml``)
 only when that leave-one-out MAPE is lower than the MAPE of the platform as it is.  The runs are
@@ -70,7 +71,7 @@ class FitResult:
 
     compute_scale: float
     host_scale: float
-    host_fitted: bool                 # False: no run is host-bound (or no [host]): the scale stays 1
+    host_fitted: bool                 # False: fewer than 3 runs move with it (or no [host]): it stays 1
     mape_before: float                # the platform as it is, on these runs
     loo_mape_after: float             # each run predicted by the terms fitted on the others
     loo_predictions: list[float]      # seconds per iteration, per run
@@ -117,7 +118,7 @@ class ValidationSummary:
         if self.fit is not None:
             f = self.fit
             lines.append(f"fit: compute scale {f.compute_scale:.3f}, host scale {f.host_scale:.3f}"
-                         f"{'' if f.host_fitted else ' (not a term here: no [host] table or no host-bound run)'}; "
+                         f"{'' if f.host_fitted else ' (not fitted: no [host] table, or fewer than 3 host-bound runs)'}; "
                          f"leave-one-out MAPE before {100 * f.mape_before:.2f}%, after "
                          f"{100 * f.loo_mape_after:.2f}%; {f.reason}")
         return "\n".join(lines)

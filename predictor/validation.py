@@ -28,9 +28,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from .errors import JobError, RunRecordError
 from .job import TrainingJob
 
-# measured / predicted over every run recorded with the shipped measured platforms (Perlmutter
-# 0.94-1.04, Vista 1.05-1.59): a platform with no runs of its own is assumed no better than those.
-# tests/predictor/test_validation.py checks that this still covers every shipped record.
+# The earlier rule's spread for a platform without runs: measured / predicted over the paper
+# platforms' records (Perlmutter 0.94-1.04, Vista 1.05-1.59; tests/predictor/test_validation.py
+# checks it still covers them).  Intervals now come from predictor.interval.
 DEFAULT_TIMELINE_RATIO = (0.90, 1.60)
 MAX_RUNS = 1000
 
@@ -117,10 +117,9 @@ def parse_runs(raw: Any, where: str, *, need_prediction: bool) -> list[MeasuredR
 
 
 def ratio_range(runs: Sequence[MeasuredRun]) -> tuple[float, float]:
-    """(low, high) factors on an interval: the spread of measured / predicted, always around 1.
-
-    With n runs this is the split-conformal bound at level n / (n + 1) on each side: a new run
-    falls inside with about that chance if it is like the recorded ones.  No runs: the default.
+    """(low, high): the spread of measured / predicted over ``runs``, always around 1 (no runs:
+    :data:`DEFAULT_TIMELINE_RATIO`).  The earlier interval rule; ``perf-calibrate validate``'s
+    summary still reports it, and ``benchmarks/bench_intervals.py`` compares against it.
     """
     ratios = [r.ratio for r in runs if r.predicted_iteration_seconds > 0]
     if not ratios:
