@@ -543,10 +543,9 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
             passes = (cp - 1) * (3 + (1 if lay.recompute == "full" else 0))
             layer_launches += 2 * passes
         stage_host = [plat.host.stage_seconds(n, n * layer_launches + len(p2p_terms[i][0].parts)
-                                              + len(p2p_terms[i][1].parts), lay.recompute)
+                                              + len(p2p_terms[i][1].parts), lay.recompute,
+                                              fitted=plat.fitted)
                       for i, n in enumerate(sizes)]
-        if plat.fitted is not None:    # [fitted] host scale (perf-calibrate validate --fit)
-            stage_host = [h * plat.fitted.host_scale for h in stage_host]
     return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
                     stage_host, cp_ring, list(sizes))
 

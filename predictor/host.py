@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .errors import BundleError
+
+if TYPE_CHECKING:
+    from .platform import FittedTerms
 
 _KEYS = ("layer_seconds", "layer_forward_seconds", "micro_batch_seconds", "launch_seconds")
 _OPTIONAL = {"launch_seconds": 0.0, "layer_forward_seconds": -1.0}
@@ -100,17 +103,20 @@ class HostCosts:
         d["operators"] = {op: dict(dirs) for op, dirs in self.operators.items()}
         return d
 
-    def stage_seconds(self, layers: int, collectives: float, recompute: str) -> float:
+    def stage_seconds(self, layers: int, collectives: float, recompute: str,
+                      fitted: "FittedTerms | None" = None) -> float:
         """Host time to issue one micro-batch's forward and backward on a stage of ``layers``.
 
         ``collectives`` counts the launches beyond a plain layer's kernels (TP all-reduces);
         full recomputation issues every layer's forward a second time, in the backward.
+        ``fitted``: the platform's ``[fitted]`` terms (perf-calibrate validate --fit), if any.
         """
         layer = self.layer_seconds
         if recompute == "full":
             # Without a forward figure of its own, the whole layer bounds what the repeat adds.
             layer += self.layer_forward_seconds if self.layer_forward_seconds >= 0 else self.layer_seconds
-        return layers * layer + self.micro_batch_seconds + collectives * self.launch_seconds
+        seconds = layers * layer + self.micro_batch_seconds + collectives * self.launch_seconds
+        return seconds * fitted.host_scale if fitted is not None else seconds
 
 
 __all__ = ["HostCosts"]
