@@ -12,7 +12,7 @@ load ≤ 100 ms.  Per platform it prints:
               call (predictor.estimate.clear_memos, where it exists): a job the process has not
               seen, which is what the daemon mostly gets
   repeat      the same job again with the memos kept (job arrays, resubmissions)
-  trees       Bundle.ratios on the requests one such prediction makes (compute + collectives):
+  trees       Bundle.ratios_rows on the rows one such prediction asks for (compute + collectives):
               the regressors' share of ``predict``
 
 Timings depend on the machine (the issue's figures: a 2-core VM) and on what else runs on it.
@@ -74,23 +74,23 @@ def main() -> int:
         cold = timed(lambda: predict(job, plat), args.runs, forget)
         warm = timed(lambda: predict(job, plat), args.runs)
         captured: list = []
-        real = Bundle.ratios
+        real = Bundle.ratios_rows
 
-        def spy(self, requests):
-            captured.append((self, list(requests)))
-            return real(self, requests)
-        Bundle.ratios = spy
+        def spy(self, keys, X):
+            captured.append((self, list(keys), X))
+            return real(self, keys, X)
+        Bundle.ratios_rows = spy
         try:
             if forget:
                 forget()
             predict(job, plat)
         finally:
-            Bundle.ratios = real
-        trees = timed(lambda: [b.ratios(r) for b, r in captured], args.runs)
-        rows = sum(len(X) for _, r in captured for _, X in r)
+            Bundle.ratios_rows = real
+        trees = timed(lambda: [b.ratios_rows(k, X) for b, k, X in captured], args.runs)
+        rows = sum(len(k) for _, k, _ in captured)
         print(f"{name:<18} load {ms(loads):6.1f} ms   predict median {ms(cold):5.2f} ms, p90 {ms(cold, 0.9):5.2f} ms"
               f"   repeat {ms(warm):5.2f} ms   trees {ms(trees):5.2f} ms "
-              f"({sum(len(r) for _, r in captured)} requests, {rows} rows)   [{args.runs} runs]")
+              f"({len(captured)} calls, {rows} rows)   [{args.runs} runs]")
     return 0
 
 

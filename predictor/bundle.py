@@ -29,7 +29,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -105,15 +105,22 @@ class LoadedModel:
     index: int                    # position in the bundle's Forest
     _lo: np.ndarray = field(init=False, repr=False)
     _hi: np.ndarray = field(init=False, repr=False)
+    _lo_row: list = field(init=False, repr=False)
+    _hi_row: list = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # The sampled range with 1 % slack, computed once: every prediction asks.
         self._lo = np.asarray(self.info.feature_min, dtype=float) * 0.99
         self._hi = np.asarray(self.info.feature_max, dtype=float) * 1.01
+        self._lo_row, self._hi_row = self._lo.tolist(), self._hi.tolist()
 
     def in_range(self, raw: np.ndarray) -> np.ndarray:
         """Rows whose every feature lies inside the sampled range (with 1 % slack)."""
         return ((raw >= self._lo) & (raw <= self._hi)).all(axis=1)
+
+    def row_in_range(self, row: "Sequence[float]") -> bool:
+        """:meth:`in_range` for one row of plain numbers."""
+        return all(lo <= v <= hi for v, lo, hi in zip(row, self._lo_row, self._hi_row))
 
 
 @dataclass
@@ -151,6 +158,12 @@ class Bundle:
         """measured/roofline ratios for each (model key, rows of regressor features), in one pass."""
         outs = self.forest.predict([(self.models[k].index, X) for k, X in requests])
         return [np.exp(o) for o in outs]
+
+    def ratios_rows(self, keys: "Sequence[str]", X: np.ndarray) -> np.ndarray:
+        """:meth:`ratios` of many rows at once: row i by model ``keys[i]`` on ``X[i]`` (rows ×
+        up to 7 columns; each model reads its own features' columns, the rest are ignored)."""
+        models = self.models
+        return np.exp(self.forest.predict_rows([models[k].index for k in keys], X))
 
 
 def manifest_sha256(path: "str | Path") -> str:

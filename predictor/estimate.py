@@ -30,7 +30,7 @@ from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError
 from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
-from .network import collective_seconds
+from .network import ring_seconds
 from .operators import BYTES_PER_ELEMENT, OPERATORS
 from .platform import Platform
 
@@ -43,6 +43,11 @@ REDUCE_BUCKET_ENTRIES = 500_000_000
 ANALYTIC_REL_ERROR = 0.5       # an unmeasured topology: the ring model can be off by half
 TRANSFER_REL_ERROR = 0.25      # compute ratios moved from another GPU onto published peaks
 EXTRAPOLATION_FACTOR = 2.0
+# A model's rows are costed in plain floats up to this many, as numpy columns beyond.
+_FLOAT_ROWS = 16
+# Rows of every model in one matrix: padded to the widest feature list (log2(1) = 0; a model
+# never reads its padding).
+_PAD = (1.0,) * max(len(o.features) for o in OPERATORS.values())
 
 
 @dataclass
@@ -102,17 +107,6 @@ class Prediction:
             "stages": self.stages(gpu_memory_gib),
             "job": self.job.to_dict(),
         }
-
-
-def _unique_rows(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct rows and the index of each row among them (np.unique is slow for a few rows)."""
-    if len(X) == 1:
-        return X, np.zeros(1, dtype=int)
-    seen: dict[bytes, int] = {}
-    inv = np.fromiter((seen.setdefault(r.tobytes(), len(seen)) for r in X), dtype=int, count=len(X))
-    first = np.zeros(len(seen), dtype=int)
-    first[inv[::-1]] = np.arange(len(X))[::-1]
-    return X[first], inv
 
 
 # ------------------------------------------------------------------------------------ queries
@@ -233,57 +227,84 @@ class QuerySet:
         """(seconds, relative error, extrapolated) per handle."""
         n = self._n
         secs, rel, extra = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
-        for h, (t, r, x) in self._known.items():
-            secs[h], rel[h], extra[h] = t, r, x
-        plat = self.platform
-        base_rel = TRANSFER_REL_ERROR if plat.transferred else 0.0
-        groups = list(self._op_rows.items())
-        # One matrix of raw shape values per model (rows × features): the shape columns for the
-        # roofline are its views, the regressors' input its log2 (predictor.operators.
-        # regressor_features, computed here without a numpy call per column).
-        feats, raws = [], []
-        for (_, model_op, name, _, _), rows in groups:
-            names = OPERATORS[name].features
-            raw = np.array([[s[f] for f in names] for _, s in rows], dtype=float)
-            shape = {f: raw[:, i] for i, f in enumerate(names)}
-            model_names = OPERATORS[model_op].features
-            feats.append(shape)
-            raws.append(raw if model_names == names else np.column_stack([shape[f] for f in model_names]))
-        # Rows repeat across jobs (advise's candidates share tp and micro-batch): evaluate each
-        # distinct row once.
-        requests, inverses = [], []
-        for ((model_key, _, _, _, _), _), raw in zip(groups, raws):
-            uniq, inv = _unique_rows(np.log2(np.maximum(raw, 1.0)))
-            requests.append((model_key, uniq))
-            inverses.append(inv)
-        ratios = plat.compute.ratios(requests) if requests else []
-        for ((model_key, model_op, name, direction, precision), rows), shape, raw, r, inv in zip(
-                groups, feats, raws, ratios, inverses):
-            lm = plat.compute.models[model_key]
-            handles = np.fromiter((h for h, _ in rows), dtype=int, count=len(rows))
-            roof = OPERATORS[name].roofline_seconds(shape, direction, precision, plat.gpu)
-            secs[handles] = r[inv] * roof
-            inside = lm.in_range(raw)
-            extra[handles] = ~inside
-            rel[handles] = lm.info.validation_p90 * np.where(inside, 1.0, EXTRAPOLATION_FACTOR) + base_rel
-            call = plat.host.call_seconds(model_op, direction) if plat.host is not None else 0.0
-            if call:
-                # A sample is one isolated call timed between CUDA events: max(host issue, host
-                # lead-in + device work).  The host model counts the issuing once per
-                # micro-batch, so the device's share is the sample less the lead-in, which lies
-                # between nothing and the whole call's host time: the midpoint, never below the
-                # roofline, with both ends inside the interval (see predictor/host.py).
-                t = secs[handles]
-                dev = np.maximum(t - 0.5 * call, roof)
-                secs[handles] = dev
-                rel[handles] += np.minimum(0.5 * call, t - roof).clip(min=0.0) / dev
-            if plat.fitted is not None and plat.fitted.compute_scale != 1.0:
-                # [fitted] compute scale (perf-calibrate validate --fit): device time, never below
-                # the roofline (no kernel beats it).
-                secs[handles] = np.maximum(secs[handles] * plat.fitted.compute_scale, roof)
-        self._evaluate_collectives(secs, rel, extra)
+        if self._known:
+            known = np.array(list(self._known.values()), dtype=float).reshape(-1, 3)
+            hs = np.fromiter(self._known, dtype=int, count=len(self._known))
+            secs[hs], rel[hs], extra[hs] = known[:, 0], known[:, 1], known[:, 2] > 0.5
+        if self._op_rows:
+            self._evaluate_operators(secs, rel, extra)
+        if self._coll_rows:
+            self._evaluate_collectives(secs, rel, extra)
         self._remember(secs, rel, extra)
         return secs, rel, extra
+
+    def _evaluate_operators(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
+        # One prediction asks for ~30 models with a row or two each, perf-advise for the same
+        # models with many rows: each group's rows are costed in plain floats when few (numpy's
+        # per-call cost would be most of the time) and as columns when many, and everything after
+        # the regressors runs once over the rows of all groups.
+        plat = self.platform
+        models, gpu, host = plat.compute.models, plat.gpu, plat.host
+        handles: list[int] = []
+        roofs: list[float] = []
+        inside: list[bool] = []
+        p90: list[float] = []
+        calls: list[float] = []
+        gather: list[int] = []            # row -> its distinct row
+        distinct_rows: list[tuple[float, ...]] = []
+        distinct_keys: list[str] = []
+        for (model_key, model_op, name, direction, precision), rows in self._op_rows.items():
+            op = OPERATORS[name]
+            model_names = OPERATORS[model_op].features
+            lm = models[model_key]
+            raws = [tuple(float(s[f]) for f in model_names) for _, s in rows]
+            # Rows repeat across jobs (advise's candidates share tp and micro-batch): each
+            # distinct row goes to the regressor once.
+            seen: dict[tuple[float, ...], int] = {}
+            for r in raws:
+                at = seen.get(r)
+                if at is None:
+                    at = seen[r] = len(distinct_rows)
+                    distinct_rows.append(r + _PAD[len(r):])
+                    distinct_keys.append(model_key)
+                gather.append(at)
+            handles.extend(h for h, _ in rows)
+            if len(rows) <= _FLOAT_ROWS:
+                for h, shape in rows:
+                    roofs.append(op.roofline_seconds(shape, direction, precision, gpu))
+                inside.extend(lm.row_in_range(r) for r in raws)
+            else:
+                cols = np.array(raws) if model_names == op.features else \
+                    np.array([[float(s[f]) for f in op.features] for _, s in rows])
+                roofs.extend(op.roofline_seconds({f: cols[:, i] for i, f in enumerate(op.features)},
+                                                 direction, precision, gpu).tolist())
+                inside.extend(lm.in_range(np.array(raws)).tolist())
+            p90.extend([lm.info.validation_p90] * len(rows))
+            calls.extend([host.call_seconds(model_op, direction) if host is not None else 0.0] * len(rows))
+        # The regressors read log2 of the shape (predictor.operators.regressor_features).
+        X = np.log2(np.maximum(np.array(distinct_rows), 1.0))
+        roof = np.asarray(roofs)
+        t = plat.compute.ratios_rows(distinct_keys, X)[np.asarray(gather)] * roof
+        inside_a = np.asarray(inside, dtype=bool)
+        r = np.asarray(p90) * np.where(inside_a, 1.0, EXTRAPOLATION_FACTOR) + \
+            (TRANSFER_REL_ERROR if plat.transferred else 0.0)
+        call = np.asarray(calls)
+        if call.any():
+            # A sample is one isolated call timed between CUDA events: max(host issue, host
+            # lead-in + device work).  The host model counts the issuing once per micro-batch,
+            # so the device's share is the sample less the lead-in, which lies between nothing
+            # and the whole call's host time: the midpoint, never below the roofline, with both
+            # ends inside the interval (see predictor/host.py).
+            timed = call > 0
+            dev = np.where(timed, np.maximum(t - 0.5 * call, roof), t)
+            r = r + np.where(timed, np.minimum(0.5 * call, t - roof).clip(min=0.0) / dev, 0.0)
+            t = dev
+        if plat.fitted is not None and plat.fitted.compute_scale != 1.0:
+            # [fitted] compute scale (perf-calibrate validate --fit): device time, never below the
+            # roofline (no kernel beats it).
+            t = np.maximum(t * plat.fitted.compute_scale, roof)
+        hs = np.asarray(handles)
+        secs[hs], rel[hs], extra[hs] = t, r, ~inside_a
 
     def _remember(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
         """Keep what this set computed: the platform never changes once loaded (a reload is a new
@@ -300,49 +321,45 @@ class QuerySet:
 
     def _evaluate_collectives(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
         plat = self.platform
-        grouped: dict[tuple[str, str], list[tuple[int, float, Group]]] = defaultdict(list)
+        models: dict[tuple[str, str], tuple[Any, str, set]] = {}
+        # (handle, entries, model, ring-model seconds of the measured kind) for the regressors
+        measured: list[tuple[int, float, Any, float]] = []
+        rows: list[tuple[float, int, int]] = []       # their (entries, nodes, GPUs per node)
         for h, kind, precision, entries, group in self._coll_rows:
             if group.size <= 1 or entries <= 0:
                 continue
-            grouped[(kind, precision)].append((h, entries, group))
-        # (handles, entries, nodes, gpus per node, model, ring-model seconds): one regressor pass
-        measured_parts = []
-        for (kind, precision), rows in grouped.items():
-            handles = np.array([r[0] for r in rows])
-            entries = np.array([r[1] for r in rows])
-            nodes = np.array([r[2].nodes for r in rows], dtype=float)
-            gpn = np.array([r[2].gpus_per_node for r in rows], dtype=float)
+            nodes, gpn = group.nodes, group.gpus_per_node
             eb = BYTES_PER_ELEMENT[precision]
-            secs[handles] = collective_seconds(plat.links, kind, entries, nodes, gpn, eb)
-            rel[handles] = ANALYTIC_REL_ERROR
-            model, measured_kind = self._collective_model(kind, precision)
-            measured = np.zeros(len(rows), dtype=bool)
-            if model is not None:
-                topo = {tuple(t) for t in model.info.topologies}
-                measured = np.array([(int(a), int(b)) in topo for a, b in zip(nodes, gpn)])
-            self.analytic.update(int(h) for h in handles[~measured])
-            if measured.any():
-                idx = np.nonzero(measured)[0]
-                base = collective_seconds(plat.links, measured_kind, entries[idx], nodes[idx], gpn[idx], eb)
-                # reduce-scatter costed from a measured all-reduce: half of the ring.
-                scale = 0.5 if measured_kind != kind else 1.0
-                measured_parts.append((handles[idx], entries[idx], nodes[idx], gpn[idx], model, base * scale))
-            if plat.collectives is None:
-                continue    # one platform-level warning instead (see predict_many)
-            for i in np.nonzero(~measured)[0]:
-                g = rows[i][2]
-                self.warnings[int(handles[i])].append(
-                    f"{kind} over {g.nodes}×{g.gpus_per_node} GPUs was not measured on platform "
-                    f"{plat.name}; analytic ring model from its fitted link speeds (wider interval)")
-        if not measured_parts:
+            found = models.get((kind, precision))
+            if found is None:
+                model, measured_kind = self._collective_model(kind, precision)
+                topo = {tuple(t) for t in model.info.topologies} if model is not None else set()
+                found = models[(kind, precision)] = (model, measured_kind, topo)
+            model, measured_kind, topo = found
+            if (nodes, gpn) not in topo:
+                secs[h] = ring_seconds(plat.links, kind, entries, nodes, gpn, eb)
+                rel[h] = ANALYTIC_REL_ERROR
+                self.analytic.add(h)
+                if plat.collectives is not None:      # else one platform-level warning (predict_many)
+                    self.warnings[h].append(
+                        f"{kind} over {nodes}×{gpn} GPUs was not measured on platform {plat.name}; "
+                        "analytic ring model from its fitted link speeds (wider interval)")
+                continue
+            # reduce-scatter costed from a measured all-reduce: half of the ring.
+            base = ring_seconds(plat.links, measured_kind, entries, nodes, gpn, eb) * \
+                (0.5 if measured_kind != kind else 1.0)
+            measured.append((h, entries, model, base))
+            rows.append((entries, nodes, gpn))
+        if not measured:
             return
-        ratios = plat.collectives.ratios(
-            [(m.info.key, collective_features(e, n, g)) for _, e, n, g, m, _ in measured_parts])
-        for (handles, entries, _, _, model, base), ratio in zip(measured_parts, ratios):
-            secs[handles] = ratio * base
-            inside = (entries >= model.info.feature_min[0] * 0.99) & (entries <= model.info.feature_max[0] * 1.01)
-            extra[handles] = ~inside
-            rel[handles] = model.info.validation_p90 * np.where(inside, 1.0, EXTRAPOLATION_FACTOR)
+        e, nodes, gpn = np.array(rows, dtype=float).T
+        ratios = plat.collectives.ratios_rows([m.info.key for _, _, m, _ in measured],
+                                              collective_features(e, nodes, gpn)).tolist()
+        for (h, entries, model, base), ratio in zip(measured, ratios):
+            secs[h] = ratio * base
+            inside = model.info.feature_min[0] * 0.99 <= entries <= model.info.feature_max[0] * 1.01
+            extra[h] = not inside
+            rel[h] = model.info.validation_p90 * (1.0 if inside else EXTRAPOLATION_FACTOR)
 
     def _collective_model(self, kind: str, precision: str):
         """The measured-collective model for a kind (reduce-scatter falls back to all-reduce)."""
@@ -380,18 +397,6 @@ class _Term:
         self.parts.extend((h, c * count) for h, c in other.parts)
         return self
 
-    def value(self, secs: np.ndarray) -> float:
-        if not self.parts:
-            return 0.0
-        if len(self.parts) != getattr(self, "_n", -1):      # freeze into arrays once built
-            self._h = np.fromiter((h for h, _ in self.parts), dtype=int, count=len(self.parts))
-            self._c = np.fromiter((c for _, c in self.parts), dtype=float, count=len(self.parts))
-            self._n = len(self.parts)
-        return float(secs[self._h] @ self._c)
-
-    def handles(self) -> list[int]:
-        return [h for h, _ in self.parts]
-
 
 @dataclass
 class _JobPlan:
@@ -407,6 +412,9 @@ class _JobPlan:
     # Context parallelism: (K/V passes fwd, attention fwd, passes bwd, attention bwd) per layer.
     cp_ring: Optional[tuple[_Term, _Term, _Term, _Term]] = None
     sizes: list[int] = field(default_factory=list)          # layers per stage
+    # Filled by _term_values: (handles, terms × handles weights), and the handles sorted.
+    matrix: Optional[tuple[np.ndarray, np.ndarray]] = None
+    handles: list[int] = field(default_factory=list)
 
 
 def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
@@ -550,16 +558,40 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                     stage_host, cp_ring, list(sizes))
 
 
-def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, Breakdown, Details]:
+def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
+    """Every term of ``plan`` at each column of ``secs`` (handles × columns): one matrix product,
+    then plain floats (the timeline below is a few dozen scalar steps)."""
+    if plan.matrix is None:
+        terms = [t for ts in (plan.stage_fwd, plan.stage_bwd, plan.stage_dp, plan.stage_update) for t in ts]
+        terms += [t for pair in plan.mp_comm for t in pair] + [t for pair in plan.p2p for t in pair]
+        terms += list(plan.cp_ring or ())
+        where: dict[int, int] = {}
+        for t in terms:
+            for h, _ in t.parts:
+                where.setdefault(h, len(where))
+        weights = [[0.0] * len(where) for _ in terms]
+        for row, t in zip(weights, terms):
+            for h, c in t.parts:
+                row[where[h]] += c
+        plan.handles = sorted(where)
+        plan.matrix = (np.fromiter(where, dtype=int, count=len(where)), np.array(weights).reshape(len(terms), -1))
+    hs, weights = plan.matrix
+    return (weights @ secs[hs]).T.tolist()
+
+
+def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[float, Breakdown, Details]:
+    """The timeline of one job from its term values (one column of :func:`_term_values`)."""
     lay = plan.job.layout
     mb, p, v = lay.micro_batches, lay.pp, lay.virtual_stages
-    fwd = [t.value(secs) for t in plan.stage_fwd]
-    bwd = [t.value(secs) for t in plan.stage_bwd]
+    fwd, bwd = list(vals[:p]), list(vals[p:2 * p])
+    dp, update = vals[2 * p:3 * p], vals[3 * p:4 * p]
+    mp_comm = [(vals[4 * p + 2 * i], vals[4 * p + 2 * i + 1]) for i in range(p)]
+    p2p = [(vals[6 * p + 2 * i], vals[6 * p + 2 * i + 1]) for i in range(p)]
     cp_exposed = [0.0] * len(fwd)
     if plan.cp_ring is not None:
         # What the attention blocks do not hide of the K/V passes, per layer (the forward's again
         # in a full recomputation).
-        kv_f, att_f, kv_b, att_b = (t.value(secs) for t in plan.cp_ring)
+        kv_f, att_f, kv_b, att_b = vals[8 * p:8 * p + 4]
         per_f, per_b = max(0.0, kv_f - att_f), max(0.0, kv_b - att_b)
         if lay.recompute == "full":
             per_b += per_f
@@ -575,9 +607,9 @@ def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, 
         host_wait[i] = max(0.0, h - fwd[i] - bwd[i])
         bwd[i] += host_wait[i]
     F, B = max(fwd), max(bwd)
-    crit_f, crit_b = int(np.argmax(fwd)), int(np.argmax(bwd))
-    tail = [plan.stage_dp[i].value(secs) + plan.stage_update[i].value(secs) for i in range(p)]
-    crit = int(np.argmax(tail))
+    crit_f, crit_b = fwd.index(F), bwd.index(B)        # the first slowest stage
+    tail = [dp[i] + update[i] for i in range(p)]
+    crit = tail.index(max(tail))
     bubble = (p - 1) / v * (F + B)
     iteration = mb * (F + B) + bubble + tail[crit] + plat.overheads.step_seconds
     waves = mb + (p - 1) / v
@@ -585,12 +617,12 @@ def _assemble(plan: _JobPlan, secs: np.ndarray, plat: Platform) -> tuple[float, 
         forward_seconds=mb * F,
         backward_seconds=mb * B,
         bubble_seconds=bubble,
-        gradient_reduce_seconds=plan.stage_dp[crit].value(secs),
-        optimizer_seconds=plan.stage_update[crit].value(secs),
+        gradient_reduce_seconds=dp[crit],
+        optimizer_seconds=update[crit],
         step_overhead_seconds=plat.overheads.step_seconds,
         # Of which (already inside the stage times above), over the whole iteration:
-        tp_allreduce_seconds=waves * (plan.mp_comm[crit_f][0].value(secs) + plan.mp_comm[crit_b][1].value(secs)),
-        pp_p2p_seconds=waves * (plan.p2p[crit_f][0].value(secs) + plan.p2p[crit_b][1].value(secs)),
+        tp_allreduce_seconds=waves * (mp_comm[crit_f][0] + mp_comm[crit_b][1]),
+        pp_p2p_seconds=waves * (p2p[crit_f][0] + p2p[crit_b][1]),
         # Of which (inside the backward): the device waiting for its host to issue the work.
         host_wait_seconds=mb * host_wait[crit_b],
         # Of which (inside the stage times): context-parallel K/V passes the attention did not hide.
@@ -622,11 +654,13 @@ def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Predic
     lo_secs, hi_secs = secs * np.maximum(1.0 - rel, 0.05), secs * (1.0 + rel)
     rule = _interval_rule(platform)
     out = []
+    columns = np.column_stack([secs, lo_secs, hi_secs])
     for plan in plans:
-        iteration, breakdown, details = _assemble(plan, secs, platform)
-        spread_lo, _, _ = _assemble(plan, lo_secs, platform)
-        spread_hi, _, _ = _assemble(plan, hi_secs, platform)
-        handles = _plan_handles(plan)
+        at, at_lo, at_hi = _term_values(plan, columns)
+        iteration, breakdown, details = _assemble(plan, at, platform)
+        spread_lo = _assemble(plan, at_lo, platform)[0]
+        spread_hi = _assemble(plan, at_hi, platform)[0]
+        handles = plan.handles
         extrapolated = bool(extra[handles].any()) if handles else False
         # The interval: a conformal bound on the platform's measured residuals, widened by the
         # operators' own spread only where the job leaves what those runs cover.
@@ -670,14 +704,6 @@ def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Predic
             iterations=iters, breakdown=breakdown, platform=platform.name, bundle=platform.bundle_id,
             warnings=warnings, job=plan.job, extrapolated=extrapolated, details=details))
     return out
-
-
-def _plan_handles(plan: _JobPlan) -> list[int]:
-    hs: set[int] = set()
-    for terms in (plan.stage_fwd, plan.stage_bwd, plan.stage_dp, plan.stage_update):
-        for t in terms:
-            hs.update(t.handles())
-    return sorted(hs)
 
 
 def predict(job: TrainingJob, platform: Platform) -> Prediction:

@@ -49,7 +49,7 @@ def _traffic(kind: str, entries: np.ndarray, n: np.ndarray, bytes_per_entry: flo
     if kind == "reduce_scatter":     # entries = the full tensor
         return (n - 1) / n * size, n - 1.0
     if kind == "p2p":
-        return size, np.ones_like(n)
+        return size, 0.0 * n + 1.0
     raise ValueError(f"unknown collective {kind!r}")
 
 
@@ -70,6 +70,22 @@ def collective_seconds(links: Links, kind: str, entries, nodes, gpus_per_node,
     lat = np.where(inter, links.inter_latency_us, links.intra_latency_us) * 1e-6
     out = sent / bw + steps * lat
     return np.where(n <= 1, 0.0, out)
+
+
+def ring_seconds(links: Links, kind: str, entries: float, nodes: float, gpus_per_node: float,
+                 bytes_per_entry: float = 2.0) -> float:
+    """:func:`collective_seconds` of one collective, in plain floats (a prediction costs a few
+    collectives; numpy's per-call cost would be most of the time)."""
+    n = nodes * gpus_per_node if kind != "p2p" else 2.0
+    if n <= 1:
+        return 0.0
+    sent, steps = _traffic(kind, float(entries), n, bytes_per_entry)
+    if nodes > 1:
+        adapters = 1.0 if kind == "p2p" else min(float(gpus_per_node), float(links.nics_per_node))
+        bw, lat = min(links.intra_gbps, links.nic_gbps * adapters) * 1e9, links.inter_latency_us * 1e-6
+    else:
+        bw, lat = links.intra_gbps * 1e9, links.intra_latency_us * 1e-6
+    return sent / bw + steps * lat
 
 
 SMALL_MESSAGE_BYTES = 4 << 20

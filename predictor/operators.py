@@ -64,8 +64,8 @@ def _flash_elems(s: Shape) -> np.ndarray:
 
 
 def _zero(s: Shape) -> np.ndarray:
-    first = next(iter(s.values()))
-    return np.zeros_like(first, dtype=float)
+    # Works on a column (array) or on one row (floats): the predictor costs a few rows in Python.
+    return 0.0 * next(iter(s.values()))
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,8 @@ class Operator:
     bwd_elements: Callable[[Shape], np.ndarray] | None = None   # when backward traffic is not a multiple
 
     def roofline_seconds(self, shape: Shape, direction: str, precision: str, gpu: GpuSpec) -> np.ndarray:
-        """max(FLOPs / peak, bytes / bandwidth) for each row of ``shape``."""
+        """max(FLOPs / peak, bytes / bandwidth) for each row of ``shape`` (columns of values), or
+        for one row when ``shape`` holds plain numbers (then a float)."""
         scale = 1.0 if direction in ("fwd", "step") else self.bwd_factor
         eb = self.bytes_per_element or BYTES_PER_ELEMENT[precision]
         t_flops = scale * self.flops(shape) / gpu.peak_flops(precision)
@@ -95,14 +96,16 @@ class Operator:
             t_bytes = self.bwd_elements(shape) * eb / (gpu.memory_gbps * 1e9)
         else:
             t_bytes = scale * self.elements(shape) * eb / (gpu.memory_gbps * 1e9)
-        return np.maximum(np.maximum(t_flops, t_bytes), 1e-7)
+        if isinstance(t_flops, np.ndarray) or isinstance(t_bytes, np.ndarray):
+            return np.maximum(np.maximum(t_flops, t_bytes), 1e-7)
+        return max(t_flops, t_bytes, 1e-7)    # one row of floats (see predictor.estimate)
 
 
 def _ew(*cols: str, factor: float = 2.0) -> Callable[[Shape], np.ndarray]:
     """Element-wise traffic: read + write of a tensor of prod(cols) elements, times ``factor``/2."""
 
     def elems(s: Shape) -> np.ndarray:
-        out = np.ones_like(s[cols[0]], dtype=float)
+        out = 1.0
         for c in cols:
             out = out * s[c]
         return factor * out

@@ -191,6 +191,8 @@ class Forest:
         self._trees = np.array([m.trees for m in self.models], dtype=np.intp)
         self._first_tree = np.array([m.first_tree for m in self.models], dtype=np.intp)
         self._base = np.array([m.base for m in self.models], dtype=np.float64)
+        self._depth = np.array([m.depth for m in self.models], dtype=np.intp)
+        self._float32 = np.array([m.float32 for m in self.models], dtype=bool)
 
     @property
     def keys(self) -> list[str]:
@@ -322,50 +324,67 @@ class Forest:
         """Raw model outputs for each (model index, rows × features) request."""
         if not requests:
             return []
-        models = self.models
-        # Deeper models first: step s then works on a prefix, the pairs of models deeper than s.
-        order = sorted(range(len(requests)), key=lambda i: -models[requests[i][0]].depth)
-        spans: list[tuple[int, int]] = [(0, 0)] * len(requests)
-        unit_model, unit_count, prefix, depths = [], [], [], []
-        blocks = []
-        n_units = n_pairs = 0
-        for i in order:
-            mi, X = requests[i]
-            m = models[mi]
+        blocks, model_of_row = [], []
+        for mi, X in requests:
             X = np.asarray(X, dtype=np.float64)
             if X.ndim != 2:
                 X = X.reshape(len(X), -1)
+            m = self.models[mi]
             if X.shape[1] != m.n_features:
                 raise ValueError(f"model {m.key}: rows of {X.shape[1]} features, the model has {m.n_features}")
-            n = len(X)
-            blocks.append((n_units, X, m.float32))
-            spans[i] = (n_units, n_units + n)
-            unit_model.append(mi)
-            unit_count.append(n)
-            n_units += n
-            n_pairs += n * m.trees
-            prefix.append(n_pairs)
-            depths.append(m.depth)
-        if n_pairs == 0:
-            return [np.zeros(spans[i][1] - spans[i][0]) + models[requests[i][0]].base
-                    for i in range(len(requests))]
-        X_all = np.full((n_units, COLUMNS), np.inf)
-        for u0, X, f32 in blocks:
+            blocks.append(X)
+            model_of_row.extend([mi] * len(X))
+        X_all = np.full((len(model_of_row), MAX_FEATURES), np.inf)
+        a = 0
+        for X in blocks:
+            X_all[a:a + len(X), :X.shape[1]] = X
+            a += len(X)
+        sums = self.predict_rows(model_of_row, X_all)
+        out, a = [], 0
+        for X in blocks:
+            out.append(sums[a:a + len(X)])
+            a += len(X)
+        return out
+
+    def predict_rows(self, model_of_row: Sequence[int], X: np.ndarray) -> np.ndarray:
+        """Raw outputs of many rows at once, in their order: row i by model ``model_of_row[i]``
+        on ``X[i]`` (rows × up to :data:`MAX_FEATURES` columns; a model reads its first
+        ``n_features``, the rest are ignored).  The caller gives each row the features its model
+        was fitted on (:meth:`predict` checks that for you)."""
+        mods = np.asarray(model_of_row, dtype=np.intp)
+        n_units = len(mods)
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or len(X) != n_units or X.shape[1] > MAX_FEATURES:
+            raise ValueError(f"rows × at most {MAX_FEATURES} features, one model per row: got "
+                             f"{X.shape} for {n_units} models")
+        if n_units == 0:
+            return np.zeros(0)
+        # Deeper models first: step s then works on a prefix, the pairs of models deeper than s.
+        order = np.argsort(-self._depth[mods], kind="stable")
+        mods = mods[order]
+        X_all = np.full((n_units, COLUMNS), np.inf)      # column LEAF_FEATURE stays +inf
+        X_all[:, :X.shape[1]] = X[order]
+        f32 = self._float32[mods]
+        if f32.any():
             # XGBoost compares in float32: the row rounded to float32, then widened exactly.
-            X_all[u0:u0 + len(X), :X.shape[1]] = X.astype(np.float32) if f32 else X
-        counts = np.asarray(unit_count, dtype=np.intp)
-        mods = np.repeat(np.asarray(unit_model, dtype=np.intp), counts)            # model per unit
+            X_all[f32] = X_all[f32].astype(np.float32)
         per_unit = self._trees[mods]
         ends = np.cumsum(per_unit)
+        n_pairs = int(ends[-1])
+        out = np.empty(n_units)
+        if n_pairs == 0:
+            out[order] = self._base[mods]
+            return out
         unit = np.repeat(np.arange(n_units, dtype=np.intp), per_unit)              # unit per pair
         node = self.roots[np.arange(n_pairs, dtype=np.intp)
                           + np.repeat(self._first_tree[mods] - (ends - per_unit), per_unit)]
         rowbase = unit << FEATURE_BITS
         flat = X_all.ravel()
         records = self.records
-        j = len(depths)
+        depths, prefix = self._depth[mods].tolist(), ends.tolist()
+        j = n_units
         for step in range(depths[0]):
-            # the pairs of models deeper than ``step``: a prefix, as requests are sorted by depth
+            # the pairs of models deeper than ``step``: a prefix, as rows are sorted by depth
             while depths[j - 1] <= step:
                 j -= 1
             k = prefix[j - 1]
@@ -375,10 +394,11 @@ class Forest:
             x = flat.take(rowbase[:k] + (word & LEAF_FEATURE))
             np.add(word >> FEATURE_BITS, x < rec.real, out=nd)
         # bincount adds each unit's leaves in pair order: tree by tree, as the libraries do; the
-        # base score comes last.  (The outputs are slices of one array.)
+        # base score comes last.
         sums = np.bincount(unit, weights=records.take(node).real, minlength=n_units)
-        sums += np.repeat(self._base[np.asarray(unit_model, dtype=np.intp)], counts)
-        return [sums[a:b] for a, b in spans]
+        sums += self._base[mods]
+        out[order] = sums
+        return out
 
 
 def _data_offset(header_len: int) -> int:

@@ -95,6 +95,25 @@ def test_forest_file_round_trip_and_many_models_at_once(fitted):
     assert again.predict([]) == []
 
 
+def test_rows_of_many_models_in_one_call_match_one_request_each(fitted):
+    """predict_rows (what a prediction uses): rows of mixed models in any order, columns past a
+    model's features ignored, the same bits as one request per model."""
+    tables = [fitted[lib].table_ for lib in LIBRARIES]
+    forest = Forest.from_tables(tables, list(LIBRARIES))
+    rng = np.random.default_rng(7)
+    models = rng.integers(0, 3, size=40)
+    X = rng.uniform(5, 17, size=(40, 6))          # columns 3-5: padding the models never read
+    got = forest.predict_rows(models, X)
+    for i, m in enumerate(models):
+        (alone,) = forest.predict([(int(m), X[i:i + 1, :3])])
+        assert got[i] == alone[0]
+    X[:, 3:] = rng.uniform(-1e9, 1e9, size=(40, 3))
+    assert np.array_equal(forest.predict_rows(models, X), got)
+    assert forest.predict_rows([], np.zeros((0, 3))).shape == (0,)
+    with pytest.raises(ValueError, match="at most 7 features"):
+        forest.predict_rows(models, np.zeros((40, 8)))
+
+
 def test_forest_matches_a_plain_walk_of_the_tables(fitted):
     """The re-laid-out forest against the simplest evaluator of the original tables, bit for bit."""
     rng = np.random.default_rng(11)

@@ -1,0 +1,71 @@
+"""The predictor costs a few rows in plain floats and many rows as numpy columns (speed: one
+prediction asks for ~30 models with a row or two each).  Both ways must give the same answer."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from predictor import TrainingJob, load_platform, predict, predict_many
+from predictor.errors import PerfcastError
+from predictor.estimate import _FLOAT_ROWS, clear_memos
+from predictor.network import Links, collective_seconds, ring_seconds
+from predictor.operators import OPERATORS, GpuSpec
+
+GPU = GpuSpec("Test GPU", 80, {"fp16": 312.0, "bf16": 312.0, "fp32": 19.5}, 2039.0)
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_roofline_of_one_row_equals_the_column(name):
+    op = OPERATORS[name]
+    rng = np.random.default_rng(len(name))
+    cols = {f: rng.integers(1, 1 << 16, size=50).astype(float) for f in op.features}
+    for direction in op.directions:
+        for precision in ("fp16", "fp32"):
+            column = op.roofline_seconds(cols, direction, precision, GPU)
+            rows = [op.roofline_seconds({f: float(cols[f][i]) for f in op.features}, direction, precision, GPU)
+                    for i in range(50)]
+            assert all(isinstance(r, float) for r in rows)
+            np.testing.assert_allclose(rows, column, rtol=1e-12, atol=0)
+
+
+def test_ring_model_of_one_collective_equals_the_vectorised_one():
+    links = Links(intra_gbps=150.0, intra_latency_us=4.0, nic_gbps=22.0, nics_per_node=4,
+                  inter_latency_us=9.0)
+    rng = np.random.default_rng(2)
+    for kind in ("allreduce", "allgather", "reduce_scatter", "p2p"):
+        entries = rng.integers(1, 1 << 30, size=60).astype(float)
+        nodes = rng.integers(1, 9, size=60).astype(float)
+        gpn = rng.choice([1.0, 2.0, 4.0, 8.0], size=60)
+        want = collective_seconds(links, kind, entries, nodes, gpn, 2.0)
+        got = [ring_seconds(links, kind, e, n, g, 2.0) for e, n, g in zip(entries, nodes, gpn)]
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    assert ring_seconds(links, "allreduce", 1e6, 1, 1, 2.0) == 0.0        # one rank: nothing to do
+
+
+def _jobs() -> list[TrainingJob]:
+    base = TrainingJob.from_toml("examples/gpt20b-perlmutter.toml")
+    jobs = []
+    for mb, tp, pp, rec in itertools.product((1, 2, 4), (1, 2, 4), (1, 2, 4), ("none", "full", "selective")):
+        try:
+            jobs.append(base.replace(layout={"micro_batch": mb, "tp": tp, "pp": pp, "recompute": rec}))
+        except PerfcastError:
+            pass
+    return jobs
+
+
+@pytest.mark.parametrize("platform", ["perlmutter-a100", "vista-gh200", "dgx-h100"])
+def test_many_jobs_at_once_equal_each_job_alone(platform):
+    plat = load_platform(platform)
+    jobs = _jobs()
+    # Enough jobs that some model gets more rows than the float path takes: the column path runs.
+    assert len(jobs) > _FLOAT_ROWS
+    together = predict_many(jobs, plat)
+    for job, p in zip(jobs, together):
+        clear_memos()
+        alone = predict(job, plat)
+        assert alone.iteration_seconds == pytest.approx(p.iteration_seconds, rel=1e-12)
+        assert alone.interval_seconds == pytest.approx(p.interval_seconds, rel=1e-12)
+        assert alone.warnings == p.warnings
+        assert alone.extrapolated == p.extrapolated
