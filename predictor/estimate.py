@@ -154,13 +154,27 @@ class QuerySet:
         self._keys: dict[int, tuple] = {}                            # handle -> memo key (misses)
         self.analytic: set[int] = set()       # collectives costed by the ring model of link speeds
         self._names: dict[int, str] = {}      # handle -> operator or collective (for messages)
+        # memo key -> handle: a question asked twice (jobs share shapes) is one handle, costed once
+        self._asked: dict[tuple, int] = {}
+        self._by_plan: dict[int, None] = {}     # handles asked since the last take_asked()
+
+    def take_asked(self) -> list[int]:
+        """The handles asked for since the last call, in the order first asked (one job's)."""
+        asked, self._by_plan = list(self._by_plan), {}
+        return asked
 
     def _handle(self) -> int:
         self._n += 1
         return self._n - 1
 
     def op(self, name: str, direction: str, precision: str, shape: Mapping[str, float]) -> int:
-        h = self._handle()
+        key = ("op", name, direction, precision, tuple(float(shape[f]) for f in OPERATORS[name].features))
+        h = self._asked.get(key)
+        if h is not None:         # asked before in this set (another stage, another candidate)
+            self._by_plan[h] = None
+            return h
+        h = self._asked[key] = self._handle()
+        self._by_plan[h] = None
         self._names[h] = name
         rkey = ("resolve", name, direction, precision)
         resolved = self._memo.get(rkey)
@@ -169,7 +183,6 @@ class QuerySet:
         model_key, model_op, note = resolved
         if note:
             self.warnings[h].append(note)
-        key = ("op", name, direction, precision, tuple(float(shape[f]) for f in OPERATORS[name].features))
         hit = self._memo.get(key)
         if hit is not None:
             self._known[h] = hit
@@ -179,9 +192,14 @@ class QuerySet:
         return h
 
     def coll(self, kind: str, entries: float, group: Group, precision: str) -> int:
-        h = self._handle()
-        self._names[h] = kind
         key = ("coll", kind, precision, float(entries), group.nodes, group.gpus_per_node)
+        h = self._asked.get(key)
+        if h is not None:
+            self._by_plan[h] = None
+            return h
+        h = self._asked[key] = self._handle()
+        self._by_plan[h] = None
+        self._names[h] = kind
         hit = self._memo.get(key)
         if hit is not None:
             self._known[h] = hit[:3]
@@ -412,12 +430,13 @@ class _JobPlan:
     # Context parallelism: (K/V passes fwd, attention fwd, passes bwd, attention bwd) per layer.
     cp_ring: Optional[tuple[_Term, _Term, _Term, _Term]] = None
     sizes: list[int] = field(default_factory=list)          # layers per stage
-    # Filled by _term_values: (handles, terms × handles weights), and the handles sorted.
+    handles: list[int] = field(default_factory=list)        # every handle the job asked for, in order
+    # Filled by _term_values: (handles, terms × handles weights).
     matrix: Optional[tuple[np.ndarray, np.ndarray]] = None
-    handles: list[int] = field(default_factory=list)
 
 
 def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
+    q.take_asked()
     m, lay, prec = job.model, job.layout, job.run.precision
     gpn = job.cluster.gpus_per_node or plat.gpus_per_node
     warnings: list[str] = []
@@ -555,7 +574,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                                               fitted=plat.fitted)
                       for i, n in enumerate(sizes)]
     return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
-                    stage_host, cp_ring, list(sizes))
+                    stage_host, cp_ring, list(sizes), q.take_asked())
 
 
 def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
@@ -573,7 +592,6 @@ def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
         for row, t in zip(weights, terms):
             for h, c in t.parts:
                 row[where[h]] += c
-        plan.handles = sorted(where)
         plan.matrix = (np.fromiter(where, dtype=int, count=len(where)), np.array(weights).reshape(len(terms), -1))
     hs, weights = plan.matrix
     return (weights @ secs[hs]).T.tolist()
