@@ -22,6 +22,7 @@ manifest is refused like an edited model.  Fitting bundles is :mod:`calibrate.fi
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -35,7 +36,7 @@ import numpy as np
 
 from .errors import BundleError
 from .network import Links
-from .operators import GpuSpec
+from .operators import OPERATORS, GpuSpec
 from .trees import Forest, ForestError, TreeTable
 
 if sys.version_info >= (3, 11):
@@ -158,6 +159,29 @@ class Bundle:
         """measured/roofline ratios for each (model key, rows of regressor features), in one pass."""
         outs = self.forest.predict([(self.models[k].index, X) for k, X in requests])
         return [np.exp(o) for o in outs]
+
+    @functools.cached_property
+    def kernel_floor_seconds(self) -> float:
+        """The least any operator of this bundle was measured to take: its models at the corner of
+        their sampled ranges (the smallest shapes, whose kernels are launch-bound), the least of
+        them.  No kernel costs less than a launch, so a shape below every sample is not costed
+        below this (the roofline ratio held at the range's edge would go to zero with the shape).
+        0 for a bundle without operator models."""
+        keys, rows, roofs = [], [], []
+        for key, lm in self.models.items():
+            op_name, _, rest = key.partition(".")
+            direction, _, precision = rest.partition(".")
+            op = OPERATORS.get(op_name)
+            if op is None or len(lm.info.feature_min) != len(op.features):
+                continue
+            corner = [float(v) for v in lm.info.feature_min]
+            keys.append(key)
+            rows.append(corner + [1.0] * (7 - len(corner)))
+            roofs.append(op.roofline_seconds(dict(zip(op.features, corner)), direction, precision, self.gpu))
+        if not keys:
+            return 0.0
+        ratios = self.ratios_rows(keys, np.log2(np.maximum(np.array(rows), 1.0)))
+        return float(np.min(ratios * np.asarray(roofs)))
 
     def ratios_rows(self, keys: "Sequence[str]", X: np.ndarray) -> np.ndarray:
         """:meth:`ratios` of many rows at once: row i by model ``keys[i]`` on ``X[i]`` (rows ×

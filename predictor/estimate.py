@@ -304,6 +304,10 @@ class QuerySet:
         roof = np.asarray(roofs)
         t = plat.compute.ratios_rows(distinct_keys, X)[np.asarray(gather)] * roof
         inside_a = np.asarray(inside, dtype=bool)
+        if not inside_a.all():
+            # Outside the sampled range the ratio is held at the edge: below it, a launch floor
+            # (the least the bundle ever measured), not a time that shrinks to nothing.
+            t = np.where(inside_a, t, np.maximum(t, plat.compute.kernel_floor_seconds))
         r = np.asarray(p90) * np.where(inside_a, 1.0, EXTRAPOLATION_FACTOR) + \
             (TRANSFER_REL_ERROR if plat.transferred else 0.0)
         call = np.asarray(calls)
