@@ -5,6 +5,7 @@
     python benchmarks/bench_cpu_family.py --runs benchmarks/data/cpu-family/runs.toml \\
         --platform benchmarks/data/cpu-family/samples [--json]                       # compare only
     python benchmarks/bench_cpu_family.py --parts "dp2 L4 h256 mb2" [--platform DIR]  # time a step's parts
+    python benchmarks/bench_cpu_family.py --contention "dp2 L4 h256 mb2" [--rounds 6]  # rank alone vs concurrent
 
 Measuring does, in order:
 
@@ -23,7 +24,18 @@ Measuring does, in order:
 
 ``--parts`` trains one job of the family with each part of the step timed on its own (forward,
 backward, gradient all-reduce, optimizer, all-gather), next to the predictor's breakdown of the
-same parts: where a prediction misses, this says which part.
+same parts: where a prediction misses, this says which part.  With dp 2 a barrier before each
+collective is timed as ``wait`` (the skew between the ranks), so ``all_reduce`` is the collective
+alone; columns for rank 0 and for the per-step slowest rank.  Without that barrier rank 0's
+"all-reduce" was mostly waiting: on dp2 L4 h256 mb2 one rank's forward + backward took ~240 ms and
+the other's ~295 ms, every step, the faster one spending the ~55 ms difference inside all_reduce,
+while the all-reduce itself took 13-17 ms (calibrated: 10.8 ms).
+
+``--contention`` times one rank's forward + backward alone (the other core idle, as
+``perf-calibrate run`` times operators, and as a dp 1 run of the family runs) and beside a process
+computing the same micro-batches (as the other rank does in a dp 2 run), dropping repetitions
+during which other processes used the cores.  The ratio is what a dp 2 run's compute costs beyond
+its calibrated operators on this machine; the predictor has no term for it (docs/calibration.md).
 
 pp and tp are not in the family: calibrate/gpt_model.py runs pp = tp = 1 only, and a pipeline
 schedule or tensor-parallel layers would be a model of their own, not a check of this one.
@@ -312,7 +324,13 @@ def _isolated_sum(j, shard: int) -> dict:
 
 def _parts_worker(rank: int, world: int, port: int, job_dict: dict, threads: int, steps: int,
                   warmup: int, results, isolated_too: bool = False) -> None:
-    """gpt_model._train_worker's step, each part timed on its own (CPU: no asynchrony)."""
+    """gpt_model._train_worker's step, each part timed on its own (CPU: no asynchrony).
+
+    With dp > 1 a barrier before the gradient all-reduce and one before the ZeRO all-gather are
+    timed as ``wait``: the time this rank waits for the slowest rank to reach the collective.
+    Training has no such barrier, so there that wait is spent inside the collective call; without
+    the barrier ``all_reduce`` would be the collective plus the ranks' skew (on the CPU family
+    tens of ms, more than the collective itself).  Every rank's rows go to rank 0."""
     import warnings
 
     import torch
@@ -352,6 +370,9 @@ def _parts_worker(rank: int, world: int, port: int, job_dict: dict, threads: int
             # Page faults and kernel time of the micro-batches (first-touch of fresh memory).
             t["minor_faults"] = float(r1.ru_minflt - r0.ru_minflt)
             t["sys_s"] = r1.ru_stime - r0.ru_stime
+            w0 = time.perf_counter()
+            if world > 1:
+                dist.barrier()
             a = time.perf_counter()
             if world > 1:
                 dist.all_reduce(model.flat_grad)
@@ -360,14 +381,22 @@ def _parts_worker(rank: int, world: int, port: int, job_dict: dict, threads: int
             opt.step()
             c = time.perf_counter()
             if zero:
+                dist.barrier()
+            c2 = time.perf_counter()
+            if zero:
                 dist.all_gather_into_tensor(model.flat, model.flat[lo:hi].clone())
             d = time.perf_counter()
-            t.update(all_reduce=b - a, optimizer=c - b, all_gather=d - c, step=d - c0)
+            t.update(wait=(a - w0) + (c2 - c), all_reduce=b - a, optimizer=c - b, all_gather=d - c2,
+                     step=d - c0)
             if step >= warmup:
                 rows.append(t)
+        every = [rows]
+        if world > 1:
+            every = [None] * world
+            dist.all_gather_object(every, rows)
         isolated = _isolated_sum(j, model.padded // (world if zero else 1)) if rank == 0 and isolated_too else None
         if rank == 0:
-            results.put((rows, isolated))
+            results.put((every, isolated))
         if world > 1:
             dist.barrier()
     finally:
@@ -413,9 +442,18 @@ def parts(args) -> int:
         _parts_worker(0, *a)
     else:
         mp.start_processes(_parts_worker, args=a, nprocs=world, join=True, start_method="spawn")
-    rows, iso = results.get()
+    every, iso = results.get()
+    rows = every[0]
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    print(f"{args.parts}: rank 0, median of {len(rows)} steps (load {loadavg():.2f})")
+    # The step is gated by the slowest rank: per step, each part's maximum over the ranks.
+    slow = {k: statistics.median(max(rk[i][k] for rk in every) for i in range(len(rows))) for k in rows[0]}
+    print(f"{args.parts}: rank 0 and the per-step maximum over {len(every)} rank(s), median of "
+          f"{len(rows)} steps (load {loadavg():.2f}); with dp > 1 a barrier before each collective "
+          f"separates the ranks' skew (wait) from the collective")
+    if len(every) > 1:
+        fb = [statistics.median(r["forward"] + r["backward"] for r in rk) for rk in every]
+        print("forward + backward per rank (median, ms): " + ", ".join(f"rank {i} {1e3 * v:.1f}"
+                                                                      for i, v in enumerate(fb)))
     pred = plat = None
     keep: list = []
     if args.platform:
@@ -427,10 +465,10 @@ def parts(args) -> int:
             "step": pred.iteration_seconds if pred else None}
     m = j["layout"]["micro_batches"]
     imap = {"forward": iso["forward"] * m, "backward": iso["backward"] * m, "optimizer": iso["optimizer"]}
-    print(f"{'part':<11} {'measured ms':>12} {'predicted ms':>13} {'isolated-op sum ms':>19}")
-    for k in ("zero_grad", "forward", "backward", "all_reduce", "optimizer", "all_gather", "step"):
+    print(f"{'part':<11} {'rank 0 ms':>10} {'slowest ms':>11} {'predicted ms':>13} {'isolated-op sum ms':>19}")
+    for k in ("zero_grad", "forward", "backward", "wait", "all_reduce", "optimizer", "all_gather", "step"):
         p, i = pmap.get(k), imap.get(k)
-        print(f"{k:<11} {1e3 * med[k]:>12.2f} {'' if p is None else f'{1e3 * p:13.2f}'} "
+        print(f"{k:<11} {1e3 * med[k]:>10.2f} {1e3 * slow[k]:>11.2f} {'' if p is None else f'{1e3 * p:13.2f}'} "
               f"{'' if i is None else f'{1e3 * i:19.2f}'}")
     print(f"micro-batches of one step: {med['minor_faults']:.0f} minor page faults, "
           f"{1e3 * med['sys_s']:.1f} ms in the kernel (rank 0, median)")
@@ -444,6 +482,124 @@ def parts(args) -> int:
     if pred is not None:
         print("predicted optimizer (max_update) includes the ZeRO all-gather; breakdown (ms): "
               + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in bd.items() if v))
+    return 0
+
+
+# ----------------------------------------------------------------------------- concurrent ranks
+
+def _proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (its threads included), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            v = f.read().rsplit(")", 1)[1].split()
+        return (float(v[11]) + float(v[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def _loader(job_dict: dict, threads: int, running, idle, stop) -> None:
+    """Another rank's compute without gloo: the same micro-batches' forward + backward, in a loop
+    while ``running`` is set (``idle`` acknowledges a pause)."""
+    import warnings
+
+    import torch
+
+    from calibrate.gpt_model import rank_state
+    from predictor import TrainingJob
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(threads)
+    st = rank_state(TrainingJob.from_dict(job_dict), "cpu", 1, 0)
+    while not stop.is_set():
+        if running.is_set():
+            idle.clear()
+            for ids, tgt in st.batches:
+                st.model.loss(ids, tgt).backward()
+        else:
+            idle.set()
+            time.sleep(0.002)
+
+
+def concurrent_slowdown(job_dict: dict, *, rounds: int = 6, per_phase: int = 3, threads: int = THREADS,
+                        max_others: float = 0.15) -> dict:
+    """One rank's forward + backward of its micro-batches timed alone (the other cores idle, as
+    ``perf-calibrate run`` times operators) and while another process runs the same rank's
+    micro-batches (as the other dp rank does during training), in alternating phases.  Repetitions
+    during which other processes used more than ``max_others`` cores are dropped.  Returns
+    fastest-quarter means (calibrate.timing) and their ratio."""
+    import multiprocessing as mpp
+
+    import torch
+
+    from calibrate.gpt_model import rank_state
+    from calibrate.timing import fastest_quarter_mean
+    from predictor import TrainingJob
+
+    torch.set_num_threads(threads)
+    st = rank_state(TrainingJob.from_dict(job_dict), "cpu", 1, 0)
+
+    def fb() -> None:
+        for ids, tgt in st.batches:
+            st.model.loss(ids, tgt).backward()
+
+    ctx = mpp.get_context("spawn")
+    running, idle, stop = ctx.Event(), ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_loader, args=(job_dict, threads, running, idle, stop), daemon=True)
+    child.start()
+    out: dict = {"alone": [], "concurrent": [], "dropped": 0, "others_cores": []}
+    try:
+        idle.wait(300)
+        fb()
+        for _ in range(rounds):
+            for phase in ("alone", "concurrent"):
+                if phase == "concurrent":
+                    running.set()
+                    time.sleep(0.2)
+                else:
+                    running.clear()
+                    idle.clear()
+                    idle.wait(300)
+                for _ in range(per_phase):
+                    c0 = _cpu_seconds()[0]
+                    o0 = _proc_cpu_seconds(os.getpid()) + _proc_cpu_seconds(child.pid)
+                    t0 = time.perf_counter()
+                    fb()
+                    dt = time.perf_counter() - t0
+                    others = (_cpu_seconds()[0] - c0
+                              - (_proc_cpu_seconds(os.getpid()) + _proc_cpu_seconds(child.pid) - o0)) / dt
+                    out["others_cores"].append(round(others, 3))
+                    if others <= max_others:
+                        out[phase].append(dt)
+                    else:
+                        out["dropped"] += 1
+    finally:
+        stop.set()
+        running.clear()
+        child.join(10)
+        if child.is_alive():
+            child.terminate()
+    for k in ("alone", "concurrent"):
+        out[f"{k}_seconds"] = fastest_quarter_mean(out[k]) if out[k] else float("nan")
+    out["ratio"] = out["concurrent_seconds"] / out["alone_seconds"]
+    return out
+
+
+def contention(args) -> int:
+    jobs = {name_of(j): j for j in family()}
+    if args.contention not in jobs:
+        print(f"unknown job {args.contention!r}; one of: {', '.join(jobs)}", file=sys.stderr)
+        return 2
+    r = concurrent_slowdown(jobs[args.contention], rounds=args.rounds)
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    print(f"{args.contention}: one rank's forward + backward ({THREADS} thread(s)), fastest quarter; "
+          f"{r['dropped']} repetitions dropped for other processes' load")
+    for k in ("alone", "concurrent"):
+        xs = sorted(r[k])
+        print(f"  {k:<11} {1e3 * r[k + '_seconds']:8.1f} ms  (n = {len(xs)}"
+              + (f", median {1e3 * statistics.median(xs):.1f} ms)" if xs else ")"))
+    print(f"  concurrent / alone = {r['ratio']:.2f}")
     return 0
 
 
@@ -461,11 +617,16 @@ def main() -> int:
     ap.add_argument("--runs", help="compare these measured runs (runs.toml or runs.json) ...")
     ap.add_argument("--platform", default="", help="... with this platform (name, dir, or a sample store)")
     ap.add_argument("--parts", default="", help="time the parts of one run's step (its name)")
+    ap.add_argument("--contention", default="",
+                    help="time one run's rank alone and beside a concurrent copy of it (its name)")
+    ap.add_argument("--rounds", type=int, default=6, help="--contention: alternating rounds")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     if args.parts:
         return parts(args)
+    if args.contention:
+        return contention(args)
     if args.runs:
         if not args.platform:
             ap.error("--runs needs --platform")

@@ -10,8 +10,9 @@ Groups are shaped like the layouts' groups over the allocation: ``nodes × ranks
 Every rank creates every group in the same order (``new_group`` is itself collective); rank 0,
 which is in every group, decides which points remain and records the results.
 
-A collective's time is the slowest member's middle-half mean (a collective ends when its last
-rank does); p2p is a ping-pong, half the round trip.
+A collective's time is the slowest member's robust statistic (calibrate/timing.py: middle-half
+mean on GPUs, fastest-quarter mean on CPUs; a collective ends when its last rank does); p2p is a
+ping-pong, half the round trip.  On CPUs small collectives are repeated more (:func:`cpu_repeats`).
 """
 from __future__ import annotations
 
@@ -126,6 +127,24 @@ def _make_op(kind: str, entries: int, members: Sequence[int], group, ctx: DistCo
     raise CalibrationError(f"unknown collective {kind!r}")
 
 
+# On a CPU (gloo) a collective is repeated until its repetitions add up to this many seconds, at
+# most CPU_MAX_REPEATS times: the plan's 8 repetitions leave the fastest quarter 2 samples, and a
+# small gloo collective on shared cores varies by 1.5x between neighbouring sizes
+# (benchmarks/data/cpu-family: 1,024 entries 635 µs, 4,096 entries 415 µs), which is most of the
+# collectives fit's hold-out error there.
+CPU_BUDGET_S = 0.25
+CPU_MAX_REPEATS = 64
+
+
+def cpu_repeats(first_seconds: float, repeats: int, budget_s: float = CPU_BUDGET_S,
+                cap: int = CPU_MAX_REPEATS) -> int:
+    """Repetitions of a CPU collective whose one call took ``first_seconds``: enough to fill
+    ``budget_s``, never fewer than the plan's ``repeats`` nor more than ``max(cap, repeats)``."""
+    if not first_seconds > 0.0:
+        return repeats
+    return max(repeats, min(cap, int(budget_s / first_seconds)))
+
+
 def measure_point(pt: CollectivePoint, members: Sequence[int], group, ctx: DistContext,
                   warmup: int, repeats: int) -> float:
     """Time one collective on this rank's group; every member returns the group's µs."""
@@ -138,10 +157,19 @@ def measure_point(pt: CollectivePoint, members: Sequence[int], group, ctx: DistC
         dist.all_reduce(token, group=group)
         synchronize(ctx.device)
 
+    first = 0.0
     for _ in range(max(0, warmup)):
         barrier()
+        t0 = time.perf_counter()
         fn()
+        synchronize(ctx.device)
+        first = time.perf_counter() - t0
     synchronize(ctx.device)
+    if ctx.device != "cuda":
+        # Every member must loop the same number of times: agree on the slowest member's call.
+        agreed = torch.tensor([first], dtype=torch.float64, device=dev)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+        repeats = cpu_repeats(float(agreed.item()), repeats)
     times = []
     for _ in range(repeats):
         barrier()
@@ -264,4 +292,4 @@ def iter_pending(points: Iterable[CollectivePoint], done: Callable[[CollectivePo
 
 
 __all__ = ["DistContext", "context_from_env", "init_process_group", "run_points", "agree_on_points",
-           "spawn_local", "measure_point", "free_port", "iter_pending"]
+           "spawn_local", "measure_point", "free_port", "iter_pending", "cpu_repeats"]
