@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Does learning from one set of runs carry to other jobs on the same machine?
 
-``perf-calibrate validate --fit`` (and ``harvest --refit``) fits a platform's end-to-end terms, a
-compute scale and a host scale, on recorded runs.  Two physical scales cannot memorise jobs; this
-benchmark checks that they also do not only help the runs they were fitted on: the platform's
-recorded runs are split in two by what the jobs are (small against large models, host-bound
-against device-bound shapes, one attention path against the others), the terms are fitted on one
-side, and the *other* side is predicted before and after.
+``perf-calibrate validate --fit`` (and ``harvest --refit``) fits a platform's end-to-end factors, a
+compute scale and the per-layer, per-micro-batch and per-launch host costs' scales, on recorded
+runs.  A few physical factors cannot memorise jobs; this benchmark checks that they also do not
+only help the runs they were fitted on: the runs are split in two by what the jobs are (small
+against large models, one depth against others, micro-batch sizes and counts, attention paths,
+models and layouts), the factors are fitted on one side with the acceptance rule of
+``validate --fit``, and the *other* side is predicted before and after.  dgx-h100 is split on its
+recorded runs, perlmutter-a100 and vista-gh200 on the paper's runs (benchmarks/data/).
 
-    python benchmarks/bench_fit_transfer.py [--platform dgx-h100]
+    python benchmarks/bench_fit_transfer.py [--platform dgx-h100 ...]
 
 A benchmark, not a test: it prints what it measured.
 """
@@ -23,9 +25,8 @@ from typing import Callable, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from calibrate.validate import fit_terms  # noqa: E402
+from calibrate.validate import fit_terms, load_runs  # noqa: E402
 from predictor import load_platform, predict_many  # noqa: E402
-from predictor.platform import FittedTerms  # noqa: E402
 from predictor.validation import MeasuredRun  # noqa: E402
 
 # (name, predicate): a run is on the fitted side when the predicate holds; the split is then also
@@ -35,24 +36,48 @@ SPLITS: list[tuple[str, Callable[[MeasuredRun], bool]]] = [
     ("micro-batch 1 | > 1", lambda r: r.job.layout.micro_batch == 1),
     ("flash attention | other paths", lambda r: r.job.model.attention == "flash"),
     ("4 layers | other depths", lambda r: r.job.model.layers == 4),
+    ("<= 4 layers | > 4 layers", lambda r: r.job.model.layers <= 4),
+    ("seq 1024 | longer", lambda r: r.job.model.seq_len <= 1024),
+    ("gelu | swiglu", lambda r: r.job.model.activation != "swiglu"),
+    ("2 micro-batches | more", lambda r: r.job.layout.micro_batches <= 2),
+    ("GPT-20B | other models", lambda r: r.name.startswith("GPT-20B")),
+    ("tp <= 2 | tp > 2", lambda r: r.job.layout.tp <= 2),
+    ("pp <= 4 | pp > 4", lambda r: r.job.layout.pp <= 4),
+    ("dp <= 4 | dp > 4", lambda r: r.job.layout.dp <= 4),
 ]
+# The paper's runs of the platforms that have no recorded runs of their own beyond them.
+PAPER_RUNS = {"perlmutter-a100": "paper-runs-perlmutter-a100.toml", "vista-gh200": "paper-runs-vista-gh200.toml"}
+# "Noticeably worse": more than this many points of held-out MAPE.
+WORSE = 0.005
 
 
 def _mape(runs: Sequence[MeasuredRun], predicted: Sequence[float]) -> float:
     return sum(abs(p / r.measured_iteration_seconds - 1) for r, p in zip(runs, predicted)) / len(runs)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--platform", default="dgx-h100")
-    args = ap.parse_args()
-    plat = dataclasses.replace(load_platform(args.platform), fitted=None)
-    runs = list(plat.validation)
-    print(f"{args.platform}: {len(runs)} recorded runs; terms fitted on one side, MAPE on the other")
-    print(f"{'split (fitted side first)':<34}{'fit':>5}{'test':>6}{'compute':>9}{'host':>7}"
-          f"{'MAPE before':>13}{'after':>8}  terms")
-    better = worse = total = 0
-    for name, pred in SPLITS:
+def _terms(res) -> str:
+    return (f"{res.compute_scale:>8.3f}{res.host_layer_scale:>7.3f}{res.host_micro_batch_scale:>7.3f}"
+            f"{res.host_launch_scale:>7.3f}")
+
+
+def _why(res) -> str:
+    """The factors enough runs see but the fit left at 1, and why (-: none)."""
+    out = []
+    for f, std in res.identification.items():
+        if f not in res.fitted:
+            out.append(f"{f.replace('_scale', '').replace('host_', '')} "
+                       + ("collinear" if std is None else "unidentified" if std > 0.1733 else "insignificant"))
+    return "at 1: " + (", ".join(out) or "-")
+
+
+def bench(name: str, runs: list[MeasuredRun], plat) -> tuple[int, int, int, int, list[float]]:
+    print(f"\n{name}: {len(runs)} runs; factors fitted on one side, MAPE on the other "
+          f"(layer/micro-batch/launch: the host factors)")
+    print(f"{'split (fitted side first)':<32}{'fit':>4}{'test':>5}{'compute':>8}{'layer':>7}{'mb':>7}"
+          f"{'launch':>7}{'MAPE before':>12}{'after':>8}  terms")
+    better = worse = noticeably = total = 0
+    deltas = []
+    for label0, pred in SPLITS:
         sides = ([r for r in runs if pred(r)], [r for r in runs if not pred(r)])
         for flip in (False, True):
             train, test = sides[::-1] if flip else sides
@@ -61,21 +86,41 @@ def main() -> int:
             res = fit_terms(plat, train)
             # As validate --fit and harvest --refit do: the terms are kept only when they improve
             # leave-one-out error on the runs they were fitted on.
-            accepted = res.loo_mape_after < res.mape_before
-            fitted = dataclasses.replace(plat, fitted=FittedTerms(compute_scale=res.compute_scale,
-                                                                  host_scale=res.host_scale)) if accepted else plat
+            accepted = res.improves
+            fitted = dataclasses.replace(plat, fitted=res.terms()) if accepted else plat
             before = _mape(test, [p.iteration_seconds for p in predict_many([r.job for r in test], plat)])
             after = _mape(test, [p.iteration_seconds for p in predict_many([r.job for r in test], fitted)])
-            label = name if not flip else " | ".join(reversed(name.split(" | ")))
-            print(f"{label:<34}{len(train):>5}{len(test):>6}{res.compute_scale:>9.3f}{res.host_scale:>7.3f}"
-                  f"{100 * before:>12.2f}%{100 * after:>7.2f}%  "
-                  + ("kept" if accepted else f"declined (LOO {100 * res.mape_before:.2f}% -> "
-                                             f"{100 * res.loo_mape_after:.2f}% on the fitted side)"))
+            label = label0 if not flip else " | ".join(reversed(label0.split(" | ")))
+            print(f"{label[:31]:<32}{len(train):>4}{len(test):>5}{_terms(res)}"
+                  f"{100 * before:>11.2f}%{100 * after:>7.2f}%  "
+                  + (f"kept (LOO {100 * res.mape_before:.2f}% -> {100 * res.loo_mape_after:.2f}%)" if accepted
+                     else f"declined (LOO {100 * res.mape_before:.2f}% -> {100 * res.loo_mape_after:.2f}%"
+                          f" ± {100 * res.loo_change_se:.2f})")
+                  + ("" if not res.identification else
+                     "; " + _why(res)))
             total += 1
-            better += after < before
-            worse += after > before
-    print(f"held-out side: better after the fit in {better} of {total} splits, worse in {worse}, "
-          f"unchanged (fit declined) in {total - better - worse}")
+            better += after < before - 1e-12
+            worse += after > before + 1e-12
+            noticeably += after > before + WORSE
+            deltas.append(after - before)
+    print(f"held-out side: better after the fit in {better} of {total} splits, worse in {worse} "
+          f"({noticeably} by more than {100 * WORSE:.1f} points), unchanged in {total - better - worse}; "
+          f"mean change {100 * sum(deltas) / max(len(deltas), 1):+.2f} points, "
+          f"worst {100 * max(deltas, default=0):+.2f}")
+    return better, worse, noticeably, total, deltas
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--platform", action="append",
+                    help="platform(s) to split (default: dgx-h100 and the paper platforms)")
+    args = ap.parse_args()
+    names = args.platform or ["dgx-h100", *PAPER_RUNS]
+    for name in names:
+        plat = dataclasses.replace(load_platform(name), fitted=None)
+        runs = (load_runs(ROOT / "benchmarks" / "data" / PAPER_RUNS[name]) if name in PAPER_RUNS
+                else list(plat.validation))
+        bench(name, runs, plat)
     return 0
 
 

@@ -67,25 +67,66 @@ MIN_FIT_RUNS = 3
 
 @dataclass(frozen=True)
 class FitResult:
-    """What ``--fit`` found: the terms on all runs, and leave-one-out MAPE before and after."""
+    """What ``--fit`` found: the factors on all runs, and leave-one-out MAPE before and after."""
 
-    compute_scale: float
-    host_scale: float
-    host_fitted: bool                 # False: fewer than 3 runs move with it (or no [host]): it stays 1
     mape_before: float                # the platform as it is, on these runs
-    loo_mape_after: float             # each run predicted by the terms fitted on the others
+    loo_mape_after: float             # each run predicted by the factors fitted on the others
     loo_predictions: list[float]      # seconds per iteration, per run
-    written: bool
-    reason: str                       # why written or not, one line
+    compute_scale: float = 1.0
+    # The host scale the fitted host factors amount to on the runs' host time (geometric mean over
+    # the runs that see the host): a summary; [fitted] holds the factors, not this.
+    host_scale: float = 1.0
+    host_layer_scale: float = 1.0
+    host_micro_batch_scale: float = 1.0
+    host_launch_scale: float = 1.0
+    host_fitted: bool = False         # False: no host factor identified (or no [host]): they stay 1
+    fitted: tuple[str, ...] = ()      # the factors fitted; the others stay 1
+    # Per factor that enough runs see: the standard deviation of its log from the runs (None:
+    # collinear with another factor, not identified); fitted when at most _MAX_STD.
+    identification: dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
+    written: bool = False
+    reason: str = ""                  # why written or not, one line
+
+    # The standard error of the mean paired change of absolute error, run by run, between the
+    # platform as it is and leave-one-out (0 when not fitted).
+    loo_change_se: float = 0.0
 
     @property
     def improves(self) -> bool:
-        return self.loo_mape_after < self.mape_before
+        """Leave-one-out beats the platform as it is by more than one standard error of the
+        paired change: a gain that a run or two more or less would undo is not a gain."""
+        return self.mape_before - self.loo_mape_after > self.loo_change_se
+
+    def terms(self, **meta: Any) -> FittedTerms:
+        """The ``[fitted]`` table these factors make (``meta``: runs, MAPEs, when, source)."""
+        return FittedTerms(compute_scale=round(self.compute_scale, 4), host_scale=1.0,
+                           host_layer_scale=round(self.host_layer_scale, 4),
+                           host_micro_batch_scale=round(self.host_micro_batch_scale, 4),
+                           host_launch_scale=round(self.host_launch_scale, 4), **meta)
+
+    def describe(self) -> str:
+        """One line: each factor, fitted or why not."""
+        parts = []
+        for f in FACTORS:
+            v = getattr(self, f)
+            if f in self.fitted:
+                parts.append(f"{_LABEL[f]} {v:.3f}")
+            elif f in self.identification:
+                std = self.identification[f]
+                parts.append(f"{_LABEL[f]} 1 (" + (
+                    "not identified: collinear with another factor on these runs)" if std is None else
+                    f"not identified: log std {std:.2f} > {_MAX_STD:.2f})" if std > _MAX_STD else
+                    "within the runs' scatter of 1)"))
+        return "; ".join(parts) or "no factor seen by enough runs"
 
     def to_dict(self) -> dict[str, Any]:
         return {"compute_scale": self.compute_scale, "host_scale": self.host_scale,
-                "host_fitted": self.host_fitted, "mape_before": self.mape_before,
-                "loo_mape_after": self.loo_mape_after, "written": self.written, "reason": self.reason}
+                "host_layer_scale": self.host_layer_scale,
+                "host_micro_batch_scale": self.host_micro_batch_scale,
+                "host_launch_scale": self.host_launch_scale, "host_fitted": self.host_fitted,
+                "fitted": list(self.fitted), "identification": dict(self.identification),
+                "mape_before": self.mape_before, "loo_mape_after": self.loo_mape_after,
+                "loo_change_se": self.loo_change_se, "written": self.written, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -117,8 +158,7 @@ class ValidationSummary:
                      f"{sum(self.inside_loo)}/{len(self.inside_loo)}")
         if self.fit is not None:
             f = self.fit
-            lines.append(f"fit: compute scale {f.compute_scale:.3f}, host scale {f.host_scale:.3f}"
-                         f"{'' if f.host_fitted else ' (not fitted: no [host] table, or fewer than 3 host-bound runs)'}; "
+            lines.append(f"fit: {f.describe()} (host time x{f.host_scale:.3f} on these runs); "
                          f"leave-one-out MAPE before {100 * f.mape_before:.2f}%, after "
                          f"{100 * f.loo_mape_after:.2f}%; {f.reason}")
         return "\n".join(lines)
@@ -190,13 +230,11 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
     if fit:
         fit_res = fit_terms(plat, all_runs, [p.iteration_seconds for p in preds])
         if fit_res.improves:
-            fitted = FittedTerms(compute_scale=round(fit_res.compute_scale, 4),
-                                 host_scale=round(fit_res.host_scale, 4),
-                                 runs=tuple(r.name for r in all_runs),
-                                 loo_mape_before=round(fit_res.mape_before, 6),
-                                 loo_mape_after=round(fit_res.loo_mape_after, 6),
-                                 fitted_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                 source=fit_source or f"perf-calibrate validate --fit on {len(all_runs)} runs")
+            fitted = fit_res.terms(runs=tuple(r.name for r in all_runs),
+                                   loo_mape_before=round(fit_res.mape_before, 6),
+                                   loo_mape_after=round(fit_res.loo_mape_after, 6),
+                                   fitted_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                   source=fit_source or f"perf-calibrate validate --fit on {len(all_runs)} runs")
             fplat = dataclasses.replace(plat, fitted=fitted)
             preds = predict_many([r.job for r in all_runs], fplat)
             recorded = [dataclasses.replace(r, predicted_iteration_seconds=p)
@@ -233,19 +271,52 @@ def _fit_reason(res: "FitResult", improves: bool, dry_run: bool) -> str:
     if res.reason:
         return res.reason
     if not improves:
-        return "not written: leave-one-out does not improve on the platform as it is"
+        return ("not written: leave-one-out does not improve on the platform as it is by more than "
+                f"one standard error of the run-by-run change ({100 * res.loo_change_se:.2f} points)")
     return "would write [fitted] (dry run)" if dry_run else "written to [fitted]"
 
 
 # ------------------------------------------------------------------------------------ fitting
+# The factors --fit may move (predictor/platform.py FittedTerms); the legacy host_scale, one scale
+# over the whole host time, is never fitted (it conflates the per-layer and per-micro-batch costs,
+# so it did not carry across depths: benchmarks/bench_fit_transfer.py).
+FACTORS = ("compute_scale", "host_layer_scale", "host_micro_batch_scale", "host_launch_scale")
+_LABEL = {"compute_scale": "compute", "host_layer_scale": "host per layer",
+          "host_micro_batch_scale": "host per micro-batch", "host_launch_scale": "host per launch"}
+# The prior on a factor: the bound FITTED_SCALE_RANGE (a factor of 2 either way) as two standard
+# deviations of its log, i.e. tau = ln(2) / 2.  A factor is fitted only when the runs pin it down,
+# on their own and with the other factors free, to within half that (one standard deviation of its
+# log at most tau / 2 = 17 %): the runs then say at least four times more about it than the prior.
+# A factor whose effect on the runs is collinear with another's (per-layer against per-micro-batch
+# cost on runs of one depth) has no such bound: both stay at 1.
+_TAU = float(np.log(FITTED_SCALE_RANGE[1])) / 2
+_MAX_STD = _TAU / 2
+# A fitted factor is kept only when it differs from 1 by at least this many of its standard errors
+# (the scatter left after the fit over its elasticities): a two-sided test at ~95 %.
+_Z = 2.0
+# The scatter of a run's log ratio that the factors cannot explain is taken as what a linearised
+# least-squares fit leaves (_identified), never below the spread of repeated steps of one run: 0.03, the
+# mean standard deviation of log step time over the shipped H100 runs' five steps
+# (benchmarks/data/h100-lent/train-family.json: mean 0.028, median 0.022).
+_NOISE_FLOOR = 0.03
+# A run "sees" a factor when doubling the factor moves its prediction by more than that spread
+# (elasticity above 0.03 / ln 2 = 0.043); below, the run says nothing about the factor (a host-bound
+# run about the compute scale, say) and is left out of the factor's loss and identification.
+_MIN_ELASTICITY = _NOISE_FLOOR / float(np.log(2.0))
+
+
 def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
               current: Optional[Sequence[float]] = None) -> FitResult:
-    """Fit ``[fitted]`` compute and host scales on ``runs``; leave-one-out MAPE before and after.
+    """Fit the ``[fitted]`` factors on ``runs``; leave-one-out MAPE before and after.
 
-    The scales replace any the platform has (they are fitted from the unscaled models).  The loss
-    is the mean squared log of predicted / measured: symmetric in over- and under-prediction, and
-    independent of a run's length.  ``current``: the platform's own predictions (as it is) of the
-    runs, when already computed.
+    The factors (:data:`FACTORS`): the compute scale and, where the platform has a ``[host]`` table,
+    the per-layer, per-micro-batch and per-launch host costs, each its own scale.  They replace any
+    the platform has (fitted from the unscaled models).  A factor is fitted only when at least
+    :data:`MIN_FIT_RUNS` runs see it and the runs identify it (:func:`_identified`); otherwise it
+    stays 1.  The loss is the mean squared log of predicted / measured over the runs a factor moves:
+    symmetric in over- and under-prediction, and independent of a run's length.  Leave-one-out
+    repeats the whole procedure (identification included) without each run.  ``current``: the
+    platform's own predictions (as it is) of the runs, when already computed.
     """
     from predictor.estimate import predict_many
     measured = np.array([r.measured_iteration_seconds for r in runs], dtype=float)
@@ -254,62 +325,149 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
         current = [p.iteration_seconds for p in predict_many([r.job for r in runs], platform)]
     before = float(np.mean(np.abs(np.asarray(current, dtype=float) / measured - 1.0)))
     if n < MIN_FIT_RUNS:
-        return FitResult(1.0, 1.0, False, before, before, list(current), False,
-                         f"not written: fitting needs at least {MIN_FIT_RUNS} runs (got {n})")
+        return FitResult(mape_before=before, loo_mape_after=before, loo_predictions=list(current),
+                         reason=f"not written: fitting needs at least {MIN_FIT_RUNS} runs (got {n})")
     base = dataclasses.replace(platform, fitted=None)
     jobs = [r.job for r in runs]
-    cache: dict[tuple[int, int], np.ndarray] = {}
+    k = len(FACTORS)
+    cache: dict[tuple[int, ...], np.ndarray] = {}
 
-    def at(ci: int, hi: int) -> np.ndarray:
-        key = (ci, hi)
-        if key not in cache:
-            plat = dataclasses.replace(base, fitted=FittedTerms(compute_scale=float(_LATTICE[ci]),
-                                                                host_scale=float(_LATTICE[hi])))
-            cache[key] = np.array([p.iteration_seconds for p in predict_many(jobs, plat)], dtype=float)
-        return cache[key]
+    def at(idx: tuple[int, ...]) -> np.ndarray:
+        if idx not in cache:
+            terms = FittedTerms(**{f: float(_LATTICE[i]) for f, i in zip(FACTORS, idx)})
+            plat = dataclasses.replace(base, fitted=terms)
+            cache[idx] = np.array([p.iteration_seconds for p in predict_many(jobs, plat)], dtype=float)
+        return cache[idx]
 
     logm = np.log(measured)
+    unit = (_ONE,) * k
+    # Elasticities d log(predicted) / d log(factor) at the unit factors, one step of ~4 % along the
+    # lattice (beyond the float noise of a tie in max()): which runs see which factor, and how.
+    step = 4
+    J = np.zeros((n, k))
+    for j, name in enumerate(FACTORS):
+        if name.startswith("host_") and platform.host is None:
+            continue
+        idx = list(unit)
+        idx[j] += step
+        J[:, j] = np.log(at(tuple(idx)) / at(unit)) / np.log(_LATTICE[_ONE + step] / _LATTICE[_ONE])
+    sees = np.abs(J) > _MIN_ELASTICITY
+    resid0 = np.log(at(unit)) - logm
 
-    def loss(ci: int, hi: int, mask: np.ndarray) -> float:
-        return float(np.mean((np.log(at(ci, hi))[mask] - logm[mask]) ** 2))
+    def loss(idx: tuple[int, ...], mask: np.ndarray) -> float:
+        return float(np.mean((np.log(at(idx))[mask] - logm[mask]) ** 2))
 
-    # Each scale is fitted only on the runs it moves at the unit scales, and only when at least
-    # MIN_FIT_RUNS runs say something about it: a host-bound run does not see the compute scale
-    # (the device waits anyway), a device-bound run not the host scale.  Fitted jointly on every
-    # run, a weakly identified scale drifts to whatever a handful of runs want and then costs the
-    # jobs unlike them (benchmarks/bench_fit_transfer.py: fitted on large models, a host scale of
-    # 1.66 took small host-bound models from 9 % to 27 % error).
-    unit = at(_ONE, _ONE)
-    step = 4               # ~4 % along the lattice: beyond the float noise of a tie in max()
-    compute_moves = np.abs(at(_ONE + step, _ONE) / unit - 1.0) > 1e-9
-    host_moves = (np.abs(at(_ONE, _ONE + step) / unit - 1.0) > 1e-9) if platform.host is not None \
-        else np.zeros(n, dtype=bool)
-    host_fitted = int(host_moves.sum()) >= MIN_FIT_RUNS
-    compute_fitted = int(compute_moves.sum()) >= MIN_FIT_RUNS
+    def descend(mask: np.ndarray, free: Sequence[int]) -> tuple[int, ...]:
+        idx = list(unit)
+        for _ in range(8):           # coordinate descent; each pass is exact on its lattice line
+            old = tuple(idx)
+            for j in free:
+                m = mask & sees[:, j]
 
-    def fit(mask: np.ndarray) -> tuple[int, int]:
-        ci, hi = _ONE, _ONE
-        cmask, hmask = mask & compute_moves, mask & host_moves
-        for _ in range(6):           # coordinate descent; each pass is exact on its lattice line
-            nci = _line_search(lambda i: loss(i, hi, cmask)) if compute_fitted and cmask.any() else _ONE
-            nhi = _line_search(lambda j: loss(nci, j, hmask)) if host_fitted and hmask.any() else _ONE
-            if (nci, nhi) == (ci, hi):
+                def along(i: int, j: int = j, m: np.ndarray = m) -> float:
+                    trial = list(idx)
+                    trial[j] = i
+                    return loss(tuple(trial), m)
+                idx[j] = _line_search(along)
+            if tuple(idx) == old:
                 break
-            ci, hi = nci, nhi
-        return ci, hi
+        return tuple(idx)
+
+    # Candidates: the factors at least MIN_FIT_RUNS of the runs see (leave-one-out keeps them).
+    cand = [j for j in range(k) if int(sees[:, j].sum()) >= MIN_FIT_RUNS]
+
+    def fit(mask: np.ndarray) -> tuple[tuple[int, ...], dict[str, float], tuple[str, ...]]:
+        # 1. Identified: the runs pin the factor down (with every other candidate free).
+        stds = _identified(J[mask], sees[mask], resid0[mask], among=cand)
+        free = [j for j, name in enumerate(FACTORS) if stds.get(name, np.inf) <= _MAX_STD]
+        # The host factors are shares of one host time: with one of them left at 1 for want of
+        # identification, the others would absorb its part (a per-layer scale fitted on runs of
+        # mostly one depth took the per-micro-batch misfit to every other depth).  All or none.
+        if any(stds.get(FACTORS[j], np.inf) > _MAX_STD for j in cand if FACTORS[j].startswith("host_")):
+            free = [j for j in free if not FACTORS[j].startswith("host_")]
+        idx = descend(mask, free)
+        # 2. Significant: the fitted factor differs from 1 by at least _Z of its standard errors
+        # with the scatter left after the fit; the others go back to 1 and the rest is refitted.
+        # A shift inside the runs' own scatter is what those runs happen to want, not the machine.
+        for _ in range(len(FACTORS)):
+            if not free:
+                break
+            post = _identified(J[mask], sees[mask], np.log(at(idx))[mask] - logm[mask],
+                               among=free)
+            keep = [j for j in free if abs(np.log(_LATTICE[idx[j]])) >= _Z * post[FACTORS[j]]]
+            if keep == free:
+                break
+            free = keep
+            idx = descend(mask, free)
+        return idx, stds, tuple(FACTORS[j] for j in free)
 
     everyone = np.ones(n, dtype=bool)
-    ci, hi = fit(everyone)
+    idx, stds, fitted = fit(everyone)
     loo = []
     for i in range(n):
         mask = everyone.copy()
         mask[i] = False
-        fci, fhi = fit(mask)
-        loo.append(float(at(fci, fhi)[i]))
-    after = float(np.mean(np.abs(np.array(loo) / measured - 1.0)))
-    log.info("fit on %d runs: compute %.3f host %.3f; %d lattice points evaluated", n,
-             _LATTICE[ci], _LATTICE[hi], len(cache))
-    return FitResult(float(_LATTICE[ci]), float(_LATTICE[hi]), host_fitted, before, after, loo, False, "")
+        fidx, _, _ = fit(mask)
+        loo.append(float(at(fidx)[i]))
+    err_after = np.abs(np.array(loo) / measured - 1.0)
+    after = float(np.mean(err_after))
+    change = np.abs(np.asarray(current, dtype=float) / measured - 1.0) - err_after
+    change_se = float(np.std(change, ddof=1) / np.sqrt(n))
+    scales = {f: float(_LATTICE[i]) for f, i in zip(FACTORS, idx)}
+    host_cols = [j for j, f in enumerate(FACTORS) if f.startswith("host_")]
+    # The host scale the fitted factors amount to on these runs: each host-bound run's host time
+    # moves by its cost shares times the factors (the elasticities are those shares).
+    hb = sees[:, host_cols].any(axis=1)
+    if hb.any() and any(f.startswith("host_") for f in fitted):
+        shares = J[hb][:, host_cols]
+        shares = shares / shares.sum(axis=1, keepdims=True)
+        eff = float(np.exp(np.mean(np.log(shares @ np.array([scales[FACTORS[j]] for j in host_cols])))))
+    else:
+        eff = 1.0
+    log.info("fit on %d runs: %s; %d lattice points evaluated", n,
+             ", ".join(f"{f} {scales[f]:.3f}" for f in FACTORS), len(cache))
+    return FitResult(mape_before=before, loo_mape_after=after, loo_predictions=loo, loo_change_se=change_se,
+                     compute_scale=scales["compute_scale"], host_scale=eff,
+                     host_layer_scale=scales["host_layer_scale"],
+                     host_micro_batch_scale=scales["host_micro_batch_scale"],
+                     host_launch_scale=scales["host_launch_scale"],
+                     host_fitted=any(f.startswith("host_") for f in fitted), fitted=fitted,
+                     identification={f: (None if not np.isfinite(v) else round(float(v), 4))
+                                     for f, v in stds.items()})
+
+
+
+def _identified(J: np.ndarray, sees: np.ndarray, resid: np.ndarray, among: Sequence[int]) -> dict[str, float]:
+    """How well the runs pin each factor down: the standard deviation of its log fitted by least
+    squares with every other candidate factor free (inf where collinear), for the candidates
+    ``among`` (factor indices) that any of the runs sees.
+
+    ``resid``: the runs' log errors (predicted / measured); the scatter is what a least-squares fit
+    of them on the candidates' elasticities leaves, per degree of freedom (never below
+    :data:`_NOISE_FLOOR`); the standard deviation of factor j is that over the norm of
+    the part of its elasticity column no combination of the other candidates' columns explains.
+    """
+    cand = [j for j in among if sees[:, j].any()]
+    out: dict[str, float] = {}
+    if not cand:
+        return out
+    rows = sees[:, cand].any(axis=1)
+    A = J[rows][:, cand]
+    # The scatter the candidates cannot explain: the residual of the least-squares fit of the log
+    # errors on the elasticities (the linearised fit), per degree of freedom left.
+    coef, *_ = np.linalg.lstsq(A, resid[rows], rcond=None)
+    dof = max(int(rows.sum()) - len(cand), 1)
+    sigma = max(float(np.sqrt(np.sum((resid[rows] - A @ coef) ** 2) / dof)), _NOISE_FLOOR)
+    for c, j in enumerate(cand):
+        col = A[:, c]
+        others = np.delete(A, c, axis=1)
+        if others.shape[1]:
+            coef, *_ = np.linalg.lstsq(others, col, rcond=None)
+            col = col - others @ coef
+        norm = float(np.linalg.norm(col))
+        # Collinear to float precision (the elasticity of a factor is a cost share, exact to ~1e-6).
+        out[FACTORS[j]] = sigma / norm if norm > 1e-4 * max(float(np.linalg.norm(A[:, c])), 1e-12) else np.inf
+    return out
 
 
 def _line_search(f: Callable[[int], float]) -> int:

@@ -695,8 +695,11 @@ def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Predic
         details.operator_spread_seconds = (spread_lo, spread_hi)
         details.interval_rule = rule.describe()
         if platform.fitted is not None:
-            details.fitted_scales = {"compute": platform.fitted.compute_scale,
-                                     "host": platform.fitted.host_scale}
+            f = platform.fitted
+            details.fitted_scales = {"compute": f.compute_scale, "host": f.host_scale,
+                                     "host_layer": f.host_layer_scale,
+                                     "host_micro_batch": f.host_micro_batch_scale,
+                                     "host_launch": f.host_launch_scale}
         warnings = list(plan.warnings)
         if not platform.calibrated:
             warnings.append(f"platform {platform.name} is uncalibrated (published specs only): "

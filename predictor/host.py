@@ -109,14 +109,20 @@ class HostCosts:
 
         ``collectives`` counts the launches beyond a plain layer's kernels (TP all-reduces);
         full recomputation issues every layer's forward a second time, in the backward.
-        ``fitted``: the platform's ``[fitted]`` terms (perf-calibrate validate --fit), if any.
+        ``fitted``: the platform's ``[fitted]`` terms (perf-calibrate validate --fit), if any: the
+        per-layer, per-micro-batch and launch costs each times its own scale, all times ``host_scale``.
         """
         layer = self.layer_seconds
         if recompute == "full":
             # Without a forward figure of its own, the whole layer bounds what the repeat adds.
             layer += self.layer_forward_seconds if self.layer_forward_seconds >= 0 else self.layer_seconds
-        seconds = layers * layer + self.micro_batch_seconds + collectives * self.launch_seconds
-        return seconds * fitted.host_scale if fitted is not None else seconds
+        if fitted is None:
+            return layers * layer + self.micro_batch_seconds + collectives * self.launch_seconds
+        # [fitted] (perf-calibrate validate --fit): each measured cost its own scale, and the one
+        # host scale of files written before the costs were fitted apart over all of it.
+        return fitted.host_scale * (layers * layer * fitted.host_layer_scale
+                                    + self.micro_batch_seconds * fitted.host_micro_batch_scale
+                                    + collectives * self.launch_seconds * fitted.host_launch_scale)
 
 
 __all__ = ["HostCosts"]

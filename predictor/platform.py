@@ -62,11 +62,20 @@ class Overheads:
 FITTED_SCALE_RANGE = (0.5, 2.0)
 
 
+# The scales of [fitted]: compute_scale on device time; host_scale (the one host scale of files
+# written before the host terms were split; new fits write 1) on the whole host issue time; and the
+# three host terms of predictor/host.py, each on its own measured cost.
+FITTED_SCALES = ("compute_scale", "host_scale", "host_layer_scale", "host_micro_batch_scale", "host_launch_scale")
+
+
 @dataclass(frozen=True)
 class FittedTerms:
     """``[fitted]``: ``compute_scale`` multiplies every operator's device time (never below its
-    roofline), ``host_scale`` the host's issue time (:mod:`predictor.host`); the rest says how they
-    were fitted (the runs, leave-one-out MAPE before and after, when)."""
+    roofline); the host's issue time (:mod:`predictor.host`) is ``host_scale`` × (``host_layer_scale`` ×
+    the per-layer cost + ``host_micro_batch_scale`` × the per-micro-batch cost +
+    ``host_launch_scale`` × the launch cost); the rest says how they were fitted (the runs,
+    leave-one-out MAPE before and after, when).  Every scale defaults to 1, so a file written
+    before the host terms were split (``host_scale`` alone) means what it meant."""
 
     compute_scale: float = 1.0
     host_scale: float = 1.0
@@ -75,6 +84,9 @@ class FittedTerms:
     loo_mape_after: float = 0.0
     fitted_at: str = ""
     source: str = ""
+    host_layer_scale: float = 1.0
+    host_micro_batch_scale: float = 1.0
+    host_launch_scale: float = 1.0
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "FittedTerms":
@@ -84,7 +96,7 @@ class FittedTerms:
         if unknown:
             raise BundleError(f"{where}: fitted.{unknown[0]}: unknown key")
         lo, hi = FITTED_SCALE_RANGE
-        for key in ("compute_scale", "host_scale"):
+        for key in FITTED_SCALES:
             v = d.get(key, 1.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
                 raise BundleError(f"{where}: fitted.{key} must be a number in [{lo}, {hi}], got {v!r}")
@@ -98,13 +110,16 @@ class FittedTerms:
         for key in ("fitted_at", "source"):
             if not isinstance(d.get(key, ""), str):
                 raise BundleError(f"{where}: fitted.{key} must be a string")
-        return cls(compute_scale=float(d.get("compute_scale", 1.0)), host_scale=float(d.get("host_scale", 1.0)),
-                   runs=tuple(runs), loo_mape_before=float(d.get("loo_mape_before", 0.0)),
+        return cls(runs=tuple(runs), loo_mape_before=float(d.get("loo_mape_before", 0.0)),
                    loo_mape_after=float(d.get("loo_mape_after", 0.0)),
-                   fitted_at=d.get("fitted_at", ""), source=d.get("source", ""))
+                   fitted_at=d.get("fitted_at", ""), source=d.get("source", ""),
+                   **{key: float(d.get(key, 1.0)) for key in FITTED_SCALES})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"compute_scale": self.compute_scale, "host_scale": self.host_scale, "runs": list(self.runs),
+        return {"compute_scale": self.compute_scale, "host_scale": self.host_scale,
+                "host_layer_scale": self.host_layer_scale,
+                "host_micro_batch_scale": self.host_micro_batch_scale,
+                "host_launch_scale": self.host_launch_scale, "runs": list(self.runs),
                 "loo_mape_before": self.loo_mape_before, "loo_mape_after": self.loo_mape_after,
                 "fitted_at": self.fitted_at, "source": self.source}
 # --- end [fitted] ---

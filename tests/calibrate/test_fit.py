@@ -91,14 +91,17 @@ def test_fit_recovers_a_host_scale_where_runs_are_host_bound(tmp_path):
     jobs = [_job(layers=4, hidden=512, heads=8, mbs=2, **small), _job(layers=4, hidden=1024, heads=8, mbs=4, **small),
             _job(layers=8, hidden=1024, heads=16, mbs=2, **small), _job(layers=16, hidden=768, heads=12, mbs=4, **small),
             _job(layers=4, hidden=4096, heads=32, mbs=2, **small), _job(layers=8, hidden=4096, heads=32, mbs=4, **small),
-            _job(layers=4, hidden=6144, heads=48, mbs=2, **small)]
-    truth = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.1, host_scale=1.4))
+            _job(layers=4, hidden=6144, heads=48, mbs=2, **small),
+            # Depths 1 and 2 tell the per-layer cost from the per-micro-batch one (all or none).
+            _job(layers=1, hidden=512, heads=8, mbs=4, **small), _job(layers=2, hidden=768, heads=12, mbs=2, **small)]
+    truth = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.1, host_layer_scale=1.4))
     preds = predict_many(jobs, truth)
     assert any(p.breakdown.host_wait_seconds > 0 for p in preds) and any(p.breakdown.host_wait_seconds == 0 for p in preds)
     res = fit_terms(base, load_runs(_runs_file(tmp_path / "r.toml", jobs, [p.iteration_seconds for p in preds])))
-    assert res.host_fitted
-    assert res.compute_scale == pytest.approx(1.1, rel=0.01) and res.host_scale == pytest.approx(1.4, rel=0.01)
-    assert res.loo_mape_after < 0.01 < res.mape_before
+    assert res.host_fitted and "host_layer_scale" in res.fitted
+    assert res.compute_scale == pytest.approx(1.1, rel=0.01) and res.host_layer_scale == pytest.approx(1.4, rel=0.01)
+    assert res.host_micro_batch_scale == pytest.approx(1.0, abs=0.03) and res.host_launch_scale == 1.0
+    assert res.loo_mape_after < 0.01 < res.mape_before and res.improves
 
 
 def test_a_scale_too_few_runs_see_is_not_fitted(tmp_path):
@@ -115,6 +118,7 @@ def test_a_scale_too_few_runs_see_is_not_fitted(tmp_path):
     assert sum(p.breakdown.host_wait_seconds > 0 for p in preds) == 1
     res = fit_terms(base, load_runs(_runs_file(tmp_path / "r.toml", jobs, [p.iteration_seconds for p in preds])))
     assert not res.host_fitted and res.host_scale == 1.0
+    assert res.host_layer_scale == res.host_micro_batch_scale == 1.0
     assert res.compute_scale == pytest.approx(1.05, rel=0.01)
 
 
@@ -170,6 +174,9 @@ def test_plain_validate_keeps_the_fitted_table(tmp_path):
 @pytest.mark.parametrize("table, needle", [
     ({"compute_scale": 3.0}, "fitted.compute_scale must be a number in [0.5, 2.0]"),
     ({"host_scale": "fast"}, "fitted.host_scale"),
+    ({"host_layer_scale": 0.1}, "fitted.host_layer_scale must be a number in [0.5, 2.0]"),
+    ({"host_micro_batch_scale": True}, "fitted.host_micro_batch_scale"),
+    ({"host_launch_scale": "x"}, "fitted.host_launch_scale"),
     ("compute_scale = nan", "fitted.compute_scale"),
     ({"link_scale": 1.0}, "fitted.link_scale: unknown key"),
     ({"runs": "all"}, "fitted.runs"),
