@@ -144,8 +144,9 @@ class QuerySet:
 
     def __init__(self, platform: Platform):
         self.platform = platform
-        # (model key, model's operator, operator, direction, precision) -> (handle, shape) rows
-        self._op_rows: dict[tuple[str, str, str, str, str], list[tuple[int, dict[str, float]]]] = defaultdict(list)
+        # (model key, model's operator, operator, direction, precision) -> (handle, shape, its feature values)
+        self._op_rows: dict[tuple[str, str, str, str, str],
+                            list[tuple[int, Mapping[str, float], tuple[float, ...]]]] = defaultdict(list)
         self._coll_rows: list[tuple[int, str, str, float, Group]] = []
         self._n = 0
         self.warnings: dict[int, list[str]] = defaultdict(list)   # handle -> warnings
@@ -188,7 +189,7 @@ class QuerySet:
             self._known[h] = hit
         else:
             self._keys[h] = key
-            self._op_rows[(model_key, model_op, name, direction, precision)].append((h, shape))
+            self._op_rows[(model_key, model_op, name, direction, precision)].append((h, shape, key[4]))
         return h
 
     def coll(self, kind: str, entries: float, group: Group, precision: str) -> int:
@@ -275,7 +276,10 @@ class QuerySet:
             op = OPERATORS[name]
             model_names = OPERATORS[model_op].features
             lm = models[model_key]
-            raws = [tuple(float(s[f]) for f in model_names) for _, s in rows]
+            # The memo key holds the operator's own features; a substitute model with other
+            # features reads its own from the shape.
+            raws = [r for _, _, r in rows] if model_names == op.features else \
+                [tuple(float(s[f]) for f in model_names) for _, s, _ in rows]
             # Rows repeat across jobs (advise's candidates share tp and micro-batch): each
             # distinct row goes to the regressor once.
             seen: dict[tuple[float, ...], int] = {}
@@ -286,14 +290,14 @@ class QuerySet:
                     distinct_rows.append(r + _PAD[len(r):])
                     distinct_keys.append(model_key)
                 gather.append(at)
-            handles.extend(h for h, _ in rows)
+            handles.extend(h for h, _, _ in rows)
             if len(rows) <= _FLOAT_ROWS:
-                for h, shape in rows:
+                for _, shape, _ in rows:
                     roofs.append(op.roofline_seconds(shape, direction, precision, gpu))
                 inside.extend(lm.row_in_range(r) for r in raws)
             else:
                 cols = np.array(raws) if model_names == op.features else \
-                    np.array([[float(s[f]) for f in op.features] for _, s in rows])
+                    np.array([r for _, _, r in rows])
                 roofs.extend(op.roofline_seconds({f: cols[:, i] for i, f in enumerate(op.features)},
                                                  direction, precision, gpu).tolist())
                 inside.extend(lm.in_range(np.array(raws)).tolist())
@@ -416,7 +420,10 @@ class _Term:
         return self
 
     def extend(self, other: "_Term", count: float = 1.0) -> "_Term":
-        self.parts.extend((h, c * count) for h, c in other.parts)
+        if count == 1.0:
+            self.parts.extend(other.parts)
+        else:
+            self.parts.extend([(h, c * count) for h, c in other.parts])
         return self
 
 
