@@ -53,39 +53,35 @@ def _traffic(kind: str, entries: np.ndarray, n: np.ndarray, bytes_per_entry: flo
     raise ValueError(f"unknown collective {kind!r}")
 
 
-def collective_seconds(links: Links, kind: str, entries, nodes, gpus_per_node,
-                       bytes_per_entry: float = 2.0) -> np.ndarray:
-    """Ring-model time of a collective over ``nodes`` × ``gpus_per_node`` ranks (vectorised).
+def ring_seconds(links: Links, kind: str, entries: float, nodes: float, gpus_per_node: float,
+                 bytes_per_entry: float = 2.0) -> float:
+    """Ring-model time of one collective over ``nodes`` × ``gpus_per_node`` ranks, in plain floats
+    (a prediction costs a few collectives; numpy's per-call cost would be most of the time).
 
     p2p between two ranks is intra-node when nodes == 1, else one adapter's bandwidth.
     """
-    entries = np.asarray(entries, dtype=float)
-    nodes = np.broadcast_to(np.asarray(nodes, dtype=float), entries.shape)
-    gpn = np.broadcast_to(np.asarray(gpus_per_node, dtype=float), entries.shape)
-    n = nodes * gpn if kind != "p2p" else np.full(entries.shape, 2.0)
-    sent, steps = _traffic(kind, entries, n, bytes_per_entry)
-    inter = nodes > 1
-    adapters = np.where(kind == "p2p", 1.0, np.minimum(gpn, links.nics_per_node))
-    bw = np.where(inter, np.minimum(links.intra_gbps, links.nic_gbps * adapters), links.intra_gbps) * 1e9
-    lat = np.where(inter, links.inter_latency_us, links.intra_latency_us) * 1e-6
-    out = sent / bw + steps * lat
-    return np.where(n <= 1, 0.0, out)
-
-
-def ring_seconds(links: Links, kind: str, entries: float, nodes: float, gpus_per_node: float,
-                 bytes_per_entry: float = 2.0) -> float:
-    """:func:`collective_seconds` of one collective, in plain floats (a prediction costs a few
-    collectives; numpy's per-call cost would be most of the time)."""
     n = nodes * gpus_per_node if kind != "p2p" else 2.0
+    sent, steps = _traffic(kind, float(entries), n, bytes_per_entry)     # (refuses an unknown kind)
     if n <= 1:
         return 0.0
-    sent, steps = _traffic(kind, float(entries), n, bytes_per_entry)
     if nodes > 1:
         adapters = 1.0 if kind == "p2p" else min(float(gpus_per_node), float(links.nics_per_node))
         bw, lat = min(links.intra_gbps, links.nic_gbps * adapters) * 1e9, links.inter_latency_us * 1e-6
     else:
         bw, lat = links.intra_gbps * 1e9, links.intra_latency_us * 1e-6
     return sent / bw + steps * lat
+
+
+def collective_seconds(links: Links, kind: str, entries, nodes, gpus_per_node,
+                       bytes_per_entry: float = 2.0) -> np.ndarray:
+    """:func:`ring_seconds` of many collectives (arrays, broadcast): the one ring model, so that
+    what the collective regressors were fitted against is what a prediction scales."""
+    entries = np.asarray(entries, dtype=float)
+    nodes = np.broadcast_to(np.asarray(nodes, dtype=float), entries.shape)
+    gpn = np.broadcast_to(np.asarray(gpus_per_node, dtype=float), entries.shape)
+    out = [ring_seconds(links, kind, e, a, g, bytes_per_entry)
+           for e, a, g in zip(entries.ravel().tolist(), nodes.ravel().tolist(), gpn.ravel().tolist())]
+    return np.array(out, dtype=float).reshape(entries.shape)
 
 
 SMALL_MESSAGE_BYTES = 4 << 20
