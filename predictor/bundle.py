@@ -36,7 +36,7 @@ import numpy as np
 
 from .errors import BundleError
 from .network import Links
-from .operators import OPERATORS, GpuSpec
+from .operators import OPERATORS, GpuSpec, log2_features
 from .trees import Forest, ForestError, TreeTable
 
 if sys.version_info >= (3, 11):
@@ -93,7 +93,7 @@ def collective_features(entries: "np.ndarray | float", nodes: "np.ndarray | floa
     # Filled column by column: called for every collective of every prediction, and
     # np.column_stack of broadcast views costs more than the arithmetic.
     out = np.empty((len(e), 3))
-    out[:, 0] = np.log2(np.maximum(e, 1.0))
+    out[:, 0] = log2_features(e)
     out[:, 1] = nodes
     out[:, 2] = gpn
     return out
@@ -176,11 +176,13 @@ class Bundle:
                 continue
             corner = [float(v) for v in lm.info.feature_min]
             keys.append(key)
-            rows.append(corner + [1.0] * (7 - len(corner)))
+            rows.append(corner)
             roofs.append(op.roofline_seconds(dict(zip(op.features, corner)), direction, precision, self.gpu))
         if not keys:
             return 0.0
-        ratios = self.ratios_rows(keys, np.log2(np.maximum(np.array(rows), 1.0)))
+        width = max(map(len, rows))        # one matrix; a model never reads past its own features
+        X = log2_features([r + [1.0] * (width - len(r)) for r in rows])
+        ratios = self.ratios_rows(keys, X)
         return float(np.min(ratios * np.asarray(roofs)))
 
     def ratios_rows(self, keys: "Sequence[str]", X: np.ndarray) -> np.ndarray:

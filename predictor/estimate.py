@@ -31,7 +31,7 @@ from .errors import BundleError
 from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
 from .network import ring_seconds
-from .operators import BYTES_PER_ELEMENT, OPERATORS
+from .operators import BYTES_PER_ELEMENT, OPERATORS, log2_features
 from .platform import Platform
 
 # An operator without samples is costed with a physically close one (its efficiency, at the
@@ -164,18 +164,22 @@ class QuerySet:
         asked, self._by_plan = list(self._by_plan), {}
         return asked
 
-    def _handle(self) -> int:
-        self._n += 1
-        return self._n - 1
+    def _ask(self, key: tuple) -> tuple[int, bool]:
+        """The handle of a question (memo key), and whether this set is asked it for the first
+        time; either way it counts as asked by the current job (:meth:`take_asked`)."""
+        h = self._asked.get(key)
+        new = h is None
+        if new:
+            h = self._asked[key] = self._n
+            self._n += 1
+        self._by_plan[h] = None
+        return h, new
 
     def op(self, name: str, direction: str, precision: str, shape: Mapping[str, float]) -> int:
         key = ("op", name, direction, precision, tuple(float(shape[f]) for f in OPERATORS[name].features))
-        h = self._asked.get(key)
-        if h is not None:         # asked before in this set (another stage, another candidate)
-            self._by_plan[h] = None
+        h, new = self._ask(key)
+        if not new:               # asked before in this set (another stage, another candidate)
             return h
-        h = self._asked[key] = self._handle()
-        self._by_plan[h] = None
         self._names[h] = name
         rkey = ("resolve", name, direction, precision)
         resolved = self._memo.get(rkey)
@@ -194,12 +198,9 @@ class QuerySet:
 
     def coll(self, kind: str, entries: float, group: Group, precision: str) -> int:
         key = ("coll", kind, precision, float(entries), group.nodes, group.gpus_per_node)
-        h = self._asked.get(key)
-        if h is not None:
-            self._by_plan[h] = None
+        h, new = self._ask(key)
+        if not new:
             return h
-        h = self._asked[key] = self._handle()
-        self._by_plan[h] = None
         self._names[h] = kind
         hit = self._memo.get(key)
         if hit is not None:
@@ -296,17 +297,14 @@ class QuerySet:
                     roofs.append(op.roofline_seconds(shape, direction, precision, gpu))
                 inside.extend(lm.row_in_range(r) for r in raws)
             else:
-                cols = np.array(raws) if model_names == op.features else \
-                    np.array([r for _, _, r in rows])
+                cols = np.array([r for _, _, r in rows])     # the operator's own features
                 roofs.extend(op.roofline_seconds({f: cols[:, i] for i, f in enumerate(op.features)},
                                                  direction, precision, gpu).tolist())
                 inside.extend(lm.in_range(np.array(raws)).tolist())
             p90.extend([lm.info.validation_p90] * len(rows))
             calls.extend([host.call_seconds(model_op, direction) if host is not None else 0.0] * len(rows))
-        # The regressors read log2 of the shape (predictor.operators.regressor_features).
-        X = np.log2(np.maximum(np.array(distinct_rows), 1.0))
         roof = np.asarray(roofs)
-        t = plat.compute.ratios_rows(distinct_keys, X)[np.asarray(gather)] * roof
+        t = plat.compute.ratios_rows(distinct_keys, log2_features(distinct_rows))[np.asarray(gather)] * roof
         inside_a = np.asarray(inside, dtype=bool)
         if not inside_a.all():
             # Outside the sampled range the ratio is held at the edge: below it, a launch floor
@@ -442,8 +440,6 @@ class _JobPlan:
     cp_ring: Optional[tuple[_Term, _Term, _Term, _Term]] = None
     sizes: list[int] = field(default_factory=list)          # layers per stage
     handles: list[int] = field(default_factory=list)        # every handle the job asked for, in order
-    # Filled by _term_values: (handles, terms × handles weights).
-    matrix: Optional[tuple[np.ndarray, np.ndarray]] = None
 
 
 def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
@@ -591,20 +587,16 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
 def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
     """Every term of ``plan`` at each column of ``secs`` (handles × columns): one matrix product,
     then plain floats (the timeline below is a few dozen scalar steps)."""
-    if plan.matrix is None:
-        terms = [t for ts in (plan.stage_fwd, plan.stage_bwd, plan.stage_dp, plan.stage_update) for t in ts]
-        terms += [t for pair in plan.mp_comm for t in pair] + [t for pair in plan.p2p for t in pair]
-        terms += list(plan.cp_ring or ())
-        where: dict[int, int] = {}
-        for t in terms:
-            for h, _ in t.parts:
-                where.setdefault(h, len(where))
-        weights = [[0.0] * len(where) for _ in terms]
-        for row, t in zip(weights, terms):
-            for h, c in t.parts:
-                row[where[h]] += c
-        plan.matrix = (np.fromiter(where, dtype=int, count=len(where)), np.array(weights).reshape(len(terms), -1))
-    hs, weights = plan.matrix
+    terms = [t for ts in (plan.stage_fwd, plan.stage_bwd, plan.stage_dp, plan.stage_update) for t in ts]
+    terms += [t for pair in plan.mp_comm for t in pair] + [t for pair in plan.p2p for t in pair]
+    terms += list(plan.cp_ring or ())
+    # Columns: the handles the job asked for (every term's handles are among them).
+    where = {h: j for j, h in enumerate(plan.handles)}
+    weights = np.zeros((len(terms), len(where)))
+    for i, t in enumerate(terms):
+        for h, c in t.parts:
+            weights[i, where[h]] += c
+    hs = np.asarray(plan.handles, dtype=int)
     return (weights @ secs[hs]).T.tolist()
 
 

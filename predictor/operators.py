@@ -158,11 +158,16 @@ def operator(name: str) -> Operator:
         raise KeyError(f"unknown operator {name!r}; known: {', '.join(sorted(OPERATORS))}") from None
 
 
+def log2_features(raw: np.ndarray) -> np.ndarray:
+    """Shape values as the regressors read them: log2, with sizes below 1 read as 1."""
+    return np.log2(np.maximum(np.asarray(raw, dtype=float), 1.0))
+
+
 def regressor_features(op: Operator, shape: Shape) -> np.ndarray:
     """The regressors' input: log2 of each shape feature (rows × features).
 
     Logs make the trees split on ratios of sizes, which is how GEMM tiling and wave quantisation
     behave; raw values would leave large shapes in one bucket.
     """
-    cols = [np.log2(np.maximum(np.asarray(shape[f], dtype=float), 1.0)) for f in op.features]
+    cols = [log2_features(shape[f]) for f in op.features]
     return np.column_stack(cols)
