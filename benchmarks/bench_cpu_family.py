@@ -422,17 +422,23 @@ def _predicted_ops(j, plat) -> dict:
     return out
 
 
+def job_named(name: str) -> "dict | None":
+    """The family's job called ``name``; None, having said which names there are, if none is."""
+    jobs = {name_of(j): j for j in family()}
+    if name not in jobs:
+        print(f"unknown job {name!r}; one of: {', '.join(jobs)}", file=sys.stderr)
+    return jobs.get(name)
+
+
 def parts(args) -> int:
     import torch.multiprocessing as mp
 
     from calibrate.collectives import free_port
     from predictor import TrainingJob, predict
 
-    jobs = {name_of(j): j for j in family()}
-    if args.parts not in jobs:
-        print(f"unknown job {args.parts!r}; one of: {', '.join(jobs)}", file=sys.stderr)
+    j = job_named(args.parts)
+    if j is None:
         return 2
-    j = jobs[args.parts]
     world = j["layout"]["dp"]
     threads = THREADS
     ctx = mp.get_context("spawn")
@@ -585,11 +591,10 @@ def concurrent_slowdown(job_dict: dict, *, rounds: int = 6, per_phase: int = 3, 
 
 
 def contention(args) -> int:
-    jobs = {name_of(j): j for j in family()}
-    if args.contention not in jobs:
-        print(f"unknown job {args.contention!r}; one of: {', '.join(jobs)}", file=sys.stderr)
+    j = job_named(args.contention)
+    if j is None:
         return 2
-    r = concurrent_slowdown(jobs[args.contention], rounds=args.rounds)
+    r = concurrent_slowdown(j, rounds=args.rounds)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0

@@ -418,7 +418,8 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
     # The host scale the fitted factors amount to on these runs: each host-bound run's host time
     # moves by its cost shares times the factors (the elasticities are those shares).
     hb = sees[:, host_cols].any(axis=1)
-    if hb.any() and any(f.startswith("host_") for f in fitted):
+    host_fitted = any(f.startswith("host_") for f in fitted)
+    if hb.any() and host_fitted:
         shares = J[hb][:, host_cols]
         shares = shares / shares.sum(axis=1, keepdims=True)
         eff = float(np.exp(np.mean(np.log(shares @ np.array([scales[FACTORS[j]] for j in host_cols])))))
@@ -431,10 +432,9 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
                      host_layer_scale=scales["host_layer_scale"],
                      host_micro_batch_scale=scales["host_micro_batch_scale"],
                      host_launch_scale=scales["host_launch_scale"],
-                     host_fitted=any(f.startswith("host_") for f in fitted), fitted=fitted,
+                     host_fitted=host_fitted, fitted=fitted,
                      identification={f: (None if not np.isfinite(v) else round(float(v), 4))
                                      for f, v in stds.items()})
-
 
 
 def _identified(J: np.ndarray, sees: np.ndarray, resid: np.ndarray, among: Sequence[int]) -> dict[str, float]:
