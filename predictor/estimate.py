@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from .bundle import collective_features
-from .recipe import (Group, groups, micro_batch_recipe, stage_layers, stage_parameter_counts,
+from .recipe import (Group, groups, micro_batch_recipe, pipeline_sends, stage_layers, stage_parameter_counts,
                      total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError
@@ -504,7 +504,12 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     for c in recipe.head:
         last_fwd.add(op(c.name, "fwd", **c.shape), c.count)
         last_bwd.add(op(c.name, "bwd", **c.shape), c.count)
-    p2p_h = q.coll("p2p", recipe.p2p_entries, grp["pp"], prec) if lay.pp > 1 else None
+    p2p_h = gather_h = None
+    if lay.pp > 1:
+        sends = pipeline_sends(m, lay, job.run.framework)
+        p2p_h = q.coll("p2p", sends.send_entries, grp["pp"], prec)
+        if sends.gather_entries:
+            gather_h = q.coll("allgather", sends.gather_entries, grp["tp"], prec)
     sizes = stage_layers(m, lay)
     params = stage_parameter_counts(m, lay)
     v = lay.virtual_stages
@@ -529,6 +534,14 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                 pf.add(p2p_h, v)
             if i > 0 or v > 1:
                 pb.add(p2p_h, v)
+        if gather_h is not None:
+            # DeepSpeed's engine (no interleaving): the receiver all-gathers the TP shards of the
+            # activation before its forward (all but the first stage) and of the gradient before
+            # its backward (all but the last).
+            if i > 0:
+                pf.add(gather_h)
+            if i < lay.pp - 1:
+                pb.add(gather_h)
         f.extend(pf)
         b.extend(pb)
         stage_fwd.append(f)

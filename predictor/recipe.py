@@ -554,11 +554,46 @@ def micro_batch_recipe(model: ModelSpec, layout: Layout) -> MicroBatchRecipe:
     head = (call(model.norm, tokens=norm_tokens, dim=h),
             call("linear_final", m=tokens, k=h, n=vpr),
             call("cross_entropy", tokens=tokens, vocab=vpr))
-    # DeepSpeed's pipeline engine (GPT-NeoX) sends the whole activation from every TP rank; only
-    # with sequence parallelism is each rank's slice 1/tp of it.
+    # The tensor a stage hands the next: the whole activation on every TP rank, 1/tp of it under
+    # sequence parallelism.  How the framework sends it is pipeline_sends'.
     p2p = tokens * h / tp if sp else tokens * h
     return MicroBatchRecipe(tokens, tuple(layer), embedding, head, tokens * h, p2p,
                             2 * tokens * kvpg * d, vpr * h)
+
+
+# Frameworks whose pipeline runs on DeepSpeed's PipelineEngine.
+DEEPSPEED_PIPELINE_FRAMEWORKS = ("neox", "deepspeed", "megatron-deepspeed")
+
+
+@dataclass(frozen=True)
+class PipelineSends:
+    """What one TP rank moves to hand a micro-batch's tensor (activation or gradient) to the next
+    stage: a p2p send of ``send_entries``, then, where ``gather_entries`` > 0, an all-gather over the
+    receiver's TP group of shards of that size (before the receiver can use the tensor)."""
+
+    send_entries: float
+    gather_entries: float
+
+
+def pipeline_sends(model: ModelSpec, layout: Layout, framework: str = "") -> PipelineSends:
+    """How the framework passes tensors between pipeline stages.
+
+    DeepSpeed's ``PipelineEngine`` (GPT-NeoX, DeepSpeed, Megatron-DeepSpeed) partitions what it
+    sends over the tensor-parallel group when tp > 1 (``pipe_partitioned`` / ``grad_partitioned``,
+    both on by default: ``is_model_parallel``): each TP rank sends 1/tp of the tensor, and the
+    receiving stage rebuilds it with ``PartitionedTensor.full()``, an all-gather over its TP group,
+    before its forward (activations) or backward (gradients).  Megatron-core (Megatron-LM, NeMo)
+    and TorchTitan send the whole tensor from every TP rank (1/tp of it under sequence
+    parallelism, as :func:`micro_batch_recipe` has it).  A job that names no framework follows its
+    split rule: ``pipe_split = "megatron"`` is Megatron's, the DeepSpeed rules DeepSpeed's.
+    """
+    tensor = micro_batch_recipe(model, layout).p2p_entries
+    deepspeed = (framework in DEEPSPEED_PIPELINE_FRAMEWORKS if framework
+                 else layout.pipe_split != "megatron")
+    if deepspeed and layout.tp > 1:
+        shard = tensor / layout.tp
+        return PipelineSends(shard, shard)
+    return PipelineSends(tensor, 0.0)
 
 
 def model_flops_per_iteration(model: ModelSpec, layout: Layout) -> float:

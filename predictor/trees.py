@@ -48,6 +48,8 @@ MAX_HEADER_BYTES = 16 << 20
 # numpy has no 16-byte record type that gathers as fast as a native one; complex128 is 16 bytes,
 # and ``take`` copies its bits unchanged (no arithmetic ever touches it as a complex number).
 _RECORD = np.dtype("<c16")
+_WORD_LOW = np.dtype("<i4")                  # a record read as four int32s: word 1 is the third
+MAX_NODES = 1 << (31 - FEATURE_BITS)         # so that every word (next << 3 | feature) is < 2**31
 
 
 class ForestError(ValueError):
@@ -184,7 +186,7 @@ class Forest:
         if records.dtype != _RECORD or records.ndim != 1:
             raise ForestError("node records must be a flat array of 16-byte records")
         self.records = records
-        self.roots = np.ascontiguousarray(roots, dtype=np.intp)
+        self.roots = np.ascontiguousarray(roots, dtype=np.int32)
         self.models = list(models)
         self._validate()
         self._keys = {m.key: i for i, m in enumerate(self.models)}
@@ -209,6 +211,8 @@ class Forest:
         milliseconds.
         """
         n = len(self.records)
+        if n > MAX_NODES:
+            raise ForestError(f"{n} nodes; a forest holds at most {MAX_NODES}")
         words = self.records.view(np.int64)[1::2]
         if n:
             last = (n - 1) << FEATURE_BITS
@@ -376,9 +380,10 @@ class Forest:
             out[order] = self._base[mods]
             return out
         unit = np.repeat(np.arange(n_units, dtype=np.intp), per_unit)              # unit per pair
+        # int32 throughout the walk (a third faster than int64): every index fits, see _validate.
         node = self.roots[np.arange(n_pairs, dtype=np.intp)
                           + np.repeat(self._first_tree[mods] - (ends - per_unit), per_unit)]
-        rowbase = unit << FEATURE_BITS
+        rowbase = (unit << FEATURE_BITS).astype(np.int32)
         flat = X_all.ravel()
         records = self.records
         depths, prefix = self._depth[mods].tolist(), ends.tolist()
@@ -390,7 +395,8 @@ class Forest:
             k = prefix[j - 1]
             nd = node[:k]
             rec = records.take(nd)
-            word = rec.view(np.int64)[1::2]
+            # word 1's low half (little-endian): the whole word, as every word is < 2**31
+            word = rec.view(_WORD_LOW)[2::4]
             x = flat.take(rowbase[:k] + (word & LEAF_FEATURE))
             np.add(word >> FEATURE_BITS, x < rec.real, out=nd)
         # bincount adds each unit's leaves in pair order: tree by tree, as the libraries do; the

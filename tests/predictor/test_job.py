@@ -92,3 +92,24 @@ def test_iterations_from_samples_and_tokens():
 def test_float_integers_from_configs_accepted():
     job = TrainingJob.from_dict(with_("model", layers=8.0))
     assert job.model.layers == 8 and isinstance(job.model.layers, int)
+
+
+@pytest.mark.parametrize("framework, rule", [("megatron", "megatron"), ("nemo", "megatron"),
+                                             ("torchtitan", "megatron"), ("neox", "neox"),
+                                             ("megatron-deepspeed", "neox"), ("", "neox")])
+def test_a_framework_without_a_split_rule_gets_its_own(framework, rule):
+    job = TrainingJob.from_dict(with_("run", framework=framework))
+    assert job.layout.pipe_split == rule
+    # An explicit rule wins, and a job written out keeps the rule it had.
+    explicit = with_("run", framework=framework)
+    explicit["layout"]["pipe_split"] = "deepspeed_uniform"
+    assert TrainingJob.from_dict(explicit).layout.pipe_split == "deepspeed_uniform"
+    assert TrainingJob.from_dict(job.to_dict()) == job
+
+
+def test_megatrons_rule_refuses_what_megatron_refuses_naming_pp():
+    bad = with_("run", framework="megatron")
+    bad["model"]["layers"] = 9                       # 9 layers over pp = 2: Megatron refuses
+    with pytest.raises(JobError) as err:
+        TrainingJob.from_dict(bad)
+    assert err.value.key == "layout.pp"

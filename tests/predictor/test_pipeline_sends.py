@@ -1,0 +1,83 @@
+"""How a framework passes tensors between pipeline stages (predictor.recipe.pipeline_sends)."""
+from __future__ import annotations
+
+import pytest
+
+from predictor import TrainingJob, predict
+from predictor.estimate import QuerySet, _plan
+from predictor.recipe import pipeline_sends
+
+from .conftest import make_job
+
+TOKENS_X_HIDDEN = 4 * 2048 * 6144         # micro-batch 4, seq 2048, hidden 6144
+
+
+def _job(framework: str = "", **layout) -> TrainingJob:
+    job = make_job(**layout)
+    return TrainingJob.from_dict({**job.to_dict(), "run": {"train_iters": 100, "framework": framework}})
+
+
+@pytest.mark.parametrize("framework", ["neox", "deepspeed", "megatron-deepspeed"])
+def test_deepspeeds_engine_sends_a_tp_shard_and_the_receiver_gathers_it(framework):
+    job = _job(framework, tp=4)
+    s = pipeline_sends(job.model, job.layout, framework)
+    assert s.send_entries == TOKENS_X_HIDDEN / 4
+    assert s.gather_entries == TOKENS_X_HIDDEN / 4      # an all-gather's entries: one rank's shard
+
+
+@pytest.mark.parametrize("framework", ["megatron", "nemo", "torchtitan"])
+def test_megatron_core_sends_the_whole_tensor_from_every_tp_rank(framework):
+    job = _job(framework, tp=4, pipe_split="megatron")
+    s = pipeline_sends(job.model, job.layout, framework)
+    assert (s.send_entries, s.gather_entries) == (TOKENS_X_HIDDEN, 0.0)
+    sp = _job(framework, tp=4, pipe_split="megatron", sequence_parallel=True)
+    s = pipeline_sends(sp.model, sp.layout, framework)
+    assert (s.send_entries, s.gather_entries) == (TOKENS_X_HIDDEN / 4, 0.0)
+
+
+def test_a_job_that_names_no_framework_follows_its_split_rule():
+    ds = _job("", tp=4)                                  # pipe_split "neox", the default
+    mg = _job("", tp=4, pipe_split="megatron")
+    assert pipeline_sends(ds.model, ds.layout).gather_entries == TOKENS_X_HIDDEN / 4
+    assert pipeline_sends(mg.model, mg.layout).gather_entries == 0.0
+
+
+def test_without_tensor_parallelism_there_is_nothing_to_partition():
+    job = _job("neox", tp=1, dp=32)
+    s = pipeline_sends(job.model, job.layout, "neox")
+    assert (s.send_entries, s.gather_entries) == (TOKENS_X_HIDDEN, 0.0)
+
+
+def _asked(job, plat):
+    q = QuerySet(plat)
+    _plan(job, plat, q)
+    return {(kind, entries, group.nodes, group.gpus_per_node)
+            for _, kind, _, entries, group in q._coll_rows}
+
+
+def test_the_prediction_costs_the_shard_send_and_the_tp_all_gather(perlmutter):
+    ds = _asked(_job("neox", tp=4), perlmutter)
+    mg = _asked(_job("megatron", tp=4, pipe_split="megatron"), perlmutter)
+    # tp = 4 inside one Perlmutter node; the stages span nodes.
+    assert ("p2p", TOKENS_X_HIDDEN / 4, 2, 1) in ds
+    assert ("allgather", TOKENS_X_HIDDEN / 4, 1, 4) in ds
+    assert ("p2p", TOKENS_X_HIDDEN, 2, 1) in mg
+    assert not any(kind == "allgather" and nodes == 1 and gpn == 4 for kind, _, nodes, gpn in mg)
+
+
+def test_first_and_last_stage_gather_only_what_they_receive(perlmutter):
+    job = _job("neox", tp=4)
+    plan = _plan(job, perlmutter, QuerySet(perlmutter))
+    # Stage 0 receives no activation but a gradient; the last stage the reverse; the middle both.
+    sends_f = [len(pf.parts) for pf, _ in plan.p2p]
+    sends_b = [len(pb.parts) for _, pb in plan.p2p]
+    assert sends_f == [1, 2, 2, 1]       # send forward (all but last) + gather (all but first)
+    assert sends_b == [1, 2, 2, 1]       # send backward (all but first) + gather (all but last)
+
+
+def test_partitioning_changes_the_pipeline_part_only(perlmutter):
+    ds = predict(_job("neox", tp=4, pipe_split="megatron"), perlmutter)
+    mg = predict(_job("megatron", tp=4, pipe_split="megatron"), perlmutter)
+    assert ds.breakdown.pp_p2p_seconds != mg.breakdown.pp_p2p_seconds
+    assert ds.breakdown.tp_allreduce_seconds == pytest.approx(mg.breakdown.tp_allreduce_seconds)
+    assert ds.breakdown.gradient_reduce_seconds == pytest.approx(mg.breakdown.gradient_reduce_seconds)
