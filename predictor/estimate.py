@@ -24,8 +24,8 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from .bundle import collective_features
-from .recipe import (Group, groups, micro_batch_recipe, pipeline_sends, stage_layers, stage_parameter_counts,
-                     total_parameters)
+from .recipe import (Group, gradient_reduction, groups, micro_batch_recipe, pipeline_sends, stage_layers,
+                     stage_parameter_counts, total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError
 from .interval import IntervalRule, interval_seconds
@@ -557,7 +557,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         red, upd = _Term(), _Term()
         shard = n_params / dp if (dp > 1 and zero >= 1) else n_params
         if dp > 1:
-            kind = "allreduce" if zero <= 1 else "reduce_scatter"
+            kind = gradient_reduction(lay, job.run.framework)
             full, rest = divmod(n_params, REDUCE_BUCKET_ENTRIES)
             if full:
                 red.add(q.coll(kind, REDUCE_BUCKET_ENTRIES, dp_group, prec), full)

@@ -565,6 +565,32 @@ def micro_batch_recipe(model: ModelSpec, layout: Layout) -> MicroBatchRecipe:
 DEEPSPEED_PIPELINE_FRAMEWORKS = ("neox", "deepspeed", "megatron-deepspeed")
 
 
+def runs_deepspeed_engine(layout: Layout, framework: str = "") -> bool:
+    """Whether the job trains under DeepSpeed's engine (GPT-NeoX, DeepSpeed, Megatron-DeepSpeed)
+    rather than Megatron-core's (Megatron-LM, NeMo) or TorchTitan's.  A job that names no
+    framework follows its split rule: ``pipe_split = "megatron"`` is Megatron's."""
+    if framework:
+        return framework in DEEPSPEED_PIPELINE_FRAMEWORKS
+    return layout.pipe_split != "megatron"
+
+
+def gradient_reduction(layout: Layout, framework: str = "") -> str:
+    """The collective that reduces gradients over data parallelism.
+
+    ZeRO-2/3 reduce-scatter.  Megatron's distributed optimizer (``--use-distributed-optimizer``,
+    which the launch readers take as ZeRO-1) reduce-scatters its gradient buffer in one collective,
+    each rank keeping the shard it updates.  DeepSpeed's ZeRO-1 reduces bucket by bucket, one
+    ``reduce`` to each partition's owner, costed as the all-reduce of the paper's model, which its
+    GPT-NeoX runs were fitted next to (docs/modelling.md §3).  Both then all-gather the updated
+    parameters.
+    """
+    if layout.zero_stage >= 2:
+        return "reduce_scatter"
+    if layout.zero_stage == 1 and not runs_deepspeed_engine(layout, framework):
+        return "reduce_scatter"
+    return "allreduce"
+
+
 @dataclass(frozen=True)
 class PipelineSends:
     """What one TP rank moves to hand a micro-batch's tensor (activation or gradient) to the next
@@ -588,9 +614,7 @@ def pipeline_sends(model: ModelSpec, layout: Layout, framework: str = "") -> Pip
     split rule: ``pipe_split = "megatron"`` is Megatron's, the DeepSpeed rules DeepSpeed's.
     """
     tensor = micro_batch_recipe(model, layout).p2p_entries
-    deepspeed = (framework in DEEPSPEED_PIPELINE_FRAMEWORKS if framework
-                 else layout.pipe_split != "megatron")
-    if deepspeed and layout.tp > 1:
+    if runs_deepspeed_engine(layout, framework) and layout.tp > 1:
         shard = tensor / layout.tp
         return PipelineSends(shard, shard)
     return PipelineSends(tensor, 0.0)

@@ -5,7 +5,7 @@ import pytest
 
 from predictor import TrainingJob, predict
 from predictor.estimate import QuerySet, _plan
-from predictor.recipe import pipeline_sends
+from predictor.recipe import gradient_reduction, pipeline_sends
 
 from .conftest import make_job
 
@@ -76,8 +76,24 @@ def test_first_and_last_stage_gather_only_what_they_receive(perlmutter):
 
 
 def test_partitioning_changes_the_pipeline_part_only(perlmutter):
-    ds = predict(_job("neox", tp=4, pipe_split="megatron"), perlmutter)
-    mg = predict(_job("megatron", tp=4, pipe_split="megatron"), perlmutter)
+    # ZeRO-0: both all-reduce their gradients (gradient_reduction below).
+    ds = predict(_job("neox", tp=4, pipe_split="megatron", zero_stage=0), perlmutter)
+    mg = predict(_job("megatron", tp=4, pipe_split="megatron", zero_stage=0), perlmutter)
     assert ds.breakdown.pp_p2p_seconds != mg.breakdown.pp_p2p_seconds
     assert ds.breakdown.tp_allreduce_seconds == pytest.approx(mg.breakdown.tp_allreduce_seconds)
     assert ds.breakdown.gradient_reduce_seconds == pytest.approx(mg.breakdown.gradient_reduce_seconds)
+
+
+@pytest.mark.parametrize("framework, zero, kind", [
+    ("megatron", 1, "reduce_scatter"), ("nemo", 1, "reduce_scatter"), ("megatron", 0, "allreduce"),
+    ("neox", 1, "allreduce"), ("megatron-deepspeed", 1, "allreduce"), ("neox", 2, "reduce_scatter"),
+    ("", 1, "allreduce")])
+def test_gradient_reduction_follows_the_framework(framework, zero, kind, perlmutter):
+    split = "megatron" if framework in ("megatron", "nemo") else "neox"
+    # DeepSpeed refuses ZeRO-2 with a pipeline: one stage, the same 8 × 1 dp group.
+    pp = 1 if zero >= 2 else 4
+    job = _job(framework, zero_stage=zero, pipe_split=split, pp=pp, dp=8)
+    assert gradient_reduction(job.layout, framework) == kind
+    # ... and is what the prediction asks the collective models for, over the dp group.
+    kinds = {k for k, _, nodes, gpn in _asked(job, perlmutter) if (nodes, gpn) == (8, 1)}
+    assert kind in kinds and ({"allreduce", "reduce_scatter"} - {kind}).isdisjoint(kinds)
