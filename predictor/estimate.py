@@ -506,7 +506,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         last_bwd.add(op(c.name, "bwd", **c.shape), c.count)
     p2p_h = gather_h = None
     if lay.pp > 1:
-        sends = pipeline_sends(m, lay, job.run.framework)
+        sends = pipeline_sends(recipe, lay, job.run.framework)
         p2p_h = q.coll("p2p", sends.send_entries, grp["pp"], prec)
         if sends.gather_entries:
             gather_h = q.coll("allgather", sends.gather_entries, grp["tp"], prec)

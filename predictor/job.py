@@ -51,9 +51,11 @@ PIPE_SPLITS = ("neox", "deepspeed_parameters", "deepspeed_uniform", "megatron")
 # The training framework, where the launch says which ("" = not said): it decides what a layout
 # may combine (TorchTitan's FSDP2 shards parameters, ZeRO-3 style, under pipeline parallelism).
 FRAMEWORKS = ("", "neox", "deepspeed", "megatron", "megatron-deepspeed", "nemo", "torchtitan")
-# Frameworks that split layers evenly over the stages (pipe_split "megatron"); a job file that
-# names one and no pipe_split gets that rule.
-EVEN_SPLIT_FRAMEWORKS = ("megatron", "nemo", "torchtitan")
+# Frameworks whose pipeline runs on DeepSpeed's PipelineEngine (predictor.recipe.pipeline_sends).
+DEEPSPEED_PIPELINE_FRAMEWORKS = ("neox", "deepspeed", "megatron-deepspeed")
+# The others (Megatron-core, TorchTitan) split layers evenly over the stages (pipe_split
+# "megatron"); a job file that names one and no pipe_split gets that rule.
+EVEN_SPLIT_FRAMEWORKS = tuple(f for f in FRAMEWORKS if f and f not in DEEPSPEED_PIPELINE_FRAMEWORKS)
 
 # Bounds that no real LLM job comes near; past them the input is a typo or an attack, and the
 # arithmetic downstream (memory, FLOPs) would only produce nonsense.
@@ -206,9 +208,9 @@ class TrainingJob:
             if not isinstance(value, Mapping):
                 raise JobError(section, "must be a table of keys", source)
             parts[section] = _build_section(section, value, source)
-        lay, run = data.get("layout"), data.get("run")
-        if (isinstance(run, Mapping) and run.get("framework") in EVEN_SPLIT_FRAMEWORKS
-                and "pipe_split" not in (lay if isinstance(lay, Mapping) else {})):
+        run = parts.get("run")
+        if (run is not None and run.framework in EVEN_SPLIT_FRAMEWORKS
+                and "pipe_split" not in data.get("layout", {})):
             # A job that names a Megatron-core framework and no split rule gets that framework's
             # rule, as a launch read from its command line would; "neox" is the default otherwise.
             parts["layout"] = dataclasses.replace(parts.get("layout", Layout()), pipe_split="megatron")

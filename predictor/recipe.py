@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Union
 
 from .errors import JobError
-from .job import PIPE_SPLITS, Layout, ModelSpec, TrainingJob
+from .job import DEEPSPEED_PIPELINE_FRAMEWORKS, PIPE_SPLITS, Layout, ModelSpec, TrainingJob
 
 log = logging.getLogger(__name__)
 
@@ -561,10 +561,6 @@ def micro_batch_recipe(model: ModelSpec, layout: Layout) -> MicroBatchRecipe:
                             2 * tokens * kvpg * d, vpr * h)
 
 
-# Frameworks whose pipeline runs on DeepSpeed's PipelineEngine.
-DEEPSPEED_PIPELINE_FRAMEWORKS = ("neox", "deepspeed", "megatron-deepspeed")
-
-
 def runs_deepspeed_engine(layout: Layout, framework: str = "") -> bool:
     """Whether the job trains under DeepSpeed's engine (GPT-NeoX, DeepSpeed, Megatron-DeepSpeed)
     rather than Megatron-core's (Megatron-LM, NeMo) or TorchTitan's.  A job that names no
@@ -601,7 +597,7 @@ class PipelineSends:
     gather_entries: float
 
 
-def pipeline_sends(model: ModelSpec, layout: Layout, framework: str = "") -> PipelineSends:
+def pipeline_sends(recipe: MicroBatchRecipe, layout: Layout, framework: str = "") -> PipelineSends:
     """How the framework passes tensors between pipeline stages.
 
     DeepSpeed's ``PipelineEngine`` (GPT-NeoX, DeepSpeed, Megatron-DeepSpeed) partitions what it
@@ -612,8 +608,9 @@ def pipeline_sends(model: ModelSpec, layout: Layout, framework: str = "") -> Pip
     and TorchTitan send the whole tensor from every TP rank (1/tp of it under sequence
     parallelism, as :func:`micro_batch_recipe` has it).  A job that names no framework follows its
     split rule: ``pipe_split = "megatron"`` is Megatron's, the DeepSpeed rules DeepSpeed's.
+    ``recipe`` is :func:`micro_batch_recipe` of the job's model and ``layout``.
     """
-    tensor = micro_batch_recipe(model, layout).p2p_entries
+    tensor = recipe.p2p_entries
     if runs_deepspeed_engine(layout, framework) and layout.tp > 1:
         shard = tensor / layout.tp
         return PipelineSends(shard, shard)

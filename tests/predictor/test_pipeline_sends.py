@@ -5,7 +5,7 @@ import pytest
 
 from predictor import TrainingJob, predict
 from predictor.estimate import QuerySet, _plan
-from predictor.recipe import gradient_reduction, pipeline_sends
+from predictor.recipe import gradient_reduction, micro_batch_recipe, pipeline_sends
 
 from .conftest import make_job
 
@@ -17,10 +17,14 @@ def _job(framework: str = "", **layout) -> TrainingJob:
     return TrainingJob.from_dict({**job.to_dict(), "run": {"train_iters": 100, "framework": framework}})
 
 
+def _sends(job: TrainingJob, framework: str = ""):
+    return pipeline_sends(micro_batch_recipe(job.model, job.layout), job.layout, framework)
+
+
 @pytest.mark.parametrize("framework", ["neox", "deepspeed", "megatron-deepspeed"])
 def test_deepspeeds_engine_sends_a_tp_shard_and_the_receiver_gathers_it(framework):
     job = _job(framework, tp=4)
-    s = pipeline_sends(job.model, job.layout, framework)
+    s = _sends(job, framework)
     assert s.send_entries == TOKENS_X_HIDDEN / 4
     assert s.gather_entries == TOKENS_X_HIDDEN / 4      # an all-gather's entries: one rank's shard
 
@@ -28,23 +32,23 @@ def test_deepspeeds_engine_sends_a_tp_shard_and_the_receiver_gathers_it(framewor
 @pytest.mark.parametrize("framework", ["megatron", "nemo", "torchtitan"])
 def test_megatron_core_sends_the_whole_tensor_from_every_tp_rank(framework):
     job = _job(framework, tp=4, pipe_split="megatron")
-    s = pipeline_sends(job.model, job.layout, framework)
+    s = _sends(job, framework)
     assert (s.send_entries, s.gather_entries) == (TOKENS_X_HIDDEN, 0.0)
     sp = _job(framework, tp=4, pipe_split="megatron", sequence_parallel=True)
-    s = pipeline_sends(sp.model, sp.layout, framework)
+    s = _sends(sp, framework)
     assert (s.send_entries, s.gather_entries) == (TOKENS_X_HIDDEN / 4, 0.0)
 
 
 def test_a_job_that_names_no_framework_follows_its_split_rule():
     ds = _job("", tp=4)                                  # pipe_split "neox", the default
     mg = _job("", tp=4, pipe_split="megatron")
-    assert pipeline_sends(ds.model, ds.layout).gather_entries == TOKENS_X_HIDDEN / 4
-    assert pipeline_sends(mg.model, mg.layout).gather_entries == 0.0
+    assert _sends(ds).gather_entries == TOKENS_X_HIDDEN / 4
+    assert _sends(mg).gather_entries == 0.0
 
 
 def test_without_tensor_parallelism_there_is_nothing_to_partition():
     job = _job("neox", tp=1, dp=32)
-    s = pipeline_sends(job.model, job.layout, "neox")
+    s = _sends(job, "neox")
     assert (s.send_entries, s.gather_entries) == (TOKENS_X_HIDDEN, 0.0)
 
 
