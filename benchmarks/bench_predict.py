@@ -15,6 +15,7 @@ load ≤ 100 ms.  Per platform it prints:
   trees       Bundle.ratios_rows on the rows one such prediction asks for (compute + collectives):
               the regressors' share of ``predict``
 
+The forest walk is the C one where it was built (``PERFCAST_NUMPY_WALK=1`` measures numpy's).
 Timings depend on the machine (the issue's figures: a 2-core VM) and on what else runs on it.
 """
 from __future__ import annotations
@@ -64,6 +65,9 @@ def main() -> int:
     from predictor import TrainingJob, load_platform, predict
     from predictor import estimate
     from predictor.bundle import Bundle
+    from predictor import trees
+    print("forest walk               " + ("C (predictor/_walk.c)" if trees._FOREST_SUMS is not None
+                                          else "numpy (predictor._walk not built, or PERFCAST_NUMPY_WALK=1)"))
     forget = getattr(estimate, "clear_memos", None)
     job = TrainingJob.from_toml(JOB)
     for name in [p for p in args.platforms.split(",") if p]:

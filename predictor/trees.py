@@ -21,6 +21,9 @@ Layout (one record of 16 bytes per node, so that one gather fetches everything a
   row: ``inf < value`` is false, so a leaf stays put and a fixed number of steps (the model's
   depth) brings every tree to its leaf.
 
+The walk itself is in C where it was built (``predictor/_walk.c``: the same records, comparisons
+and order of sums, so the same bits) and in numpy otherwise (:meth:`Forest._sums_numpy`).
+
 Nodes are in breadth-first order per model (the top levels, which every row visits, share cache
 lines).  Format-1 bundles kept one ``.npz`` :class:`TreeTable` per model; they are still read
 (:meth:`Forest.from_tables`), just more slowly.
@@ -29,11 +32,34 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import os
 import struct
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def _c_walk():
+    """The C walk (predictor/_walk.c), where it was built and may be used, else None.
+
+    It reads records in native byte order, so only on little-endian machines (the file format's
+    order).  PERFCAST_NUMPY_WALK=1 forces the numpy walk (tests compare the two)."""
+    if sys.byteorder != "little" or os.environ.get("PERFCAST_NUMPY_WALK") == "1":
+        return None
+    try:
+        from predictor import _walk
+    except ImportError:
+        log.debug("predictor._walk is not built (no C compiler at install): numpy forest walk")
+        return None
+    return _walk.forest_sums
+
+
+_FOREST_SUMS = _c_walk()
 
 FOREST_MAGIC = b"PCFOREST"
 FOREST_FORMAT = 1
@@ -195,6 +221,10 @@ class Forest:
         self._base = np.array([m.base for m in self.models], dtype=np.float64)
         self._depth = np.array([m.depth for m in self.models], dtype=np.intp)
         self._float32 = np.array([m.float32 for m in self.models], dtype=bool)
+        # The C walk reads int64 per row.
+        self._first_tree64 = self._first_tree.astype(np.int64)
+        self._trees64 = self._trees.astype(np.int64)
+        self._depth64 = self._depth.astype(np.int64)
 
     @property
     def keys(self) -> list[str]:
@@ -363,6 +393,13 @@ class Forest:
                              f"{X.shape} for {n_units} models")
         if n_units == 0:
             return np.zeros(0)
+        if _FOREST_SUMS is not None:
+            return self._sums_c(mods, X)
+        return self._sums_numpy(mods, X)
+
+    def _sums_numpy(self, mods: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """:meth:`predict_rows` in numpy: every (row, tree) pair one level deeper per step."""
+        n_units = len(mods)
         # Deeper models first: step s then works on a prefix, the pairs of models deeper than s.
         order = np.argsort(-self._depth[mods], kind="stable")
         mods = mods[order]
@@ -404,6 +441,20 @@ class Forest:
         sums = np.bincount(unit, weights=records.take(node).real, minlength=n_units)
         sums += self._base[mods]
         out[order] = sums
+        return out
+
+    def _sums_c(self, mods: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """:meth:`predict_rows` by the C walk: the same comparisons and the same order of sums,
+        so the same bits (tests/predictor/test_forest.py checks the two walks agree)."""
+        X_all = np.full((len(mods), COLUMNS), np.inf)
+        X_all[:, :X.shape[1]] = X
+        f32 = self._float32[mods]
+        if f32.any():
+            X_all[f32] = X_all[f32].astype(np.float32)
+        out = np.empty(len(mods))
+        _FOREST_SUMS(self.records, self.roots, self._first_tree64[mods], self._trees64[mods],
+                     self._depth64[mods], X_all, out)
+        out += self._base[mods]
         return out
 
 

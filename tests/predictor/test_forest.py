@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,10 +25,28 @@ from predictor import BundleError
 from predictor.bundle import FOREST_FILE, MANIFEST, load_bundle
 from predictor.operators import GpuSpec
 from predictor.samples import SampleSet, SampleTable, dump_toml, operator_columns
+from predictor import trees
 from predictor.trees import LEAF_FEATURE, Forest, ForestError, TreeTable
 
 GPU = GpuSpec("Test GPU", 16, {"fp16": 100.0, "bf16": 100.0, "fp32": 10.0}, 1000.0)
 LIBRARIES = ("random_forest", "xgboost", "lightgbm")
+
+
+C_WALK = trees._c_walk()
+
+
+@pytest.fixture(autouse=True, params=["c", "numpy"])
+def walker(request, monkeypatch):
+    """Every test here runs with both forest walks: the C one (predictor/_walk.c) and numpy's."""
+    if request.param == "c":
+        if C_WALK is None:
+            if os.environ.get("CI") == "true" and shutil.which("cc"):
+                pytest.fail("predictor._walk is not built although a C compiler is here")
+            pytest.skip("predictor._walk is not built here (no C compiler at install)")
+        monkeypatch.setattr(trees, "_FOREST_SUMS", C_WALK)
+    else:
+        monkeypatch.setattr(trees, "_FOREST_SUMS", None)
+    return request.param
 
 
 def _data(seed: int, n: int = 240, width: int = 3):
@@ -370,3 +389,25 @@ def test_shipped_bundles_are_in_the_current_format():
         raw = tomllib.loads(m.read_text())
         assert raw["format"] == BUNDLE_FORMAT and (m.parent / raw["forest"]).is_file(), m
         assert not list(m.parent.rglob("*.npz")), m
+
+
+@pytest.mark.parametrize("walker", ["c"], indirect=True)
+def test_the_c_walk_refuses_what_it_cannot_walk_safely(fitted, walker):
+    """The C walk checks sizes and every node it follows (a second wall behind Forest._validate):
+    a bad call is a ValueError, never a read outside the buffers."""
+    forest = Forest.from_tables([fitted["xgboost"].table_], ["m"])
+    one = np.ones(1, np.int64)
+    args = [forest.records, forest.roots, np.zeros(1, np.int64), np.array([forest._trees[0]], np.int64),
+            np.array([forest._depth[0]], np.int64), np.zeros((1, 8)), np.empty(1)]
+    C_WALK(*args)
+    assert np.isfinite(args[-1][0])
+    with pytest.raises(ValueError, match="sizes"):
+        C_WALK(*args[:5], np.zeros((1, 7)), np.empty(1))
+    with pytest.raises(ValueError, match="outside"):
+        C_WALK(args[0], args[1], one * len(forest.roots), *args[3:])     # trees past the roots
+    bad = forest.records.copy()
+    bad.view(np.int64)[1] = (len(bad) + 5) << 3                         # a root pointing away
+    with pytest.raises(ValueError, match="outside"):
+        C_WALK(bad, *args[1:])
+    with pytest.raises(TypeError):
+        C_WALK(*args[:6], np.empty(1)[::1].tobytes())                    # out must be writable
