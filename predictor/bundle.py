@@ -121,7 +121,10 @@ class LoadedModel:
 
     def row_in_range(self, row: "Sequence[float]") -> bool:
         """:meth:`in_range` for one row of plain numbers."""
-        return all(lo <= v <= hi for v, lo, hi in zip(row, self._lo_row, self._hi_row))
+        for v, lo, hi in zip(row, self._lo_row, self._hi_row):     # a loop: ~3x all(genexpr)
+            if not lo <= v <= hi:
+                return False
+        return True
 
 
 @dataclass
