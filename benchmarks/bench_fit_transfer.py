@@ -2,8 +2,8 @@
 """Does learning from one set of runs carry to other jobs on the same machine?
 
 ``perf-calibrate validate --fit`` (and ``harvest --refit``) fits a platform's end-to-end factors, a
-compute scale and the per-layer, per-micro-batch and per-launch host costs' scales, on recorded
-runs.  A few physical factors cannot memorise jobs; this benchmark checks that they also do not
+compute scale, the per-layer, per-micro-batch and per-launch host costs' scales and the network
+scale, on recorded runs.  A few physical factors cannot memorise jobs; this benchmark checks that they also do not
 only help the runs they were fitted on: the runs are split in two by what the jobs are (small
 against large models, one depth against others, micro-batch sizes and counts, attention paths,
 models and layouts), the factors are fitted on one side with the acceptance rule of
@@ -57,7 +57,7 @@ def _mape(runs: Sequence[MeasuredRun], predicted: Sequence[float]) -> float:
 
 def _terms(res) -> str:
     return (f"{res.compute_scale:>8.3f}{res.host_layer_scale:>7.3f}{res.host_micro_batch_scale:>7.3f}"
-            f"{res.host_launch_scale:>7.3f}")
+            f"{res.host_launch_scale:>7.3f}{res.network_scale:>8.3f}")
 
 
 def _why(res) -> str:
@@ -72,9 +72,9 @@ def _why(res) -> str:
 
 def bench(name: str, runs: list[MeasuredRun], plat) -> tuple[int, int, int, int, list[float]]:
     print(f"\n{name}: {len(runs)} runs; factors fitted on one side, MAPE on the other "
-          f"(layer/micro-batch/launch: the host factors)")
+          f"(layer/micro-batch/launch: the host factors; network: between nodes)")
     print(f"{'split (fitted side first)':<32}{'fit':>4}{'test':>5}{'compute':>8}{'layer':>7}{'mb':>7}"
-          f"{'launch':>7}{'MAPE before':>12}{'after':>8}  terms")
+          f"{'launch':>7}{'network':>8}{'MAPE before':>12}{'after':>8}  terms")
     better = worse = noticeably = total = 0
     deltas = []
     for label0, pred in SPLITS:

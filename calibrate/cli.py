@@ -343,7 +343,8 @@ def _refit_line(refit: dict) -> str:
     return (f"refit of {refit.get('base_version', '?')} on {refit.get('runs', '?')} harvested runs "
             f"({refit.get('fit_runs', '?')} fitted): leave-one-out MAPE {pct('loo_mape_before')} -> "
             f"{pct('loo_mape_after')}, compute scale {refit.get('compute_scale', '?')}, host scale "
-            f"{refit.get('host_scale', '?')}, {refit.get('refitted_at', '')}")
+            f"{refit.get('host_scale', '?')}, network scale {refit.get('network_scale', 1.0)}, "
+            f"{refit.get('refitted_at', '')}")
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:

@@ -592,6 +592,7 @@ class RefitResult:
     loo_mape_after: float | None = None
     compute_scale: float | None = None
     host_scale: float | None = None
+    network_scale: float | None = None
     reload: ReloadResult | None = None
 
     @property
@@ -707,9 +708,10 @@ def _refit(res: RefitResult, cur: InstalledVersion, runs: Sequence[MeasuredRun],
             raise CalibrationError("validate --fit returned no fit")
         res.loo_mape_before, res.loo_mape_after = fit.mape_before, fit.loo_mape_after
         res.compute_scale, res.host_scale = fit.compute_scale, fit.host_scale
+        res.network_scale = fit.network_scale
         scores = (f"leave-one-out MAPE {100 * fit.mape_before:.2f} % -> {100 * fit.loo_mape_after:.2f} % "
                   f"on {len(fit_runs)} runs ({len(runs)} harvested); compute scale {fit.compute_scale:.3f}, "
-                  f"host scale {fit.host_scale:.3f}")
+                  f"host scale {fit.host_scale:.3f}, network scale {fit.network_scale:.3f}")
         if not fit.improves:
             res.status = "declined"
             res.message = f"{scores}: no better than {cur.version} as it is; nothing changed"
@@ -725,7 +727,7 @@ def _refit(res: RefitResult, cur: InstalledVersion, runs: Sequence[MeasuredRun],
                 "fit_runs": len(fit_runs), "loo_mape_before": round(fit.mape_before, 6),
                 "loo_mape_after": round(fit.loo_mape_after, 6),
                 "compute_scale": round(fit.compute_scale, 4), "host_scale": round(fit.host_scale, 4),
-                "refitted_at": stamp, "runs_file": runs_file}), encoding="utf-8")
+                "network_scale": round(fit.network_scale, 4), "refitted_at": stamp, "runs_file": runs_file}), encoding="utf-8")
         new = validate_candidate(stage, allow_incomplete=True)
         # The regressors and calibration.toml are the active version's: the comparisons with it
         # (GPU type, validation error) hold trivially; leave-one-out decided above.

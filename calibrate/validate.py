@@ -17,8 +17,9 @@ reports the error, the spread of measured / predicted (:func:`predictor.validati
 and how many runs fall inside the interval the *other* runs give.
 
 With ``--fit`` (:func:`fit_terms`) it also fits a few physical end-to-end terms on the runs: a
-compute scale (multiplies every operator's device time) and, where the platform has a ``[host]``
-table, a host scale (multiplies the host's issue time); each is fitted only on the runs whose
+compute scale (multiplies every operator's device time), where the platform has a ``[host]``
+table the host's per-layer, per-micro-batch and per-launch issue costs, each its own scale, and a
+network scale (multiplies communication between nodes); each is fitted only on the runs whose
 prediction it moves, and only when at least three do, and each is bounded to
 :data:`predictor.platform.FITTED_SCALE_RANGE`.  Leave-one-out decides: each run is predicted by
 the terms fitted on the other runs, and the terms are written (``[fitted]`` in ``platform.toml``)
@@ -79,6 +80,7 @@ class FitResult:
     host_layer_scale: float = 1.0
     host_micro_batch_scale: float = 1.0
     host_launch_scale: float = 1.0
+    network_scale: float = 1.0
     host_fitted: bool = False         # False: no host factor identified (or no [host]): they stay 1
     fitted: tuple[str, ...] = ()      # the factors fitted; the others stay 1
     # Per factor that enough runs see: the standard deviation of its log from the runs (None:
@@ -102,7 +104,8 @@ class FitResult:
         return FittedTerms(compute_scale=round(self.compute_scale, 4), host_scale=1.0,
                            host_layer_scale=round(self.host_layer_scale, 4),
                            host_micro_batch_scale=round(self.host_micro_batch_scale, 4),
-                           host_launch_scale=round(self.host_launch_scale, 4), **meta)
+                           host_launch_scale=round(self.host_launch_scale, 4),
+                           network_scale=round(self.network_scale, 4), **meta)
 
     def describe(self) -> str:
         """One line: each factor, fitted or why not."""
@@ -123,7 +126,8 @@ class FitResult:
         return {"compute_scale": self.compute_scale, "host_scale": self.host_scale,
                 "host_layer_scale": self.host_layer_scale,
                 "host_micro_batch_scale": self.host_micro_batch_scale,
-                "host_launch_scale": self.host_launch_scale, "host_fitted": self.host_fitted,
+                "host_launch_scale": self.host_launch_scale, "network_scale": self.network_scale,
+                "host_fitted": self.host_fitted,
                 "fitted": list(self.fitted), "identification": dict(self.identification),
                 "mape_before": self.mape_before, "loo_mape_after": self.loo_mape_after,
                 "loo_change_se": self.loo_change_se, "written": self.written, "reason": self.reason}
@@ -280,9 +284,10 @@ def _fit_reason(res: "FitResult", improves: bool, dry_run: bool) -> str:
 # The factors --fit may move (predictor/platform.py FittedTerms); the legacy host_scale, one scale
 # over the whole host time, is never fitted (it conflates the per-layer and per-micro-batch costs,
 # so it did not carry across depths: benchmarks/bench_fit_transfer.py).
-FACTORS = ("compute_scale", "host_layer_scale", "host_micro_batch_scale", "host_launch_scale")
+FACTORS = ("compute_scale", "host_layer_scale", "host_micro_batch_scale", "host_launch_scale", "network_scale")
 _LABEL = {"compute_scale": "compute", "host_layer_scale": "host per layer",
-          "host_micro_batch_scale": "host per micro-batch", "host_launch_scale": "host per launch"}
+          "host_micro_batch_scale": "host per micro-batch", "host_launch_scale": "host per launch",
+          "network_scale": "network between nodes"}
 # The prior on a factor: the bound FITTED_SCALE_RANGE (a factor of 2 either way) as two standard
 # deviations of its log, i.e. tau = ln(2) / 2.  A factor is fitted only when the runs pin it down,
 # on their own and with the other factors free, to within half that (one standard deviation of its
@@ -309,8 +314,9 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
               current: Optional[Sequence[float]] = None) -> FitResult:
     """Fit the ``[fitted]`` factors on ``runs``; leave-one-out MAPE before and after.
 
-    The factors (:data:`FACTORS`): the compute scale and, where the platform has a ``[host]`` table,
-    the per-layer, per-micro-batch and per-launch host costs, each its own scale.  They replace any
+    The factors (:data:`FACTORS`): the compute scale, where the platform has a ``[host]`` table the
+    per-layer, per-micro-batch and per-launch host costs, each its own scale, and the network
+    scale (runs on one node do not see it).  They replace any
     the platform has (fitted from the unscaled models).  A factor is fitted only when at least
     :data:`MIN_FIT_RUNS` runs see it and the runs identify it (:func:`_identified`); otherwise it
     stays 1.  The loss is the mean squared log of predicted / measured over the runs a factor moves:
@@ -432,6 +438,7 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
                      host_layer_scale=scales["host_layer_scale"],
                      host_micro_batch_scale=scales["host_micro_batch_scale"],
                      host_launch_scale=scales["host_launch_scale"],
+                     network_scale=scales["network_scale"],
                      host_fitted=host_fitted, fitted=fitted,
                      identification={f: (None if not np.isfinite(v) else round(float(v), 4))
                                      for f, v in stds.items()})

@@ -349,10 +349,13 @@ class QuerySet:
         # (handle, entries, model, ring-model seconds of the measured kind) for the regressors
         measured: list[tuple[int, float, Any, float]] = []
         rows: list[tuple[float, int, int]] = []       # their (entries, nodes, GPUs per node)
+        between_nodes: list[int] = []
         for h, kind, precision, entries, group in self._coll_rows:
             if group.size <= 1 or entries <= 0:
                 continue
             nodes, gpn = group.nodes, group.gpus_per_node
+            if nodes > 1:
+                between_nodes.append(h)
             eb = BYTES_PER_ELEMENT[precision]
             found = models.get((kind, precision))
             if found is None:
@@ -374,8 +377,20 @@ class QuerySet:
                 (0.5 if measured_kind != kind else 1.0)
             measured.append((h, entries, model, base))
             rows.append((entries, nodes, gpn))
-        if not measured:
-            return
+        if measured:
+            self._measured_collectives(measured, rows, secs, rel, extra)
+        if between_nodes and plat.fitted is not None and plat.fitted.network_scale != 1.0:
+            # [fitted] network scale (perf-calibrate validate --fit): the fabric under a whole job
+            # against the collectives calibration timed alone; communication inside a node keeps
+            # what was measured.
+            hs = np.asarray(between_nodes)
+            secs[hs] *= plat.fitted.network_scale
+
+    def _measured_collectives(self, measured: list, rows: list, secs: np.ndarray, rel: np.ndarray,
+                              extra: np.ndarray) -> None:
+        """The collective regressors' answers for ``measured`` (handle, entries, model, ring-model
+        seconds) at ``rows`` (entries, nodes, GPUs per node)."""
+        plat = self.platform
         e, nodes, gpn = np.array(rows, dtype=float).T
         ratios = plat.collectives.ratios_rows([m.info.key for _, _, m, _ in measured],
                                               collective_features(e, nodes, gpn)).tolist()
@@ -711,7 +726,7 @@ def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Predic
             details.fitted_scales = {"compute": f.compute_scale, "host": f.host_scale,
                                      "host_layer": f.host_layer_scale,
                                      "host_micro_batch": f.host_micro_batch_scale,
-                                     "host_launch": f.host_launch_scale}
+                                     "host_launch": f.host_launch_scale, "network": f.network_scale}
         warnings = list(plan.warnings)
         if not platform.calibrated:
             warnings.append(f"platform {platform.name} is uncalibrated (published specs only): "

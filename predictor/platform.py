@@ -63,9 +63,11 @@ FITTED_SCALE_RANGE = (0.5, 2.0)
 
 
 # The scales of [fitted]: compute_scale on device time; host_scale (the one host scale of files
-# written before the host terms were split; new fits write 1) on the whole host issue time; and the
-# three host terms of predictor/host.py, each on its own measured cost.
-FITTED_SCALES = ("compute_scale", "host_scale", "host_layer_scale", "host_micro_batch_scale", "host_launch_scale")
+# written before the host terms were split; new fits write 1) on the whole host issue time; the
+# three host terms of predictor/host.py, each on its own measured cost; and network_scale on the
+# time of communication between nodes.
+FITTED_SCALES = ("compute_scale", "host_scale", "host_layer_scale", "host_micro_batch_scale", "host_launch_scale",
+                 "network_scale")
 
 
 @dataclass(frozen=True)
@@ -73,9 +75,11 @@ class FittedTerms:
     """``[fitted]``: ``compute_scale`` multiplies every operator's device time (never below its
     roofline); the host's issue time (:mod:`predictor.host`) is ``host_scale`` × (``host_layer_scale`` ×
     the per-layer cost + ``host_micro_batch_scale`` × the per-micro-batch cost +
-    ``host_launch_scale`` × the launch cost); the rest says how they were fitted (the runs,
+    ``host_launch_scale`` × the launch cost); ``network_scale`` multiplies the time of every
+    collective and pipeline send whose ranks span nodes (the fabric under a whole job, against the
+    collectives calibration timed alone); the rest says how they were fitted (the runs,
     leave-one-out MAPE before and after, when).  Every scale defaults to 1, so a file written
-    before the host terms were split (``host_scale`` alone) means what it meant."""
+    before a scale existed means what it meant."""
 
     compute_scale: float = 1.0
     host_scale: float = 1.0
@@ -87,6 +91,7 @@ class FittedTerms:
     host_layer_scale: float = 1.0
     host_micro_batch_scale: float = 1.0
     host_launch_scale: float = 1.0
+    network_scale: float = 1.0
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "FittedTerms":
@@ -119,7 +124,8 @@ class FittedTerms:
         return {"compute_scale": self.compute_scale, "host_scale": self.host_scale,
                 "host_layer_scale": self.host_layer_scale,
                 "host_micro_batch_scale": self.host_micro_batch_scale,
-                "host_launch_scale": self.host_launch_scale, "runs": list(self.runs),
+                "host_launch_scale": self.host_launch_scale, "network_scale": self.network_scale,
+                "runs": list(self.runs),
                 "loo_mape_before": self.loo_mape_before, "loo_mape_after": self.loo_mape_after,
                 "fitted_at": self.fitted_at, "source": self.source}
 # --- end [fitted] ---

@@ -89,3 +89,32 @@ def test_a_legacy_host_scale_means_what_it_meant(tmp_path):
     assert predict(job, plat).details.fitted_scales["host"] == 1.25
     # Written back with the split terms at 1, it still loads the same.
     assert FittedTerms.from_dict(plat.fitted.to_dict(), "x") == plat.fitted
+
+
+def test_a_slower_fabric_is_fitted_on_multi_node_runs_and_carries_to_other_layouts(tmp_path):
+    """The network scale: inter-node communication 1.4x what calibration timed alone.  Runs that
+    span nodes identify it; it carries to other multi-node layouts and leaves one-node jobs alone."""
+    d = _copy(tmp_path, "perlmutter-a100")
+    base = load_platform(d)
+    truth = dataclasses.replace(base, fitted=FittedTerms(network_scale=1.4))
+    # 4 GPUs per node: dp 4+ or tp·pp past 4 spans nodes; the first job stays on one node.
+    jobs = [_job(layers=8, hidden=2048, heads=16, dp=2),
+            _job(layers=8, hidden=2048, heads=16, dp=8),
+            _job(layers=8, hidden=4096, heads=32, tp=4, dp=4),
+            _job(layers=8, hidden=4096, heads=32, pp=2, tp=4, dp=2, mbs=16),
+            _job(layers=16, hidden=2048, heads=16, pp=4, dp=4, mbs=16),
+            _job(layers=8, hidden=3072, heads=24, tp=2, dp=8)]
+    res = _fit(tmp_path, base, truth, jobs)
+    assert "network_scale" in res.fitted and res.improves
+    assert res.network_scale == pytest.approx(1.4, rel=0.03)
+    assert res.compute_scale == pytest.approx(1.0, abs=0.02)
+    fitted = dataclasses.replace(base, fitted=res.terms())
+    held = [_job(layers=12, hidden=5120, heads=40, tp=4, dp=8),
+            _job(layers=24, hidden=2048, heads=16, pp=8, dp=2, mbs=16)]
+    before, after = _mape(held, base, truth), _mape(held, fitted, truth)
+    assert before > 0.03 and after < before / 4
+    one_node = _job(layers=8, hidden=2048, heads=16, tp=2, dp=2)
+    assert predict(one_node, fitted).iteration_seconds == predict(one_node, base).iteration_seconds
+    # Written and read back like the other scales.
+    again = FittedTerms.from_dict(res.terms(runs=("a",)).to_dict(), "test")
+    assert again.network_scale == pytest.approx(res.network_scale, abs=1e-4)
