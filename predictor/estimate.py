@@ -620,10 +620,17 @@ def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
     terms += list(plan.cp_ring or ())
     # Columns: the handles the job asked for (every term's handles are among them).
     where = {h: j for j, h in enumerate(plan.handles)}
-    weights = np.zeros((len(terms), len(where)))
+    width = len(where)
+    cells: list[int] = []
+    counts: list[float] = []
     for i, t in enumerate(terms):
+        row = i * width
         for h, c in t.parts:
-            weights[i, where[h]] += c
+            cells.append(row + where[h])
+            counts.append(c)
+    # bincount adds repeated cells in order, as ``weights[i, j] += c`` one by one would.
+    weights = np.bincount(np.asarray(cells, dtype=np.intp), weights=np.asarray(counts, dtype=float),
+                          minlength=len(terms) * width).reshape(len(terms), width)
     hs = np.asarray(plan.handles, dtype=int)
     return (weights @ secs[hs]).T.tolist()
 
