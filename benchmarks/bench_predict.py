@@ -8,9 +8,12 @@ load ≤ 100 ms.  Per platform it prints:
 
   load        load_platform(name, reload=True), median of 5 in this process (files in the page
               cache: what a daemon's SIGHUP reload pays; a first start adds the disk)
-  predict     one predict() with the platform's memoised operator answers forgotten before each
-              call (predictor.estimate.clear_memos, where it exists): a job the process has not
-              seen, which is what the daemon mostly gets
+  predict     one predict() with the platform's memoised operator and collective answers
+              forgotten before each call (predictor.estimate.clear_memos(answers_only=True)): a
+              job the process has not seen, on a platform it has used, which is what the daemon
+              mostly gets.  What the platform's files alone decide (which model costs each
+              operator, the interval rule from its recorded runs) is worked out once per loaded
+              platform and kept, as in the daemon; --forget-all forgets that too
   repeat      the same job again with the memos kept (job arrays, resubmissions)
   trees       Bundle.ratios_rows on the rows one such prediction asks for (compute + collectives):
               the regressors' share of ``predict``
@@ -21,6 +24,7 @@ Timings depend on the machine (the issue's figures: a 2-core VM) and on what els
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import subprocess
 import sys
@@ -60,6 +64,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--platforms", default="perlmutter-a100,vista-gh200,dgx-h100")
+    ap.add_argument("--forget-all", action="store_true",
+                    help="before each cold call forget the per-platform work too (a daemon's first job)")
     args = ap.parse_args()
     print(f"import predictor          median {import_ms():7.1f} ms (fresh interpreter, 5 runs)")
     from predictor import TrainingJob, load_platform, predict
@@ -68,7 +74,8 @@ def main() -> int:
     from predictor import trees
     print("forest walk               " + ("C (predictor/_walk.c)" if trees._FOREST_SUMS is not None
                                           else "numpy (predictor._walk not built, or PERFCAST_NUMPY_WALK=1)"))
-    forget = getattr(estimate, "clear_memos", None)
+    forget = (estimate.clear_memos if args.forget_all
+              else functools.partial(estimate.clear_memos, answers_only=True))
     job = TrainingJob.from_toml(JOB)
     for name in [p for p in args.platforms.split(",") if p]:
         load_platform(name, reload=True)                      # warm the page cache
@@ -85,8 +92,7 @@ def main() -> int:
             return real(self, keys, X)
         Bundle.ratios_rows = spy
         try:
-            if forget:
-                forget()
+            forget()
             predict(job, plat)
         finally:
             Bundle.ratios_rows = real

@@ -111,32 +111,48 @@ class Prediction:
 
 # ------------------------------------------------------------------------------------ queries
 # Memoised operator and collective answers per loaded platform (see QuerySet._remember), by
-# id(platform); an entry goes when its platform is collected.
+# id(platform); an entry goes when its platform is collected.  What a platform's own files decide
+# whatever the job (which model costs an operator, the interval rule from its recorded runs) is
+# kept apart: a daemon works that out once per platform, not once per job.
 MEMO_ENTRIES = 200_000
 _MEMOS: dict[int, dict] = {}
+_STATIC: dict[int, dict] = {}
 
 
-def _memo(platform: Platform) -> dict:
+def _per_platform(table: dict[int, dict], platform: Platform) -> dict:
     key = id(platform)
-    memo = _MEMOS.get(key)
+    memo = table.get(key)
     if memo is None:
-        memo = _MEMOS[key] = {}
-        weakref.finalize(platform, _MEMOS.pop, key, None)
+        memo = table[key] = {}
+        weakref.finalize(platform, table.pop, key, None)
     return memo
 
 
+def _memo(platform: Platform) -> dict:
+    return _per_platform(_MEMOS, platform)
+
+
+def _static(platform: Platform) -> dict:
+    return _per_platform(_STATIC, platform)
+
+
 def _interval_rule(platform: Platform) -> IntervalRule:
-    memo = _memo(platform)
+    memo = _static(platform)
     rule = memo.get("interval_rule")
     if rule is None:
         rule = memo["interval_rule"] = IntervalRule.for_platform(platform)
     return rule
 
 
-def clear_memos() -> None:
-    """Forget every memoised answer (for code that changes a loaded platform in place: tests)."""
+def clear_memos(answers_only: bool = False) -> None:
+    """Forget every memoised answer (for code that changes a loaded platform in place: tests).
+    ``answers_only``: keep what depends on the platform alone (operator resolution, interval
+    rule), as for a job the process has not seen on a platform it has used (bench_predict.py)."""
     for memo in _MEMOS.values():
         memo.clear()
+    if not answers_only:
+        for memo in _STATIC.values():
+            memo.clear()
 
 
 class QuerySet:
@@ -151,6 +167,7 @@ class QuerySet:
         self._n = 0
         self.warnings: dict[int, list[str]] = defaultdict(list)   # handle -> warnings
         self._memo = _memo(platform)
+        self._static = _static(platform)
         self._known: dict[int, tuple[float, float, bool]] = {}     # handle -> memoised answer
         self._keys: dict[int, tuple] = {}                            # handle -> memo key (misses)
         self.analytic: set[int] = set()       # collectives costed by the ring model of link speeds
@@ -181,10 +198,10 @@ class QuerySet:
         if not new:               # asked before in this set (another stage, another candidate)
             return h
         self._names[h] = name
-        rkey = ("resolve", name, direction, precision)
-        resolved = self._memo.get(rkey)
+        rkey = (name, direction, precision)
+        resolved = self._static.get(rkey)
         if resolved is None:
-            resolved = self._memo[rkey] = self._resolve_op(name, direction, precision)
+            resolved = self._static[rkey] = self._resolve_op(name, direction, precision)
         model_key, model_op, note = resolved
         if note:
             self.warnings[h].append(note)

@@ -78,3 +78,22 @@ def test_many_jobs_at_once_equal_each_job_alone(platform):
         assert alone.interval_seconds == pytest.approx(p.interval_seconds, rel=1e-12)
         assert alone.warnings == p.warnings
         assert alone.extrapolated == p.extrapolated
+
+
+def test_forgetting_answers_keeps_the_platform_s_own_work_and_changes_nothing():
+    """clear_memos(answers_only=True) forgets every shape's answer but keeps what the platform's
+    files alone decide (operator resolution, interval rule); the predictions are the same bits."""
+    from predictor import estimate
+    plat = load_platform("perlmutter-a100")
+    job = _jobs()[0]
+    first = predict(job, plat)
+    static = dict(estimate._static(plat))
+    assert static and "interval_rule" in static
+    assert estimate._memo(plat)
+    clear_memos(answers_only=True)
+    assert not estimate._memo(plat) and estimate._static(plat) == static
+    again = predict(job, plat)
+    assert again.iteration_seconds == first.iteration_seconds
+    assert again.interval_seconds == first.interval_seconds and again.warnings == first.warnings
+    clear_memos()
+    assert not estimate._static(plat)
