@@ -403,12 +403,7 @@ class Forest:
         # Deeper models first: step s then works on a prefix, the pairs of models deeper than s.
         order = np.argsort(-self._depth[mods], kind="stable")
         mods = mods[order]
-        X_all = np.full((n_units, COLUMNS), np.inf)      # column LEAF_FEATURE stays +inf
-        X_all[:, :X.shape[1]] = X[order]
-        f32 = self._float32[mods]
-        if f32.any():
-            # XGBoost compares in float32: the row rounded to float32, then widened exactly.
-            X_all[f32] = X_all[f32].astype(np.float32)
+        X_all = self._walk_rows(mods, X[order])
         per_unit = self._trees[mods]
         ends = np.cumsum(per_unit)
         n_pairs = int(ends[-1])
@@ -443,14 +438,21 @@ class Forest:
         out[order] = sums
         return out
 
-    def _sums_c(self, mods: np.ndarray, X: np.ndarray) -> np.ndarray:
-        """:meth:`predict_rows` by the C walk: the same comparisons and the same order of sums,
-        so the same bits (tests/predictor/test_forest.py checks the two walks agree)."""
+    def _walk_rows(self, mods: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """The rows as both walks read them: :data:`COLUMNS` wide, +inf past the features (the
+        leaf column LEAF_FEATURE among them), rounded to float32 for models compared in float32."""
         X_all = np.full((len(mods), COLUMNS), np.inf)
         X_all[:, :X.shape[1]] = X
         f32 = self._float32[mods]
         if f32.any():
+            # XGBoost compares in float32: the row rounded to float32, then widened exactly.
             X_all[f32] = X_all[f32].astype(np.float32)
+        return X_all
+
+    def _sums_c(self, mods: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """:meth:`predict_rows` by the C walk: the same comparisons and the same order of sums,
+        so the same bits (tests/predictor/test_forest.py checks the two walks agree)."""
+        X_all = self._walk_rows(mods, X)
         out = np.empty(len(mods))
         _FOREST_SUMS(self.records, self.roots, self._first_tree64[mods], self._trees64[mods],
                      self._depth64[mods], X_all, out)
