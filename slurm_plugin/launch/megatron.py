@@ -13,6 +13,7 @@ from predictor.recipe import gated_ffn_width
 from . import moe
 from .facts import Facts
 from .limits import CannotPredict
+from .overlap import warn_overlaps
 from .values import MARK_OPEN
 
 _INT = {
@@ -54,6 +55,8 @@ _FLAGS = {
     "--use-mcore-models": "mcore", "--transformer-impl": "transformer_impl",
     "--account-for-embedding-in-pipeline-split": "account_for_embedding",
     "--account-for-loss-in-pipeline-split": "account_for_loss",
+    "--tp-comm-overlap": "tp_comm_overlap", "--overlap-grad-reduce": "overlap_grad_reduce",
+    "--overlap-param-gather": "overlap_param_gather",
 }
 _NARGS = {"--rampup-batch-size": ("rampup", 3)}
 
@@ -262,6 +265,7 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         else:
             w.append("--num-layers-per-virtual-pipeline-stage does not divide the layers per stage")
     _pipeline_split(f, deepspeed)
+    warn_overlaps(f, {kind: f"{flag} ({f.origin(fact)})" for kind, fact, flag in _OVERLAPS if f.get(fact)})
     # context / Ulysses parallelism divide DP
     if deepspeed and f.get("ds_sp") is not None:
         f.d["cp"] = f.d["ds_sp"]
@@ -309,6 +313,10 @@ def _partial_recompute(f: Facts) -> None:
         f.warnings.append(f"--recompute-method {method} is not uniform or block ({origin}); "
                           f"modelled as full recompute")
 
+
+_OVERLAPS = (("tp", "tp_comm_overlap", "--tp-comm-overlap"),
+             ("grad", "overlap_grad_reduce", "--overlap-grad-reduce"),
+             ("param", "overlap_param_gather", "--overlap-param-gather"))
 
 _SPLIT_OPTIONS = (("first_stage_layers", "--decoder-first-pipeline-num-layers"),
                   ("last_stage_layers", "--decoder-last-pipeline-num-layers"),

@@ -22,6 +22,7 @@ from . import moe
 from .configs import Config, to_bool, to_int, to_number
 from .facts import Facts
 from .limits import MAX_INTERPOLATION_DEPTH, CannotPredict
+from .overlap import warn_overlaps
 from .values import MARK_OPEN, Tok
 
 NEMO_SCRIPTS = {"megatron_gpt_pretraining.py", "megatron_gpt_continue_training.py", "megatron_llama_pretraining.py",
@@ -218,6 +219,7 @@ def read(cfg: Config, h: HydraArgs, f: Facts) -> None:
     f.set("sequence_parallel", bool(sp), origin or "NeMo default")
     _attention(v, f)
     _precision(v, f)
+    _overlaps(v, f)
     gran, origin = _str(v, "model.activations_checkpoint_granularity")
     gran = (gran or "").lower()
     if gran in ("full", "selective"):
@@ -300,6 +302,25 @@ def _attention(v: View, f: Facts) -> None:
         return
     fused, origin2 = _bool(v, "model.masked_softmax_fusion")
     f.set("attention", "unfused" if fused is False else "fused_softmax", origin2 or "NeMo default")
+
+
+def _overlaps(v: View, f: Facts) -> None:
+    """NeMo's communication overlaps (said, not modelled: launch/overlap.py).  The distributed
+    fused Adam overlaps its gradient reduction unless told not to."""
+    found = {}
+    tp, origin = _bool(v, "model.ub_tp_comm_overlap")
+    if tp:
+        found["tp"] = f"model.ub_tp_comm_overlap ({origin})"
+    name, _ = _str(v, "model.optim.name")
+    distributed = (name or "").lower() == "distributed_fused_adam"
+    grad, origin = _bool(v, "model.optim.overlap_grad_sync")
+    if grad or (grad is None and distributed):
+        found["grad"] = (f"model.optim.overlap_grad_sync ({origin})" if grad
+                         else "model.optim.name distributed_fused_adam (overlap_grad_sync defaults on)")
+    param, origin = _bool(v, "model.optim.overlap_param_sync")
+    if param:
+        found["param"] = f"model.optim.overlap_param_sync ({origin})"
+    warn_overlaps(f, found)
 
 
 def _precision(v: View, f: Facts) -> None:

@@ -79,3 +79,19 @@ def test_framework_is_recorded(tmp_path):
     assert res.job.run.framework == "megatron" and res.job_dict["run"]["framework"] == "megatron"
     res = _run(tmp_path, "--deepspeed")
     assert res.job.run.framework == "megatron-deepspeed"
+
+
+def test_communication_overlaps_are_said_and_costed_serially(tmp_path):
+    res = _run(tmp_path, "--sequence-parallel --tp-comm-overlap --use-distributed-optimizer "
+               "--overlap-grad-reduce --overlap-param-gather")
+    assert res.error is None, res.error
+    said = [w for w in res.warnings if "is not modelled; costed serially" in w]
+    assert len(said) == 3
+    for flag, line in (("--tp-comm-overlap", "(of which TP all-reduce)"),
+                       ("--overlap-grad-reduce", "DP gradient reduction"),
+                       ("--overlap-param-gather", "optimizer + all-gather")):
+        assert any(w.startswith(flag) and "job.sbatch:3" in w and line in w for w in said), (flag, said)
+    # Nothing else about the job changes.
+    plain = _run(tmp_path, "--sequence-parallel --use-distributed-optimizer")
+    assert res.job.to_dict() == plain.job.to_dict()
+    assert not any("costed serially" in w for w in plain.warnings)

@@ -174,3 +174,19 @@ def test_config_path_spellings(tmp_path, form):
     res = _run(tmp_path, f"srun python {script} {form} model.ffn_hidden_size=8192 hydra.run.dir=/tmp/x\n")
     assert res.error is None, res.error
     assert res.job.model.layers == 24
+
+
+def test_communication_overlaps_are_said_and_costed_serially(tmp_path):
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 ++model.sequence_parallel=true "
+               "+model.ub_tp_comm_overlap=true model.optim.name=distributed_fused_adam\n")
+    assert res.error is None, res.error
+    said = [w for w in res.warnings if "costed serially" in w]
+    # Distributed Adam overlaps its gradient reduction by default; the parameter gather is off.
+    assert len(said) == 2
+    assert any(w.startswith("model.ub_tp_comm_overlap (") and "job.sbatch:3" in w for w in said), said
+    assert any("distributed_fused_adam (overlap_grad_sync defaults on)" in w for w in said), said
+    off = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 model.optim.name=distributed_fused_adam "
+               "+model.optim.overlap_grad_sync=false +model.optim.overlap_param_sync=true\n")
+    said = [w for w in off.warnings if "costed serially" in w]
+    assert len(said) == 1 and said[0].startswith("model.optim.overlap_param_sync"), said
+    assert not any("costed serially" in w for w in _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192\n").warnings)
