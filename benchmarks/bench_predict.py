@@ -71,8 +71,8 @@ def main() -> int:
     from predictor import TrainingJob, load_platform, predict
     from predictor import estimate
     from predictor.bundle import Bundle
-    from predictor import trees
-    print("forest walk               " + ("C (predictor/_walk.c)" if trees._FOREST_SUMS is not None
+    from predictor import trees as forest
+    print("forest walk               " + ("C (predictor/_walk.c)" if forest._FOREST_SUMS is not None
                                           else "numpy (predictor._walk not built, or PERFCAST_NUMPY_WALK=1)"))
     forget = (estimate.clear_memos if args.forget_all
               else functools.partial(estimate.clear_memos, answers_only=True))

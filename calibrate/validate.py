@@ -101,11 +101,8 @@ class FitResult:
 
     def terms(self, **meta: Any) -> FittedTerms:
         """The ``[fitted]`` table these factors make (``meta``: runs, MAPEs, when, source)."""
-        return FittedTerms(compute_scale=round(self.compute_scale, 4), host_scale=1.0,
-                           host_layer_scale=round(self.host_layer_scale, 4),
-                           host_micro_batch_scale=round(self.host_micro_batch_scale, 4),
-                           host_launch_scale=round(self.host_launch_scale, 4),
-                           network_scale=round(self.network_scale, 4), **meta)
+        # host_scale here is a summary of the host factors, not a factor: [fitted] writes 1.
+        return FittedTerms(host_scale=1.0, **{f: round(getattr(self, f), 4) for f in FACTORS}, **meta)
 
     def describe(self) -> str:
         """One line: each factor, fitted or why not."""
@@ -123,10 +120,7 @@ class FitResult:
         return "; ".join(parts) or "no factor seen by enough runs"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"compute_scale": self.compute_scale, "host_scale": self.host_scale,
-                "host_layer_scale": self.host_layer_scale,
-                "host_micro_batch_scale": self.host_micro_batch_scale,
-                "host_launch_scale": self.host_launch_scale, "network_scale": self.network_scale,
+        return {**{f: getattr(self, f) for f in FACTORS}, "host_scale": self.host_scale,
                 "host_fitted": self.host_fitted,
                 "fitted": list(self.fitted), "identification": dict(self.identification),
                 "mape_before": self.mape_before, "loo_mape_after": self.loo_mape_after,
@@ -434,12 +428,7 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
     log.info("fit on %d runs: %s; %d lattice points evaluated", n,
              ", ".join(f"{f} {scales[f]:.3f}" for f in FACTORS), len(cache))
     return FitResult(mape_before=before, loo_mape_after=after, loo_predictions=loo, loo_change_se=change_se,
-                     compute_scale=scales["compute_scale"], host_scale=eff,
-                     host_layer_scale=scales["host_layer_scale"],
-                     host_micro_batch_scale=scales["host_micro_batch_scale"],
-                     host_launch_scale=scales["host_launch_scale"],
-                     network_scale=scales["network_scale"],
-                     host_fitted=host_fitted, fitted=fitted,
+                     host_scale=eff, **scales, host_fitted=host_fitted, fitted=fitted,
                      identification={f: (None if not np.isfinite(v) else round(float(v), 4))
                                      for f, v in stds.items()})
 

@@ -121,11 +121,7 @@ class FittedTerms:
                    **{key: float(d.get(key, 1.0)) for key in FITTED_SCALES})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"compute_scale": self.compute_scale, "host_scale": self.host_scale,
-                "host_layer_scale": self.host_layer_scale,
-                "host_micro_batch_scale": self.host_micro_batch_scale,
-                "host_launch_scale": self.host_launch_scale, "network_scale": self.network_scale,
-                "runs": list(self.runs),
+        return {**{key: getattr(self, key) for key in FITTED_SCALES}, "runs": list(self.runs),
                 "loo_mape_before": self.loo_mape_before, "loo_mape_after": self.loo_mape_after,
                 "fitted_at": self.fitted_at, "source": self.source}
 # --- end [fitted] ---
