@@ -2,7 +2,7 @@
 """How honest are the intervals?  Leave-one-out coverage and width on every shipped recorded run.
 
     python benchmarks/bench_intervals.py            # old rule against new rule, per platform
-    python benchmarks/bench_intervals.py --pooled   # recompute predictor.interval.SHIPPED_PRIOR
+    python benchmarks/bench_intervals.py --pooled   # recompute SHIPPED_PRIOR, SHIPPED_BUNDLE_RUNS
     python benchmarks/bench_intervals.py --json     # the same figures, machine-readable
 
 Every run is judged by an interval built WITHOUT it: its platform's other runs, and a pooled prior
@@ -35,8 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from predictor.estimate import predict_many  # noqa: E402
-from predictor.interval import (ALPHA, MIN_OWN_RUNS, SHIPPED_PRIOR, IntervalRule,  # noqa: E402
-                                PooledPrior, conformal_rank, interval_seconds, leave_one_out)
+from predictor.interval import (ALPHA, MIN_OWN_RUNS, SHIPPED_BUNDLE_RUNS, SHIPPED_PRIOR,  # noqa: E402
+                                IntervalRule, PooledPrior, bundle_runs, conformal_rank,
+                                interval_seconds, leave_one_out)
 from predictor.platform import SHIPPED_DIR, Platform, load_platform  # noqa: E402
 from predictor.validation import DEFAULT_TIMELINE_RATIO, MeasuredRun, ratio_range  # noqa: E402
 
@@ -154,7 +155,11 @@ def pooled_report(platforms: list[Platform]) -> dict[str, Any]:
             "maximum": prior.maximum, "maximum_run": f"{worst[0]}: {worst[1].name}",
             # Rounded up so that the shipped constant still covers what it was computed from.
             "shipped_quantile": math.ceil(prior.quantile * 1e4) / 1e4,
-            "shipped_maximum": math.ceil(prior.maximum * 1e4) / 1e4}
+            "shipped_maximum": math.ceil(prior.maximum * 1e4) / 1e4,
+            "bundles": {sha: {"platform": b.platform, "runs": b.runs, "low": b.low, "high": b.high,
+                              "shipped_low": math.ceil(b.low * 1e4) / 1e4,
+                              "shipped_high": math.ceil(b.high * 1e4) / 1e4}
+                        for sha, b in bundle_runs(platforms).items()}}
 
 
 def _cell(s: dict[str, Any]) -> str:
@@ -181,6 +186,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         ok = (SHIPPED_PRIOR.quantile, SHIPPED_PRIOR.maximum, SHIPPED_PRIOR.runs) == (
             rep["shipped_quantile"], rep["shipped_maximum"], rep["runs"])
         print(f"  predictor.interval.SHIPPED_PRIOR: {'matches' if ok else 'STALE: ' + repr(SHIPPED_PRIOR)}")
+        print("SHIPPED_BUNDLE_RUNS (per compute bundle: worst over- / under-prediction, rounded up):")
+        for sha, b in rep["bundles"].items():
+            shipped = SHIPPED_BUNDLE_RUNS.get(sha)
+            same = shipped is not None and (shipped.platform, shipped.low, shipped.high, shipped.runs) == (
+                b["platform"], b["shipped_low"], b["shipped_high"], b["runs"])
+            print(f"  {sha[:12]}  {b['platform']:<16} low={b['shipped_low']} high={b['shipped_high']} "
+                  f"runs={b['runs']}   {'matches' if same else 'STALE: ' + repr(shipped)}")
         return 0
     rep = evaluate(platforms)
     if args.json:

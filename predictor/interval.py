@@ -16,11 +16,19 @@ Where the platform has too few runs of its own for that quantile to exist (n < :
 * 1 ≤ n < 9: the pooled prior's quantile (:data:`SHIPPED_PRIOR`, every shipped platform's runs),
   widened on each side to the platform's own worst run on that side (its own runs are direct
   evidence that it can be worse than the pool: Vista under-predicts by up to 37 %).
+* n = 0, but the platform's compute bundle (same GPU, same manifest sha256) has runs recorded on
+  another shipped platform (:data:`SHIPPED_BUNDLE_RUNS`; dgx-a100 shares Perlmutter's A100
+  bundle): the pooled quantile, widened on each side to that platform's worst run.  What a job
+  spends on the bundle's operators and on the host (the same prior on both) is then the evidence
+  those runs give; what differs between the two machines, the network, is a ring model of this
+  platform's published links, whose ±50 % operator spread widens the interval as for any
+  ring-model collective (below).
 * n = 0, no run at all: the pooled prior's *largest* score on both sides.  The 90 % pooled quantile
   assumes the platform's runs are like the pool's, which a platform that never recorded a run has
   not shown: held out as a whole, Vista's runs fall inside even the largest residual the other two
   platforms recorded (×1.31) only 3 times in 5 (``python benchmarks/bench_intervals.py``, column
-  "unseen platform").
+  "unseen platform").  Vista's compute bundle is its own, so that test says nothing against the
+  rule above.
 
 The operator-level spread (every term at the low / high end of its own validation error, which
 :func:`predictor.estimate.predict_many` assembles) already shows in the recorded residuals for
@@ -138,13 +146,55 @@ SHIPPED_PRIOR = PooledPrior(quantile=0.2325, maximum=0.4709, runs=43)
 
 
 @dataclass(frozen=True)
+class BundleRuns:
+    """The runs one shipped platform recorded with its compute bundle: the evidence a platform that
+    shares the bundle (the same GPU's measured operators) has before it records runs of its own."""
+
+    platform: str       # the shipped platform the runs were recorded on
+    low: float          # its worst over-prediction, −min log(measured / predicted), 0 if none
+    high: float         # its worst under-prediction, max log(measured / predicted), 0 if none
+    runs: int
+
+
+# Keyed by the compute bundle's manifest sha256 (platform.toml's compute_bundle_sha256); each side
+# rounded *up* at the 4th decimal.  Recompute: python benchmarks/bench_intervals.py --pooled;
+# tests/predictor/test_interval.py checks them against the shipped records.
+SHIPPED_BUNDLE_RUNS: dict[str, BundleRuns] = {
+    "27ab504fcc2bd8521d3b6a28c4b0738cd4588d54281c800a46e7ecbf4133e407":
+        BundleRuns("perlmutter-a100", low=0.0451, high=0.0855, runs=5),
+    "c06d575676af206a1d1a39f62ad91181f0491120378770a031ed44c63a68d503":
+        BundleRuns("dgx-h100", low=0.2686, high=0.2325, runs=33),
+    "cf1bc85c5b2cd3b893e9790c570f9eed034dfc987a10dffa6b79ceb2086018a3":
+        BundleRuns("vista-gh200", low=0.0206, high=0.4709, runs=5),
+}
+
+
+def bundle_runs(platforms: Iterable["Platform"]) -> dict[str, BundleRuns]:
+    """What :data:`SHIPPED_BUNDLE_RUNS` holds, computed from ``platforms``' recorded runs (unrounded):
+    per compute bundle, the platform with the most runs of it (the first such, on a tie)."""
+    out: dict[str, BundleRuns] = {}
+    for plat in platforms:
+        scores = run_scores(plat.validation)
+        if not scores or plat.transferred:
+            continue
+        sha = plat.compute.manifest_sha256
+        if sha in out and out[sha].runs >= len(scores):
+            continue
+        out[sha] = BundleRuns(plat.name, low=max(0.0, -min(scores)), high=max(0.0, max(scores)),
+                              runs=len(scores))
+    return out
+
+
+@dataclass(frozen=True)
 class IntervalRule:
     """The log-scale half-widths of a platform's interval, built once from its recorded runs.
 
     ``low`` / ``high``: the interval is ``[point · e^−low, point · e^high]`` before any operator
     spread (:func:`interval_seconds`).  ``source`` says where they came from: ``"own"`` (the
     platform's runs, n ≥ :data:`MIN_OWN_RUNS`), ``"pooled"`` (the pooled prior's quantile, widened
-    to the platform's own worst run on each side), ``"prior"`` (no runs: the pooled maximum).
+    to the platform's own worst run on each side), ``"bundle"`` (no runs of its own: the pooled
+    quantile widened to the worst runs of its compute bundle on ``evidence``, another shipped
+    platform), ``"prior"`` (no runs: the pooled maximum).
     """
 
     low: float
@@ -153,24 +203,30 @@ class IntervalRule:
     runs: int = 0
     calibrated: bool = True     # False: published specs only; the operator spread always widens
     alpha: float = ALPHA
+    evidence: str = ""          # source "bundle": the platform whose runs of the bundle answered
 
     def __post_init__(self) -> None:
         for key in ("low", "high"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"IntervalRule.{key} must be a finite number >= 0, got {v!r}")
-        if self.source not in ("own", "pooled", "prior"):
-            raise ValueError(f"IntervalRule.source must be own, pooled or prior, got {self.source!r}")
+        if self.source not in ("own", "pooled", "bundle", "prior"):
+            raise ValueError(f"IntervalRule.source must be own, pooled, bundle or prior, got {self.source!r}")
         _check_alpha(self.alpha)
 
     @classmethod
     def from_scores(cls, scores: Sequence[float], *, calibrated: bool = True,
-                    prior: PooledPrior = SHIPPED_PRIOR, alpha: float = ALPHA) -> "IntervalRule":
-        """From signed scores ``log(measured / predicted)`` of a platform's recorded runs."""
+                    prior: PooledPrior = SHIPPED_PRIOR, alpha: float = ALPHA,
+                    bundle: Optional[BundleRuns] = None) -> "IntervalRule":
+        """From signed scores ``log(measured / predicted)`` of a platform's recorded runs;
+        ``bundle``: its compute bundle's runs on another platform, used only when it has none."""
         s = _finite(scores, "scores")
         q = conformal_quantile([abs(x) for x in s], alpha)
         if q is not None:
             return cls(q, q, "own", len(s), calibrated, alpha)
+        if not s and bundle is not None and bundle.runs > 0:
+            return cls(max(prior.quantile, bundle.low), max(prior.quantile, bundle.high), "bundle", 0,
+                       calibrated, alpha, evidence=bundle.platform)
         if not s:
             return cls(prior.maximum, prior.maximum, "prior", 0, calibrated, alpha)
         # A platform's own runs never lie outside its interval: each side reaches its worst one.
@@ -190,8 +246,16 @@ class IntervalRule:
 
     @classmethod
     def for_platform(cls, platform: "Platform") -> "IntervalRule":
-        """The rule of a loaded platform: its ``[[validation]]`` runs and its ``calibrated`` flag."""
-        return cls.from_runs(platform.validation, calibrated=platform.calibrated)
+        """The rule of a loaded platform: its ``[[validation]]`` runs and its ``calibrated`` flag;
+        with no runs, its compute bundle's runs on another shipped platform
+        (:data:`SHIPPED_BUNDLE_RUNS`), when the bundle was measured on this platform's GPU and the
+        platform is calibrated."""
+        bundle = SHIPPED_BUNDLE_RUNS.get(platform.compute.manifest_sha256)
+        if bundle is not None and (bundle.platform == platform.name or platform.transferred
+                                   or not platform.calibrated):
+            bundle = None
+        return cls.from_scores(run_scores(platform.validation), calibrated=platform.calibrated,
+                               bundle=bundle)
 
     @property
     def factors(self) -> tuple[float, float]:
@@ -201,8 +265,11 @@ class IntervalRule:
     def describe(self) -> dict[str, Any]:
         """For an answer's ``details``: the factors and where they came from."""
         lo, hi = self.factors
-        return {"factors": [lo, hi], "source": self.source, "runs": self.runs,
-                "level": 1.0 - self.alpha, "calibrated": self.calibrated}
+        out = {"factors": [lo, hi], "source": self.source, "runs": self.runs,
+               "level": 1.0 - self.alpha, "calibrated": self.calibrated}
+        if self.evidence:
+            out["evidence"] = self.evidence
+        return out
 
 
 def interval_seconds(point_seconds: float, spread_lo_seconds: float, spread_hi_seconds: float,

@@ -90,6 +90,8 @@ def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
         source = (d.interval_rule or {}).get("source", "")
         whence = {"own": f"residuals of {n} runs measured here",
                   "pooled": f"residuals of {n} runs here and of the shipped platforms'",
+                  "bundle": "no run measured here: runs of its compute bundle on "
+                            f"{(d.interval_rule or {}).get('evidence', 'another platform')}",
                   "prior": "no run measured here: the shipped platforms' largest residual",
                   }.get(source, f"{n} measured runs")
         widened = "; widened by operator spread" if (pred.extrapolated or d.analytic_collectives) else ""

@@ -11,7 +11,8 @@ import pytest
 
 from predictor import load_platform
 from predictor.errors import PerfcastError, RunRecordError
-from predictor.interval import (ALPHA, MIN_OWN_RUNS, SHIPPED_PRIOR, IntervalRule, PooledPrior,
+from predictor.interval import (ALPHA, MIN_OWN_RUNS, SHIPPED_BUNDLE_RUNS, SHIPPED_PRIOR, BundleRuns,
+                                IntervalRule, PooledPrior, bundle_runs,
                                 conformal_quantile, conformal_rank, interval_seconds, leave_one_out,
                                 min_runs, run_scores)
 from predictor.platform import SHIPPED_DIR
@@ -221,8 +222,35 @@ def test_shipped_prior_still_matches_the_shipped_records():
     assert all(m <= SHIPPED_PRIOR.maximum for m in mags)
 
 
+def test_shipped_bundle_runs_still_match_the_shipped_records():
+    # SHIPPED_BUNDLE_RUNS is what `python benchmarks/bench_intervals.py --pooled` computes, each side
+    # rounded up at the 4th decimal: a re-recorded run or a new bundle makes this fail until it is
+    # recomputed.
+    plats = [load_platform(d) for d in sorted(SHIPPED_DIR.iterdir()) if (d / "platform.toml").is_file()]
+    fresh = bundle_runs(plats)
+    assert set(fresh) == set(SHIPPED_BUNDLE_RUNS)
+    for sha, b in fresh.items():
+        shipped = SHIPPED_BUNDLE_RUNS[sha]
+        assert (shipped.platform, shipped.runs) == (b.platform, b.runs)
+        assert b.low <= shipped.low < b.low + 1e-4 and b.high <= shipped.high < b.high + 1e-4
+        # Every run of the bundle lies inside what it stands for.
+        runs = next(p for p in plats if p.name == b.platform).validation
+        assert all(-shipped.low <= r.log_ratio <= shipped.high for r in runs)
+
+
+def test_bundle_rule_reaches_the_pooled_quantile_and_the_bundle_s_worst_runs():
+    b = BundleRuns("elsewhere", low=0.05, high=0.4, runs=3)
+    rule = IntervalRule.from_scores([], bundle=b)
+    assert (rule.source, rule.evidence) == ("bundle", "elsewhere")
+    assert rule.low == SHIPPED_PRIOR.quantile and rule.high == 0.4
+    # Own runs, however few, answer instead; a bundle without runs is no evidence.
+    assert IntervalRule.from_scores([0.01], bundle=b).source == "pooled"
+    assert IntervalRule.from_scores([], bundle=BundleRuns("x", 0.0, 0.0, 0)).source == "prior"
+    assert rule.describe()["evidence"] == "elsewhere"
+
+
 @pytest.mark.parametrize("name, source", [("dgx-h100", "own"), ("perlmutter-a100", "pooled"),
-                                          ("vista-gh200", "pooled"), ("dgx-a100", "prior")])
+                                          ("vista-gh200", "pooled"), ("dgx-a100", "bundle")])
 def test_shipped_platform_rules(name, source):
     plat = load_platform(name)
     rule = IntervalRule.for_platform(plat)

@@ -1,6 +1,7 @@
 """Measured end-to-end runs recorded on platforms, and the interval they widen."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -64,15 +65,38 @@ def test_vista_interval_reaches_up_to_its_worst_under_prediction(vista):
 
 
 def test_platform_without_runs_gets_at_least_the_widest_recorded_error():
-    # No run of its own: nothing says the platform is better than the worst run any shipped
-    # platform recorded (Vista's, x1.59; predictor.interval.SHIPPED_PRIOR.maximum).
+    # No run of its own and no run of its compute bundle anywhere: nothing says the platform is
+    # better than the worst run any shipped platform recorded (Vista's, x1.59;
+    # predictor.interval.SHIPPED_PRIOR.maximum).
     dgx = load_platform("dgx-a100")
+    alone = dataclasses.replace(dgx, compute=dataclasses.replace(dgx.compute, manifest_sha256="0" * 64))
     assert dgx.validation == []
-    assert IntervalRule.for_platform(dgx).source == "prior"
-    p = predict(make_job(), dgx)
+    assert IntervalRule.for_platform(alone).source == "prior"
+    p = predict(make_job(), alone)
     assert p.details.timeline_runs == 0
     worst = max(r.ratio for name in MEASURED for r in load_platform(name).validation)
     assert p.interval_seconds[1] >= worst * p.iteration_seconds
+
+
+def test_platform_sharing_a_measured_bundle_answers_with_that_bundle_s_runs():
+    # dgx-a100 records no run, but its A100 bundle is Perlmutter's: its interval reaches at least
+    # as far as Perlmutter's worst runs on each side, and no further than the pooled quantile
+    # needs, which is narrower than a platform with no evidence at all gets.
+    dgx, perl = load_platform("dgx-a100"), load_platform("perlmutter-a100")
+    assert dgx.compute.manifest_sha256 == perl.compute.manifest_sha256 and dgx.validation == []
+    rule = IntervalRule.for_platform(dgx)
+    assert (rule.source, rule.evidence, rule.runs) == ("bundle", "perlmutter-a100", 0)
+    lo, hi = rule.factors
+    assert lo <= min(r.ratio for r in perl.validation) and hi >= max(r.ratio for r in perl.validation)
+    prior = IntervalRule.from_runs([])
+    assert rule.high < prior.high and rule.low < prior.low
+    p = predict(make_job(), dgx)
+    assert p.details.interval_rule["source"] == "bundle"
+    assert p.details.interval_rule["evidence"] == "perlmutter-a100"
+    # The bundle's runs say nothing about another GPU's peaks, nor about a spec-only platform.
+    for other in (dataclasses.replace(dgx, calibrated=False),
+                  dataclasses.replace(dgx, gpu=dataclasses.replace(dgx.gpu, name="Another GPU"))):
+        assert IntervalRule.for_platform(other).source == "prior"
 
 
 def _run(ratio: float, name="r") -> MeasuredRun:
