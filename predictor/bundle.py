@@ -121,10 +121,25 @@ class LoadedModel:
 
     def row_in_range(self, row: "Sequence[float]") -> bool:
         """:meth:`in_range` for one row of plain numbers."""
+        return self.row_range_side(row) == 0
+
+    def range_side(self, raw: np.ndarray) -> np.ndarray:
+        """Per row: 0 inside the sampled range, −1 below it in some feature, else +1 (above it in
+        some feature).  Below matters more: a shape smaller than every sample runs into launch and
+        latency costs the edge's ratio does not know (``benchmarks/bench_extrapolation.py``)."""
+        below = (raw < self._lo).any(axis=1)
+        above = (raw > self._hi).any(axis=1)
+        return np.where(below, -1, np.where(above, 1, 0))
+
+    def row_range_side(self, row: "Sequence[float]") -> int:
+        """:meth:`range_side` for one row of plain numbers."""
+        side = 0
         for v, lo, hi in zip(row, self._lo_row, self._hi_row):     # a loop: ~3x all(genexpr)
-            if not lo <= v <= hi:
-                return False
-        return True
+            if v < lo:
+                return -1
+            if v > hi:
+                side = 1
+        return side
 
 
 @dataclass

@@ -37,7 +37,8 @@ spreads of up to −32 %/+62 %, and 20 of 29 residuals within 5 %): counted ever
 the median interval from 0.45 to 0.74 × the point.  It widens the interval only where the job
 leaves what the recorded runs cover, where it is the one estimate there is:
 
-* ``extrapolated``: a shape outside the sampled range (regressor error doubled, roofline scaling);
+* ``extrapolated``: a shape outside the sampled range (the regressor's p90 plus the measured
+  extrapolation error, ``predictor.estimate.EXTRAPOLATION_ERROR_*``; roofline scaling);
   measured: this brings one more of the 43 shipped runs inside at the same median width;
 * ``analytic_collectives``: a collective costed by the ring model of the published link speeds
   (no recorded run of any shipped platform has one);

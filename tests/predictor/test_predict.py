@@ -103,10 +103,30 @@ def test_extrapolation_flagged_with_wider_interval(perlmutter, monkeypatch):
     assert outside.extrapolated
     assert any("outside the sampled range" in w for w in outside.warnings)
     width = lambda p: p.interval_seconds[1] - p.interval_seconds[0]
-    monkeypatch.setattr(estimate, "EXTRAPOLATION_FACTOR", 1.0)
-    estimate.clear_memos()          # the memo holds answers made with the factor of 2
+    monkeypatch.setattr(estimate, "EXTRAPOLATION_ERROR_ABOVE", 0.0)
+    estimate.clear_memos()          # the memo holds answers made with the shipped factor
     unwidened = predict(job, perlmutter)
-    assert width(outside) > 1.2 * width(unwidened)
+    assert width(outside) > 1.1 * width(unwidened)
+
+
+def test_extrapolation_below_the_range_counts_at_least_as_much_as_above():
+    from predictor import estimate
+    assert estimate.EXTRAPOLATION_ERROR_BELOW >= estimate.EXTRAPOLATION_ERROR_ABOVE > 0.0
+    assert estimate.extrapolation_error(0) == 0.0
+    assert estimate.extrapolation_error(-1) == estimate.EXTRAPOLATION_ERROR_BELOW
+    assert list(estimate.extrapolation_error(np.array([-1, 0, 1]))) == [
+        estimate.EXTRAPOLATION_ERROR_BELOW, 0.0, estimate.EXTRAPOLATION_ERROR_ABOVE]
+
+
+def test_range_side_names_the_side_a_row_leaves_by(perlmutter):
+    lm = next(m for k, m in perlmutter.compute.models.items() if k.startswith("linear3.fwd"))
+    lo, hi = np.asarray(lm.info.feature_min, float), np.asarray(lm.info.feature_max, float)
+    mid = np.sqrt(lo * hi)
+    rows = np.array([mid, np.r_[hi[0] * 2, mid[1:]], np.r_[lo[0] / 2, mid[1:]],
+                     np.r_[lo[0] / 2, hi[1] * 2, mid[2:]]])
+    assert lm.range_side(rows).tolist() == [0, 1, -1, -1]          # below wins over above
+    assert [lm.row_range_side(r.tolist()) for r in rows] == [0, 1, -1, -1]
+    assert [lm.row_in_range(r.tolist()) for r in rows] == [True, False, False, False]
 
 
 def test_roofline_scaling_beyond_samples(perlmutter):
