@@ -10,7 +10,11 @@ models and layouts), the factors are fitted on one side with the acceptance rule
 ``validate --fit``, and the *other* side is predicted before and after.  dgx-h100 is split on its
 recorded runs, perlmutter-a100 and vista-gh200 on the paper's runs (benchmarks/data/).
 
-    python benchmarks/bench_fit_transfer.py [--platform dgx-h100 ...]
+    python benchmarks/bench_fit_transfer.py [--platform dgx-h100 ...] [--cpu-family]
+
+A fit's scales apply only to jobs inside the domain of the runs they were fitted on
+(predictor.platform.FitDomain); a job outside it is predicted as before, so a split's held-out
+side can stay unchanged even where the fit was kept.
 
 A benchmark, not a test: it prints what it measured.
 """
@@ -44,6 +48,9 @@ SPLITS: list[tuple[str, Callable[[MeasuredRun], bool]]] = [
     ("tp <= 2 | tp > 2", lambda r: r.job.layout.tp <= 2),
     ("pp <= 4 | pp > 4", lambda r: r.job.layout.pp <= 4),
     ("dp <= 4 | dp > 4", lambda r: r.job.layout.dp <= 4),
+    ("hidden <= 256 | > 256", lambda r: r.job.model.hidden <= 256),
+    ("dp 1 | dp > 1", lambda r: r.job.layout.dp == 1),
+    ("no recompute | recompute", lambda r: r.job.layout.recompute == "none"),
 ]
 # The paper's runs of the platforms that have no recorded runs of their own beyond them.
 PAPER_RUNS = {"perlmutter-a100": "paper-runs-perlmutter-a100.toml", "vista-gh200": "paper-runs-vista-gh200.toml"}
@@ -114,7 +121,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--platform", action="append",
                     help="platform(s) to split (default: dgx-h100 and the paper platforms)")
+    ap.add_argument("--cpu-family", action="store_true",
+                    help="also this machine's real CPU training steps (benchmarks/data/cpu-family), on a "
+                         "platform fitted from the samples they were calibrated with")
     args = ap.parse_args()
+    if args.cpu_family:
+        from bench_cpu_family import resolve_platform
+        keep: list = []          # the temporary platform directory lives as long as this list
+        data = ROOT / "benchmarks" / "data" / "cpu-family"
+        plat = dataclasses.replace(resolve_platform(str(data / "samples"), keep), fitted=None)
+        bench("cpu-family", load_runs(data / "runs.toml"), plat)
+        if not args.platform:
+            return 0
     names = args.platform or ["dgx-h100", *PAPER_RUNS]
     for name in names:
         plat = dataclasses.replace(load_platform(name), fitted=None)

@@ -42,8 +42,8 @@ import numpy as np
 
 from predictor.errors import JobError, RunRecordError
 from predictor.job import TrainingJob
-from predictor.platform import (FITTED_SCALE_RANGE, PLATFORM_FILE, FittedTerms, Platform, load_platform,
-                                resolve_platform, write_platform)
+from predictor.platform import (FITTED_SCALE_RANGE, PLATFORM_FILE, FitDomain, FittedTerms, Platform,
+                                load_platform, resolve_platform, write_platform)
 from predictor import interval
 from predictor.validation import MeasuredRun, parse_runs, ratio_range, runs_to_toml
 
@@ -92,6 +92,8 @@ class FitResult:
     # The standard error of the mean paired change of absolute error, run by run, between the
     # platform as it is and leave-one-out (0 when not fitted).
     loo_change_se: float = 0.0
+    # The jobs the factors were fitted on; a job outside is predicted without them.
+    domain: Optional[FitDomain] = None
 
     @property
     def improves(self) -> bool:
@@ -102,7 +104,8 @@ class FitResult:
     def terms(self, **meta: Any) -> FittedTerms:
         """The ``[fitted]`` table these factors make (``meta``: runs, MAPEs, when, source)."""
         # host_scale here is a summary of the host factors, not a factor: [fitted] writes 1.
-        return FittedTerms(host_scale=1.0, **{f: round(getattr(self, f), 4) for f in FACTORS}, **meta)
+        return FittedTerms(host_scale=1.0, **{f: round(getattr(self, f), 4) for f in FACTORS},
+                           domain=self.domain, **meta)
 
     def describe(self) -> str:
         """One line: each factor, fitted or why not."""
@@ -124,7 +127,8 @@ class FitResult:
                 "host_fitted": self.host_fitted,
                 "fitted": list(self.fitted), "identification": dict(self.identification),
                 "mape_before": self.mape_before, "loo_mape_after": self.loo_mape_after,
-                "loo_change_se": self.loo_change_se, "written": self.written, "reason": self.reason}
+                "loo_change_se": self.loo_change_se, "written": self.written, "reason": self.reason,
+                "domain": self.domain.to_dict() if self.domain is not None else None}
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,9 @@ class ValidationSummary:
             lines.append(f"fit: {f.describe()} (host time x{f.host_scale:.3f} on these runs); "
                          f"leave-one-out MAPE before {100 * f.mape_before:.2f}%, after "
                          f"{100 * f.loo_mape_after:.2f}%; {f.reason}")
+            if f.domain is not None and f.fitted:
+                lines.append(f"fit applies to jobs like the runs: {f.domain.describe()} (others are "
+                             "predicted without it)")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -408,6 +415,10 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
         mask = everyone.copy()
         mask[i] = False
         fidx, _, _ = fit(mask)
+        # With the factors, even where the run lies outside the others' domain (FitDomain): this
+        # asks whether the factors are real; where they apply is the domain's question.  Gating
+        # here too left the smallest and largest of a handful of runs unfitted and declined fits
+        # whose factor was exact.
         loo.append(float(at(fidx)[i]))
     err_after = np.abs(np.array(loo) / measured - 1.0)
     after = float(np.mean(err_after))
@@ -429,6 +440,7 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
              ", ".join(f"{f} {scales[f]:.3f}" for f in FACTORS), len(cache))
     return FitResult(mape_before=before, loo_mape_after=after, loo_predictions=loo, loo_change_se=change_se,
                      host_scale=eff, **scales, host_fitted=host_fitted, fitted=fitted,
+                     domain=FitDomain.of_jobs(jobs, platform.gpus_per_node),
                      identification={f: (None if not np.isfinite(v) else round(float(v), 4))
                                      for f, v in stds.items()})
 

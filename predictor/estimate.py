@@ -16,6 +16,7 @@ all-reduces included; recomputation folded into B), v the virtual stages, and up
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -741,7 +742,41 @@ def _total(job: TrainingJob, iteration: float, fwd_pipeline: float, plat: Platfo
 
 
 def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Prediction]:
-    """Predict many jobs on one platform with one regressor call per model (perf-advise's path)."""
+    """Predict many jobs on one platform with one regressor call per model (perf-advise's path).
+
+    A job outside the domain of the platform's ``[fitted]`` scales (the jobs they were fitted on,
+    :class:`~predictor.platform.FitDomain`) is predicted without them, and says so."""
+    fitted = platform.fitted
+    if fitted is None or fitted.domain is None or not jobs:
+        return _predict_many(jobs, platform)
+    gpn = platform.gpus_per_node
+    why = [fitted.outside(job, gpn) for job in jobs]
+    if not any(why):
+        return _predict_many(jobs, platform)
+    out: list[Optional[Prediction]] = [None] * len(jobs)
+    inside = [i for i, w in enumerate(why) if not w]
+    outside = [i for i, w in enumerate(why) if w]
+    if inside:
+        for i, p in zip(inside, _predict_many([jobs[i] for i in inside], platform)):
+            out[i] = p
+    for i, p in zip(outside, _predict_many([jobs[i] for i in outside], _unfitted(platform))):
+        p.warnings.append(f"the fitted scales of platform {platform.name} are not applied: this job has "
+                          f"{why[i]}, unlike the runs they were fitted on (predicted from the measured "
+                          "models alone)")
+        out[i] = p
+    return out  # type: ignore[return-value]
+
+
+def _unfitted(platform: Platform) -> Platform:
+    """The platform without its ``[fitted]`` scales, made once per loaded platform."""
+    memo = _static(platform)
+    twin = memo.get("unfitted")
+    if twin is None:
+        twin = memo["unfitted"] = dataclasses.replace(platform, fitted=None)
+    return twin
+
+
+def _predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Prediction]:
     q = QuerySet(platform)
     plans = [_plan(job, platform, q) for job in jobs]
     secs, rel, extra = q.evaluate()

@@ -70,6 +70,93 @@ FITTED_SCALES = ("compute_scale", "host_scale", "host_layer_scale", "host_micro_
                  "network_scale")
 
 
+# The mechanisms a job has or lacks (each "more than one": data-, tensor-, pipeline-, context-
+# parallel ranks, nodes).  A scale fitted on runs that all had one can have absorbed its error.
+FIT_TRAITS = ("dp", "tp", "pp", "cp", "nodes")
+
+
+def job_traits(job: Any, gpus_per_node: int) -> dict[str, bool]:
+    """Which of :data:`FIT_TRAITS` a job has (``job``: a TrainingJob)."""
+    lay = job.layout
+    return {"dp": lay.dp > 1, "tp": lay.tp > 1, "pp": lay.pp > 1, "cp": lay.cp > 1,
+            "nodes": job.nodes(job.cluster.gpus_per_node or gpus_per_node) > 1}
+
+
+@dataclass(frozen=True)
+class FitDomain:
+    """The jobs ``[fitted]`` was learnt on: the range of hidden sizes, and per trait of
+    :data:`FIT_TRAITS` the values the runs had.  A fitted scale can absorb the error of a mechanism
+    every run had (a compute scale fitted on data-parallel runs, the time their ranks lose to each
+    other), so a job outside the domain is predicted without the scales and told so: on this
+    machine's CPU runs, a compute scale fitted on dp 2 runs (1.41) moved dp 1 runs from 8 % to 31 %
+    MAPE (``python benchmarks/bench_fit_transfer.py --cpu-family``)."""
+
+    hidden_min: int
+    hidden_max: int
+    traits: tuple[tuple[str, tuple[bool, ...]], ...]     # (trait, values seen), FIT_TRAITS order
+
+    # The hidden range bounds the scales of shape-dependent costs only (FittedTerms.outside): on the
+    # CPU runs, a compute scale fitted on hidden <= 256 (1.28) moved hidden 512-1024 from 11 % to
+    # 18 % MAPE.
+
+    @classmethod
+    def of_jobs(cls, jobs: "list[Any]", gpus_per_node: int) -> "FitDomain":
+        if not jobs:
+            raise ValueError("a fit domain needs at least one job")
+        seen: dict[str, set[bool]] = {t: set() for t in FIT_TRAITS}
+        for job in jobs:
+            for t, v in job_traits(job, gpus_per_node).items():
+                seen[t].add(v)
+        hidden = [int(j.model.hidden) for j in jobs]
+        return cls(min(hidden), max(hidden), tuple((t, tuple(sorted(seen[t]))) for t in FIT_TRAITS))
+
+    def outside(self, job: Any, gpus_per_node: int, *, sizes: bool = True) -> str:
+        """Why ``job`` lies outside the domain ("" when inside).  ``sizes``: the hidden range counts
+        too (for scales of costs that depend on the shapes: device compute, host issue)."""
+        h = int(job.model.hidden)
+        if sizes and not self.hidden_min <= h <= self.hidden_max:
+            return f"hidden {h} (fitted on {self.hidden_min}–{self.hidden_max})"
+        seen = dict(self.traits)
+        for t, v in job_traits(job, gpus_per_node).items():
+            if v not in seen.get(t, (v,)):
+                what = "more than one node" if t == "nodes" else f"{t} > 1"
+                return f"{'' if v else 'no '}{what} (every fitted run had {'none' if v else 'it'})"
+        return ""
+
+    def describe(self) -> str:
+        """One line: e.g. "hidden 512–4096; dp > 1 only; no tp, pp, cp; one node"."""
+        only, never = [], []
+        for t, v in self.traits:
+            if v == (True,):
+                only.append("more than one node" if t == "nodes" else f"{t} > 1")
+            elif v == (False,):
+                never.append("one node" if t == "nodes" else f"no {t}")
+        return "; ".join([f"hidden {self.hidden_min}–{self.hidden_max}"] + [", ".join(only + never)]
+                         if only or never else [f"hidden {self.hidden_min}–{self.hidden_max}"])
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> "FitDomain":
+        if not isinstance(d, dict):
+            raise BundleError(f"{where}: [fitted.domain] must be a table")
+        unknown = sorted(set(d) - {"hidden", *FIT_TRAITS})
+        if unknown:
+            raise BundleError(f"{where}: fitted.domain.{unknown[0]}: unknown key")
+        h = d.get("hidden")
+        if (not isinstance(h, list) or len(h) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                               and x >= 1 for x in h) or h[0] > h[1]):
+            raise BundleError(f"{where}: fitted.domain.hidden must be [min, max] hidden sizes, got {h!r}")
+        traits = []
+        for t in FIT_TRAITS:
+            v = d.get(t, [False, True])
+            if not isinstance(v, list) or not v or not all(isinstance(x, bool) for x in v):
+                raise BundleError(f"{where}: fitted.domain.{t} must be a non-empty list of true/false, got {v!r}")
+            traits.append((t, tuple(sorted(set(v)))))
+        return cls(h[0], h[1], tuple(traits))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hidden": [self.hidden_min, self.hidden_max], **{t: list(v) for t, v in self.traits}}
+
+
 @dataclass(frozen=True)
 class FittedTerms:
     """``[fitted]``: ``compute_scale`` multiplies every operator's device time (never below its
@@ -92,6 +179,7 @@ class FittedTerms:
     host_micro_batch_scale: float = 1.0
     host_launch_scale: float = 1.0
     network_scale: float = 1.0
+    domain: Optional[FitDomain] = None     # None: every job (files written before the domain)
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "FittedTerms":
@@ -115,15 +203,28 @@ class FittedTerms:
         for key in ("fitted_at", "source"):
             if not isinstance(d.get(key, ""), str):
                 raise BundleError(f"{where}: fitted.{key} must be a string")
+        domain = FitDomain.from_dict(d["domain"], where) if "domain" in d else None
         return cls(runs=tuple(runs), loo_mape_before=float(d.get("loo_mape_before", 0.0)),
                    loo_mape_after=float(d.get("loo_mape_after", 0.0)),
-                   fitted_at=d.get("fitted_at", ""), source=d.get("source", ""),
+                   fitted_at=d.get("fitted_at", ""), source=d.get("source", ""), domain=domain,
                    **{key: float(d.get(key, 1.0)) for key in FITTED_SCALES})
 
+    def outside(self, job: Any, gpus_per_node: int) -> str:
+        """Why ``job`` lies outside the jobs these scales were fitted on ("" when inside, or when no
+        domain was recorded).  The hidden range counts only where a scale of a shape-dependent cost
+        (device compute, host issue) differs from 1: the network scale's fabric does not care."""
+        if self.domain is None:
+            return ""
+        sized = any(getattr(self, k) != 1.0 for k in FITTED_SCALES if k != "network_scale")
+        return self.domain.outside(job, gpus_per_node, sizes=sized)
+
     def to_dict(self) -> dict[str, Any]:
-        return {**{key: getattr(self, key) for key in FITTED_SCALES}, "runs": list(self.runs),
-                "loo_mape_before": self.loo_mape_before, "loo_mape_after": self.loo_mape_after,
-                "fitted_at": self.fitted_at, "source": self.source}
+        out = {**{key: getattr(self, key) for key in FITTED_SCALES}, "runs": list(self.runs),
+               "loo_mape_before": self.loo_mape_before, "loo_mape_after": self.loo_mape_after,
+               "fitted_at": self.fitted_at, "source": self.source}
+        if self.domain is not None:
+            out["domain"] = self.domain.to_dict()
+        return out
 # --- end [fitted] ---
 
 
