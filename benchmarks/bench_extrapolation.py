@@ -80,7 +80,6 @@ def _cases(samples, gpu, library: str, seed: int) -> list[Case]:
             if len(y) < MIN_TRAIN + MIN_HELD_OUT:
                 continue
             measured = np.exp(y)           # measured / roofline
-            floor_ratio_s = None
             for i, feature in enumerate(op.features):
                 values = np.unique(raw[:, i])
                 if len(values) < 4:
@@ -101,15 +100,20 @@ def _cases(samples, gpu, library: str, seed: int) -> list[Case]:
                         # The launch floor: the least the training rows ever measured (the bundle's
                         # floor is the least over all its models; one model's is tighter, not looser).
                         roof = _roofline(op, raw[held], direction, precision, gpu)
-                        floor_ratio_s = float(np.min(np.exp(y[train]) * _roofline(op, raw[train], direction,
+                        floor_s = float(np.min(np.exp(y[train]) * _roofline(op, raw[train], direction,
                                                                                    precision, gpu)))
-                        ratio = np.maximum(ratio * roof, floor_ratio_s) / roof
+                        ratio = np.maximum(ratio * roof, floor_s) / roof
                     err = np.abs(ratio / measured[held] - 1.0)
                     p90_in = max(float(est.validation_p90_), 1e-6)
                     out.append(Case(f"{op_name}.{direction}.{precision}", feature, side, int(train.sum()),
                                     int(held.sum()), p90_in, float(np.quantile(err, LEVEL)),
                                     (err / p90_in).tolist(), np.maximum(err - p90_in, 0.0).tolist()))
     return out
+
+
+def _pooled(cases: list[Case], what: str, side: Optional[str] = None) -> np.ndarray:
+    """Every held-out term's ``what`` (quotients / excess), of one side of the range or both."""
+    return np.concatenate([np.asarray(getattr(c, what)) for c in cases if side in (None, c.side)])
 
 
 def _roofline(op, raw: np.ndarray, direction: str, precision: str, gpu) -> np.ndarray:
@@ -139,13 +143,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not cases:
         print("no operator model has enough rows to hold any out", file=sys.stderr)
         return 1
-    quot = np.concatenate([np.asarray(c.quotients) for c in cases])
+    quot = _pooled(cases, "quotients")
     factor = float(np.quantile(quot, LEVEL))
-    by_side = {s: float(np.quantile(np.concatenate([np.asarray(c.quotients) for c in cases if c.side == s]), LEVEL))
+    by_side = {s: float(np.quantile(_pooled(cases, "quotients", s), LEVEL))
                for s in ("above", "below") if any(c.side == s for c in cases)}
-    exc = np.concatenate([np.asarray(c.excess) for c in cases])
-    excess = float(np.quantile(exc, LEVEL))
-    excess_by_side = {s: float(np.quantile(np.concatenate([np.asarray(c.excess) for c in cases if c.side == s]), LEVEL))
+    excess = float(np.quantile(_pooled(cases, "excess"), LEVEL))
+    excess_by_side = {s: float(np.quantile(_pooled(cases, "excess", s), LEVEL))
                       for s in ("above", "below") if any(c.side == s for c in cases)}
     summary = {"samples": str(src if args.estimate_train_time is None else args.estimate_train_time),
                "gpu": gpu.name, "library": args.library, "cases": len(cases), "held_out_terms": int(len(quot)),
@@ -154,15 +157,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                "median_case_ratio": statistics.median(c.out_p90 / c.in_range_p90 for c in cases),
                "shipped_errors": {"above": EXTRAPOLATION_ERROR_ABOVE, "below": EXTRAPOLATION_ERROR_BELOW}}
     if args.json:
-        print(json.dumps({"summary": summary, "cases": [{k: v for k, v in asdict(c).items()
-                                                                                     if k not in ("quotients", "excess")}
-                                                          for c in cases]}, indent=2))
+        rows = [{k: v for k, v in asdict(c).items() if k not in ("quotients", "excess")} for c in cases]
+        print(json.dumps({"summary": summary, "cases": rows}, indent=2))
         return 0
-    print(f"{'model':<32}{'feature':<10}{'side':<7}{'train':>6}{'held':>6}{'p90 in':>9}{'p90 out':>9}{'out/in':>8}")
+    print(f"{'model':<32}{'feature':<10}{'side':<7}{'train':>6}{'held':>6}{'p90 in':>9}{'p90 out':>9}"
+          f"{'out/in':>8}")
     for c in cases:
         print(f"{c.model:<32}{c.feature:<10}{c.side:<7}{c.train_rows:>6}{c.held_out_rows:>6}"
               f"{c.in_range_p90:>9.3f}{c.out_p90:>9.3f}{c.out_p90 / c.in_range_p90:>8.2f}")
-    print(f"\n{summary['gpu']} ({summary['library']}): {len(cases)} held-out cuts, {len(quot)} extrapolated terms")
+    print(f"\n{summary['gpu']} ({summary['library']}): {len(cases)} held-out cuts, "
+          f"{len(quot)} extrapolated terms")
     print(f"  factor covering 90 % of extrapolated terms (p90 of error / in-range p90): {factor:.2f}"
           + "".join(f"; {s} the range {v:.2f}" for s, v in by_side.items()))
     print(f"  error beyond the in-range p90 that covers 90 % of extrapolated terms: {excess:.3f}"

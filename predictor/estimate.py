@@ -4,9 +4,9 @@ Two phases, so that many jobs (perf-advise's candidates) cost one regressor call
 ``_plan`` lists every operator and collective a job needs as handles into a shared query set;
 ``QuerySet.evaluate`` runs each model once over all its rows; ``_assemble`` folds the seconds into
 the timeline.  The interval comes from assembling again with every term at the low and high end
-of its own uncertainty (validation p90, plus a measured extrapolation error outside the sampled range), then widened
-by the timeline's own error: the spread of measured / predicted over real runs recorded on the
-platform (:mod:`predictor.validation`).
+of its own uncertainty (validation p90, plus a measured extrapolation error outside the sampled
+range), then widened by the timeline's own error: the spread of measured / predicted over real
+runs recorded on the platform (:mod:`predictor.validation`).
 
 Timeline (the paper's Eq. 7, 1F1B + DP, extended):
     iteration = (m + (p − 1)/v) · (F + B) + max over stages (DP gradient reduction + update) + overhead
@@ -168,10 +168,12 @@ def clear_memos(answers_only: bool = False) -> None:
     """Forget every memoised answer (for code that changes a loaded platform in place: tests).
     ``answers_only``: keep what depends on the platform alone (operator resolution, interval
     rule), as for a job the process has not seen on a platform it has used (bench_predict.py)."""
-    for memo in _MEMOS.values():
+    # Over copies: clearing a platform's static memo can drop the last reference to its unfitted
+    # twin (_unfitted), whose finaliser then removes the twin's own entries from these tables.
+    for memo in list(_MEMOS.values()):
         memo.clear()
     if not answers_only:
-        for memo in _STATIC.values():
+        for memo in list(_STATIC.values()):
             memo.clear()
 
 

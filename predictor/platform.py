@@ -89,15 +89,13 @@ class FitDomain:
     every run had (a compute scale fitted on data-parallel runs, the time their ranks lose to each
     other), so a job outside the domain is predicted without the scales and told so: on this
     machine's CPU runs, a compute scale fitted on dp 2 runs (1.41) moved dp 1 runs from 8 % to 31 %
-    MAPE (``python benchmarks/bench_fit_transfer.py --cpu-family``)."""
+    MAPE, and one fitted on hidden <= 256 (1.28) moved hidden 512-1024 from 11 % to 18 %
+    (``python benchmarks/bench_fit_transfer.py --cpu-family``).  The hidden range bounds only the
+    scales of shape-dependent costs (:meth:`FittedTerms.outside`)."""
 
     hidden_min: int
     hidden_max: int
     traits: tuple[tuple[str, tuple[bool, ...]], ...]     # (trait, values seen), FIT_TRAITS order
-
-    # The hidden range bounds the scales of shape-dependent costs only (FittedTerms.outside): on the
-    # CPU runs, a compute scale fitted on hidden <= 256 (1.28) moved hidden 512-1024 from 11 % to
-    # 18 % MAPE.
 
     @classmethod
     def of_jobs(cls, jobs: "list[Any]", gpus_per_node: int) -> "FitDomain":
@@ -124,15 +122,16 @@ class FitDomain:
         return ""
 
     def describe(self) -> str:
-        """One line: e.g. "hidden 512–4096; dp > 1 only; no tp, pp, cp; one node"."""
-        only, never = [], []
+        """One line, e.g. "hidden 512–4096; dp > 1, no tp, no pp, no cp, one node" (the traits every
+        run had or none had; a trait with both values is not named)."""
+        fixed = []
         for t, v in self.traits:
             if v == (True,):
-                only.append("more than one node" if t == "nodes" else f"{t} > 1")
+                fixed.append("more than one node" if t == "nodes" else f"{t} > 1")
             elif v == (False,):
-                never.append("one node" if t == "nodes" else f"no {t}")
-        return "; ".join([f"hidden {self.hidden_min}–{self.hidden_max}"] + [", ".join(only + never)]
-                         if only or never else [f"hidden {self.hidden_min}–{self.hidden_max}"])
+                fixed.append("one node" if t == "nodes" else f"no {t}")
+        parts = [f"hidden {self.hidden_min}–{self.hidden_max}"]
+        return "; ".join(parts + [", ".join(fixed)] if fixed else parts)
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "FitDomain":
@@ -149,7 +148,8 @@ class FitDomain:
         for t in FIT_TRAITS:
             v = d.get(t, [False, True])
             if not isinstance(v, list) or not v or not all(isinstance(x, bool) for x in v):
-                raise BundleError(f"{where}: fitted.domain.{t} must be a non-empty list of true/false, got {v!r}")
+                raise BundleError(f"{where}: fitted.domain.{t} must be a non-empty list of true/false, "
+                                  f"got {v!r}")
             traits.append((t, tuple(sorted(set(v)))))
         return cls(h[0], h[1], tuple(traits))
 

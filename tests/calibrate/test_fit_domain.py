@@ -116,3 +116,16 @@ def test_validate_fit_writes_the_domain_and_says_where_the_fit_applies(tmp_path,
     plat = load_platform(d, reload=True)
     assert plat.fitted.domain == FitDomain.of_jobs(DP2, plat.gpus_per_node)
     assert any("not applied" in w for w in predict(_job(hidden=3072, heads=24), plat).warnings)
+
+
+def test_forgetting_the_memos_with_an_unfitted_twin_alive_is_safe():
+    # The twin a fitted platform keeps for jobs outside its domain lives in the platform's memo:
+    # clearing the memos drops it, and its finaliser edits the memo tables while they are cleared.
+    from predictor import estimate
+    base = load_platform("dgx-a100")
+    fitted = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.3, domain=FitDomain.of_jobs(DP2, 8)))
+    job = _job(hidden=3072, heads=24)
+    first = predict(job, fitted).iteration_seconds
+    for answers_only in (True, False, False):
+        estimate.clear_memos(answers_only=answers_only)
+        assert predict(job, fitted).iteration_seconds == first
