@@ -115,18 +115,11 @@ class LoadedModel:
         self._hi = np.asarray(self.info.feature_max, dtype=float) * 1.01
         self._lo_row, self._hi_row = self._lo.tolist(), self._hi.tolist()
 
-    def in_range(self, raw: np.ndarray) -> np.ndarray:
-        """Rows whose every feature lies inside the sampled range (with 1 % slack)."""
-        return ((raw >= self._lo) & (raw <= self._hi)).all(axis=1)
-
-    def row_in_range(self, row: "Sequence[float]") -> bool:
-        """:meth:`in_range` for one row of plain numbers."""
-        return self.row_range_side(row) == 0
-
     def range_side(self, raw: np.ndarray) -> np.ndarray:
-        """Per row: 0 inside the sampled range, −1 below it in some feature, else +1 (above it in
-        some feature).  Below matters more: a shape smaller than every sample runs into launch and
-        latency costs the edge's ratio does not know (``benchmarks/bench_extrapolation.py``)."""
+        """Per row: 0 inside the sampled range (with 1 % slack), −1 below it in some feature, else
+        +1 (above it in some feature).  Below matters more: a shape smaller than every sample runs
+        into launch and latency costs the edge's ratio does not know
+        (``benchmarks/bench_extrapolation.py``)."""
         below = (raw < self._lo).any(axis=1)
         above = (raw > self._hi).any(axis=1)
         return np.where(below, -1, np.where(above, 1, 0))
