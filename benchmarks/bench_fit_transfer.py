@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from calibrate.validate import fit_terms, load_runs  # noqa: E402
+from calibrate.validate import _MAX_STD, fit_terms, load_runs  # noqa: E402
 from predictor import load_platform, predict_many  # noqa: E402
 from predictor.validation import MeasuredRun  # noqa: E402
 
@@ -73,7 +73,7 @@ def _why(res) -> str:
     for f, std in res.identification.items():
         if f not in res.fitted:
             out.append(f"{f.replace('_scale', '').replace('host_', '')} "
-                       + ("collinear" if std is None else "unidentified" if std > 0.1733 else "insignificant"))
+                       + ("collinear" if std is None else "unidentified" if std > _MAX_STD else "insignificant"))
     return "at 1: " + (", ".join(out) or "-")
 
 
