@@ -24,14 +24,15 @@ METHOD_VERSION = 1
 # normaliser only, so the exact figure matters little; unknown GPUs are probed instead.
 KNOWN_GPUS: dict[str, tuple[float, dict[str, float], float]] = {
     # fp32 = the TF32 tensor-core peak where the GPU has one (what torch's fp32 GEMMs may use),
-    # as in the shipped platforms (scripts/build_platforms.py).
+    # as in the shipped platforms (scripts/build_platforms.py).  fp8: the dense FP8 tensor-core
+    # peak where the GPU has FP8 tensor cores (a job's run.fp8 needs it; predictor.fp8).
     "a100": (80.0, {"fp16": 312.0, "bf16": 312.0, "fp32": 156.0}, 2039.0),
-    "h100": (80.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0}, 3350.0),
-    "h200": (141.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0}, 4800.0),
-    "gh200": (96.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0}, 4000.0),
+    "h100": (80.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0, "fp8": 1979.0}, 3350.0),
+    "h200": (141.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0, "fp8": 1979.0}, 4800.0),
+    "gh200": (96.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0, "fp8": 1979.0}, 4000.0),
     "v100": (32.0, {"fp16": 125.0, "bf16": 125.0, "fp32": 15.7}, 900.0),
     "a40": (48.0, {"fp16": 150.0, "bf16": 150.0, "fp32": 74.8}, 696.0),
-    "l40s": (48.0, {"fp16": 362.0, "bf16": 362.0, "fp32": 183.0}, 864.0),
+    "l40s": (48.0, {"fp16": 362.0, "bf16": 362.0, "fp32": 183.0, "fp8": 733.0}, 864.0),
     "mi250x": (128.0, {"fp16": 383.0, "bf16": 383.0, "fp32": 47.9}, 3277.0),
 }
 

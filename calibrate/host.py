@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from predictor.operators import OPERATORS
+from predictor.operators import CALIBRATED, OPERATORS
 
 from .kernels import build_kernel
 from .plans import ModelPoint, operator_shapes
@@ -100,7 +100,7 @@ def measure_host_costs(device: str, precision: str, *, ops: Sequence[str] | None
     dev_name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     out = HostCosts(device, dev_name, precision, calls=calls, torch_version=torch.__version__)
     shapes = _shapes()
-    for op in ops or sorted(OPERATORS):
+    for op in ops or sorted(CALIBRATED):
         if op not in shapes:
             continue
         kernel = build_kernel(op, shapes[op], precision, device)

@@ -28,7 +28,8 @@ from .bundle import collective_features
 from .recipe import (Group, gradient_reduction, groups, micro_batch_recipe, pipeline_sends, stage_layers,
                      stage_parameter_counts, total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
-from .errors import BundleError
+from .errors import BundleError, JobError
+from . import fp8
 from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
 from .network import ring_seconds
@@ -38,7 +39,9 @@ from .platform import Platform
 # An operator without samples is costed with a physically close one (its efficiency, at the
 # original operator's FLOPs and bytes) and the answer says so.
 SUBSTITUTES = {"swiglu": "gelu", "gelu": "swiglu", "rmsnorm": "layernorm", "layernorm": "rmsnorm",
-               "scaled_masked_softmax": "softmax", "softmax": "scaled_masked_softmax"}
+               "scaled_masked_softmax": "softmax", "softmax": "scaled_masked_softmax",
+               # FP8 casts are never calibrated: another memory-bound pass at their own bytes.
+               "fp8_cast": "res_add", "amax": "res_add"}
 # DeepSpeed's default reduce bucket: gradients are reduced in chunks of this many elements.
 REDUCE_BUCKET_ENTRIES = 500_000_000
 ANALYTIC_REL_ERROR = 0.5       # an unmeasured topology: the ring model can be off by half
@@ -262,7 +265,9 @@ class QuerySet:
             if op_name is None:
                 continue
             for model_dir in directions:
-                for prec in (precision, "fp16", "bf16"):
+                # An FP8 GEMM is costed from the 16-bit measurement of its shape (predictor.fp8).
+                precs = (fp8.BASE_PRECISION, "fp16") if precision == "fp8" else (precision, "fp16", "bf16")
+                for prec in precs:
                     key = f"{op_name}.{model_dir}.{prec}"
                     if bundle.get(key) is None:
                         continue
@@ -275,7 +280,7 @@ class QuerySet:
                                      f"({bundle.not_fitted_reason(f'{op_name}.{direction}.{prec}')}); costed "
                                      f"with the {model_dir} pass's measured efficiency at the {direction} "
                                      "pass's FLOPs and bytes")
-                    if prec != precision:
+                    if prec != precision and precision != "fp8":
                         notes.append(f"{precision} costed with {prec} samples of bundle {bundle.name} "
                                      f"(against the {precision} roofline)")
                     return key, op_name, "; ".join(notes)
@@ -309,11 +314,16 @@ class QuerySet:
         sides: list[int] = []             # 0 inside the sampled range, -1 below it, +1 above
         p90: list[float] = []
         calls: list[float] = []
+        fp8_flops: list[float] = []       # an FP8 GEMM row's FLOPs (predictor.fp8), else 0
+        fp8_bytes: list[float] = []       # ... and its traffic in FP8
         gather: list[int] = []            # row -> its distinct row
         distinct_rows: list[tuple[float, ...]] = []
         distinct_keys: list[str] = []
         for (model_key, model_op, name, direction, precision), rows in self._op_rows.items():
             op = OPERATORS[name]
+            in_fp8 = precision == "fp8"
+            if in_fp8:     # the 16-bit measurement first, against its own roofline
+                precision = fp8.BASE_PRECISION
             model_names = OPERATORS[model_op].features
             lm = models[model_key]
             # The memo key holds the operator's own features; a substitute model with other
@@ -340,6 +350,14 @@ class QuerySet:
                 roofs.extend(op.roofline_seconds({f: cols[:, i] for i, f in enumerate(op.features)},
                                                  direction, precision, gpu).tolist())
                 sides.extend(lm.range_side(np.array(raws)).tolist())
+            scale = 1.0 if direction == "fwd" else op.bwd_factor
+            if in_fp8:
+                fp8_flops.extend(scale * float(op.flops(shape)) for _, shape, _ in rows)
+                fp8_bytes.extend(fp8.gemm_bytes(float(shape["m"]), float(shape["k"]), float(shape["n"]), direction)
+                                 for _, shape, _ in rows)
+            else:
+                fp8_flops.extend([0.0] * len(rows))
+                fp8_bytes.extend([0.0] * len(rows))
             p90.extend([lm.info.validation_p90] * len(rows))
             calls.extend([host.call_seconds(model_op, direction) if host is not None else 0.0] * len(rows))
         roof = np.asarray(roofs)
@@ -363,6 +381,18 @@ class QuerySet:
             dev = np.where(timed, np.maximum(t - 0.5 * call, roof), t)
             r = r + np.where(timed, np.minimum(0.5 * call, t - roof).clip(min=0.0) / dev, 0.0)
             t = dev
+        tc = np.asarray(fp8_flops)
+        if tc.any():
+            # FP8 GEMMs: the tensor-core part of the 16-bit time at the FP8 peak (predictor.fp8),
+            # never below the launch floor; the rest of the kernel's time, and the gap to the
+            # whole-kernel bound in its error.
+            t8, gap = fp8.gemm_seconds(t, tc, np.asarray(fp8_bytes), gpu.peak_flops(fp8.BASE_PRECISION),
+                                       gpu.peak_flops("fp8"), gpu.memory_gbps * 1e9)
+            in8 = tc > 0
+            t8 = np.maximum(t8, plat.compute.kernel_floor_seconds)
+            r = np.where(in8, r + gap, r)
+            t = np.where(in8, t8, t)
+            roof = np.where(in8, np.minimum(roof, t8), roof)
         if plat.fitted is not None and plat.fitted.compute_scale != 1.0:
             # [fitted] compute scale (perf-calibrate validate --fit): device time, never below the
             # roofline (no kernel beats it).
@@ -513,16 +543,31 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     def op(name: str, direction: str, **shape: float) -> int:
         return q.op(name, direction, prec, shape)
 
+    casts = None
+    if job.run.fp8:
+        if "fp8" not in plat.gpu.tflops:
+            raise JobError("run.fp8", f"platform {plat.name}'s GPU ({plat.gpu.name}) has no FP8 tensor "
+                           "cores (its bundle's gpu_spec gives no fp8 peak)", job.source)
+        casts = fp8.layer_casts(recipe.layer, job.run.fp8, lay.micro_batches)
+        warnings.append("FP8 GEMMs (run.fp8) costed from this platform's 16-bit measurements: the "
+                        "tensor-core part at the FP8 peak, casts as memory passes (a prior; wider interval)")
+
     layer_fwd, layer_bwd, core_fwd = _Term(), _Term(), _Term()
     core_bwd = _Term()
     for c in recipe.layer:
-        hf = op(c.name, "fwd", **c.shape)
-        hb = op(c.name, "bwd", **c.shape)
+        p_c = "fp8" if casts is not None and c.name in fp8.FP8_LINEARS else prec
+        hf = q.op(c.name, "fwd", p_c, c.shape)
+        hb = q.op(c.name, "bwd", p_c, c.shape)
         layer_fwd.add(hf, c.count)
         layer_bwd.add(hb, c.count)
         if c.attention_core:
             core_fwd.add(hf, c.count)
             core_bwd.add(hb, c.count)
+    if casts is not None:
+        for c in casts.forward:
+            layer_fwd.add(op(c.name, "fwd", **c.shape), c.count)
+        for c in casts.backward:
+            layer_bwd.add(op(c.name, "fwd", **c.shape), c.count)
     # Context parallelism: ring attention passes this rank's K and V chunk on cp − 1 times per
     # forward (K/V and their gradients in backward), overlapped with the attention blocks; only
     # what the attention does not hide is exposed (added in _assemble).
@@ -640,6 +685,10 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         # Launches per layer beyond a plain layer's kernels: TP all-reduces (forward, backward,
         # recompute) and context-parallel K/V passes.
         layer_launches = sum(c for _, c in mp_fwd.parts) + sum(c for _, c in mp_bwd.parts) if tp > 1 else 0.0
+        if casts is not None:
+            # FP8 casts: each one more kernel, the forward's again when recomputed.
+            layer_launches += casts.launches_forward * (2 if lay.recompute == "full" else 1) \
+                + casts.launches_backward
         if cp_ring is not None:
             # K/V passes: cp − 1 in forward, twice that in backward, the forward's again when
             # recomputed; each a send and a receive.

@@ -163,9 +163,9 @@ class BundleRuns:
 SHIPPED_BUNDLE_RUNS: dict[str, BundleRuns] = {
     "27ab504fcc2bd8521d3b6a28c4b0738cd4588d54281c800a46e7ecbf4133e407":
         BundleRuns("perlmutter-a100", low=0.0451, high=0.0855, runs=5),
-    "c06d575676af206a1d1a39f62ad91181f0491120378770a031ed44c63a68d503":
+    "d574f916814bcdd6e6bb4a604aceb4d70df76cd19814f8acb5dec5cc2cfe37d2":
         BundleRuns("dgx-h100", low=0.2686, high=0.2325, runs=33),
-    "cf1bc85c5b2cd3b893e9790c570f9eed034dfc987a10dffa6b79ceb2086018a3":
+    "3becf2ce62d228e61cb55a129c614b3ff02536c2672de525fbb994e72969e3e6":
         BundleRuns("vista-gh200", low=0.0206, high=0.4709, runs=5),
 }
 

@@ -46,6 +46,10 @@ ATTENTIONS = ("fused_softmax", "flash", "unfused")
 POS_EMBS = ("rotary", "learned", "alibi", "none")
 RECOMPUTES = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp32")
+#: FP8 for the transformer layers' linear GEMMs ("" = off): "delayed" scaling takes each tensor's
+#: scale from past steps' maxima (Transformer Engine's default), "current" computes it from the
+#: tensor itself first, one more read of it (TE's current/tensorwise scaling, torchao's dynamic).
+FP8_RECIPES = ("", "delayed", "current")
 #: rules for splitting layers over pipeline stages (see predictor.recipe.pipeline_split)
 PIPE_SPLITS = ("neox", "deepspeed_parameters", "deepspeed_uniform", "megatron")
 # The training framework, where the launch says which ("" = not said): it decides what a layout
@@ -145,6 +149,7 @@ class RunSpec:
 
     precision: str = "fp16"
     framework: str = ""        # FRAMEWORKS; "" = not said
+    fp8: str = ""              # FP8_RECIPES: the layers' linear GEMMs in FP8; "" = off
     train_iters: int = 0
     train_samples: int = 0
     train_tokens: int = 0
@@ -165,7 +170,7 @@ _SECTIONS: dict[str, type] = {"model": ModelSpec, "layout": Layout, "run": RunSp
 _CHOICES = {
     "model.norm": NORMS, "model.activation": ACTIVATIONS, "model.attention": ATTENTIONS,
     "model.pos_emb": POS_EMBS, "layout.recompute": RECOMPUTES, "run.precision": PRECISIONS,
-    "layout.pipe_split": PIPE_SPLITS, "run.framework": FRAMEWORKS,
+    "layout.pipe_split": PIPE_SPLITS, "run.framework": FRAMEWORKS, "run.fp8": FP8_RECIPES,
 }
 _REQUIRED = {"model.layers", "model.hidden", "model.heads", "model.seq_len"}
 
@@ -332,7 +337,7 @@ def _coerce(dotted: str, f: dataclasses.Field, value: Any, source: str) -> Any:
         if choices is not None:
             v = value.strip().lower()
             if v not in choices:
-                raise JobError(dotted, f"{value!r} is not one of {', '.join(choices)}"
+                raise JobError(dotted, f"{value!r} is not one of {', '.join(c or repr(c) for c in choices)}"
                                + _did_you_mean(v, choices), source)
             return v
         return value
@@ -420,6 +425,9 @@ def _validate(job: TrainingJob) -> None:
         raise err(exc.key, exc.reason) from None
     if run.eval_interval and not run.eval_iters:
         raise err("run.eval_iters", "eval_interval is set but eval_iters is 0")
+    if run.fp8 and run.precision == "fp32":
+        # FP8 training keeps everything but the GEMMs in 16 bits (Transformer Engine, torchao).
+        raise err("run.fp8", "FP8 GEMMs need run.precision bf16 or fp16, not fp32")
     if job.cluster.gpus_per_node and lay.gpus > job.cluster.gpus_per_node \
             and lay.gpus % job.cluster.gpus_per_node:
         raise err("cluster.gpus_per_node",

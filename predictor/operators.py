@@ -85,6 +85,7 @@ class Operator:
     directions: tuple[str, ...] = ("fwd", "bwd")
     bytes_per_element: float | None = None     # None = the precision's; optimizer state is fp32
     bwd_elements: Callable[[Shape], np.ndarray] | None = None   # when backward traffic is not a multiple
+    calibrated: bool = True       # False: never measured, costed through a substitute (FP8 casts)
 
     def roofline_seconds(self, shape: Shape, direction: str, precision: str, gpu: GpuSpec) -> np.ndarray:
         """max(FLOPs / peak, bytes / bandwidth) for each row of ``shape`` (columns of values), or
@@ -141,10 +142,22 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in [
     Operator("embedding", ("tokens", "dim", "vocab"), "memory", _zero, _ew("tokens", "dim"), 3.0,
              bwd_elements=lambda s: 2.0 * s["tokens"] * s["dim"] + 2.0 * s["vocab"] * s["dim"]),
     Operator("cross_entropy", ("tokens", "vocab"), "memory", _zero, _ew("tokens", "vocab", factor=3.0), 1.0),
+    # FP8 GEMM inputs (predictor.estimate, run.fp8): a cast reads the 16-bit tensor once and
+    # writes it in FP8 twice, row- and column-major (the second feeds the weight-gradient GEMM):
+    # 2 + 1 + 1 bytes per element, i.e. 2 elements at 16 bits.  Current scaling first reads the
+    # tensor for its maximum (amax): 2 bytes per element.  Neither is calibrated: both are costed
+    # with res_add's measured efficiency (another memory-bound pass) at their own bytes.
+    Operator("fp8_cast", ("tokens", "dim"), "memory", _zero, _ew("tokens", "dim"), 1.0, ("fwd",),
+             calibrated=False),
+    Operator("amax", ("tokens", "dim"), "memory", _zero, _ew("tokens", "dim", factor=1.0), 1.0, ("fwd",),
+             calibrated=False),
     # Adam on the fp32 master copy: read p, g, m, v; write p, m, v and the half-precision copy.
     Operator("optimizer", ("params",), "optimizer", _zero, lambda s: 8.0 * s["params"], 1.0,
              ("step",), bytes_per_element=4.0),
 ]}
+
+#: The operators calibration measures (the others are costed through a substitute).
+CALIBRATED = frozenset(name for name, op in OPERATORS.items() if op.calibrated)
 
 # Collective kinds and the features of their samples (collectives/<kind>_<precision>.csv).
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "p2p")

@@ -54,8 +54,8 @@ RUNS = ROOT / "benchmarks" / "data"   # the paper's measured end-to-end runs, pe
 
 # Published peaks (dense tensor-core TFLOP/s, HBM GB/s): the roofline normaliser only.
 A100 = GpuSpec("NVIDIA A100-SXM4-80GB", 80.0, {"fp16": 312.0, "bf16": 312.0, "fp32": 156.0}, 2039.0)
-GH200 = GpuSpec("NVIDIA GH200 120GB", 96.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0}, 4000.0)
-H100 = GpuSpec("NVIDIA H100-SXM5-80GB", 80.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0}, 3350.0)
+GH200 = GpuSpec("NVIDIA GH200 120GB", 96.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0, "fp8": 1979.0}, 4000.0)
+H100 = GpuSpec("NVIDIA H100-SXM5-80GB", 80.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0, "fp8": 1979.0}, 3350.0)
 
 # NCCL reaches about 80 % of a link's signalling rate on large messages; spec-only links use that.
 NCCL_EFFICIENCY = 0.8

@@ -40,6 +40,7 @@ _STR = {
     "--position-embedding-type": "pos_raw", "--tokenizer-type": "tokenizer", "--tokenizer-model": "tokenizer_model",
     "--tokenizer-name-or-path": "tokenizer_model", "--vocab-file": "vocab_file",
     "--attention-backend": "attention_backend", "--glu-activation": "glu", "--fp8-format": "fp8",
+    "--fp8-recipe": "fp8_recipe_raw",
     "--deepspeed_config": "ds_config", "--deepspeed-config": "ds_config", "--deepscale_config": "ds_config",
     "--split": "split", "--save": "save_dir", "--recompute-method": "recompute_method",
 }
@@ -227,7 +228,14 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
     f.set("parallel_residual", False, "Megatron default")
     # precision
     if f.val("fp8"):
-        w.append(f"--fp8-format {f.val('fp8')}: FP8 is modelled as bf16")
+        # FP8 runs on top of bf16 (Transformer Engine): the layers' linear GEMMs in FP8, all else
+        # in bf16.  Megatron's --fp8-recipe (default delayed): tensorwise, blockwise and mxfp8
+        # scale each tensor from itself, one more read of it (run.fp8 "current").
+        raw = str(f.val("fp8_recipe_raw") or "delayed").lower()
+        recipe = "delayed" if raw == "delayed" else "current"
+        if raw not in ("delayed", "tensorwise", "blockwise", "mxfp8"):
+            w.append(f"--fp8-recipe {raw}: not a recipe perfcast knows; costed as current scaling")
+        f.set("fp8_recipe", recipe, f.origin("fp8_recipe_raw", "Megatron default (--fp8-recipe delayed)"))
         f.set("precision", "bf16", f.origin("fp8"))
     elif f.val("bf16"):
         f.set("precision", "bf16", f.origin("bf16"))

@@ -327,7 +327,12 @@ def _precision(v: View, f: Facts) -> None:
     fp8, origin = _bool(v, "model.fp8")
     p, p_origin = _str(v, "trainer.precision")
     if fp8:
-        f.warnings.append(f"model.fp8: FP8 is modelled as bf16 ({origin})")
+        # The layers' linear GEMMs in FP8, all else in bf16 (Transformer Engine).  NeMo's default
+        # is delayed scaling; a model.fp8_recipe other than "delayed" scales each tensor from
+        # itself (run.fp8 "current").
+        raw, r_origin = _str(v, "model.fp8_recipe")
+        recipe = "delayed" if (raw or "delayed").lower() == "delayed" else "current"
+        f.set("fp8_recipe", recipe, r_origin if raw else "NeMo default (delayed scaling)")
         f.set("precision", "bf16", origin)
         return
     p = (p or "32").lower()

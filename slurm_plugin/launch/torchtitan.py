@@ -257,7 +257,9 @@ def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
     fp8, origin, _ = t.get("fp8_linear")
     conv, c_origin, _ = t.get("converters")
     if to_bool(fp8) or (isinstance(conv, (list, str)) and "float8" in str(conv)):
-        w.append(f"float8 training: FP8 is modelled as bf16 ({origin or c_origin})")
+        # torchao's float8 linears: every recipe (tensorwise, rowwise) scales dynamically, from
+        # the tensor itself.
+        f.set("fp8_recipe", "current", origin or c_origin)
     en, origin, found = t.get("ckpt_enable")
     if to_bool(en):
         iv, i_origin, i_found = t.get("ckpt_interval")

@@ -17,8 +17,8 @@ from .conftest import TINY_JOB  # noqa: E402
 
 def test_store_has_every_operator_and_gloo_collectives(tiny_store):
     samples = load_samples(tiny_store)
-    from predictor.operators import COLLECTIVES, OPERATORS
-    assert {op for op, _ in samples.operators} == set(OPERATORS)
+    from predictor.operators import CALIBRATED, COLLECTIVES
+    assert {op for op, _ in samples.operators} == set(CALIBRATED)
     assert {k for k, _ in samples.collectives} == set(COLLECTIVES)
     for table in samples.collectives.values():
         assert set(table.column("nodes")) == {1.0} and set(table.column("gpus_per_node")) == {2.0}

@@ -6,13 +6,13 @@ import pytest
 from calibrate.errors import CalibrationError
 from calibrate.plans import (GRIDS, PLANS, Allocation, ModelPoint, OperatorPoint, collective_groups,
                              estimate_cost, halton, make_plan, operator_shapes, _nominal_spec)
-from predictor.operators import COLLECTIVES, OPERATORS
+from predictor.operators import CALIBRATED, COLLECTIVES, OPERATORS
 
 
 def test_every_catalog_operator_has_shapes_with_its_features():
     p = ModelPoint(mp=2, b=2, heads=8, seq=128, hidden=512, vocab=1024)
     shapes = operator_shapes(p) | operator_shapes(p, gated=True)
-    assert set(shapes) | {"optimizer"} == set(OPERATORS)
+    assert set(shapes) | {"optimizer"} == set(CALIBRATED)
     for op, shape in shapes.items():
         assert tuple(shape) == OPERATORS[op].features
 
@@ -35,7 +35,7 @@ def test_shapes_are_the_physical_per_gpu_shapes():
 def test_builtin_plans_are_unique_and_cover_the_catalog(name):
     plan = make_plan(name, device="cpu", allocation=Allocation(1, 2))
     assert len(set(plan.operators)) == len(plan.operators)
-    assert {p.op for p in plan.operators} == set(OPERATORS)
+    assert {p.op for p in plan.operators} == set(CALIBRATED)
     assert {c.kind for c in plan.collectives} == set(COLLECTIVES)
     cost = estimate_cost(plan, _nominal_spec("cpu"), "cpu")
     assert cost.wall_minutes > 0
@@ -43,7 +43,7 @@ def test_builtin_plans_are_unique_and_cover_the_catalog(name):
 
 def test_tiny_plan_has_enough_rows_to_fit_every_model():
     plan = make_plan("tiny", device="cpu", allocation=Allocation(1, 2))
-    for op in OPERATORS:
+    for op in CALIBRATED:
         assert sum(p.op == op for p in plan.operators) >= 8, op
     for kind in COLLECTIVES:
         assert sum(c.kind == kind for c in plan.collectives) >= 8, kind
@@ -64,7 +64,7 @@ def test_adaptive_plan_states_its_budget_as_cost():
     assert cost.gpu_minutes == pytest.approx(240, rel=0.05)
     assert plan.candidates and not set(plan.candidates) & set(plan.operators)
     # space-filling: every operator gets points
-    assert {p.op for p in plan.operators} == set(OPERATORS)
+    assert {p.op for p in plan.operators} == set(CALIBRATED)
 
 
 def test_collective_groups_cover_intra_inter_and_mixed():

@@ -54,10 +54,27 @@ def test_recompute_selective(tmp_path):
     assert _run(tmp_path, "--recompute-granularity selective").job.layout.recompute == "selective"
 
 
-def test_fp8_is_costed_as_bf16(tmp_path):
+def test_fp8_sets_the_recipe_on_top_of_bf16(tmp_path):
     res = _run(tmp_path, "--fp8-format hybrid")
-    assert res.job.run.precision == "bf16"
-    assert any("FP8" in w and "bf16" in w for w in res.warnings)
+    assert res.job.run.precision == "bf16" and res.job.run.fp8 == "delayed"
+    assert not any("FP8 is modelled as bf16" in w for w in res.warnings)
+
+
+@pytest.mark.parametrize("recipe, expected", [("delayed", "delayed"), ("tensorwise", "current"),
+                                              ("blockwise", "current"), ("mxfp8", "current")])
+def test_fp8_recipe_flag(tmp_path, recipe, expected):
+    res = _run(tmp_path, f"--fp8-format e4m3 --fp8-recipe {recipe}")
+    assert res.job.run.fp8 == expected, res.warnings
+
+
+def test_unknown_fp8_recipe_is_warned_and_costed_as_current(tmp_path):
+    res = _run(tmp_path, "--fp8-format e4m3 --fp8-recipe weird")
+    assert res.job.run.fp8 == "current"
+    assert any("--fp8-recipe weird" in w for w in res.warnings)
+
+
+def test_no_fp8_without_the_format_flag(tmp_path):
+    assert _run(tmp_path, "--bf16").job.run.fp8 == ""
 
 
 def test_context_parallel_divides_dp(tmp_path):

@@ -85,9 +85,14 @@ def test_trainer_world_must_match_the_launch(tmp_path):
     assert any("trainer.num_nodes × trainer.devices = 1 × 4" in w for w in res.warnings)
 
 
-def test_fp8_is_costed_as_bf16(tmp_path):
+def test_fp8_is_delayed_scaling_on_top_of_bf16(tmp_path):
     res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 +model.fp8=true\n")
-    assert res.job.run.precision == "bf16" and any("FP8" in w for w in res.warnings)
+    assert res.job.run.precision == "bf16" and res.job.run.fp8 == "delayed"
+
+
+def test_fp8_recipe_other_than_delayed_is_current_scaling(tmp_path):
+    res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 +model.fp8=true +model.fp8_recipe=tensorwise\n")
+    assert res.job.run.fp8 == "current"
 
 
 def test_moe_is_refused(tmp_path):

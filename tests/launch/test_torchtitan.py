@@ -64,6 +64,13 @@ def test_pipeline_with_fsdp_is_zero3_and_accepted(tmp_path):
     assert (j.run.train_iters, j.run.save_interval, j.run.eval_interval, j.run.eval_iters) == (300, 100, 50, 10)
 
 
+def test_float8_converter_is_current_scaling_fp8(tmp_path):
+    res = _run(tmp_path, LAUNCH + "--model.converters float8\n")
+    assert res.error is None, res.error
+    assert res.job.run.fp8 == "current" and res.job.run.precision == "bf16"
+    assert _run(tmp_path, LAUNCH + "\n").job.run.fp8 == ""
+
+
 def test_overrides_win(tmp_path):
     res = _run(tmp_path, LAUNCH + "--training.steps 10 --activation_checkpoint.mode=none "
                                   "--parallelism.pipeline_parallel_degree 1 --training.compile\n")
