@@ -314,8 +314,7 @@ class QuerySet:
         sides: list[int] = []             # 0 inside the sampled range, -1 below it, +1 above
         p90: list[float] = []
         calls: list[float] = []
-        fp8_flops: list[float] = []       # an FP8 GEMM row's FLOPs (predictor.fp8), else 0
-        fp8_bytes: list[float] = []       # ... and its traffic in FP8
+        fp8_rows: list[tuple[int, float, float]] = []   # FP8 GEMM rows: (row, FLOPs, FP8 bytes)
         gather: list[int] = []            # row -> its distinct row
         distinct_rows: list[tuple[float, ...]] = []
         distinct_keys: list[str] = []
@@ -350,14 +349,12 @@ class QuerySet:
                 roofs.extend(op.roofline_seconds({f: cols[:, i] for i, f in enumerate(op.features)},
                                                  direction, precision, gpu).tolist())
                 sides.extend(lm.range_side(np.array(raws)).tolist())
-            scale = 1.0 if direction == "fwd" else op.bwd_factor
             if in_fp8:
-                fp8_flops.extend(scale * float(op.flops(shape)) for _, shape, _ in rows)
-                fp8_bytes.extend(fp8.gemm_bytes(float(shape["m"]), float(shape["k"]), float(shape["n"]), direction)
-                                 for _, shape, _ in rows)
-            else:
-                fp8_flops.extend([0.0] * len(rows))
-                fp8_bytes.extend([0.0] * len(rows))
+                scale = 1.0 if direction == "fwd" else op.bwd_factor
+                first = len(handles) - len(rows)
+                fp8_rows.extend((first + i, scale * float(op.flops(shape)),
+                                 fp8.gemm_bytes(float(shape["m"]), float(shape["k"]), float(shape["n"]), direction))
+                                for i, (_, shape, _) in enumerate(rows))
             p90.extend([lm.info.validation_p90] * len(rows))
             calls.extend([host.call_seconds(model_op, direction) if host is not None else 0.0] * len(rows))
         roof = np.asarray(roofs)
@@ -381,18 +378,18 @@ class QuerySet:
             dev = np.where(timed, np.maximum(t - 0.5 * call, roof), t)
             r = r + np.where(timed, np.minimum(0.5 * call, t - roof).clip(min=0.0) / dev, 0.0)
             t = dev
-        tc = np.asarray(fp8_flops)
-        if tc.any():
+        if fp8_rows:
             # FP8 GEMMs: the tensor-core part of the 16-bit time at the FP8 peak (predictor.fp8),
             # never below the launch floor; the rest of the kernel's time, and the gap to the
             # whole-kernel bound in its error.
-            t8, gap = fp8.gemm_seconds(t, tc, np.asarray(fp8_bytes), gpu.peak_flops(fp8.BASE_PRECISION),
+            at, tc, byt = (np.asarray(c) for c in zip(*fp8_rows))
+            t8, gap = fp8.gemm_seconds(t[at], tc, byt, gpu.peak_flops(fp8.BASE_PRECISION),
                                        gpu.peak_flops("fp8"), gpu.memory_gbps * 1e9)
-            in8 = tc > 0
             t8 = np.maximum(t8, plat.compute.kernel_floor_seconds)
-            r = np.where(in8, r + gap, r)
-            t = np.where(in8, t8, t)
-            roof = np.where(in8, np.minimum(roof, t8), roof)
+            t, r, roof = t.copy(), np.array(r, dtype=float), roof.copy()
+            r[at] += gap
+            t[at] = t8
+            roof[at] = np.minimum(roof[at], t8)
         if plat.fitted is not None and plat.fitted.compute_scale != 1.0:
             # [fitted] compute scale (perf-calibrate validate --fit): device time, never below the
             # roofline (no kernel beats it).
