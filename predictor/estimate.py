@@ -386,7 +386,6 @@ class QuerySet:
             t8, gap = fp8.gemm_seconds(t[at], tc, byt, gpu.peak_flops(fp8.BASE_PRECISION),
                                        gpu.peak_flops("fp8"), gpu.memory_gbps * 1e9)
             t8 = np.maximum(t8, plat.compute.kernel_floor_seconds)
-            t, r, roof = t.copy(), np.array(r, dtype=float), roof.copy()
             r[at] += gap
             t[at] = t8
             roof[at] = np.minimum(roof[at], t8)

@@ -392,8 +392,7 @@ def _precision(d: Derived, f: Facts, framework: str) -> None:
         d.warnings.append(f"precision: Megatron arguments say {f.val('precision')}, the DeepSpeed config says "
                           f"{f.val('ds_precision')}; using the Megatron arguments")
     _copy(d, f, "precision", "run.precision")
-    if f.get("fp8_recipe") is not None:
-        _copy(d, f, "fp8_recipe", "run.fp8")
+    _copy(d, f, "fp8_recipe", "run.fp8")
 
 
 def _iterations(d: Derived, f: Facts, micro: Optional[int], mbs: Optional[int], dp: Optional[int]) -> None:
