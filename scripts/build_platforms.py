@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from calibrate.env import KNOWN_GPUS  # noqa: E402
 from calibrate.fitting import BundleFitter, convert_bundle  # noqa: E402
 from calibrate.importers import import_estimate_train_time  # noqa: E402
 from calibrate.validate import load_runs, validate_platform  # noqa: E402
@@ -53,9 +54,10 @@ OUT = ROOT / "predictor" / "platforms"
 RUNS = ROOT / "benchmarks" / "data"   # the paper's measured end-to-end runs, per platform
 
 # Published peaks (dense tensor-core TFLOP/s, HBM GB/s): the roofline normaliser only.
-A100 = GpuSpec("NVIDIA A100-SXM4-80GB", 80.0, {"fp16": 312.0, "bf16": 312.0, "fp32": 156.0}, 2039.0)
-GH200 = GpuSpec("NVIDIA GH200 120GB", 96.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0, "fp8": 1979.0}, 4000.0)
-H100 = GpuSpec("NVIDIA H100-SXM5-80GB", 80.0, {"fp16": 989.0, "bf16": 989.0, "fp32": 494.0, "fp8": 1979.0}, 3350.0)
+# (memory GiB, TFLOP/s per precision, GB/s) from calibrate.env's table, which calibration uses too.
+A100 = GpuSpec("NVIDIA A100-SXM4-80GB", *KNOWN_GPUS["a100"])
+GH200 = GpuSpec("NVIDIA GH200 120GB", *KNOWN_GPUS["gh200"])
+H100 = GpuSpec("NVIDIA H100-SXM5-80GB", *KNOWN_GPUS["h100"])
 
 # NCCL reaches about 80 % of a link's signalling rate on large messages; spec-only links use that.
 NCCL_EFFICIENCY = 0.8
