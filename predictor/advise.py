@@ -70,6 +70,9 @@ LAYOUT_KEYS = ("pp", "tp", "cp", "dp", "micro_batch", "micro_batches", "recomput
 # The keys of the pipeline split, which candidates inherit from the job (see _split_fields).
 SPLIT_KEYS = ("pipe_split", "stage_layers", "first_stage_layers", "last_stage_layers",
               "account_for_embedding", "account_for_loss")
+# Megatron-core's overlapped data parallelism: candidates keep the job's choice where their ZeRO
+# stage allows it (the gradient overlap up to the distributed optimizer, the gather with it).
+OVERLAP_KEYS = ("overlap_grad_reduce", "overlap_param_gather")
 _RECOMPUTE_COST = {"none": 0, "selective": 1, "full": 2}
 # Context parallelism is searched while each rank keeps at least this many tokens of a sequence:
 # shorter chunks leave ring attention too little work to hide its K/V passes behind.
@@ -448,6 +451,8 @@ def enumerate_layouts(job: TrainingJob, gpus: int, gpus_per_node: int,
                             base = Layout(pp=pp, tp=tp, cp=cp, dp=dp, micro_batch=mb,
                                           micro_batches=per_dp // mb, zero_stage=z,
                                           sequence_parallel=lay.sequence_parallel and tp > 1,
+                                          overlap_grad_reduce=lay.overlap_grad_reduce and z <= 1,
+                                          overlap_param_gather=lay.overlap_param_gather and z == 1,
                                           virtual_stages=v, **fields)
                             try:
                                 # The job file's own rules: one statement of what launches.
@@ -500,7 +505,7 @@ def _current_layout(job: TrainingJob, gpus: int) -> tuple[Optional[Layout], str]
 
 def _layout_dict(lay: Layout) -> dict[str, Any]:
     # The split keys too: the job's own pp and v keep its own split.
-    return {k: getattr(lay, k) for k in LAYOUT_KEYS + ("sequence_parallel",) + SPLIT_KEYS}
+    return {k: getattr(lay, k) for k in LAYOUT_KEYS + ("sequence_parallel",) + SPLIT_KEYS + OVERLAP_KEYS}
 
 
 def _prune_dominated(fitting: list[tuple[Layout, mem.MemoryEstimate]],
@@ -549,7 +554,7 @@ def _plan(job: TrainingJob, platform: Any, gpus: int, opts: SearchOptions) -> _P
     layouts, dropped = enumerate_layouts(job, gpus, gpn, opts)
     fitting, unfit = [], []
     for lay in layouts:
-        est = mem.estimate(job.model, lay, precision)
+        est = mem.estimate(job.model, lay, precision, mem.job_gradient_precision(job, lay))
         (fitting if est.fits(capacity) else unfit).append((lay, est))
     fitting_keys = {layout_key(lay) for lay, _ in fitting}
     if opts.prune_dominated:
@@ -563,7 +568,8 @@ def _plan(job: TrainingJob, platform: Any, gpus: int, opts: SearchOptions) -> _P
     cur_layout, note = _current_layout(job, gpus)
     current, status = None, "none"
     if cur_layout is not None:
-        current = (cur_layout, mem.estimate(job.model, cur_layout, precision))
+        current = (cur_layout, mem.estimate(job.model, cur_layout, precision,
+                                            mem.job_gradient_precision(job, cur_layout)))
         key = layout_key(cur_layout)
         if any(layout_key(lay) == key for lay, _ in fitting):
             status = "searched"

@@ -25,11 +25,12 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from .bundle import collective_features
-from .recipe import (Group, gradient_reduction, groups, micro_batch_recipe, pipeline_sends, stage_layers,
-                     stage_parameter_counts, total_parameters)
+from .recipe import (Group, gradient_precision, gradient_reduction, groups, layer_parameters,
+                     micro_batch_recipe, pipeline_sends, position_parameters, stage_layers, stage_parameter_counts,
+                     total_parameters, vocab_per_rank)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
-from . import fp8
+from . import fp8, overlap
 from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
 from .network import ring_seconds
@@ -102,7 +103,8 @@ class Prediction:
         """
         from . import memory
         job = self.job
-        est = memory.stage_estimates(job.model, job.layout, job.run.precision)
+        est = memory.stage_estimates(job.model, job.layout, job.run.precision,
+                                     memory.job_gradient_precision(job))
         st = self.details.stages
         fwd, bwd = st.forward_seconds, st.backward_seconds
         out = []
@@ -522,6 +524,24 @@ class _JobPlan:
     cp_ring: Optional[tuple[_Term, _Term, _Term, _Term]] = None
     sizes: list[int] = field(default_factory=list)          # layers per stage
     handles: list[int] = field(default_factory=list)        # every handle the job asked for, in order
+    # Megatron-core's overlapped data parallelism: each stage's buckets (predictor.overlap).
+    buckets: list["_Buckets"] = field(default_factory=list)
+    # ZeRO-3: each stage's layers as buckets, gathered and reduced every micro-batch.
+    sharded: list["_Buckets"] = field(default_factory=list)
+
+
+@dataclass
+class _Buckets:
+    """One stage's parameters as the buckets its data-parallel collectives run in (Megatron-core's
+    --overlap-grad-reduce buckets, or ZeRO-3's layers): how many, of which those that do no work
+    in the windows the collectives run under (the input embedding; under ZeRO-3 everything beyond
+    the layers), the bucket size, and the terms of one full bucket's and the leftover's reduction
+    and all-gather."""
+
+    parameters: int
+    late_parameters: int
+    bucket: int
+    terms: list[_Term]
 
 
 def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
@@ -647,26 +667,54 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         p2p_terms.append((pf, pb))
 
     # Data parallelism: gradient reduction and the optimizer step, per stage.
-    stage_dp, stage_update = [], []
+    stage_dp, stage_update, buckets, sharded = [], [], [], []
     # The ranks holding the same parameters: dp, times cp under context parallelism.
     dp, zero, dp_group = lay.dp * cp, lay.zero_stage, grp["dpcp"]
+    # Gradients travel in the framework's reduction precision (fp32 for Megatron-core's bf16):
+    # costed as a 16-bit collective of as many bytes.
+    grad_prec = gradient_precision(prec, lay, job.run.framework, job.run.grad_reduce_precision)
+    grad_scale = BYTES_PER_ELEMENT[grad_prec] / BYTES_PER_ELEMENT[prec]
+    kind = gradient_reduction(lay, job.run.framework)
+    if dp > 1 and zero == 3:
+        # ZeRO-3 (FSDP2, DeepSpeed stage 3) gathers each layer's parameters just before it runs,
+        # the next one prefetched under the current one, in forward and again in backward, and
+        # reduce-scatters each layer's gradients as its backward ends, every micro-batch (the
+        # gradients are sharded, so accumulation happens on the shards): one "bucket" per layer.
+        bucket = layer_parameters(m, tp)
+    elif dp > 1 and lay.overlap_grad_reduce:
+        bucket = overlap.bucket_entries(dp)
+    else:
+        bucket = REDUCE_BUCKET_ENTRIES
     for i, n_params in enumerate(params):
-        red, upd = _Term(), _Term()
+        red, upd, gathers = _Term(), _Term(), _Term()
         shard = n_params / dp if (dp > 1 and zero >= 1) else n_params
         if dp > 1:
-            kind = gradient_reduction(lay, job.run.framework)
-            full, rest = divmod(n_params, REDUCE_BUCKET_ENTRIES)
+            full, rest = overlap.split_buckets(n_params, bucket)
+            terms = [_Term(), _Term(), _Term(), _Term()]     # full, rest: reduction; full, rest: gather
             if full:
-                red.add(q.coll(kind, REDUCE_BUCKET_ENTRIES, dp_group, prec), full)
+                terms[0].add(q.coll(kind, bucket * grad_scale, dp_group, prec))
             if rest:
-                red.add(q.coll(kind, rest, dp_group, prec))
-            if zero >= 1:
-                upd.add(q.coll("allgather", shard, dp_group, prec))
-            if zero == 3:
-                # Parameters are gathered before each micro-batch's forward and backward.
-                g3 = q.coll("allgather", shard, dp_group, prec)
-                stage_fwd[i].add(g3)
-                stage_bwd[i].add(g3)
+                terms[1].add(q.coll(kind, rest * grad_scale, dp_group, prec))
+            if zero == 3 or lay.overlap_grad_reduce:
+                if zero >= 1:
+                    if full:
+                        terms[2].add(q.coll("allgather", bucket / dp, dp_group, prec))
+                    if rest:
+                        terms[3].add(q.coll("allgather", rest / dp, dp_group, prec))
+                # What is not a layer's (stage 0's embedding; under ZeRO-3 all of the stage's
+                # parameters beyond its layers) does no work in the windows the buckets run under.
+                late = n_params - sizes[i] * bucket if zero == 3 else \
+                    (vocab_per_rank(m.vocab, tp) * m.hidden + position_parameters(m) if i == 0 else 0)
+                (sharded if zero == 3 else buckets).append(_Buckets(n_params, late, bucket, terms))
+            if zero != 3:
+                red.extend(terms[0], full).extend(terms[1])
+                if zero >= 1:
+                    if lay.overlap_grad_reduce:
+                        gathers.extend(terms[2], full).extend(terms[3])
+                    else:
+                        gathers.add(q.coll("allgather", shard, dp_group, prec))
+        if not lay.overlap_param_gather:
+            upd.extend(gathers)
         upd.add(q.op("optimizer", "step", prec, {"params": shard}))
         stage_dp.append(red)
         stage_update.append(upd)
@@ -695,7 +743,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                                               fitted=plat.fitted)
                       for i, n in enumerate(sizes)]
     return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
-                    stage_host, cp_ring, list(sizes), q.take_asked())
+                    stage_host, cp_ring, list(sizes), q.take_asked(), buckets, sharded)
 
 
 def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
@@ -704,6 +752,8 @@ def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
     terms = [t for ts in (plan.stage_fwd, plan.stage_bwd, plan.stage_dp, plan.stage_update) for t in ts]
     terms += [t for pair in plan.mp_comm for t in pair] + [t for pair in plan.p2p for t in pair]
     terms += list(plan.cp_ring or ())
+    for b in plan.buckets + plan.sharded:
+        terms += b.terms
     # Columns: the handles the job asked for (every term's handles are among them).
     where = {h: j for j, h in enumerate(plan.handles)}
     width = len(where)
@@ -741,6 +791,23 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
             fwd[i] += n * per_f
             bwd[i] += n * per_b
             cp_exposed[i] = n * (per_f + per_b)
+    off = 8 * p + (4 if plan.cp_ring is not None else 0)
+    sharded_at = off + 4 * len(plan.buckets)
+    zero3_hidden = 0.0
+    for i, b in enumerate(plan.sharded):
+        # ZeRO-3: every micro-batch gathers each layer under the one before it (forward, and
+        # again in backward) and reduce-scatters each layer's gradients under the next layer's
+        # backward; only what the layers' work does not cover is added.
+        c, c_rest, g, g_rest = vals[sharded_at + 4 * i:sharded_at + 4 * i + 4]
+        f_i, b_i = fwd[i], bwd[i]
+        f_exp = overlap.exposed_gather_seconds(f_i, b.parameters, b.late_parameters, b.bucket, g, g_rest)
+        b_exp = overlap.exposed_gather_seconds(b_i, b.parameters, b.late_parameters, b.bucket, g, g_rest) \
+            + overlap.exposed_reduction_seconds(b_i, b.parameters, b.late_parameters, b.bucket, c, c_rest)
+        full = b.parameters // b.bucket
+        serial = 2 * (full * g + g_rest) + full * c + c_rest     # gathers fwd + bwd, reduction
+        zero3_hidden = max(zero3_hidden, lay.micro_batches * (serial - f_exp - b_exp))
+        fwd[i] += f_exp
+        bwd[i] += b_exp
     host_wait = [0.0] * len(fwd)
     for i, h in enumerate(plan.stage_host):
         # The device cannot run ahead of the host that issues its work: a micro-batch's forward
@@ -750,17 +817,41 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         bwd[i] += host_wait[i]
     F, B = max(fwd), max(bwd)
     crit_f, crit_b = fwd.index(F), bwd.index(B)        # the first slowest stage
-    tail = [dp[i] + update[i] for i in range(p)]
-    crit = tail.index(max(tail))
+    # Each stage reduces its gradients once its own last backward is done: in 1F1B's drain stage i
+    # finishes i backward waves (1/v of a device's work each) before stage 0, and every stage
+    # meets the others at the optimizer step (the gradient norm is reduced over the whole model).
+    # With tied embeddings the last stage first waits for the first's embedding gradient.
+    slack = [i * B / v for i in range(p)]
+    if p > 1 and plan.job.model.tied_embeddings:
+        slack[-1] = 0.0
+    reduce_exposed, gather_exposed = list(dp), [0.0] * p
+    hidden = zero3_hidden                        # communication run under compute, its stage's most
+    for i, b in enumerate(plan.buckets):
+        # --overlap-grad-reduce: the buckets' reductions run under the last micro-batch's
+        # backward, --overlap-param-gather's gathers under the next step's first forward.
+        c, c_rest, g, g_rest = vals[off + 4 * i:off + 4 * i + 4]
+        reduce_exposed[i] = overlap.exposed_reduction_seconds(bwd[i], b.parameters, b.late_parameters,
+                                                              b.bucket, c, c_rest)
+        if lay.overlap_param_gather:
+            gather_exposed[i] = overlap.exposed_gather_seconds(fwd[i], b.parameters, b.late_parameters,
+                                                               b.bucket, g, g_rest)
+        full = b.parameters // b.bucket
+        serial_gather = full * g + g_rest if lay.overlap_param_gather else 0.0
+        hidden = max(hidden, dp[i] - reduce_exposed[i] + serial_gather - gather_exposed[i])
+    waits = [reduce_exposed[i] - slack[i] for i in range(p)]
+    reduce_wait = max(waits)                     # ≥ stage 0's exposed reduction ≥ 0
+    # The gathers of stage i overlap its first forward, which starts i forward waves into the step.
+    gather_wait = max(max(0.0, gather_exposed[i] - i * F / v) for i in range(p))
+    update_seconds = max(update) + gather_wait
     bubble = (p - 1) / v * (F + B)
-    iteration = mb * (F + B) + bubble + tail[crit] + plat.overheads.step_seconds
+    iteration = mb * (F + B) + bubble + reduce_wait + update_seconds + plat.overheads.step_seconds
     waves = mb + (p - 1) / v
     breakdown = Breakdown(
         forward_seconds=mb * F,
         backward_seconds=mb * B,
         bubble_seconds=bubble,
-        gradient_reduce_seconds=dp[crit],
-        optimizer_seconds=update[crit],
+        gradient_reduce_seconds=reduce_wait,
+        optimizer_seconds=update_seconds,
         step_overhead_seconds=plat.overheads.step_seconds,
         # Of which (already inside the stage times above), over the whole iteration:
         tp_allreduce_seconds=waves * (mp_comm[crit_f][0] + mp_comm[crit_b][1]),
@@ -771,7 +862,7 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         cp_exposed_seconds=mb * cp_exposed[crit_b],
     )
     stages = StageTimes(tuple(plan.sizes), tuple(fwd), tuple(bwd), tuple(host_wait))
-    return iteration, breakdown, Details(stages, waves * F)
+    return iteration, breakdown, Details(stages, waves * F, dp_hidden_seconds=hidden)
 
 
 def _total(job: TrainingJob, iteration: float, fwd_pipeline: float, plat: Platform,

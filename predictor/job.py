@@ -50,6 +50,9 @@ PRECISIONS = ("fp16", "bf16", "fp32")
 #: scale from past steps' maxima (Transformer Engine's default), "current" computes it from the
 #: tensor itself first, one more read of it (TE's current/tensorwise scaling, torchao's dynamic).
 FP8_RECIPES = ("", "delayed", "current")
+#: the precision gradients are reduced in over data parallelism ("" = the framework's default:
+#: predictor.recipe.gradient_precision)
+GRAD_PRECISIONS = ("", "fp32", "bf16", "fp16")
 #: rules for splitting layers over pipeline stages (see predictor.recipe.pipeline_split)
 PIPE_SPLITS = ("neox", "deepspeed_parameters", "deepspeed_uniform", "megatron")
 # The training framework, where the launch says which ("" = not said): it decides what a layout
@@ -126,6 +129,11 @@ class Layout:
     last_stage_layers: int = 0               # 0 = not set (megatron only)
     account_for_embedding: bool = False      # megatron only
     account_for_loss: bool = False           # megatron only
+    # Megatron-core's DDP: reduce gradients bucket by bucket during the last micro-batch's
+    # backward (--overlap-grad-reduce), and gather the distributed optimizer's updated parameters
+    # bucket by bucket under the next step's first forward (--overlap-param-gather).
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
 
     def __post_init__(self) -> None:
         # A list from a TOML/JSON file or a caller becomes a tuple: layouts stay hashable (the
@@ -150,6 +158,7 @@ class RunSpec:
     precision: str = "fp16"
     framework: str = ""        # FRAMEWORKS; "" = not said
     fp8: str = ""              # FP8_RECIPES: the layers' linear GEMMs in FP8; "" = off
+    grad_reduce_precision: str = ""   # GRAD_PRECISIONS; "" = the framework's default
     train_iters: int = 0
     train_samples: int = 0
     train_tokens: int = 0
@@ -171,6 +180,7 @@ _CHOICES = {
     "model.norm": NORMS, "model.activation": ACTIVATIONS, "model.attention": ATTENTIONS,
     "model.pos_emb": POS_EMBS, "layout.recompute": RECOMPUTES, "run.precision": PRECISIONS,
     "layout.pipe_split": PIPE_SPLITS, "run.framework": FRAMEWORKS, "run.fp8": FP8_RECIPES,
+    "run.grad_reduce_precision": GRAD_PRECISIONS,
 }
 _REQUIRED = {"model.layers", "model.hidden", "model.heads", "model.seq_len"}
 
@@ -398,6 +408,8 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
                        f"ZeRO stage {lay.zero_stage} cannot be combined with pipeline parallelism (pp={lay.pp}); "
                        "DeepSpeed supports only stages 0 and 1 with pp > 1 (TorchTitan's FSDP2 does: "
                   "run.framework = \"torchtitan\")")
+    if lay.overlap_grad_reduce or lay.overlap_param_gather:
+        _check_overlaps(lay, framework)
     if lay.cp > 1:
         # Megatron splits each sequence into 2·cp chunks (load-balanced causal attention).
         if m.seq_len % (2 * lay.cp):
@@ -405,6 +417,25 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
         if m.attention != "flash":
             raise JobError("layout.cp", "context parallelism runs ring attention on flash-attention "
                                         "kernels: model.attention must be \"flash\"")
+
+
+def _check_overlaps(lay: Layout, framework: str) -> None:
+    """Megatron-core's overlapped data-parallel communication, where it exists."""
+    from .recipe import runs_deepspeed_engine   # here: the recipe imports this module
+    key = "layout.overlap_grad_reduce" if lay.overlap_grad_reduce else "layout.overlap_param_gather"
+    if runs_deepspeed_engine(lay, framework):
+        raise JobError(key, "is Megatron-core's (run.framework \"megatron\" or \"nemo\"); DeepSpeed's "
+                            "engine reduces gradients after the last micro-batch")
+    if lay.zero_stage >= 2:
+        raise JobError(key, f"Megatron-core's DDP has no ZeRO stage {lay.zero_stage} (0: all-reduce, "
+                            "1: distributed optimizer)")
+    if lay.overlap_param_gather:
+        if lay.zero_stage != 1:
+            raise JobError("layout.overlap_param_gather", "gathers the distributed optimizer's shards: "
+                                                          "needs layout.zero_stage = 1")
+        if not lay.overlap_grad_reduce:
+            raise JobError("layout.overlap_param_gather", "needs layout.overlap_grad_reduce = true "
+                                                          "(as Megatron-LM requires)")
 
 
 def _validate(job: TrainingJob) -> None:

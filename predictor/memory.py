@@ -17,7 +17,9 @@ The estimate is the worst pipeline stage's peak, in bytes, as the sum of
   ====== ====================== =================================
 
   Pure fp32 training keeps no master copy: 4 (weight) + 4 (gradient) + 8 (momentum, variance),
-  still 16 Ψ.  Ψ here is the parameters *this GPU's stage and tensor-parallel rank* holds (see
+  still 16 Ψ.  Where the framework keeps gradients in fp32 for reduction (Megatron-core, NeMo
+  and TorchTitan bf16 training: :func:`predictor.recipe.gradient_precision`) they cost 4 bytes,
+  18 Ψ in all.  Ψ here is the parameters *this GPU's stage and tensor-parallel rank* holds (see
   :func:`stage_parameters`); ZeRO-3 also keeps the gathered parameters of the layers in flight.
 
 * **activations** (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
@@ -72,7 +74,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from .job import Layout, ModelSpec
-from .recipe import layer_parameters, mlp_up_width, padded_vocab, stage_layers, stage_parameters
+from .recipe import (gradient_precision, layer_parameters, mlp_up_width, padded_vocab, stage_layers,
+                     stage_parameters)
 
 if TYPE_CHECKING:  # only for the type hint of estimate_job
     from .job import TrainingJob
@@ -208,15 +211,18 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, precision: str, sta
 
 # --------------------------------------------------------------------------------- total
 def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int,
-                    layers: Optional[int] = None) -> MemoryEstimate:
+                    layers: Optional[int] = None, gradient_precision: str = "") -> MemoryEstimate:
     psi = stage_parameters(model, layout, stage, layers)
     e = ELEMENT_BYTES[precision]
     k = OPTIMIZER_BYTES[precision]
+    # Gradients are kept in the precision they are reduced in: Megatron-core's bf16 training
+    # accumulates them in an fp32 buffer (predictor.recipe.gradient_precision), 18 Ψ in all.
+    g = ELEMENT_BYTES[gradient_precision or precision]
     # Gradients are reduced, and ZeRO shards, over dp × cp ranks (Megatron's data-parallel group
     # with context parallelism).
     nd, z = layout.dp * layout.cp, layout.zero_stage
     weights = e * psi / (nd if z >= 3 else 1)
-    gradients = e * psi / (nd if z >= 2 else 1)
+    gradients = g * psi / (nd if z >= 2 else 1)
     optimizer = k * psi / (nd if z >= 1 else 1)
     if z >= 3 and nd > 1:
         # ZeRO-3 gathers a layer's full parameters before using it and prefetches the next:
@@ -245,21 +251,26 @@ def worst_stage_candidates(sizes: Sequence[int]) -> list[int]:
     return out
 
 
-def stage_estimates(model: ModelSpec, layout: Layout, precision: str = "fp16") -> list[MemoryEstimate]:
+def stage_estimates(model: ModelSpec, layout: Layout, precision: str = "fp16",
+                    gradient_precision: str = "") -> list[MemoryEstimate]:
     """Peak memory per GPU of every pipeline stage (:func:`estimate` is their maximum)."""
     sizes = stage_layers(model, layout)
-    return [_stage_estimate(model, layout, precision, stage, n) for stage, n in enumerate(sizes)]
+    return [_stage_estimate(model, layout, precision, stage, n, gradient_precision)
+            for stage, n in enumerate(sizes)]
 
 
-def estimate(model: ModelSpec, layout: Layout, precision: str = "fp16") -> MemoryEstimate:
+def estimate(model: ModelSpec, layout: Layout, precision: str = "fp16",
+             gradient_precision: str = "") -> MemoryEstimate:
     """Peak memory per GPU for ``layout``: its worst pipeline stage (the earliest on a tie).
+    ``gradient_precision``: what gradients are kept in ("" = ``precision``; a job's is
+    :func:`predictor.recipe.gradient_precision`, as :func:`estimate_job` takes it).
 
     Raises :class:`~predictor.errors.JobError` when the framework's split rule refuses the layout.
     """
     sizes = stage_layers(model, layout)
     worst: Optional[MemoryEstimate] = None
     for stage in worst_stage_candidates(sizes):
-        est = _stage_estimate(model, layout, precision, stage, sizes[stage])
+        est = _stage_estimate(model, layout, precision, stage, sizes[stage], gradient_precision)
         if worst is None or est.total > worst.total:
             worst = est
     assert worst is not None
@@ -268,7 +279,13 @@ def estimate(model: ModelSpec, layout: Layout, precision: str = "fp16") -> Memor
 
 def estimate_job(job: "TrainingJob") -> MemoryEstimate:
     """:func:`estimate` for a whole :class:`~predictor.job.TrainingJob`."""
-    return estimate(job.model, job.layout, job.run.precision)
+    return estimate(job.model, job.layout, job.run.precision, job_gradient_precision(job))
+
+
+def job_gradient_precision(job: "TrainingJob", layout: Optional[Layout] = None) -> str:
+    """The precision ``job`` keeps its gradients in, on its own layout or on ``layout``."""
+    run = job.run
+    return gradient_precision(run.precision, layout or job.layout, run.framework, run.grad_reduce_precision)
 
 
 def model_states_bytes(parameters: float, dp: int, zero_stage: int, precision: str = "fp16") -> float:

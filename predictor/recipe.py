@@ -587,6 +587,23 @@ def gradient_reduction(layout: Layout, framework: str = "") -> str:
     return "allreduce"
 
 
+def gradient_precision(precision: str, layout: Layout, framework: str = "", explicit: str = "") -> str:
+    """The precision gradients are reduced in over data parallelism (``run.grad_reduce_precision``
+    when the job says, else the framework's default).
+
+    Megatron-LM reduces bf16 training's gradients in fp32 (``arguments.py``: "bfloat16 requires
+    gradient accumulation and all-reduce to be done in fp32", unless ``--grad-reduce-in-bf16``);
+    NeMo's Megatron strategy sets ``grad_reduce_in_fp32`` and TorchTitan's FSDP reduces in
+    ``mixed_precision_reduce = "float32"``.  DeepSpeed's engines reduce in the training precision,
+    as do fp16 and fp32 jobs everywhere.
+    """
+    if explicit:
+        return explicit
+    if precision == "bf16" and not runs_deepspeed_engine(layout, framework):
+        return "fp32"
+    return precision
+
+
 @dataclass(frozen=True)
 class PipelineSends:
     """What one TP rank moves to hand a micro-batch's tensor (activation or gradient) to the next

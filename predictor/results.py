@@ -78,6 +78,9 @@ class Details:
     total: TotalTime = field(default_factory=TotalTime)
     gpus: int = 0
     nodes: int = 0
+    # Data-parallel communication run under compute (layout.overlap_grad_reduce /
+    # overlap_param_gather): not in the iteration; the most of any stage.
+    dp_hidden_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         s, t = self.stages, self.total
@@ -96,5 +99,5 @@ class Details:
         d.update({"startup_seconds": t.startup_seconds, "train_seconds": t.train_seconds,
                   "eval_seconds": t.eval_seconds, "checkpoint_seconds": t.checkpoint_seconds,
                   "evaluations": t.evaluations, "checkpoints": t.checkpoints,
-                  "gpus": self.gpus, "nodes": self.nodes})
+                  "gpus": self.gpus, "nodes": self.nodes, "dp_hidden_seconds": self.dp_hidden_seconds})
         return d

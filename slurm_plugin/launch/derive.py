@@ -202,7 +202,9 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
     for key in ("recompute", "sequence_parallel", "virtual_stages",
                 # the pipeline split: the framework's rule and its options (neox.py, megatron.py)
                 "pipe_split", "first_stage_layers", "last_stage_layers",
-                "account_for_embedding", "account_for_loss"):
+                "account_for_embedding", "account_for_loss",
+                # Megatron-core's overlapped data parallelism (overlap.py)
+                "overlap_grad_reduce", "overlap_param_gather"):
         _copy(d, f, key, f"layout.{key}")
     # ---------------------------------------------------------------- run
     if framework in _FRAMEWORKS:
@@ -393,6 +395,7 @@ def _precision(d: Derived, f: Facts, framework: str) -> None:
                           f"{f.val('ds_precision')}; using the Megatron arguments")
     _copy(d, f, "precision", "run.precision")
     _copy(d, f, "fp8_recipe", "run.fp8")
+    _copy(d, f, "grad_reduce_precision", "run.grad_reduce_precision")
 
 
 def _iterations(d: Derived, f: Facts, micro: Optional[int], mbs: Optional[int], dp: Optional[int]) -> None:

@@ -13,7 +13,7 @@ from predictor.recipe import gated_ffn_width
 from . import moe
 from .facts import Facts
 from .limits import CannotPredict
-from .overlap import warn_overlaps
+from .overlap import set_overlaps, warn_overlaps
 from .values import MARK_OPEN
 
 _INT = {
@@ -56,8 +56,9 @@ _FLAGS = {
     "--use-mcore-models": "mcore", "--transformer-impl": "transformer_impl",
     "--account-for-embedding-in-pipeline-split": "account_for_embedding",
     "--account-for-loss-in-pipeline-split": "account_for_loss",
-    "--tp-comm-overlap": "tp_comm_overlap", "--overlap-grad-reduce": "overlap_grad_reduce",
-    "--overlap-param-gather": "overlap_param_gather",
+    "--tp-comm-overlap": "tp_comm_overlap", "--overlap-grad-reduce": "overlap_grad_raw",
+    "--overlap-param-gather": "overlap_param_raw", "--grad-reduce-in-bf16": "grad_reduce_bf16",
+    "--accumulate-allreduce-grads-in-fp32": "grad_reduce_fp32",
 }
 _NARGS = {"--rampup-batch-size": ("rampup", 3)}
 
@@ -273,7 +274,12 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         else:
             w.append("--num-layers-per-virtual-pipeline-stage does not divide the layers per stage")
     _pipeline_split(f, deepspeed)
-    warn_overlaps(f, {kind: f"{flag} ({f.origin(fact)})" for kind, fact, flag in _OVERLAPS if f.get(fact)})
+    found = {kind: f"{flag} ({f.origin(fact)})" for kind, fact, flag in _OVERLAPS if f.val(fact)}
+    if deepspeed:
+        warn_overlaps(f, found)      # Megatron-core's DDP options; DeepSpeed's engine reduces gradients itself
+    else:
+        set_overlaps(f, found, bool(f.val("dist_opt")))
+        _grad_precision(f)
     # context / Ulysses parallelism divide DP
     if deepspeed and f.get("ds_sp") is not None:
         f.d["cp"] = f.d["ds_sp"]
@@ -323,8 +329,18 @@ def _partial_recompute(f: Facts) -> None:
 
 
 _OVERLAPS = (("tp", "tp_comm_overlap", "--tp-comm-overlap"),
-             ("grad", "overlap_grad_reduce", "--overlap-grad-reduce"),
-             ("param", "overlap_param_gather", "--overlap-param-gather"))
+             ("grad", "overlap_grad_raw", "--overlap-grad-reduce"),
+             ("param", "overlap_param_raw", "--overlap-param-gather"))
+
+
+def _grad_precision(f: Facts) -> None:
+    """Megatron-LM's gradient reduction precision where the arguments choose it: bf16 training
+    reduces in fp32 unless --grad-reduce-in-bf16 (the predictor's default for Megatron-core);
+    --accumulate-allreduce-grads-in-fp32 asks fp32 of fp16 training too."""
+    if f.val("grad_reduce_bf16") and f.val("precision") == "bf16":
+        f.set("grad_reduce_precision", "bf16", f.origin("grad_reduce_bf16"))
+    elif f.val("grad_reduce_fp32") and f.val("precision") in ("fp16", "bf16"):
+        f.set("grad_reduce_precision", "fp32", f.origin("grad_reduce_fp32"))
 
 _SPLIT_OPTIONS = (("first_stage_layers", "--decoder-first-pipeline-num-layers"),
                   ("last_stage_layers", "--decoder-last-pipeline-num-layers"),

@@ -22,7 +22,7 @@ from . import moe
 from .configs import Config, to_bool, to_int, to_number
 from .facts import Facts
 from .limits import MAX_INTERPOLATION_DEPTH, CannotPredict
-from .overlap import warn_overlaps
+from .overlap import set_overlaps
 from .values import MARK_OPEN, Tok
 
 NEMO_SCRIPTS = {"megatron_gpt_pretraining.py", "megatron_gpt_continue_training.py", "megatron_llama_pretraining.py",
@@ -305,8 +305,9 @@ def _attention(v: View, f: Facts) -> None:
 
 
 def _overlaps(v: View, f: Facts) -> None:
-    """NeMo's communication overlaps (said, not modelled: launch/overlap.py).  The distributed
-    fused Adam overlaps its gradient reduction unless told not to."""
+    """NeMo's communication overlaps (launch/overlap.py: the data-parallel ones modelled, the
+    tensor-parallel one said).  The distributed fused Adam overlaps its gradient reduction
+    unless told not to."""
     found = {}
     tp, origin = _bool(v, "model.ub_tp_comm_overlap")
     if tp:
@@ -320,7 +321,7 @@ def _overlaps(v: View, f: Facts) -> None:
     param, origin = _bool(v, "model.optim.overlap_param_sync")
     if param:
         found["param"] = f"model.optim.overlap_param_sync ({origin})"
-    warn_overlaps(f, found)
+    set_overlaps(f, found, distributed)
 
 
 def _precision(v: View, f: Facts) -> None:

@@ -1,12 +1,13 @@
-"""Communication a launch overlaps with computation, which perfcast costs serially: said, not hidden.
+"""Communication a launch overlaps with computation.
 
-Megatron-LM (``--tp-comm-overlap``, ``--overlap-grad-reduce``, ``--overlap-param-gather``) and NeMo
-(``model.ub_tp_comm_overlap``, ``model.optim.overlap_grad_sync`` / ``overlap_param_sync``) can run
-tensor-parallel collectives under the GEMMs (Transformer Engine's userbuffers) and the data-parallel
-gradient reduction and parameter gather under the backward and forward passes.  How much they hide
-depends on kernels perfcast has not measured, so the prediction keeps them whole and the reader
-says which lines of the breakdown the job may spend less on: the prediction errs long by at most
-those lines.
+Megatron-LM (``--overlap-grad-reduce``, ``--overlap-param-gather``) and NeMo
+(``model.optim.overlap_grad_sync`` / ``overlap_param_sync``) run the data-parallel gradient
+reduction and the distributed optimizer's parameter gather bucket by bucket under the backward
+and forward passes: the reader turns them into ``layout.overlap_grad_reduce`` /
+``layout.overlap_param_gather``, which the predictor costs (predictor/overlap.py).  Tensor-parallel
+communication under the GEMMs (``--tp-comm-overlap``, NeMo's ``model.ub_tp_comm_overlap``:
+Transformer Engine's userbuffers) depends on kernels perfcast has not measured: the prediction
+keeps it whole and the reader says which line of the breakdown the job may spend less on.
 """
 from __future__ import annotations
 
@@ -20,9 +21,26 @@ _WHAT = {
 
 
 def warn_overlaps(f: Facts, found: "dict[str, str]") -> None:
-    """One warning per overlap the launch turns on: ``found`` maps tp / grad / param to where
-    the launch says so (option or key, with its origin)."""
+    """One warning per overlap the launch turns on that perfcast does not model: ``found`` maps
+    tp / grad / param to where the launch says so (option or key, with its origin)."""
     for kind, where in found.items():
         what, line = _WHAT[kind]
         f.warnings.append(f"{where}: {what} is not modelled; costed serially, so the iteration may "
                           f"take up to the breakdown's '{line}' time less")
+
+
+def set_overlaps(f: Facts, found: "dict[str, str]", distributed_optimizer: bool) -> None:
+    """Megatron-core's data-parallel overlaps as layout facts; ``found`` as for
+    :func:`warn_overlaps` (its "tp" entry is warned).  A parameter gather without the
+    distributed optimizer or the gradient overlap (which Megatron-LM refuses) is said and dropped."""
+    rest = dict(found)
+    grad, param = rest.pop("grad", None), rest.pop("param", None)
+    warn_overlaps(f, rest)
+    if grad:
+        f.set("overlap_grad_reduce", True, grad)
+    if param:
+        if grad and distributed_optimizer:
+            f.set("overlap_param_gather", True, param)
+        else:
+            need = "the distributed optimizer" if not distributed_optimizer else "the gradient overlap"
+            f.warnings.append(f"{param}: the parameter gather overlap needs {need}; costed without it")

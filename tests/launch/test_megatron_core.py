@@ -98,17 +98,45 @@ def test_framework_is_recorded(tmp_path):
     assert res.job.run.framework == "megatron-deepspeed"
 
 
-def test_communication_overlaps_are_said_and_costed_serially(tmp_path):
+def test_data_parallel_overlaps_become_layout_keys_and_tp_overlap_is_said(tmp_path):
     res = _run(tmp_path, "--sequence-parallel --tp-comm-overlap --use-distributed-optimizer "
                "--overlap-grad-reduce --overlap-param-gather")
     assert res.error is None, res.error
+    lay = res.job.layout
+    assert lay.overlap_grad_reduce and lay.overlap_param_gather
+    assert res.provenance["layout.overlap_grad_reduce"].startswith("--overlap-grad-reduce")
+    assert res.provenance["layout.overlap_param_gather"].startswith("--overlap-param-gather")
+    # Only the TP overlap (userbuffers) stays unmodelled, and says so.
     said = [w for w in res.warnings if "is not modelled; costed serially" in w]
-    assert len(said) == 3
-    for flag, line in (("--tp-comm-overlap", "(of which TP all-reduce)"),
-                       ("--overlap-grad-reduce", "DP gradient reduction"),
-                       ("--overlap-param-gather", "optimizer + all-gather")):
-        assert any(w.startswith(flag) and "job.sbatch:3" in w and line in w for w in said), (flag, said)
+    assert len(said) == 1
+    assert said[0].startswith("--tp-comm-overlap") and "job.sbatch:3" in said[0]
+    assert "(of which TP all-reduce)" in said[0]
     # Nothing else about the job changes.
     plain = _run(tmp_path, "--sequence-parallel --use-distributed-optimizer")
-    assert res.job.to_dict() == plain.job.to_dict()
+    assert not plain.job.layout.overlap_grad_reduce and not plain.job.layout.overlap_param_gather
+    expected = plain.job.to_dict()
+    expected["layout"].update(overlap_grad_reduce=True, overlap_param_gather=True)
+    assert res.job.to_dict() == expected
     assert not any("costed serially" in w for w in plain.warnings)
+
+
+def test_param_gather_without_distributed_optimizer_is_said_and_dropped(tmp_path):
+    res = _run(tmp_path, "--overlap-grad-reduce --overlap-param-gather")
+    assert res.error is None, res.error
+    assert res.job.layout.overlap_grad_reduce and not res.job.layout.overlap_param_gather
+    assert any(w.startswith("--overlap-param-gather") and "distributed optimizer" in w for w in res.warnings)
+
+
+def test_megatron_deepspeed_keeps_overlap_flags_as_warnings(tmp_path):
+    res = _run(tmp_path, "--deepspeed --overlap-grad-reduce")
+    assert res.error is None, res.error
+    assert not res.job.layout.overlap_grad_reduce
+    assert any(w.startswith("--overlap-grad-reduce") and "costed serially" in w for w in res.warnings)
+
+
+@pytest.mark.parametrize("extra, expected", [("", ""), ("--grad-reduce-in-bf16", "bf16"),
+                                             ("--accumulate-allreduce-grads-in-fp32", "fp32")])
+def test_gradient_reduction_precision(tmp_path, extra, expected):
+    res = _run(tmp_path, extra)
+    assert res.error is None, res.error
+    assert res.job.run.grad_reduce_precision == expected

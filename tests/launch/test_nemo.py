@@ -181,17 +181,25 @@ def test_config_path_spellings(tmp_path, form):
     assert res.job.model.layers == 24
 
 
-def test_communication_overlaps_are_said_and_costed_serially(tmp_path):
+def test_communication_overlaps(tmp_path):
     res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 ++model.sequence_parallel=true "
                "+model.ub_tp_comm_overlap=true model.optim.name=distributed_fused_adam\n")
     assert res.error is None, res.error
     said = [w for w in res.warnings if "costed serially" in w]
-    # Distributed Adam overlaps its gradient reduction by default; the parameter gather is off.
-    assert len(said) == 2
-    assert any(w.startswith("model.ub_tp_comm_overlap (") and "job.sbatch:3" in w for w in said), said
-    assert any("distributed_fused_adam (overlap_grad_sync defaults on)" in w for w in said), said
+    # Only the TP overlap is unmodelled; distributed Adam overlaps its gradient reduction by
+    # default (modelled), the parameter gather is off.
+    assert len(said) == 1 and said[0].startswith("model.ub_tp_comm_overlap (") and "job.sbatch:3" in said[0]
+    assert res.job.layout.overlap_grad_reduce and not res.job.layout.overlap_param_gather
+    assert "distributed_fused_adam (overlap_grad_sync defaults on)" in res.provenance["layout.overlap_grad_reduce"]
+    both = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 model.optim.name=distributed_fused_adam "
+                "+model.optim.overlap_param_sync=true\n")
+    assert both.job.layout.overlap_grad_reduce and both.job.layout.overlap_param_gather
+    # The parameter gather without the gradient overlap: Megatron refuses it; said and dropped.
     off = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 model.optim.name=distributed_fused_adam "
                "+model.optim.overlap_grad_sync=false +model.optim.overlap_param_sync=true\n")
-    said = [w for w in off.warnings if "costed serially" in w]
-    assert len(said) == 1 and said[0].startswith("model.optim.overlap_param_sync"), said
-    assert not any("costed serially" in w for w in _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192\n").warnings)
+    assert off.error is None, off.error
+    assert not off.job.layout.overlap_grad_reduce and not off.job.layout.overlap_param_gather
+    assert any(w.startswith("model.optim.overlap_param_sync") and "gradient overlap" in w for w in off.warnings)
+    plain = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192\n")
+    assert not any("costed serially" in w for w in plain.warnings)
+    assert not plain.job.layout.overlap_grad_reduce
