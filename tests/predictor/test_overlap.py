@@ -179,3 +179,15 @@ def test_zero3_gathers_and_reductions_run_under_the_layers(h100):
     assert z3.breakdown.gradient_reduce_seconds == 0.0
     assert z3.breakdown.optimizer_seconds < z0.breakdown.optimizer_seconds
     assert z3.details.dp_hidden_seconds > mb * gather
+
+
+def test_advise_candidates_keep_the_jobs_overlaps_where_their_zero_stage_allows():
+    from predictor.advise import SearchOptions, enumerate_layouts
+    job = _job(overlap_grad_reduce=True, overlap_param_gather=True)
+    layouts, _ = enumerate_layouts(job, 16, 8, SearchOptions(max_micro_batch=2))
+    by_zero = {z: [lay for lay in layouts if lay.zero_stage == z] for z in (0, 1)}
+    assert by_zero[0] and by_zero[1]
+    assert all(lay.overlap_grad_reduce and not lay.overlap_param_gather for lay in by_zero[0])
+    assert all(lay.overlap_grad_reduce and lay.overlap_param_gather for lay in by_zero[1])
+    plain, _ = enumerate_layouts(_job(), 16, 8, SearchOptions(max_micro_batch=2))
+    assert not any(lay.overlap_grad_reduce or lay.overlap_param_gather for lay in plain)
