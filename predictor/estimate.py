@@ -25,9 +25,9 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from .bundle import collective_features
-from .recipe import (Group, gradient_precision, gradient_reduction, groups, layer_parameters,
-                     micro_batch_recipe, pipeline_sends, position_parameters, stage_layers, stage_parameter_counts,
-                     total_parameters, vocab_per_rank)
+from .recipe import (Group, gradient_precision, gradient_reduction, groups, input_embedding_parameters,
+                     layer_parameters, micro_batch_recipe, pipeline_sends, stage_layers,
+                     stage_parameter_counts, total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import fp8, overlap
@@ -543,6 +543,10 @@ class _Buckets:
     bucket: int
     terms: list[_Term]
 
+    def whole_seconds(self, full_seconds: float, rest_seconds: float) -> float:
+        """The stage's collective done bucket by bucket, none of it hidden."""
+        return (self.parameters // self.bucket) * full_seconds + rest_seconds
+
 
 def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     q.take_asked()
@@ -704,7 +708,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                 # What is not a layer's (stage 0's embedding; under ZeRO-3 all of the stage's
                 # parameters beyond its layers) does no work in the windows the buckets run under.
                 late = n_params - sizes[i] * bucket if zero == 3 else \
-                    (vocab_per_rank(m.vocab, tp) * m.hidden + position_parameters(m) if i == 0 else 0)
+                    (input_embedding_parameters(m, tp) if i == 0 else 0)
                 (sharded if zero == 3 else buckets).append(_Buckets(n_params, late, bucket, terms))
             if zero != 3:
                 red.extend(terms[0], full).extend(terms[1])
@@ -803,8 +807,7 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         f_exp = overlap.exposed_gather_seconds(f_i, b.parameters, b.late_parameters, b.bucket, g, g_rest)
         b_exp = overlap.exposed_gather_seconds(b_i, b.parameters, b.late_parameters, b.bucket, g, g_rest) \
             + overlap.exposed_reduction_seconds(b_i, b.parameters, b.late_parameters, b.bucket, c, c_rest)
-        full = b.parameters // b.bucket
-        serial = 2 * (full * g + g_rest) + full * c + c_rest     # gathers fwd + bwd, reduction
+        serial = 2 * b.whole_seconds(g, g_rest) + b.whole_seconds(c, c_rest)   # gathers fwd + bwd, reduction
         zero3_hidden = max(zero3_hidden, lay.micro_batches * (serial - f_exp - b_exp))
         fwd[i] += f_exp
         bwd[i] += b_exp
@@ -835,8 +838,7 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         if lay.overlap_param_gather:
             gather_exposed[i] = overlap.exposed_gather_seconds(fwd[i], b.parameters, b.late_parameters,
                                                                b.bucket, g, g_rest)
-        full = b.parameters // b.bucket
-        serial_gather = full * g + g_rest if lay.overlap_param_gather else 0.0
+        serial_gather = b.whole_seconds(g, g_rest) if lay.overlap_param_gather else 0.0
         hidden = max(hidden, dp[i] - reduce_exposed[i] + serial_gather - gather_exposed[i])
     waits = [reduce_exposed[i] - slack[i] for i in range(p)]
     reduce_wait = max(waits)                     # ≥ stage 0's exposed reduction ≥ 0

@@ -439,6 +439,12 @@ def position_parameters(model: ModelSpec) -> int:
     return model.seq_len * model.hidden if model.pos_emb == "learned" else 0
 
 
+def input_embedding_parameters(model: ModelSpec, tp: int = 1) -> int:
+    """The first stage's embedding parameters on one TP rank: its vocabulary shard and the
+    learned positions, if any."""
+    return vocab_per_rank(model.vocab, tp) * model.hidden + position_parameters(model)
+
+
 def stage_parameters(model: ModelSpec, layout: Layout, stage: int, layers: Optional[int] = None) -> int:
     """Parameters one GPU of pipeline ``stage`` holds (its tensor-parallel shard), before ZeRO
     (Table III).  ``layers``: the stage's transformer layers when the caller has the split."""
@@ -448,7 +454,7 @@ def stage_parameters(model: ModelSpec, layout: Layout, stage: int, layers: Optio
     n = layers * layer_parameters(model, tp)
     embedding = vocab_per_rank(model.vocab, tp) * model.hidden
     if stage == 0:
-        n += embedding + position_parameters(model)
+        n += input_embedding_parameters(model, tp)
     if stage == pp - 1:
         n += norm_parameters(model)                  # the final norm
         # The head: its own matrix when untied; with pp > 1 the last stage also keeps its own copy
