@@ -18,8 +18,11 @@ Both are costed here from the collectives' own times and the compute window they
 * a bucket's collective starts when its gradients are ready and the previous collective is done
   (NCCL runs them in order on one stream); what ends after the window is exposed.
 
+ZeRO-3 (FSDP2, DeepSpeed stage 3) is the same pattern with one bucket per layer, every
+micro-batch (predictor/estimate.py passes its windows and layer-sized buckets).
+
 The closed forms below give what a bucket-by-bucket replay gives (tests/predictor/test_overlap.py
-replays it) in constant time, whatever the bucket count: a 70 B model has thousands of buckets.
+replays it) in constant time, whatever the bucket count: a 70 B model unsplit has over 1,700.
 What they leave out: the collectives slow the GEMMs they share the GPU with (NCCL's kernels take
 SMs and memory bandwidth), which no measurement here gives; a stage's gradients are assumed to
 arrive evenly (attention and recomputation are spread like the GEMMs).
