@@ -1,12 +1,15 @@
-"""What Megatron-core's overlapped data parallelism changes in a prediction.
+"""What Megatron-core's overlapped communication changes in a prediction.
 
     python benchmarks/bench_overlap.py [--platform dgx-h100]
 
 For Llama-3-shaped Megatron jobs (8B and 70B, layouts of the kind NeMo's recipes use, 8 to 1,024
 GPUs) it prints the iteration with the data-parallel communication serial, with
 --overlap-grad-reduce, and with --overlap-param-gather as well, the exposed reduction and gather
-lines, what the overlaps hid (details.dp_hidden_seconds) and the bucket count per stage.  Nothing
-here is measured: it shows the mechanism's size (predictor/overlap.py, docs/modelling.md §3).
+lines, what the overlaps hid (details.dp_hidden_seconds) and the bucket count per stage; then, for
+the jobs with tensor parallelism, the iteration with --tp-comm-overlap added (Transformer Engine's
+userbuffers), its exposed TP line and what it hid (details.tp_hidden_seconds).  Nothing here is
+measured: it shows the mechanisms' size (predictor/overlap.py, predictor/tp_overlap.py,
+docs/modelling.md §3).
 """
 from __future__ import annotations
 
@@ -34,13 +37,14 @@ CASES = (
 )
 
 
-def _job(model, tp, pp, cp, v, gpus, batch, grad, param) -> TrainingJob:
+def _job(model, tp, pp, cp, v, gpus, batch, grad, param, tp_overlap=False) -> TrainingJob:
     dp = gpus // (tp * pp * cp)
     return TrainingJob.from_dict({
         "model": {**model, **COMMON},
         "layout": {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "virtual_stages": v, "micro_batch": 1,
                    "micro_batches": batch // dp, "zero_stage": 1, "recompute": "none",
-                   "sequence_parallel": tp > 1, "overlap_grad_reduce": grad, "overlap_param_gather": param},
+                   "sequence_parallel": tp > 1, "overlap_grad_reduce": grad, "overlap_param_gather": param,
+                   "tp_comm_overlap": tp_overlap},
         "run": {"precision": "bf16", "framework": "megatron", "fp8": "delayed"}})
 
 
@@ -64,6 +68,17 @@ def main() -> int:
               f"{b.optimizer_seconds:>8.3f}{preds[2].details.dp_hidden_seconds:>8.3f}{buckets:>9}")
     print("reduce / gather: the exposed gradient reduction and optimizer + parameter gather of the "
           "overlapped job; hidden: the data-parallel communication the overlaps hid")
+    print()
+    print(f"{'job':<20}{'GPUs':>6}{'+param s':>9}{'+tp s':>9}{'TP serial':>10}{'TP exposed':>11}{'hidden':>8}")
+    for name, model, tp, pp, cp, v, gpus, batch in CASES:
+        if tp == 1:
+            continue
+        base, ub = (predict(_job(model, tp, pp, cp, v, gpus, batch, True, True, t), plat) for t in (False, True))
+        print(f"{name:<20}{gpus:>6}{base.iteration_seconds:>9.3f}{ub.iteration_seconds:>9.3f}"
+              f"{base.breakdown.tp_allreduce_seconds:>10.3f}{ub.breakdown.tp_allreduce_seconds:>11.3f}"
+              f"{ub.details.tp_hidden_seconds:>8.3f}")
+    print("TP serial / exposed: the breakdown's TP communication line without and with --tp-comm-overlap "
+          "(with it: what the chunked GEMMs and collectives add beyond the GEMMs)")
     return 0
 
 

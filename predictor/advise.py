@@ -70,9 +70,10 @@ LAYOUT_KEYS = ("pp", "tp", "cp", "dp", "micro_batch", "micro_batches", "recomput
 # The keys of the pipeline split, which candidates inherit from the job (see _split_fields).
 SPLIT_KEYS = ("pipe_split", "stage_layers", "first_stage_layers", "last_stage_layers",
               "account_for_embedding", "account_for_loss")
-# Megatron-core's overlapped data parallelism: candidates keep the job's choice where their ZeRO
-# stage allows it (the gradient overlap up to the distributed optimizer, the gather with it).
-OVERLAP_KEYS = ("overlap_grad_reduce", "overlap_param_gather")
+# Megatron-core's overlapped communication: candidates keep the job's choice where their ZeRO
+# stage allows it (the gradient overlap up to the distributed optimizer, the gather with it), and
+# the tensor-parallel overlap where they keep sequence parallelism.
+OVERLAP_KEYS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
 _RECOMPUTE_COST = {"none": 0, "selective": 1, "full": 2}
 # Context parallelism is searched while each rank keeps at least this many tokens of a sequence:
 # shorter chunks leave ring attention too little work to hide its K/V passes behind.
@@ -453,6 +454,8 @@ def enumerate_layouts(job: TrainingJob, gpus: int, gpus_per_node: int,
                                           sequence_parallel=lay.sequence_parallel and tp > 1,
                                           overlap_grad_reduce=lay.overlap_grad_reduce and z <= 1,
                                           overlap_param_gather=lay.overlap_param_gather and z == 1,
+                                          tp_comm_overlap=lay.tp_comm_overlap and lay.sequence_parallel
+                                          and tp > 1,
                                           virtual_stages=v, **fields)
                             try:
                                 # The job file's own rules: one statement of what launches.

@@ -25,12 +25,12 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from .bundle import collective_features
-from .recipe import (Group, gradient_precision, gradient_reduction, groups, input_embedding_parameters,
+from .recipe import (Group, MicroBatchRecipe, gradient_precision, gradient_reduction, groups, input_embedding_parameters,
                      layer_parameters, micro_batch_recipe, pipeline_sends, stage_layers,
                      stage_parameter_counts, total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
-from . import fp8, overlap
+from . import fp8, overlap, tp_overlap
 from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
 from .network import ring_seconds
@@ -528,6 +528,10 @@ class _JobPlan:
     buckets: list["_Buckets"] = field(default_factory=list)
     # ZeRO-3: each stage's layers as buckets, gathered and reduced every micro-batch.
     sharded: list["_Buckets"] = field(default_factory=list)
+    # --tp-comm-overlap: one layer's GEMMs whole and in chunks and its collectives
+    # (_tp_overlap_terms), and the GEMMs' slowdown beside a collective's SMs.
+    tp_ub: Optional[list[_Term]] = None
+    tp_ub_slowdown: float = 1.0
 
 
 @dataclass
@@ -599,7 +603,13 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     # parallel residual), two in backward; sequence parallelism swaps each for a reduce-scatter +
     # all-gather of the same volume, which the ring model costs the same.
     mp_fwd, mp_bwd = _Term(), _Term()
-    if tp > 1:
+    tp_ub: Optional[list[_Term]] = None
+    if tp > 1 and lay.tp_comm_overlap:
+        # Transformer Engine's userbuffers: the collectives run in chunks under the GEMMs
+        # (predictor/tp_overlap.py); what they add beyond the GEMMs is costed in _assemble from
+        # the GEMMs whole and in chunks and the collectives.
+        tp_ub = _tp_overlap_terms(q, recipe, casts is not None, prec, grp["tp"], tp)
+    elif tp > 1:
         ar = q.coll("allreduce", recipe.tp_allreduce_entries, grp["tp"], prec)
         mp_fwd.add(ar, 1 if m.parallel_residual else 2)
         mp_bwd.add(ar, 2)
@@ -733,6 +743,9 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         # Launches per layer beyond a plain layer's kernels: TP all-reduces (forward, backward,
         # recompute) and context-parallel K/V passes.
         layer_launches = sum(c for _, c in mp_fwd.parts) + sum(c for _, c in mp_bwd.parts) if tp > 1 else 0.0
+        if tp_ub is not None:
+            ub_f, ub_b = tp_overlap.layer_launches(tp)
+            layer_launches += ub_f * (2 if lay.recompute == "full" else 1) + ub_b
         if casts is not None:
             # FP8 casts: each one more kernel, the forward's again when recomputed.
             layer_launches += casts.launches_forward * (2 if lay.recompute == "full" else 1) \
@@ -746,8 +759,45 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                                               + len(p2p_terms[i][1].parts), lay.recompute,
                                               fitted=plat.fitted)
                       for i, n in enumerate(sizes)]
+    if tp_ub is not None:
+        sms, known = tp_overlap.sm_count(plat.gpu.name)
+        if not known:
+            warnings.append(f"layout.tp_comm_overlap: the SM count of {plat.gpu.name} is not known; "
+                            f"costed with an H100's {sms}")
+        tp_ub_slowdown = tp_overlap.margin_slowdown(sms)
+    else:
+        tp_ub_slowdown = 1.0
     return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
-                    stage_host, cp_ring, list(sizes), q.take_asked(), buckets, sharded)
+                    stage_host, cp_ring, list(sizes), q.take_asked(), buckets, sharded, tp_ub,
+                    tp_ub_slowdown)
+
+
+# The linear GEMMs of a layer (predictor/recipe.py) as Transformer Engine names them, and the
+# number of terms _tp_overlap_terms gives (predictor.tp_overlap.LayerGemms' fields).
+_UB_GEMMS = (("linear1", "qkv"), ("linear2", "proj"), ("linear3", "up"), ("linear4", "down"))
+_UB_FIELDS = len(dataclasses.fields(tp_overlap.LayerGemms))
+
+
+def _tp_overlap_terms(q: QuerySet, recipe: MicroBatchRecipe, in_fp8: bool, prec: str, group: Group,
+                      tp: int) -> list[_Term]:
+    """The terms of one layer's :class:`predictor.tp_overlap.LayerGemms`, in its field order."""
+    calls = {c.name: c for c in recipe.layer}
+    gemm_prec = "fp8" if in_fp8 else prec
+
+    def gemm(name: str, direction: str, rows_divisor: float = 1.0) -> _Term:
+        shape = dict(calls[name].shape)
+        shape["m"] = shape["m"] / rows_divisor
+        return _Term().add(q.op(name, direction, gemm_prec, shape))
+
+    whole = [gemm(name, d) for name, _ in _UB_GEMMS for d in ("fwd", "bwd")]
+    chunks = [gemm("linear1", "fwd", tp), gemm("linear3", "fwd", tp),
+              gemm("linear2", "fwd", tp_overlap.PIPELINE_SPLITS), gemm("linear4", "fwd", tp_overlap.PIPELINE_SPLITS),
+              gemm("linear2", "bwd", tp), gemm("linear4", "bwd", tp)]
+    entries = recipe.tp_allreduce_entries       # the whole (gathered) activation of a layer
+    comm = [_Term().add(q.coll("allgather", entries / tp, group, prec)),
+            _Term().add(q.coll("reduce_scatter", entries, group, prec)),
+            _Term().add(q.coll("reduce_scatter", entries / tp_overlap.PIPELINE_SPLITS, group, prec))]
+    return whole + chunks + comm
 
 
 def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
@@ -758,6 +808,7 @@ def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
     terms += list(plan.cp_ring or ())
     for b in plan.buckets + plan.sharded:
         terms += b.terms
+    terms += plan.tp_ub or []
     # Columns: the handles the job asked for (every term's handles are among them).
     where = {h: j for j, h in enumerate(plan.handles)}
     width = len(where)
@@ -797,6 +848,23 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
             cp_exposed[i] = n * (per_f + per_b)
     off = 8 * p + (4 if plan.cp_ring is not None else 0)
     sharded_at = off + 4 * len(plan.buckets)
+    tp_exposed_f, tp_exposed_b = [0.0] * len(fwd), [0.0] * len(fwd)
+    tp_hidden = 0.0
+    if plan.tp_ub is not None:
+        # --tp-comm-overlap: each layer's overlapped GEMMs and collectives, beyond the GEMMs alone
+        # (the forward's again in a full recomputation); the serial cost it replaces is reported
+        # as hidden.
+        at = sharded_at + 4 * len(plan.sharded)
+        gemms = tp_overlap.LayerGemms(*vals[at:at + _UB_FIELDS])
+        per_f, per_b = tp_overlap.layer_extra_seconds(gemms, lay.tp, plan.tp_ub_slowdown)
+        if lay.recompute == "full":
+            per_b += per_f
+        serial = 2 * (gemms.gather + gemms.scatter) * (3 if lay.recompute == "full" else 2)
+        for i, n in enumerate(plan.sizes):
+            fwd[i] += n * per_f
+            bwd[i] += n * per_b
+            tp_exposed_f[i], tp_exposed_b[i] = n * per_f, n * per_b
+        tp_hidden = max(0.0, max(plan.sizes) * (serial - per_f - per_b))
     zero3_hidden = 0.0
     for i, b in enumerate(plan.sharded):
         # ZeRO-3: every micro-batch gathers each layer under the one before it (forward, and
@@ -856,7 +924,8 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         optimizer_seconds=update_seconds,
         step_overhead_seconds=plat.overheads.step_seconds,
         # Of which (already inside the stage times above), over the whole iteration:
-        tp_allreduce_seconds=waves * (mp_comm[crit_f][0] + mp_comm[crit_b][1]),
+        tp_allreduce_seconds=waves * (mp_comm[crit_f][0] + mp_comm[crit_b][1]
+                                      + tp_exposed_f[crit_f] + tp_exposed_b[crit_b]),
         pp_p2p_seconds=waves * (p2p[crit_f][0] + p2p[crit_b][1]),
         # Of which (inside the backward): the device waiting for its host to issue the work.
         host_wait_seconds=mb * host_wait[crit_b],
@@ -864,7 +933,8 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         cp_exposed_seconds=mb * cp_exposed[crit_b],
     )
     stages = StageTimes(tuple(plan.sizes), tuple(fwd), tuple(bwd), tuple(host_wait))
-    return iteration, breakdown, Details(stages, waves * F, dp_hidden_seconds=hidden)
+    return iteration, breakdown, Details(stages, waves * F, dp_hidden_seconds=hidden,
+                                         tp_hidden_seconds=waves * tp_hidden)
 
 
 def _total(job: TrainingJob, iteration: float, fwd_pipeline: float, plat: Platform,

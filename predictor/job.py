@@ -134,6 +134,9 @@ class Layout:
     # bucket by bucket under the next step's first forward (--overlap-param-gather).
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    # Transformer Engine's userbuffers: the sequence-parallel all-gathers and reduce-scatters run
+    # in chunks under the layer's GEMMs (--tp-comm-overlap; predictor/tp_overlap.py).
+    tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
         # A list from a TOML/JSON file or a caller becomes a tuple: layouts stay hashable (the
@@ -410,6 +413,8 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
                   "run.framework = \"torchtitan\")")
     if lay.overlap_grad_reduce or lay.overlap_param_gather:
         _check_overlaps(lay, framework)
+    if lay.tp_comm_overlap:
+        _check_tp_overlap(lay, framework)
     if lay.cp > 1:
         # Megatron splits each sequence into 2·cp chunks (load-balanced causal attention).
         if m.seq_len % (2 * lay.cp):
@@ -436,6 +441,19 @@ def _check_overlaps(lay: Layout, framework: str) -> None:
         if not lay.overlap_grad_reduce:
             raise JobError("layout.overlap_param_gather", "needs layout.overlap_grad_reduce = true "
                                                           "(as Megatron-LM requires)")
+
+
+def _check_tp_overlap(lay: Layout, framework: str) -> None:
+    """Transformer Engine's tensor-parallel overlap, where Megatron-core runs it (with tp = 1
+    there is nothing to overlap, and the key does nothing)."""
+    from .recipe import runs_deepspeed_engine   # here: the recipe imports this module
+    if runs_deepspeed_engine(lay, framework):
+        raise JobError("layout.tp_comm_overlap", "is Transformer Engine's under Megatron-core (run.framework "
+                                                 "\"megatron\" or \"nemo\"); DeepSpeed's engine has no such overlap")
+    if lay.tp > 1 and not lay.sequence_parallel:
+        raise JobError("layout.tp_comm_overlap", "overlaps sequence parallelism's all-gathers and "
+                                                 "reduce-scatters: needs layout.sequence_parallel = true "
+                                                 "(as Megatron-LM requires)")
 
 
 def _validate(job: TrainingJob) -> None:

@@ -81,6 +81,9 @@ class Details:
     # Data-parallel communication run under compute (layout.overlap_grad_reduce /
     # overlap_param_gather): not in the iteration; the most of any stage.
     dp_hidden_seconds: float = 0.0
+    # Tensor-parallel communication run under the GEMMs (layout.tp_comm_overlap): what the serial
+    # collectives would have cost beyond the overlap, over the iteration on the longest stage.
+    tp_hidden_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         s, t = self.stages, self.total
@@ -99,5 +102,6 @@ class Details:
         d.update({"startup_seconds": t.startup_seconds, "train_seconds": t.train_seconds,
                   "eval_seconds": t.eval_seconds, "checkpoint_seconds": t.checkpoint_seconds,
                   "evaluations": t.evaluations, "checkpoints": t.checkpoints,
-                  "gpus": self.gpus, "nodes": self.nodes, "dp_hidden_seconds": self.dp_hidden_seconds})
+                  "gpus": self.gpus, "nodes": self.nodes, "dp_hidden_seconds": self.dp_hidden_seconds,
+                  "tp_hidden_seconds": self.tp_hidden_seconds})
         return d

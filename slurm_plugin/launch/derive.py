@@ -203,8 +203,8 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
                 # the pipeline split: the framework's rule and its options (neox.py, megatron.py)
                 "pipe_split", "first_stage_layers", "last_stage_layers",
                 "account_for_embedding", "account_for_loss",
-                # Megatron-core's overlapped data parallelism (overlap.py)
-                "overlap_grad_reduce", "overlap_param_gather"):
+                # Megatron-core's overlapped communication (overlap.py)
+                "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"):
         _copy(d, f, key, f"layout.{key}")
     # ---------------------------------------------------------------- run
     if framework in _FRAMEWORKS:

@@ -56,7 +56,7 @@ _FLAGS = {
     "--use-mcore-models": "mcore", "--transformer-impl": "transformer_impl",
     "--account-for-embedding-in-pipeline-split": "account_for_embedding",
     "--account-for-loss-in-pipeline-split": "account_for_loss",
-    "--tp-comm-overlap": "tp_comm_overlap", "--overlap-grad-reduce": "overlap_grad_raw",
+    "--tp-comm-overlap": "tp_comm_raw", "--overlap-grad-reduce": "overlap_grad_raw",
     "--overlap-param-gather": "overlap_param_raw", "--grad-reduce-in-bf16": "grad_reduce_bf16",
     "--accumulate-allreduce-grads-in-fp32": "grad_reduce_fp32",
 }
@@ -278,7 +278,7 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
     if deepspeed:
         warn_overlaps(f, found)      # Megatron-core's DDP options; DeepSpeed's engine reduces gradients itself
     else:
-        set_overlaps(f, found, bool(f.val("dist_opt")))
+        set_overlaps(f, found, bool(f.val("dist_opt")), bool(f.val("sequence_parallel")))
         _grad_precision(f)
     # context / Ulysses parallelism divide DP
     if deepspeed and f.get("ds_sp") is not None:
@@ -328,7 +328,7 @@ def _partial_recompute(f: Facts) -> None:
                           f"modelled as full recompute")
 
 
-_OVERLAPS = (("tp", "tp_comm_overlap", "--tp-comm-overlap"),
+_OVERLAPS = (("tp", "tp_comm_raw", "--tp-comm-overlap"),
              ("grad", "overlap_grad_raw", "--overlap-grad-reduce"),
              ("param", "overlap_param_raw", "--overlap-param-gather"))
 

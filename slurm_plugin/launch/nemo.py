@@ -305,8 +305,7 @@ def _attention(v: View, f: Facts) -> None:
 
 
 def _overlaps(v: View, f: Facts) -> None:
-    """NeMo's communication overlaps (launch/overlap.py: the data-parallel ones modelled, the
-    tensor-parallel one said).  The distributed fused Adam overlaps its gradient reduction
+    """NeMo's communication overlaps (launch/overlap.py).  The distributed fused Adam overlaps its gradient reduction
     unless told not to."""
     found = {}
     tp, origin = _bool(v, "model.ub_tp_comm_overlap")
@@ -321,7 +320,7 @@ def _overlaps(v: View, f: Facts) -> None:
     param, origin = _bool(v, "model.optim.overlap_param_sync")
     if param:
         found["param"] = f"model.optim.overlap_param_sync ({origin})"
-    set_overlaps(f, found, distributed)
+    set_overlaps(f, found, distributed, bool(f.val("sequence_parallel")))
 
 
 def _precision(v: View, f: Facts) -> None:

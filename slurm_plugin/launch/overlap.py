@@ -6,8 +6,10 @@ reduction and the distributed optimizer's parameter gather bucket by bucket unde
 and forward passes: the reader turns them into ``layout.overlap_grad_reduce`` /
 ``layout.overlap_param_gather``, which the predictor costs (predictor/overlap.py).  Tensor-parallel
 communication under the GEMMs (``--tp-comm-overlap``, NeMo's ``model.ub_tp_comm_overlap``:
-Transformer Engine's userbuffers) depends on kernels perfcast has not measured: the prediction
-keeps it whole and the reader says which line of the breakdown the job may spend less on.
+Transformer Engine's userbuffers) becomes ``layout.tp_comm_overlap`` (predictor/tp_overlap.py);
+it needs sequence parallelism, without which Megatron-LM refuses it and NeMo turns it off, so
+the reader says so and drops it.  Under DeepSpeed's engine (Megatron-DeepSpeed) none of these
+exist: each is said, and the prediction keeps the communication whole.
 """
 from __future__ import annotations
 
@@ -29,13 +31,13 @@ def warn_overlaps(f: Facts, found: "dict[str, str]") -> None:
                           f"take up to the breakdown's '{line}' time less")
 
 
-def set_overlaps(f: Facts, found: "dict[str, str]", distributed_optimizer: bool) -> None:
-    """Megatron-core's data-parallel overlaps as layout facts; ``found`` as for
-    :func:`warn_overlaps` (its "tp" entry is warned).  A parameter gather without the
-    distributed optimizer or the gradient overlap (which Megatron-LM refuses) is said and dropped."""
-    rest = dict(found)
-    grad, param = rest.pop("grad", None), rest.pop("param", None)
-    warn_overlaps(f, rest)
+def set_overlaps(f: Facts, found: "dict[str, str]", distributed_optimizer: bool,
+                 sequence_parallel: bool) -> None:
+    """Megatron-core's overlaps as layout facts; ``found`` as for :func:`warn_overlaps`.  A
+    parameter gather without the distributed optimizer or the gradient overlap, or a
+    tensor-parallel overlap without sequence parallelism (both of which Megatron-LM refuses), is
+    said and dropped."""
+    grad, param, tp = found.get("grad"), found.get("param"), found.get("tp")
     if grad:
         f.set("overlap_grad_reduce", True, grad)
     if param:
@@ -44,3 +46,9 @@ def set_overlaps(f: Facts, found: "dict[str, str]", distributed_optimizer: bool)
         else:
             need = "the distributed optimizer" if not distributed_optimizer else "the gradient overlap"
             f.warnings.append(f"{param}: the parameter gather overlap needs {need}; costed without it")
+    if tp:
+        if sequence_parallel:
+            f.set("tp_comm_overlap", True, tp)
+        else:
+            f.warnings.append(f"{tp}: the tensor-parallel overlap needs sequence parallelism; "
+                              "costed without it")

@@ -98,26 +98,41 @@ def test_framework_is_recorded(tmp_path):
     assert res.job.run.framework == "megatron-deepspeed"
 
 
-def test_data_parallel_overlaps_become_layout_keys_and_tp_overlap_is_said(tmp_path):
+def test_overlaps_become_layout_keys(tmp_path):
     res = _run(tmp_path, "--sequence-parallel --tp-comm-overlap --use-distributed-optimizer "
                "--overlap-grad-reduce --overlap-param-gather")
     assert res.error is None, res.error
     lay = res.job.layout
-    assert lay.overlap_grad_reduce and lay.overlap_param_gather
+    assert lay.overlap_grad_reduce and lay.overlap_param_gather and lay.tp_comm_overlap
     assert res.provenance["layout.overlap_grad_reduce"].startswith("--overlap-grad-reduce")
     assert res.provenance["layout.overlap_param_gather"].startswith("--overlap-param-gather")
-    # Only the TP overlap (userbuffers) stays unmodelled, and says so.
-    said = [w for w in res.warnings if "is not modelled; costed serially" in w]
-    assert len(said) == 1
-    assert said[0].startswith("--tp-comm-overlap") and "job.sbatch:3" in said[0]
-    assert "(of which TP all-reduce)" in said[0]
+    assert res.provenance["layout.tp_comm_overlap"].startswith("--tp-comm-overlap")
+    assert "job.sbatch:3" in res.provenance["layout.tp_comm_overlap"]
+    assert not any("costed serially" in w or "costed without" in w for w in res.warnings)
     # Nothing else about the job changes.
     plain = _run(tmp_path, "--sequence-parallel --use-distributed-optimizer")
     assert not plain.job.layout.overlap_grad_reduce and not plain.job.layout.overlap_param_gather
+    assert not plain.job.layout.tp_comm_overlap
     expected = plain.job.to_dict()
-    expected["layout"].update(overlap_grad_reduce=True, overlap_param_gather=True)
+    expected["layout"].update(overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True)
     assert res.job.to_dict() == expected
-    assert not any("costed serially" in w for w in plain.warnings)
+
+
+def test_tp_overlap_without_sequence_parallel_is_said_and_dropped(tmp_path):
+    res = _run(tmp_path, "--tp-comm-overlap")
+    assert res.error is None, res.error
+    assert not res.job.layout.tp_comm_overlap
+    said = [w for w in res.warnings if w.startswith("--tp-comm-overlap")]
+    assert len(said) == 1 and "needs sequence parallelism; costed without it" in said[0]
+
+
+def test_overlaps_under_deepspeed_are_said_and_costed_serially(tmp_path):
+    res = _run(tmp_path, "--deepspeed --sequence-parallel --tp-comm-overlap --overlap-grad-reduce")
+    assert res.error is None, res.error
+    lay = res.job.layout
+    assert not lay.tp_comm_overlap and not lay.overlap_grad_reduce
+    said = [w for w in res.warnings if "is not modelled; costed serially" in w]
+    assert {w.split(" ")[0] for w in said} == {"--tp-comm-overlap", "--overlap-grad-reduce"}
 
 
 def test_param_gather_without_distributed_optimizer_is_said_and_dropped(tmp_path):

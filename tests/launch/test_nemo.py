@@ -185,11 +185,19 @@ def test_communication_overlaps(tmp_path):
     res = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 ++model.sequence_parallel=true "
                "+model.ub_tp_comm_overlap=true model.optim.name=distributed_fused_adam\n")
     assert res.error is None, res.error
-    said = [w for w in res.warnings if "costed serially" in w]
-    # Only the TP overlap is unmodelled; distributed Adam overlaps its gradient reduction by
-    # default (modelled), the parameter gather is off.
-    assert len(said) == 1 and said[0].startswith("model.ub_tp_comm_overlap (") and "job.sbatch:3" in said[0]
+    # The TP overlap with sequence parallelism becomes the layout key; distributed Adam overlaps
+    # its gradient reduction by default, the parameter gather is off.
+    assert not any("costed serially" in w or "costed without" in w for w in res.warnings)
+    assert res.job.layout.tp_comm_overlap
+    assert res.provenance["layout.tp_comm_overlap"].startswith("model.ub_tp_comm_overlap (")
+    assert "job.sbatch:3" in res.provenance["layout.tp_comm_overlap"]
     assert res.job.layout.overlap_grad_reduce and not res.job.layout.overlap_param_gather
+    # Without sequence parallelism NeMo turns it off: said and dropped.
+    no_sp = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 +model.ub_tp_comm_overlap=true\n")
+    assert no_sp.error is None, no_sp.error
+    assert not no_sp.job.layout.tp_comm_overlap
+    assert any(w.startswith("model.ub_tp_comm_overlap (") and "needs sequence parallelism" in w
+               for w in no_sp.warnings)
     assert "distributed_fused_adam (overlap_grad_sync defaults on)" in res.provenance["layout.overlap_grad_reduce"]
     both = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192 model.optim.name=distributed_fused_adam "
                 "+model.optim.overlap_param_sync=true\n")
