@@ -261,7 +261,7 @@ def measure_family(args) -> int:
         others = others_cores(c0, _cpu_seconds(), time.monotonic() - t0)
         load = max(before, loadavg())
         src = (f"benchmarks/bench_cpu_family.py, {os.cpu_count()} CPUs ({cpu}), torch {torch.__version__}, "
-               f"{m.threads} thread(s) per rank, middle-half mean of {len(m.steps)} steps, "
+               f"{m.threads} thread(s) per rank, fastest-quarter mean of {len(m.steps)} steps, "
                f"1-min load {load:.2f}, other processes {others:.2f} cores, {time.strftime('%Y-%m-%d')}")
         runs.append({"name": name, "job": j, "measured_iteration_seconds": m.iteration_seconds,
                      "steps": m.steps, "params": m.params, "threads": m.threads, "load": load, "others_cores": others,
@@ -300,7 +300,7 @@ def compare(args) -> int:
 def _isolated_sum(j, shard: int) -> dict:
     """The same micro-batch as the calibration sees it: every operator of the predictor's recipe
     (predictor/recipe.py) built and timed on its own, as ``perf-calibrate run`` times a sample
-    (calibrate/kernels.py + calibrate/timing.py: warm-up 2, middle-half mean of 8), in this
+    (calibrate/kernels.py + calibrate/timing.py: warm-up 2, fastest-quarter mean of 8), in this
     process, now; summed with the recipe's counts.  Seconds per micro-batch (optimizer: per step)."""
     from calibrate.kernels import build_kernel
     from predictor.recipe import micro_batch_recipe
