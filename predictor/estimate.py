@@ -780,7 +780,8 @@ _UB_FIELDS = len(dataclasses.fields(tp_overlap.LayerGemms))
 
 def _tp_overlap_terms(q: QuerySet, recipe: MicroBatchRecipe, in_fp8: bool, prec: str, group: Group,
                       tp: int) -> list[_Term]:
-    """The terms of one layer's :class:`predictor.tp_overlap.LayerGemms`, in its field order."""
+    """The terms of one layer's :class:`predictor.tp_overlap.LayerGemms`, in its field order, then
+    the serial costing's TP all-reduce."""
     calls = {c.name: c for c in recipe.layer}
     gemm_prec = "fp8" if in_fp8 else prec
 
@@ -794,10 +795,15 @@ def _tp_overlap_terms(q: QuerySet, recipe: MicroBatchRecipe, in_fp8: bool, prec:
               gemm("linear2", "fwd", tp_overlap.PIPELINE_SPLITS), gemm("linear4", "fwd", tp_overlap.PIPELINE_SPLITS),
               gemm("linear2", "bwd", tp), gemm("linear4", "bwd", tp)]
     entries = recipe.tp_allreduce_entries       # the whole (gathered) activation of a layer
-    comm = [_Term().add(q.coll("allgather", entries / tp, group, prec)),
+    # Under FP8 the userbuffers all-gather the GEMMs' FP8 inputs (Transformer Engine's default
+    # fp8_buf for every all-gather overlap): one byte an entry, costed as half the 16-bit entries.
+    gathered = entries / tp * (0.5 if in_fp8 else 1.0)
+    comm = [_Term().add(q.coll("allgather", gathered, group, prec)),
             _Term().add(q.coll("reduce_scatter", entries, group, prec)),
             _Term().add(q.coll("reduce_scatter", entries / tp_overlap.PIPELINE_SPLITS, group, prec))]
-    return whole + chunks + comm
+    # And the serial costing's all-reduce, for what the overlap hid (details.tp_hidden_seconds).
+    serial = _Term().add(q.coll("allreduce", entries, group, prec))
+    return whole + chunks + comm + [serial]
 
 
 def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
@@ -859,7 +865,7 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         per_f, per_b = tp_overlap.layer_extra_seconds(gemms, lay.tp, plan.tp_ub_slowdown)
         if lay.recompute == "full":
             per_b += per_f
-        serial = 2 * (gemms.gather + gemms.scatter) * (3 if lay.recompute == "full" else 2)
+        serial = vals[at + _UB_FIELDS] * (6 if lay.recompute == "full" else 4)   # all-reduces a layer
         for i, n in enumerate(plan.sizes):
             fwd[i] += n * per_f
             bwd[i] += n * per_b

@@ -21,6 +21,9 @@ given) runs, per layer:
   weight gradient needs) on 16 SMs beside the data-gradient GEMM, then the reduce-scatter of the
   data gradient beside the weight-gradient GEMM: ``max(dgrad', ag) + max(wgrad', rs)``.
 
+Under FP8 the all-gathers move the GEMMs' FP8 inputs (``fp8_buf``, on by default for every
+all-gather overlap): half the bytes of a 16-bit gather; the reduce-scatters stay 16-bit.
+
 Every constant is Transformer Engine's default (:data:`PIPELINE_SPLITS`, :data:`COMM_SMS`); the
 GEMM that keeps ``S - 16`` of a GPU's ``S`` SMs (NVIDIA's data sheets, :data:`SM_COUNTS`) runs
 ``S / (S - 16)`` times as long, as a GEMM's many-wave throughput goes with its SMs.  A chunk's GEMM

@@ -119,6 +119,22 @@ def test_overlap_hides_tensor_parallel_communication(h100, recompute):
     assert parts == pytest.approx(ub.iteration_seconds)
 
 
+def test_fp8_gathers_move_one_byte_an_entry(h100, monkeypatch):
+    seen = []
+    real = tp_overlap.layer_extra_seconds
+
+    def spy(g, tp, slowdown):
+        seen.append(g)
+        return real(g, tp, slowdown)
+    monkeypatch.setattr(tp_overlap, "layer_extra_seconds", spy)
+    predict(_job(tp_comm_overlap=True), h100)
+    predict(_job(tp_comm_overlap=True).replace(run={"fp8": "delayed"}), h100)
+    bf16, fp8 = seen[0], seen[len(seen) // 2]     # each prediction assembles its point first
+    # The all-gather halves (less its latency, which stays); the reduce-scatters do not change.
+    assert 0.45 * bf16.gather < fp8.gather < 0.75 * bf16.gather
+    assert fp8.scatter == pytest.approx(bf16.scatter) and fp8.scatter_chunk == pytest.approx(bf16.scatter_chunk)
+
+
 def test_the_key_does_nothing_without_tensor_parallelism(h100):
     one = _job(tp=1, dp=8, sequence_parallel=False)
     assert predict(one.replace(layout={"tp_comm_overlap": True}), h100).iteration_seconds == \
