@@ -765,6 +765,10 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
             warnings.append(f"layout.tp_comm_overlap: the SM count of {plat.gpu.name} is not known; "
                             f"costed with an H100's {sms}")
         tp_ub_slowdown = tp_overlap.margin_slowdown(sms)
+        if grp["tp"].nodes > 1:
+            warnings.append("layout.tp_comm_overlap with the TP group across nodes: costed over the "
+                            "inter-node links, although Transformer Engine's userbuffers need the group "
+                            "inside one NVLink domain")
     else:
         tp_ub_slowdown = 1.0
     return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
@@ -773,7 +777,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
 
 
 # The linear GEMMs of a layer (predictor/recipe.py) as Transformer Engine names them, and the
-# number of terms _tp_overlap_terms gives (predictor.tp_overlap.LayerGemms' fields).
+# number of predictor.tp_overlap.LayerGemms' fields (_tp_overlap_terms gives these, then one more).
 _UB_GEMMS = (("linear1", "qkv"), ("linear2", "proj"), ("linear3", "up"), ("linear4", "down"))
 _UB_FIELDS = len(dataclasses.fields(tp_overlap.LayerGemms))
 

@@ -414,7 +414,7 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
     if lay.overlap_grad_reduce or lay.overlap_param_gather:
         _check_overlaps(lay, framework)
     if lay.tp_comm_overlap:
-        _check_tp_overlap(lay, framework)
+        _check_tp_overlap(m, lay, framework)
     if lay.cp > 1:
         # Megatron splits each sequence into 2·cp chunks (load-balanced causal attention).
         if m.seq_len % (2 * lay.cp):
@@ -443,17 +443,20 @@ def _check_overlaps(lay: Layout, framework: str) -> None:
                                                           "(as Megatron-LM requires)")
 
 
-def _check_tp_overlap(lay: Layout, framework: str) -> None:
+def _check_tp_overlap(m: ModelSpec, lay: Layout, framework: str) -> None:
     """Transformer Engine's tensor-parallel overlap, where Megatron-core runs it (with tp = 1
     there is nothing to overlap, and the key does nothing)."""
     from .recipe import runs_deepspeed_engine   # here: the recipe imports this module
-    if runs_deepspeed_engine(lay, framework):
-        raise JobError("layout.tp_comm_overlap", "is Transformer Engine's under Megatron-core (run.framework "
-                                                 "\"megatron\" or \"nemo\"); DeepSpeed's engine has no such overlap")
+    key = "layout.tp_comm_overlap"
+    if runs_deepspeed_engine(lay, framework) or framework == "torchtitan":
+        raise JobError(key, "is Transformer Engine's under Megatron-core (run.framework \"megatron\" or "
+                            "\"nemo\"); DeepSpeed's engine and TorchTitan have no such overlap")
+    if m.parallel_residual:
+        raise JobError(key, "overlaps the collectives of Megatron-core's sequential layer; a parallel "
+                            "residual (model.parallel_residual) has other ones")
     if lay.tp > 1 and not lay.sequence_parallel:
-        raise JobError("layout.tp_comm_overlap", "overlaps sequence parallelism's all-gathers and "
-                                                 "reduce-scatters: needs layout.sequence_parallel = true "
-                                                 "(as Megatron-LM requires)")
+        raise JobError(key, "overlaps sequence parallelism's all-gathers and reduce-scatters: needs "
+                            "layout.sequence_parallel = true (as Megatron-LM requires)")
 
 
 def _validate(job: TrainingJob) -> None:

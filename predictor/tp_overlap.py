@@ -24,17 +24,20 @@ given) runs, per layer:
 Under FP8 the all-gathers move the GEMMs' FP8 inputs (``fp8_buf``, on by default for every
 all-gather overlap): half the bytes of a 16-bit gather; the reduce-scatters stay 16-bit.
 
-Every constant is Transformer Engine's default (:data:`PIPELINE_SPLITS`, :data:`COMM_SMS`); the
+Every constant is Transformer Engine's default (:data:`PIPELINE_SPLITS`, :data:`COMM_SMS`; the
+SM margin as of Transformer Engine 2.0, before which ``set_sm_margin`` defaulted off); the
 GEMM that keeps ``S - 16`` of a GPU's ``S`` SMs (NVIDIA's data sheets, :data:`SM_COUNTS`) runs
 ``S / (S - 16)`` times as long, as a GEMM's many-wave throughput goes with its SMs.  A chunk's GEMM
 time comes from the platform's own GEMM models at the chunk's shape, so the chunks' loss of
 efficiency is measured, not assumed.  A backward GEMM sample holds the data- and weight-gradient
 GEMMs, which do the same FLOPs: each is half of it.
 
-The bulk overlap costs the backward's all-gather of the layer-norm output, which the serial
-costing (predictor/estimate.py: two all-reduces' worth per layer and direction) takes as hidden by
-Megatron's asynchronous all-gather under the data-gradient GEMM: where communication dwarfs the
-GEMMs, the overlap can cost more than the serial figure, as it can on a real GPU at small shapes.
+The overlap can cost more than the serial figure: the bulk overlap costs the backward's all-gather
+of the layer-norm output, which the serial costing (predictor/estimate.py: two all-reduces' worth
+per layer and direction) takes as hidden by Megatron's asynchronous all-gather under the
+data-gradient GEMM, so where communication dwarfs the GEMMs it exposes more; and where the GEMMs
+dwarf the communication (tp = 2, say) the SMs the pipelined and bulk collectives keep slow the
+GEMMs by more than the collectives cost.
 
 What this leaves out: memory-bandwidth contention between the copy engines and the GEMMs, and
 the per-layer configurations NeMo's recipes tune for some models (other ``num_sm``, atomic GEMMs
@@ -52,7 +55,7 @@ COMM_SMS = 16
 # Streaming multiprocessors per GPU (NVIDIA data sheets and architecture whitepapers), matched as
 # substrings of the platform's GPU name, longest first.
 SM_COUNTS = {
-    "gh200": 132, "h200": 132, "h100": 132, "h800": 132, "a100": 108, "a800": 108,
+    "gh200": 132, "h200": 132, "h100 pcie": 114, "h100": 132, "h800": 132, "a100": 108, "a800": 108,
     "b200": 148, "l40s": 142, "a40": 84, "v100": 80,
 }
 DEFAULT_SMS = 132      # an H100's, where the GPU is not in the table (the overlap's usual home)
@@ -91,10 +94,11 @@ def pipeline_seconds(chunk_gemm_seconds: float, chunk_scatter_seconds: float,
 class LayerGemms:
     """One transformer layer's four linear GEMMs and the collectives overlapped with them, in
     seconds.  ``*_fwd`` / ``*_bwd``: the whole GEMM's forward / backward (data + weight gradient);
-    ``ring_fwd_chunk``: a 1/tp chunk's forward of the QKV and MLP-up GEMMs; ``pipe_fwd_chunk``: a
-    1/4 chunk's forward of the projection and MLP-down GEMMs; ``ring_bwd_chunk``: a 1/tp chunk's
-    backward of those two (half is its data gradient); ``gather``: one sequence-parallel
-    all-gather; ``scatter``: one whole reduce-scatter; ``scatter_chunk``: a 1/4 one."""
+    ``qkv_fwd_chunk`` / ``up_fwd_chunk``: a 1/tp chunk's forward of the QKV / MLP-up GEMM;
+    ``proj_fwd_chunk`` / ``down_fwd_chunk``: a 1/4 chunk's forward of the projection / MLP-down
+    GEMM; ``proj_bwd_chunk`` / ``down_bwd_chunk``: a 1/tp chunk's backward of those two (half is
+    its data gradient); ``gather``: one sequence-parallel all-gather; ``scatter``: one whole
+    reduce-scatter; ``scatter_chunk``: a 1/4 one."""
 
     qkv_fwd: float
     qkv_bwd: float
