@@ -121,7 +121,9 @@ def test_overlap_hides_tensor_parallel_communication(h100, recompute):
     assert parts == pytest.approx(ub.iteration_seconds)
 
 
-def test_fp8_gathers_move_one_byte_an_entry(h100, monkeypatch):
+@pytest.fixture
+def layers_seen(monkeypatch):
+    """The LayerGemms every assembled prediction hands predictor.tp_overlap, in order."""
     seen = []
     real = tp_overlap.layer_extra_seconds
 
@@ -129,6 +131,11 @@ def test_fp8_gathers_move_one_byte_an_entry(h100, monkeypatch):
         seen.append(g)
         return real(g, tp, slowdown)
     monkeypatch.setattr(tp_overlap, "layer_extra_seconds", spy)
+    return seen
+
+
+def test_fp8_gathers_move_one_byte_an_entry(h100, layers_seen):
+    seen = layers_seen
     predict(_job(tp_comm_overlap=True), h100)
     predict(_job(tp_comm_overlap=True).replace(run={"fp8": "delayed"}), h100)
     bf16, fp8 = seen[0], seen[len(seen) // 2]     # each prediction assembles its point first
@@ -143,17 +150,11 @@ def test_the_key_does_nothing_without_tensor_parallelism(h100):
         pytest.approx(predict(one, h100).iteration_seconds, rel=1e-12)
 
 
-def test_a_layer_is_costed_the_same_whatever_the_rest_of_the_layout(h100, monkeypatch):
+def test_a_layer_is_costed_the_same_whatever_the_rest_of_the_layout(h100, layers_seen):
     # The layer's terms sit after every other term of the plan (pipeline, context-parallel ring,
     # data-parallel buckets, ZeRO-3 layers): whatever comes before them, the same layer shape
     # must read the same GEMMs and collectives.
-    seen = []
-    real = tp_overlap.layer_extra_seconds
-
-    def spy(g, tp, slowdown):
-        seen.append(g)
-        return real(g, tp, slowdown)
-    monkeypatch.setattr(tp_overlap, "layer_extra_seconds", spy)
+    seen = layers_seen
     variants = [dict(dp=1), dict(dp=2, overlap_grad_reduce=True, overlap_param_gather=True),
                 dict(pp=4, dp=2, micro_batches=8), dict(pp=2, virtual_stages=2, micro_batches=4),
                 dict(dp=2, zero_stage=3)]
