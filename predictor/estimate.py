@@ -25,9 +25,9 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from .bundle import collective_features
-from .recipe import (Group, MicroBatchRecipe, gradient_precision, gradient_reduction, groups, input_embedding_parameters,
-                     layer_parameters, micro_batch_recipe, pipeline_sends, stage_layers,
-                     stage_parameter_counts, total_parameters)
+from .recipe import (Group, MicroBatchRecipe, gradient_precision, gradient_reduction, groups,
+                     input_embedding_parameters, layer_parameters, micro_batch_recipe, pipeline_sends,
+                     stage_layers, stage_parameter_counts, total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import fp8, overlap, tp_overlap
@@ -759,6 +759,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                                               + len(p2p_terms[i][1].parts), lay.recompute,
                                               fitted=plat.fitted)
                       for i, n in enumerate(sizes)]
+    tp_ub_slowdown = 1.0
     if tp_ub is not None:
         sms, known = tp_overlap.sm_count(plat.gpu.name)
         if not known:
@@ -769,8 +770,6 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
             warnings.append("layout.tp_comm_overlap with the TP group across nodes: costed over the "
                             "inter-node links, although Transformer Engine's userbuffers need the group "
                             "inside one NVLink domain")
-    else:
-        tp_ub_slowdown = 1.0
     return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
                     stage_host, cp_ring, list(sizes), q.take_asked(), buckets, sharded, tp_ub,
                     tp_ub_slowdown)
