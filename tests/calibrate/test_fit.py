@@ -58,12 +58,19 @@ def _runs_file(path, jobs, seconds):
     return path
 
 
-def test_fit_recovers_a_compute_scale_and_carries_it_to_another_job(tmp_path, capsys):
+def _truth_runs(tmp_path, jobs, filename="runs.toml"):
+    """A copy of dgx-a100 (its directory and platform), the same platform 30 % slower in compute
+    (the truth a fit should recover), the jobs' iteration times under that truth, and those times
+    as a runs file."""
     d = _copy(tmp_path, "dgx-a100")
     base = load_platform(d)
     truth = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.3))
-    measured = [p.iteration_seconds for p in predict_many(A100_JOBS, truth)]
-    f = _runs_file(tmp_path / "runs.toml", A100_JOBS, measured)
+    measured = [p.iteration_seconds for p in predict_many(jobs, truth)]
+    return d, base, truth, measured, _runs_file(tmp_path / filename, jobs, measured)
+
+
+def test_fit_recovers_a_compute_scale_and_carries_it_to_another_job(tmp_path, capsys):
+    d, base, truth, measured, f = _truth_runs(tmp_path, A100_JOBS)
     assert main(["validate", str(d), "--runs", str(f), "--fit"]) == 0
     out = capsys.readouterr().out
     assert "leave-one-out MAPE before" in out and "written to [fitted]" in out

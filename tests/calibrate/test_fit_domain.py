@@ -14,7 +14,7 @@ from predictor.errors import BundleError
 from predictor.estimate import predict, predict_many
 from predictor.platform import FitDomain, FittedTerms, job_traits
 
-from .test_fit import _copy, _job, _runs_file
+from .test_fit import _job, _truth_runs
 
 # dp 2 jobs on one DGX node, hidden 2048-4096.
 DP2 = [_job(hidden=h, heads=h // 128, dp=2, layers=L) for h, L in ((2048, 8), (3072, 8), (4096, 8), (2048, 16))]
@@ -71,11 +71,8 @@ def test_a_job_outside_the_domain_is_predicted_without_the_scales_and_told_so():
 def test_fitting_on_one_kind_of_job_leaves_other_kinds_as_they_were(tmp_path):
     # A slowdown only data-parallel jobs have (ranks contending for memory bandwidth, as this
     # machine's CPU runs show): fitted on dp 2 runs as a compute scale, it must not move dp 1 jobs.
-    d = _copy(tmp_path, "dgx-a100")
-    base = load_platform(d)
-    truth = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.3))
-    measured = [p.iteration_seconds for p in predict_many(DP2, truth)]
-    res = fit_terms(base, load_runs(_runs_file(tmp_path / "r.toml", DP2, measured)))
+    _, base, truth, measured, runs = _truth_runs(tmp_path, DP2, "r.toml")
+    res = fit_terms(base, load_runs(runs))
     assert res.improves and res.compute_scale == pytest.approx(1.3, rel=0.03)
     assert res.domain == FitDomain.of_jobs(DP2, base.gpus_per_node)
     fitted = dataclasses.replace(base, fitted=res.terms())
@@ -90,12 +87,9 @@ def test_leave_one_out_asks_whether_the_factors_are_real_not_where_they_apply(tm
     # The one dp 1 run among dp 2 runs: left out, it lies outside the others' domain, but its
     # leave-one-out prediction still uses their factor (a fit whose factor is exact is kept); the
     # fitted platform then predicts dp 1 jobs with it, since one run of the kind was fitted.
-    d = _copy(tmp_path, "dgx-a100")
-    base = load_platform(d)
     jobs = DP2 + [_job(hidden=3072, heads=24)]
-    truth = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.3))
-    measured = [p.iteration_seconds for p in predict_many(jobs, truth)]
-    res = fit_terms(base, load_runs(_runs_file(tmp_path / "r.toml", jobs, measured)))
+    _, base, truth, measured, runs = _truth_runs(tmp_path, jobs, "r.toml")
+    res = fit_terms(base, load_runs(runs))
     assert res.loo_predictions[-1] == pytest.approx(measured[-1], rel=0.03)
     assert res.improves
     fitted = dataclasses.replace(base, fitted=res.terms())
@@ -105,11 +99,7 @@ def test_leave_one_out_asks_whether_the_factors_are_real_not_where_they_apply(tm
 
 
 def test_validate_fit_writes_the_domain_and_says_where_the_fit_applies(tmp_path, capsys):
-    d = _copy(tmp_path, "dgx-a100")
-    base = load_platform(d)
-    truth = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.3))
-    measured = [p.iteration_seconds for p in predict_many(DP2, truth)]
-    f = _runs_file(tmp_path / "runs.toml", DP2, measured)
+    d, _, _, _, f = _truth_runs(tmp_path, DP2)
     assert main(["validate", str(d), "--runs", str(f), "--fit"]) == 0
     out = capsys.readouterr().out
     assert "fit applies to jobs like the runs: hidden 2048–4096; dp > 1" in out
