@@ -28,14 +28,14 @@ sys.path.insert(0, str(ROOT))
 
 def _job(layers: int, hidden: int, heads: int, seq: int, mb: int, m: int, *, vocab: int = 32000,
          attention: str = "flash", activation: str = "gelu", norm: str = "layernorm",
-         precision: str = "bf16", dp: int = 1) -> dict:
+         precision: str = "bf16", dp: int = 1, fp8: str = "") -> dict:
     return {
         "model": {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab,
                   "attention": attention, "activation": activation, "norm": norm, "pos_emb": "rotary",
                   "tied_embeddings": True},
         "layout": {"pp": 1, "tp": 1, "dp": dp, "micro_batch": mb, "micro_batches": m, "zero_stage": 1,
                    "recompute": "none"},
-        "run": {"precision": precision, "train_iters": 0},
+        "run": {"precision": precision, "train_iters": 0, "fp8": fp8},
         "cluster": {"gpus_per_node": dp},
     }
 
@@ -57,6 +57,26 @@ def heldout(device: str) -> list[tuple[str, dict]]:
         ("L10 h1024 s2048 mb2 m2 unfused", _job(10, 1024, 8, 2048, 2, 2, attention="unfused")),
         ("L6 h4096 s2048 mb1 m6 flash v50k", _job(6, 4096, 32, 2048, 1, 6, vocab=50257)),
     ]
+
+
+def fp8_pairs(device: str) -> list[tuple[str, dict]]:
+    """Jobs whose linear GEMMs run in FP8 (delayed scaling, calibrate.kernels.Fp8Linear), each
+    with its 16-bit twin measured beside it: the FP8 GEMM samples and cast costs checked on real
+    steps.  Measured after the FP8 samples were fitted; no modelling choice looked at them."""
+    shapes = [("L4 h2048 s2048 mb2", (4, 2048, 16, 2048, 2, 2), {}),
+              ("L4 h4096 s2048 mb1 swiglu rmsnorm", (4, 4096, 32, 2048, 1, 2),
+               {"activation": "swiglu", "norm": "rmsnorm"}),
+              ("L4 h4096 s4096 mb2", (4, 4096, 32, 4096, 2, 2), {}),
+              ("L4 h6144 s2048 mb2", (4, 6144, 48, 2048, 2, 2), {}),
+              ("L2 h8192 s2048 mb2 m4", (2, 8192, 64, 2048, 2, 4), {}),
+              ("L8 h1024 s1024 mb1 m4", (8, 1024, 16, 1024, 1, 4), {})]
+    if device != "cuda":
+        shapes = [("L2 h256 s64 mb2", (2, 256, 4, 64, 2, 2), {"vocab": 1024})]
+    out = []
+    for name, args, kw in shapes:
+        out.append((f"{name} fp8", _job(*args, fp8="delayed", **kw)))
+        out.append((f"{name} bf16", _job(*args, **kw)))
+    return out
 
 
 def family(device: str) -> list[tuple[str, dict]]:
@@ -107,7 +127,7 @@ def measure(device: str, out: Path, steps: int, warmup: int, only: str, jobs: st
         import torch
         env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                "cuda": torch.version.cuda or ""}
-    for name, job in (heldout(device) if jobs == "heldout" else family(device)):
+    for name, job in {"heldout": heldout, "fp8": fp8_pairs, "family": family}[jobs](device):
         if name in seen or (only and only not in name):
             continue
         t0 = time.monotonic()
@@ -158,8 +178,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--only", default="", help="measure only jobs whose name contains this")
-    ap.add_argument("--set", choices=("family", "heldout"), default="family",
-                    help="which jobs to measure (heldout: kept out of modelling decisions)")
+    ap.add_argument("--set", choices=("family", "heldout", "fp8"), default="family",
+                    help="which jobs to measure (heldout: kept out of modelling decisions; fp8: FP8 "
+                         "linears and their 16-bit twins)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.out:

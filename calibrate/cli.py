@@ -34,15 +34,22 @@ from typing import Sequence
 from predictor.errors import OneLineParser, PerfcastError
 from slurm_plugin.records import RecordStoreError
 
+from .plans import PRECISIONS
+
 log = logging.getLogger("perf-calibrate")
 
 
-def _precisions(text: str) -> tuple[str, ...]:
+def _precisions(text: str, allowed: tuple[str, ...] = PRECISIONS) -> tuple[str, ...]:
     out = tuple(p.strip() for p in text.split(",") if p.strip())
-    bad = [p for p in out if p not in ("fp16", "bf16", "fp32")]
+    bad = [p for p in out if p not in allowed]
     if bad or not out:
-        raise argparse.ArgumentTypeError(f"precisions are fp16, bf16, fp32 (comma-separated), got {text!r}")
+        raise argparse.ArgumentTypeError(f"precisions are {', '.join(allowed)} (comma-separated), got {text!r}")
     return out
+
+
+def _tensor_precisions(text: str) -> tuple[str, ...]:
+    # Host costs are timed on tiny tensors of one dtype: FP8 exists only inside GEMMs.
+    return _precisions(text, tuple(p for p in PRECISIONS if p != "fp8"))
 
 
 def _positive(text: str) -> float:
@@ -77,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--plan", default="smoke", help="tiny | smoke | paper | adaptive | a plan .toml file")
     r.add_argument("--out", required=True, help="sample directory (created, or resumed)")
     r.add_argument("--precision", type=_precisions, default=None,
-                   help="comma-separated precisions (default: fp32 on cpu, fp16 on cuda)")
+                   help="comma-separated precisions (default: fp32 on cpu, fp16 on cuda; fp8: the "
+                        "layers' linear GEMMs only)")
     r.add_argument("--budget", type=_positive, default=0.0, help="GPU-minutes (adaptive plan)")
     r.add_argument("--part", choices=("all", "operators", "collectives"), default="all")
     r.add_argument("--ranks", type=int, default=0,
@@ -89,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     h = sub.add_parser("host", help="measure host-side issue costs (dispatch, autograd, launch, sync)")
     h.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     h.add_argument("--out", required=True, help="TOML file to write (e.g. SAMPLES_DIR/host.toml)")
-    h.add_argument("--precision", type=_precisions, default=None,
+    h.add_argument("--precision", type=_tensor_precisions, default=None,
                    help="precision of the tiny tensors (default: fp32 on cpu, bf16 on cuda)")
 
     p = sub.add_parser("plan", help="show a plan and its estimated cost (GPU-minutes)")
@@ -221,14 +229,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_host(args: argparse.Namespace) -> int:
     try:
-        from .host import measure_host_costs
+        from .host import fp8_gemms_supported, measure_host_costs
         from .runner import _check_device
     except ImportError as exc:
         raise PerfcastError(f"perf-calibrate host needs torch (pip install 'perfcast[calibrate]'): {exc}") from None
     from predictor.samples import dump_toml
     _check_device(args.device)
     precision = (args.precision or (("fp32",) if args.device == "cpu" else ("bf16",)))[0]
-    costs = measure_host_costs(args.device, precision)
+    # FP8 GEMMs' own calls too, where the GPU has them (their samples are timed apart: run --precision fp8).
+    costs = measure_host_costs(args.device, precision, fp8=fp8_gemms_supported(args.device))
     Path(args.out).write_text("# Host issue costs measured by perf-calibrate host (µs per call)\n"
                               + dump_toml({"host": costs.to_dict()}), encoding="utf-8")
     print(f"{args.out}: host costs of {len(costs.operators)} operators on {costs.device_name}: "

@@ -164,11 +164,17 @@ def probe_spec(device: str, precisions: tuple[str, ...]) -> DeviceSpec:
         mem = _host_memory_gib()
         n, elems = 768, 1 << 24
     tflops: dict[str, float] = {}
+    one = torch.ones((), device=dev)
     for p in precisions:
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[p]
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
+                 "fp8": torch.float8_e4m3fn}[p]
         a = torch.randn(n, n, device=dev).to(dtype)
         b = torch.randn(n, n, device=dev).to(dtype)
-        t = measure(lambda: torch.mm(a, b), device, warmup=1, repeats=3)
+        if p == "fp8":     # per-tensor scaled, second operand column-major (calibrate.kernels)
+            t = measure(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                        device, warmup=1, repeats=3)
+        else:
+            t = measure(lambda: torch.mm(a, b), device, warmup=1, repeats=3)
         tflops[p] = max(2.0 * n**3 / t.seconds / 1e12, 1e-6)
     src = torch.empty(elems, dtype=torch.float32, device=dev)
     dst = torch.empty_like(src)

@@ -62,6 +62,10 @@ def check_supported(job: TrainingJob, recompute: tuple[str, ...] = ("none",)) ->
         problems.append("untied embeddings")
     if m.pos_emb == "alibi":
         problems.append("alibi")
+    if job.run.fp8 not in ("", "delayed"):
+        problems.append(f"run.fp8 = {job.run.fp8!r} (only delayed scaling)")
+    if job.run.fp8 and lay.recompute != "none":
+        problems.append("run.fp8 with recomputation")
     if problems:
         raise CalibrationError("the real-training check supports only: " + "; ".join(problems))
 
@@ -110,6 +114,15 @@ class FlatGPT:
             p.grad = self.flat_grad[off:off + n].view(shape)
             self.params[name] = p
             off += n
+        self.fp8 = bool(job.run.fp8)
+        self._w8: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        if self.fp8:
+            dims = {"tokens (seq_len x micro_batch)": self.seq * self.mb, "hidden": self.h,
+                    "ffn width": self.ffn, "MLP up width": up}
+            odd = [f"{k} = {v}" for k, v in dims.items() if v % 16]
+            if odd:
+                raise CalibrationError("run.fp8: FP8 GEMMs need every dimension a multiple of 16; "
+                                       + ", ".join(odd))
         self.mask = K.causal_mask(self.seq, self.device)
         # (s, b) token order as Megatron: token t sits at position t // b.
         pos = torch.arange(self.seq, device=self.device).repeat_interleave(self.mb)
@@ -117,6 +130,22 @@ class FlatGPT:
 
     def _p(self, name: str) -> torch.Tensor | None:
         return self.params.get(name)
+
+    def begin_step(self) -> None:
+        """A new training step: the weights changed, so their FP8 copies are cast again."""
+        self._w8.clear()
+
+    def _linear(self, x: torch.Tensor, i: int, name: str) -> torch.Tensor:
+        """A layer's linear (``name``: qkv | out | up | down) in 16 bits, or in FP8 (run.fp8) with
+        the weight cast once per step, as Transformer Engine does."""
+        w, b = self.params[f"{i}.{name}_w"], self._p(f"{i}.{name}_b")
+        if not self.fp8:
+            return K.linear(x, w, b)
+        key = f"{i}.{name}"
+        if key not in self._w8:
+            with torch.no_grad():
+                self._w8[key] = K.fp8_cast_transpose(w, torch.float8_e4m3fn)
+        return K.Fp8Linear.apply(x, w, b, *self._w8[key])
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         return K.layernorm(x, w, b) if self.job.model.norm == "layernorm" else K.rmsnorm(x, w)
@@ -147,16 +176,16 @@ class FlatGPT:
         P = self._p
         t = x.shape[0]
         ln = self._norm(x, P(f"{i}.ln1_w"), P(f"{i}.ln1_b"))
-        qkv = K.linear(ln, P(f"{i}.qkv_w"), P(f"{i}.qkv_b")).view(t, self.heads, 3, self.d)
+        qkv = self._linear(ln, i, "qkv").view(t, self.heads, 3, self.d)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         if m.pos_emb == "rotary":
             q, k = K.rope(q, self.cos, self.sin), K.rope(k, self.cos, self.sin)
         ctx = self._attention(q, k, v)
-        x = K.res_add(K.linear(ctx, P(f"{i}.out_w"), P(f"{i}.out_b")), x)
+        x = K.res_add(self._linear(ctx, i, "out"), x)
         ln = self._norm(x, P(f"{i}.ln2_w"), P(f"{i}.ln2_b"))
-        u = K.linear(ln, P(f"{i}.up_w"), P(f"{i}.up_b"))
+        u = self._linear(ln, i, "up")
         a = K.gelu(u) if m.activation == "gelu" else K.swiglu(u)
-        return K.res_add(K.linear(a, P(f"{i}.down_w"), P(f"{i}.down_b")), x)
+        return K.res_add(self._linear(a, i, "down"), x)
 
     def loss(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward pass of one micro-batch; ids/targets are (s·b,) in (s, b) order."""
@@ -256,6 +285,7 @@ def _train_worker(rank: int, world: int, port: int, job_dict: dict, device: str,
             synchronize(device)
             t0 = time.perf_counter()
             model.flat_grad.zero_()
+            model.begin_step()
             for ids, tgt in batches:
                 model.loss(ids, tgt).backward()
             if world > 1:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from predictor.fp8 import FP8_LINEARS
 from predictor.operators import CALIBRATED, OPERATORS
 
 from .kernels import build_kernel
@@ -94,22 +95,30 @@ def _shapes() -> dict[str, dict[str, int]]:
     return shapes
 
 
+def fp8_gemms_supported(device: str) -> bool:
+    """Whether this device runs FP8 GEMMs (``torch._scaled_mm``): compute capability 8.9 or later."""
+    return device == "cuda" and torch.cuda.get_device_capability(0) >= (8, 9)
+
+
 def measure_host_costs(device: str, precision: str, *, ops: Sequence[str] | None = None,
-                       calls: int = 50, rounds: int = 9, warmup: int = 5) -> HostCosts:
-    """Measure host issue time of every catalog operator (or ``ops``) at a tiny shape."""
+                       calls: int = 50, rounds: int = 9, warmup: int = 5, fp8: bool = False) -> HostCosts:
+    """Measure host issue time of every catalog operator (or ``ops``) at a tiny shape; with ``fp8``
+    also the FP8 linear GEMMs' calls (``operators["linear1.fp8"]`` ...), whose samples are direct
+    ``_scaled_mm`` calls with no autograd (calibrate.kernels), so their host share differs."""
     dev_name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     out = HostCosts(device, dev_name, precision, calls=calls, torch_version=torch.__version__)
     shapes = _shapes()
-    for op in ops or sorted(CALIBRATED):
-        if op not in shapes:
-            continue
-        kernel = build_kernel(op, shapes[op], precision, device)
+    todo = [(op, precision, op) for op in (ops or sorted(CALIBRATED)) if op in shapes]
+    if fp8:
+        todo += [(op, "fp8", f"{op}.fp8") for op in sorted(FP8_LINEARS) if not ops or op in ops]
+    for op, prec, key in todo:
+        kernel = build_kernel(op, shapes[op], prec, device)
         costs = {}
         for direction, fn in kernel.runs.items():
             for _ in range(warmup):
                 fn()
             costs[direction] = _issue_us(fn, device, calls, rounds)
-        out.operators[op] = costs
+        out.operators[key] = costs
         del kernel
     one = torch.zeros(1, device=device)
     out.launch_us = _issue_us(lambda: one.add_(1.0), device, calls, rounds)

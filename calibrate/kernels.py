@@ -19,6 +19,7 @@ from typing import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
+from predictor.fp8 import FP8_LINEARS
 from predictor.operators import OPERATORS
 
 from .errors import CalibrationError
@@ -81,6 +82,91 @@ def _fused_upper_triang():
             fn = None
         _FUSED.append(fn)
     return _FUSED[0]
+
+
+def fp8_cast_transpose(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cast a 2-D tensor to FP8 under delayed scaling (the scale known from earlier steps: 1 here,
+    the multiply folded into the cast as Transformer Engine folds it) and the transposed copy that
+    Hopper's FP8 GEMMs need as a column-major operand.
+
+    On a GPU one fused Triton kernel reads the tensor once and writes both, as TE's cast-transpose
+    does: torch's own transposed copy of a one-byte tensor ran at ~280 GB/s on the lent H100
+    (711 µs for 4096 x 24576 against 120 µs for the cast; benchmarks/profile_train_step.py
+    --casts), which would have measured torch's copy kernel rather than an FP8 layer.  Elsewhere
+    (CPU tests), or without Triton: a cast, then a transposed copy.
+    """
+    if t.is_cuda and t.dim() == 2:
+        fused = _triton_cast_transpose()
+        if fused is not None:
+            return fused(t.contiguous(), dtype)
+    t8 = t.to(dtype)
+    return t8, t8.t().contiguous()
+
+
+_TRITON_CAST: list = []       # [function or None], built on first use
+
+
+def _triton_cast_transpose() -> "Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None":
+    if _TRITON_CAST:
+        return _TRITON_CAST[0]
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        _TRITON_CAST.append(None)
+        return None
+
+    @triton.jit
+    def cast_transpose_kernel(x_ptr, y_ptr, yt_ptr, rows, cols, F8: tl.constexpr,
+                              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask = (r[:, None] < rows) & (c[None, :] < cols)
+        x = tl.load(x_ptr + r[:, None] * cols + c[None, :], mask=mask, other=0.0)
+        y = x.to(F8)
+        tl.store(y_ptr + r[:, None] * cols + c[None, :], y, mask=mask)
+        mask_t = (c[:, None] < cols) & (r[None, :] < rows)
+        tl.store(yt_ptr + c[:, None] * rows + r[None, :], tl.trans(y), mask=mask_t)
+
+    f8_types = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e5m2: tl.float8e5}
+
+    def run(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, cols = x.shape
+        y = torch.empty(rows, cols, device=x.device, dtype=dtype)
+        yt = torch.empty(cols, rows, device=x.device, dtype=dtype)
+        grid = (triton.cdiv(rows, 64), triton.cdiv(cols, 64))
+        cast_transpose_kernel[grid](x, y, yt, rows, cols, F8=f8_types[dtype], BLOCK_R=64, BLOCK_C=64)
+        return y, yt
+
+    _TRITON_CAST.append(run)
+    return run
+
+
+class Fp8Linear(torch.autograd.Function):
+    """A linear layer with its three GEMMs in FP8 (forward E4M3 x E4M3, backward E5M2 gradients),
+    a 16-bit result, as Transformer Engine's ``Linear`` under ``fp8_autocast`` with delayed scaling.
+
+    ``w8``/``w8_t``: the weight and its transpose already in FP8 (cast once per step, as TE keeps
+    them across a step's micro-batches).  The weight gradient comes back in 16 bits.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # type: ignore[override]
+                w8: torch.Tensor, w8_t: torch.Tensor) -> torch.Tensor:
+        x8, x8_t = fp8_cast_transpose(x, torch.float8_e4m3fn)
+        one = torch.ones((), device=x.device, dtype=torch.float32)
+        ctx.save_for_backward(x8_t, w8_t, one)
+        ctx.has_bias = bias is not None
+        return torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, bias=bias, out_dtype=x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):  # type: ignore[override]
+        x8_t, w8_t, one = ctx.saved_tensors
+        g8, g8_t = fp8_cast_transpose(grad_y, torch.float8_e5m2)
+        grad_x = torch._scaled_mm(g8, w8_t.t(), scale_a=one, scale_b=one, out_dtype=grad_y.dtype)
+        grad_w = torch._scaled_mm(g8_t, x8_t.t(), scale_a=one, scale_b=one, out_dtype=grad_y.dtype)
+        grad_b = grad_y.sum(0) if ctx.has_bias else None     # TE fuses it into the cast-transpose
+        return grad_x, grad_w, grad_b, None, None
 
 
 def attn_values(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -234,6 +320,39 @@ def _rand(*shape: int, dtype: torch.dtype, device: torch.device, grad: bool = Tr
     return t.requires_grad_(grad)
 
 
+def _fp8_gemm_runs(m: int, k: int, n: int, dev: torch.device) -> dict[str, Callable[[], object]]:
+    """One linear layer's GEMMs in FP8 with per-tensor scales, as Transformer Engine runs them.
+
+    Forward: the E4M3 activation [m, k] times the E4M3 weight, a 16-bit (bf16) result with the bias
+    fused.  Backward: dgrad (the E5M2 output gradient [m, n] times the weight) and wgrad (the
+    gradient's transpose times the activation's), two GEMMs.  FP8 GEMMs on Hopper take their
+    second operand column-major, which is why TE keeps transposed FP8 copies (its cast-transpose
+    kernels): those copies are allocated here, and the casts themselves are costed apart
+    (``predictor.fp8.layer_casts``), so only the GEMMs are timed.
+    """
+    if any(v % 16 for v in (m, k, n)):
+        raise CalibrationError(f"FP8 GEMM m={m} k={k} n={n}: every dimension must be a multiple of 16")
+    e4m3, e5m2, out = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
+
+    def fp8(rows: int, cols: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(rows, cols, device=dev, dtype=torch.float32) * scale).to(dtype)
+    x, x_t = fp8(m, k, e4m3), fp8(k, m, e4m3)                 # activation and its transpose
+    w, w_t = fp8(n, k, e4m3, 0.1), fp8(k, n, e4m3, 0.1)       # weight [n, k] and its transpose
+    g, g_t = fp8(m, n, e5m2), fp8(n, m, e5m2)                 # output gradient and its transpose
+    bias = torch.zeros(n, device=dev, dtype=out)
+    one = torch.ones((), device=dev, dtype=torch.float32)
+
+    def mm(a: torch.Tensor, b_col_major: torch.Tensor, **kw: object) -> torch.Tensor:
+        return torch._scaled_mm(a, b_col_major, scale_a=one, scale_b=one, out_dtype=out, **kw)
+
+    def fwd() -> object:
+        return mm(x, w.t(), bias=bias)                        # [m, k] x [k, n]
+
+    def bwd() -> object:
+        return mm(g, w_t.t()), mm(g_t, x_t.t())               # dgrad [m, k]; wgrad [n, k]
+    return {"fwd": fwd, "bwd": bwd}
+
+
 def build_kernel(op: str, shape: Mapping[str, int], precision: str, device: str) -> Kernel:
     """Allocate operator ``op`` at ``shape`` (its catalog features) and return its closures.
 
@@ -246,11 +365,17 @@ def build_kernel(op: str, shape: Mapping[str, int], precision: str, device: str)
     missing = [f for f in spec.features if f not in shape]
     if missing:
         raise CalibrationError(f"operator {op}: shape lacks features {missing}")
-    if precision not in DTYPES:
+    if precision not in DTYPES and precision != "fp8":
         raise CalibrationError(f"unknown precision {precision!r}")
     s = {f: int(shape[f]) for f in spec.features}
     if any(v < 1 for v in s.values()):
         raise CalibrationError(f"operator {op}: every feature must be at least 1, got {s}")
+    if precision == "fp8":
+        # What Transformer Engine / torchao run in FP8; everything else stays 16-bit in an FP8 job.
+        if op not in FP8_LINEARS:
+            raise CalibrationError(f"operator {op}: FP8 is measured for the layers' linear GEMMs only "
+                                   f"({', '.join(sorted(FP8_LINEARS))})")
+        return Kernel(op, s, precision, device, _fp8_gemm_runs(s["m"], s["k"], s["n"], torch.device(device)))
     dt, dev = DTYPES[precision], torch.device(device)
 
     def fwd_bwd(forward: Callable[[], object], inputs: list[torch.Tensor]) -> dict[str, Callable]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from predictor.fp8 import FP8_LINEARS
 from predictor.operators import BYTES_PER_ELEMENT, COLLECTIVES, OPERATORS, GpuSpec
 from predictor.job import Layout, ModelSpec
 from predictor.recipe import gated_ffn_width, layer_parameters, micro_batch_recipe, vocab_per_rank
@@ -41,7 +42,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 PLAN_FORMAT = 1
-PRECISIONS = ("fp16", "bf16", "fp32")
+#: "fp8" measures the layers' linear GEMMs only (``predictor.fp8.FP8_LINEARS``).
+PRECISIONS = ("fp16", "bf16", "fp32", "fp8")
 
 
 # ------------------------------------------------------------------------------- points
@@ -322,6 +324,8 @@ def _operator_points(models: Iterable[ModelPoint], grid: Grid, precisions: Seque
     out: list[OperatorPoint] = []
 
     def add(op: str, shape: Mapping[str, int], precision: str) -> None:
+        if precision == "fp8" and op not in FP8_LINEARS:
+            return
         if bytes_needed(op, shape, precision) > memory_bytes:
             return
         pt = OperatorPoint(op, precision, tuple(int(shape[f]) for f in OPERATORS[op].features))
@@ -372,6 +376,8 @@ def _collective_points(grid: Grid, alloc: Allocation, precisions: Sequence[str],
     out = []
     groups = collective_groups(alloc)
     for precision in precisions:
+        if precision == "fp8":
+            continue      # FP8 jobs communicate in 16 bits (predictor.fp8)
         for nodes, gpn in groups:
             for kind in COLLECTIVES:
                 if kind == "p2p" and nodes * gpn != 2:

@@ -267,8 +267,9 @@ class QuerySet:
             if op_name is None:
                 continue
             for model_dir in directions:
-                # An FP8 GEMM is costed from the 16-bit measurement of its shape (predictor.fp8).
-                precs = (fp8.BASE_PRECISION, "fp16") if precision == "fp8" else (precision, "fp16", "bf16")
+                # An FP8 GEMM is read from its own FP8 samples where the bundle has them, else
+                # costed from the 16-bit measurement of its shape (predictor.fp8).
+                precs = ("fp8", fp8.BASE_PRECISION, "fp16") if precision == "fp8" else (precision, "fp16", "bf16")
                 for prec in precs:
                     key = f"{op_name}.{model_dir}.{prec}"
                     if bundle.get(key) is None:
@@ -322,8 +323,9 @@ class QuerySet:
         distinct_keys: list[str] = []
         for (model_key, model_op, name, direction, precision), rows in self._op_rows.items():
             op = OPERATORS[name]
-            in_fp8 = precision == "fp8"
-            if in_fp8:     # the 16-bit measurement first, against its own roofline
+            # An FP8 GEMM without FP8 samples: the 16-bit measurement first, against its own roofline.
+            in_fp8 = precision == "fp8" and not model_key.endswith(".fp8")
+            if in_fp8:
                 precision = fp8.BASE_PRECISION
             model_names = OPERATORS[model_op].features
             lm = models[model_key]
@@ -358,7 +360,8 @@ class QuerySet:
                                  fp8.gemm_bytes(float(shape["m"]), float(shape["k"]), float(shape["n"]), direction))
                                 for i, (_, shape, _) in enumerate(rows))
             p90.extend([lm.info.validation_p90] * len(rows))
-            calls.extend([host.call_seconds(model_op, direction) if host is not None else 0.0] * len(rows))
+            calls.extend([host.call_seconds(model_op, direction, precision) if host is not None else 0.0]
+                         * len(rows))
         roof = np.asarray(roofs)
         t = plat.compute.ratios_rows(distinct_keys, log2_features(distinct_rows))[np.asarray(gather)] * roof
         side_a = np.asarray(sides, dtype=int)
@@ -573,8 +576,10 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
             raise JobError("run.fp8", f"platform {plat.name}'s GPU ({plat.gpu.name}) has no FP8 tensor "
                            "cores (its bundle's gpu_spec gives no fp8 peak)", job.source)
         casts = fp8.layer_casts(recipe.layer, job.run.fp8, lay.micro_batches)
-        warnings.append("FP8 GEMMs (run.fp8) costed from this platform's 16-bit measurements: the "
-                        "tensor-core part at the FP8 peak, casts as memory passes (a prior; wider interval)")
+        if not fp8.measured(plat.compute):
+            warnings.append("FP8 GEMMs (run.fp8) costed from this platform's 16-bit measurements: the "
+                            "tensor-core part at the FP8 peak, casts as memory passes (a prior; wider "
+                            "interval)")
 
     layer_fwd, layer_bwd, core_fwd = _Term(), _Term(), _Term()
     core_bwd = _Term()

@@ -3,8 +3,10 @@
 Transformer Engine (Megatron-LM, NeMo) and torchao's float8 (TorchTitan) run the transformer
 layers' four linear GEMMs (QKV, attention output, MLP up and down; forward, data-gradient and
 weight-gradient) on FP8 tensor cores; attention, norms, element-wise operators, the output
-projection, communication and the optimizer stay in 16 bits.  No shipped bundle holds FP8
-samples, so an FP8 GEMM is costed from the 16-bit measurement of the same shape:
+projection, communication and the optimizer stay in 16 bits.  Where a bundle holds FP8 samples of
+the four linears (:func:`measured`; ``perf-calibrate run --precision fp8``; dgx-h100's), those
+are read like any operator's and only the casts below are added.  Otherwise (the prior) an FP8
+GEMM is costed from the 16-bit measurement of the same shape:
 
 * **Tensor-core time halves, nothing else does.**  Of a measured 16-bit GEMM time ``t16``, the
   part the tensor cores need at their achievable rate, ``tc = FLOPs / (η · peak16)``, runs at the
@@ -27,10 +29,14 @@ Checked, not fitted, against torchao's published H100 speedups of one float8 lin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .recipe import OperatorCall
+
+if TYPE_CHECKING:
+    from .bundle import Bundle
 
 #: The linear GEMMs that run in FP8 (the output projection stays in 16 bits in Megatron-LM's
 #: output layer and in torchao's default filter, which skips ``output``).
@@ -45,6 +51,12 @@ ACHIEVABLE_TENSOR_FRACTION = 0.78
 
 #: The precision an FP8 job's 16-bit measurements are read at (models, roofline).
 BASE_PRECISION = "bf16"
+
+
+def measured(bundle: "Bundle") -> bool:
+    """Whether a compute bundle holds FP8 samples of every FP8 linear, both directions
+    (``perf-calibrate run --precision fp8``): then those are read, not this module's prior."""
+    return all(bundle.get(f"{op}.{d}.fp8") is not None for op in FP8_LINEARS for d in ("fwd", "bwd"))
 
 
 def gemm_bytes(m: float, k: float, n: float, direction: str) -> float:

@@ -94,9 +94,11 @@ class HostCosts:
                 per_op.setdefault(str(op), {})[str(direction)] = float(v)
         return cls(source=source, operators=per_op, **values)
 
-    def call_seconds(self, op: str, direction: str) -> float:
-        """Host time of one isolated call of ``op`` (0 when not measured)."""
-        return self.operators.get(op, {}).get(direction, 0.0)
+    def call_seconds(self, op: str, direction: str, precision: str = "") -> float:
+        """Host time of one isolated call of ``op`` (0 when not measured).  FP8 GEMM samples are
+        direct calls with no autograd, measured apart as ``operators["<op>.fp8"]``."""
+        key = f"{op}.fp8" if precision == "fp8" else op
+        return self.operators.get(key, {}).get(direction, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -163,7 +163,7 @@ class BundleRuns:
 SHIPPED_BUNDLE_RUNS: dict[str, BundleRuns] = {
     "27ab504fcc2bd8521d3b6a28c4b0738cd4588d54281c800a46e7ecbf4133e407":
         BundleRuns("perlmutter-a100", low=0.044, high=0.0918, runs=5),
-    "d574f916814bcdd6e6bb4a604aceb4d70df76cd19814f8acb5dec5cc2cfe37d2":
+    "1dd4eed28acda1e5b15e930ca34674574c365e9cd86eea3bd3e5b8a84b9d3aa5":
         BundleRuns("dgx-h100", low=0.2686, high=0.2325, runs=33),
     "3becf2ce62d228e61cb55a129c614b3ff02536c2672de525fbb994e72969e3e6":
         BundleRuns("vista-gh200", low=0.0206, high=0.4714, runs=5),

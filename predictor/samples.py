@@ -129,8 +129,9 @@ def load_samples(directory: "str | Path") -> SampleSet:
 def _split_name(path: Path, known: Iterable[str]) -> tuple[str, str]:
     stem = path.stem
     name, _, precision = stem.rpartition("_")
-    if name not in set(known) or precision not in ("fp16", "bf16", "fp32"):
-        raise BundleError(f"{path}: unknown sample file (expected <name>_<fp16|bf16|fp32>.csv "
+    # fp8: the layers' linear GEMMs measured in FP8 (calibrate.kernels, predictor.fp8).
+    if name not in set(known) or precision not in ("fp16", "bf16", "fp32", "fp8"):
+        raise BundleError(f"{path}: unknown sample file (expected <name>_<fp16|bf16|fp32|fp8>.csv "
                           f"with a name from the catalog)")
     return name, precision
 

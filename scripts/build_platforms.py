@@ -69,7 +69,8 @@ DGX_H100_LINKS = {  # NVSwitch: 900 GB/s NVLink4 per GPU; 8 × NDR 400 Gb/s
     "nic_gbps": 50.0 * NCCL_EFFICIENCY, "nics_per_node": 8, "inter_latency_us": 8.0, "source": "spec"}
 
 H100_NOTICE = ("H100 compute bundle and host costs measured by perfcast (perf-calibrate run/host) on one "
-               "lent NVIDIA H100 80GB HBM3, 2026-11-23; samples in benchmarks/data/h100-lent.")
+               "lent NVIDIA H100 80GB HBM3, 2026-11-23; its FP8 linear GEMMs (run --precision fp8) and "
+               "their host calls on a second lease, 2026-11-25; samples in benchmarks/data/h100-lent.")
 NOTICE = ("Bundles built from the measured samples of Zhang et al. (arXiv:2509.22832), "
           "estimate-train-time, MIT licence (see LICENSE in each bundle).")
 

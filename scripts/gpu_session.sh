@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measure one GPU for perfcast in a bounded time: host costs, operator samples (resumable) and
 # real training steps of a small GPT family.  Everything lands in $OUT (or ./out).
-#   OPS_SECONDS=300 FAMILY_SECONDS=150 bash scripts/gpu_session.sh [SAMPLES_DIR]
+#   OPS_SECONDS=300 FP8_SECONDS=150 FAMILY_SECONDS=150 bash scripts/gpu_session.sh [SAMPLES_DIR]
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 out=${OUT:-$PWD/out}; mkdir -p "$out"
@@ -12,6 +12,9 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 timeout "${OPS_SECONDS:-300}" python3 -m calibrate.cli -v run --device cuda --no-progress \
     --plan benchmarks/data/plan-single-gpu.toml --out "$store" --part operators
 echo "operators: exit $?"
+timeout "${FP8_SECONDS:-150}" python3 -m calibrate.cli -v run --device cuda --no-progress \
+    --plan benchmarks/data/plan-single-gpu-fp8.toml --out "$store" --part operators
+echo "fp8 operators: exit $?"
 [ -f "$out/host.toml" ] && cp "$out/host.toml" "$store/host.toml"
 timeout "${FAMILY_SECONDS:-150}" python3 benchmarks/bench_train_family.py --device cuda \
     --out "$store/train-family.json"

@@ -24,8 +24,9 @@ def test_errors_are_one_line_exit_2(capsys, tmp_path):
         assert len(err.strip().splitlines()) == 1 and err.startswith("perf-calibrate: "), err
         assert "Traceback" not in err
     # A bad option is refused the same way: one line, exit code 2.
-    code, _, err = _run(capsys, "run", "--precision", "fp8", "--out", "x")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "fp8" in err
+    code, _, err = _run(capsys, "run", "--precision", "fp4", "--out", str(tmp_path / "x"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "fp4" in err
+    assert not (tmp_path / "x").exists()
 
 
 def test_fit_refuses_a_corrupt_store(capsys, store_copy, tmp_path):

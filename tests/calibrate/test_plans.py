@@ -85,7 +85,7 @@ def test_unknown_plan_and_precision_refused():
     with pytest.raises(CalibrationError, match="unknown plan"):
         make_plan("nope")
     with pytest.raises(CalibrationError, match="precisions"):
-        make_plan("tiny", precisions=("fp8",))
+        make_plan("tiny", precisions=("fp4",))
 
 
 def test_plan_file(tmp_path):

@@ -1,4 +1,9 @@
-"""FP8 GEMMs (run.fp8): the tensor-core part at the FP8 peak, casts as memory passes."""
+"""FP8 GEMMs (run.fp8): read from a bundle's own FP8 samples where it has them (dgx-h100, measured
+on the lent H100), else the tensor-core part of the 16-bit time at the FP8 peak (the prior: the
+GH200 bundle has FP8 tensor cores and no FP8 samples); casts as memory passes either way."""
+import copy
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -18,7 +23,14 @@ SMALL = {"layers": 8, "hidden": 512, "heads": 8, "seq_len": 512, "vocab": 32000,
 
 @pytest.fixture(scope="module")
 def h100():
+    """FP8 GEMMs measured (benchmarks/data/h100-lent/operators/linear*_fp8.csv)."""
     return load_platform("dgx-h100")
+
+
+@pytest.fixture(scope="module")
+def gh200():
+    """FP8 tensor cores, no FP8 samples: the prior."""
+    return load_platform("vista-gh200")
 
 
 def job(model, fp8_recipe="", precision="bf16", **layout):
@@ -52,26 +64,32 @@ def test_gemm_seconds_never_beats_the_memory():
     assert fp8.gemm_bytes(m, k, n, "bwd") == pytest.approx(2 * m * n + 3 * m * k + 3 * k * n)
 
 
-def test_fp8_job_is_faster_than_bf16_but_not_twice(h100):
-    b = predict(job(LLAMA8B), h100)
-    f = predict(job(LLAMA8B, "delayed"), h100)
+@pytest.mark.parametrize("plat", ["h100", "gh200"])
+def test_fp8_job_is_faster_than_bf16_but_not_twice(plat, request):
+    p = request.getfixturevalue(plat)
+    b = predict(job(LLAMA8B), p)
+    f = predict(job(LLAMA8B, "delayed"), p)
     assert b.iteration_seconds / 2 < f.iteration_seconds < b.iteration_seconds
-    assert any("FP8" in w for w in f.warnings)
+    # the prior says so; measured FP8 samples need no warning
+    assert any("FP8" in w for w in f.warnings) == (plat == "gh200")
     assert not any("FP8" in w for w in b.warnings)
     # the attention and the communication do not change: only the GEMMs (and the casts)
     assert f.breakdown.optimizer_seconds == pytest.approx(b.breakdown.optimizer_seconds)
 
 
-def test_fp8_interval_is_wider_relative_to_the_point(h100):
-    b = predict(job(LLAMA8B), h100)
-    f = predict(job(LLAMA8B, "delayed"), h100)
+def test_fp8_prior_interval_is_wider_relative_to_the_point(gh200):
+    b = predict(job(LLAMA8B), gh200)
+    f = predict(job(LLAMA8B, "delayed"), gh200)
     width = lambda p: (p.interval_seconds[1] - p.interval_seconds[0]) / p.iteration_seconds  # noqa: E731
     assert width(f) > width(b)
 
 
-def test_small_gemms_gain_less_than_large_ones(h100):
+@pytest.mark.parametrize("plat", ["h100", "gh200"])
+def test_small_gemms_gain_less_than_large_ones(plat, request):
+    p = request.getfixturevalue(plat)
+
     def gain(model):
-        return predict(job(model), h100).iteration_seconds / predict(job(model, "delayed"), h100).iteration_seconds
+        return predict(job(model), p).iteration_seconds / predict(job(model, "delayed"), p).iteration_seconds
     assert gain(SMALL) < gain(LLAMA8B)
     assert gain(SMALL) >= 0.9           # casts may cost more than a small GEMM saves, not much more
 
@@ -80,6 +98,33 @@ def test_current_scaling_costs_an_extra_pass(h100):
     d = predict(job(LLAMA8B, "delayed"), h100).iteration_seconds
     c = predict(job(LLAMA8B, "current"), h100).iteration_seconds
     assert d < c < d * 1.1
+
+
+def test_measured_fp8_samples_replace_the_prior(h100, gh200):
+    assert fp8.measured(h100.compute) and not fp8.measured(gh200.compute)
+    assert not fp8.measured(load_platform("perlmutter-a100").compute)
+    # Without its FP8 models the same bundle falls back to the prior, and costs differently.
+    measured = predict(job(LLAMA8B, "delayed"), h100)
+    prior_bundle = copy.copy(h100.compute)
+    prior_bundle.models = {k: v for k, v in h100.compute.models.items() if not k.endswith(".fp8")}
+    prior = predict(job(LLAMA8B, "delayed"), dataclasses.replace(h100, compute=prior_bundle))
+    assert any("16-bit measurements" in w for w in prior.warnings)
+    assert not any("16-bit measurements" in w for w in measured.warnings)
+    assert measured.iteration_seconds != pytest.approx(prior.iteration_seconds, rel=1e-3)
+    # The 16-bit job does not read the FP8 models.
+    bf16 = predict(job(LLAMA8B), h100)
+    assert bf16.iteration_seconds == pytest.approx(
+        predict(job(LLAMA8B), dataclasses.replace(h100, compute=prior_bundle)).iteration_seconds)
+
+
+def test_fp8_samples_are_issued_apart_on_the_host(h100):
+    # FP8 samples are direct _scaled_mm calls (no autograd): their own host figures, not the
+    # 16-bit linear's, are what the sample less its host lead-in uses.
+    host = h100.host
+    assert host.call_seconds("linear1", "bwd", "fp8") > 0
+    assert host.call_seconds("linear1", "bwd", "fp8") != host.call_seconds("linear1", "bwd", "bf16")
+    assert host.call_seconds("linear1", "bwd") == host.call_seconds("linear1", "bwd", "bf16")
+    assert host.call_seconds("gelu", "fwd", "fp8") == 0.0      # never measured in FP8
 
 
 def test_casts_follow_the_linears():
