@@ -25,9 +25,11 @@ Under FP8 the all-gathers move the GEMMs' FP8 inputs (``fp8_buf``, on by default
 all-gather overlap): half the bytes of a 16-bit gather; the reduce-scatters stay 16-bit.
 
 Every constant is Transformer Engine's default (:data:`PIPELINE_SPLITS`, :data:`COMM_SMS`; the
-SM margin as of Transformer Engine 2.0, before which ``set_sm_margin`` defaulted off); the
-GEMM that keeps ``S - 16`` of a GPU's ``S`` SMs (NVIDIA's data sheets, :data:`SM_COUNTS`) runs
-``S / (S - 16)`` times as long, as a GEMM's many-wave throughput goes with its SMs.  A chunk's GEMM
+SM margin as of Transformer Engine 2.0, before which ``set_sm_margin`` defaulted off).  A GEMM
+that keeps ``S - 16`` of a GPU's ``S`` SMs (NVIDIA's data sheets, :data:`SM_COUNTS`) runs as much
+longer as measured where it was (:data:`MEASURED_MARGIN_SLOWDOWN`: ×1.097 on the lent H100's 132
+SMs, not the ×1.138 of ``S / (S - 16)``), else ``S / (S - 16)`` times as long, as a GEMM's
+many-wave throughput goes with its SMs.  A chunk's GEMM
 time comes from the platform's own GEMM models at the chunk's shape, so the chunks' loss of
 efficiency is measured, not assumed.  A backward GEMM sample holds the data- and weight-gradient
 GEMMs, which do the same FLOPs: each is half of it.
@@ -70,9 +72,19 @@ def sm_count(gpu_name: str) -> tuple[int, bool]:
     return DEFAULT_SMS, False
 
 
+#: (SMs, margin) -> how much longer a GEMM ran with ``margin`` SMs carved out, measured: on the lent
+#: H100 (132 SMs) with PyTorch's SM carve-out, the cuBLASLt SM-count target that TE's set_sm_margin
+#: sets, the layers' GEMM shapes of Llama-3 8B / 70B at 2,048-16,384 tokens ran ×1.097 (bf16) and
+#: ×1.096 (FP8) as long at a 16-SM margin, the median of 24 shapes each (bf16 ×0.99-×1.21);
+#: ``python benchmarks/bench_sm_margin.py``, benchmarks/data/h100-lent/sm-margin.json.  Hopper's
+#: other 132-SM parts (H200, GH200) share the SM and its cuBLASLt kernels.
+MEASURED_MARGIN_SLOWDOWN = {(132, 16): 1.097}
+
+
 def margin_slowdown(sms: int) -> float:
-    """How much longer a GEMM runs on the SMs a pipelined or bulk collective leaves it."""
-    return sms / (sms - COMM_SMS)
+    """How much longer a GEMM runs on the SMs a pipelined or bulk collective leaves it: measured
+    where it was (:data:`MEASURED_MARGIN_SLOWDOWN`), else in proportion to the SMs."""
+    return MEASURED_MARGIN_SLOWDOWN.get((sms, COMM_SMS), sms / (sms - COMM_SMS))
 
 
 def ring_seconds(chunk_gemm_seconds: float, gather_seconds: float, tp: int) -> float:
