@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "layers' linear GEMMs only)")
     r.add_argument("--budget", type=_positive, default=0.0, help="GPU-minutes (adaptive plan)")
     r.add_argument("--part", choices=("all", "operators", "collectives"), default="all")
+    r.add_argument("--timing", choices=("call", "device"), default="call",
+                   help="call: one isolated call between CUDA events (the host's issue time included "
+                        "where it is the slower); device: each call queued behind a device-side sleep, "
+                        "the device's time alone (CUDA only)")
+    r.add_argument("--ops", default="", help="comma-separated operators: only these of the plan")
     r.add_argument("--ranks", type=int, default=0,
                    help="local ranks for collectives when not under srun/torchrun (default: 2 on cpu, "
                         "every GPU on cuda)")
@@ -209,7 +214,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise PerfcastError(f"perf-calibrate run needs torch (pip install 'perfcast[calibrate]'): {exc}") from None
     opts = RunOptions(out=Path(args.out), device=args.device, plan=args.plan, precisions=args.precision,
-                      part=args.part, ranks=args.ranks, threads=args.threads,
+                      part=args.part, ranks=args.ranks, threads=args.threads, timing=args.timing,
+                      ops=tuple(o.strip() for o in args.ops.split(",") if o.strip()),
                       budget_gpu_minutes=args.budget, progress=not args.no_progress and sys.stderr.isatty()
                       or (not args.no_progress and args.verbose),
                       announce=lambda plan, cost: print(f"{plan.summary()}\nestimated cost: {cost}",

@@ -27,6 +27,11 @@ from .timing import Timing, measure
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
+#: The device-side sleep a call waits behind when timed for the device alone: the host issued one
+#: isolated operator call in 9-564 µs on the lent H100 machines (perf-calibrate host: an add_ to
+#: rope's backward, the slowest), so 1 ms outlasts the slowest nearly twice.
+QUEUE_BEHIND_SECONDS = 1e-3
+
 # Megatron's value for masked attention scores in the unfused path (not -inf: fp16-safe).
 MASK_VALUE = -10000.0
 
@@ -298,9 +303,13 @@ class Kernel:
     device: str
     runs: dict[str, Callable[[], object]]        # direction -> callable
 
-    def time(self, *, warmup: int, repeats: int) -> dict[str, Timing]:
-        """Time every direction of the operator (forward first, then backward / step)."""
-        return {d: measure(fn, self.device, warmup=warmup, repeats=repeats) for d, fn in self.runs.items()}
+    def time(self, *, warmup: int, repeats: int, device_only: bool = False) -> dict[str, Timing]:
+        """Time every direction of the operator (forward first, then backward / step); with
+        ``device_only`` (CUDA) each call queued behind a device-side sleep of :data:`QUEUE_BEHIND_SECONDS`,
+        so the host's issue time is not in the samples (calibrate.timing)."""
+        behind = QUEUE_BEHIND_SECONDS if device_only and self.device == "cuda" else 0.0
+        return {d: measure(fn, self.device, warmup=warmup, repeats=repeats, queue_behind_seconds=behind)
+                for d, fn in self.runs.items()}
 
 
 def _grad_closure(out: "torch.Tensor | tuple[torch.Tensor, ...]",

@@ -30,6 +30,11 @@ from .store import SampleStore, StoreIdentity
 log = logging.getLogger(__name__)
 
 PARTS = ("all", "operators", "collectives")
+#: How an operator sample is timed on a GPU: "call" brackets one isolated call with CUDA events
+#: (the host's issue time is in it where the host is the slower; the predictor takes half of the
+#: measured call cost off), "device" queues the call behind a device-side sleep so that it is the
+#: device's time alone (calibrate.timing).  A store holds one kind.
+TIMINGS = ("call", "device")
 _GROUP_TIMEOUT_S = 24 * 3600
 
 
@@ -47,6 +52,8 @@ class RunOptions:
     budget_gpu_minutes: float = 0.0  # adaptive plan
     progress: bool = False
     stop_after: int = 0              # measure at most this many points, then stop (testing resume)
+    timing: str = "call"             # TIMINGS: "device" leaves the host's issue time out (CUDA)
+    ops: Sequence[str] = ()          # only these operators of the plan (empty: all)
     announce: Callable[[Plan, Cost], None] | None = None   # told the plan and its cost up front
 
 
@@ -106,6 +113,10 @@ def run_calibration(opts: RunOptions) -> RunResult:
     _check_device(opts.device)
     if opts.part not in PARTS:
         raise CalibrationError(f"--part must be one of {', '.join(PARTS)}")
+    if opts.timing not in TIMINGS:
+        raise CalibrationError(f"--timing must be one of {', '.join(TIMINGS)}")
+    if opts.timing == "device" and opts.device != "cuda":
+        raise CalibrationError("--timing device needs --device cuda (on a CPU the host is the device)")
     ctx = context_from_env(opts.device)
     if ctx is not None:
         alloc = Allocation(ctx.nodes, ctx.local_world)
@@ -132,6 +143,12 @@ def run_calibration(opts: RunOptions) -> RunResult:
     plan = make_plan(opts.plan, device=opts.device, precisions=precs, allocation=alloc,
                      memory_gib=mem, budget_gpu_minutes=opts.budget_gpu_minutes,
                      spec=spec.to_gpu_spec())
+    if opts.ops:
+        unknown = sorted(set(opts.ops) - {p.op for p in plan.operators})
+        if unknown:
+            raise CalibrationError(f"--ops: plan {plan.name} measures no {', '.join(unknown)} "
+                                   f"(its operators: {', '.join(sorted({p.op for p in plan.operators}))})")
+        plan.operators = [p for p in plan.operators if p.op in set(opts.ops)]
     cost = estimate_cost(plan, spec.to_gpu_spec(), opts.device)
     result = RunResult(opts.out, plan.name, cost, spec=spec)
     if rank0:
@@ -141,7 +158,8 @@ def run_calibration(opts: RunOptions) -> RunResult:
             opts.announce(plan, cost)
 
     env = collect_environment(opts.device, threads)
-    identity = StoreIdentity(opts.device, env.gpu_name, METHOD_VERSION)
+    identity = StoreIdentity(opts.device, env.gpu_name, METHOD_VERSION,
+                             host_timing="excluded" if opts.timing == "device" else "included")
     store = None
     if rank0:
         meta = {
@@ -150,8 +168,9 @@ def run_calibration(opts: RunOptions) -> RunResult:
             "environment": env.to_dict(),
             "gpu": spec.to_dict(),
             "allocation": {"nodes": alloc.nodes, "gpus_per_node": alloc.gpus_per_node},
-            "timing": {"warmup": plan.warmup, "repeats": plan.repeats, "statistic": "mean of middle half",
-                       "clock": "cuda events" if opts.device == "cuda" else "perf_counter"},
+            "timing": {"warmup": plan.warmup, "repeats": plan.repeats, "statistic": "mean of middle half" if opts.device == "cuda" else "mean of fastest quarter",
+                       "clock": "cuda events" if opts.device == "cuda" else "perf_counter",
+                       "host": "excluded" if opts.timing == "device" else "included"},
             "estimated": {"wall_minutes": round(cost.wall_minutes, 3), "gpu_minutes": round(cost.gpu_minutes, 3)},
         }
         if opts.device == "cpu" and any(p != "fp32" for p in plan.precisions):
@@ -205,11 +224,12 @@ def run_calibration(opts: RunOptions) -> RunResult:
     return result
 
 
-def measure_point(pt: OperatorPoint, device: str, warmup: int, repeats: int) -> tuple[str, object]:
+def measure_point(pt: OperatorPoint, device: str, warmup: int, repeats: int,
+                  device_only: bool = False) -> tuple[str, object]:
     """("ok", {direction: µs}) or ("skip", reason) for one operator point."""
     try:
         kernel = build_kernel(pt.op, pt.shape_dict(), pt.precision, device)
-        timings = kernel.time(warmup=warmup, repeats=repeats)
+        timings = kernel.time(warmup=warmup, repeats=repeats, device_only=device_only)
         del kernel
     except (RuntimeError, MemoryError, NotImplementedError, TypeError) as exc:
         if device == "cuda":
@@ -219,7 +239,7 @@ def measure_point(pt: OperatorPoint, device: str, warmup: int, repeats: int) -> 
 
 
 def _operator_worker(rank: int, world: int, device: str, threads: int, points: list[OperatorPoint],
-                     warmup: int, repeats: int, results) -> None:
+                     warmup: int, repeats: int, results, device_only: bool = False) -> None:
     """One local rank measuring its share (every world-th point); results stream to the parent."""
     warnings.filterwarnings("ignore")
     if device == "cuda":
@@ -227,7 +247,7 @@ def _operator_worker(rank: int, world: int, device: str, threads: int, points: l
     elif threads:
         torch.set_num_threads(threads)
     for pt in points[rank::world]:
-        kind, value = measure_point(pt, device, warmup, repeats)
+        kind, value = measure_point(pt, device, warmup, repeats, device_only)
         results.put((kind, pt, value))
 
 
@@ -271,7 +291,7 @@ def _measure_operators(plan: Plan, points: Sequence[OperatorPoint], store: Sampl
                 if past_deadline():
                     break
                 bar.set_postfix_str(f"{pt.op} {pt.precision}")
-                kind, value = measure_point(pt, opts.device, plan.warmup, plan.repeats)
+                kind, value = measure_point(pt, opts.device, plan.warmup, plan.repeats, opts.timing == "device")
                 record(kind, pt, value)
             return False
         if _spawn_operators(todo, plan, opts, local_ranks, threads, record, budget_spent, past_deadline):
@@ -286,7 +306,8 @@ def _spawn_operators(todo: list[OperatorPoint], plan: Plan, opts: RunOptions, wo
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     proc = mp.start_processes(_operator_worker,
-                              args=(world, opts.device, threads, todo, plan.warmup, plan.repeats, results),
+                              args=(world, opts.device, threads, todo, plan.warmup, plan.repeats, results,
+                                    opts.timing == "device"),
                               nprocs=world, join=False, start_method="spawn")
     stopped = False
 

@@ -85,6 +85,7 @@ class StoreIdentity:
     device: str
     gpu_name: str
     method_version: int = METHOD_VERSION
+    host_timing: str = "included"      # samples.toml [timing] host: runner.TIMINGS' "call" | "device"
 
     def check(self, meta: Mapping[str, Any], where: Path) -> None:
         """Raise :class:`IncompatibleStore` when ``meta`` (samples.toml) is not ours to extend."""
@@ -101,6 +102,11 @@ class StoreIdentity:
         if meta.get("device") != self.device:
             raise IncompatibleStore(f"{where}: samples of device {meta.get('device')!r}, this run is "
                                     f"on {self.device!r}; use a new --out directory")
+        # Stores written before the key existed timed isolated calls, the host included.
+        host = meta.get("timing", {}).get("host", "included")
+        if host != self.host_timing:
+            raise IncompatibleStore(f"{where}: samples timed with the host's issue time {host}, this run "
+                                    f"times with it {self.host_timing} (--timing); use a new --out directory")
         if meta.get("gpu_name") != self.gpu_name:
             raise IncompatibleStore(f"{where}: samples of {meta.get('gpu_name')!r}, this run is on "
                                     f"{self.gpu_name!r} (another GPU type); use a new --out directory")

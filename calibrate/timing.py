@@ -1,7 +1,11 @@
 """Timing a kernel the way the paper does: warm up, repeat, keep a robust statistic.
 
 On CUDA each repetition is bracketed by CUDA events (device time, no host jitter); on CPU by
-``perf_counter`` (the work is synchronous there).  The statistic (:func:`robust_seconds`) is the
+``perf_counter`` (the work is synchronous there).  An isolated call bracketed so still holds the
+host's issue time wherever the host issues slower than the device runs (the events wait for the
+host's kernels); ``queue_behind_seconds`` first queues a device-side sleep that outlasts the
+host's issue, so the call's kernels are all queued when the start event fires and the repetition
+is the device's time alone (``perf-calibrate run --timing device``).  The statistic (:func:`robust_seconds`) is the
 mean of the middle half of the repetitions on a GPU, which drops both the cold outliers and the
 preempted ones.  On a CPU it is the mean of the fastest quarter: there the cores are shared with
 whatever else runs, which only ever *adds* time, and for longer than ten repetitions last (on the
@@ -61,11 +65,30 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+_SLEEP_CYCLES_PER_SECOND: list[float] = []
+
+
+def queue_behind(seconds: float) -> None:
+    """Keep the current CUDA stream busy for about ``seconds`` (``torch.cuda._sleep`` spins a
+    number of GPU clock cycles; the rate is measured once)."""
+    if not _SLEEP_CYCLES_PER_SECOND:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000)          # loaded before it is timed
+        start.record()
+        torch.cuda._sleep(1_000_000)
+        end.record()
+        end.synchronize()
+        _SLEEP_CYCLES_PER_SECOND.append(1_000_000 / max(start.elapsed_time(end) / 1e3, 1e-6))
+    torch.cuda._sleep(int(seconds * _SLEEP_CYCLES_PER_SECOND[0]))
+
+
 def measure(fn: Callable[[], object], device: str, *, warmup: int = 3, repeats: int = 10,
-            setup: Callable[[], object] | None = None) -> Timing:
+            setup: Callable[[], object] | None = None, queue_behind_seconds: float = 0.0) -> Timing:
     """Time ``fn`` (after ``warmup`` untimed calls) ``repeats`` times.
 
-    ``setup`` runs before every call, untimed (e.g. zeroing gradients).
+    ``setup`` runs before every call, untimed (e.g. zeroing gradients).  ``queue_behind_seconds``
+    (CUDA only): each timed call waits behind a device-side sleep this long, so the events time
+    the device alone (module docstring).
     """
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
@@ -80,6 +103,8 @@ def measure(fn: Callable[[], object], device: str, *, warmup: int = 3, repeats: 
             if setup is not None:
                 setup()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if queue_behind_seconds > 0.0:
+                queue_behind(queue_behind_seconds)
             start.record()
             fn()
             end.record()

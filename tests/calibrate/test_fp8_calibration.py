@@ -144,3 +144,21 @@ def test_fp8_samples_fit_into_models_the_predictor_reads(fp8_platform):
     p = predict(small_job(micro_batches=1), plat)
     assert p.iteration_seconds > 0
     assert not any("16-bit measurements" in w for w in p.warnings)
+
+
+def test_run_measures_only_the_operators_asked_for(tmp_path):
+    res = run_calibration(RunOptions(out=tmp_path / "s", device="cpu", plan="tiny", part="operators",
+                                     ops=("linear1", "gelu")))
+    assert res.part_complete
+    assert {op for op, _ in load_samples(tmp_path / "s").operators} == {"linear1", "gelu"}
+    with pytest.raises(CalibrationError, match=r"--ops: plan tiny measures no conv"):
+        run_calibration(RunOptions(out=tmp_path / "t", device="cpu", plan="tiny", ops=("linear1", "conv")))
+
+
+def test_device_timing_needs_a_gpu_and_is_recorded(tmp_path):
+    with pytest.raises(CalibrationError, match="--timing device needs --device cuda"):
+        run_calibration(RunOptions(out=tmp_path / "s", device="cpu", plan="tiny", timing="device"))
+    assert not (tmp_path / "s").exists()
+    # On a CPU a kernel timed "for the device alone" is timed as before (the host is the device).
+    k = K.build_kernel("linear1", {"m": 16, "k": 32, "n": 48}, "fp32", "cpu")
+    assert all(t.seconds > 0 for t in k.time(warmup=1, repeats=2, device_only=True).values())

@@ -53,6 +53,8 @@ def test_torn_last_line_is_dropped_on_resume(tmp_path):
     (StoreIdentity("cpu", "NVIDIA A100", METHOD_VERSION), "another GPU type"),
     (StoreIdentity("cuda", "CPU test", METHOD_VERSION), "device"),
     (StoreIdentity("cpu", "CPU test", METHOD_VERSION + 1), "method version"),
+    # a store of call-timed samples (the key absent: stores before --timing) takes no device-timed ones
+    (StoreIdentity("cpu", "CPU test", METHOD_VERSION, host_timing="excluded"), "issue time included"),
 ])
 def test_incompatible_store_refused_untouched(tmp_path, identity, message):
     _new(tmp_path)
