@@ -243,7 +243,8 @@ def cmd_host(args: argparse.Namespace) -> int:
     _check_device(args.device)
     precision = (args.precision or (("fp32",) if args.device == "cpu" else ("bf16",)))[0]
     # FP8 GEMMs' own calls too, where the GPU has them (their samples are timed apart: run --precision fp8).
-    costs = measure_host_costs(args.device, precision, fp8=fp8_gemms_supported(args.device))
+    costs = measure_host_costs(args.device, precision,
+                               fp8=args.device == "cuda" and fp8_gemms_supported(args.device))
     Path(args.out).write_text("# Host issue costs measured by perf-calibrate host (µs per call)\n"
                               + dump_toml({"host": costs.to_dict()}), encoding="utf-8")
     print(f"{args.out}: host costs of {len(costs.operators)} operators on {costs.device_name}: "

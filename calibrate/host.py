@@ -32,7 +32,7 @@ import torch
 from predictor.fp8 import FP8_LINEARS
 from predictor.operators import CALIBRATED, OPERATORS
 
-from .kernels import build_kernel
+from .kernels import build_kernel, fp8_gemms_supported
 from .plans import ModelPoint, operator_shapes
 from .timing import synchronize
 
@@ -93,11 +93,6 @@ def _shapes() -> dict[str, dict[str, int]]:
     shapes.update(operator_shapes(_TINY, gated=True))
     shapes["optimizer"] = {"params": _TINY_OPTIMIZER_PARAMS}
     return shapes
-
-
-def fp8_gemms_supported(device: str) -> bool:
-    """Whether this device runs FP8 GEMMs (``torch._scaled_mm``): compute capability 8.9 or later."""
-    return device == "cuda" and torch.cuda.get_device_capability(0) >= (8, 9)
 
 
 def measure_host_costs(device: str, precision: str, *, ops: Sequence[str] | None = None,
@@ -170,4 +165,4 @@ def _model_issue_us(layers: int, device: str, precision: str, rounds: int, backw
     return _issue_us(lambda: model.loss(ids, ids), device, 3, rounds * 2)
 
 
-__all__ = ["HostCosts", "measure_host_costs"]
+__all__ = ["HostCosts", "fp8_gemms_supported", "measure_host_costs"]

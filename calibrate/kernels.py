@@ -329,6 +329,16 @@ def _rand(*shape: int, dtype: torch.dtype, device: torch.device, grad: bool = Tr
     return t.requires_grad_(grad)
 
 
+def fp8_gemms_supported(device: str) -> bool:
+    """Whether ``device`` runs the FP8 GEMMs measured here (``torch._scaled_mm`` on E4M3 / E5M2):
+    an NVIDIA GPU of compute capability 8.9 or later (Ada, Hopper and later), or a CPU, where
+    torch runs them slowly (tests).  ROCm GPUs take other FP8 types (``fnuz``) and are left out."""
+    if device == "cpu":
+        return True
+    return (device == "cuda" and torch.version.hip is None and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(0) >= (8, 9))
+
+
 def _fp8_gemm_runs(m: int, k: int, n: int, dev: torch.device) -> dict[str, Callable[[], object]]:
     """One linear layer's GEMMs in FP8 with per-tensor scales, as Transformer Engine runs them.
 

@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from .collectives import agree_on_points, context_from_env, init_process_group, run_points, spawn_local
 from .env import METHOD_VERSION, DeviceSpec, collect_environment, device_spec
 from .errors import CalibrationError
-from .kernels import build_kernel
+from .kernels import build_kernel, fp8_gemms_supported
 from .plans import Allocation, Cost, OperatorPoint, Plan, estimate_cost, make_plan, plan_precisions
 from .store import SampleStore, StoreIdentity
 
@@ -138,6 +138,10 @@ def run_calibration(opts: RunOptions) -> RunResult:
     op_ranks = 1 if ctx is not None else local_ranks
 
     precs = plan_precisions(opts.plan, opts.device, opts.precisions)
+    if "fp8" in precs and not fp8_gemms_supported(opts.device):
+        name = torch.cuda.get_device_name(0) if opts.device == "cuda" else opts.device
+        raise CalibrationError(f"precision fp8: {name} has no FP8 GEMMs that torch._scaled_mm runs "
+                               "(an NVIDIA GPU of compute capability 8.9 or later: L40S, H100, GH200, ...)")
     spec = device_spec(opts.device, precs)
     mem = spec.memory_gib / (local_ranks if opts.device == "cpu" else 1)
     plan = make_plan(opts.plan, device=opts.device, precisions=precs, allocation=alloc,
@@ -149,6 +153,7 @@ def run_calibration(opts: RunOptions) -> RunResult:
             raise CalibrationError(f"--ops: plan {plan.name} measures no {', '.join(unknown)} "
                                    f"(its operators: {', '.join(sorted({p.op for p in plan.operators}))})")
         plan.operators = [p for p in plan.operators if p.op in set(opts.ops)]
+        plan.candidates = [p for p in plan.candidates if p.op in set(opts.ops)]
     cost = estimate_cost(plan, spec.to_gpu_spec(), opts.device)
     result = RunResult(opts.out, plan.name, cost, spec=spec)
     if rank0:
@@ -163,7 +168,8 @@ def run_calibration(opts: RunOptions) -> RunResult:
     store = None
     if rank0:
         meta = {
-            "device": opts.device, "gpu_name": env.gpu_name, "plans": [plan.name],
+            "device": opts.device, "gpu_name": env.gpu_name,
+            "plans": [f"{plan.name} ({', '.join(opts.ops)} only)" if opts.ops else plan.name],
             "precisions": list(plan.precisions),
             "environment": env.to_dict(),
             "gpu": spec.to_dict(),
@@ -210,7 +216,8 @@ def run_calibration(opts: RunOptions) -> RunResult:
         pending = [p for p in plan.operators if not store.has_operator(p)]
         pending_c = [c for c in plan.collectives if not store.has_collective(c)]
         # Complete = every point of the plan is in the store, whichever --part runs measured them.
-        result.complete = not pending and not pending_c and not stopped
+        # A run of some operators (--ops) leaves the plan's others out: never a complete store.
+        result.complete = not pending and not pending_c and not stopped and not opts.ops
         asked = (pending if opts.part in ("all", "operators") else []) + \
             (pending_c if opts.part in ("all", "collectives") else [])
         result.part_complete = not asked and not stopped

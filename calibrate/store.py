@@ -202,6 +202,11 @@ class SampleStore:
             samples = None
         merged = dict(existing)
         merged.update({k: v for k, v in meta.items() if k not in ("plans", "precisions")})
+        if isinstance(existing.get("gpu"), dict) and isinstance(meta.get("gpu"), dict):
+            # A run of other precisions (fp8 after fp16, say) adds its peaks to the earlier runs':
+            # a probed spec holds only the precisions it was asked for, and fit needs them all.
+            peaks = {**existing["gpu"].get("tflops", {}), **meta["gpu"].get("tflops", {})}
+            merged["gpu"] = {**meta["gpu"], "tflops": peaks}
         merged["kind"] = STORE_KIND
         merged["method_version"] = identity.method_version
         merged["device"] = identity.device

@@ -72,13 +72,18 @@ def queue_behind(seconds: float) -> None:
     """Keep the current CUDA stream busy for about ``seconds`` (``torch.cuda._sleep`` spins a
     number of GPU clock cycles; the rate is measured once)."""
     if not _SLEEP_CYCLES_PER_SECOND:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000)          # loaded before it is timed
-        start.record()
-        torch.cuda._sleep(1_000_000)
-        end.record()
-        end.synchronize()
-        _SLEEP_CYCLES_PER_SECOND.append(1_000_000 / max(start.elapsed_time(end) / 1e3, 1e-6))
+        # The highest clock of three: a rate read at a low idle clock would make every later
+        # sleep at the boost clock shorter than asked.
+        rates = []
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1_000_000)
+            start.record()
+            torch.cuda._sleep(1_000_000)
+            end.record()
+            end.synchronize()
+            rates.append(1_000_000 / max(start.elapsed_time(end) / 1e3, 1e-6))
+        _SLEEP_CYCLES_PER_SECOND.append(max(rates))
     torch.cuda._sleep(int(seconds * _SLEEP_CYCLES_PER_SECOND[0]))
 
 

@@ -577,9 +577,9 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                            "cores (its bundle's gpu_spec gives no fp8 peak)", job.source)
         casts = fp8.layer_casts(recipe.layer, job.run.fp8, lay.micro_batches)
         if not fp8.measured(plat.compute):
-            warnings.append("FP8 GEMMs (run.fp8) costed from this platform's 16-bit measurements: the "
-                            "tensor-core part at the FP8 peak, casts as memory passes (a prior; wider "
-                            "interval)")
+            warnings.append("FP8 GEMMs (run.fp8) without FP8 samples in this platform's bundle costed "
+                            "from its 16-bit measurements: the tensor-core part at the FP8 peak, casts "
+                            "as memory passes (a prior; wider interval)")
 
     layer_fwd, layer_bwd, core_fwd = _Term(), _Term(), _Term()
     core_bwd = _Term()

@@ -17,6 +17,7 @@ from calibrate.gpt_model import FlatGPT  # noqa: E402
 from calibrate.host import measure_host_costs  # noqa: E402
 from calibrate.plans import make_plan  # noqa: E402
 from calibrate.runner import RunOptions, run_calibration  # noqa: E402
+from calibrate.store import read_meta  # noqa: E402
 from predictor import TrainingJob, fp8, load_platform, predict  # noqa: E402
 from predictor.errors import UsageError  # noqa: E402
 from predictor.samples import load_samples  # noqa: E402
@@ -155,10 +156,31 @@ def test_run_measures_only_the_operators_asked_for(tmp_path):
         run_calibration(RunOptions(out=tmp_path / "t", device="cpu", plan="tiny", ops=("linear1", "conv")))
 
 
-def test_device_timing_needs_a_gpu_and_is_recorded(tmp_path):
+def test_device_timing_needs_a_gpu(tmp_path):
     with pytest.raises(CalibrationError, match="--timing device needs --device cuda"):
         run_calibration(RunOptions(out=tmp_path / "s", device="cpu", plan="tiny", timing="device"))
     assert not (tmp_path / "s").exists()
-    # On a CPU a kernel timed "for the device alone" is timed as before (the host is the device).
-    k = K.build_kernel("linear1", {"m": 16, "k": 32, "n": 48}, "fp32", "cpu")
-    assert all(t.seconds > 0 for t in k.time(warmup=1, repeats=2, device_only=True).values())
+
+
+def test_ops_run_is_never_a_complete_store(tmp_path):
+    # --ops leaves the plan's other operators out: the store must not claim the plan complete
+    # (fit and install read that), and says which operators the plan contributed.
+    res = run_calibration(RunOptions(out=tmp_path / "s", device="cpu", plan="tiny", ops=("gelu",)))
+    assert res.part_complete and not res.complete
+    meta = read_meta(tmp_path / "s")
+    assert meta["plans"] == ["tiny (gelu only)"] and meta["progress"]["complete"] is False
+
+
+def test_a_later_precision_adds_its_peak_to_the_store(tmp_path):
+    # A probed spec holds only the precisions of its run: fp8 after fp32 must keep fp32's peak.
+    run_calibration(RunOptions(out=tmp_path / "s", device="cpu", plan="tiny", ops=("linear1",),
+                               precisions=("fp32",), part="operators"))
+    run_calibration(RunOptions(out=tmp_path / "s", device="cpu", plan="tiny", ops=("linear1",),
+                               precisions=("fp8",), part="operators"))
+    assert set(read_meta(tmp_path / "s")["gpu"]["tflops"]) == {"fp32", "fp8"}
+
+
+def test_plan_costs_fp8_on_a_gpu_without_a_published_fp8_peak():
+    from calibrate.plans import _nominal_spec, estimate_cost
+    plan = make_plan("tiny", device="cuda", precisions=("fp8",))
+    assert estimate_cost(plan, _nominal_spec("cuda"), "cuda").wall_minutes > 0
