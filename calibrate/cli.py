@@ -235,7 +235,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_host(args: argparse.Namespace) -> int:
     try:
-        from .host import fp8_gemms_supported, measure_host_costs
+        from .host import measure_host_costs
+        from .kernels import fp8_gemms_supported
         from .runner import _check_device
     except ImportError as exc:
         raise PerfcastError(f"perf-calibrate host needs torch (pip install 'perfcast[calibrate]'): {exc}") from None

@@ -32,7 +32,7 @@ import torch
 from predictor.fp8 import FP8_LINEARS
 from predictor.operators import CALIBRATED, OPERATORS
 
-from .kernels import build_kernel, fp8_gemms_supported
+from .kernels import build_kernel
 from .plans import ModelPoint, operator_shapes
 from .timing import synchronize
 
@@ -165,4 +165,4 @@ def _model_issue_us(layers: int, device: str, precision: str, rounds: int, backw
     return _issue_us(lambda: model.loss(ids, ids), device, 3, rounds * 2)
 
 
-__all__ = ["HostCosts", "fp8_gemms_supported", "measure_host_costs"]
+__all__ = ["HostCosts", "measure_host_costs"]

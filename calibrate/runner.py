@@ -163,8 +163,8 @@ def run_calibration(opts: RunOptions) -> RunResult:
             opts.announce(plan, cost)
 
     env = collect_environment(opts.device, threads)
-    identity = StoreIdentity(opts.device, env.gpu_name, METHOD_VERSION,
-                             host_timing="excluded" if opts.timing == "device" else "included")
+    host_timing = "excluded" if opts.timing == "device" else "included"
+    identity = StoreIdentity(opts.device, env.gpu_name, METHOD_VERSION, host_timing=host_timing)
     store = None
     if rank0:
         meta = {
@@ -174,9 +174,10 @@ def run_calibration(opts: RunOptions) -> RunResult:
             "environment": env.to_dict(),
             "gpu": spec.to_dict(),
             "allocation": {"nodes": alloc.nodes, "gpus_per_node": alloc.gpus_per_node},
-            "timing": {"warmup": plan.warmup, "repeats": plan.repeats, "statistic": "mean of middle half" if opts.device == "cuda" else "mean of fastest quarter",
+            "timing": {"warmup": plan.warmup, "repeats": plan.repeats,
+                       "statistic": "mean of middle half" if opts.device == "cuda" else "mean of fastest quarter",
                        "clock": "cuda events" if opts.device == "cuda" else "perf_counter",
-                       "host": "excluded" if opts.timing == "device" else "included"},
+                       "host": host_timing},
             "estimated": {"wall_minutes": round(cost.wall_minutes, 3), "gpu_minutes": round(cost.gpu_minutes, 3)},
         }
         if opts.device == "cpu" and any(p != "fp32" for p in plan.precisions):
