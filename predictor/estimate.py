@@ -31,6 +31,7 @@ from .recipe import (Group, MicroBatchRecipe, gradient_precision, gradient_reduc
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import fp8, overlap, tp_overlap
+from .host import engine_for as host_engine_for
 from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
 from .network import ring_seconds
@@ -535,6 +536,8 @@ class _JobPlan:
     # (_tp_overlap_terms), and the GEMMs' slowdown beside a collective's SMs.
     tp_ub: Optional[list[_Term]] = None
     tp_ub_slowdown: float = 1.0
+    # The framework engine's own host work per step (predictor.host.engine_for).
+    engine_step_seconds: float = 0.0
 
 
 @dataclass
@@ -744,6 +747,8 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         stage_dp[0].add(tied)
         stage_dp[-1].add(tied)
     stage_host = []
+    engine = host_engine_for(job.run.framework, lay.pp)
+    engine_step = 0.0
     if plat.host is not None:
         # Launches per layer beyond a plain layer's kernels: TP all-reduces (forward, backward,
         # recompute) and context-parallel K/V passes.
@@ -762,8 +767,9 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
             layer_launches += 2 * passes
         stage_host = [plat.host.stage_seconds(n, n * layer_launches + len(p2p_terms[i][0].parts)
                                               + len(p2p_terms[i][1].parts), lay.recompute,
-                                              fitted=plat.fitted)
+                                              fitted=plat.fitted, engine=engine)
                       for i, n in enumerate(sizes)]
+        engine_step = plat.host.engine_step_seconds(engine)
     tp_ub_slowdown = 1.0
     if tp_ub is not None:
         sms, known = tp_overlap.sm_count(plat.gpu.name)
@@ -777,7 +783,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                             "inside one NVLink domain")
     return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
                     stage_host, cp_ring, list(sizes), q.take_asked(), buckets, sharded, tp_ub,
-                    tp_ub_slowdown)
+                    tp_ub_slowdown, engine_step)
 
 
 # The linear GEMMs of a layer (predictor/recipe.py) as Transformer Engine names them, and the
@@ -928,7 +934,8 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
     gather_wait = max(max(0.0, gather_exposed[i] - i * F / v) for i in range(p))
     update_seconds = max(update) + gather_wait
     bubble = (p - 1) / v * (F + B)
-    iteration = mb * (F + B) + bubble + reduce_wait + update_seconds + plat.overheads.step_seconds
+    step_overhead = plat.overheads.step_seconds + plan.engine_step_seconds
+    iteration = mb * (F + B) + bubble + reduce_wait + update_seconds + step_overhead
     waves = mb + (p - 1) / v
     breakdown = Breakdown(
         forward_seconds=mb * F,
@@ -936,7 +943,7 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         bubble_seconds=bubble,
         gradient_reduce_seconds=reduce_wait,
         optimizer_seconds=update_seconds,
-        step_overhead_seconds=plat.overheads.step_seconds,
+        step_overhead_seconds=step_overhead,
         # Of which (already inside the stage times above), over the whole iteration:
         tp_allreduce_seconds=waves * (mp_comm[crit_f][0] + mp_comm[crit_b][1]
                                       + tp_exposed_f[crit_f] + tp_exposed_b[crit_b]),

@@ -17,6 +17,11 @@ A platform carries the measured host costs in ``platform.toml``::
     [host.operators.linear1]           # one isolated call's host issue time, per direction
     fwd = 1.9e-5
     bwd = 1.2e-4
+    [host.engines.deepspeed_pipeline]  # what a framework's engine adds (see ENGINES)
+    step_seconds = 2.4e-3
+    micro_batch_seconds = 1.7e-4
+    layer_seconds = 4.7e-5
+    source = "benchmarks/bench_engine_host.py on ..."
 
 The operator samples were timed between CUDA events around one isolated call, so at small shapes
 they measure the host's issue time, not the device's work (the device waits for the launch).
@@ -36,15 +41,69 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .errors import BundleError
+from .job import DEEPSPEED_PIPELINE_FRAMEWORKS
 
 if TYPE_CHECKING:
     from .platform import FittedTerms
 
 _KEYS = ("layer_seconds", "layer_forward_seconds", "micro_batch_seconds", "launch_seconds")
+#: Framework engines whose own host work is measured apart (benchmarks/bench_engine_host.py):
+#: DeepSpeed's PipelineEngine (its instruction loop: GPT-NeoX at any pp, DeepSpeed and
+#: Megatron-DeepSpeed with pp > 1) and DeepSpeedEngine (forward / backward / step per micro-batch:
+#: DeepSpeed and Megatron-DeepSpeed at pp = 1).  Megatron-core's schedules and TorchTitan's
+#: loop are plain PyTorch around the model, which the per-layer and per-micro-batch costs are.
+ENGINES = ("deepspeed_pipeline", "deepspeed")
+_ENGINE_KEYS = ("step_seconds", "micro_batch_seconds", "layer_seconds")
 _OPTIONAL = {"launch_seconds": 0.0, "layer_forward_seconds": -1.0}
 # Host costs are per-call overheads of microseconds to milliseconds; a value past this is a unit
 # mistake (µs written as seconds), not a slow CPU.
 _MAX_SECONDS = 1.0
+
+
+def _seconds(v: Any, where: str, key: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or not 0.0 <= v <= _MAX_SECONDS:
+        raise BundleError(f"{where}: {key} must be a number of seconds in [0, {_MAX_SECONDS}], got {v!r}")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class EngineCosts:
+    """What a framework's engine adds to the host's work, beyond the kernels and autograd the
+    model's own code issues: per optimizer step, per micro-batch and stage, per layer and
+    micro-batch (seconds)."""
+
+    step_seconds: float
+    micro_batch_seconds: float
+    layer_seconds: float
+    source: str = ""
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str, name: str) -> "EngineCosts":
+        key = f"host.engines.{name}"
+        if not isinstance(d, Mapping):
+            raise BundleError(f"{where}: [{key}] must be a table")
+        unknown = set(d) - set(_ENGINE_KEYS) - {"source"}
+        missing = set(_ENGINE_KEYS) - set(d)
+        if unknown or missing:
+            raise BundleError(f"{where}: [{key}] needs exactly {', '.join(_ENGINE_KEYS)} (and a source)"
+                              + (f"; unknown {sorted(unknown)}" if unknown else "")
+                              + (f"; missing {sorted(missing)}" if missing else ""))
+        source = d.get("source", "")
+        if not isinstance(source, str):
+            raise BundleError(f"{where}: {key}.source must be a string")
+        return cls(source=source, **{k: _seconds(d[k], where, f"{key}.{k}") for k in _ENGINE_KEYS})
+
+
+def engine_for(framework: str, pp: int) -> str:
+    """The engine of :data:`ENGINES` that runs a job of ``framework`` with ``pp`` stages, or ""
+    (a job that names no framework is not assumed to run one: the paper's runs and perfcast's own
+    training steps carry no engine cost)."""
+    if framework not in DEEPSPEED_PIPELINE_FRAMEWORKS:
+        return ""
+    # NeoX builds a PipelineModule at pipe-parallel-size 1 too; DeepSpeed and Megatron-DeepSpeed
+    # jobs without pipeline parallelism train a plain module under DeepSpeedEngine.
+    return "deepspeed_pipeline" if pp > 1 or framework == "neox" else "deepspeed"
 
 
 @dataclass(frozen=True)
@@ -57,25 +116,23 @@ class HostCosts:
     layer_forward_seconds: float = -1.0     # < 0: not measured apart from the whole layer
     source: str = ""
     operators: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # op -> direction -> s
+    engines: Mapping[str, EngineCosts] = field(default_factory=dict)          # ENGINES -> costs
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> "HostCosts":
         if not isinstance(d, Mapping):
             raise BundleError(f"{where}: [host] must be a table")
-        unknown = set(d) - set(_KEYS) - {"source", "operators"}
+        unknown = set(d) - set(_KEYS) - {"source", "operators", "engines"}
         if unknown:
-            raise BundleError(f"{where}: unknown [host] keys {sorted(unknown)} (known: {', '.join(_KEYS)}, source)")
+            raise BundleError(f"{where}: unknown [host] keys {sorted(unknown)} (known: {', '.join(_KEYS)}, "
+                              f"source, operators, engines)")
         values = {}
         for key in _KEYS:
             v = d.get(key, _OPTIONAL.get(key))
             if key in _OPTIONAL and v == _OPTIONAL[key]:
                 values[key] = float(v)
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                    or not 0.0 <= v <= _MAX_SECONDS:
-                raise BundleError(f"{where}: host.{key} must be a number of seconds in [0, {_MAX_SECONDS}]"
-                                  f", got {v!r}")
-            values[key] = float(v)
+            values[key] = _seconds(v, where, f"host.{key}")
         source = d.get("source", "")
         if not isinstance(source, str):
             raise BundleError(f"{where}: host.source must be a string")
@@ -87,12 +144,16 @@ class HostCosts:
             if not isinstance(dirs, Mapping):
                 raise BundleError(f"{where}: host.operators.{op} must be a table of directions")
             for direction, v in dirs.items():
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                        or not 0.0 <= v <= _MAX_SECONDS:
-                    raise BundleError(f"{where}: host.operators.{op}.{direction} must be a number of "
-                                      f"seconds in [0, {_MAX_SECONDS}], got {v!r}")
-                per_op.setdefault(str(op), {})[str(direction)] = float(v)
-        return cls(source=source, operators=per_op, **values)
+                per_op.setdefault(str(op), {})[str(direction)] = _seconds(
+                    v, where, f"host.operators.{op}.{direction}")
+        engines = d.get("engines", {})
+        if not isinstance(engines, Mapping):
+            raise BundleError(f"{where}: [host.engines] must be a table of tables")
+        bad = sorted(set(engines) - set(ENGINES))
+        if bad:
+            raise BundleError(f"{where}: unknown [host.engines] {bad} (known: {', '.join(ENGINES)})")
+        per_engine = {name: EngineCosts.from_dict(t, where, name) for name, t in engines.items()}
+        return cls(source=source, operators=per_op, engines=per_engine, **values)
 
     def call_seconds(self, op: str, direction: str, precision: str = "") -> float:
         """Host time of one isolated call of ``op`` (0 when not measured).  FP8 GEMM samples are
@@ -103,14 +164,17 @@ class HostCosts:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["operators"] = {op: dict(dirs) for op, dirs in self.operators.items()}
+        d["engines"] = {name: asdict(e) for name, e in self.engines.items()}
         return d
 
     def stage_seconds(self, layers: int, collectives: float, recompute: str,
-                      fitted: "FittedTerms | None" = None) -> float:
+                      fitted: "FittedTerms | None" = None, engine: str = "") -> float:
         """Host time to issue one micro-batch's forward and backward on a stage of ``layers``.
 
         ``collectives`` counts the launches beyond a plain layer's kernels (TP all-reduces);
         full recomputation issues every layer's forward a second time, in the backward.
+        ``engine`` (:func:`engine_for`): the framework engine's own work per micro-batch and per
+        layer is added where the platform measured it.
         ``fitted``: the platform's ``[fitted]`` terms (perf-calibrate validate --fit), if any: the
         per-layer, per-micro-batch and launch costs each times its own scale, all times ``host_scale``.
         """
@@ -118,13 +182,25 @@ class HostCosts:
         if recompute == "full":
             # Without a forward figure of its own, the whole layer bounds what the repeat adds.
             layer += self.layer_forward_seconds if self.layer_forward_seconds >= 0 else self.layer_seconds
+        micro_batch = self.micro_batch_seconds
+        e = self.engines.get(engine) if engine else None
+        if e is not None:
+            layer += e.layer_seconds
+            micro_batch += e.micro_batch_seconds
         if fitted is None:
-            return layers * layer + self.micro_batch_seconds + collectives * self.launch_seconds
+            return layers * layer + micro_batch + collectives * self.launch_seconds
         # [fitted] (perf-calibrate validate --fit): each measured cost its own scale, and the one
         # host scale of files written before the costs were fitted apart over all of it.
         return fitted.host_scale * (layers * layer * fitted.host_layer_scale
-                                    + self.micro_batch_seconds * fitted.host_micro_batch_scale
+                                    + micro_batch * fitted.host_micro_batch_scale
                                     + collectives * self.launch_seconds * fitted.host_launch_scale)
 
+    def engine_step_seconds(self, engine: str) -> float:
+        """The engine's own host work per optimizer step (0 without one, or unmeasured).  The step
+        ends at a synchronisation (loss-scale or gradient-norm check, loss reporting), so the
+        device waits through it whether the job is host-bound or not."""
+        e = self.engines.get(engine) if engine else None
+        return e.step_seconds if e is not None else 0.0
 
-__all__ = ["HostCosts"]
+
+__all__ = ["ENGINES", "EngineCosts", "HostCosts", "engine_for"]

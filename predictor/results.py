@@ -23,7 +23,7 @@ class Breakdown:
     bubble_seconds: float                # pipeline fill and drain
     gradient_reduce_seconds: float       # data-parallel gradient reduction of the critical stage
     optimizer_seconds: float             # optimizer step (and ZeRO all-gather) of that stage
-    step_overhead_seconds: float         # the platform's fixed per-step cost
+    step_overhead_seconds: float         # the platform's fixed per-step cost + the engine's (host)
     tp_allreduce_seconds: float = 0.0
     pp_p2p_seconds: float = 0.0
     host_wait_seconds: float = 0.0

@@ -13,8 +13,10 @@ dgx-h100's compute bundle and host costs are fitted from perfcast's own calibrat
 80GB HBM3 (benchmarks/data/h100-lent: ``perf-calibrate run`` operator samples, ``perf-calibrate
 host`` host costs, and real training steps of a small GPT family recorded as its measured runs);
 its network is from published specs.  ``--only h100`` rebuilds it alone (no --data needed).
-The other platforms carry the same host costs as a prior (their CPUs were not measured);
-``--only host-priors`` rewrites just that table.
+The other platforms carry the same host costs as a prior (their CPUs were not measured), and
+every platform carries DeepSpeed's engines' host costs (``[host.engines]``) measured on a CPU by
+benchmarks/bench_engine_host.py (benchmarks/data/engine-host) as a prior; ``--only host-priors``
+rewrites just those tables.
 
 ``--only convert`` refits nothing: it rewrites every shipped bundle still in an older bundle format
 in the current one (the same trees, so every prediction stays the same to the bit) and re-pins the
@@ -108,7 +110,8 @@ def build_h100() -> None:
         "description": "DGX H100: 8 × H100-SXM5-80GB, NVSwitch, 8 × NDR 400 Gb/s; H100 compute and host "
                        "costs measured by perfcast on one H100 80GB HBM3, network from published specs",
         "compute_bundle": "../_bundles/h100-80gb-hbm3",
-        "links": DGX_H100_LINKS, "host": host_costs(src / "host.toml"), "notes": [H100_NOTICE]})
+        "links": DGX_H100_LINKS, "host": {**host_costs(src / "host.toml"), "engines": engine_prior()},
+        "notes": [H100_NOTICE]})
     summary = validate_platform(OUT / "dgx-h100", family_runs(src / "train-family.json"), replace=True)
     print(f"== dgx-h100 end-to-end runs (one GPU)\n{summary.table()}")
 
@@ -134,20 +137,51 @@ def host_prior(path: Path) -> dict:
     """
     table = host_costs(path)
     table.pop("operators")
+    table["engines"] = engine_prior()
     table["source"] = ("prior: " + table["source"].replace("; the lent machine's CPU, not a DGX's", "")
                        + "; this platform's own CPU was not measured (perf-calibrate host replaces it)")
     return table
 
 
 def apply_host_priors() -> None:
-    """Write the host prior into the platforms built from the paper's samples (and dgx-a100)."""
+    """Write the host prior into the platforms built from the paper's samples (and dgx-a100), and
+    the engines' prior into every shipped platform's [host] (dgx-h100 keeps its measured costs)."""
     prior = host_prior(RUNS / "h100-lent" / "host.toml")
-    for plat in ("perlmutter-a100", "vista-gh200", "dgx-a100"):
+    for plat in ("perlmutter-a100", "vista-gh200", "dgx-a100", "dgx-h100"):
         path = OUT / plat / "platform.toml"
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        raw["host"] = prior
+        if plat == "dgx-h100":
+            raw["host"]["engines"] = engine_prior()
+        else:
+            raw["host"] = prior
         write_platform(OUT / plat, raw)
         print(f"== {plat}: host prior written")
+
+
+# bench_engine_host.py's modes, as the engines of predictor.host.ENGINES: the pipeline engine as
+# measured with two stages (what it is for; one stage measured within 0.1 ms of it per micro-batch).
+ENGINE_MODES = {"deepspeed_pipeline": "pipe2", "deepspeed": "engine"}
+
+
+def engine_prior(folder: Path = RUNS / "engine-host") -> dict:
+    """[host.engines]: what DeepSpeed's engines add to the host's work per step, micro-batch and
+    layer, fitted over every ``benchmarks/bench_engine_host.py --json`` run in ``folder`` (ms; a
+    negative difference, within the measurement's noise, is taken as none)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_engine_host import pooled_costs
+    paths = sorted(folder.glob("*.json"))
+    meta = json.loads(paths[0].read_text(encoding="utf-8"))
+    pooled = pooled_costs(paths)
+    out = {}
+    for engine, mode in ENGINE_MODES.items():
+        adds = pooled[mode]
+        out[engine] = {k: round(max(0.0, adds[k.replace("_seconds", "_ms")]) * 1e-3, 7)
+                       for k in ("step_seconds", "micro_batch_seconds", "layer_seconds")}
+        out[engine]["source"] = (f"prior: benchmarks/bench_engine_host.py --pool ({mode}, {len(paths)} runs) "
+                                 f"on {meta['cpu']} (deepspeed {meta['deepspeed']}, torch {meta['torch']}): "
+                                 f"DeepSpeed less a plain PyTorch loop at tiny shapes; this platform's own "
+                                 f"CPU was not measured")
+    return out
 
 
 def host_costs(path: Path) -> dict:

@@ -185,6 +185,105 @@ def test_host_bound_micro_batches_cost_the_hosts_issue_time(tmp_path):
     assert big.breakdown.host_wait_seconds == 0
 
 
+def _engines(step=2e-3, micro_batch=5e-4, layer=1e-4):
+    return {"deepspeed_pipeline": {"step_seconds": step, "micro_batch_seconds": micro_batch,
+                                   "layer_seconds": layer, "source": "test"},
+            "deepspeed": {"step_seconds": step / 2, "micro_batch_seconds": micro_batch / 2,
+                          "layer_seconds": 0.0, "source": "test"}}
+
+
+def _with_framework(job, framework):
+    d = job.to_dict()
+    d["run"]["framework"] = framework
+    return job.__class__.from_dict(d)
+
+
+def _host_with(plat_name, engines):
+    import tomllib
+
+    from predictor.platform import resolve_platform
+    raw = tomllib.loads((resolve_platform(plat_name) / "platform.toml").read_text(encoding="utf-8"))
+    host = dict(raw["host"])
+    host.pop("engines", None)
+    if engines is not None:
+        host["engines"] = engines
+    return host
+
+
+@pytest.mark.parametrize("framework,pp,engine", [("megatron-deepspeed", 2, "deepspeed_pipeline"),
+                                                  ("deepspeed", 1, "deepspeed"),
+                                                  ("neox", 1, "deepspeed_pipeline")])
+def test_deepspeed_engine_adds_its_host_work(tmp_path, framework, pp, engine):
+    eng = _engines()
+    with_engine = _platform_copy(tmp_path, "dgx-h100", host=_host_with("dgx-h100", eng))
+    without = _platform_copy(tmp_path / "bare", "dgx-h100", host=_host_with("dgx-h100", None))
+    e = with_engine.host.engines[engine]
+    # Host-bound (tiny layers): every micro-batch on the slowest stage pays the engine's work per
+    # micro-batch and per layer, and the step its per-step work.
+    small = {"layers": 8, "hidden": 512, "heads": 8, "seq_len": 512, "vocab": 32000}
+    job = make_job(small, pp=pp, tp=1, dp=1, micro_batch=1, micro_batches=4, recompute="none")
+    job = _with_framework(job, framework)
+    a, b = predict(job, with_engine), predict(job, without)
+    assert a.breakdown.host_wait_seconds > 0 and b.breakdown.host_wait_seconds > 0
+    per_stage = max(a.details.stages.layers)
+    waves = 4 + (pp - 1)
+    expected = waves * (e.micro_batch_seconds + per_stage * e.layer_seconds) + e.step_seconds
+    assert a.iteration_seconds - b.iteration_seconds == pytest.approx(expected, rel=1e-6)
+    assert a.breakdown.step_overhead_seconds - b.breakdown.step_overhead_seconds == pytest.approx(e.step_seconds)
+    # Device-bound (wide layers): the host keeps ahead; only the step's own work shows.
+    wide = {"layers": 4, "hidden": 8192, "heads": 64, "seq_len": 4096, "vocab": 32000}
+    big = make_job(wide, pp=pp, tp=1, dp=1, micro_batch=4, micro_batches=4, recompute="none")
+    big = _with_framework(big, framework)
+    a, b = predict(big, with_engine), predict(big, without)
+    assert a.breakdown.host_wait_seconds == 0
+    assert a.iteration_seconds - b.iteration_seconds == pytest.approx(e.step_seconds, rel=1e-6)
+
+
+@pytest.mark.parametrize("framework", ["", "megatron", "nemo", "torchtitan"])
+def test_no_engine_cost_without_a_deepspeed_framework(tmp_path, framework):
+    # A job that names no framework (the paper's runs, perfcast's own steps) or a Megatron-core /
+    # TorchTitan one runs no DeepSpeed engine: the table changes nothing.
+    with_engine = _platform_copy(tmp_path, "dgx-h100", host=_host_with("dgx-h100", _engines()))
+    without = _platform_copy(tmp_path / "bare", "dgx-h100", host=_host_with("dgx-h100", None))
+    small = {"layers": 8, "hidden": 512, "heads": 8, "seq_len": 512, "vocab": 32000}
+    job = make_job(small, pp=2, tp=1, dp=1, micro_batch=1, micro_batches=4, recompute="none")
+    job = _with_framework(job, framework)
+    assert predict(job, with_engine).iteration_seconds == predict(job, without).iteration_seconds
+
+
+@pytest.mark.parametrize("engines,match", [
+    ({"megatron": {"step_seconds": 0, "micro_batch_seconds": 0, "layer_seconds": 0}}, "unknown \\[host.engines\\]"),
+    ({"deepspeed": {"step_seconds": 0, "micro_batch_seconds": 0}}, "missing \\['layer_seconds'\\]"),
+    ({"deepspeed": {"step_seconds": -1e-3, "micro_batch_seconds": 0, "layer_seconds": 0}},
+     "host.engines.deepspeed.step_seconds"),
+    ({"deepspeed": {"step_seconds": 0, "micro_batch_seconds": 0, "layer_seconds": 0, "layer_us": 1}},
+     "unknown \\['layer_us'\\]"),
+    ({"deepspeed": 3}, "\\[host.engines.deepspeed\\] must be a table"),
+    (7, "\\[host.engines\\] must be a table"),
+])
+def test_bad_engine_table_is_refused_naming_the_key(tmp_path, engines, match):
+    with pytest.raises(BundleError, match=match):
+        _platform_copy(tmp_path, "dgx-h100", host=_host_with("dgx-h100", engines))
+
+
+def test_shipped_platforms_carry_the_measured_engine_costs():
+    # Every platform with a [host] table carries both engines' costs as fitted from the committed
+    # measurements (benchmarks/data/engine-host), with their source: a refit that was not written
+    # back, or a hand edit, fails here.
+    pytest.importorskip("torch")       # the benchmark module that fits them imports it
+    from predictor.host import ENGINES
+    from scripts.build_platforms import engine_prior
+    expected = engine_prior()
+    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+        host = load_platform(name).host
+        assert set(host.engines) == set(ENGINES), name
+        for engine, e in host.engines.items():
+            assert e.source == expected[engine]["source"]
+            for key in ("step_seconds", "micro_batch_seconds", "layer_seconds"):
+                assert getattr(e, key) == pytest.approx(expected[engine][key], rel=1e-9, abs=1e-12), (name, key)
+            assert 0 < e.micro_batch_seconds < 5e-3 and 0 < e.step_seconds < 20e-3
+
+
 def test_bad_host_table_is_refused_naming_the_key(tmp_path):
     with pytest.raises(BundleError, match="host.layer_seconds"):
         _platform_copy(tmp_path, "dgx-h100", host={"layer_seconds": "fast", "micro_batch_seconds": 0.001})

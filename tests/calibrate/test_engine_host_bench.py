@@ -1,0 +1,60 @@
+"""benchmarks/bench_engine_host.py's fit: what DeepSpeed's engines add, from measured step times.
+
+Nothing here runs DeepSpeed or depends on the machine: only the arithmetic that turns the
+committed measurements into the shipped [host.engines] tables.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_engine_host", ROOT / "benchmarks" / "bench_engine_host.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_engine_host", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rows(step, micro_batch, layer, noise=None):
+    noise = noise or {}
+    return [[layers, m, step + m * (micro_batch + layers * layer) + noise.get((layers, m), 0.0)]
+            for layers in (1, 2, 4) for m in (2, 4, 8)]
+
+
+def test_fit_recovers_the_three_costs():
+    fit = _bench().fit_costs(_rows(1.5, 0.2, 0.3))
+    assert fit["step_ms"] == pytest.approx(1.5)
+    assert fit["micro_batch_ms"] == pytest.approx(0.2)
+    assert fit["layer_ms"] == pytest.approx(0.3)
+    assert fit["residual_rms_ms"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_pooled_runs_keep_each_configuration_at_its_fastest(tmp_path):
+    # Two runs of the same engine; the second was disturbed (other tenants' load adds time) in
+    # some configurations.  Pooling keeps the undisturbed times, so the fit is the true costs.
+    clean = {"deepspeed": _rows(2.0, 0.4, 0.35), "plain": _rows(0.5, 0.1, 0.3)}
+    slow = {(2, 8): 3.0, (4, 4): 1.0}
+    noisy = {"deepspeed": _rows(2.0, 0.4, 0.35, slow), "plain": _rows(0.5, 0.1, 0.3)}
+    paths = []
+    for i, rows in enumerate((noisy, clean)):
+        p = tmp_path / f"run{i}.json"
+        p.write_text(json.dumps({"modes": {"pipe2": {"rows": rows}}}))
+        paths.append(p)
+    adds = _bench().pooled_costs(paths)["pipe2"]
+    assert adds["step_ms"] == pytest.approx(1.5)
+    assert adds["micro_batch_ms"] == pytest.approx(0.3)
+    assert adds["layer_ms"] == pytest.approx(0.05)
+    assert adds["runs"] == 2
+    # The disturbed run alone would not give them.
+    alone = _bench().pooled_costs(paths[:1])["pipe2"]
+    assert alone["micro_batch_ms"] != pytest.approx(0.3, abs=1e-3)
