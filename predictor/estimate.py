@@ -769,7 +769,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                                               + len(p2p_terms[i][1].parts), lay.recompute,
                                               fitted=plat.fitted, engine=engine)
                       for i, n in enumerate(sizes)]
-        engine_step = plat.host.engine_step_seconds(engine)
+        engine_step = plat.host.engine_step_seconds(engine, plat.fitted)
     tp_ub_slowdown = 1.0
     if tp_ub is not None:
         sms, known = tp_overlap.sm_count(plat.gpu.name)

@@ -195,12 +195,15 @@ class HostCosts:
                                     + micro_batch * fitted.host_micro_batch_scale
                                     + collectives * self.launch_seconds * fitted.host_launch_scale)
 
-    def engine_step_seconds(self, engine: str) -> float:
+    def engine_step_seconds(self, engine: str, fitted: "FittedTerms | None" = None) -> float:
         """The engine's own host work per optimizer step (0 without one, or unmeasured).  The step
         ends at a synchronisation (loss-scale or gradient-norm check, loss reporting), so the
-        device waits through it whether the job is host-bound or not."""
+        device waits through it whether the job is host-bound or not.  ``fitted``: as in
+        :meth:`stage_seconds`, the host scale applies."""
         e = self.engines.get(engine) if engine else None
-        return e.step_seconds if e is not None else 0.0
+        if e is None:
+            return 0.0
+        return e.step_seconds * (fitted.host_scale if fitted is not None else 1.0)
 
 
 __all__ = ["ENGINES", "EngineCosts", "HostCosts", "engine_for"]
