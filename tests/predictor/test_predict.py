@@ -239,6 +239,21 @@ def test_deepspeed_engine_adds_its_host_work(tmp_path, framework, pp, engine):
     assert a.iteration_seconds - b.iteration_seconds == pytest.approx(e.step_seconds, rel=1e-6)
 
 
+def test_engine_step_takes_the_fitted_host_scale(tmp_path):
+    # perf-calibrate validate --fit scales every host cost of the platform; the engine's per-step
+    # work is host work too.
+    fitted = {"host_scale": 2.0}
+    with_engine = _platform_copy(tmp_path, "dgx-h100", host=_host_with("dgx-h100", _engines()), fitted=fitted)
+    without = _platform_copy(tmp_path / "bare", "dgx-h100", host=_host_with("dgx-h100", None), fitted=fitted)
+    wide = {"layers": 4, "hidden": 8192, "heads": 64, "seq_len": 4096, "vocab": 32000}
+    job = _with_framework(make_job(wide, pp=2, tp=1, dp=1, micro_batch=4, micro_batches=4,
+                                   recompute="none"), "deepspeed")
+    a, b = predict(job, with_engine), predict(job, without)
+    assert a.breakdown.host_wait_seconds == 0
+    step = with_engine.host.engines["deepspeed_pipeline"].step_seconds
+    assert a.iteration_seconds - b.iteration_seconds == pytest.approx(2.0 * step, rel=1e-6)
+
+
 @pytest.mark.parametrize("framework", ["", "megatron", "nemo", "torchtitan"])
 def test_no_engine_cost_without_a_deepspeed_framework(tmp_path, framework):
     # A job that names no framework (the paper's runs, perfcast's own steps) or a Megatron-core /
