@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{c['residual_rms_ms']:.3f})")
         return 0
     try:
-        import deepspeed  # noqa: F401
+        import deepspeed
     except ImportError:
         print("bench_engine_host: needs DeepSpeed (pip install deepspeed; DS_BUILD_OPS=0 builds nothing)",
               file=sys.stderr)
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--modes: unknown {bad}; known: {', '.join(MODES)}")
     out: dict = {"cpu": _cpu_name(), "torch": torch.__version__,
-                 "deepspeed": __import__("deepspeed").__version__, "modes": {}}
+                 "deepspeed": deepspeed.__version__, "modes": {}}
     print(f"{out['cpu']}, torch {out['torch']}, deepspeed {out['deepspeed']}; ms per step, "
           f"fastest quarter of {args.steps}")
     for mode in modes:

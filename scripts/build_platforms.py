@@ -151,7 +151,7 @@ def apply_host_priors() -> None:
         path = OUT / plat / "platform.toml"
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
         if plat == "dgx-h100":
-            raw["host"]["engines"] = engine_prior()
+            raw["host"]["engines"] = prior["engines"]
         else:
             raw["host"] = prior
         write_platform(OUT / plat, raw)
@@ -167,7 +167,8 @@ def engine_prior(folder: Path = RUNS / "engine-host") -> dict:
     """[host.engines]: what DeepSpeed's engines add to the host's work per step, micro-batch and
     layer, fitted over every ``benchmarks/bench_engine_host.py --json`` run in ``folder`` (ms; a
     negative difference, within the measurement's noise, is taken as none)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_engine_host import pooled_costs
     paths = sorted(folder.glob("*.json"))
     meta = json.loads(paths[0].read_text(encoding="utf-8"))
