@@ -134,6 +134,8 @@ def render_script(req: ScheduleRequest, alloc: Allocation, time_limit: int, scri
         lines.append(f"#SBATCH --account={req.account}")
     lines += [f"#SBATCH {a}" for a in req.extra_sbatch]
     plan_args = f"--plan {q(req.plan)} --precision {q(','.join(req.precisions))}"
+    # The host's tiny tensors in the job's 16-bit precision (FP8 calls are timed beside them).
+    host_precision = next((p for p in req.precisions if p != "fp8"), "bf16")
     if req.plan == "adaptive":
         plan_args += f" --budget {budget:.0f}"
     lines += [
@@ -157,6 +159,9 @@ def render_script(req: ScheduleRequest, alloc: Allocation, time_limit: int, scri
         f'srun --nodes=1 --ntasks=1 --gpus={alloc.gpus_per_node} {cmd} run --device cuda {plan_args} '
         f'--ranks {alloc.gpus_per_node} --out "$STAGING/current" --part operators',
         f'srun {cmd} run --device cuda {plan_args} --out "$STAGING/current" --part collectives',
+        "# Host issue costs (fit carries them into the platform's [host]); kept when resumed.",
+        f'[ -f "$STAGING/current/host.toml" ] || srun --nodes=1 --ntasks=1 --gpus=1 {cmd} host --device cuda '
+        f'--precision {q(host_precision)} --out "$STAGING/current/host.toml"',
         '# Done measuring: set the store aside so the next run starts fresh.',
         'DONE="$STAGING/job-$SLURM_JOB_ID"',
         'mv "$STAGING/current" "$DONE/samples" 2>/dev/null || { mkdir -p "$DONE"; mv "$STAGING/current" "$DONE/samples"; }',

@@ -85,7 +85,7 @@ class StoreIdentity:
     device: str
     gpu_name: str
     method_version: int = METHOD_VERSION
-    host_timing: str = "included"      # samples.toml [timing] host: runner.TIMINGS' "call" | "device"
+    host_timing: str = "included"      # samples.toml [timing] host: "included" (--timing call) | "excluded" (device)
 
     def check(self, meta: Mapping[str, Any], where: Path) -> None:
         """Raise :class:`IncompatibleStore` when ``meta`` (samples.toml) is not ours to extend."""

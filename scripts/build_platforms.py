@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from calibrate.env import KNOWN_GPUS  # noqa: E402
 from calibrate.fitting import BundleFitter, convert_bundle  # noqa: E402
+from calibrate.fitting.host import platform_host_table  # noqa: E402
 from calibrate.importers import import_estimate_train_time  # noqa: E402
 from calibrate.validate import load_runs, validate_platform  # noqa: E402
 from predictor.bundle import MANIFEST, load_bundle  # noqa: E402
@@ -186,21 +187,11 @@ def engine_prior(folder: Path = RUNS / "engine-host") -> dict:
 
 
 def host_costs(path: Path) -> dict:
-    """The platform's [host] table from ``perf-calibrate host`` output (µs -> seconds).
-
-    The forward's share is the sum of the measured forward issue costs of one layer's operators
-    (flash attention, GeLU, LayerNorm: the family's default layer).
-    """
-    h = tomllib.loads(path.read_text(encoding="utf-8"))["host"]
-    ops = h["operators"]
-    layer_fwd_us = sum(ops[name]["fwd"] * n for name, n in (
-        ("layernorm", 2), ("linear1", 1), ("rope", 1), ("flash_atten", 1), ("linear2", 1),
-        ("res_add", 2), ("linear3", 1), ("gelu", 1), ("linear4", 1)))
-    return {"layer_seconds": h["layer_us"] * 1e-6, "layer_forward_seconds": layer_fwd_us * 1e-6,
-            "micro_batch_seconds": h["model_fixed_us"] * 1e-6, "launch_seconds": h["launch_us"] * 1e-6,
-            "operators": {op: {d: us * 1e-6 for d, us in dirs.items()} for op, dirs in ops.items()},
-            "source": f"perf-calibrate host on {h['device_name']} (torch {h['torch']}, {h['precision']}); "
-                      f"the lent machine's CPU, not a DGX's"}
+    """The platform's [host] table from ``perf-calibrate host`` output (calibrate.fitting.host),
+    said to be the lent machine's CPU."""
+    table = platform_host_table(path)
+    table["source"] += "; the lent machine's CPU, not a DGX's"
+    return table
 
 
 def family_runs(path: Path) -> list[MeasuredRun]:

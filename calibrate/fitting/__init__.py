@@ -11,7 +11,8 @@ predictor only loads, validates and predicts (and never imports the regressor li
 
 ``fit_platform(samples_dir, out_dir)`` is ``perf-calibrate fit``.  The platform directory::
 
-    platform.toml          what predictor.platform.load_platform reads
+    platform.toml          what predictor.platform.load_platform reads ([host] from the store's
+                           host.toml, perf-calibrate host, on a GPU)
     compute/               the compute bundle (BundleFitter, kind "compute")
     collectives/           the collective bundle, when collectives were measured
     calibration.toml       provenance and the scores that install/status compare
@@ -40,6 +41,7 @@ from ..env import DeviceSpec, published_spec
 from ..errors import CalibrationError
 from .bundle import (BundleFitter, FitReport, collective_training_rows, convert_bundle,
                      operator_training_rows)
+from .host import HOST_FILE, platform_host_table
 from .libraries import CANDIDATES
 from .ratio import RatioRegressor
 from .report import ValidationReport, held_out_predictions, write_report
@@ -165,6 +167,9 @@ def fit_platform(samples_dir: "str | Path", out_dir: "str | Path", *, name: str 
         if device == "cpu":
             # A CPU "cluster" starts in seconds, not minutes.
             plat["overheads"] = {"startup_seconds": 5.0}
+        host = _host_table(src, meta, device, notes)
+        if host is not None:
+            plat["host"] = host
         if notes:
             plat["notes"] = notes
         write_platform(tmp, plat)
@@ -199,6 +204,25 @@ def fit_platform(samples_dir: "str | Path", out_dir: "str | Path", *, name: str 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return FitResult(out, pname, compute, collectives, report, _count(samples), complete, notes)
+
+
+def _host_table(src: Path, meta: Mapping[str, Any], device: str, notes: list[str]) -> dict[str, Any] | None:
+    """The store's host costs (``perf-calibrate host --out SAMPLES/host.toml``) as the platform's
+    [host] table, or None.  On a CPU the host is the device and the operator samples already hold
+    the dispatch, so there is no host term to add; a GPU store without host.toml gets none either,
+    and its notes say how to add one."""
+    path = src / HOST_FILE
+    if not path.is_file():
+        if device != "cpu":
+            notes.append(f"no {HOST_FILE} in the samples: no host term (perf-calibrate host --device cuda "
+                         f"--out {path} measures one; fit again)")
+        return None
+    if device == "cpu":
+        notes.append(f"{HOST_FILE} not used: on a CPU the operator samples already hold the host's work")
+        return None
+    timing = meta.get("timing", {}) if isinstance(meta.get("timing"), Mapping) else {}
+    # Device-timed samples (perf-calibrate run --timing device) hold no host time to take off.
+    return platform_host_table(path, per_call=timing.get("host", "included") != "excluded")
 
 
 def _describe(meta: Mapping[str, Any], gpu: GpuSpec, gpn: int) -> str:

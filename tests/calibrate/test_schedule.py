@@ -64,6 +64,19 @@ def test_schedule_sizes_writes_and_submits(tmp_path):
     assert text.index(" fit ") < text.index(" install ")
     assert "set -euo pipefail" in text
     assert job.cost.gpu_minutes > 0
+    # The host costs are measured into the store (once: a resumed run keeps them) before the fit,
+    # which carries them into the platform's [host].
+    host_line = next(line for line in text.splitlines() if " host --device cuda" in line)
+    assert host_line.startswith('[ -f "$STAGING/current/host.toml" ] || srun --nodes=1 --ntasks=1 --gpus=1 ')
+    assert "--precision fp16" in host_line and '--out "$STAGING/current/host.toml"' in host_line
+    assert text.index(host_line) < text.index(" fit ")
+    assert subprocess.run(["bash", "-n", str(job.script_path)]).returncode == 0
+
+
+def test_schedule_measures_host_costs_in_a_16_bit_precision(tmp_path):
+    job = schedule(ScheduleRequest(partition="gpu", every="30d", root=str(tmp_path), command="perf-calibrate",
+                                   precisions=("fp8", "bf16")), client=FakeSlurm())
+    assert "host --device cuda --precision bf16" in job.script_path.read_text()
 
 
 def test_time_limit_capped_at_maxtime(tmp_path):
