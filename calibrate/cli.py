@@ -2,6 +2,7 @@
 
     perf-calibrate run --device cpu|cuda --plan NAME --out DIR [--precision fp32] [--budget GPU-MIN]
     perf-calibrate host --device cpu|cuda --out FILE.toml [--precision bf16]
+    perf-calibrate fabric --device cpu|cuda --out FILE.toml [--ranks N] [--entries N,...] [--shapes NxG,...]
     perf-calibrate plan NAME [--device cuda] [--nodes N --gpus-per-node G] [--budget GPU-MIN]
     perf-calibrate fit DIR --out PLATFORM_DIR [--name NAME]
     perf-calibrate import --format estimate-train-time SRC --out DIR
@@ -17,7 +18,7 @@
 Errors a user can cause print one line and exit with code 2 (no traceback); ``harvest --refit``
 exits 1 when a partition's refit failed or perf-predictd missed the reload after one.  ``fit``,
 ``import``, ``install``, ``status``, ``rollback``, ``schedule``, ``validate``, ``harvest``,
-``report`` and ``plan`` never import torch; ``run`` does.
+``report`` and ``plan`` never import torch; ``run``, ``host`` and ``fabric`` do.
 """
 from __future__ import annotations
 
@@ -50,6 +51,31 @@ def _precisions(text: str, allowed: tuple[str, ...] = PRECISIONS) -> tuple[str, 
 def _tensor_precisions(text: str) -> tuple[str, ...]:
     # Host costs are timed on tiny tensors of one dtype: FP8 exists only inside GEMMs.
     return _precisions(text, tuple(p for p in PRECISIONS if p != "fp8"))
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers, comma-separated, got {text!r}") from None
+    if not out or any(v < 1 or v > 1 << 34 for v in out):
+        raise argparse.ArgumentTypeError(f"expected sizes from 1 to 2^34 elements, got {text!r}")
+    return out
+
+
+def _shapes(text: str) -> tuple[tuple[int, int], ...]:
+    out = []
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        try:
+            n, g = (int(v) for v in part.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"shapes are NODESxGPUS (e.g. 4x1,1x4), got {part!r}") from None
+        if n < 1 or g < 1 or n * g < 2:
+            raise argparse.ArgumentTypeError(f"a group of {part!r} has fewer than two ranks")
+        out.append((n, g))
+    if not out:
+        raise argparse.ArgumentTypeError("no shapes given")
+    return tuple(out)
 
 
 def _positive(text: str) -> float:
@@ -104,6 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--out", required=True, help="TOML file to write (e.g. SAMPLES_DIR/host.toml)")
     h.add_argument("--precision", type=_tensor_precisions, default=None,
                    help="precision of the tiny tensors (default: fp32 on cpu, bf16 on cuda)")
+
+    fb = sub.add_parser("fabric", help="time all-reduces on one group alone and beside the allocation's "
+                                       "other groups of its shape (run under srun across nodes)")
+    fb.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    fb.add_argument("--out", required=True, help="TOML file to write (SAMPLES_DIR/fabric.toml: fit reads it)")
+    fb.add_argument("--ranks", type=int, default=0, help="local processes without srun/torchrun "
+                                                        "(default: the local GPUs, 2 on a CPU)")
+    fb.add_argument("--entries", type=_int_list, default=None,
+                    help="all-reduce sizes in elements (default: 2^20, 2^24, 2^26)")
+    fb.add_argument("--shapes", type=_shapes, default=None,
+                    help="group shapes NODESxGPUS, comma-separated (default: whole nodes and one GPU "
+                         "per node over 1, 2, 4 … nodes)")
+    fb.add_argument("--precision", type=_tensor_precisions, default=None,
+                    help="default: fp32 on cpu, bf16 on cuda")
 
     p = sub.add_parser("plan", help="show a plan and its estimated cost (GPU-minutes)")
     p.add_argument("name")
@@ -251,6 +291,32 @@ def cmd_host(args: argparse.Namespace) -> int:
     print(f"{args.out}: host costs of {len(costs.operators)} operators on {costs.device_name}: "
           f"launch {costs.launch_us:.1f} µs, sync {costs.sync_us:.1f} µs, "
           f"device floor {costs.device_floor_us:.1f} µs")
+    return 0
+
+
+def cmd_fabric(args: argparse.Namespace) -> int:
+    try:
+        from .fabric import DEFAULT_ENTRIES, run_fabric
+    except ImportError as exc:
+        raise PerfcastError(f"perf-calibrate fabric needs torch (pip install 'perfcast[calibrate]'): {exc}") from None
+    from predictor.samples import dump_toml
+    if args.ranks < 0 or args.ranks == 1:
+        raise PerfcastError("--ranks: 2 or more local processes (two groups of one rank cannot all-reduce)")
+    rows, doc = run_fabric(args.device, ranks=args.ranks, shapes=args.shapes or (),
+                           entries=args.entries or DEFAULT_ENTRIES,
+                           precision=(args.precision or ("",))[0])
+    if not doc:
+        return 0                     # not rank 0 of an srun allocation
+    if not rows:
+        raise PerfcastError("no group shape has room for two groups in this allocation: nothing measured "
+                            "(more ranks, or --shapes)")
+    Path(args.out).write_text("# Collectives alone and beside each other, by perf-calibrate fabric (µs)\n"
+                              + dump_toml(doc), encoding="utf-8")
+    print(f"{args.out}: {len(rows)} rows")
+    for r in rows:
+        print(f"  {r.group_nodes}x{r.group_gpus_per_node} x {r.groups} groups, {r.entries} entries: "
+              f"alone {r.alone_us:.1f} µs, together {r.concurrent_us:.1f} µs "
+              f"(x{r.concurrent_us / r.alone_us:.2f})")
     return 0
 
 
@@ -458,7 +524,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "host": cmd_host, "plan": cmd_plan, "fit": cmd_fit, "import": cmd_import,
+COMMANDS = {"run": cmd_run, "host": cmd_host, "fabric": cmd_fabric, "plan": cmd_plan, "fit": cmd_fit, "import": cmd_import,
             "install": cmd_install, "schedule": cmd_schedule, "status": cmd_status,
             "rollback": cmd_rollback, "validate": cmd_validate, "harvest": cmd_harvest,
             "report": cmd_report}
@@ -470,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PerfcastError as exc:
         print(f"perf-calibrate: {exc}", file=sys.stderr)
         return 2
-    if args.cmd not in ("run", "host"):
+    if args.cmd not in ("run", "host", "fabric"):
         # xgboost and lightgbm each load an OpenMP runtime; spinning idle threads of one starve
         # the other on a loaded node (a small LightGBM fit goes from 0.03 s to 30 s).  Passive
         # waiting avoids that; it must be set before either library loads.  Not for `run`:

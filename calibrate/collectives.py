@@ -222,8 +222,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _local_worker(rank: int, world: int, port: int, device: str, threads: int,
-                  points: list[CollectivePoint], warmup: int, repeats: int, results) -> None:
+def _points_task(ctx: DistContext, emit: Callable[[object], None] | None, points: list[CollectivePoint],
+                 warmup: int, repeats: int) -> None:
+    run_points(ctx, points, warmup, repeats, (lambda p, us: emit((p, us))) if emit is not None else None)
+
+
+def _local_worker(rank: int, world: int, port: int, device: str, threads: int, task: Callable,
+                  task_args: tuple, results) -> None:
     warnings.filterwarnings("ignore")
     if threads:
         torch.set_num_threads(threads)
@@ -232,22 +237,17 @@ def _local_worker(rank: int, world: int, port: int, device: str, threads: int,
     ctx = DistContext(rank, world, rank, world, 0, 1, device, "nccl" if device == "cuda" else "gloo")
     init_process_group(ctx)
     try:
-        run_points(ctx, points, warmup, repeats,
-                   (lambda p, us: results.put((p, us))) if rank == 0 else None)
+        task(ctx, results.put if rank == 0 else None, *task_args)
         dist.barrier()   # tear down together (see gpt_model._train_worker)
     finally:
         dist.destroy_process_group()
 
 
-def spawn_local(world: int, device: str, points: Sequence[CollectivePoint], *, warmup: int,
-                repeats: int, threads: int = 0,
-                on_result: Callable[[CollectivePoint, float], None] | None = None,
-                timeout_s: float = 3600.0) -> int:
-    """Run ``points`` on ``world`` local processes (one host: groups are 1 × world at most).
-
-    Results stream back to this process as they are measured (``on_result`` is called here, so the
-    caller keeps the sample store and the progress bar).  Returns the number of results.
-    """
+def spawn_ranks(world: int, device: str, task: Callable, task_args: tuple, *, threads: int = 0,
+                on_result: Callable[[object], None] | None = None, timeout_s: float = 3600.0) -> int:
+    """Run ``task(ctx, emit, *task_args)`` on ``world`` local processes (one host); what rank 0
+    emits streams back to ``on_result``, called in this process.  Returns the number of results.
+    ``task`` must be a module-level function (the ranks are spawned)."""
     if world < 2:
         raise CalibrationError("collectives need at least 2 ranks")
     if device == "cuda" and torch.cuda.device_count() < world:
@@ -255,8 +255,7 @@ def spawn_local(world: int, device: str, points: Sequence[CollectivePoint], *, w
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     port = free_port()
-    proc = mp.start_processes(_local_worker, args=(world, port, device, threads, list(points),
-                                                   warmup, repeats, results),
+    proc = mp.start_processes(_local_worker, args=(world, port, device, threads, task, task_args, results),
                               nprocs=world, join=False, start_method="spawn")
     n = 0
     deadline = time.monotonic() + timeout_s
@@ -264,10 +263,10 @@ def spawn_local(world: int, device: str, points: Sequence[CollectivePoint], *, w
     def drain() -> None:
         nonlocal n
         while not results.empty():
-            p, us = results.get()
+            item = results.get()
             n += 1
             if on_result is not None:
-                on_result(p, us)
+                on_result(item)
     try:
         while not proc.join(timeout=0.2):
             drain()
@@ -287,9 +286,23 @@ def spawn_local(world: int, device: str, points: Sequence[CollectivePoint], *, w
     return n
 
 
+def spawn_local(world: int, device: str, points: Sequence[CollectivePoint], *, warmup: int,
+                repeats: int, threads: int = 0,
+                on_result: Callable[[CollectivePoint, float], None] | None = None,
+                timeout_s: float = 3600.0) -> int:
+    """Run ``points`` on ``world`` local processes (one host: groups are 1 × world at most).
+
+    Results stream back to this process as they are measured (``on_result`` is called here, so the
+    caller keeps the sample store and the progress bar).  Returns the number of results.
+    """
+    return spawn_ranks(world, device, _points_task, (list(points), warmup, repeats), threads=threads,
+                       on_result=(lambda item: on_result(*item)) if on_result is not None else None,
+                       timeout_s=timeout_s)
+
+
 def iter_pending(points: Iterable[CollectivePoint], done: Callable[[CollectivePoint], bool]) -> list[CollectivePoint]:
     return [p for p in points if not done(p)]
 
 
 __all__ = ["DistContext", "context_from_env", "init_process_group", "run_points", "agree_on_points",
-           "spawn_local", "measure_point", "free_port", "iter_pending", "cpu_repeats"]
+           "spawn_local", "spawn_ranks", "measure_point", "free_port", "iter_pending", "cpu_repeats"]

@@ -451,6 +451,11 @@ class QuerySet:
             rows.append((entries, nodes, gpn))
         if measured:
             self._measured_collectives(measured, rows, secs, rel, extra)
+        if between_nodes and plat.fabric is not None:
+            # [fabric] (perf-calibrate fabric): calibration timed each collective on one group with
+            # the fabric to itself; in a job the other groups of its layout run theirs over the same
+            # adapters and switches at the same time.
+            secs[np.asarray(between_nodes)] *= plat.fabric.between_nodes_slowdown
         if between_nodes and plat.fitted is not None and plat.fitted.network_scale != 1.0:
             # [fitted] network scale (perf-calibrate validate --fit): the fabric under a whole job
             # against the collectives calibration timed alone; communication inside a node keeps

@@ -39,6 +39,37 @@ class Links:
                    source=str(d.get("source", "spec")))
 
 
+# A slowdown past this is a mis-measurement (a failing link, a unit mistake), not sharing.
+MAX_FABRIC_SLOWDOWN = 10.0
+
+
+@dataclass(frozen=True)
+class FabricSharing:
+    """``[fabric]``: how much longer a collective between nodes takes beside the job's other groups
+    than alone, as calibration times it (``perf-calibrate fabric``: the median over group shapes,
+    at the largest messages, of concurrent / alone)."""
+
+    between_nodes_slowdown: float
+    source: str = ""
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str) -> "FabricSharing":
+        from .errors import BundleError
+        if not isinstance(d, Mapping):
+            raise BundleError(f"{where}: [fabric] must be a table")
+        unknown = sorted(set(d) - {"between_nodes_slowdown", "source"})
+        if unknown:
+            raise BundleError(f"{where}: unknown [fabric] keys {unknown} (known: between_nodes_slowdown, source)")
+        v = d.get("between_nodes_slowdown")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1.0 <= v <= MAX_FABRIC_SLOWDOWN:
+            raise BundleError(f"{where}: fabric.between_nodes_slowdown must be a number in "
+                              f"[1, {MAX_FABRIC_SLOWDOWN:g}], got {v!r}")
+        source = d.get("source", "")
+        if not isinstance(source, str):
+            raise BundleError(f"{where}: fabric.source must be a string")
+        return cls(float(v), source)
+
+
 def _traffic(kind: str, entries: np.ndarray, n: np.ndarray, bytes_per_entry: float) -> tuple[np.ndarray, np.ndarray]:
     """Bytes each rank sends and the number of latency-bound steps, per ring algorithm."""
     size = entries * bytes_per_entry

@@ -13,7 +13,9 @@ reuses the A100 bundle measured on Perlmutter.  A platform directory::
                       :mod:`predictor.host`), and ``[[validation]]``: measured end-to-end runs
                       with what this platform predicted for them (see :mod:`predictor.validation`),
                       and an optional ``[fitted]``: end-to-end scales fitted on those runs
-                      (``perf-calibrate validate --fit``, :class:`FittedTerms`)
+                      (``perf-calibrate validate --fit``, :class:`FittedTerms`), and an
+                      optional ``[fabric]``: collectives between nodes timed beside each other
+                      (``perf-calibrate fabric``, :class:`predictor.network.FabricSharing`)
 
 Lookup order for a name: a path to such a directory; ``$PERFCAST_PLATFORMS`` (colon-separated
 roots); ``/var/lib/perfcast/platforms`` (what ``perf-calibrate schedule`` installs, as
@@ -31,7 +33,7 @@ from typing import Any, Optional
 from .bundle import Bundle, check_manifest_pin, load_bundle
 from .errors import BundleError, PlatformNotFound, RunRecordError
 from .host import HostCosts
-from .network import Links
+from .network import FabricSharing, Links
 from .operators import GpuSpec
 from .validation import MeasuredRun, parse_runs
 
@@ -244,6 +246,7 @@ class Platform:
     validation: list[MeasuredRun] = field(default_factory=list)
     host: Optional[HostCosts] = None     # None: no host term (device time alone)
     fitted: Optional[FittedTerms] = None   # [fitted] scales (None: none fitted)
+    fabric: Optional[FabricSharing] = None  # [fabric]: collectives between nodes beside each other
 
     @property
     def gpu_memory_gib(self) -> float:
@@ -453,6 +456,7 @@ def _load(d: Path, reload: bool = False) -> Platform:
         over = Overheads(**raw.get("overheads", {}))
         host = HostCosts.from_dict(raw["host"], str(fpath)) if "host" in raw else None
         fitted = FittedTerms.from_dict(raw["fitted"], str(fpath)) if "fitted" in raw else None
+        fabric = FabricSharing.from_dict(raw["fabric"], str(fpath)) if "fabric" in raw else None
         try:
             runs = parse_runs(raw.get("validation"), f"{fpath}: validation", need_prediction=True)
         except RunRecordError as exc:
@@ -461,7 +465,8 @@ def _load(d: Path, reload: bool = False) -> Platform:
                         calibrated=bool(raw.get("calibrated", False)),
                         gpus_per_node=int(raw["gpus_per_node"]), gpu=gpu, compute=compute,
                         links=links, collectives=collectives, overheads=over, path=d,
-                        notes=list(raw.get("notes", [])), validation=runs, host=host, fitted=fitted)
+                        notes=list(raw.get("notes", [])), validation=runs, host=host, fitted=fitted,
+                        fabric=fabric)
     except BundleError:
         raise
     except (KeyError, TypeError, ValueError) as exc:

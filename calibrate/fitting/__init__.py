@@ -12,7 +12,8 @@ predictor only loads, validates and predicts (and never imports the regressor li
 ``fit_platform(samples_dir, out_dir)`` is ``perf-calibrate fit``.  The platform directory::
 
     platform.toml          what predictor.platform.load_platform reads ([host] from the store's
-                           host.toml, perf-calibrate host, on a GPU)
+                           host.toml, perf-calibrate host, on a GPU; [fabric] from its
+                           fabric.toml, perf-calibrate fabric)
     compute/               the compute bundle (BundleFitter, kind "compute")
     collectives/           the collective bundle, when collectives were measured
     calibration.toml       provenance and the scores that install/status compare
@@ -41,6 +42,7 @@ from ..env import DeviceSpec, published_spec
 from ..errors import CalibrationError
 from .bundle import (BundleFitter, FitReport, collective_training_rows, convert_bundle,
                      operator_training_rows)
+from .fabric import FABRIC_FILE, platform_fabric_table
 from .host import HOST_FILE, platform_host_table
 from .libraries import CANDIDATES
 from .ratio import RatioRegressor
@@ -170,6 +172,12 @@ def fit_platform(samples_dir: "str | Path", out_dir: "str | Path", *, name: str 
         host = _host_table(src, meta, device, notes)
         if host is not None:
             plat["host"] = host
+        if (src / FABRIC_FILE).is_file():
+            fabric = platform_fabric_table(src / FABRIC_FILE)
+            if fabric is not None:
+                plat["fabric"] = fabric
+            else:
+                notes.append(f"{FABRIC_FILE} holds no groups between nodes: no [fabric]")
         if notes:
             plat["notes"] = notes
         write_platform(tmp, plat)
