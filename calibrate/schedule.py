@@ -159,9 +159,19 @@ def render_script(req: ScheduleRequest, alloc: Allocation, time_limit: int, scri
         f'srun --nodes=1 --ntasks=1 --gpus={alloc.gpus_per_node} {cmd} run --device cuda {plan_args} '
         f'--ranks {alloc.gpus_per_node} --out "$STAGING/current" --part operators',
         f'srun {cmd} run --device cuda {plan_args} --out "$STAGING/current" --part collectives',
+    ]
+    if alloc.nodes >= 2:
+        lines += [
+            "# Collectives beside each other across the nodes (fit: [fabric]); kept when resumed.",
+            f'[ -f "$STAGING/current/fabric.toml" ] || srun {cmd} fabric --device cuda '
+            f'--precision {q(host_precision)} --out "$STAGING/current/fabric.toml" '
+            '|| echo "perfcast: fabric not measured; the platform gets no [fabric]" >&2',
+        ]
+    lines += [
         "# Host issue costs (fit carries them into the platform's [host]); kept when resumed.",
         f'[ -f "$STAGING/current/host.toml" ] || srun --nodes=1 --ntasks=1 --gpus=1 {cmd} host --device cuda '
-        f'--precision {q(host_precision)} --out "$STAGING/current/host.toml"',
+        f'--precision {q(host_precision)} --out "$STAGING/current/host.toml" '
+        '|| echo "perfcast: host costs not measured; the platform gets no host term" >&2',
         '# Done measuring: set the store aside so the next run starts fresh.',
         'DONE="$STAGING/job-$SLURM_JOB_ID"',
         'mv "$STAGING/current" "$DONE/samples" 2>/dev/null || { mkdir -p "$DONE"; mv "$STAGING/current" "$DONE/samples"; }',

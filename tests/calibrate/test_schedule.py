@@ -70,7 +70,21 @@ def test_schedule_sizes_writes_and_submits(tmp_path):
     assert host_line.startswith('[ -f "$STAGING/current/host.toml" ] || srun --nodes=1 --ntasks=1 --gpus=1 ')
     assert "--precision fp16" in host_line and '--out "$STAGING/current/host.toml"' in host_line
     assert text.index(host_line) < text.index(" fit ")
+    # Across the job's nodes, the collectives beside each other too ([fabric]); neither
+    # measurement failing stops the calibration (set -e): the platform is fitted without it.
+    fabric_line = next(line for line in text.splitlines() if " fabric --device cuda" in line)
+    assert fabric_line.startswith('[ -f "$STAGING/current/fabric.toml" ] || srun perf-calibrate fabric ')
+    assert text.index(fabric_line) < text.index(" fit ")
+    assert all(line.rstrip().endswith(">&2") and " || echo " in line for line in (host_line, fabric_line))
     assert subprocess.run(["bash", "-n", str(job.script_path)]).returncode == 0
+
+
+def test_one_node_schedules_no_fabric_measurement(tmp_path):
+    job = schedule(ScheduleRequest(partition="gpu", every="30d", root=str(tmp_path), command="perf-calibrate"),
+                   client=FakeSlurm(FakePartition(nodes=1)))
+    assert job.nodes == 1
+    text = job.script_path.read_text()
+    assert " fabric " not in text and " host --device cuda" in text
 
 
 def test_schedule_measures_host_costs_in_a_16_bit_precision(tmp_path):
