@@ -433,7 +433,7 @@ def job_named(name: str) -> "dict | None":
 def parts(args) -> int:
     import torch.multiprocessing as mp
 
-    from calibrate.collectives import free_port
+    from calibrate.collectives import free_port, spawn_until_result
     from predictor import TrainingJob, predict
 
     j = job_named(args.parts)
@@ -447,7 +447,7 @@ def parts(args) -> int:
     if world == 1:
         _parts_worker(0, *a)
     else:
-        mp.start_processes(_parts_worker, args=a, nprocs=world, join=True, start_method="spawn")
+        spawn_until_result(_parts_worker, a, world, results, timeout_s=900.0, what="training rank")
     every, iso = results.get()
     rows = every[0]
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}

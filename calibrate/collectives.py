@@ -286,6 +286,31 @@ def spawn_ranks(world: int, device: str, task: Callable, task_args: tuple, *, th
     return n
 
 
+def spawn_until_result(worker: Callable, args: tuple, world: int, results, *, timeout_s: float,
+                       what: str = "rank") -> None:
+    """Run ``worker(rank, *args)`` on ``world`` spawned processes until they end; ``results`` is the
+    queue rank 0 puts its result on once every rank has finished measuring.  gloo's teardown can
+    abort a rank after that ("terminate called without an active exception", about one run in ten
+    on two ranks here, with or without destroy_process_group): a rank that dies once the result is
+    on the queue has lost nothing, so that is a warning; before it, a CalibrationError."""
+    proc = mp.start_processes(worker, args=args, nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not proc.join(timeout=0.5):
+            if time.monotonic() > deadline:
+                raise CalibrationError(f"{what}s did not finish within {timeout_s:.0f} s")
+    except mp.ProcessRaisedException as exc:
+        raise CalibrationError(f"a {what} failed: {str(exc).strip().splitlines()[-1]}") from None
+    except mp.ProcessExitedException as exc:
+        if results.empty():
+            raise CalibrationError(f"a {what} died: {exc}") from None
+        log.warning("a %s died after the measurement was complete (%s); result kept", what, exc)
+    finally:
+        for p in proc.processes:
+            if p.is_alive():
+                p.terminate()
+
+
 def spawn_local(world: int, device: str, points: Sequence[CollectivePoint], *, warmup: int,
                 repeats: int, threads: int = 0,
                 on_result: Callable[[CollectivePoint, float], None] | None = None,
@@ -305,4 +330,4 @@ def iter_pending(points: Iterable[CollectivePoint], done: Callable[[CollectivePo
 
 
 __all__ = ["DistContext", "context_from_env", "init_process_group", "run_points", "agree_on_points",
-           "spawn_local", "spawn_ranks", "measure_point", "free_port", "iter_pending", "cpu_repeats"]
+           "spawn_local", "spawn_ranks", "spawn_until_result", "measure_point", "free_port", "iter_pending", "cpu_repeats"]

@@ -15,7 +15,6 @@ full recomputation (each layer checkpointed, its forward run again in the backwa
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -32,11 +31,9 @@ from predictor.recipe import linear_bias, mlp_up_width, vocab_per_rank
 from predictor.job import TrainingJob
 
 from . import kernels as K
-from .collectives import free_port
+from .collectives import free_port, spawn_until_result
 from .errors import CalibrationError
 from .timing import robust_seconds, synchronize
-
-log = logging.getLogger(__name__)
 
 
 def check_supported(job: TrainingJob, recompute: tuple[str, ...] = ("none",)) -> None:
@@ -328,23 +325,7 @@ def measure_training(job: TrainingJob, *, device: str = "cpu", steps: int = 8, w
     if world == 1:
         _train_worker(0, *args)
     else:
-        proc = mp.start_processes(_train_worker, args=args, nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not proc.join(timeout=0.5):
-                if time.monotonic() > deadline:
-                    raise CalibrationError(f"training ranks did not finish within {timeout_s:.0f} s")
-        except mp.ProcessRaisedException as exc:
-            raise CalibrationError(f"a training rank failed: {str(exc).strip().splitlines()[-1]}") from None
-        except mp.ProcessExitedException as exc:
-            # Rank 0 sends the result only after every rank has measured every step; a rank that
-            # dies after that (in gloo's teardown) has lost nothing.
-            if results.empty():
-                raise CalibrationError(f"a training rank died: {exc}") from None
-            log.warning("a training rank died after the measurement was complete (%s); result kept", exc)
-        finally:
-            for p in proc.processes:
-                if p.is_alive():
-                    p.terminate()
+        # Rank 0 sends the result only after every rank has measured every step.
+        spawn_until_result(_train_worker, args, world, results, timeout_s=timeout_s, what="training rank")
     times, numel = results.get()
     return TrainMeasurement(robust_seconds(times, device), times, world, int(numel), threads, device)

@@ -79,13 +79,12 @@ def test_parts_worker_separates_waiting_from_the_collectives():
 def test_parts_with_two_gloo_ranks_reports_every_rank(tmp_path):
     import torch.multiprocessing as mp
 
-    from calibrate.collectives import free_port
+    from calibrate.collectives import free_port, spawn_until_result
 
     b = _bench()
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    mp.start_processes(b._parts_worker, args=(2, free_port(), _tiny(2), 1, 2, 1, q, False), nprocs=2,
-                       join=True, start_method="spawn")
+    spawn_until_result(b._parts_worker, (2, free_port(), _tiny(2), 1, 2, 1, q, False), 2, q, timeout_s=300.0)
     every, _ = q.get()
     assert len(every) == 2 and all(len(rows) == 2 for rows in every)
     for rows in every:
