@@ -55,7 +55,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
-from calibrate.collectives import free_port  # noqa: E402
+from calibrate.collectives import free_port, spawn_until_result  # noqa: E402
 
 HIDDEN, TOKENS = 64, 32
 LAYERS = (1, 2, 4)
@@ -197,8 +197,8 @@ def measure(mode: str, layers: int, m: int, steps: int, warmup: int) -> tuple[fl
     world = 2 if mode == "pipe2" else 1
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(world, free_port(), mode, layers, m, steps, warmup, results),
-                       nprocs=world, join=True, start_method="spawn")
+    spawn_until_result(_worker, (world, free_port(), mode, layers, m, steps, warmup, results), world, results,
+                       timeout_s=600.0, what="rank")
     ds_ms, plain_ms = results.get()
     return ds_ms, plain_ms
 

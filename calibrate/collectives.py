@@ -227,6 +227,10 @@ def _points_task(ctx: DistContext, emit: Callable[[object], None] | None, points
     run_points(ctx, points, warmup, repeats, (lambda p, us: emit((p, us))) if emit is not None else None)
 
 
+# What rank 0 puts on the results queue once every rank has finished its task.
+_DONE = "perfcast: every rank done"
+
+
 def _local_worker(rank: int, world: int, port: int, device: str, threads: int, task: Callable,
                   task_args: tuple, results) -> None:
     warnings.filterwarnings("ignore")
@@ -239,6 +243,8 @@ def _local_worker(rank: int, world: int, port: int, device: str, threads: int, t
     try:
         task(ctx, results.put if rank == 0 else None, *task_args)
         dist.barrier()   # tear down together (see gpt_model._train_worker)
+        if rank == 0:
+            results.put(_DONE)      # every rank is done: a death in teardown loses nothing
     finally:
         dist.destroy_process_group()
 
@@ -258,12 +264,16 @@ def spawn_ranks(world: int, device: str, task: Callable, task_args: tuple, *, th
     proc = mp.start_processes(_local_worker, args=(world, port, device, threads, task, task_args, results),
                               nprocs=world, join=False, start_method="spawn")
     n = 0
+    done = False
     deadline = time.monotonic() + timeout_s
 
     def drain() -> None:
-        nonlocal n
+        nonlocal n, done
         while not results.empty():
             item = results.get()
+            if isinstance(item, str) and item == _DONE:
+                done = True
+                continue
             n += 1
             if on_result is not None:
                 on_result(item)
@@ -277,7 +287,10 @@ def spawn_ranks(world: int, device: str, task: Callable, task_args: tuple, *, th
         raise CalibrationError(f"a collective rank failed: {str(exc).strip().splitlines()[-1]}") from None
     except mp.ProcessExitedException as exc:
         drain()
-        raise CalibrationError(f"a collective rank died: {exc}") from None
+        if not done:
+            raise CalibrationError(f"a collective rank died: {exc}") from None
+        # gloo's teardown (see spawn_until_result): every rank had finished.
+        log.warning("a collective rank died in its teardown, after every rank had finished (%s)", exc)
     finally:
         for p in proc.processes:
             if p.is_alive():
