@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 86400}
 FIT_MINUTES = 15          # fitting + install after the measurements (regressors on the CPUs)
+HOST_FABRIC_MINUTES = 5   # perf-calibrate host and fabric: a few hundred small timed calls each
 SAFETY = 1.5              # the estimate is rough; a time-limit kill only costs a resume, but still
 MIN_MINUTES = 20
 
@@ -264,7 +265,7 @@ def schedule(req: ScheduleRequest, client: SlurmLike | None = None,
     plan = make_plan(req.plan, device="cuda", precisions=req.precisions, allocation=alloc,
                      memory_gib=memory, budget_gpu_minutes=budget, spec=spec)
     cost = estimate_cost(plan, spec, "cuda")
-    limit = int(math.ceil(cost.wall_minutes * SAFETY + FIT_MINUTES))
+    limit = int(math.ceil(cost.wall_minutes * SAFETY + HOST_FABRIC_MINUTES + FIT_MINUTES))
     limit = max(limit, MIN_MINUTES)
     if max_time is not None and limit > max_time:
         notes.append(f"estimated {limit} min exceeds MaxTime {max_time} min: the job may be killed "
