@@ -5,6 +5,7 @@ needs a store or a platform shares these; tests that modify one work on a copy.
 """
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,17 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from calibrate.runner import RunOptions, run_calibration  # noqa: E402
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def benchmark_module(name: str):
+    """A script of benchmarks/ imported by name from a path that spawned ranks also get
+    (multiprocessing passes sys.path on), so that its workers pickle by reference."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module(name)
+
 
 # LightGBM only: the library choice is calibrate.fitting's business and tested there; here it
 # keeps the fit to seconds on a 2-core CI machine.

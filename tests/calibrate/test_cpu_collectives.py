@@ -5,11 +5,8 @@ measuring paths run.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import queue
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,15 +14,11 @@ torch = pytest.importorskip("torch")
 
 from predictor import TrainingJob  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import benchmark_module  # noqa: E402
 
 
 def _bench():
-    # Imported by name from a path spawned ranks also get (multiprocessing passes sys.path on), so
-    # that its workers pickle by reference.
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module("bench_cpu_family")
+    return benchmark_module("bench_cpu_family")
 
 
 def _tiny(dp: int = 1) -> dict:

@@ -4,10 +4,7 @@ Nothing here depends on how fast the machine is: only shapes, gradients and file
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,15 +12,11 @@ torch = pytest.importorskip("torch")
 
 from predictor import TrainingJob  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import benchmark_module  # noqa: E402
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_cpu_family", ROOT / "benchmarks" / "bench_cpu_family.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_cpu_family", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module("bench_cpu_family")
 
 
 def _tiny(recompute: str) -> TrainingJob:

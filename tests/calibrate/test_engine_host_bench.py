@@ -5,24 +5,17 @@ committed measurements into the shipped [host.engines] tables.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import benchmark_module  # noqa: E402
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_engine_host", ROOT / "benchmarks" / "bench_engine_host.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_engine_host", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module("bench_engine_host")
 
 
 def _rows(step, micro_batch, layer, noise=None):

@@ -20,6 +20,7 @@ from calibrate.fabric import default_shapes, tiles  # noqa: E402
 from calibrate.fitting.fabric import platform_fabric_table  # noqa: E402
 from predictor import BundleError, load_platform, predict  # noqa: E402
 from predictor.samples import dump_toml  # noqa: E402
+from tests.predictor.conftest import copy_shipped_platform, make_job  # noqa: E402
 
 from .test_fit_host_table import _fit, _gpu_store  # noqa: E402
 
@@ -115,21 +116,10 @@ def test_fit_carries_fabric_into_the_platform(tmp_path):
 
 
 def _platform_with_fabric(tmp_path, name, fabric):
-    from predictor.platform import resolve_platform, write_platform
-    src = resolve_platform(name)
-    raw = tomllib.loads((src / "platform.toml").read_text(encoding="utf-8"))
-    raw["compute_bundle"] = str((src / raw["compute_bundle"]).resolve())
-    if raw.get("collective_bundle"):
-        raw["collective_bundle"] = str((src / raw["collective_bundle"]).resolve())
-    raw.pop("fabric", None)
-    if fabric is not None:
-        raw["fabric"] = fabric
-    write_platform(tmp_path / name, raw)
-    return load_platform(tmp_path / name, reload=True)
+    return load_platform(copy_shipped_platform(tmp_path, name, fabric=fabric), reload=True)
 
 
 def test_collectives_between_nodes_take_the_fabric_slowdown(tmp_path):
-    from tests.predictor.conftest import make_job
     plain = _platform_with_fabric(tmp_path / "a", "vista-gh200", None)
     shared = _platform_with_fabric(tmp_path / "b", "vista-gh200", {"between_nodes_slowdown": 1.5, "source": "test"})
     job = make_job(pp=4, tp=4, dp=8)             # Vista: one GPU per node, every group between nodes

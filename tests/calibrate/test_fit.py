@@ -16,8 +16,9 @@ from calibrate.validate import fit_terms, load_runs
 from predictor import TrainingJob, load_platform
 from predictor.errors import BundleError
 from predictor.estimate import predict, predict_many
-from predictor.platform import FittedTerms, resolve_platform, write_platform
+from predictor.platform import FittedTerms
 from predictor.samples import dump_toml
+from tests.predictor.conftest import copy_shipped_platform
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,16 +27,8 @@ else:  # pragma: no cover
 
 
 def _copy(tmp_path, name, **changes):
-    """A shipped platform's platform.toml in tmp_path (bundle paths made absolute), as a directory."""
-    src = resolve_platform(name)
-    raw = tomllib.loads((src / "platform.toml").read_text(encoding="utf-8"))
-    raw["compute_bundle"] = str((src / raw["compute_bundle"]).resolve())
-    if raw.get("collective_bundle"):
-        raw["collective_bundle"] = str((src / raw["collective_bundle"]).resolve())
-    raw.pop("validation", None)
-    raw.update(changes)
-    write_platform(tmp_path / name, raw)
-    return tmp_path / name
+    """A shipped platform's platform.toml in tmp_path without its recorded runs, as a directory."""
+    return copy_shipped_platform(tmp_path, name, validation=None, **changes)
 
 
 def _job(layers=8, hidden=4096, heads=32, seq=2048, pp=1, tp=1, dp=1, mb=2, mbs=8, recompute="full", **model):

@@ -1,6 +1,15 @@
+import sys
+from pathlib import Path
+
 import pytest
 
 from predictor import TrainingJob, load_platform
+from predictor.platform import resolve_platform, write_platform
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 GPT20B = {"layers": 44, "hidden": 6144, "heads": 64, "seq_len": 2048, "parallel_residual": True,
           "attention": "fused_softmax", "norm": "layernorm", "activation": "gelu"}
@@ -12,6 +21,23 @@ def make_job(model=None, **layout):
     lay.update(layout)
     return TrainingJob.from_dict({"model": dict(model or GPT20B), "layout": lay,
                                   "run": {"train_iters": 100}})
+
+
+def copy_shipped_platform(dest: Path, name: str, **changes) -> Path:
+    """A shipped platform's platform.toml written into ``dest``/``name`` with its bundle paths made
+    absolute, each of ``changes`` set as a top-level key (None removes it); returns the directory."""
+    src = resolve_platform(name)
+    raw = tomllib.loads((src / "platform.toml").read_text(encoding="utf-8"))
+    raw["compute_bundle"] = str((src / raw["compute_bundle"]).resolve())
+    if raw.get("collective_bundle"):
+        raw["collective_bundle"] = str((src / raw["collective_bundle"]).resolve())
+    for key, value in changes.items():
+        if value is None:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    write_platform(dest / name, raw)
+    return dest / name
 
 
 @pytest.fixture(scope="session")

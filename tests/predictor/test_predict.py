@@ -6,7 +6,7 @@ import pytest
 from predictor import BundleError, load_platform, predict, predict_many
 from predictor.recipe import stage_layers
 
-from .conftest import GPT20B, make_job
+from .conftest import GPT20B, copy_shipped_platform, make_job
 
 
 def test_prediction_shape_and_json(perlmutter):
@@ -141,20 +141,8 @@ def test_roofline_scaling_beyond_samples(perlmutter):
 
 
 def _platform_copy(tmp_path, name, **changes):
-    """A shipped platform's platform.toml, changed, in tmp_path (bundle paths made absolute)."""
-    import tomllib
-
-    from predictor.platform import resolve_platform, write_platform
-    src = resolve_platform(name)
-    raw = tomllib.loads((src / "platform.toml").read_text(encoding="utf-8"))
-    raw["compute_bundle"] = str((src / raw["compute_bundle"]).resolve())
-    for key, value in changes.items():
-        if value is None:
-            raw.pop(key, None)
-        else:
-            raw[key] = value
-    write_platform(tmp_path / name, raw)
-    return load_platform(tmp_path / name)
+    """A shipped platform, changed, loaded from tmp_path."""
+    return load_platform(copy_shipped_platform(tmp_path, name, **changes))
 
 
 def test_uncalibrated_platform_warns(tmp_path):
