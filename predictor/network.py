@@ -12,6 +12,8 @@ from typing import Mapping
 
 import numpy as np
 
+from .errors import BundleError
+
 
 @dataclass(frozen=True)
 class Links:
@@ -54,7 +56,6 @@ class FabricSharing:
 
     @classmethod
     def from_dict(cls, d: Mapping, where: str) -> "FabricSharing":
-        from .errors import BundleError
         if not isinstance(d, Mapping):
             raise BundleError(f"{where}: [fabric] must be a table")
         unknown = sorted(set(d) - {"between_nodes_slowdown", "source"})
