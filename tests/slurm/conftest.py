@@ -4,7 +4,8 @@ Skips only when slurmctld is not installed (or we are not root); with CI=true it
 The cluster has real accounting (slurmdbd + a private MariaDB) unless PERFCAST_DEV_NO_ACCOUNTING=1;
 tests that need ``sacct`` take the ``accounting`` fixture, which skips without it (fails under
 CI=true, where up.sh refuses to run without accounting anyway).
-Its own base dir (.dev-cluster/pytest) and a free port keep it apart from a developer's cluster.
+Its own base dir (.dev-cluster/pytest, or PERFCAST_TEST_DEV_BASE) and a free port (or
+PERFCAST_TEST_DEV_PORT) keep it apart from a developer's cluster and from other test runs.
 PERFCAST_TEST_FAKE_PREDICTOR=1 serves the daemon with tests/daemon/fakes.py backends instead of
 the real predictor and parser (for working on the Slurm side alone).
 """
@@ -145,9 +146,11 @@ def cluster():
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true but the Slurm tests cannot run: {why}")
         pytest.skip(why)
-    base = REPO / ".dev-cluster" / "pytest"
+    # Several checkouts' (or agents') test runs on one machine each take their own base and ports.
+    base = Path(os.environ.get("PERFCAST_TEST_DEV_BASE") or REPO / ".dev-cluster" / "pytest")
+    port = os.environ.get("PERFCAST_TEST_DEV_PORT") or str(_free_ports())
     fake = os.environ.get("PERFCAST_TEST_FAKE_PREDICTOR") == "1"
-    env = {**os.environ, "PERFCAST_DEV_BASE": str(base), "PERFCAST_DEV_PORT": str(_free_ports()),
+    env = {**os.environ, "PERFCAST_DEV_BASE": str(base), "PERFCAST_DEV_PORT": port,
            "PERFCAST_PYTHON": sys.executable}
     if fake:
         env["PERFCAST_DEV_NO_DAEMON"] = "1"
