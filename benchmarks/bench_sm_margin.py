@@ -17,6 +17,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +76,10 @@ def main() -> int:
     if all(abs(row["ratio"][str(g)] - 1.0) < 0.01 for row in rows for g in MARGINS):
         print("every ratio is within 1 % of 1: this PyTorch build's carve-out did not reach these GEMMs")
     if args.json:
-        args.json.write_text(json.dumps({"sms": sms, "rows": rows}, indent=1))
+        # Provenance in the file itself: which GPU, when, on which software.
+        provenance = {"device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      "torch": torch.__version__, "cuda": torch.version.cuda}
+        args.json.write_text(json.dumps({**provenance, "sms": sms, "rows": rows}, indent=1))
     return 0
 
 
