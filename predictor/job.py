@@ -43,6 +43,12 @@ else:  # pragma: no cover - exercised on older Pythons only
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu")
 ATTENTIONS = ("fused_softmax", "flash", "unfused")
+#: The kernel that runs fused (``model.attention = "flash"``) attention ("" = the framework's
+#: default, predictor.recipe.attention_implementation): cuDNN's fused attention (Transformer
+#: Engine, PyTorch SDPA's cuDNN backend), FlashAttention-2 / -3 (the flash_attn package), a Triton
+#: kernel (llm-foundry's attn_impl "triton"), PyTorch SDPA's flash (its FlashAttention-2 copy) and
+#: memory-efficient backends, and SDPA's math fallback (the unfused computation, scores in memory).
+ATTENTION_IMPLS = ("", "cudnn", "flash2", "flash3", "triton", "sdpa_flash", "sdpa_efficient", "math")
 POS_EMBS = ("rotary", "learned", "alibi", "none")
 RECOMPUTES = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp32")
@@ -93,6 +99,7 @@ class ModelSpec:
     norm: str = "layernorm"
     activation: str = "gelu"
     attention: str = "fused_softmax"
+    attention_impl: str = ""   # ATTENTION_IMPLS: the fused attention's kernel; "" = the framework's
     pos_emb: str = "rotary"
     parallel_residual: bool = False
     tied_embeddings: bool = True
@@ -181,6 +188,7 @@ class ClusterSpec:
 _SECTIONS: dict[str, type] = {"model": ModelSpec, "layout": Layout, "run": RunSpec, "cluster": ClusterSpec}
 _CHOICES = {
     "model.norm": NORMS, "model.activation": ACTIVATIONS, "model.attention": ATTENTIONS,
+    "model.attention_impl": ATTENTION_IMPLS,
     "model.pos_emb": POS_EMBS, "layout.recompute": RECOMPUTES, "run.precision": PRECISIONS,
     "layout.pipe_split": PIPE_SPLITS, "run.framework": FRAMEWORKS, "run.fp8": FP8_RECIPES,
     "run.grad_reduce_precision": GRAD_PRECISIONS,
@@ -232,6 +240,11 @@ class TrainingJob:
             # A job that names a Megatron-core framework and no split rule gets that framework's
             # rule, as a launch read from its command line would; "neox" is the default otherwise.
             parts["layout"] = dataclasses.replace(parts.get("layout", Layout()), pipe_split="megatron")
+        model = parts.get("model")
+        if model is not None and model.attention_impl and "attention" not in data.get("model", {}):
+            # Naming an attention kernel says the attention is fused: a job file (or a launch
+            # reader) that gives only the kernel needs no model.attention = "flash" beside it.
+            parts["model"] = dataclasses.replace(model, attention="flash")
         if "model" not in parts:
             missing = sorted(_REQUIRED)
             raise JobError(missing[0], "required key is missing (the [model] section is absent)", source)
@@ -411,6 +424,10 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
                        f"ZeRO stage {lay.zero_stage} cannot be combined with pipeline parallelism (pp={lay.pp}); "
                        "DeepSpeed supports only stages 0 and 1 with pp > 1 (TorchTitan's FSDP2 does: "
                   "run.framework = \"torchtitan\")")
+    if m.attention_impl and m.attention != "flash":
+        raise JobError("model.attention_impl",
+                       f"names the kernel of fused attention ({m.attention_impl!r}); model.attention is "
+                       f"{m.attention!r}, not \"flash\" (leave attention_impl empty, or set attention = \"flash\")")
     if lay.overlap_grad_reduce or lay.overlap_param_gather:
         _check_overlaps(lay, framework)
     if lay.tp_comm_overlap:

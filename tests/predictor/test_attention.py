@@ -1,0 +1,65 @@
+"""model.attention_impl: the key, its defaults per framework, and the kernel ratios."""
+from __future__ import annotations
+
+import pytest
+
+from predictor import attention
+from predictor.errors import JobError
+from predictor.job import TrainingJob
+
+MODEL = {"layers": 2, "hidden": 1024, "heads": 8, "seq_len": 4096}
+
+
+def _job(**model) -> TrainingJob:
+    return TrainingJob.from_dict({"model": {**MODEL, **model}}, source="job.toml")
+
+
+def test_key_implies_fused_attention_and_is_validated():
+    assert _job(attention_impl="Triton").model.attention == "flash"
+    assert _job(attention_impl="triton").model.attention_impl == "triton"
+    assert _job().model.attention_impl == ""
+    with pytest.raises(JobError, match="model.attention_impl.*'flash4' is not one of.*did you mean 'flash3'"):
+        _job(attention_impl="flash4")
+    with pytest.raises(JobError, match=r"model.attention_impl: names the kernel of fused attention"):
+        _job(attention="fused_softmax", attention_impl="cudnn")
+    # The resolved job names it (the JSON answer's "job").
+    assert _job(attention_impl="cudnn").to_dict()["model"]["attention_impl"] == "cudnn"
+
+
+@pytest.mark.parametrize("framework, hopper, expected", [
+    ("megatron", True, "cudnn"), ("nemo", False, "flash2"), ("neox", True, "flash2"),
+    ("megatron-deepspeed", False, "flash2"), ("torchtitan", True, "sdpa_flash"), ("", True, "")])
+def test_default_per_framework(framework, hopper, expected):
+    assert attention.default_impl(framework, hopper) == expected
+
+
+def test_shipped_bundles_say_what_they_timed():
+    assert attention.measured_impl("h100-80gb-hbm3", {}) == attention.Measured("cudnn", True)
+    assert attention.measured_impl("a100-sxm4-80gb", {}) == attention.Measured("flash2", False)
+    # A calibrated store's own record wins over the table.
+    assert attention.measured_impl("a100-sxm4-80gb", {"flash_atten_impl": "cudnn"}).impl == "cudnn"
+    assert attention.measured_impl("site-gpu", {}) is None
+
+
+def test_relative_seconds_follow_the_kernel_figures():
+    cudnn = attention.Measured("cudnn", True)
+    # FlashAttention-2 runs ~1.6x as long as cuDNN on Hopper at training lengths; FA3 less.
+    for seq in (2048, 8192, 32768):
+        r2 = attention.relative_seconds("flash2", cudnn, "fwd", seq, hopper=True)
+        r3 = attention.relative_seconds("flash3", cudnn, "fwd", seq, hopper=True)
+        assert 1.5 < r2.ratio < 1.7 and r2.figure and not r2.note
+        assert 0.8 < r3.ratio < 1.0
+    # The same kernel through another entry point: nothing to convert.
+    same = attention.relative_seconds("sdpa_flash", attention.Measured("flash2", True), "bwd", 4096, True)
+    assert same.ratio == 1.0 and same.figure
+    # No figure relates them: costed as the measured kernel, and said.
+    none = attention.relative_seconds("sdpa_efficient", cudnn, "fwd", 4096, True)
+    assert none.ratio == 1.0 and not none.figure and "no published kernel figure" in none.note
+
+
+def test_non_causal_samples_are_made_causal():
+    noncausal = attention.Measured("flash2", False)
+    short = attention.relative_seconds("flash2", noncausal, "fwd", 512, False).ratio
+    long = attention.relative_seconds("flash2", noncausal, "fwd", 16384, False).ratio
+    # The causal kernel skips half the blocks but pays the diagonal: closer to 1/2 the longer.
+    assert 0.5 < long < short < 1.0
