@@ -4,15 +4,21 @@ Flag meanings differ by fork (docs/launch-config-keys.md §4): ``--checkpoint-ac
 full recompute in Megatron-DeepSpeed (and old Megatron-LM) while ``--recompute-activations`` is
 *selective*; GQA is ``--num-key-value-heads`` (Megatron-DeepSpeed) or ``--group-query-attention
 --num-query-groups`` (Megatron-LM); the distributed optimizer shards optimizer state like ZeRO-1.
-Parsers there use ``allow_abbrev=False`` and argparse keeps the last of repeated flags.
+Parsers there use ``allow_abbrev=False`` and argparse keeps the last of repeated flags; a flag its
+parser does not know stops Megatron at start (:func:`check_flags`, with the flag list of megatron_flags.py).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 from predictor.recipe import gated_ffn_width
 
 from . import moe
 from .facts import Facts
-from .limits import CannotPredict
+from .limits import MAX_KEY_SUGGESTIONS, CannotPredict
+from .megatron_flags import KNOWN as KNOWN_FLAGS
+from .megatron_flags import MEGATRON_LM_SOURCE
+from .neox_keys import suggest
 from .overlap import set_overlaps, warn_overlaps
 from .values import MARK_OPEN
 
@@ -63,10 +69,12 @@ _FLAGS = {
 _NARGS = {"--rampup-batch-size": ("rampup", 3)}
 
 
-def read_args(args: list, facts: Facts) -> None:
-    """Fill raw Megatron facts from the training script's arguments."""
+def read_args(args: list, facts: Facts) -> list[tuple[str, str]]:
+    """Fill raw Megatron facts from the training script's arguments; the flags it does not read,
+    each ``(flag, origin)``, are returned for :func:`check_flags`."""
     i, n = 0, len(args)
     hidden = []
+    unread: list[tuple[str, str]] = []
     while i < n:
         tok = args[i]
         t = tok.text
@@ -140,6 +148,8 @@ def read_args(args: list, facts: Facts) -> None:
         else:
             # unknown flag: skip its value(s) too (anything up to the next --flag); an unknown
             # value right after it is that flag's value, later ones may be hidden arguments
+            if MARK_OPEN not in name:
+                unread.append((name, tok.origin_at(0)))
             i += 1
             first = True
             while i < n and not args[i].text.startswith("--") and not eq:
@@ -149,6 +159,47 @@ def read_args(args: list, facts: Facts) -> None:
                 i += 1
     if hidden:
         facts.hidden_args = hidden[0]
+    return unread
+
+
+# Flags whose value this reader uses: a misspelling of one predicts another job.
+_READ_FLAGS = frozenset(_INT) | frozenset(_STR) | frozenset(_FLAGS) | frozenset(_NARGS) | {"--num-experts"}
+_KNOWN_NAMES = frozenset(f[2:] for f in KNOWN_FLAGS)
+
+
+def _close_flag(flag: str) -> Optional[str]:
+    """The known flag ``flag`` most likely misspells (underscores for dashes, a prefix, a typo)."""
+    dashed = flag.replace("_", "-")
+    if dashed != flag and dashed in KNOWN_FLAGS:
+        return dashed
+    guess = suggest(flag[2:], _KNOWN_NAMES)
+    return "--" + guess if guess else None
+
+
+def check_flags(unread: list, warnings: list, deepspeed: bool) -> None:
+    """Megatron's argparse (allow_abbrev=False) refuses a flag it does not know and the job stops at
+    start. A likely misspelling of a flag this reader uses stops the prediction; any other unknown
+    flag is a warning (a training script may add flags of its own, which no list can hold)."""
+    unknown = 0
+    for flag, origin in unread:
+        if flag in KNOWN_FLAGS:
+            continue
+        unknown += 1
+        if unknown > MAX_KEY_SUGGESTIONS:
+            continue
+        guess = _close_flag(flag)
+        if guess in _READ_FLAGS:
+            raise CannotPredict(f"{flag} is not a Megatron argument; did you mean {guess}? Megatron will "
+                                f"refuse this flag at start, and without it the job would be a different one",
+                                origin)
+        if guess:
+            warnings.append(f"{flag} is not a Megatron argument: Megatron will refuse this flag at start; "
+                            f"did you mean {guess}? ({origin})")
+        elif not deepspeed:
+            warnings.append(f"{flag} is not a Megatron-LM argument ({MEGATRON_LM_SOURCE}): Megatron will "
+                            f"refuse this flag at start unless the training script adds it ({origin})")
+    if unknown > MAX_KEY_SUGGESTIONS:
+        warnings.append(f"{unknown - MAX_KEY_SUGGESTIONS} more flags that are not Megatron arguments")
 
 
 def check_moe(facts: Facts) -> None:

@@ -22,6 +22,7 @@ from . import moe
 from .configs import Config, to_bool, to_int, to_number
 from .facts import Facts
 from .limits import MAX_INTERPOLATION_DEPTH, CannotPredict
+from .neox_keys import suggest
 from .overlap import set_overlaps
 from .values import MARK_OPEN, Tok
 
@@ -34,6 +35,22 @@ NEMO2_REASON = ("NeMo 2.0 jobs are Python programs (nemo.collections.llm recipes
 NEMO2_MARKERS = re.compile(r"from\s+nemo\.collections\s+import\s+[^\n]*\bllm\b|nemo\.collections\.llm|"
                            r"import\s+nemo_run|from\s+nemo_run\b")
 
+# The keys this reader uses (docs/launch-formats.md): a misspelling of one predicts another job.
+READ_KEYS = frozenset("""
+trainer.num_nodes trainer.devices trainer.precision trainer.max_steps trainer.val_check_interval
+trainer.limit_val_batches exp_manager.create_checkpoint_callback
+exp_manager.checkpoint_callback_params.every_n_train_steps model.num_layers model.hidden_size
+model.ffn_hidden_size model.num_attention_heads model.num_query_groups model.encoder_seq_length model.seq_length
+model.activation model.normalization model.position_embedding_type model.share_embeddings_and_output_weights
+model.tensor_model_parallel_size model.pipeline_model_parallel_size model.virtual_pipeline_model_parallel_size
+model.context_parallel_size model.sequence_parallel model.micro_batch_size model.global_batch_size
+model.activations_checkpoint_granularity model.activations_checkpoint_method model.optim.name
+model.optim.overlap_grad_sync model.optim.overlap_param_sync model.use_flash_attention model.mcore_gpt
+model.transformer_engine model.masked_softmax_fusion model.fp8 model.fp8_recipe model.ub_tp_comm_overlap
+model.num_moe_experts model.make_vocab_size_divisible_by model.tokenizer.model model.tokenizer.type
+model.tokenizer.vocab_file
+""".split())
+
 _DELETE = object()
 _INTERP = re.compile(r"^\$\{(\.*)([A-Za-z0-9_.]+)\}$")
 
@@ -45,6 +62,7 @@ class HydraArgs:
     config_path: Optional[Tok] = None
     config_name: Optional[Tok] = None
     overrides: dict = field(default_factory=dict)       # dotted key -> (value text | _DELETE, origin)
+    prefixes: dict = field(default_factory=dict)        # dotted key -> "", "+", "++" or "~" as written
     unknown: Optional[str] = None                       # reason when an override's key is unknown
 
 
@@ -67,6 +85,7 @@ def read_hydra_args(args: list) -> HydraArgs:
             m = re.match(r"(\+{0,2}|~)([A-Za-z_][A-Za-z0-9_.\-@/]*)(=?)", t)
             if m and (m.group(3) or m.group(1) == "~") and MARK_OPEN not in m.group(2):
                 key = m.group(2)
+                out.prefixes[key] = m.group(1)
                 if m.group(1) == "~":
                     out.overrides[key] = (_DELETE, args[i].origin_at(0))
                 else:
@@ -141,6 +160,50 @@ class View:
         return None, origin, False
 
 
+def _lookup(data: Any, dotted: str) -> tuple[bool, list]:
+    """(whether ``dotted`` is in the config, the keys of the deepest mapping reached on the way)."""
+    node = data
+    for p in dotted.split("."):
+        if not isinstance(node, dict):
+            return False, []
+        if p not in node:
+            return False, [k for k in node if isinstance(k, str)]
+        node = node[p]
+    return True, []
+
+
+def check_overrides(cfg: Config, h: HydraArgs, warnings: list) -> None:
+    """What Hydra does with the command line before NeMo starts: ``key=v`` and ``~key`` need the key
+    in the config (NeMo's configs are in struct mode: "Could not override … Key … is not in struct"),
+    ``+key=v`` needs it absent. Either mistake stops the job at start, so the prediction stops too.
+
+    A config with a ``defaults:`` list composes others this reader does not open: a missing key
+    may come from them, so it is a warning there, unless it looks like a misspelling of a key the
+    reader uses.
+    """
+    composed = isinstance(cfg.data, dict) and "defaults" in cfg.data
+    for key, prefix in h.prefixes.items():
+        if key.startswith("hydra.") or "/" in key or "@" in key:
+            continue                      # Hydra's own settings and config-group choices
+        origin = h.overrides[key][1]
+        found, siblings = _lookup(cfg.data, key)
+        if prefix == "+" and found:
+            raise CannotPredict(f"+{key}: already in {posixpath.basename(cfg.label)}, and Hydra refuses to add it "
+                                f"again (NeMo stops at start; {key}=… or ++{key}=… sets it)", origin)
+        if prefix in ("", "~") and not found:
+            parent, _, leaf = key.rpartition(".")
+            guess = suggest(leaf, frozenset(siblings)) if siblings else None
+            near = f"; did you mean {parent + '.' if parent else ''}{guess}?" if guess else ""
+            where = posixpath.basename(cfg.label)
+            why = (f"{'~' if prefix == '~' else ''}{key}: not in {where}, and Hydra refuses to "
+                   f"{'delete' if prefix == '~' else 'set'} a key the config lacks (NeMo stops at start"
+                   f"{'' if prefix == '~' else f'; +{key}=… adds one'}){near}")
+            if composed and not (guess and f"{parent}.{guess}".lstrip(".") in READ_KEYS):
+                warnings.append(f"{why} — unless a config in its defaults list has it ({origin})")
+                continue
+            raise CannotPredict(why, origin)
+
+
 def _set_int(f: Facts, v: View, dotted: str, fact: str, allow_null: bool = False) -> None:
     value, origin, found = v.get(dotted)
     if not found or (value is None and allow_null):
@@ -168,6 +231,7 @@ def read(cfg: Config, h: HydraArgs, f: Facts) -> None:
     w = f.warnings
     if not isinstance(cfg.data, dict):
         raise CannotPredict(f"{cfg.label} is not a mapping of NeMo config sections", cfg.label)
+    check_overrides(cfg, h, w)
     ne, ne_origin, found = v.get("model.num_moe_experts")
     if found:
         moe.check_count(ne, "model.num_moe_experts", ne_origin)

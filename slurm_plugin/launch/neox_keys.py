@@ -106,6 +106,24 @@ DEEPSPEED_SHAPE_KEYS = frozenset("""
 train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps zero_optimization fp16 bf16
 """.split())
 
+# Keys of DeepSpeed's zero_optimization section (runtime/zero/config.py, current and 2021-2023
+# releases); ``stage`` decides the layout's sharding, so its misspelling stops the parse.
+ZERO_KEYS = frozenset("""
+stage contiguous_gradients reduce_scatter reduce_bucket_size use_multi_rank_bucket_allreduce
+allgather_partitions allgather_bucket_size overlap_comm load_from_fp32_weights elastic_checkpoint
+offload_param offload_optimizer sub_group_size cpu_offload_param cpu_offload_use_pin_memory cpu_offload
+prefetch_bucket_size param_persistence_threshold model_persistence_threshold max_live_parameters
+max_reuse_distance gather_16bit_weights_on_model_save module_granularity_threshold
+use_all_reduce_for_fetch_params stage3_gather_fp16_weights_on_model_save ignore_unused_parameters
+legacy_stage1 round_robin_gradients zero_hpz_partition_size zero_quantized_weights
+zero_quantized_nontrainable_weights zero_quantized_gradients zeropp_loco_param mics_shard_size
+mics_hierarchical_params_gather memory_efficient_linear pipeline_loading_checkpoint override_module_apply
+log_trace_cache_warnings stage3_max_live_parameters stage3_max_reuse_distance stage3_prefetch_bucket_size
+stage3_param_persistence_threshold stage3_model_persistence_threshold stage3_gather_16bit_weights_on_model_save
+stage3_module_granularity_threshold stage3_use_all_reduce_for_fetch_params cpu_offload_params
+""".split())
+ZERO_SHAPE_KEYS = frozenset({"stage"})
+
 _MAX_KEY_LEN = 80     # longer names are no misspelling of ours; difflib's cost grows with length
 
 

@@ -20,6 +20,7 @@ from . import moe
 from .configs import to_bool, to_int
 from .facts import Facts
 from .limits import MAX_CONFIG_BYTES, CannotPredict
+from .neox_keys import suggest
 from .values import Tok
 
 try:  # Python 3.11+
@@ -75,6 +76,87 @@ _SPELLINGS = {
     "flavor": [("model", "flavor")],
     "tokenizer": [("model", "tokenizer_path"), ("model", "hf_assets_path")],
 }
+
+
+# TorchTitan's JobConfig fields by section: pytorch/torchtitan torchtitan/config/job_config.py at
+# commit 000204a4 (2025), plus the older spellings of _SPELLINGS and a few keys of earlier releases.
+_JOB_CONFIG = {
+    "job": "config_file dump_folder description use_for_integration_test print_args",
+    "profiling": "enable_profiling save_traces_folder profile_freq enable_memory_snapshot save_memory_snapshot_folder",
+    "metrics": "log_freq enable_tensorboard disable_color_printing save_tb_folder save_for_all_ranks enable_wandb "
+               "rank_0_only",
+    "model": "name flavor tokenizer_path converters print_after_conversion hf_assets_path norm_type",
+    "optimizer": "name lr beta1 beta2 eps weight_decay implementation early_step_in_backward fused",
+    "lr_scheduler": "warmup_steps decay_ratio decay_type lr_min min_lr_factor",
+    "training": "dataset dataset_path local_batch_size batch_size global_batch_size seq_len max_norm steps "
+                "enable_cpu_offload mixed_precision_param mixed_precision_reduce compile gc_freq gc_debug seed "
+                "deterministic warmup_steps data_parallel_degree data_parallel_shard_degree "
+                "data_parallel_replicate_degree tensor_parallel_degree enable_float8_linear enable_fp8_linear "
+                "enable_loss_parallel disable_loss_parallel enable_compiled_autograd fsdp_reshard_after_forward",
+    "parallelism": "data_parallel_replicate_degree enable_compiled_autograd data_parallel_shard_degree "
+                   "fsdp_reshard_after_forward tensor_parallel_degree disable_loss_parallel "
+                   "enable_async_tensor_parallel pipeline_parallel_degree pipeline_parallel_split_points "
+                   "pipeline_parallel_layers_per_stage pipeline_parallel_schedule pipeline_parallel_schedule_csv "
+                   "pipeline_parallel_microbatch_size context_parallel_degree context_parallel_rotate_method "
+                   "expert_parallel_degree",
+    "checkpoint": "enable_checkpoint enable folder initial_load_path initial_load_model_only interval "
+                  "last_save_model_only export_dtype create_seed_checkpoint async_mode keep_latest_k load_step "
+                  "exclude_from_loading enable_first_step_checkpoint last_save_in_hf model_weights_only "
+                  "interval_type initial_load_model_weights_only last_save_model_weights_only",
+    "activation_checkpoint": "mode selective_ac_option per_op_sac_force_recompute_mm_shapes_by_fqns",
+    "float8": "enable_fsdp_float8_all_gather precompute_float8_dynamic_scale_for_fsdp "
+              "force_recompute_fp8_weight_in_bwd recipe_name filter_fqns emulate moe_fqns_prototype "
+              "enable_float8_linear",
+    "mx": "mxfp8_dim1_cast_kernel_choice recipe_name filter_fqns",
+    "comm": "init_timeout_seconds train_timeout_seconds trace_buf_size save_traces_folder",
+    "memory_estimation": "enabled disable_fake_mode",
+    "fault_tolerance": "enable process_group process_group_timeout_ms replica_id group_size min_replica_size "
+                       "semi_sync_method sync_steps should_quantize fragment_sync_delay fragment_update_alpha",
+    "experimental": "custom_import custom_args_module custom_model_path pipeline_parallel_degree "
+                    "context_parallel_degree pipeline_parallel_split_points pipeline_parallel_schedule "
+                    "enable_async_tensor_parallel",
+    "validation": "enabled enable dataset dataset_path local_batch_size seq_len freq steps",
+}
+JOB_CONFIG_KEYS = {sect: frozenset(keys.split()) for sect, keys in _JOB_CONFIG.items()}
+_READ_KEYS = frozenset(pair for pairs in _SPELLINGS.values() for pair in pairs)
+
+
+def check_keys(t: "Toml", warnings: list) -> None:
+    """Every [section] key of the TOML and every ``--section.key`` override against TorchTitan's
+    JobConfig. A likely misspelling of a key this reader uses stops the prediction (the job would be
+    another one); other unknown keys are warnings. ``experimental.custom_args_module`` extends the
+    JobConfig with fields no list holds: then only the likely misspellings are said."""
+    extended = isinstance(t.data.get("experimental"), dict) and t.data["experimental"].get("custom_args_module")
+    given = [(sect, key, t._origin(sect, key)) for sect, block in t.data.items() if isinstance(block, dict)
+             for key in block]
+    given += [(sect, key, origin) for (sect, key), (_v, origin) in t.over.items()]
+    for sect, key, origin in given:
+        known = JOB_CONFIG_KEYS.get(sect)
+        if known is not None and key in known:
+            continue
+        if known is None:
+            guess_sect = suggest(sect, frozenset(JOB_CONFIG_KEYS))
+            if guess_sect is None:
+                if not extended:
+                    warnings.append(f"[{sect}] is not a section of TorchTitan's JobConfig; ignored ({origin})")
+                continue
+            sect_shown, sect = f"[{sect}]", guess_sect
+            if key in JOB_CONFIG_KEYS[sect]:
+                guess = key
+            else:
+                guess = suggest(key, JOB_CONFIG_KEYS[sect])
+        else:
+            sect_shown = f"[{sect}]"
+            guess = suggest(key, JOB_CONFIG_KEYS[sect])
+        name = f"{sect_shown} {key}"
+        if guess is not None and (sect, guess) in _READ_KEYS:
+            raise CannotPredict(f"{name} is not a TorchTitan config key; did you mean [{sect}] {guess}? "
+                                f"(without it the job would be a different one)", origin)
+        if guess is not None:
+            warnings.append(f"{name} is not a TorchTitan config key and is ignored; did you mean [{sect}] {guess}? "
+                            f"({origin})")
+        elif not extended:
+            warnings.append(f"{name} is not a TorchTitan config key and is ignored ({origin})")
 
 
 def is_torchtitan(module: Optional[str], script: Optional[Tok], args: list) -> bool:
@@ -182,6 +264,7 @@ def ffn_dim(dim: int, multiplier: Optional[float], multiple_of: int) -> int:
 def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
     """Fill facts (framework "torchtitan"); ``world`` = the ranks the launcher starts (None = unknown)."""
     w = f.warnings
+    check_keys(t, w)
     name, n_origin, _ = t.get("name")
     flavor, fl_origin, _ = t.get("flavor")
     name_s, flavor_s = str(name or ""), str(flavor or "")

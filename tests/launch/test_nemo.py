@@ -31,6 +31,10 @@ model:
   num_query_groups: 4
   activation: gelu
   masked_softmax_fusion: True
+  virtual_pipeline_model_parallel_size: null
+  activations_checkpoint_granularity: null
+  activations_checkpoint_method: null
+  use_flash_attention: False
   optim:
     name: fused_adam
 """
