@@ -1,6 +1,7 @@
 """Fuzz parse_script with mutations of the test corpus and random scripts.
 
     python benchmarks/fuzz_parse.py [--n 10000] [--seed 1]
+    python benchmarks/fuzz_parse.py --n 100000 --seed 424242     # the release run (issue 32)
 
 Every 20th script is a hostile shape (a megabyte-long #SBATCH line, hundreds of thousands of
 directives, deeply nested arithmetic, a command of a million words, a huge here-document): each
@@ -41,6 +42,9 @@ TOKENS = ["$", "${", "}", "$(", ")", "$((", "))", "'", '"', "`", "\\", "\n", " "
           "--num-experts ", "--moe-router-topk ", "--context-parallel-size ", "--attention-backend ",
           "--recompute-granularity full ", "--recompute-method block ", "--fp8-format hybrid ",
           "--num-virtual-stages-per-pipeline-rank ",
+          # values no script means: integers past Python's 4,300-digit limit, lone surrogates
+          "9" * 4400, "${" + "9" * 4400 + "}", "A=([" + "9" * 4400 + "]=x) ", "[training]\nsteps = ",
+          "cat > c.json <<EOF\n{\"train_batch_size\": \"\udcff\"}\nEOF\n", "\ud800",
           # NeMo (Hydra) and NeMo 2.0
           "megatron_gpt_pretraining.py ", "--config-path=", "--config-name=", "trainer.num_nodes=",
           "+model.num_moe_experts=", "~model.optim ", "model.tensor_model_parallel_size=", "nemo llm pretrain ",

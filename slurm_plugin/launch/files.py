@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import stat
 from typing import Callable, Optional
 
@@ -74,6 +75,18 @@ def decode_text(data: bytes, label: str, max_bytes: int = MAX_FILE_BYTES) -> str
             raise CannotPredict(f"{label} is not a text file (invalid UTF-8)",
                                 f"{label}:{bad.count(_NL) + 1}") from None
         return text
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` with lone surrogates (``\\udcff`` from a JSON escape: no file can hold them) as
+    U+FFFD, as the bytes they stood for read back from a file; YAML, TOML and UTF-8 encoders
+    refuse them."""
+    if text.isascii():
+        return text
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def join_path(cwd: Optional[str], path: str) -> str:

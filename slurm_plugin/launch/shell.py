@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from . import launchers
 from .arith import ArithError, ArithUnknown, Evaluator
-from .files import ReadFile, decode_text, join_path, os_reason
+from .files import ReadFile, decode_text, join_path, os_reason, valid_unicode
 from .limits import (MAX_ARRAY_ITEMS, MAX_CALL_DEPTH, MAX_SOURCED_FILES, MAX_VALUE_CHARS, MAX_VFS_BYTES,
                      MAX_VFS_FILES, Budget, CannotPredict)
 from .shell_ast import (AndOr, Arith, ArithCmd, ArithFor, Assign, Case, CmdSub, Cond, For, FuncDef, Group,
@@ -98,7 +98,7 @@ class Shell:
         self.warnings = warnings
         self.vars: dict[str, _Var] = {}
         for k, (v, origin) in env.items():
-            self.vars[k] = _Var([(v, origin)], exported=True)
+            self.vars[k] = _Var([(valid_unicode(v), origin)], exported=True)
         self.funcs: dict[str, object] = {}
         self.positional: list = []
         self.script_name = ""
@@ -125,7 +125,7 @@ class Shell:
         if positional is not None:
             self.positional = positional
         try:
-            self._run_text(text, label)
+            self._run_text(valid_unicode(text), label)
         except _Exit:
             pass
         except (_Return, _Break):
@@ -437,7 +437,7 @@ class Shell:
                 v = self.vars.get(a.name)
                 if v is not None:
                     items = dict(v.array) if v.array is not None else ({"0": v.value} if v.value is not None else {})
-            nxt = max((int(k) for k in items if k.lstrip("-").isdigit()), default=-1) + 1
+            nxt = max((n for k in items if (n := _to_int(k)) is not None), default=-1) + 1
             assoc = bool(self.vars.get(a.name) and self.vars[a.name].assoc)
             for w in a.array:
                 if w and isinstance(w[0], Lit) and not w[0].quoted and w[0].text.startswith("["):
@@ -450,8 +450,9 @@ class Shell:
                             k = self._arith_value([Lit(key, w[0].line, False)], w[0].line)
                             key = str(k) if k is not None else key
                         items[key] = val
-                        if key.lstrip("-").isdigit():
-                            nxt = int(key) + 1
+                        n = _to_int(key)
+                        if n is not None:
+                            nxt = n + 1
                         continue
                 for f in self.expand(w):
                     items[str(nxt)] = f
@@ -476,7 +477,7 @@ class Shell:
         if a.append:
             v = self.vars.get(a.name)
             if v is not None and v.value is None and v.array is not None:
-                nxt = max((int(k) for k in v.array if k.lstrip("-").isdigit()), default=-1) + 1
+                nxt = max((n for k in v.array if (n := _to_int(k)) is not None), default=-1) + 1
                 v.array[str(nxt)] = value
                 return
             old = self.get_var(a.name) or []
@@ -667,6 +668,7 @@ class Shell:
         if not append:
             f.text, f.line_origins, f.unknown = "", [], None
         f.where = where
+        value = [(valid_unicode(t), origin) for t, origin in value]
         text = _flat(value)
         if len(f.text) + len(text) > MAX_VFS_BYTES:
             raise CannotPredict(f"file {path} written by the script grows beyond {MAX_VFS_BYTES >> 10} KiB", where)
@@ -917,8 +919,8 @@ class Shell:
         if name == "0":
             return [[(self.script_name, "")]]
         if name.isdigit():
-            i = int(name)
-            return [self.positional[i - 1]] if 0 < i <= len(self.positional) else None
+            i = _to_int(name)
+            return [self.positional[i - 1]] if i is not None and 0 < i <= len(self.positional) else None
         v = self.vars.get(name)
         if p.index is not None:
             idx = _flat(self.expand_str(p.index))
@@ -937,7 +939,7 @@ class Shell:
                     return [[(self._last_arith_unknown, self.where(p.line))]]
                 if n < 0:
                     keys = _ordered_keys(v.array, False)
-                    n = int(keys[n]) if -n <= len(keys) else n
+                    n = (_to_int(keys[n]) or 0) if -n <= len(keys) else n
                 idx = str(n)
             got = v.array.get(idx)
             return None if got is None else [got]
@@ -1245,11 +1247,21 @@ _UNARY_TESTS = {"-z", "-n", "-e", "-f", "-d", "-r", "-s", "-w", "-x", "-L", "-h"
 _BINARY_TESTS = {"=", "==", "!=", "=~", "<", ">", "-eq", "-ne", "-lt", "-le", "-gt", "-ge"}
 
 
+_INT_RE = re.compile(r"-?[0-9]+")
+_INT64 = 1 << 63
+
+
 def _to_int(s: str) -> Optional[int]:
+    """``s`` as bash reads a decimal integer (ASCII digits, 64 bits), or None.
+
+    Past 64 bits the value saturates: Python refuses to convert more than 4,300 digits, and a
+    positional, index or key that large names nothing anyway."""
     s = s.strip()
-    if re.fullmatch(r"-?\d+", s):
-        return int(s)
-    return None
+    if not _INT_RE.fullmatch(s):
+        return None
+    if len(s.lstrip("-").lstrip("0")) > 19:
+        return -_INT64 if s.startswith("-") else _INT64 - 1
+    return int(s)
 
 
 # ====================================================================== builtins
@@ -1801,7 +1813,7 @@ def _origin_map(segs: list):
 def _ordered_keys(arr: dict, assoc: bool) -> list:
     if assoc:
         return list(arr.keys())
-    return sorted(arr.keys(), key=lambda k: int(k) if k.lstrip("-").isdigit() else 0)
+    return sorted(arr.keys(), key=lambda k: _to_int(k) or 0)
 
 
 def _glob(pat: str) -> str:
