@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from predictor.fp8 import FP8_LINEARS
 from predictor.operators import OPERATORS
 
+from .attention import kernel as attention_kernel
 from .errors import CalibrationError
 from .timing import Timing, measure
 
@@ -434,10 +435,12 @@ def build_kernel(op: str, shape: Mapping[str, int], precision: str, device: str)
         else:
             mask = causal_mask(l, dev)
             runs = fwd_bwd(lambda: scaled_masked_softmax(scores, 0.125, mask), [scores])
-    elif op == "flash_atten":
+    elif op == "flash_atten" or op.startswith("flash_atten_"):
+        # flash_atten: whatever SDPA picks; flash_atten_<impl>: that kernel (calibrate/attention.py).
         b_, h, l, d = s["b"], s["heads"], s["l"], s["d"]
         q, kk, v = (_rand(b_, h, l, d, dtype=dt, device=dev) for _ in range(3))
-        runs = fwd_bwd(lambda: flash_attention(q, kk, v), [q, kk, v])
+        fn = flash_attention if op == "flash_atten" else attention_kernel(op[len("flash_atten_"):])
+        runs = fwd_bwd(lambda: fn(q, kk, v), [q, kk, v])
     elif op == "rope":
         t, h, d = s["tokens"], s["heads"], s["d"]
         # The catalog's rope is applied to queries and keys (4 tensor passes): both are timed.

@@ -154,7 +154,7 @@ def bytes_needed(op: str, shape: Mapping[str, int], precision: str) -> int:
         scores = s["batch"] * s["l"] * s["l"]
         acts = s["batch"] * s["l"] * s.get("d", 1.0) * 3
         return int((5 * scores + 3 * acts) * eb + scores)
-    if op == "flash_atten":
+    if op.startswith("flash_atten"):
         return int(10 * s["b"] * s["heads"] * s["l"] * s["d"] * eb + 64 * s["b"] * s["heads"] * s["l"])
     if op == "optimizer":
         return int(s["params"] * (16 + 2 * eb + 4))
@@ -420,6 +420,22 @@ def plan_precisions(name: str, device: str, precisions: Sequence[str] | None = N
         if isinstance(file_precs, list) and file_precs:
             return _check_precisions(file_precs, name)
     return default_precisions(device)
+
+
+def add_attention_kernels(plan: "Plan", impls: Sequence[str]) -> int:
+    """Time each attention kernel of ``impls`` (``model.attention_impl`` names) at the shapes the
+    plan times ``flash_atten`` at, as operator ``flash_atten_<impl>``; returns the points added."""
+    added = 0
+    for impl in impls:
+        op = f"flash_atten_{impl}"
+        if op not in OPERATORS:
+            raise CalibrationError(f"no attention kernel {impl!r} in the operator catalog")
+        for attr in ("operators", "candidates"):
+            pts = getattr(plan, attr)
+            extra = [OperatorPoint(op, p.precision, p.shape) for p in pts if p.op == "flash_atten"]
+            pts.extend(extra)
+            added += len(extra) if attr == "operators" else 0
+    return added
 
 
 def make_plan(name: str, *, device: str = "cpu", precisions: Sequence[str] | None = None,

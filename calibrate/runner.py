@@ -20,11 +20,13 @@ from typing import Callable, Sequence
 import torch
 import torch.multiprocessing as mp
 
+from .attention import survey as attention_survey
 from .collectives import agree_on_points, context_from_env, init_process_group, run_points, spawn_local
 from .env import METHOD_VERSION, DeviceSpec, collect_environment, device_spec
 from .errors import CalibrationError
 from .kernels import build_kernel, fp8_gemms_supported
-from .plans import Allocation, Cost, OperatorPoint, Plan, estimate_cost, make_plan, plan_precisions
+from .plans import (Allocation, Cost, OperatorPoint, Plan, add_attention_kernels, estimate_cost, make_plan,
+                    plan_precisions)
 from .store import SampleStore, StoreIdentity
 
 log = logging.getLogger(__name__)
@@ -154,6 +156,11 @@ def run_calibration(opts: RunOptions) -> RunResult:
                                    f"(its operators: {', '.join(sorted({p.op for p in plan.operators}))})")
         plan.operators = [p for p in plan.operators if p.op in set(opts.ops)]
         plan.candidates = [p for p in plan.candidates if p.op in set(opts.ops)]
+    # Each attention kernel the partition has beside the one SDPA picks (calibrate/attention.py);
+    # those it lacks are recorded, so predictions for them say they were not measured.
+    kernels = attention_survey(opts.device)
+    if any(p.op == "flash_atten" for p in plan.operators):
+        add_attention_kernels(plan, [k for k in kernels.available if k != kernels.default])
     cost = estimate_cost(plan, spec.to_gpu_spec(), opts.device)
     result = RunResult(opts.out, plan.name, cost, spec=spec)
     if rank0:
@@ -179,6 +186,10 @@ def run_calibration(opts: RunOptions) -> RunResult:
                        "clock": "cuda events" if opts.device == "cuda" else "perf_counter",
                        "host": host_timing},
             "estimated": {"wall_minutes": round(cost.wall_minutes, 3), "gpu_minutes": round(cost.gpu_minutes, 3)},
+            # What flash_atten timed (the bundle's [source] carries it to the predictor), causal.
+            "flash_atten_impl": kernels.default, "flash_atten_causal": True,
+            "attention_impls_measured": sorted(set(kernels.available) | {kernels.default} - {""}),
+            "attention_impls_missing": kernels.missing_lines(),
         }
         if opts.device == "cpu" and any(p != "fp32" for p in plan.precisions):
             meta["notes"] = "half precision on CPU: torch's CPU kernels, often much slower than fp32"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 #: SDPA's math backend is the unfused computation: costed with the unfused operators.
 UNFUSED_IMPLS = frozenset(("math",))
@@ -152,3 +152,59 @@ def relative_seconds(impl: str, measured: Measured, direction: str, seq: float, 
     if direction == "bwd" and impl not in _H100_TFLOPS["bwd"] and hopper:
         notes.append(f"{impl}'s backward has no published figure; its forward ratio is used")
     return Relative(ratio * theirs / mine, True, "; ".join(notes))
+
+
+def is_hopper_or_newer(gpu_tflops: Mapping[str, float]) -> bool:
+    """Hopper and newer carry FP8 tensor cores; the A100 does not (its bundle has no fp8 peak)."""
+    return "fp8" in gpu_tflops
+
+
+@dataclass(frozen=True)
+class AttentionCost:
+    """How a job's fused attention is costed on one bundle: the operator whose samples answer,
+    each direction's multiplier of that operator's time, and what the answer should say."""
+
+    impl: str                # the kernel the job runs ("" = nobody said: the bundle's own)
+    operator: str            # flash_atten, or flash_atten_<impl> where the bundle timed it
+    forward_ratio: float
+    backward_ratio: float
+    warnings: tuple[str, ...] = ()
+
+
+def own_operator(impl: str) -> str:
+    """The operator a bundle's samples of ``impl`` itself are filed under."""
+    return f"flash_atten_{impl}"
+
+
+def attention_cost(impl_key: str, framework: str, seq: float, bundle_name: str,
+                   source: Mapping[str, object], has_model: Callable[[str], bool],
+                   gpu_tflops: Mapping[str, float], gpu_name: str) -> AttentionCost:
+    """Cost rule for a job's fused attention (``impl_key``: ``model.attention_impl``) at sequence
+    length ``seq`` per attention block on a bundle; ``has_model(operator)`` says whether the bundle
+    holds that operator's samples.  Raises ValueError for a kernel the GPU cannot run."""
+    hopper = is_hopper_or_newer(gpu_tflops)
+    impl = impl_key or default_impl(framework, hopper)
+    if impl in HOPPER_ONLY and not hopper:
+        raise ValueError(f"{impl} (FlashAttention-3) runs on Hopper GPUs only; this platform's GPU "
+                         f"is {gpu_name}")
+    if impl and has_model(own_operator(impl)):
+        return AttentionCost(impl, own_operator(impl), 1.0, 1.0)
+    measured = measured_impl(bundle_name, source)
+    if measured is None:
+        notes = ()
+        if impl:
+            notes = (f"bundle {bundle_name} does not say which attention kernel its flash_atten samples "
+                     f"timed; {impl} (model.attention_impl) costed as those samples",)
+        return AttentionCost(impl, "flash_atten", 1.0, 1.0, notes)
+    impl = impl or measured.impl
+    fwd = relative_seconds(impl, measured, "fwd", seq, hopper)
+    bwd = relative_seconds(impl, measured, "bwd", seq, hopper)
+    notes = []
+    if SAME_KERNEL.get(impl, impl) != SAME_KERNEL.get(measured.impl, measured.impl):
+        how = (f"× {fwd.ratio:.2f} forward, × {bwd.ratio:.2f} backward of {measured.impl}'s time "
+               "(published kernel figures, docs/modelling.md §1)") if fwd.figure else fwd.note
+        notes.append(f"attention kernel {impl} was not measured on bundle {bundle_name} (its "
+                     f"flash_atten samples timed {measured.impl}); costed {how}")
+        if bwd.note and bwd.figure:
+            notes.append(bwd.note)
+    return AttentionCost(impl, "flash_atten", fwd.ratio, bwd.ratio, tuple(notes))

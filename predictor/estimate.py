@@ -30,7 +30,7 @@ from .recipe import (Group, MicroBatchRecipe, gradient_precision, gradient_reduc
                      stage_layers, stage_parameter_counts, total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
-from . import fp8, overlap, tp_overlap
+from . import attention, fp8, overlap, tp_overlap
 from .host import engine_for as host_engine_for
 from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
@@ -563,6 +563,20 @@ class _Buckets:
         return (self.parameters // self.bucket) * full_seconds + rest_seconds
 
 
+def _attention_cost(job: TrainingJob, plat: Platform, seq: float) -> attention.AttentionCost:
+    bundle = plat.compute
+
+    def has_model(operator: str) -> bool:
+        return any(bundle.get(f"{operator}.fwd.{p}") is not None
+                   for p in (job.run.precision, "fp16", "bf16"))
+    try:
+        return attention.attention_cost(job.model.attention_impl, job.run.framework, seq, bundle.name,
+                                        bundle.manifest.get("source", {}), has_model, plat.gpu.tflops,
+                                        plat.gpu.name)
+    except ValueError as exc:
+        raise JobError("model.attention_impl", str(exc), job.source) from None
+
+
 def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     q.take_asked()
     m, lay, prec = job.model, job.layout, job.run.precision
@@ -593,13 +607,20 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     core_bwd = _Term()
     for c in recipe.layer:
         p_c = "fp8" if casts is not None and c.name in fp8.FP8_LINEARS else prec
-        hf = q.op(c.name, "fwd", p_c, c.shape)
-        hb = q.op(c.name, "bwd", p_c, c.shape)
-        layer_fwd.add(hf, c.count)
-        layer_bwd.add(hb, c.count)
+        name, count_f, count_b = c.name, c.count, c.count
+        if name == "flash_atten":
+            # The job's attention kernel, from its own samples or the bundle's kernel's times a
+            # published kernel ratio (predictor/attention.py).
+            at = _attention_cost(job, plat, c.shape["l"])
+            warnings.extend(at.warnings)
+            name, count_f, count_b = at.operator, c.count * at.forward_ratio, c.count * at.backward_ratio
+        hf = q.op(name, "fwd", p_c, c.shape)
+        hb = q.op(name, "bwd", p_c, c.shape)
+        layer_fwd.add(hf, count_f)
+        layer_bwd.add(hb, count_b)
         if c.attention_core:
-            core_fwd.add(hf, c.count)
-            core_bwd.add(hb, c.count)
+            core_fwd.add(hf, count_f)
+            core_bwd.add(hb, count_b)
     if casts is not None:
         for c in casts.forward:
             layer_fwd.add(op(c.name, "fwd", **c.shape), c.count)

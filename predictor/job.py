@@ -436,6 +436,9 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
         # Megatron splits each sequence into 2·cp chunks (load-balanced causal attention).
         if m.seq_len % (2 * lay.cp):
             raise JobError("layout.cp", f"seq_len ({m.seq_len}) must be divisible by 2 × cp ({2 * lay.cp})")
+        if m.attention_impl == "math":
+            raise JobError("layout.cp", "context parallelism runs ring attention on flash-attention "
+                                        "kernels, not SDPA's math fallback (model.attention_impl)")
         if m.attention != "flash":
             raise JobError("layout.cp", "context parallelism runs ring attention on flash-attention "
                                         "kernels: model.attention must be \"flash\"")

@@ -74,7 +74,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from .job import Layout, ModelSpec
-from .recipe import (gradient_precision, layer_parameters, mlp_up_width, padded_vocab, stage_layers,
+from .recipe import (fused_attention, gradient_precision, layer_parameters, mlp_up_width, padded_vocab, stage_layers,
                      stage_parameters)
 
 if TYPE_CHECKING:  # only for the type hint of estimate_job
@@ -165,7 +165,7 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout, precision: str,
     replicated = (e * T * h * (4 if not model.parallel_residual else 3)   # norm1 in, qkv in, norm2 in, mlp in
                   + 2 * T * h)                                            # two dropout masks
     sharded = e * T * (h + 2 * k + h + act_in + f)
-    if model.attention == "flash":
+    if fused_attention(model):
         sharded += 4 * b * a * s                                          # fp32 log-sum-exp
     elif recompute != "selective":
         sharded += (2 * e + 1) * b * a * s * s                            # softmax out, mask, dropout out

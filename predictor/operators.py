@@ -87,7 +87,8 @@ class Operator:
     directions: tuple[str, ...] = ("fwd", "bwd")
     bytes_per_element: float | None = None     # None = the precision's; optimizer state is fp32
     bwd_elements: Callable[[Shape], np.ndarray] | None = None   # when backward traffic is not a multiple
-    calibrated: bool = True       # False: never measured, costed through a substitute (FP8 casts)
+    calibrated: bool = True       # False: not in every calibration (FP8 casts: never, costed through
+                                  # a substitute; attention kernels: where the partition has them)
 
     def roofline_seconds(self, shape: Shape, direction: str, precision: str, gpu: GpuSpec) -> np.ndarray:
         """max(FLOPs / peak, bytes / bandwidth) for each row of ``shape`` (columns of values), or
@@ -134,6 +135,12 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in [
     Operator("scaled_masked_softmax", ("batch", "l"), "memory", _zero,
              lambda s: 2.0 * _scores_elems(s), 1.5),
     Operator("flash_atten", ("b", "heads", "l", "d"), "attention", _flash_flops, _flash_elems, 2.5),
+    # One attention kernel by name (model.attention_impl; predictor.attention): same shapes and
+    # work as flash_atten, timed only where the partition has that kernel (calibrate/attention.py),
+    # so not among the operators every calibration measures.
+    *[Operator(f"flash_atten_{impl}", ("b", "heads", "l", "d"), "attention", _flash_flops, _flash_elems, 2.5,
+               calibrated=False)
+      for impl in ("cudnn", "flash2", "flash3", "triton", "sdpa_flash", "sdpa_efficient")],
     Operator("rope", ("tokens", "heads", "d"), "memory", _zero, _ew("tokens", "heads", "d", factor=4.0)),
     Operator("gelu", ("tokens", "width"), "memory", _zero, _ew("tokens", "width"), 1.5),
     Operator("swiglu", ("tokens", "width"), "memory", _zero, _ew("tokens", "width", factor=3.0), 1.67),

@@ -482,6 +482,12 @@ def total_parameters(model: ModelSpec, tp: int = 1) -> int:
 ATTENTION_CORE = frozenset(("baddbmm", "scaled_masked_softmax", "bmm", "fillmask", "flash_atten"))
 
 
+def fused_attention(model: ModelSpec) -> bool:
+    """Whether the job's attention runs as one fused kernel: ``attention = "flash"``, unless its
+    kernel is SDPA's math fallback, which computes (and keeps) the scores as the unfused path."""
+    return model.attention == "flash" and model.attention_impl != "math"
+
+
 @dataclass(frozen=True)
 class OperatorCall:
     """One operator kind (a :data:`predictor.operators.OPERATORS` name) with its shape on one
@@ -540,7 +546,7 @@ def micro_batch_recipe(model: ModelSpec, layout: Layout) -> MicroBatchRecipe:
     if model.pos_emb == "rotary":
         layer.append(call("rope", tokens=tokens, heads=(hpg + kvpg) / 2, d=d))
     attn_batch = b * hpg
-    if model.attention == "flash":
+    if fused_attention(model):
         # Ring attention (cp > 1): a rank's queries meet every K/V chunk in turn, cp blocks of
         # seq_len / cp — with Megatron's load balancing, 1/cp of the whole causal attention.
         layer.append(call("flash_atten", cp, b=b, heads=hpg, l=model.seq_len // cp, d=d))
@@ -548,7 +554,7 @@ def micro_batch_recipe(model: ModelSpec, layout: Layout) -> MicroBatchRecipe:
         layer += [call("baddbmm", batch=attn_batch, l=model.seq_len, d=d),
                   call("scaled_masked_softmax", batch=attn_batch, l=model.seq_len),
                   call("bmm", batch=attn_batch, l=model.seq_len, d=d)]
-    else:   # unfused: baddbmm, mask fill and softmax measured as one block, then ·V
+    else:   # unfused (and SDPA's math): baddbmm, mask fill and softmax measured as one block, then ·V
         layer += [call("fillmask", batch=attn_batch, l=model.seq_len, d=d),
                   call("bmm", batch=attn_batch, l=model.seq_len, d=d)]
     layer += [call("linear2", m=tokens, k=hpg * d, n=h),

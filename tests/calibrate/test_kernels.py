@@ -87,3 +87,27 @@ def test_cpu_statistic_resists_contention_gpu_keeps_the_middle_half():
     assert robust_seconds([5.0], "cpu") == 5.0
     with pytest.raises(ValueError):
         robust_seconds([], "cpu")
+
+
+def test_attention_kernels_surveyed_and_timed_on_cpu():
+    from calibrate import attention
+    from calibrate.plans import OperatorPoint, Plan, add_attention_kernels
+    s = attention.survey("cpu")
+    # CPU has SDPA's flash backend (its own kernel), and it is what SDPA picks; the rest are
+    # listed with a reason, never silently dropped.
+    assert s.default == "sdpa_flash" and "sdpa_flash" in s.available
+    assert set(s.available) | set(s.missing) == set(attention.KERNELS)
+    assert all(why for why in s.missing.values())
+    assert "cudnn" in s.missing and "does not run on cpu" in s.missing["cudnn"]
+    k = K.build_kernel("flash_atten_sdpa_flash", {"b": 1, "heads": 2, "l": 32, "d": 8}, "fp32", "cpu")
+    t = k.time(warmup=1, repeats=2)
+    assert set(t) == {"fwd", "bwd"} and all(v.seconds > 0 for v in t.values())
+    # The pinned kernel computes the same causal attention as the default one.
+    q, kk, v = (torch.randn(1, 2, 32, 8) for _ in range(3))
+    assert torch.allclose(s.available["sdpa_flash"](q, kk, v), K.flash_attention(q, kk, v), atol=1e-5)
+    plan = Plan("p", "", ("fp32",), [OperatorPoint("flash_atten", "fp32", (1, 2, 32, 8)),
+                                     OperatorPoint("gelu", "fp32", (16, 32))], [], 1, 2)
+    assert add_attention_kernels(plan, ["cudnn", "flash2"]) == 2
+    assert sorted(p.op for p in plan.operators) == ["flash_atten", "flash_atten_cudnn", "flash_atten_flash2", "gelu"]
+    with pytest.raises(CalibrationError, match="no attention kernel 'flash9'"):
+        add_attention_kernels(plan, ["flash9"])

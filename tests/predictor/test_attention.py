@@ -63,3 +63,49 @@ def test_non_causal_samples_are_made_causal():
     long = attention.relative_seconds("flash2", noncausal, "fwd", 16384, False).ratio
     # The causal kernel skips half the blocks but pays the diagonal: closer to 1/2 the longer.
     assert 0.5 < long < short < 1.0
+
+
+def _predict(platform: str, **model):
+    from predictor import load_platform, predict
+    job = TrainingJob.from_dict({"model": {"layers": 2, "hidden": 2048, "heads": 16, "seq_len": 8192,
+                                           "attention": "flash", **model},
+                                 "layout": {"micro_batch": 1, "micro_batches": 2, "zero_stage": 0},
+                                 "run": {"precision": "bf16"}}, source="job.toml")
+    return predict(job, load_platform(platform))
+
+
+def test_a_measured_kernel_is_costed_from_its_samples_others_say_they_were_not():
+    plain, cudnn = _predict("dgx-h100"), _predict("dgx-h100", attention_impl="cudnn")
+    # The lent H100's flash_atten samples timed cuDNN's kernel: naming it changes nothing.
+    assert cudnn.iteration_seconds == plain.iteration_seconds
+    assert not [w for w in cudnn.warnings if "attention kernel" in w]
+    fa2 = _predict("dgx-h100", attention_impl="flash2")
+    assert fa2.iteration_seconds > plain.iteration_seconds
+    said = [w for w in fa2.warnings if "attention kernel flash2 was not measured" in w]
+    assert said and "timed cudnn" in said[0]
+    # The same kernel through SDPA costs the same and says the same.
+    assert _predict("dgx-h100", attention_impl="sdpa_flash").iteration_seconds == fa2.iteration_seconds
+
+
+def test_flash3_needs_hopper_and_math_is_the_unfused_path():
+    with pytest.raises(JobError, match="model.attention_impl: flash3 .*Hopper"):
+        _predict("perlmutter-a100", attention_impl="flash3")
+    math_ = _predict("perlmutter-a100", attention_impl="math")
+    unfused = _predict("perlmutter-a100", attention="unfused")
+    assert math_.iteration_seconds == pytest.approx(unfused.iteration_seconds)
+    assert math_.stages()[0]["peak_memory_bytes"] == unfused.stages()[0]["peak_memory_bytes"]
+    with pytest.raises(JobError, match="layout.cp.*math"):
+        TrainingJob.from_dict({"model": {**MODEL, "attention_impl": "math"}, "layout": {"cp": 2}})
+
+
+def test_non_causal_bundle_samples_are_costed_causal():
+    from predictor import load_platform
+    from predictor.estimate import _attention_cost
+    plat = load_platform("perlmutter-a100")
+    job = TrainingJob.from_dict({"model": {**MODEL, "attention": "flash"}})
+    cost = _attention_cost(job, plat, 8192.0)
+    assert cost.operator == "flash_atten" and not cost.warnings
+    assert cost.forward_ratio == pytest.approx(attention.causal_fraction(8192.0))
+    # A framework whose kernel is the one timed (NeoX: FlashAttention-2) pays only the mask.
+    neox = TrainingJob.from_dict({"model": {**MODEL, "attention": "flash"}, "run": {"framework": "neox"}})
+    assert _attention_cost(neox, plat, 8192.0).backward_ratio == cost.backward_ratio
