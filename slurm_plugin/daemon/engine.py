@@ -385,7 +385,8 @@ class Engine:
 # keeping file contents out of answers
 
 # Words of the parser's and predictor's own messages, and launch-config key names: never secret,
-# so never redacted even when a config file happens to contain them too.
+# so never redacted even when a config file happens to contain them too. Besides this short list,
+# every word of the source of the modules that write the messages counts (_own_words).
 _MESSAGE_WORDS = frozenset("""
     cannot predict read config file not integer number the and for with from unknown using default
     valid JSON YAML larger than KiB MiB nested levels deep deeply mapping keys ignored duplicate
@@ -402,21 +403,75 @@ _MESSAGE_WORDS = frozenset("""
     """.split())
 _TOKEN_RE = re.compile(r"""'([^'\n]{1,200})'|"([^"\n]{1,200})"|([^\s'"`(),;:=\[\]{}<>]{3,})""")
 _NUMBER_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?[A-Za-z%]{0,3}")
+_SUGGESTION_RE = re.compile(r"did you mean '?([^'?]{1,160}?)'?\?")
+_TRAILING = ".,?!…"
+_SOURCE_WORD_RE = re.compile(r"""[^\s'"`(),;:=\[\]{}<>\\]{3,}""")
 REDACTED = "<file content>"
+# The packages whose source is perfcast's own wording (the parser and the predictor).
+_OWN_PACKAGES = ("slurm_plugin.launch", "predictor")
+
+
+def _own_words() -> frozenset:
+    """Every word of the source of the message-writing modules, and every key and flag
+    name the readers know: text that is perfcast's own (public source), never a file's secret.
+    Computed once per process (some 50 ms), from the installed source."""
+    global _OWN_WORDS
+    if _OWN_WORDS is None:
+        import importlib
+        import pathlib
+        words: set = set(_MESSAGE_WORDS)
+        for name in _OWN_PACKAGES:
+            try:
+                root = pathlib.Path(importlib.import_module(name).__file__).parent
+            except (ImportError, TypeError):
+                continue
+            for path in sorted(root.glob("*.py")):
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
+                    continue
+                # every word of the source: its messages' wording and names (public text)
+                words.update(w.strip(_TRAILING) for w in _SOURCE_WORD_RE.findall(text))
+        try:
+            from slurm_plugin.launch import megatron_flags, neox_keys, nemo, torchtitan
+            words.update(megatron_flags.KNOWN, neox_keys.NEOX_KEYS, neox_keys.ZERO_KEYS, nemo.READ_KEYS)
+            words.update(k for keys in torchtitan.JOB_CONFIG_KEYS.values() for k in keys)
+        except ImportError:
+            pass
+        _OWN_WORDS = frozenset(w for w in words if w)
+    return _OWN_WORDS
+
+
+_OWN_WORDS: Optional[frozenset] = None
+
+
+def _near(piece: str, suggestions: list) -> bool:
+    """A name the user misspelt: the message suggests a known name it is one typo away from."""
+    import difflib
+    return any(difflib.SequenceMatcher(None, piece.lstrip("-+~"), s.lstrip("-+~")).ratio() >= 0.8
+               for s in suggestions)
 
 
 def redact(text: str, contents: list[str], script: str) -> str:
     """``text`` with every piece that comes from a file read for this request (and not from the
     script itself) replaced by ``<file content>``.
 
-    Numbers are kept (answers are numbers and messages; a model shape read from a config is what
-    the message is about), and so are the words the parser's messages are made of.
+    Kept: numbers (answers are numbers and messages; a model shape read from a config is what the
+    message is about), perfcast's own words (:func:`_own_words`), and the name of a key the message
+    calls a misspelling of the name it suggests ("'x' is not a … key; did you mean 'y'?"): the user
+    wrote that key, and it is one typo from a public name, so it tells nothing of the file.
     """
+    own = _own_words()
+    suggestions = [m.group(1).split()[-1] for m in _SUGGESTION_RE.finditer(text) if m.group(1).split()]
+
     def secret(piece: str) -> bool:
         piece = piece.strip()
-        if len(piece) < 3 or piece in _MESSAGE_WORDS or _NUMBER_RE.fullmatch(piece):
+        bare = piece.strip(_TRAILING)
+        if len(piece) < 3 or piece in own or bare in own or _NUMBER_RE.fullmatch(piece):
             return False
-        return piece not in script and any(piece in c for c in contents)
+        if piece in script or not any(piece in c for c in contents):
+            return False
+        return not (suggestions and _near(bare, suggestions))
 
     def sub(m: "re.Match[str]") -> str:
         quoted = m.group(1) if m.group(1) is not None else m.group(2)

@@ -336,3 +336,75 @@ def test_daemon_runs_workers_and_its_pid_file_passes_the_install_check(cluster):
     # forked workers (the same command line; a partition lookup may show up as scontrol)
     workers = [c for c in children if daemon_argv(int(c)) == argv]
     assert workers, "perf-predictd has no worker processes"
+
+
+# --- what a user who made a typo reads after sbatch: perfcast's words and their own key, never
+# another file's contents (one case per kind of launch error) ---------------------------------
+_NEOX = ('{{\n  "pipe_parallel_size": 1,\n  "model_parallel_size": 1,\n  "num_layers": {layers},\n'
+         '  "hidden_size": 768,\n  "num_attention_heads": 12,\n  "seq_length": 2048,\n'
+         '  "{micro}": 4,\n  "train_iters": 5000,\n  "wandb_project": "{marker}"\n}}\n')
+_NEMO = ("# {marker}\ntrainer:\n  devices: 4\n  num_nodes: 2\n  precision: bf16\n  max_steps: 1000\n"
+         "model:\n  micro_batch_size: 1\n  global_batch_size: 64\n  tensor_model_parallel_size: 1\n"
+         "  pipeline_model_parallel_size: 1\n  encoder_seq_length: 2048\n  num_layers: 12\n  hidden_size: 768\n"
+         "  num_attention_heads: 12\n")
+_TITAN = ('# {marker}\n[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\n'
+          'seq_len = 2048\nsteps = 100\n[parallelism]\ntensor_paralel_degree = 2\n')
+_DS = '{{\n  "train_micro_batch_size_per_gpu": 1,\n  "wall_clock_breakdown": "{marker}",\n  "zero_optimization": {{"stgae": 1}}\n}}\n'
+_MEG = ("srun python pretrain_gpt.py --num-layers 12 --hidden-size 768 --num-attention-heads 12 "
+        "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 "
+        "--train-iters 1000 --bf16 {extra}\n")
+_HEAD = "#!/bin/bash\n#SBATCH -N 2\n#SBATCH --gres=gpu:4\n#SBATCH --ntasks-per-node=4\n"
+TYPO_CASES = {
+    # kind: (config file name, config text, launch line, words the user must read, whether a value
+    #        from the file is named and so redacted)
+    "neox-misspelt-key": ("neox.yml", _NEOX.format(layers=12, micro="train_micro_batch_sise_per_gpu", marker="{m}"),
+                          "python ./deepy.py train.py {cfg}\n",
+                          ["'train_micro_batch_sise_per_gpu' is not a GPT-NeoX key",
+                           "did you mean 'train_micro_batch_size_per_gpu'?"], False),
+    "neox-not-an-integer": ("neox.yml", _NEOX.format(layers='"{m}"', micro="train_micro_batch_size_per_gpu",
+                                                     marker="x"),
+                            "python ./deepy.py train.py {cfg}\n", ["model.layers unknown: num_layers is '<file content>'"],
+                            True),
+    "megatron-flag": ("unused.txt", "{m}\n", _MEG.format(extra="--tensor-model-paralel-size 2"),
+                      ["--tensor-model-paralel-size is not a Megatron argument",
+                       "did you mean --tensor-model-parallel-size?", "Megatron will refuse this flag at start"],
+                      False),
+    "nemo-override": ("conf/gpt.yaml", _NEMO.format(marker="{m}"),
+                      "srun python megatron_gpt_pretraining.py --config-path={dir}/conf --config-name=gpt "
+                      "trainer.max_step=75000\n",
+                      ["trainer.max_step: not in gpt.yaml", "Hydra refuses", "did you mean trainer.max_steps?"],
+                      False),
+    "torchtitan-key": ("titan.toml", _TITAN.format(marker="{m}"),
+                       "srun torchrun --nnodes 2 --nproc_per_node 4 -m torchtitan.train --job.config_file {cfg}\n",
+                       ["[parallelism] tensor_paralel_degree is not a TorchTitan config key",
+                        "did you mean [parallelism] tensor_parallel_degree?"], False),
+    "deepspeed-key": ("ds.json", _DS.format(marker="{m}"),
+                      _MEG.format(extra="--deepspeed --deepspeed_config {cfg}"),
+                      ["'stgae' is not a DeepSpeed zero_optimization key", "did you mean 'stage'?"], False),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TYPO_CASES))
+def test_launch_error_reads_in_perfcast_words_with_the_users_key(cluster, held_jobs, kind):
+    name, config, launch, expected, redacted = TYPO_CASES[kind]
+    marker = f"SECRET{os.getpid()}x{kind.replace('-', '')}"
+    base = cluster.jobs_dir / f"typo-{kind}"
+    cfg = base / name
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    for d in (base, cfg.parent):
+        d.chmod(0o755)
+    cfg.write_text(config.replace("{m}", marker))
+    cfg.chmod(0o644)
+    script = cluster.write_script(f"typo-{kind}.sh", _HEAD + launch.format(cfg=cfg, dir=base))
+    job, messages, _ = cluster.sbatch(script, user="nobody")
+    held_jobs.append(job)
+    assert cluster.show(job)["TimeLimit"] == "2-00:00:00"           # nothing changed
+    (line,) = perfcast_lines(messages)
+    assert "cannot predict" in line and "unchanged" in line, line
+    for words in expected:
+        assert words in line, (words, line)
+    assert marker not in line and marker not in " ".join(messages)
+    from slurm_plugin.daemon.engine import REDACTED
+    assert (REDACTED in line) == redacted, line
+    assert f"{name.split('/')[-1]}:" in line or kind == "megatron-flag" or "job.sbatch" in line or \
+        f"typo-{kind}.sh:" in line, line
