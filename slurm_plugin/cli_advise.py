@@ -272,6 +272,8 @@ def run(argv: Optional[Sequence[str]] = None, predict_many: Any = None, platform
     else:
         inp, plat = load_job_and_platform(args.job, args.platform, args.partition, args.config)
         job = inp.job
+        if inp.platform_from:
+            print(f"{PROG}: {inp.platform_from}", file=sys.stderr)
     gpn = int(plat.gpus_per_node)
     if args.nodes:
         counts: Optional[list[int]] = [n * gpn for n in args.nodes]

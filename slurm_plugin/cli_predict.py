@@ -1,6 +1,7 @@
 """perf-predict: how long will this training job take on that platform?
 
-    perf-predict JOB --platform NAME [--json]     JOB = TOML job file or batch script
+    perf-predict JOB [--platform NAME | --partition NAME] [--json]   JOB = TOML job file or batch script
+    (a batch script's own #SBATCH --partition picks the platform through the site config, as at sbatch)
     perf-predict --list-platforms
 """
 from __future__ import annotations
@@ -133,6 +134,8 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     if not args.job:
         raise UsageError("give a JOB (TOML job file or batch script), or --list-platforms")
     inp, plat = load_job_and_platform(args.job, args.platform, args.partition, args.config)
+    if inp.platform_from:
+        print(f"{PROG}: {inp.platform_from}", file=sys.stderr)
     pred = predict(inp.job, plat)
     if args.json:
         out = pred.to_dict(plat.gpu_memory_gib)

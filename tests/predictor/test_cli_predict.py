@@ -119,3 +119,56 @@ def test_text_says_when_the_job_does_not_fit(capsys, tmp_path):
     assert main([str(job), "--platform", "dgx-a100"]) == 0
     out = capsys.readouterr().out
     assert "DOES NOT FIT in 80 GiB" in out and "174.60 B parameters" in out
+
+
+def _partition_script(tmp_path):
+    import re
+    src = (ROOT / "tests" / "launch" / "data" / "corpus" / "01_neox_20b" / "job.sbatch").read_text()
+    script = tmp_path / "job.sbatch"
+    script.write_text(re.sub(r"#SBATCH (-p|--partition)[ =]\S+", "#SBATCH --partition=h100", src))
+    for f in (ROOT / "tests" / "launch" / "data" / "corpus" / "01_neox_20b").iterdir():
+        if f.name not in ("job.sbatch", "expected.json") and f.is_file():
+            (tmp_path / f.name).write_text(f.read_text())
+        elif f.is_dir():
+            import shutil
+            shutil.copytree(f, tmp_path / f.name, dirs_exist_ok=True)
+    return script
+
+
+def test_partition_of_the_script_picks_the_platform_through_the_site_config(tmp_path, capsys, monkeypatch):
+    """As sbatch does: #SBATCH --partition -> the site config's platform, and the CLI says which."""
+    cfg = tmp_path / "perfcast.toml"
+    cfg.write_text('[partitions.h100]\nplatform = "dgx-h100"\n[partitions.a100]\nplatform = "dgx-a100"\n')
+    monkeypatch.setenv("PERFCAST_CONFIG", str(cfg))
+    monkeypatch.delenv("SBATCH_PARTITION", raising=False)
+    script = _partition_script(tmp_path)
+    assert main([str(script), "--json"]) == 0, capsys.readouterr().err
+    got = capsys.readouterr()
+    assert json.loads(got.out)["platform"] == "dgx-h100"
+    assert "platform dgx-h100 for partition h100" in got.err and "job.sbatch:6" in got.err
+    assert str(cfg) in got.err
+    # $SBATCH_PARTITION wins over the script, as it does for sbatch
+    monkeypatch.setenv("SBATCH_PARTITION", "a100")
+    assert main([str(script), "--json"]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out)["platform"] == "dgx-a100" and "$SBATCH_PARTITION" in got.err
+    monkeypatch.delenv("SBATCH_PARTITION")
+    # --platform still wins, silently
+    assert main([str(script), "--platform", "perlmutter-a100", "--json"]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out)["platform"] == "perlmutter-a100" and "for partition" not in got.err
+
+
+def test_partition_the_site_config_lacks_is_one_line(tmp_path, capsys, monkeypatch):
+    cfg = tmp_path / "perfcast.toml"
+    cfg.write_text('[partitions.a100]\nplatform = "dgx-a100"\n')
+    monkeypatch.setenv("PERFCAST_CONFIG", str(cfg))
+    monkeypatch.delenv("SBATCH_PARTITION", raising=False)
+    script = _partition_script(tmp_path)
+    assert main([str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "partition 'h100' (" in err and "job.sbatch:6" in err and "a100" in err and "--platform" in err
+    monkeypatch.setenv("PERFCAST_CONFIG", str(tmp_path / "nope.toml"))
+    assert main([str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "needs the site config" in err and "no such file" in err and len(err.strip().splitlines()) == 1
