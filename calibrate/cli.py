@@ -240,6 +240,17 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--config", default=None)
     rp.add_argument("--records", default=None)
 
+    wa = sub.add_parser("watch", help="correct running perfcast jobs' time limits from their logs' "
+                        "progress (one pass; --every to repeat)")
+    wa.add_argument("--every", type=_positive, default=None, metavar="SECONDS",
+                    help="repeat a pass every SECONDS until stopped (the timer runs one pass)")
+    wa.add_argument("--config", default=None, help="site config with the [watch] policy")
+    wa.add_argument("--records", default=None)
+    wa.add_argument("--out", default=None, help="runs files of running jobs' measured rates "
+                    "(default /var/lib/perfcast/runs)")
+    wa.add_argument("--dry-run", action="store_true", help="decide and say; change no job, write nothing")
+    wa.add_argument("--json", action="store_true")
+
     rb = sub.add_parser("rollback", help="switch a partition back to its previous platform")
     rb.add_argument("partition")
     rb.add_argument("--root", default=None)
@@ -510,9 +521,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     from slurm_plugin.records import RecordStore
     from .harvest import parse_since
     from .report import build_report, plot_report
-    store = RecordStore(_records_path(args), create=False)
+    from .watch_log import read_actions
+    path = _records_path(args)
+    store = RecordStore(path, create=False)
     since = parse_since(args.since) if args.since else None
-    rep = build_report(store.outcomes(partition=args.partition, since=since), args.partition)
+    pairs = store.outcomes(partition=args.partition, since=since)
+    actions = read_actions(path)
+    harvested = {o.slurm_job_id for _, o in pairs}
+    watched = {a.record_id: store.get(a.record_id) for a in actions if a.slurm_job_id not in harvested}
+    watched = {k: v for k, v in watched.items() if v is not None and (since is None or v.created >= since)}
+    rep = build_report(pairs, args.partition, watch_actions=actions, watched_records=watched)
     if args.plot:
         plot_report(rep, args.plot)
     if args.json:
@@ -524,10 +542,37 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    import time
+    from .harvest import DEFAULT_OUT
+    from .watch import WatchError, WatchOptions, watch_once
+    cfg = _site_config(args)
+    if cfg is None:
+        raise PerfcastError("no site config (--config, $PERFCAST_CONFIG or /etc/perfcast/perfcast.toml): "
+                            "the [watch] policy is what allows changing limits")
+    if not cfg.watch.enabled:
+        print(f"perf-calibrate: watch: [watch] enabled = false in {cfg.path}: nothing to do", file=sys.stderr)
+    opts = WatchOptions(records=Path(_records_path(args)), policy=cfg.watch,
+                        out_dir=Path(args.out) if args.out else DEFAULT_OUT, dry_run=args.dry_run)
+    while True:
+        try:
+            res = watch_once(opts)
+            print(json.dumps(res.to_dict(), indent=2) if args.json else res.summary(), flush=True)
+            status = 0
+        except (WatchError, RecordStoreError, PerfcastError, OSError) as exc:
+            if args.every is None:
+                raise
+            print(f"perf-calibrate: watch: {exc}", file=sys.stderr, flush=True)
+            status = 2
+        if args.every is None:
+            return status
+        time.sleep(args.every)
+
+
 COMMANDS = {"run": cmd_run, "host": cmd_host, "fabric": cmd_fabric, "plan": cmd_plan, "fit": cmd_fit, "import": cmd_import,
             "install": cmd_install, "schedule": cmd_schedule, "status": cmd_status,
             "rollback": cmd_rollback, "validate": cmd_validate, "harvest": cmd_harvest,
-            "report": cmd_report}
+            "report": cmd_report, "watch": cmd_watch}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

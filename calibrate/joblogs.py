@@ -69,7 +69,7 @@ MAX_ITERATION_SECONDS = 1e7
 # rather than read as a smaller number).
 _NUM = r"([-+]?(?:\d{1,15}(?:\.\d{0,15})?|\.\d{1,15})(?:[eE][-+]?\d{1,3})?)(?![\d.])"
 _MEGATRON = re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUM)
-_ITERATION = re.compile(r"\biteration\s+(\d{1,12})\s*/\s*\d{1,12}")
+_ITERATION = re.compile(r"\biteration\s+(\d{1,12})\s*/\s*(\d{1,12})")
 _NEMO = re.compile(r"train_step_timing in s\s*[=:]\s*" + _NUM)
 _NEMO_STEP = re.compile(r"\bglobal_step\s*[=:]\s*(\d{1,12})(?:\.0+)?(?![\d.])")
 _PIPE = re.compile(r"\biter time \(s\):\s*" + _NUM)
@@ -87,6 +87,7 @@ _PHASES = (("fwd", "forward"), ("bwd", "backward"), ("step", "optimizer", "optim
 class Sample:
     seconds: float                   # per iteration
     iteration: Optional[int] = None  # the iteration number the line reports, when it has one
+    planned: Optional[int] = None    # the run's planned iterations (``iteration 200/5000``), if said
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,16 @@ class IterationTimes:
     @property
     def median_seconds(self) -> Optional[float]:
         return statistics.median(self.steady) if self.steady else None
+
+    @property
+    def last_iteration(self) -> Optional[int]:
+        """The iteration number of the last numbered sample (where the job was when it logged)."""
+        return next((s.iteration for s in reversed(self.samples) if s.iteration is not None), None)
+
+    @property
+    def planned_iterations(self) -> Optional[int]:
+        """The planned total the last line that says one gives (Megatron, GPT-NeoX, NeMo 2)."""
+        return next((s.planned for s in reversed(self.samples) if s.planned is not None), None)
 
     @property
     def iterations_spanned(self) -> Optional[int]:
@@ -131,7 +142,7 @@ def _megatron(line: str) -> Optional[tuple[str, Sample]]:
         return None
     it = _ITERATION.search(line)
     fmt = "gpt-neox" if "samples/sec:" in line[:m.start()] else "megatron"
-    return fmt, Sample(v, int(it.group(1)) if it else None)
+    return fmt, Sample(v, int(it.group(1)) if it else None, int(it.group(2)) if it else None)
 
 
 def _nemo(line: str) -> Optional[tuple[str, Sample]]:
@@ -142,8 +153,11 @@ def _nemo(line: str) -> Optional[tuple[str, Sample]]:
     if v is None:
         return None
     # NeMo 2's line says the iteration; Lightning's bar says global_step (0-based, the step done).
-    it = _ITERATION.search(line) or _NEMO_STEP.search(line)
-    return "nemo", Sample(v, int(it.group(1)) if it else None)
+    it = _ITERATION.search(line)
+    if it:
+        return "nemo", Sample(v, int(it.group(1)), int(it.group(2)))
+    step = _NEMO_STEP.search(line)
+    return "nemo", Sample(v, int(step.group(1)) if step else None)
 
 
 def _pipe(line: str) -> Optional[tuple[str, Sample]]:

@@ -12,7 +12,13 @@ and measured seconds per iteration, predicted total.  Per partition:
 - **timeouts at a perfcast limit**: jobs that ended TIMEOUT at a ``--time`` perfcast set (the
   failure a too-short prediction causes);
 - **over-reservation**: time limit / elapsed of jobs that COMPLETED (median and 90th percentile),
-  for limits perfcast set and, apart, for limits users set -- long limits are what hurts backfill.
+  for limits perfcast set and, apart, for limits users set -- long limits are what hurts backfill;
+- **the watch** (``perf-calibrate watch``, :mod:`calibrate.watch`): each job's ``watch_actions``
+  (extend / shrink / none, from and to seconds, when, why), and per partition the extensions and
+  shrinks, hours returned to backfill, kills avoided (jobs that COMPLETED after running past the
+  limit they had before the watch extended it), jobs that still timed out and why, and
+  extensions per user.  Jobs the watch acted on that are not harvested yet are listed too, with
+  the state the watch last saw (RUNNING).
 
 This module is unrelated to :mod:`calibrate.fitting.report` (the operator-fit validation report).
 """
@@ -26,6 +32,8 @@ from typing import Any, Optional, Sequence
 
 from predictor.errors import PerfcastError
 from slurm_plugin.records import JobOutcome, PredictionRecord
+
+from .watch_log import WatchAction
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,29 @@ class JobRow:
     user: str
     log_format: str
     note: str
+    watch_actions: tuple[WatchAction, ...] = ()
+
+    @property
+    def limit_before_watch(self) -> Optional[float]:
+        """The limit the job had before the watch's first extension or shrink (None: untouched)."""
+        changes = [a for a in self.watch_actions if a.action != "none"]
+        return changes[0].from_seconds if changes else None
+
+    @property
+    def kill_avoided(self) -> bool:
+        """COMPLETED after running past the limit it had before the watch extended it."""
+        before = self.limit_before_watch
+        return (self.state == "COMPLETED" and before is not None and self.elapsed_seconds is not None
+                and any(a.action == "extend" for a in self.watch_actions) and self.elapsed_seconds > before)
+
+    @property
+    def no_measurement_reason(self) -> str:
+        """Why the report shows '-' for the measured iteration time."""
+        if self.measured_iteration_seconds is not None:
+            return ""
+        if self.state == "RUNNING" and not self.note:
+            return "still running (not harvested yet)"
+        return self.note or "no reason recorded"
 
     @property
     def error(self) -> Optional[float]:
@@ -74,6 +105,9 @@ class JobRow:
         d["iteration_error"] = self.error
         d["inside_interval"] = self.inside_interval
         d["over_reservation"] = self.over_reservation
+        d["watch_actions"] = [a.brief() for a in self.watch_actions]
+        d["no_measurement_reason"] = self.no_measurement_reason or None
+        d["kill_avoided"] = self.kill_avoided
         return d
 
 
@@ -114,12 +148,54 @@ class PartitionSummary:
     timeout_jobs: list[int]
     over_reservation: Spread            # limits perfcast set, COMPLETED jobs
     over_reservation_user_limits: Spread
+    watch: Optional["WatchSummary"] = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["over_reservation"] = asdict(self.over_reservation)
         d["over_reservation_user_limits"] = asdict(self.over_reservation_user_limits)
         return d
+
+
+@dataclass(frozen=True)
+class WatchSummary:
+    """What ``perf-calibrate watch`` did in one partition."""
+
+    jobs_watched: int
+    extensions: int                     # extend actions
+    shrinks: int
+    jobs_extended: int
+    jobs_shrunk: int
+    hours_returned: float               # limit hours shrinks gave back to backfill
+    hours_extended: float
+    kills_avoided: int
+    kills_avoided_jobs: list[int]
+    still_timed_out: list[dict[str, Any]]      # {job_id, reason}: the watch's last word on it
+    extensions_per_user: dict[str, int]
+
+
+def summarize_watch(rows: Sequence[JobRow]) -> Optional[WatchSummary]:
+    watched = [r for r in rows if r.watch_actions]
+    if not watched:
+        return None
+    ext = [a for r in watched for a in r.watch_actions if a.action == "extend"]
+    shr = [a for r in watched for a in r.watch_actions if a.action == "shrink"]
+    per_user: dict[str, int] = {}
+    for a in ext:
+        per_user[a.user or "?"] = per_user.get(a.user or "?", 0) + 1
+    timed_out = []
+    for r in watched:
+        if r.state == "TIMEOUT":
+            last = r.watch_actions[-1]
+            timed_out.append({"job_id": r.job_id, "reason": f"{last.action}: {last.reason}"})
+    avoided = [r.job_id for r in watched if r.kill_avoided]
+    return WatchSummary(
+        jobs_watched=len(watched), extensions=len(ext), shrinks=len(shr),
+        jobs_extended=len({a.slurm_job_id for a in ext}), jobs_shrunk=len({a.slurm_job_id for a in shr}),
+        hours_returned=sum((a.from_seconds or 0) - (a.to_seconds or 0) for a in shr) / 3600.0,
+        hours_extended=sum((a.to_seconds or 0) - (a.from_seconds or 0) for a in ext) / 3600.0,
+        kills_avoided=len(avoided), kills_avoided_jobs=avoided, still_timed_out=timed_out,
+        extensions_per_user=dict(sorted(per_user.items())))
 
 
 @dataclass
@@ -141,6 +217,20 @@ class Report:
             lines.append(f"{j.job_id:>10} {j.partition[:12]:<12} {j.state[:10]:<10} {_hms(j.elapsed_seconds):>9} "
                          f"{_hms(j.time_limit_seconds):>9} {j.predicted_iteration_seconds:>10.4g} "
                          f"{_num(j.measured_iteration_seconds):>10} {err:>8}  {_hms(j.predicted_total_seconds):>10}")
+        missing = [j for j in self.jobs if j.no_measurement_reason]
+        if missing:
+            lines.append("")
+            lines.append("no measured iteration time ('-' above):")
+            lines.extend(f"  job {j.job_id}: {j.no_measurement_reason}" for j in missing)
+        acted = [j for j in self.jobs if j.watch_actions]
+        if acted:
+            lines.append("")
+            lines.append("watch actions (perf-calibrate watch):")
+            for j in acted:
+                for a in j.watch_actions:
+                    change = (f"{_hms(a.from_seconds)} -> {_hms(a.to_seconds)}" if a.action != "none"
+                              else f"kept {_hms(a.from_seconds)}")
+                    lines.append(f"  job {j.job_id} {_stamp(a.at)} {a.action:<6} {change}: {a.reason}")
         for name, s in sorted(self.partitions.items()):
             lines.append("")
             lines.append(f"partition {name}: {s.jobs} jobs, {s.measured} with a measured iteration time")
@@ -158,7 +248,23 @@ class Report:
                 if sp.n:
                     lines.append(f"  over-reservation (limit / elapsed, completed jobs) of {label}: "
                                  f"median {sp.median:.2f}x, p90 {sp.p90:.2f}x over {sp.n} jobs")
+            w = s.watch
+            if w is not None:
+                lines.append(f"  watch: {w.jobs_watched} jobs watched; {w.extensions} extensions "
+                             f"({w.hours_extended:.2f} h) of {w.jobs_extended} jobs, {w.shrinks} shrinks of "
+                             f"{w.jobs_shrunk} jobs ({w.hours_returned:.2f} h returned to backfill); "
+                             f"kills avoided: {w.kills_avoided}"
+                             + (f" (jobs {', '.join(map(str, w.kills_avoided_jobs[:10]))})" if w.kills_avoided_jobs else ""))
+                if w.extensions_per_user:
+                    lines.append("  extensions per user: " + ", ".join(f"{u} {n}" for u, n in w.extensions_per_user.items()))
+                for t in w.still_timed_out[:10]:
+                    lines.append(f"  still timed out: job {t['job_id']}: {t['reason']}")
         return "\n".join(lines)
+
+
+def _stamp(at: float) -> str:
+    import datetime as _dt
+    return _dt.datetime.fromtimestamp(at, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _num(v: Optional[float]) -> str:
@@ -175,7 +281,8 @@ def _hms(seconds: Optional[float]) -> str:
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h}:{m:02d}:{s:02d}"
 
 
-def job_row(record: PredictionRecord, outcome: JobOutcome) -> JobRow:
+def job_row(record: PredictionRecord, outcome: JobOutcome,
+            watch_actions: Sequence[WatchAction] = ()) -> JobRow:
     return JobRow(
         job_id=outcome.slurm_job_id, partition=record.partition, state=outcome.state,
         elapsed_seconds=outcome.elapsed_seconds, time_limit_seconds=outcome.time_limit_seconds,
@@ -185,7 +292,7 @@ def job_row(record: PredictionRecord, outcome: JobOutcome) -> JobRow:
         limit_set_by_perfcast=record.action == "set" and record.time_limit_minutes is not None,
         time_min_seconds=60.0 * record.time_min_minutes if record.time_min_minutes is not None else None,
         record_id=record.record_id, platform=record.platform, user=record.user,
-        log_format=outcome.log_format, note=outcome.note)
+        log_format=outcome.log_format, note=outcome.note, watch_actions=tuple(watch_actions))
 
 
 def summarize(partition: str, rows: Sequence[JobRow]) -> PartitionSummary:
@@ -200,12 +307,33 @@ def summarize(partition: str, rows: Sequence[JobRow]) -> PartitionSummary:
         limits_set=sum(1 for r in rows if r.limit_set_by_perfcast),
         timeouts_at_perfcast_limit=len(timeouts), timeout_jobs=timeouts,
         over_reservation=Spread.of([r.over_reservation for r in rows if r.limit_set_by_perfcast]),
-        over_reservation_user_limits=Spread.of([r.over_reservation for r in rows if not r.limit_set_by_perfcast]))
+        over_reservation_user_limits=Spread.of([r.over_reservation for r in rows if not r.limit_set_by_perfcast]),
+        watch=summarize_watch(rows))
 
 
 def build_report(pairs: Sequence[tuple[PredictionRecord, JobOutcome]],
-                 partition: Optional[str] = None) -> Report:
-    rows = [job_row(r, o) for r, o in pairs if partition is None or r.partition == partition]
+                 partition: Optional[str] = None, *,
+                 watch_actions: Sequence[WatchAction] = (),
+                 watched_records: Optional[dict[str, PredictionRecord]] = None) -> Report:
+    """Rows of harvested jobs, each with its watch actions; plus, from ``watched_records``
+    (record id -> record), a RUNNING row for each job the watch acted on that is not harvested."""
+    by_job: dict[int, list[WatchAction]] = {}
+    for a in watch_actions:
+        by_job.setdefault(a.slurm_job_id, []).append(a)
+    rows = [job_row(r, o, by_job.get(o.slurm_job_id, ())) for r, o in pairs
+            if partition is None or r.partition == partition]
+    seen = {r.job_id for r in rows}
+    for jid, acts in sorted(by_job.items()):
+        rec = (watched_records or {}).get(acts[-1].record_id)
+        if jid in seen or rec is None or (partition is not None and rec.partition != partition):
+            continue
+        last = acts[-1]
+        measured = next((a.measured_iteration_seconds for a in reversed(acts)
+                         if a.measured_iteration_seconds is not None), None)
+        rows.append(job_row(rec, JobOutcome(record_id=rec.record_id, slurm_job_id=jid, state="RUNNING",
+                                            time_limit_seconds=last.to_seconds,
+                                            measured_iteration_seconds=measured,
+                                            note="" if measured else last.reason), acts))
     rows.sort(key=lambda j: j.job_id)
     rep = Report(jobs=rows)
     for part in sorted({r.partition for r in rows}):
@@ -254,4 +382,5 @@ def plot_report(report: Report, path: "str | Path") -> Path:
     return out
 
 
-__all__ = ["JobRow", "PartitionSummary", "Report", "Spread", "build_report", "plot_report", "summarize"]
+__all__ = ["JobRow", "PartitionSummary", "Report", "Spread", "WatchSummary", "build_report", "plot_report",
+           "summarize", "summarize_watch"]

@@ -32,6 +32,15 @@ partition's ``platform``)::
     margin = 0.2
     max_time_minutes = 2880                  # optional; otherwise Slurm's MaxTime as sent by Lua
 
+    [watch]                                  # perf-calibrate watch (docs/watch.md); off unless enabled
+    enabled = true
+    partitions = ["gpu"]                     # [] = every partition perfcast manages
+    extend_user_limits = false               # also extend limits users set (--time)
+    max_growth = 1.0                         # a limit grows to at most (1 + this) x its start value
+    user_extra_hours = 0                     # extension hours one user may get per 24 h; 0 = no cap
+    shrink = true                            # lower limits perfcast set when a job runs fast
+    backfill_allowance_minutes = 0           # how far an extension may delay a planned pending job
+
 Path: ``--config`` wins, then ``$PERFCAST_CONFIG``, then ``/etc/perfcast/perfcast.toml``.
 Every error names the key at fault, so an admin can fix the file from the log line alone.
 """
@@ -95,11 +104,38 @@ class PartitionPolicy:
 
 
 @dataclass(frozen=True)
+class WatchPolicy:
+    """``[watch]``: how ``perf-calibrate watch`` may correct running jobs' time limits."""
+
+    enabled: bool = False                    # off unless the admin turns it on
+    partitions: tuple[str, ...] = ()         # () = every partition perfcast manages
+    extend: bool = True
+    extend_user_limits: bool = False         # also limits users set (not only perfcast's)
+    shrink: bool = True                      # lower limits perfcast set when a job runs fast
+    shrink_user_limits: bool = False
+    max_growth: float = 1.0                  # a limit grows to at most (1 + this) x its first value
+    user_extra_hours: float = 0.0            # extension hours per user per 24 h (0 = no cap)
+    margin: float = 0.10                     # on the remaining run time
+    margin_minutes: float = 10.0             # a checkpoint save, a last evaluation, the tear-down
+    shrink_min_minutes: float = 30.0         # a shrink must return at least this much to backfill
+    backfill_allowance_minutes: float = 0.0  # how far an extension may delay a planned pending job
+    min_samples: int = 3                     # steady-state log samples before acting
+    stall_minutes: float = 30.0              # no new iteration for this long: not progressing
+    max_parallel_reads: int = 8
+    read_timeout_seconds: float = 10.0
+    pass_budget_seconds: float = 120.0       # one pass reads no longer than this in all
+
+    def watches(self, partition: str) -> bool:
+        return self.enabled and (not self.partitions or partition in self.partitions)
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     path: str
     daemon: DaemonSettings
     defaults: PartitionPolicy
     partitions: Mapping[str, PartitionPolicy] = field(default_factory=dict)
+    watch: WatchPolicy = field(default_factory=WatchPolicy)
 
     def partition(self, name: Optional[str]) -> Optional[PartitionPolicy]:
         """The policy of partition ``name``; the ``[defaults]`` one if it names a platform; else None.
@@ -143,7 +179,7 @@ def load_site_config(path: Optional[str] = None) -> SiteConfig:
 
 def parse_site_config(data: Mapping[str, Any], path: str = "<config>") -> SiteConfig:
     """Validate an already-decoded config mapping (tests build these directly)."""
-    unknown = set(data) - {"daemon", "defaults", "partitions"}
+    unknown = set(data) - {"daemon", "defaults", "partitions", "watch"}
     if unknown:
         raise SiteConfigError(f"{path}: unknown section(s) {sorted(unknown)}")
     daemon = _build(DaemonSettings, _table(data, "daemon", path), "daemon", path)
@@ -174,7 +210,33 @@ def parse_site_config(data: Mapping[str, Any], path: str = "<config>") -> SiteCo
             raise SiteConfigError(f"{path}: partitions.{name}.platform: required")
         _check_policy(pol, f"partitions.{name}", path)
         parts[name] = pol
-    return SiteConfig(path=path, daemon=daemon, defaults=defaults, partitions=parts)
+    watch = parse_watch_policy(_table(data, "watch", path), path)
+    return SiteConfig(path=path, daemon=daemon, defaults=defaults, partitions=parts, watch=watch)
+
+
+def parse_watch_policy(table: Mapping[str, Any], path: str = "<config>") -> WatchPolicy:
+    """The ``[watch]`` table; every error names ``watch.<key>``."""
+    values: dict[str, Any] = {}
+    known = {f.name: f for f in fields(WatchPolicy)}
+    for key, value in table.items():
+        if key not in known:
+            raise SiteConfigError(f"{path}: watch.{key}: unknown key")
+        if key == "partitions":
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise SiteConfigError(f"{path}: watch.partitions: must be a list of partition names")
+            values[key] = tuple(value)
+        else:
+            values[key] = _coerce(known[key], value, f"watch.{key}", path)
+    w = WatchPolicy(**values)
+    bounds = {"max_growth": (0, 100), "user_extra_hours": (0, 1e6), "margin": (0, 10),
+              "margin_minutes": (0, 1440), "shrink_min_minutes": (0, 1e6),
+              "backfill_allowance_minutes": (0, 1e6), "min_samples": (1, 10000),
+              "stall_minutes": (0.1, 1e6), "max_parallel_reads": (1, 256),
+              "read_timeout_seconds": (0.1, 3600), "pass_budget_seconds": (1, 86400)}
+    for key, (lo, hi) in bounds.items():
+        if not lo <= getattr(w, key) <= hi:
+            raise SiteConfigError(f"{path}: watch.{key}: must be between {lo:g} and {hi:g}")
+    return w
 
 
 def _table(data: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:

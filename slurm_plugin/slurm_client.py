@@ -70,6 +70,43 @@ class JobInfo:
 
 
 @dataclass(frozen=True)
+class RunningJob:
+    """A running job as ``scontrol -o show job`` describes it: what ``perf-calibrate watch`` needs."""
+
+    job_id: int
+    name: str
+    user: str
+    uid: Optional[int]
+    gid: Optional[int]
+    partition: str
+    qos: str
+    time_limit_minutes: Optional[int]      # None = UNLIMITED
+    start: Optional[float]                 # UNIX seconds
+    run_seconds: Optional[float]
+    node_list: str
+    batch_host: str
+    std_out: str
+    work_dir: str
+    admin_comment: str
+    restarts: int = 0
+    array_job_id: Optional[int] = None
+    array_task_id: Optional[int] = None
+    het_job_id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class PlannedStart:
+    """A pending job the backfill scheduler has planned (``squeue --start``)."""
+
+    job_id: int
+    priority: int
+    start: float                           # UNIX seconds
+    nodes: tuple[str, ...]                 # the nodes it is planned on (expanded); () = unknown
+    partition: str
+    user: str
+
+
+@dataclass(frozen=True)
 class SubmitResult:
     job_id: int
     cluster: Optional[str]
@@ -130,6 +167,111 @@ _GRES_GPU_RE = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
 def gpus_in_gres(gres: str) -> int:
     """``gpu:8``, ``gpu:a100:4(S:0-1)``, ``gpu:a100:2,gpu:v100:2`` -> total GPUs."""
     return sum(int(n) for n in _GRES_GPU_RE.findall(gres or ""))
+
+
+# More hosts than any one job or plan names: a range beyond this is refused, not expanded.
+MAX_HOSTS = 100_000
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """Slurm's host list (``dev[001-003,7],gpu1``) as host names; () for empty/``(null)``.
+    Raises :class:`SlurmError` on a list it cannot read or one longer than :data:`MAX_HOSTS`."""
+    text = (text or "").strip()
+    if text in ("", "(null)", "None", "N/A", "None assigned"):
+        return ()
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[\]]+)(?:\[([^\]]*)\])?([^,\[\]]*)(?:,|$)", text):
+        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
+        if not m.group(0):
+            continue
+        if ranges is None:
+            out.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            r = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+            if not r:
+                raise SlurmError(f"unreadable host list {text!r}")
+            lo, hi = r.group(1), r.group(2) or r.group(1)
+            if int(hi) < int(lo) or int(hi) - int(lo) + len(out) >= MAX_HOSTS:
+                raise SlurmError(f"host list {text!r}: bad or too long a range")
+            out.extend(f"{prefix}{str(i).zfill(len(lo))}{suffix}" for i in range(int(lo), int(hi) + 1))
+    return tuple(out)
+
+
+def _epoch(text: str) -> Optional[float]:
+    """Slurm's local ISO time (``2024-05-01T10:00:01``) as UNIX seconds; None for Unknown/N/A."""
+    import datetime as _dt
+    try:
+        return _dt.datetime.strptime((text or "").strip(), "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def parse_running_jobs(text: str) -> list[RunningJob]:
+    """The RUNNING jobs of ``scontrol -o show job`` (one line each)."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("JobId="):
+            continue
+        kv = parse_oneliner(line)
+        if kv.get("JobState", "").split(" ")[0].upper() != "RUNNING":
+            continue
+        jid = _int(kv.get("JobId"))
+        if jid is None:
+            continue
+        um = re.fullmatch(r"([^()]*)\((\d+)\)", kv.get("UserId", ""))
+        gm = re.fullmatch(r"([^()]*)\((\d+)\)", kv.get("GroupId", ""))
+        try:
+            limit = parse_slurm_time(kv.get("TimeLimit", "UNLIMITED"))
+            run_min = kv.get("RunTime", "")
+            run_s = _seconds(run_min)
+        except SlurmError:
+            continue
+        out.append(RunningJob(
+            job_id=jid, name=kv.get("JobName", ""), user=um.group(1) if um else kv.get("UserId", ""),
+            uid=int(um.group(2)) if um else None, gid=int(gm.group(2)) if gm else None,
+            partition=kv.get("Partition", ""), qos=kv.get("QOS", ""), time_limit_minutes=limit,
+            start=_epoch(kv.get("StartTime", "")), run_seconds=run_s, node_list=kv.get("NodeList", ""),
+            batch_host=kv.get("BatchHost", ""), std_out=kv.get("StdOut", ""),
+            work_dir=kv.get("WorkDir", ""), admin_comment=kv.get("AdminComment", ""),
+            restarts=_int(kv.get("Restarts"), 0) or 0, array_job_id=_int(kv.get("ArrayJobId")),
+            array_task_id=_int(kv.get("ArrayTaskId")), het_job_id=_int(kv.get("HetJobId"))))
+    return out
+
+
+def _seconds(text: str) -> Optional[float]:
+    """``[D-]HH:MM:SS`` as seconds (RunTime); None when unreadable."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+):(\d+):(\d+)", (text or "").strip())
+    if not m:
+        return None
+    d, h, mi, s = (int(g or 0) for g in m.groups())
+    return float(((d * 24 + h) * 60 + mi) * 60 + s)
+
+
+_START_DELIM = "|#pc#|"
+_START_FIELDS = ("%i", "%Q", "%S", "%Y", "%P", "%u")
+
+
+def parse_planned_starts(text: str) -> list[PlannedStart]:
+    """``squeue --start -h -t PD -o`` :data:`_START_FIELDS` lines; jobs without a planned start
+    (``N/A``: held, or not planned yet) are left out."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(_START_DELIM)
+        if len(parts) != len(_START_FIELDS):
+            continue
+        jid, prio, start, nodes, part, user = (p.strip() for p in parts)
+        when = _epoch(start)
+        job_id = _int(jid.split("_")[0] if "_" in jid and not jid.isdigit() else jid)
+        if when is None or job_id is None:
+            continue
+        try:
+            hosts = expand_hostlist(nodes)
+        except SlurmError:
+            hosts = ()
+        out.append(PlannedStart(job_id=job_id, priority=_int(prio, 0) or 0, start=when, nodes=hosts,
+                                partition=part, user=user))
+    return out
 
 
 def _int(value: Any, default: Optional[int] = None) -> Optional[int]:
@@ -306,6 +448,39 @@ class SlurmClient:
             if time.monotonic() >= end:
                 raise SlurmError(f"job {job_id} still {info.state} after {timeout:g} s")
             time.sleep(poll)
+
+    def running_jobs(self) -> list[RunningJob]:
+        """Every RUNNING job slurmctld knows (``scontrol -o show job``)."""
+        proc = self._cmd(["scontrol", "-o", "show", "job"])
+        return parse_running_jobs(proc.stdout.decode("utf-8", "replace"))
+
+    def planned_starts(self) -> list[PlannedStart]:
+        """Pending jobs with a start time the scheduler planned (``squeue --start``)."""
+        proc = self._cmd(["squeue", "--start", "-h", "-t", "PD",
+                          "-o", _START_DELIM.join(_START_FIELDS)])
+        return parse_planned_starts(proc.stdout.decode("utf-8", "replace"))
+
+    def qos_max_wall_minutes(self) -> dict[str, Optional[int]]:
+        """Each QOS's MaxWall in minutes (None: no limit), from ``sacctmgr`` (accounting only)."""
+        proc = self._cmd(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall"])
+        out: dict[str, Optional[int]] = {}
+        for line in proc.stdout.decode("utf-8", "replace").splitlines():
+            name, _, wall = line.partition("|")
+            if name.strip():
+                out[name.strip()] = parse_slurm_time(wall) if wall.strip() else None
+        return out
+
+    def set_time_limit(self, job_id: int, minutes: int) -> None:
+        """``scontrol update JobId=N TimeLimit=M`` (root or the SlurmUser may raise it)."""
+        if int(minutes) < 1:
+            raise SlurmError(f"time limit of job {job_id}: {minutes} min is not a limit")
+        self._cmd(["scontrol", "update", f"JobId={int(job_id)}", f"TimeLimit={int(minutes)}"])
+
+    def set_admin_comment(self, job_id: int, text: str) -> None:
+        """``scontrol update JobId=N AdminComment=...`` (one line; Slurm keeps it with the job)."""
+        if "\n" in text or "\r" in text or "\0" in text:
+            raise SlurmError("an AdminComment is one line")
+        self._cmd(["scontrol", "update", f"JobId={int(job_id)}", f"AdminComment={text}"])
 
     def cancel(self, job_ids: Sequence[int]) -> None:
         if job_ids:

@@ -1,0 +1,575 @@
+"""``perf-calibrate watch``: correct running jobs' time limits from their own progress.
+
+One pass (``--every SECONDS`` repeats it) on the controller, as root:
+
+1. lists the RUNNING jobs that carry a perfcast record (``scontrol -o show job``) in partitions the
+   site's ``[watch]`` policy covers (:class:`slurm_plugin.siteconfig.WatchPolicy`);
+2. reads each one's log tail **as the job's user** with the harvest's reader
+   (:func:`calibrate.harvest.read_tail_as`: bounded bytes and time), several at once, within a
+   total budget, so one user's hung file system stalls neither the pass nor the other jobs;
+3. takes the steady-state iteration time and the current iteration from the log
+   (:mod:`calibrate.joblogs`), the planned iterations and checkpoint interval from the record the
+   daemon kept at submission (the trusted side), and decides (:func:`decide`):
+
+   - **extend** when the rest of the run (plus a margin for a checkpoint save and the last
+     evaluation) does not fit in the limit: up to the partition's MaxTime, the QOS MaxWall, the
+     policy's growth and per-user caps, and no later than any pending job planned on the job's
+     nodes may start (``squeue --start``) plus the site's backfill allowance.  When the rest cannot
+     fit, only up to just after the last checkpoint that fits (never a limit that ends between
+     checkpoints for nothing);
+   - **shrink** a limit perfcast set (site option) when the job will clearly end long before it,
+     never below the measured end plus the margin;
+   - **none**, with the reason, otherwise -- and on any doubt: unreadable log, too few samples,
+     a log that claims more iteration time than the job has run, an iteration count that
+     disagrees with the record, no progress for ``stall_minutes``, requeued and heterogeneous
+     jobs, Slurm not answering.  The watch fails closed: no update without every fact checked.
+
+4. writes each action as one line into the job's AdminComment (after the perfcast record, which
+   stays as it was), into the record store's ``watch_actions`` table (:mod:`calibrate.watch_log`,
+   read by ``perf-calibrate report``), and each measured rate into the partition's runs file as a
+   harvestable run (the finished job's harvest replaces it, by name).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime as _dt
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from predictor.errors import JobError, PerfcastError
+from predictor.job import TrainingJob
+from predictor.validation import MeasuredRun
+from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, PredictionRecord, RecordStore, is_record_id,
+                                  parse_admin_comment)
+from slurm_plugin.siteconfig import WatchPolicy
+from slurm_plugin.slurm_client import PlannedStart, RunningJob, SlurmClient, SlurmError, expand_hostlist
+
+from .harvest import (DEFAULT_OUT, MAX_LOG_BYTES, AccountingJob, HarvestError, LogReadError,
+                      append_runs, output_path, read_tail_as)
+from .joblogs import IterationTimes, iteration_times
+from .watch_log import JobState, WatchAction, WatchLog
+
+log = logging.getLogger(__name__)
+
+# The AdminComment segment the watch owns, after the daemon's record (which it never touches).
+WATCH_TAG = "perfcast-watch:"
+_SEGMENT = " | " + WATCH_TAG
+# A log's claims must fit the time the job has run: at least half the steady samples are at or
+# above their median, so median x iterations spanned is at most twice the time those took
+# (the harvest's bound).
+_CLAIM_FACTOR = 2.0
+# Decisions that are no news to the job's user: kept in the store, not put in the AdminComment.
+_QUIET = frozenset({"on-track", "warm-up"})
+# A measured rate is written to the runs file again only when it moved more than this.
+_RUN_REWRITE = 0.02
+
+
+class WatchError(PerfcastError):
+    """The pass cannot run (no record store, Slurm not answering); one line."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a running job's log says about it (after warm-up)."""
+
+    iteration: int                       # the last iteration the log reports
+    iteration_seconds: float             # steady-state median
+    samples: int                         # steady-state samples behind the median
+    log_format: str
+    planned_iterations: Optional[int] = None   # the total the log prints (a check, never trusted)
+    iterations_spanned: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The caps on a job's new limit, in seconds (None: none of that kind)."""
+
+    max_time_seconds: Optional[float] = None        # partition MaxTime
+    qos_max_seconds: Optional[float] = None         # QOS MaxWall
+    growth_seconds: Optional[float] = None          # first limit x (1 + max_growth)
+    user_seconds: Optional[float] = None            # current limit + what the user's cap has left
+    fairness_seconds: Optional[float] = None        # earliest planned start on its nodes + allowance
+    fairness_job: Optional[int] = None
+
+    def cap(self) -> tuple[Optional[float], str]:
+        """The tightest cap and which one it is."""
+        named = [(self.max_time_seconds, "the partition's MaxTime"), (self.qos_max_seconds, "the QOS MaxWall"),
+                 (self.growth_seconds, "the site's max_growth"), (self.user_seconds, "the user's extension cap"),
+                 (self.fairness_seconds, f"pending job {self.fairness_job}'s planned start")]
+        present = [(v, n) for v, n in named if v is not None]
+        if not present:
+            return None, ""
+        return min(present, key=lambda p: p[0])
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str                          # extend | shrink | none
+    code: str                            # short reason key
+    reason: str
+    from_seconds: Optional[float]
+    to_seconds: Optional[float]
+    checkpoint_iteration: Optional[int] = None
+
+    @property
+    def to_minutes(self) -> Optional[int]:
+        return None if self.to_seconds is None else int(round(self.to_seconds / 60.0))
+
+
+def _ceil_minute(seconds: float) -> float:
+    return 60.0 * math.ceil(seconds / 60.0 - 1e-9)
+
+
+def _floor_minute(seconds: float) -> float:
+    return 60.0 * math.floor(seconds / 60.0 + 1e-9)
+
+
+def _none(code: str, reason: str, limit: Optional[float]) -> Decision:
+    return Decision("none", code, reason, limit, limit)
+
+
+def _hm(seconds: Optional[float]) -> str:
+    """Slurm's duration format ([D-]HH:MM:SS), the context being Slurm's limits."""
+    if seconds is None:
+        return "UNLIMITED"
+    s = int(round(seconds))
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def save_interval(record: PredictionRecord) -> int:
+    """The checkpoint interval the job file said (0: unknown or none)."""
+    run = record.job.get("run") if isinstance(record.job, Mapping) else None
+    try:
+        value = int((run or {}).get("save_interval") or 0)
+    except (TypeError, ValueError):
+        return 0
+    return max(0, value)
+
+
+def decide(*, now: float, start: float, limit_seconds: Optional[float], record: PredictionRecord,
+           progress: Progress, policy: WatchPolicy, limits: Limits, perfcast_limit: bool) -> Decision:
+    """What to do with a running job's limit (pure: every fact comes in as an argument)."""
+    if limit_seconds is None:
+        return _none("unlimited", "no time limit to correct", None)
+    planned = int(record.iterations or 0)
+    if planned <= 0:
+        return _none("no-plan", "the record has no planned iteration count", limit_seconds)
+    if progress.planned_iterations is not None and abs(progress.planned_iterations - planned) > 1:
+        return _none("plan-mismatch", f"the log plans {progress.planned_iterations} iterations, the record "
+                     f"{planned}: not acting on a job that is not the one predicted", limit_seconds)
+    i, s = progress.iteration, progress.iteration_seconds
+    if i > planned:
+        return _none("plan-mismatch", f"the log is at iteration {i}, past the {planned} planned", limit_seconds)
+    if progress.samples < policy.min_samples:
+        return _none("warm-up", f"{progress.samples} steady-state samples, {policy.min_samples} needed",
+                     limit_seconds)
+    elapsed = max(0.0, now - start)
+    margin_s = policy.margin_minutes * 60.0
+
+    def limit_at(iteration: int) -> float:
+        """The limit (whole minutes) that lets the job reach ``iteration`` plus the margins."""
+        return _ceil_minute(now + (iteration - i) * s * (1.0 + policy.margin) + margin_s - start)
+
+    need = limit_at(planned)
+    rate = (f"{s:.4g} s/iter measured vs {record.iteration_seconds:.4g} predicted, iteration {i} of "
+            f"{planned}")
+    if need > limit_seconds:
+        if not policy.extend:
+            return _none("extend-off", f"would need {_hm(need)}; extending is off ([watch] extend)", limit_seconds)
+        if not perfcast_limit and not policy.extend_user_limits:
+            return _none("user-limit", f"would need {_hm(need)}, but the user set this limit "
+                         "([watch] extend_user_limits = false)", limit_seconds)
+        cap, which = limits.cap()
+        cap = _floor_minute(cap) if cap is not None else None
+        if cap is None or need <= cap:
+            return Decision("extend", "extend", f"{rate}: needs {_hm(need)}", limit_seconds, need)
+        every = save_interval(record)
+        if every <= 0:
+            return _none("no-fit", f"{rate}: needs {_hm(need)}, more than {which} allows ({_hm(cap)}), and "
+                         "the record names no checkpoint interval to stop at; it will time out",
+                         limit_seconds)
+        best = None
+        c = (i // every + 1) * every
+        while c < planned:
+            if limit_at(c) > cap:
+                break
+            best = c
+            c += every
+        if best is None:
+            return _none("no-fit", f"{rate}: needs {_hm(need)}, more than {which} allows ({_hm(cap)}); "
+                         f"not even the next checkpoint (iteration {(i // every + 1) * every}) fits; it "
+                         "will time out", limit_seconds)
+        to = limit_at(best)
+        if to <= limit_seconds:
+            return _none("no-fit", f"{rate}: needs {_hm(need)}, more than {which} allows ({_hm(cap)}); the "
+                         f"limit already reaches the last checkpoint that fits (iteration {best})", limit_seconds)
+        return Decision("extend", "checkpoint", f"{rate}: needs {_hm(need)}, more than {which} allows "
+                        f"({_hm(cap)}); extended to just after the last checkpoint that fits (iteration "
+                        f"{best}); the job will not finish", limit_seconds, to, best)
+    floor = _ceil_minute(elapsed + margin_s)
+    to = max(need, floor)
+    if limit_seconds - to >= max(60.0, policy.shrink_min_minutes * 60.0):
+        if not policy.shrink:
+            return _none("shrink-off", f"{rate}: needs {_hm(to)}; shrinking is off ([watch] shrink)", limit_seconds)
+        if not perfcast_limit and not policy.shrink_user_limits:
+            return _none("user-limit", f"{rate}: needs {_hm(to)}, but the user set this limit "
+                         "([watch] shrink_user_limits = false)", limit_seconds)
+        return Decision("shrink", "shrink", f"{rate}: needs {_hm(to)}; {_hm(limit_seconds - to)} back to "
+                        "backfill", limit_seconds, to)
+    return _none("on-track", f"{rate}: needs {_hm(need)} of {_hm(limit_seconds)}", limit_seconds)
+
+
+def fairness_cap(job: RunningJob, planned: Sequence[PlannedStart], nodes: Sequence[str],
+                 allowance_seconds: float) -> tuple[Optional[float], Optional[int]]:
+    """The latest end (UNIX seconds) that delays no planned pending job on the job's nodes by more
+    than the allowance, and that job; a plan with unknown nodes in the job's partition counts (it
+    may be planned there)."""
+    mine = set(nodes)
+    best: Optional[tuple[float, int]] = None
+    for p in planned:
+        if p.job_id == job.job_id:
+            continue
+        shares = bool(mine & set(p.nodes)) if p.nodes else p.partition == job.partition
+        if not shares:
+            continue
+        end = p.start + allowance_seconds
+        if best is None or end < best[0]:
+            best = (end, p.job_id)
+    return (best[0], best[1]) if best else (None, None)
+
+
+def progress_of(timing: Optional[IterationTimes]) -> Optional[Progress]:
+    if timing is None or timing.median_seconds is None or timing.last_iteration is None:
+        return None
+    return Progress(iteration=timing.last_iteration, iteration_seconds=timing.median_seconds,
+                    samples=len(timing.steady), log_format=timing.format,
+                    planned_iterations=timing.planned_iterations, iterations_spanned=timing.iterations_spanned)
+
+
+def admin_comment_with(comment: str, decision: Decision, at: float, count: int) -> str:
+    """The job's AdminComment with the watch's segment replaced by this action (one line; the
+    perfcast record before it stays as it was)."""
+    base = comment.split(_SEGMENT)[0].rstrip()
+    stamp = _dt.datetime.fromtimestamp(at, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    what = (f"{decision.action} {_hm(decision.from_seconds)}->{_hm(decision.to_seconds)}"
+            if decision.action != "none" else "none")
+    why = " ".join(decision.reason.split())[:300]
+    seg = f"{_SEGMENT} {what} at {stamp} ({why}); actions={count}"
+    return (base + seg)[:4000]
+
+
+# --------------------------------------------------------------------------------------------
+# a pass
+
+@dataclass(frozen=True)
+class WatchOptions:
+    records: Path
+    policy: WatchPolicy
+    out_dir: Optional[Path] = DEFAULT_OUT        # runs files (None: no harvestable runs written)
+    dry_run: bool = False
+    max_log_bytes: int = MAX_LOG_BYTES
+
+
+@dataclass
+class JobReport:
+    job_id: int
+    partition: str
+    user: str
+    decision: Decision
+    applied: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self.decision)
+        d.update(job_id=self.job_id, partition=self.partition, user=self.user, applied=self.applied)
+        return d
+
+
+@dataclass
+class WatchResult:
+    jobs: list[JobReport] = field(default_factory=list)
+    at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "jobs": [j.to_dict() for j in self.jobs]}
+
+    def summary(self) -> str:
+        acted = [j for j in self.jobs if j.decision.action != "none"]
+        lines = [f"watched {len(self.jobs)} running perfcast jobs: "
+                 f"{sum(1 for j in acted if j.decision.action == 'extend')} extended, "
+                 f"{sum(1 for j in acted if j.decision.action == 'shrink')} shrunk"]
+        for j in self.jobs:
+            d = j.decision
+            head = (f"{d.action} {_hm(d.from_seconds)} -> {_hm(d.to_seconds)}"
+                    + ("" if j.applied else " (not applied)") if d.action != "none" else "none")
+            lines.append(f"  job {j.job_id} ({j.partition}, {j.user}): {head}: {d.reason}")
+        return "\n".join(lines)
+
+
+def _record_for(job: RunningJob, store: RecordStore) -> tuple[Optional[PredictionRecord], str]:
+    rid = parse_admin_comment(job.admin_comment).get(RECORD_KEY, "")
+    if not is_record_id(rid):
+        return None, "its AdminComment record has no rec= id"
+    record = store.get(rid)
+    if record is None:
+        return None, f"record {rid} is not in the store"
+    if record.slurm_job_id is not None and record.slurm_job_id not in (job.job_id, job.array_job_id):
+        return None, f"record {rid} belongs to job {record.slurm_job_id}"
+    if record.uid is None or job.uid is None or record.uid != job.uid:
+        return None, f"record {rid} is uid {record.uid}'s, the job uid {job.uid}'s"
+    if record.partition and record.partition != job.partition:
+        return None, f"ran in {job.partition}, predicted for {record.partition}"
+    return record, ""
+
+
+def _as_accounting(job: RunningJob) -> AccountingJob:
+    return AccountingJob(job_id=job.job_id, state="RUNNING", partition=job.partition, name=job.name,
+                         user=job.user, uid=job.uid, work_dir=job.work_dir, std_out=job.std_out,
+                         node_list=job.node_list, batch_host=job.batch_host,
+                         admin_comment=job.admin_comment, array_job_id=job.array_job_id,
+                         array_task_id=job.array_task_id, source="scontrol")
+
+
+def read_logs(items: Sequence[tuple[int, str, int, Optional[int]]], policy: WatchPolicy,
+              max_bytes: int = MAX_LOG_BYTES) -> dict[int, "bytes | str"]:
+    """``(job id, path, uid, gid)`` -> the log tail (bytes) or why not (str), read in parallel
+    (at most ``max_parallel_reads`` at once, each within ``read_timeout_seconds``, all within
+    ``pass_budget_seconds``)."""
+    out: dict[int, "bytes | str"] = {}
+    if not items:
+        return out
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(policy.max_parallel_reads, len(items)),
+                                                 thread_name_prefix="watch-read")
+    futures = {pool.submit(read_tail_as, path, uid, gid, max_bytes=max_bytes,
+                           timeout_s=policy.read_timeout_seconds): jid for jid, path, uid, gid in items}
+    try:
+        for fut in concurrent.futures.as_completed(futures, timeout=policy.pass_budget_seconds):
+            jid = futures[fut]
+            try:
+                out[jid] = fut.result()
+            except LogReadError as exc:
+                out[jid] = f"log unreadable as the job's user: {exc.strerror or exc}"
+            except Exception as exc:  # noqa: BLE001 - one job's read never stops the pass
+                out[jid] = f"log unreadable: {exc}"
+    except concurrent.futures.TimeoutError:
+        for jid in futures.values():
+            out.setdefault(jid, f"log not read within the pass budget ({policy.pass_budget_seconds:g} s)")
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return out
+
+
+def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
+               now: Optional[float] = None) -> WatchResult:
+    """One pass over the running jobs (see the module docstring)."""
+    policy = opts.policy
+    store = RecordStore(opts.records, create=False)
+    store.count()                     # a missing or broken store says so before Slurm is asked
+    wlog = WatchLog(opts.records)
+    client = client or SlurmClient(timeout=60.0)
+    res = WatchResult(at=time.time() if now is None else now)
+    if not policy.enabled:
+        return res
+    try:
+        running = client.running_jobs()
+    except SlurmError as exc:
+        raise WatchError(f"cannot list running jobs: {exc}") from None
+    jobs = [j for j in running if RECORD_TAG in j.admin_comment and policy.watches(j.partition)]
+    if not jobs:
+        return res
+    # Facts every extension needs; any of them missing closes extensions (shrinks need none).
+    doubt = ""
+    try:
+        max_time = {p.name: p.max_time_minutes for p in client.partitions()}
+    except SlurmError as exc:
+        max_time, doubt = {}, f"partition limits unreadable ({exc})"
+    try:
+        planned = client.planned_starts()
+    except SlurmError as exc:
+        planned, doubt = [], doubt or f"the backfill plan is unreadable ({exc})"
+    try:
+        qos = client.qos_max_wall_minutes()
+    except SlurmError as exc:
+        qos, doubt = {}, doubt or f"QOS limits unreadable ({exc})"
+
+    todo: list[tuple[RunningJob, PredictionRecord, str]] = []
+    reads = []
+    for job in sorted(jobs, key=lambda j: j.job_id):
+        record, why = _record_for(job, store)
+        if record is None:
+            res.jobs.append(JobReport(job.job_id, job.partition, job.user,
+                                      _none("no-record", why, _limit_s(job))))
+            continue
+        skip = _skip_reason(job)
+        path = output_path(_as_accounting(job), record)
+        if not skip and path is None:
+            skip = ("no-log", "no output path (no --output and no absolute working directory)")
+        if skip:
+            _finish(res, wlog, job, record, _none(skip[0], skip[1], _limit_s(job)), None, opts, client)
+            continue
+        todo.append((job, record, path))
+        reads.append((job.job_id, path, record.uid, record.gid))
+    data = read_logs(reads, policy, opts.max_log_bytes)
+    t = res.at
+    for job, record, path in todo:
+        got = data.get(job.job_id, "log not read")
+        limit = _limit_s(job)
+        if isinstance(got, str):
+            _finish(res, wlog, job, record, _none("unreadable", got, limit), None, opts, client)
+            continue
+        progress = progress_of(iteration_times(got))
+        if progress is None:
+            _finish(res, wlog, job, record, _none("no-samples", "no iteration times after warm-up in its log "
+                                                  "(Megatron, GPT-NeoX, NeMo, DeepSpeed formats)", limit),
+                    None, opts, client)
+            continue
+        elapsed = job.run_seconds if job.run_seconds is not None else (t - job.start if job.start else 0.0)
+        span = progress.iterations_spanned or 0
+        if progress.iteration_seconds * max(span, 1) > _CLAIM_FACTOR * max(elapsed, 1.0):
+            _finish(res, wlog, job, record, _none("claims", f"the log claims {progress.iteration_seconds:.4g} "
+                                                  f"s/iter over {span} iterations, more than the job's "
+                                                  f"{elapsed:.0f} s of running: not acting on it", limit),
+                    progress, opts, client)
+            continue
+        state = wlog.job(job.job_id)
+        if state is None or state.last_iteration is None or progress.iteration > state.last_iteration \
+                or state.progress_at is None:
+            progress_at = t
+        else:
+            progress_at = state.progress_at
+        first_limit = state.first_limit_seconds if state is not None else limit
+        wlog.put_job(JobState(job.job_id, record.record_id, first_limit, progress.iteration, progress_at,
+                              state.last_code if state else "", state.run_iteration_seconds if state else None,
+                              t))
+        if t - progress_at > policy.stall_minutes * 60.0:
+            _finish(res, wlog, job, record, _none("stalled", f"no new iteration for {(t - progress_at) / 60:.0f} "
+                                                  f"min (stall_minutes {policy.stall_minutes:g}): not "
+                                                  "progressing", limit), progress, opts, client)
+            continue
+        limits = _limits(job, policy, max_time, qos, planned, wlog, first_limit, limit, t)
+        decision = decide(now=t, start=job.start or t - elapsed, limit_seconds=limit, record=record,
+                          progress=progress, policy=policy, limits=limits,
+                          perfcast_limit=record.action == "set")
+        if decision.action == "extend" and doubt:
+            decision = _none("doubt", f"{doubt}: not extending ({decision.reason})", limit)
+        if decision.action != "none" and job.qos and qos and job.qos not in qos:
+            decision = _none("doubt", f"QOS {job.qos!r} unknown to sacctmgr: not changing the limit", limit)
+        _finish(res, wlog, job, record, decision, progress, opts, client)
+    return res
+
+
+def _limit_s(job: RunningJob) -> Optional[float]:
+    return None if job.time_limit_minutes is None else 60.0 * job.time_limit_minutes
+
+
+def _skip_reason(job: RunningJob) -> Optional[tuple[str, str]]:
+    if job.het_job_id is not None:
+        return ("het", "heterogeneous job: its components have limits of their own; not watched")
+    if job.restarts > 0:
+        return ("requeued", f"requeued ({job.restarts} restarts): its log mixes runs; not watched")
+    if job.start is None:
+        return ("no-start", "no start time")
+    if job.time_limit_minutes is None:
+        return ("unlimited", "no time limit to correct")
+    return None
+
+
+def _limits(job: RunningJob, policy: WatchPolicy, max_time: Mapping[str, Optional[int]],
+            qos: Mapping[str, Optional[int]], planned: Sequence[PlannedStart], wlog: WatchLog,
+            first_limit: Optional[float], limit: Optional[float], now: float) -> Limits:
+    mt = max_time.get(job.partition)
+    q = qos.get(job.qos) if job.qos else None
+    user_s = None
+    if policy.user_extra_hours > 0 and limit is not None:
+        used = wlog.extended_seconds(job.user, now - 86400.0)
+        user_s = limit + max(0.0, policy.user_extra_hours * 3600.0 - used)
+    try:
+        nodes = expand_hostlist(job.node_list)
+    except SlurmError:
+        nodes = ()
+    fair_end, fair_job = fairness_cap(job, planned, nodes, policy.backfill_allowance_minutes * 60.0)
+    return Limits(max_time_seconds=60.0 * mt if mt is not None else None,
+                  qos_max_seconds=60.0 * q if q is not None else None,
+                  growth_seconds=first_limit * (1.0 + policy.max_growth) if first_limit else None,
+                  user_seconds=user_s,
+                  fairness_seconds=(fair_end - job.start) if fair_end is not None and job.start else None,
+                  fairness_job=fair_job)
+
+
+def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: PredictionRecord, decision: Decision,
+            progress: Optional[Progress], opts: WatchOptions, client: SlurmClient) -> None:
+    """Apply a decision (fail closed), tell the job's AdminComment and the store, and keep the
+    measured rate as a harvestable run."""
+    at = res.at
+    applied = False
+    if decision.action != "none" and not opts.dry_run:
+        try:
+            client.set_time_limit(job.job_id, decision.to_minutes)
+            applied = True
+        except SlurmError as exc:
+            decision = _none("update-failed", f"scontrol update failed ({exc}); the limit stays "
+                             f"({decision.reason})", decision.from_seconds)
+    state = wlog.job(job.job_id)
+    new_code = decision.code
+    write = decision.action != "none" or state is None or state.last_code != new_code
+    rep = JobReport(job.job_id, job.partition, job.user, decision, applied)
+    res.jobs.append(rep)
+    if opts.dry_run:
+        return
+    if write:
+        wlog.add(WatchAction(
+            slurm_job_id=job.job_id, record_id=record.record_id, partition=job.partition, user=job.user,
+            action=decision.action, from_seconds=decision.from_seconds, to_seconds=decision.to_seconds,
+            at=at, code=decision.code, reason=decision.reason,
+            iteration=progress.iteration if progress else None,
+            planned_iterations=record.iterations or None,
+            measured_iteration_seconds=progress.iteration_seconds if progress else None,
+            predicted_iteration_seconds=record.iteration_seconds or None,
+            limit_set_by_perfcast=record.action == "set"))
+        # "on track" and "warming up" would only hide the last real news from the user.
+        if decision.code not in _QUIET:
+            count = sum(1 for a in wlog.actions(slurm_job_ids=[job.job_id]) if a.code not in _QUIET)
+            try:
+                client.set_admin_comment(job.job_id, admin_comment_with(job.admin_comment, decision, at, count))
+            except SlurmError as exc:
+                log.warning("job %d: AdminComment not updated: %s", job.job_id, exc)
+    base = state or JobState(job.job_id, record.record_id, _limit_s(job), progress.iteration if progress else None,
+                             at if progress else None)
+    run_s = base.run_iteration_seconds
+    if progress is not None and decision.code not in ("claims", "plan-mismatch", "warm-up") and opts.out_dir:
+        if run_s is None or abs(progress.iteration_seconds / run_s - 1.0) > _RUN_REWRITE:
+            if _write_run(opts.out_dir, job, record, progress):
+                run_s = progress.iteration_seconds
+    wlog.put_job(dataclasses.replace(base, last_code=new_code, run_iteration_seconds=run_s, updated=at))
+
+
+def _write_run(out_dir: Path, job: RunningJob, record: PredictionRecord, progress: Progress) -> bool:
+    """The running job's measured rate as ``slurm job <id>`` of its partition's runs file."""
+    try:
+        tj = TrainingJob.from_dict(record.job)
+    except JobError as exc:
+        log.info("job %d: record's job unusable for a run: %s", job.job_id, exc)
+        return False
+    run = MeasuredRun(
+        name=f"slurm job {job.job_id}", job=tj, measured_iteration_seconds=progress.iteration_seconds,
+        predicted_iteration_seconds=record.iteration_seconds if record.iteration_seconds > 0 else 0.0,
+        source=(f"perf-calibrate watch: partition {record.partition}, record {record.record_id}, RUNNING at "
+                f"iteration {progress.iteration}, {progress.log_format} log, median of {progress.samples} "
+                f"steady-state samples, platform {record.platform} bundle {record.bundle}")[:1000])
+    try:
+        append_runs(out_dir, record.partition, [run])
+    except HarvestError as exc:
+        log.warning("job %d: run not written: %s", job.job_id, exc)
+        return False
+    return True
+
+
+__all__ = ["Decision", "Limits", "Progress", "WATCH_TAG", "WatchError", "WatchOptions", "WatchResult",
+           "admin_comment_with", "decide", "fairness_cap", "progress_of", "read_logs", "watch_once"]

@@ -1,0 +1,303 @@
+"""perf-calibrate watch without Slurm: the decision rule, the fairness cap, the AdminComment line,
+and whole passes against a stand-in Slurm client with a real record store and real log files."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from calibrate.watch import (Decision, Limits, Progress, WatchOptions, admin_comment_with, decide, fairness_cap,
+                             read_logs, watch_once)
+from calibrate.watch_log import WatchLog, read_actions
+from predictor.job import TrainingJob
+from slurm_plugin.records import PredictionRecord, RecordStore, parse_admin_comment
+from slurm_plugin.siteconfig import SiteConfigError, WatchPolicy, parse_site_config
+from slurm_plugin.slurm_client import (PartitionInfo, PlannedStart, RunningJob, SlurmClient, SlurmError,
+                                       parse_planned_starts, parse_running_jobs)
+
+JOB = {"model": {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 512, "vocab": 50257},
+       "layout": {"micro_batch": 1, "micro_batches": 8}, "run": {"train_iters": 1000, "save_interval": 100}}
+POLICY = WatchPolicy(enabled=True, margin=0.1, margin_minutes=1.0, shrink_min_minutes=2.0, min_samples=3,
+                     max_growth=10.0, extend_user_limits=False)
+
+
+def record(**kw) -> PredictionRecord:
+    base = dict(partition="gpu", platform="perlmutter-a100", bundle="b", job=TrainingJob.from_dict(JOB).to_dict(),
+                iteration_seconds=0.5, iterations=1000, total_seconds=500.0, interval_seconds=(0.45, 0.55),
+                time_limit_minutes=15, action="set", uid=os.geteuid(), gid=os.getegid(), user="alice")
+    base.update(kw)
+    return PredictionRecord(**base)
+
+
+def progress(iteration=200, seconds=1.0, samples=10, planned=1000) -> Progress:
+    return Progress(iteration=iteration, iteration_seconds=seconds, samples=samples, log_format="megatron",
+                    planned_iterations=planned, iterations_spanned=iteration - 10)
+
+
+def run(limit_s, prog, now=10_000.0, start=9_800.0, limits=Limits(), policy=POLICY, rec=None, perfcast=True):
+    return decide(now=now, start=start, limit_seconds=limit_s, record=rec or record(), progress=prog,
+                  policy=policy, limits=limits, perfcast_limit=perfcast)
+
+
+# ------------------------------------------------------------------------------ decide
+
+def test_slow_job_is_extended_to_cover_the_rest_plus_margins():
+    # 800 iterations left at 1 s (2x the predicted 0.5 s): 880 s + 60 s margin after 200 s run.
+    d = run(900.0, progress())
+    assert d.action == "extend" and d.from_seconds == 900.0
+    assert d.to_seconds == 60 * -(-(200 + 880 + 60) // 60)       # whole minutes, rounded up
+    assert "iteration 200 of 1000" in d.reason
+
+
+def test_user_limits_are_extended_only_when_the_policy_says_so():
+    d = run(900.0, progress(), perfcast=False)
+    assert d.action == "none" and d.code == "user-limit"
+    d = run(900.0, progress(), perfcast=False, policy=dataclasses.replace(POLICY, extend_user_limits=True))
+    assert d.action == "extend"
+
+
+def test_rest_beyond_the_cap_extends_to_the_last_checkpoint_that_fits():
+    cap = 600.0                                        # MaxTime: 10 min
+    d = run(300.0, progress(iteration=200), limits=Limits(max_time_seconds=cap))
+    assert d.action == "extend" and d.code == "checkpoint"
+    assert d.to_seconds <= cap
+    # elapsed 200 + (c - 200) * 1.1 + 60 <= 600  ->  c <= 509: the checkpoint at 500
+    assert d.checkpoint_iteration == 500 and "iteration 500" in d.reason and "MaxTime" in d.reason
+    assert d.to_seconds == 60 * -(-(200 + 300 * 1.1 + 60) // 60)
+
+
+def test_no_checkpoint_interval_means_no_pointless_extension():
+    rec = record(job={**TrainingJob.from_dict({**JOB, "run": {"train_iters": 1000}}).to_dict()})
+    d = run(300.0, progress(), limits=Limits(max_time_seconds=600.0), rec=rec)
+    assert d.action == "none" and d.code == "no-fit" and "checkpoint" in d.reason
+
+
+def test_the_tightest_cap_wins_and_is_named():
+    lim = Limits(max_time_seconds=3600.0, growth_seconds=700.0, fairness_seconds=650.0, fairness_job=77)
+    d = run(300.0, progress(), limits=lim)
+    assert d.to_seconds <= 650.0 and "pending job 77" in d.reason
+
+
+def test_fast_job_under_a_perfcast_limit_is_shrunk_never_below_its_end():
+    # 800 left at 0.1 s: 88 s + 60 s after 200 s -> 348 s -> 6 min; the limit was 30 min.
+    d = run(1800.0, progress(seconds=0.1))
+    assert d.action == "shrink" and d.to_seconds == 360.0
+    assert run(1800.0, progress(seconds=0.1), perfcast=False).code == "user-limit"
+    assert run(1800.0, progress(seconds=0.1), policy=dataclasses.replace(POLICY, shrink=False)).code == "shrink-off"
+    # A shrink returning less than shrink_min_minutes is not worth a change.
+    assert run(420.0, progress(seconds=0.1)).action == "none"
+
+
+def test_doubts_mean_no_action():
+    assert run(900.0, progress(samples=2)).code == "warm-up"
+    assert run(900.0, progress(planned=5000)).code == "plan-mismatch"
+    assert run(900.0, progress(iteration=1200, planned=None)).code == "plan-mismatch"
+    assert run(None, progress()).code == "unlimited"
+
+
+def test_fairness_cap_reads_the_plan_of_the_jobs_nodes():
+    job = RunningJob(1, "j", "alice", 1, 1, "gpu", "normal", 10, 1000.0, 60.0, "dev[001-002]", "dev001",
+                     "", "", "")
+    plans = [PlannedStart(2, 10, 5000.0, ("dev002",), "gpu", "bob"),
+             PlannedStart(3, 10, 3000.0, ("dev009",), "gpu", "carol"),      # other nodes
+             PlannedStart(4, 10, 4000.0, (), "cpu", "dan")]                 # other partition, nodes unknown
+    assert fairness_cap(job, plans, ("dev001", "dev002"), 600.0) == (5600.0, 2)
+    plans.append(PlannedStart(5, 10, 4500.0, (), "gpu", "eve"))             # may be planned there
+    assert fairness_cap(job, plans, ("dev001", "dev002"), 0.0) == (4500.0, 5)
+
+
+def test_admin_comment_keeps_the_record_and_holds_one_watch_line():
+    comment = "perfcast:v1 iter_s=0.5 iters=1000 total_min=8.3 action=set rec=0123456789ab"
+    d1 = Decision("extend", "extend", "slow", 600.0, 1200.0)
+    c1 = admin_comment_with(comment, d1, 0.0, 1)
+    assert parse_admin_comment(c1)["rec"] == "0123456789ab"
+    assert "perfcast-watch: extend 00:10:00->00:20:00 at 1970-01-01T00:00:00Z (slow); actions=1" in c1
+    c2 = admin_comment_with(c1, Decision("shrink", "shrink", "fast\nnow", 1200.0, 900.0), 60.0, 2)
+    assert c2.count("perfcast-watch:") == 1 and "\n" not in c2 and "shrink 00:20:00->00:15:00" in c2
+    assert parse_admin_comment(c2) == parse_admin_comment(comment)
+
+
+# ------------------------------------------------------------------------------ config and parsing
+
+def test_watch_section_of_the_site_config():
+    cfg = parse_site_config({"watch": {"enabled": True, "partitions": ["gpu"], "extend_user_limits": True}})
+    assert cfg.watch.watches("gpu") and not cfg.watch.watches("cpu") and cfg.watch.extend_user_limits
+    assert not parse_site_config({}).watch.watches("gpu")          # off unless enabled
+    for bad, key in (({"margn": 1}, "watch.margn"), ({"max_growth": -1}, "watch.max_growth"),
+                     ({"partitions": "gpu"}, "watch.partitions"), ({"shrink": "yes"}, "watch.shrink")):
+        with pytest.raises(SiteConfigError, match=key):
+            parse_site_config({"watch": bad})
+
+
+def test_scontrol_and_squeue_listings():
+    line = ("JobId=7 ArrayJobId=6 ArrayTaskId=1 JobName=x y UserId=alice(1001) GroupId=g(100) QOS=normal "
+            "JobState=RUNNING Restarts=0 RunTime=00:01:05 TimeLimit=00:10:00 StartTime=2026-01-01T00:00:00 "
+            "Partition=gpu NodeList=dev[001-002] BatchHost=dev001 WorkDir=/w "
+            "AdminComment=perfcast:v1 iters=5 rec=0123456789ab StdOut=/w/o.out")
+    (j,) = parse_running_jobs(line + "\nJobId=8 JobState=PENDING TimeLimit=1\n")
+    assert (j.job_id, j.uid, j.gid, j.name, j.run_seconds, j.time_limit_minutes) == (7, 1001, 100, "x y", 65.0, 10)
+    assert (j.array_job_id, j.array_task_id, j.std_out) == (6, 1, "/w/o.out")
+    assert "rec=0123456789ab" in j.admin_comment
+    d = "|#pc#|"
+    plans = parse_planned_starts(f"3{d}100{d}2026-01-01T01:00:00{d}dev[001-003]{d}gpu{d}bob\n"
+                                 f"4{d}90{d}N/A{d}(null){d}gpu{d}bob\n")
+    assert [p.job_id for p in plans] == [3] and plans[0].nodes == ("dev001", "dev002", "dev003")
+
+
+# ------------------------------------------------------------------------------ whole passes
+
+class FakeSlurm(SlurmClient):
+    def __init__(self, jobs, *, max_time=60, plans=(), fail=()):
+        super().__init__(runner=lambda *a, **k: None)
+        self.jobs, self.max_time, self.plans, self.fail = list(jobs), max_time, list(plans), set(fail)
+        self.limits: dict[int, int] = {}
+        self.comments: dict[int, str] = {}
+
+    def running_jobs(self):
+        return self.jobs
+
+    def partitions(self):
+        if "partitions" in self.fail:
+            raise SlurmError("scontrol: down")
+        return [PartitionInfo("gpu", self.max_time, None, 1, "dev001", 8)]
+
+    def planned_starts(self):
+        if "squeue" in self.fail:
+            raise SlurmError("squeue: timeout")
+        return self.plans
+
+    def qos_max_wall_minutes(self):
+        return {"normal": None}
+
+    def set_time_limit(self, job_id, minutes):
+        if "update" in self.fail:
+            raise SlurmError("scontrol update: Access/permission denied")
+        self.limits[job_id] = minutes
+
+    def set_admin_comment(self, job_id, text):
+        self.comments[job_id] = text
+
+
+def megatron_log(path: Path, iteration_seconds: float, last: int, planned: int = 1000, every: int = 10) -> None:
+    path.write_text("".join(
+        f" iteration {i:8d}/{planned:8d} | consumed samples: {i * 8:10d} | elapsed time per iteration (ms): "
+        f"{1000 * iteration_seconds:.1f} | learning rate: 1.0E-04 |\n" for i in range(every, last + 1, every)))
+
+
+@pytest.fixture
+def site(tmp_path):
+    store = RecordStore(tmp_path / "records.sqlite")
+    store.count()
+    return tmp_path, store
+
+
+def running(rid: str, job_id: int, log: Path, *, limit_min: int, start: float, **kw) -> RunningJob:
+    base = dict(job_id=job_id, name="j", user="alice", uid=os.geteuid(), gid=os.getegid(), partition="gpu",
+                qos="normal", time_limit_minutes=limit_min, start=start, run_seconds=None, node_list="dev001",
+                batch_host="dev001", std_out=str(log), work_dir=str(log.parent),
+                admin_comment=f"perfcast:v1 iter_s=0.5 iters=1000 action=set rec={rid}")
+    base.update(kw)
+    return RunningJob(**base)
+
+
+def test_a_pass_extends_shrinks_and_records_each_action(site):
+    tmp, store = site
+    now = time.time()
+    slow = store.add(record())
+    fast = store.add(record(time_limit_minutes=60))
+    megatron_log(tmp / "slow.out", 1.0, 200)         # 2x slower than predicted, 200 s in
+    megatron_log(tmp / "fast.out", 0.1, 200)         # 5x faster
+    slurm = FakeSlurm([running(slow, 11, tmp / "slow.out", limit_min=10, start=now - 200),
+                       running(fast, 12, tmp / "fast.out", limit_min=60, start=now - 20)])
+    opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=tmp / "runs")
+    res = watch_once(opts, slurm, now=now)
+    by = {j.job_id: j for j in res.jobs}
+    assert by[11].decision.action == "extend" and by[11].applied and slurm.limits[11] == 19
+    assert by[12].decision.action == "shrink" and slurm.limits[12] < 60
+    assert "perfcast-watch: extend 00:10:00->00:19:00" in slurm.comments[11]
+    assert parse_admin_comment(slurm.comments[11])["rec"] == slow
+    acts = read_actions(tmp / "records.sqlite")
+    assert [(a.slurm_job_id, a.action) for a in acts] == [(11, "extend"), (12, "shrink")]
+    # The running jobs' rates are harvestable runs of the partition.
+    text = (tmp / "runs" / "gpu.toml").read_text()
+    assert "slurm job 11" in text and "slurm job 12" in text and "perf-calibrate watch" in text
+
+
+def test_unreadable_log_stalled_job_and_doubts_lead_to_no_action(site):
+    tmp, store = site
+    now = time.time()
+    rid = store.add(record())
+    megatron_log(tmp / "slow.out", 1.0, 200)
+    jobs = [running(rid, 21, tmp / "missing.out", limit_min=10, start=now - 200),
+            running(rid, 22, tmp / "slow.out", limit_min=10, start=now - 200, restarts=1),
+            running(rid, 23, tmp / "slow.out", limit_min=10, start=now - 200, het_job_id=23),
+            running(rid, 24, tmp / "slow.out", limit_min=10, start=now - 20)]   # claims 190 s of 20 s
+    slurm = FakeSlurm(jobs)
+    opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None)
+    res = watch_once(opts, slurm, now=now)
+    codes = {j.job_id: j.decision.code for j in res.jobs}
+    assert codes == {21: "unreadable", 22: "requeued", 23: "het", 24: "claims"}
+    assert slurm.limits == {}
+    # A "none" is written once per reason, not every pass.
+    watch_once(opts, slurm, now=now + 15)
+    assert sum(1 for a in read_actions(tmp / "records.sqlite") if a.slurm_job_id == 21) == 1
+
+
+def test_a_job_that_stops_progressing_is_left_alone(site):
+    tmp, store = site
+    now = time.time()
+    rid = store.add(record())
+    megatron_log(tmp / "slow.out", 1.0, 200)
+    slurm = FakeSlurm([running(rid, 31, tmp / "slow.out", limit_min=20, start=now - 200)])
+    opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None)
+    assert watch_once(opts, slurm, now=now).jobs[0].decision.code == "on-track"
+    later = now + POLICY.stall_minutes * 60 + 1          # the log never moved
+    assert watch_once(opts, slurm, now=later).jobs[0].decision.code == "stalled"
+
+
+def test_slurm_doubts_fail_closed(site):
+    tmp, store = site
+    now = time.time()
+    rid = store.add(record())
+    megatron_log(tmp / "slow.out", 1.0, 200)
+    opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None)
+    job = running(rid, 41, tmp / "slow.out", limit_min=10, start=now - 200)
+    slurm = FakeSlurm([job], fail={"squeue"})
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    assert d.action == "none" and d.code == "doubt" and "backfill plan" in d.reason and not slurm.limits
+    slurm = FakeSlurm([dataclasses.replace(job, job_id=42)], fail={"update"})
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    assert d.code == "update-failed" and "permission denied" in d.reason
+    # A pending job planned on the node 4 minutes after the job's current end caps the extension:
+    # the checkpoint at 700 is reached at 200 + 500 x 1.1 + 60 = 810 s, in the 14th minute.
+    plan = PlannedStart(99, 10, (now - 200) + 14 * 60, ("dev001",), "gpu", "bob")
+    slurm = FakeSlurm([dataclasses.replace(job, job_id=43)], plans=[plan])
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    assert d.action == "extend" and d.code == "checkpoint" and d.to_seconds == 14 * 60
+    assert d.checkpoint_iteration == 700
+    assert "pending job 99" in d.reason
+
+
+def test_disabled_policy_changes_nothing(site):
+    tmp, store = site
+    rid = store.add(record())
+    megatron_log(tmp / "slow.out", 1.0, 200)
+    slurm = FakeSlurm([running(rid, 51, tmp / "slow.out", limit_min=10, start=time.time() - 200)])
+    res = watch_once(WatchOptions(records=tmp / "records.sqlite", policy=WatchPolicy(), out_dir=None), slurm)
+    assert res.jobs == [] and slurm.limits == {}
+
+
+def test_a_fifo_stalls_only_its_own_job(tmp_path):
+    fifo = tmp_path / "hung.out"
+    os.mkfifo(fifo)
+    megatron_log(tmp_path / "ok.out", 1.0, 50)
+    policy = dataclasses.replace(POLICY, read_timeout_seconds=0.5, max_parallel_reads=2)
+    got = read_logs([(1, str(fifo), os.geteuid(), os.getegid()), (2, str(tmp_path / "ok.out"), os.geteuid(),
+                                                                 os.getegid())], policy)
+    assert isinstance(got[1], str) and "within" in got[1]
+    assert isinstance(got[2], bytes) and b"iteration" in got[2]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
