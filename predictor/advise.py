@@ -135,9 +135,9 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        """PP-MP-DP, as the paper writes layouts (PP-MP-CP-DP with context parallelism)."""
+        """PP-TP-DP, and PP-TP-DP-CP with context parallelism (perfcast's one spelling of a layout)."""
         lay = self.layout
-        return f"{lay.pp}-{lay.tp}-{lay.cp}-{lay.dp}" if lay.cp > 1 else f"{lay.pp}-{lay.tp}-{lay.dp}"
+        return f"{lay.pp}-{lay.tp}-{lay.dp}-{lay.cp}" if lay.cp > 1 else f"{lay.pp}-{lay.tp}-{lay.dp}"
 
     @property
     def stage_layers(self) -> list[int]:
@@ -181,19 +181,21 @@ class Candidate:
         The predictor reports TP all-reduces and pipeline sends (``tp_allreduce_seconds``,
         ``pp_p2p_seconds``) as the part of the whole pipeline, bubble slots included, that is communication; the
         same fraction of the non-bubble stage time is communication here, and the DP all-reduce
-        is added to it.
+        is added to it, and so are ZeRO-3's exposed per-layer gathers and reduce-scatters
+        (``dp_exposed_seconds``, inside the stage times: ZeRO-3 has no separate reduction).
         """
         if self.prediction is None:
             return {}
         b = self.prediction.breakdown
         t = self.iteration_seconds
-        stage = b.forward_seconds + b.backward_seconds
+        zero3 = min(getattr(b, "dp_exposed_seconds", 0.0), b.forward_seconds + b.backward_seconds)
+        stage = b.forward_seconds + b.backward_seconds - zero3
         bubble = b.bubble_seconds
         pipeline = stage + bubble
         inside = b.tp_allreduce_seconds + b.pp_p2p_seconds
         frac = min(1.0, inside / pipeline) if pipeline > 0 else 0.0
         compute = stage * (1.0 - frac)
-        comm = stage * frac + b.gradient_reduce_seconds
+        comm = stage * frac + zero3 + b.gradient_reduce_seconds
         return {"compute": compute, "communication": comm, "bubble": bubble,
                 "other": max(0.0, t - compute - comm - bubble)}
 
@@ -232,7 +234,11 @@ class Advice:
     current_rank: Optional[int]                # 1 = best; None when it does not fit / no current
     iterations: int
     enumerated: int = 0                        # layouts that met the launch constraints
-    dropped: dict[str, int] = field(default_factory=dict)   # reason -> count, not predicted
+    # of those, reason -> count not predicted (dominated, over memory): enumerated = the
+    # candidates that fit + these
+    dropped: dict[str, int] = field(default_factory=dict)
+    # combinations ruled out before they were layouts (cannot launch), reason -> count
+    ruled_out: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -280,6 +286,7 @@ class Advice:
             "gpu_hours_saved": None if self.gpu_hours_saved is None else round(self.gpu_hours_saved, 2),
             "enumerated": self.enumerated,
             "dropped": dict(self.dropped),
+            "ruled_out": dict(self.ruled_out),
             "notes": list(self.notes),
             "warnings": self.warnings,
         }
@@ -397,7 +404,8 @@ def enumerate_layouts(job: TrainingJob, gpus: int, gpus_per_node: int,
                       opts: SearchOptions) -> tuple[list[Layout], dict[str, int]]:
     """Every layout of ``gpus`` GPUs that keeps the job's global batch and could launch.
 
-    Returns the layouts and, per reason, how many combinations were ruled out (for the report).
+    Returns the layouts and, per reason, how many combinations were ruled out before they became
+    layouts (for the report; a combination is counted once at the step that rules it out).
     """
     m, lay = job.model, job.layout
     gb = lay.global_batch
@@ -461,7 +469,7 @@ def enumerate_layouts(job: TrainingJob, gpus: int, gpus_per_node: int,
                                 # The job file's own rules: one statement of what launches.
                                 check_layout(m, base, job.run.framework)
                             except JobError as exc:
-                                skip(f"the job rules refuse it ({exc.key})", len(recomputes))
+                                skip(f"the job rules refuse it ({exc.key})")
                                 continue
                             out.extend(dataclasses.replace(base, recompute=rc) for rc in recomputes)
     if opts.micro_batch is not None and not out:
@@ -482,11 +490,21 @@ class _Plan:
     current_status: str          # searched | dominated (or why) | outside (the search space) | none
     enumerated: int
     dropped: dict[str, int]
+    ruled_out: dict[str, int]
+    gpus_per_node: int           # as placed (gpus_per_node_used)
 
 
-def _check_gpus(gpus: int, gpus_per_node: int) -> None:
-    if gpus > gpus_per_node and gpus % gpus_per_node:
-        raise AdviseError(f"{gpus} GPUs do not fill whole nodes of {gpus_per_node} GPUs")
+def gpus_per_node_used(gpus: int, gpus_per_node: int) -> int:
+    """GPUs per node that ``gpus`` GPUs use, as sbatch places them (``--nodes N --gpus-per-node G``):
+    part of one node, whole nodes, or the fewest nodes with the same number on each (12 GPUs on
+    8-GPU nodes: 2 nodes of 6). A count no node count splits evenly is refused."""
+    if gpus <= gpus_per_node or gpus % gpus_per_node == 0:
+        return gpus_per_node
+    nodes = -(-gpus // gpus_per_node)
+    if gpus % nodes:
+        raise AdviseError(f"{gpus} GPUs cannot be spread evenly over {nodes} nodes of {gpus_per_node} GPUs "
+                          f"(ask for whole nodes, or a multiple of {nodes} up to {nodes * gpus_per_node})")
+    return gpus // nodes
 
 
 def _current_layout(job: TrainingJob, gpus: int) -> tuple[Optional[Layout], str]:
@@ -550,11 +568,11 @@ def _dominating(lay: Layout, kept: list[tuple[Layout, mem.MemoryEstimate]]) -> O
 
 
 def _plan(job: TrainingJob, platform: Any, gpus: int, opts: SearchOptions) -> _Plan:
-    gpn = int(platform.gpus_per_node)
-    _check_gpus(gpus, gpn)
+    gpn = gpus_per_node_used(gpus, int(platform.gpus_per_node))
     capacity = float(platform.gpu.memory_gib)
     precision = job.run.precision
-    layouts, dropped = enumerate_layouts(job, gpus, gpn, opts)
+    layouts, ruled_out = enumerate_layouts(job, gpus, gpn, opts)
+    dropped: dict[str, int] = {}
     fitting, unfit = [], []
     for lay in layouts:
         est = mem.estimate(job.model, lay, precision, mem.job_gradient_precision(job, lay))
@@ -565,7 +583,7 @@ def _plan(job: TrainingJob, platform: Any, gpus: int, opts: SearchOptions) -> _P
         # stage is never traded for another.
         fitting, n = _prune_dominated(fitting, prune_zero=opts.zero_stage is None)
         if n:
-            dropped["dominated: a cheaper variant of the layout fits"] = n
+            dropped["dominated (a cheaper variant of it fits)"] = n
     if unfit:
         dropped[f"over {capacity:g} GiB per GPU"] = len(unfit)
     cur_layout, note = _current_layout(job, gpus)
@@ -585,7 +603,7 @@ def _plan(job: TrainingJob, platform: Any, gpus: int, opts: SearchOptions) -> _P
         else:
             status = "outside"
     log.debug("advise %d GPUs: %d layouts, %d fit", gpus, len(layouts), len(fitting))
-    return _Plan(gpus, fitting, unfit, current, note, status, len(layouts), dropped)
+    return _Plan(gpus, fitting, unfit, current, note, status, len(layouts), dropped, ruled_out, gpn)
 
 
 def _job_for(job: TrainingJob, layout: Layout, gpus_per_node: int) -> TrainingJob:
@@ -607,7 +625,6 @@ def _predict_plans(job: TrainingJob, platform: Any, plans: Sequence[_Plan], opts
                    predict_many: Optional[PredictMany]) -> list[Advice]:
     """Predict every plan's layouts in one batched call and assemble the answers."""
     pm = predict_many or _default_predict_many()
-    gpn = int(platform.gpus_per_node)
     capacity = float(platform.gpu.memory_gib)
     precision = job.run.precision
     peak = float(platform.gpu.tflops.get(precision, 0.0)) if hasattr(platform.gpu, "tflops") else 0.0
@@ -625,7 +642,7 @@ def _predict_plans(job: TrainingJob, platform: Any, plans: Sequence[_Plan], opts
             rows.append(("current", *plan.current))
         for role, lay, est in rows:
             try:
-                batch.append(_job_for(job, lay, gpn))
+                batch.append(_job_for(job, lay, plan.gpus_per_node))
             except JobError as exc:  # the enumeration and TrainingJob disagree: a bug, not input
                 log.warning("layout %s rejected by TrainingJob: %s", layout_key(lay), exc)
                 continue
@@ -677,9 +694,10 @@ def _predict_plans(job: TrainingJob, platform: Any, plans: Sequence[_Plan], opts
         if not any(c.fits for c in cands):
             notes.append(f"no layout of {plan.gpus} GPUs fits in {capacity:g} GiB per GPU")
         answers.append(Advice(job=job, platform=str(getattr(platform, "name", "")), gpus=plan.gpus,
-                              gpus_per_node=gpn, candidates=cands, current=current,
+                              gpus_per_node=plan.gpus_per_node, candidates=cands, current=current,
                               current_rank=rank, iterations=job.iterations,
-                              enumerated=plan.enumerated, dropped=plan.dropped, notes=notes))
+                              enumerated=plan.enumerated, dropped=plan.dropped, ruled_out=plan.ruled_out,
+                              notes=notes))
     return answers
 
 
@@ -711,6 +729,5 @@ def sweep(job: TrainingJob, platform: Any, gpu_counts: Sequence[int],
         raise AdviseError("no GPU counts to sweep")
     plans = [_plan(job, platform, g, opts) for g in counts]
     answers = _predict_plans(job, platform, plans, opts, predict_many)
-    gpn = int(platform.gpus_per_node)
-    return [SweepPoint(gpus=a.gpus, nodes=max(1, math.ceil(a.gpus / gpn)), best=a.best,
+    return [SweepPoint(gpus=a.gpus, nodes=max(1, math.ceil(a.gpus / a.gpus_per_node)), best=a.best,
                        iterations=job.iterations, advice=a) for a in answers]

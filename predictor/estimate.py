@@ -912,6 +912,7 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
             tp_exposed_f[i], tp_exposed_b[i] = n * per_f, n * per_b
         tp_hidden = max(0.0, max(plan.sizes) * (serial - per_f - per_b))
     zero3_hidden = 0.0
+    zero3_f, zero3_b = [0.0] * len(fwd), [0.0] * len(bwd)
     for i, b in enumerate(plan.sharded):
         # ZeRO-3: every micro-batch gathers each layer under the one before it (forward, and
         # again in backward) and reduce-scatters each layer's gradients under the next layer's
@@ -925,6 +926,7 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         zero3_hidden = max(zero3_hidden, lay.micro_batches * (serial - f_exp - b_exp))
         fwd[i] += f_exp
         bwd[i] += b_exp
+        zero3_f[i], zero3_b[i] = f_exp, b_exp
     host_wait = [0.0] * len(fwd)
     for i, h in enumerate(plan.stage_host):
         # The device cannot run ahead of the host that issues its work: a micro-batch's forward
@@ -978,6 +980,8 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         host_wait_seconds=mb * host_wait[crit_b],
         # Of which (inside the stage times): context-parallel K/V passes the attention did not hide.
         cp_exposed_seconds=mb * cp_exposed[crit_b],
+        # Of which (inside the stage times): ZeRO-3's gathers and reduce-scatters left exposed.
+        dp_exposed_seconds=mb * (zero3_f[crit_f] + zero3_b[crit_b]),
     )
     stages = StageTimes(tuple(plan.sizes), tuple(fwd), tuple(bwd), tuple(host_wait))
     return iteration, breakdown, Details(stages, waves * F, dp_hidden_seconds=hidden,

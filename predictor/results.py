@@ -14,8 +14,8 @@ class Breakdown:
     """Seconds of one iteration on its critical path, by part.
 
     The first five and ``step_overhead_seconds`` add up to the iteration; the others are already
-    inside them (``tp_allreduce_seconds``, ``pp_p2p_seconds``, ``cp_exposed_seconds`` inside the
-    stage times, ``host_wait_seconds`` inside the backward).
+    inside them (``tp_allreduce_seconds``, ``pp_p2p_seconds``, ``cp_exposed_seconds`` and
+    ``dp_exposed_seconds`` inside the stage times, ``host_wait_seconds`` inside the backward).
     """
 
     forward_seconds: float               # micro-batches × the slowest stage's forward
@@ -28,13 +28,16 @@ class Breakdown:
     pp_p2p_seconds: float = 0.0
     host_wait_seconds: float = 0.0
     cp_exposed_seconds: float = 0.0
+    # ZeRO-3's per-layer all-gathers and reduce-scatters that the layers' work does not cover
+    dp_exposed_seconds: float = 0.0
 
     # field name -> the key of the published JSON
     JSON_KEYS = {"forward_seconds": "stage_fwd_max", "backward_seconds": "stage_bwd_max",
                  "bubble_seconds": "bubble", "gradient_reduce_seconds": "dp_allreduce",
                  "optimizer_seconds": "max_update", "tp_allreduce_seconds": "mp_allreduce",
                  "pp_p2p_seconds": "pp_p2p", "step_overhead_seconds": "step_overhead",
-                 "host_wait_seconds": "host_wait", "cp_exposed_seconds": "cp_exposed"}
+                 "host_wait_seconds": "host_wait", "cp_exposed_seconds": "cp_exposed",
+                 "dp_exposed_seconds": "dp_exposed"}
 
     def to_dict(self) -> dict[str, float]:
         return {key: float(getattr(self, name)) for name, key in self.JSON_KEYS.items()}

@@ -1,4 +1,4 @@
-"""perf-advise: which PP-MP-DP layout (and micro-batch, recompute, ZeRO, interleaving) to run.
+"""perf-advise: which PP-TP-DP(-CP) layout (and micro-batch, recompute, ZeRO, interleaving) to run.
 
     perf-advise JOB [--gpus N | --nodes N] [--platform P | --partition P] [--top K]
                     [--json | --csv] [--plot FILE.png] [--all] [--allow-cross-node-tp]
@@ -118,6 +118,10 @@ def _pct(x: float) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def _hours(seconds: Optional[float]) -> str:
     if seconds is None:
         return "-"
@@ -128,7 +132,7 @@ def _hours(seconds: Optional[float]) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
-_HEADER = ("rank", "PP-MP-DP", "mb", "m", "recompute", "ZeRO", "v", "s/step", "tokens/s",
+_HEADER = ("rank", "PP-TP-DP", "mb", "m", "recompute", "ZeRO", "v", "s/step", "tokens/s",
            "TFLOP/s/GPU", "MFU", "GiB/GPU", "bubble", "comm")
 
 
@@ -147,6 +151,15 @@ def _row(rank: str, c: Any) -> tuple[str, ...]:
             _pct(c.comm_share) if pred else "-")
 
 
+def _layout_header(candidates: Any) -> str:
+    """PP-TP-DP, or PP-TP-DP-CP when a listed layout uses context parallelism (Candidate.name)."""
+    return "PP-TP-DP-CP" if any(c is not None and c.layout.cp > 1 for c in candidates) else "PP-TP-DP"
+
+
+def _recompute_words(recompute: str) -> str:
+    return "no recompute" if recompute == "none" else f"{recompute} recompute"
+
+
 def _table(rows: Sequence[Sequence[str]], left: Sequence[int] = (1, 4)) -> str:
     """Columns padded to width; text columns (``left``) left-aligned, numbers right-aligned."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -162,11 +175,15 @@ def _table(rows: Sequence[Sequence[str]], left: Sequence[int] = (1, 4)) -> str:
 def render_advice(advice: Any, top: int) -> str:
     job = advice.job
     m = job.model
+    nodes = math.ceil(advice.gpus / advice.gpus_per_node)
     head = (f"{m.layers} layers × hidden {m.hidden}, seq {m.seq_len}, global batch "
-            f"{job.layout.global_batch} on {advice.gpus} GPUs ({math.ceil(advice.gpus / advice.gpus_per_node)} "
-            f"nodes of {advice.gpus_per_node}) of {advice.platform}")
+            f"{job.layout.global_batch} on {_plural(advice.gpus, 'GPU')} ({_plural(nodes, 'node')} of "
+            f"{advice.gpus_per_node}) of {advice.platform}")
     shown = advice.candidates[:top]
-    rows = [_HEADER]
+    cur = advice.current
+    header = list(_HEADER)
+    header[1] = _layout_header(shown + ([cur] if cur is not None else []))
+    rows = [tuple(header)]
     rank = 0
     for c in shown:
         rank += c.fits
@@ -178,16 +195,19 @@ def render_advice(advice: Any, top: int) -> str:
     out.append(_table(rows) if len(rows) > 1 else "no layout fits")
     nfit = len(advice.fitting)
     out.append("")
-    out.append(f"{nfit} layouts fit and were predicted, of {advice.enumerated} that meet the launch "
-               f"constraints" + ("; not predicted: " + "; ".join(f"{n} {why}" for why, n in
-                                                                  sorted(advice.dropped.items()))
-                                 if advice.dropped else ""))
+    # enumerated = predicted + dropped (dominated, over memory): the numbers add up
+    parts = [f"{nfit} fit and were predicted"] + [f"{n} {why}" for why, n in sorted(advice.dropped.items())]
+    verb = "meets" if advice.enumerated == 1 else "meet"
+    out.append(f"{_plural(advice.enumerated, 'layout')} {verb} the launch constraints: " + "; ".join(parts))
+    if advice.ruled_out:
+        out.append("ruled out before (combinations that cannot launch): " +
+                   "; ".join(f"{n} {why}" for why, n in sorted(advice.ruled_out.items())))
     if cur is not None:
         listed = any(c.key == cur.key for c in advice.candidates)
         total = nfit if listed else nfit + 1
         where = f"ranks {advice.current_rank} of {total}" if advice.current_rank else "does not fit"
-        line = (f"your layout {cur.name} (mb {cur.layout.micro_batch}, {cur.layout.recompute} "
-                f"recompute, ZeRO {cur.layout.zero_stage}) {where}: {cur.iteration_seconds:.3f} s/step")
+        line = (f"your layout {cur.name} (mb {cur.layout.micro_batch}, {_recompute_words(cur.layout.recompute)}, "
+                f"ZeRO {cur.layout.zero_stage}) {where}: {cur.iteration_seconds:.3f} s/step")
         best = advice.best
         if best is not None and advice.current_rank and advice.current_rank > 1:
             gain = cur.iteration_seconds / best.iteration_seconds - 1
@@ -211,7 +231,7 @@ def render_advice(advice: Any, top: int) -> str:
 
 
 def render_sweep(points: Sequence[Any]) -> str:
-    rows = [("GPUs", "nodes", "best PP-MP-DP", "mb", "recompute", "ZeRO", "v", "s/step",
+    rows = [("GPUs", "nodes", "best " + _layout_header(p.best for p in points), "mb", "recompute", "ZeRO", "v", "s/step",
              "time to train", "GPU-hours", "efficiency")]
     base = next((p for p in points if p.best is not None), None)
     for p in points:
@@ -305,7 +325,14 @@ def run(argv: Optional[Sequence[str]] = None, predict_many: Any = None, platform
 
 
 def _maybe_plot(path: Optional[str], **kw: Any) -> None:
+    """The chart, when asked for; without matplotlib the answer stands and one line says so."""
     if not path:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(f"{PROG}: --plot needs matplotlib (pip install 'perfcast[plot]'); no chart written to {path}",
+              file=sys.stderr)
         return
     if "points" in kw:
         plot_sweep(kw["points"], kw["job"], kw["platform"], path)

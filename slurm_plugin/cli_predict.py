@@ -83,6 +83,9 @@ def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
         lines.append(f"  {label:<24}{v:>10.3f}")
     lines.append(f"  {'(of which TP all-reduce)':<24}{b.tp_allreduce_seconds:>10.3f}")
     lines.append(f"  {'(of which PP p2p)':<24}{b.pp_p2p_seconds:>10.3f}")
+    if getattr(b, "dp_exposed_seconds", 0.0):
+        # ZeRO-3 gathers and reduce-scatters per layer inside forward and backward (no separate reduction)
+        lines.append(f"  {'(of which ZeRO-3 comm)':<24}{b.dp_exposed_seconds:>10.3f}")
     lines.append(f"{'iteration':<26}{pred.iteration_seconds:>10.3f}   [{lo:.3f} – {hi:.3f}]")
     d = pred.details
     if d is not None:

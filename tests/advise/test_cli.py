@@ -59,7 +59,7 @@ def run_cli(argv, capsys, platform=None):
 def test_table_output(job_file, capsys):
     code, out, _ = run_cli([job_file, "--top", "5"], capsys)
     assert code == 0
-    assert "PP-MP-DP" in out and "s/step" in out and "MFU" in out
+    assert "PP-TP-DP" in out and "s/step" in out and "MFU" in out
     assert "your layout 4-4-8" in out
     assert "GPU-hours over 2,000 iterations" in out or "best layout found" in out
 
@@ -240,3 +240,54 @@ def test_real_batch_script(tmp_path, capsys):
     assert code == 0
     assert (d["current"]["pp"], d["current"]["tp"], d["current"]["dp"]) == (2, 2, 2)
     assert d["global_batch"] == 4 * 8 * 2 and d["iterations"] == 5000
+
+
+def test_counts_add_up_and_ruled_out_is_apart(job_file, capsys):
+    code, out, _ = run_cli([job_file, "--gpus", "128", "--json"], capsys)
+    d = json.loads(out)
+    fit = sum(1 for c in d["candidates"] if c["fits"])   # --top 10 cuts the list: count from the text
+    code, text, _ = run_cli([job_file, "--gpus", "128"], capsys)
+    line = next(ln for ln in text.splitlines() if "meet the launch constraints" in ln)
+    head, _, rest = line.partition(" meet the launch constraints: ")
+    enumerated = int(head.split()[0].replace(",", ""))
+    numbers = [int(part.split()[0].replace(",", "")) for part in rest.split("; ")]
+    assert enumerated == sum(numbers) == d["enumerated"], line
+    assert numbers[0] >= fit and enumerated == numbers[0] + sum(d["dropped"].values())
+    assert all(why not in d["dropped"] for why in d["ruled_out"])
+    ruled = [ln for ln in text.splitlines() if ln.startswith("ruled out before")]
+    assert bool(ruled) == bool(d["ruled_out"])
+
+
+def test_plain_words_for_the_own_layout(job_file, capsys):
+    job_file.write_text(JOB_TOML.replace('recompute = "full"', 'recompute = "none"'))
+    _, out, _ = run_cli([job_file, "--all"], capsys)
+    assert "with none recompute" not in out and "none recompute" not in out
+    assert "no recompute" in out
+
+
+def test_node_filling_is_one_rule(job_file, capsys):
+    """Part of one node, whole nodes, or nodes with the same number each (sbatch --nodes N
+    --gpus-per-node G): 3 and 6 GPUs on 4-GPU nodes are accepted, 7 is not."""
+    from predictor.advise import AdviseError, gpus_per_node_used
+    assert gpus_per_node_used(3, 4) == 4 and gpus_per_node_used(8, 4) == 4
+    assert gpus_per_node_used(6, 4) == 3 and gpus_per_node_used(12, 8) == 6
+    with pytest.raises(AdviseError, match="spread evenly over 2 nodes"):
+        gpus_per_node_used(7, 4)
+    code, out, _ = run_cli([job_file, "--gpus", "96"], capsys)
+    assert code == 0 and "(24 nodes of 4)" in out
+
+
+def test_plot_without_matplotlib_keeps_the_answer(job_file, tmp_path, capsys, monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    png = tmp_path / "chart.png"
+    code, out, err = run_cli([job_file, "--plot", png], capsys)
+    assert code == 0 and "s/step" in out and not png.exists()
+    assert "--plot needs matplotlib" in err and "no chart written" in err

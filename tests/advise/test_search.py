@@ -120,7 +120,7 @@ def test_dominated_recompute_is_not_predicted():
         rest = k[:5] + k[6:]          # everything but recompute
         assert rest not in seen, f"{k} predicted with two recompute settings"
         seen.add(rest)
-    assert adv.dropped.get("dominated: a cheaper variant of the layout fits", 0) > 0
+    assert adv.dropped.get("dominated (a cheaper variant of it fits)", 0) > 0
 
 
 def test_zero3_is_dropped_where_zero2_fits_with_no_more_recompute():
@@ -254,7 +254,7 @@ def test_megatron_rule_rules_out_a_pp_that_does_not_divide_the_layers():
     adv = advise(job, PLAT, SearchOptions(include_unfit=True), FakePredictMany())
     pps = {c.layout.pp for c in adv.candidates}
     assert 4 in pps and 8 not in pps and 16 not in pps           # 44 layers: 8 and 16 do not divide
-    assert any("megatron pipeline split" in k for k in adv.dropped)
+    assert any("megatron pipeline split" in k for k in adv.ruled_out)
     assert all(c.layout.pipe_split == "megatron" for c in adv.candidates)
     for c in adv.candidates:
         assert c.stage_layers == [44 // c.layout.pp] * c.layout.pp
@@ -344,4 +344,4 @@ def test_a_cp_job_is_compared_like_for_like():
     adv = advise(job, FakePlatform(gpus_per_node=8), SearchOptions(gpus=32), predict_many=FakePredictMany())
     cur = adv.current
     assert cur is not None and cur.layout.cp == 2 and cur.layout.dp == 4       # 32 / (tp 4 × cp 2)
-    assert any(c.layout.cp == 2 for c in adv.candidates) and cur.name == "1-4-2-4"
+    assert any(c.layout.cp == 2 for c in adv.candidates) and cur.name == "1-4-4-2"
