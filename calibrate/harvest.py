@@ -58,6 +58,12 @@ MAX_LOG_BYTES = 8 << 20
 # A local disk reads 8 MiB in well under a second; a slow network file system in a few.  Past this
 # the file is a FIFO, a device or a hung mount: give up on that job, not on the harvest.
 LOG_READ_TIMEOUT_S = 10.0
+# Logs are read this many at a time (each read is a child process as the job's user, mostly waiting
+# on a file system), and all of a run's reads share a budget: one user's FIFOs or a hung mount cost
+# the hourly harvest at most LOG_READ_TIMEOUT_S per slot, and a run at most LOG_BUDGET_S; jobs whose
+# logs were not read in time are left for the next run (not stored, so not "harvested before").
+LOG_READ_WORKERS = 8
+LOG_BUDGET_S = 120.0
 # SlurmClient's 30 s default is for interactive queries; a harvest is a batch task that may wait
 # longer for a week of a busy cluster's accounting, and 4x that still bounds a hung slurmdbd.
 SLURM_TIMEOUT_S = 120.0
@@ -443,6 +449,8 @@ class HarvestOptions:
     dry_run: bool = False
     max_log_bytes: int = MAX_LOG_BYTES
     log_timeout_s: float = LOG_READ_TIMEOUT_S
+    log_workers: int = LOG_READ_WORKERS       # logs read at once
+    log_budget_s: float = LOG_BUDGET_S        # all of this run's log reads together
     refit: bool = False                   # then refit each partition's installed platform
     refit_min_runs: int = DEFAULT_REFIT_MIN_RUNS
     platforms_root: Optional[Path] = None     # None: calibrate.install.platforms_root()
@@ -458,6 +466,7 @@ class HarvestResult:
     runs_files: dict[str, tuple[Path, int, int]] = field(default_factory=dict)   # partition -> (file, added, total)
     skipped: list[tuple[int, str]] = field(default_factory=list)                 # (job id, why)
     refits: list[RefitResult] = field(default_factory=list)                      # with --refit
+    users: dict[int, str] = field(default_factory=dict)      # job id -> user (accounting, else the record)
 
     @property
     def ok(self) -> bool:
@@ -465,27 +474,43 @@ class HarvestResult:
         return all(r.ok for r in self.refits)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "jobs": [o.to_dict() for o in self.outcomes],
+        return {"source": self.source,
+                "jobs": [dict(o.to_dict(), user=self.users.get(o.slurm_job_id, "")) for o in self.outcomes],
                 "runs_files": {p: {"path": str(f), "added": a, "total": t}
                                for p, (f, a, t) in self.runs_files.items()},
                 "skipped": [{"job_id": j, "reason": r} for j, r in self.skipped],
                 "refits": [r.to_dict() for r in self.refits]}
 
     def summary(self) -> str:
+        """One line per job harvested now and per job skipped for a reason worth reading; the
+        jobs harvested on earlier runs (every hourly run sees its window's again) in one line."""
         measured = sum(1 for o in self.outcomes if o.measured_iteration_seconds is not None)
-        lines = [f"harvested {len(self.outcomes)} finished perfcast jobs from {self.source or '-'} "
+        lines = [f"harvested {_count(len(self.outcomes), 'finished perfcast job')} from {self.source or '-'} "
                  f"({measured} with iteration times from their logs)"]
         for o in self.outcomes:
-            it = (f"{o.measured_iteration_seconds:.4g} s/iter ({o.log_format}, {o.log_samples} samples)"
+            it = (f"{o.measured_iteration_seconds:.4g} s/iter ({o.log_format}, {_count(o.log_samples, 'sample')})"
                   if o.measured_iteration_seconds is not None else f"no iteration time: {o.note}")
-            lines.append(f"  job {o.slurm_job_id}: {o.state}, elapsed {o.elapsed_seconds or 0:.0f} s; {it}")
+            user = self.users.get(o.slurm_job_id)
+            lines.append(f"  job {o.slurm_job_id}{f' ({user})' if user else ''}: {o.state}, elapsed "
+                         f"{o.elapsed_seconds or 0:.0f} s; {it}")
         for part, (f, added, total) in sorted(self.runs_files.items()):
             lines.append(f"runs of {part}: {f} (+{added}, {total} in all)")
+        before = [jid for jid, why in self.skipped if why == HARVESTED_BEFORE]
         for jid, why in self.skipped:
-            lines.append(f"  skipped job {jid}: {why}")
+            if why != HARVESTED_BEFORE:
+                lines.append(f"  skipped job {jid}: {why}")
+        if before:
+            lines.append(f"{_count(len(before), 'job')} harvested before (--rescan reads them again)")
         for r in self.refits:
             lines.append(f"refit of {r.partition}: {r.status}: {r.message}")
         return "\n".join(lines)
+
+
+HARVESTED_BEFORE = "harvested before (--rescan reads it again)"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def parse_since(text: Optional[str], now: Optional[float] = None) -> float:
@@ -516,22 +541,54 @@ def harvest(opts: HarvestOptions, client: Optional[AccountingClient] = None) -> 
     res = HarvestResult(source=used)
     new_runs: dict[str, list[MeasuredRun]] = {}
     merged: dict[str, list[MeasuredRun]] = {}
+    matched: list[tuple[AccountingJob, PredictionRecord]] = []
     for job in sorted(jobs, key=lambda j: j.job_id):
-        outcome, run, why = _harvest_one(job, store, opts)
-        if outcome is None:
+        record, why = _match(job, store, opts)
+        if record is None:
             res.skipped.append((job.job_id, why))
+        else:
+            matched.append((job, record))
+    timings = _measure_all(matched, opts)
+    for job, record in matched:
+        got = timings.get(job.job_id)
+        if got is None:
+            res.skipped.append((job.job_id, f"log not read: this run's {opts.log_budget_s:.0f} s for reading "
+                                             "logs was spent (the next harvest reads it)"))
             continue
+        outcome, run = _outcome(job, record, *got)
         res.outcomes.append(outcome)
+        user = job.user or record.user
+        if user:
+            res.users[job.job_id] = user
         if not opts.dry_run:
             store.put_outcome(outcome)
         if run is not None:
             new_runs.setdefault(run[0], []).append(run[1])
+    res.skipped.sort(key=lambda s: s[0])
     for part, runs in sorted(new_runs.items()):
         path, added, total, merged[part] = _append_runs(opts.out_dir, part, runs, dry_run=opts.dry_run)
         res.runs_files[part] = (path, added, total)
     if opts.refit:
         res.refits = refit_partitions(opts, merged)
     return res
+
+
+def _measure_all(matched: Sequence[tuple[AccountingJob, PredictionRecord]], opts: HarvestOptions
+                 ) -> dict[int, tuple[Optional[IterationTimes], str]]:
+    """Each job's log read and timed, ``opts.log_workers`` at a time, all within ``opts.log_budget_s``;
+    the jobs missing from the answer were not read in time."""
+    if not matched:
+        return {}
+    from concurrent.futures import ThreadPoolExecutor, wait
+    pool = ThreadPoolExecutor(max_workers=max(1, min(opts.log_workers, len(matched))),
+                              thread_name_prefix="harvest-log")
+    try:
+        futures = {pool.submit(_measure, job, record, opts): job.job_id for job, record in matched}
+        done, _ = wait(futures, timeout=max(0.0, opts.log_budget_s))
+        return {futures[f]: f.result() for f in done}
+    finally:
+        # Reads not started are dropped; one already running ends within its own timeout.
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequence[MeasuredRun]]] = None
@@ -564,7 +621,8 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
                                                        "move it aside)"))
                 continue
         res = refit_partition(part, runs, root=opts.platforms_root, min_runs=opts.refit_min_runs,
-                              pid_file=opts.pid_file, dry_run=opts.dry_run, runs_file=str(path))
+                              pid_file=opts.pid_file, dry_run=opts.dry_run, runs_file=str(path),
+                              platform=opts.site_platform(part) if opts.site_platform is not None else None)
         note = _site_note(opts, part, res)
         if note:
             res.message += f"; {note}"
@@ -579,7 +637,7 @@ def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
     from predictor.platform import resolve_platform
 
     from .install import platforms_root
-    installed = platforms_root(opts.platforms_root) / partition / "current"
+    installed = platforms_root(opts.platforms_root) / (res.target or partition) / "current"
     if opts.site_platform is None or not (
             res.status in ("installed", "dry-run") or (res.status == "skipped" and not installed.exists())):
         return ""
@@ -596,35 +654,40 @@ def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
             f"platform = \"{partition}\" for the installed one)")
 
 
-def _harvest_one(job: AccountingJob, store: RecordStore, opts: HarvestOptions
-                 ) -> tuple[Optional[JobOutcome], Optional[tuple[str, MeasuredRun]], str]:
-    """(outcome, (partition, run) or None, why skipped)."""
+def _match(job: AccountingJob, store: RecordStore, opts: HarvestOptions
+           ) -> tuple[Optional[PredictionRecord], str]:
+    """The job's record, or None and why the job is skipped."""
     fields_ = parse_admin_comment(job.admin_comment)
     rid = fields_.get(RECORD_KEY, "")
     record: Optional[PredictionRecord] = None
     if is_record_id(rid):
         record = store.get(rid)
         if record is None:
-            return None, None, f"record {rid} is not in {store.path} (pruned, or another controller's)"
+            return None, f"record {rid} is not in {store.path} (pruned, or another controller's)"
     else:
         found = store.find(slurm_job_id=job.job_id, limit=2)
         if len(found) != 1:
-            return None, None, "its AdminComment record has no rec= id (predicted before records were kept)"
+            return None, "its AdminComment record has no rec= id (predicted before records were kept)"
         record = found[0]
     if record.slurm_job_id is not None and record.slurm_job_id != job.job_id:
-        return None, None, f"record {record.record_id} belongs to job {record.slurm_job_id}"
+        return None, f"record {record.record_id} belongs to job {record.slurm_job_id}"
     if record.uid is not None and job.uid is not None and record.uid != job.uid:
-        return None, None, f"record {record.record_id} is uid {record.uid}'s, the job is uid {job.uid}'s"
+        return None, f"record {record.record_id} is uid {record.uid}'s, the job is uid {job.uid}'s"
     if record.user and job.user and job.uid is None and record.user != job.user:
-        return None, None, f"record {record.record_id} is {record.user}'s, the job is {job.user}'s"
+        return None, f"record {record.record_id} is {record.user}'s, the job is {job.user}'s"
     if job.partition and record.partition and job.partition != record.partition:
-        return None, None, f"ran in {job.partition}, predicted for {record.partition}"
+        return None, f"ran in {job.partition}, predicted for {record.partition}"
     if not opts.rescan:
         prev = store.outcome(record.record_id)
         if prev is not None and prev.slurm_job_id == job.job_id:
-            return None, None, "harvested before (--rescan reads it again)"
+            return None, HARVESTED_BEFORE
 
-    timing, note = _measure(job, record, opts)
+    return record, ""
+
+
+def _outcome(job: AccountingJob, record: PredictionRecord, timing: Optional[IterationTimes], note: str
+             ) -> tuple[JobOutcome, Optional[tuple[str, MeasuredRun]]]:
+    """The job's outcome and, with a measured iteration time, its run for the partition's runs file."""
     measured = timing.median_seconds if timing is not None else None
     if measured is not None and job.elapsed_seconds:
         # At least half the steady samples are >= their median, so median x iterations spanned is
@@ -643,19 +706,19 @@ def _harvest_one(job: AccountingJob, store: RecordStore, opts: HarvestOptions
         log_samples=len(timing.steady) if timing is not None else 0,
         note=note[:500], source=job.source)
     if measured is None:
-        return outcome, None, ""
+        return outcome, None
     try:
         tj = TrainingJob.from_dict(record.job)
     except JobError as exc:
-        return dataclasses.replace(outcome, note=f"record's job unusable: {exc}"[:500]), None, ""
+        return dataclasses.replace(outcome, note=f"record's job unusable: {exc}"[:500]), None
     run = MeasuredRun(
         name=f"slurm job {job.job_id}", job=tj, measured_iteration_seconds=measured,
         predicted_iteration_seconds=record.iteration_seconds if record.iteration_seconds > 0 else 0.0,
         source=(f"perf-calibrate harvest: partition {record.partition}, record {record.record_id}, "
                 f"{job.state} after {job.elapsed_seconds or 0:.0f} s, {timing.format} log, "
                 f"median of {len(timing.steady)} steady-state samples, platform {record.platform} "
-                f"bundle {record.bundle}")[:1000])
-    return outcome, (record.partition, run), ""
+                f"bundle {record.bundle}" + (f", user {job.user or record.user}" if job.user or record.user else ""))[:1000])
+    return outcome, (record.partition, run)
 
 
 def _measure(job: AccountingJob, record: PredictionRecord, opts: HarvestOptions

@@ -461,3 +461,57 @@ def test_cli_records_path_from_a_bad_config_is_one_line(tmp_path, capsys, monkey
     assert main(["report"]) == 2
     err = capsys.readouterr().err
     assert str(cfg) in err and err.count("\n") == 1
+
+
+def test_second_run_is_one_line_and_users_are_named(tmp_path, cluster):
+    store, ids, doc, d, uid, gid, name = cluster
+    opts = HarvestOptions(records=store.path, out_dir=tmp_path / "runs", since=T0 - 3600)
+    first = harvest(opts, AccountingClient(runner=FakeSlurm(sacct_json=doc)))
+    assert {j["user"] for j in first.to_dict()["jobs"]} == {name}
+    assert f"job 101 ({name}): COMPLETED" in first.summary()
+    assert f"user {name}" in load_runs(tmp_path / "runs" / "gpu.toml")[0].source
+    again = harvest(opts, AccountingClient(runner=FakeSlurm(sacct_json=doc)))
+    text = again.summary().splitlines()
+    assert "4 jobs harvested before (--rescan reads them again)" in text
+    assert not any("skipped job 10" in ln and "harvested before" in ln for ln in text)
+    assert sum("harvested before" in ln for ln in text) == 1
+    assert any("skipped job 107" in ln for ln in text)          # a reason worth reading stays
+
+
+def _fifo_logs(d, uid, gid, job_ids):
+    for j in job_ids:
+        path = d / f"train-{j}.out"
+        if path.exists():
+            path.unlink()
+        os.mkfifo(path)
+        _own(path, uid, gid)
+
+
+def test_fifo_logs_are_read_in_parallel_within_their_timeout(tmp_path, cluster):
+    """Every log is a FIFO nobody writes: each read ends at its own timeout, the run goes on."""
+    store, ids, doc, d, uid, gid, name = cluster
+    _fifo_logs(d, uid, gid, (101, 102, 104))
+    opts = HarvestOptions(records=store.path, out_dir=tmp_path / "runs", since=T0 - 3600,
+                          log_timeout_s=0.5, log_workers=3, log_budget_s=600.0)
+    res = harvest(opts, AccountingClient(runner=FakeSlurm(sacct_json=doc)))
+    by_job = {o.slurm_job_id: o for o in res.outcomes}
+    assert sorted(by_job) == [101, 102, 103, 104]
+    for j in (101, 102, 104):
+        assert by_job[j].measured_iteration_seconds is None and "log unreadable" in by_job[j].note
+
+
+def test_logs_not_read_within_the_budget_are_left_for_the_next_run(tmp_path, cluster):
+    """A FIFO never answers, so with a budget shorter than the reads' own timeout those jobs are
+    not read this run: skipped, not stored, and read again next time (whatever the machine's speed)."""
+    store, ids, doc, d, uid, gid, name = cluster
+    _fifo_logs(d, uid, gid, (101, 102))
+    opts = HarvestOptions(records=store.path, out_dir=tmp_path / "runs", since=T0 - 3600,
+                          log_timeout_s=30.0, log_workers=2, log_budget_s=0.3)
+    res = harvest(opts, AccountingClient(runner=FakeSlurm(sacct_json=doc)))
+    skipped = dict(res.skipped)
+    assert "this run's 0 s for reading logs was spent" in skipped[101] and "the next harvest" in skipped[102]
+    stored = {o.slurm_job_id for _, o in store.outcomes()}
+    assert 101 not in stored and 102 not in stored
+    for j in (101, 102):        # the writers the reads wait for, so their threads end now
+        with open(d / f"train-{j}.out", "w") as fh:
+            fh.write("")
