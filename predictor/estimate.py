@@ -31,7 +31,7 @@ from .recipe import (Group, MicroBatchRecipe, gradient_precision, gradient_reduc
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import attention, fp8, overlap, tp_overlap
-from .host import engine_for as host_engine_for
+from .host import FSDP_FRAMEWORKS, engine_for as host_engine_for
 from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
 from .network import ring_seconds
@@ -776,9 +776,10 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     engine = host_engine_for(job.run.framework, lay.pp)
     engine_step = 0.0
     if plat.host is not None:
-        # Launches per layer beyond a plain layer's kernels: TP all-reduces (forward, backward,
-        # recompute) and context-parallel K/V passes.
-        layer_launches = sum(c for _, c in mp_fwd.parts) + sum(c for _, c in mp_bwd.parts) if tp > 1 else 0.0
+        # Collective calls per layer (TP all-reduces: forward, backward, recompute; context-
+        # parallel K/V passes) and kernel launches beyond a plain layer's kernels.
+        layer_calls = sum(c for _, c in mp_fwd.parts) + sum(c for _, c in mp_bwd.parts) if tp > 1 else 0.0
+        layer_launches = 0.0
         if tp_ub is not None:
             ub_f, ub_b = tp_overlap.layer_launches(tp)
             layer_launches += ub_f * (2 if lay.recompute == "full" else 1) + ub_b
@@ -790,10 +791,15 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
             # K/V passes: cp − 1 in forward, twice that in backward, the forward's again when
             # recomputed; each a send and a receive.
             passes = (cp - 1) * (3 + (1 if lay.recompute == "full" else 0))
-            layer_launches += 2 * passes
-        stage_host = [plat.host.stage_seconds(n, n * layer_launches + len(p2p_terms[i][0].parts)
-                                              + len(p2p_terms[i][1].parts), lay.recompute,
-                                              fitted=plat.fitted, engine=engine)
+            layer_calls += 2 * passes
+        # FSDP (PyTorch's, under the frameworks that shard with it) runs its hooks around every
+        # layer it wraps: unshard before forward and backward, reshard, reduce-scatter.
+        fsdp = lay.zero_stage >= 2 and job.run.framework in FSDP_FRAMEWORKS
+        stage_host = [plat.host.stage_seconds(n, n * layer_launches, lay.recompute, fitted=plat.fitted,
+                                              engine=engine,
+                                              collective_calls=n * layer_calls + len(p2p_terms[i][0].parts)
+                                              + len(p2p_terms[i][1].parts),
+                                              fsdp_layers=n if fsdp else 0)
                       for i, n in enumerate(sizes)]
         engine_step = plat.host.engine_step_seconds(engine, plat.fitted)
     tp_ub_slowdown = 1.0

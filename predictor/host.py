@@ -12,7 +12,11 @@ A platform carries the measured host costs in ``platform.toml``::
     layer_seconds = 1.83e-3            # issue forward + backward of one transformer layer
     layer_forward_seconds = 3.2e-4     # of which the forward (what full recomputation repeats)
     micro_batch_seconds = 1.39e-3      # per micro-batch and stage: embedding/head/loss, engine entry
-    launch_seconds = 9.6e-6            # one more kernel or collective launch (TP all-reduces)
+    launch_seconds = 9.6e-6            # one more kernel launch (FP8 casts, userbuffer chunks)
+    collective_seconds = 3.2e-5        # one collective call (TP all-reduce, p2p, CP pass): autograd
+                                       # function + c10d + enqueue; absent: launch_seconds
+    fsdp_layer_seconds = 4.7e-4        # FSDP2's per-layer hooks, per micro-batch (zero_stage >= 2
+                                       # under an FSDP framework)
     source = "perf-calibrate host on ..., torch ..., date"
     [host.operators.linear1]           # one isolated call's host issue time, per direction
     fwd = 1.9e-5
@@ -46,7 +50,8 @@ from .job import DEEPSPEED_PIPELINE_FRAMEWORKS
 if TYPE_CHECKING:
     from .platform import FittedTerms
 
-_KEYS = ("layer_seconds", "layer_forward_seconds", "micro_batch_seconds", "launch_seconds")
+_KEYS = ("layer_seconds", "layer_forward_seconds", "micro_batch_seconds", "launch_seconds",
+         "collective_seconds", "fsdp_layer_seconds")
 #: Framework engines whose own host work is measured apart (benchmarks/bench_engine_host.py):
 #: DeepSpeed's PipelineEngine (its instruction loop: GPT-NeoX at any pp, DeepSpeed and
 #: Megatron-DeepSpeed with pp > 1) and DeepSpeedEngine (forward / backward / step per micro-batch:
@@ -54,7 +59,11 @@ _KEYS = ("layer_seconds", "layer_forward_seconds", "micro_batch_seconds", "launc
 #: loop are plain PyTorch around the model, which the per-layer and per-micro-batch costs are.
 ENGINES = ("deepspeed_pipeline", "deepspeed")
 _ENGINE_KEYS = ("step_seconds", "micro_batch_seconds", "layer_seconds")
-_OPTIONAL = {"launch_seconds": 0.0, "layer_forward_seconds": -1.0}
+_OPTIONAL = {"launch_seconds": 0.0, "layer_forward_seconds": -1.0, "collective_seconds": -1.0,
+             "fsdp_layer_seconds": 0.0}
+#: Frameworks whose ZeRO-2/3 is PyTorch FSDP (FSDP2's fully_shard per layer), whose per-layer hooks
+#: ``fsdp_layer_seconds`` measures; DeepSpeed's ZeRO-3 hooks are another mechanism, not measured.
+FSDP_FRAMEWORKS = ("torchtitan",)
 # Host costs are per-call overheads of microseconds to milliseconds; a value past this is a unit
 # mistake (µs written as seconds), not a slow CPU.
 _MAX_SECONDS = 1.0
@@ -114,6 +123,8 @@ class HostCosts:
     micro_batch_seconds: float
     launch_seconds: float = 0.0
     layer_forward_seconds: float = -1.0     # < 0: not measured apart from the whole layer
+    collective_seconds: float = -1.0        # < 0: a collective call costs one launch
+    fsdp_layer_seconds: float = 0.0         # FSDP's hooks per layer and micro-batch
     source: str = ""
     operators: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # op -> direction -> s
     engines: Mapping[str, EngineCosts] = field(default_factory=dict)          # ENGINES -> costs
@@ -167,11 +178,20 @@ class HostCosts:
         d["engines"] = {name: asdict(e) for name, e in self.engines.items()}
         return d
 
+    @property
+    def collective_call_seconds(self) -> float:
+        """Host time of one collective call (``launch_seconds`` where not measured apart)."""
+        return self.collective_seconds if self.collective_seconds >= 0 else self.launch_seconds
+
     def stage_seconds(self, layers: int, collectives: float, recompute: str,
-                      fitted: "FittedTerms | None" = None, engine: str = "") -> float:
+                      fitted: "FittedTerms | None" = None, engine: str = "",
+                      collective_calls: float = 0.0, fsdp_layers: int = 0) -> float:
         """Host time to issue one micro-batch's forward and backward on a stage of ``layers``.
 
-        ``collectives`` counts the launches beyond a plain layer's kernels (TP all-reduces);
+        ``collectives`` counts the kernel launches beyond a plain layer's kernels (FP8 casts,
+        userbuffer chunks), ``collective_calls`` the collectives issued through c10d (TP
+        all-reduces, pipeline and context-parallel sends), ``fsdp_layers`` the layers FSDP wraps
+        (each paying its hooks);
         full recomputation issues every layer's forward a second time, in the backward.
         ``engine`` (:func:`engine_for`): the framework engine's own work per micro-batch and per
         layer is added where the platform measured it.
@@ -187,13 +207,15 @@ class HostCosts:
         if e is not None:
             layer += e.layer_seconds
             micro_batch += e.micro_batch_seconds
+        launches = collectives * self.launch_seconds + collective_calls * self.collective_call_seconds
+        layer_total = layers * layer + fsdp_layers * self.fsdp_layer_seconds
         if fitted is None:
-            return layers * layer + micro_batch + collectives * self.launch_seconds
+            return layer_total + micro_batch + launches
         # [fitted] (perf-calibrate validate --fit): each measured cost its own scale, and the one
         # host scale of files written before the costs were fitted apart over all of it.
-        return fitted.host_scale * (layers * layer * fitted.host_layer_scale
+        return fitted.host_scale * (layer_total * fitted.host_layer_scale
                                     + micro_batch * fitted.host_micro_batch_scale
-                                    + collectives * self.launch_seconds * fitted.host_launch_scale)
+                                    + launches * fitted.host_launch_scale)
 
     def engine_step_seconds(self, engine: str, fitted: "FittedTerms | None" = None) -> float:
         """The engine's own host work per optimizer step (0 without one, or unmeasured).  The step
@@ -206,4 +228,4 @@ class HostCosts:
         return e.step_seconds * (fitted.host_scale if fitted is not None else 1.0)
 
 
-__all__ = ["ENGINES", "EngineCosts", "HostCosts", "engine_for"]
+__all__ = ["ENGINES", "FSDP_FRAMEWORKS", "EngineCosts", "HostCosts", "engine_for"]

@@ -29,6 +29,7 @@ import argparse
 import json
 import logging
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -111,7 +112,8 @@ def build_h100() -> None:
         "description": "DGX H100: 8 × H100-SXM5-80GB, NVSwitch, 8 × NDR 400 Gb/s; H100 compute and host "
                        "costs measured by perfcast on one H100 80GB HBM3, network from published specs",
         "compute_bundle": "../_bundles/h100-80gb-hbm3",
-        "links": DGX_H100_LINKS, "host": {**host_costs(src / "host.toml"), "engines": engine_prior()},
+        "links": DGX_H100_LINKS,
+        "host": with_stack_prior({**host_costs(src / "host.toml"), "engines": engine_prior()}),
         "notes": [H100_NOTICE]})
     summary = validate_platform(OUT / "dgx-h100", family_runs(src / "train-family.json"), replace=True)
     print(f"== dgx-h100 end-to-end runs (one GPU)\n{summary.table()}")
@@ -141,18 +143,36 @@ def host_prior(path: Path) -> dict:
     table["engines"] = engine_prior()
     table["source"] = ("prior: " + table["source"].replace("; the lent machine's CPU, not a DGX's", "")
                        + "; this platform's own CPU was not measured (perf-calibrate host replaces it)")
-    return table
+    return with_stack_prior(table)
+
+
+def with_stack_prior(table: dict, folder: Path = RUNS / "stack-host") -> dict:
+    """``table`` with the per-collective and per-FSDP-layer host costs of
+    benchmarks/bench_stack_host.py (the median over the runs in ``folder``) and its source said."""
+    runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
+    collective = statistics.median(r["tp"]["collective_seconds"] for r in runs)
+    fsdp = statistics.median(r["fsdp"]["fsdp_hook_layer_seconds"] for r in runs)
+    meta = runs[0]["provenance"]
+    out = {k: v for k, v in table.items() if k not in ("collective_seconds", "fsdp_layer_seconds")}
+    out["collective_seconds"] = round(collective, 8)
+    out["fsdp_layer_seconds"] = round(fsdp, 7)
+    note = (f"; collective_seconds, fsdp_layer_seconds: prior from benchmarks/bench_stack_host.py "
+            f"(median of {len(runs)} runs, one gloo rank, {meta['cpu']}, torch {meta['torch']})")
+    out["source"] = out.get("source", "").split("; collective_seconds, fsdp_layer_seconds:")[0] + note
+    return out
 
 
 def apply_host_priors() -> None:
     """Write the host prior into the platforms built from the paper's samples (and dgx-a100), and
-    the engines' prior into every shipped platform's [host] (dgx-h100 keeps its measured costs)."""
+    the engines' and the per-collective / per-FSDP-layer priors into every shipped platform's
+    [host] (dgx-h100 keeps its measured costs)."""
     prior = host_prior(RUNS / "h100-lent" / "host.toml")
     for plat in ("perlmutter-a100", "vista-gh200", "dgx-a100", "dgx-h100"):
         path = OUT / plat / "platform.toml"
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
         if plat == "dgx-h100":
             raw["host"]["engines"] = prior["engines"]
+            raw["host"] = with_stack_prior(raw["host"])
         else:
             raw["host"] = prior
         write_platform(OUT / plat, raw)

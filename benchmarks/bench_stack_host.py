@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Host costs of a framework's parallelism per layer, on this CPU (one gloo rank, one thread).
+
+    python benchmarks/bench_stack_host.py [--repeats 40] [--rounds 3] [--json OUT]
+
+* per tensor-parallel collective: Megatron-style layers timed with their 4 all-reduces per layer
+  and micro-batch (autograd functions around ``all_reduce``) and without; the difference of the
+  per-layer slopes / 4 (the function, c10d's call, the backend's enqueue), and the issue time of a
+  bare ``all_reduce(async_op=True)``;
+* per FSDP layer: FSDP2 ``fully_shard`` per block (reshard after forward) against DDP, the
+  difference of the per-layer slopes of forward + backward: FSDP's unshard / reshard /
+  reduce-scatter hooks.
+
+One rank, so that no collective waits for a peer: what is left is the host's issuing, which a GPU
+node's CPU pays too (NCCL spends the transfers on the device).
+
+Measurement code: calibrate/stack_host.py.  Committed runs: benchmarks/data/stack-host/*.json
+(what scripts/build_platforms.py ships as the [host] prior: collective_seconds, fsdp_layer_seconds).
+A benchmark, not a test: the figures depend on this machine and on what else runs on it.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from calibrate.stack_host import fsdp_costs, one_rank_group, tp_collective_costs  # noqa: E402
+
+LAYERS = (1, 2, 4, 8)
+
+
+def measure(repeats: int, rounds: int) -> dict:
+    torch.set_num_threads(1)
+    one_rank_group()
+    return {"tp": tp_collective_costs(LAYERS, repeats, rounds), "fsdp": fsdp_costs(LAYERS, repeats, rounds)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    r = measure(args.repeats, args.rounds)
+    tp, fs = r["tp"], r["fsdp"]
+    print(f"TP collective: {1e6 * tp['collective_seconds']:.1f} µs per collective (layer slope "
+          f"{1e6 * tp['layer_seconds_with']:.0f} µs with, {1e6 * tp['layer_seconds_without']:.0f} µs without "
+          f"4 collectives); all_reduce issue alone {1e6 * tp['issue_seconds']:.1f} µs")
+    print(f"FSDP2 hooks: {1e6 * fs['fsdp_hook_layer_seconds']:.1f} µs per layer and micro-batch (layer slope "
+          f"{1e6 * fs['fsdp_layer_seconds']:.0f} µs FSDP2, {1e6 * fs['ddp_layer_seconds']:.0f} µs DDP)")
+    if args.json:
+        r["provenance"] = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "ranks": 1, "threads_per_rank": 1, "backend": "gloo", "repeats": args.repeats,
+            "rounds": args.rounds, "layers": list(LAYERS),
+            "load": "shared 2-core VM; other sessions' work running; fastest quarter of interleaved repeats"}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(r, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Host costs a framework's parallelism adds per layer: tensor-parallel collectives and FSDP hooks.
+
+Measured in one process on a one-rank gloo group at tiny shapes (the work itself microseconds,
+and no peer to wait for), so that what grows with the layer count is the host's issuing, the part
+a GPU node's CPU pays too (``benchmarks/bench_stack_host.py`` prints and records them;
+docs/modelling.md §2).  On two or more gloo ranks the figures would hold gloo's own transfer and
+its wait for the slower rank (on this shared 2-core machine ~0.6 ms per all-reduce), which NCCL on
+a GPU spends on the device, not the host:
+
+* **TP collectives** (:func:`tp_collective_task`): a Megatron-style tensor-parallel layer (column-
+  then row-parallel linears) issues one all-reduce after each row-parallel linear in forward and
+  one for each column-parallel input's gradient in backward (``reduce_from`` / ``copy_to`` the
+  model-parallel region, autograd functions around ``all_reduce``): 4 per layer per micro-batch.
+  The same layers are timed with those collectives and without; the difference of the per-layer
+  slopes over 4 is one collective's host cost (the autograd function, c10d's call, the backend's
+  enqueue).  The issue of a bare ``all_reduce(async_op=True)`` is timed apart for comparison.
+* **FSDP** (:func:`fsdp_task`): the same blocks under FSDP2 ``fully_shard`` (one unit per block
+  and the root, ``reshard_after_forward=True``) against DDP; the difference of the per-layer
+  slopes is what FSDP's per-layer pre/post forward and backward hooks (unshard, reshard,
+  reduce-scatter) add to a micro-batch's forward + backward.
+
+The statistic is the fastest quarter of the repeats (a shared CPU), each configuration interleaved.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+HIDDEN, TOKENS = 64, 32
+COLLECTIVES_PER_LAYER = 4      # Megatron's TP layer: 2 all-reduces in forward, 2 in backward
+
+
+class _ReduceFrom(torch.autograd.Function):
+    """Megatron's reduce_from_tensor_model_parallel_region: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:      # type: ignore[override]
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:     # type: ignore[override]
+        return g
+
+
+class _CopyTo(torch.autograd.Function):
+    """Megatron's copy_to_tensor_model_parallel_region: identity forward, all-reduce backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:      # type: ignore[override]
+        return x
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:     # type: ignore[override]
+        g = g.contiguous()
+        dist.all_reduce(g)
+        return g
+
+
+class TpBlock(nn.Module):
+    """Two column/row-parallel pairs (attention's QKV/projection, the MLP's up/down), tiny."""
+
+    def __init__(self, collectives: bool):
+        super().__init__()
+        self.collectives = collectives
+        self.up1, self.down1 = nn.Linear(HIDDEN, HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+        self.up2, self.down2 = nn.Linear(HIDDEN, HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+
+    def _pair(self, x: torch.Tensor, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
+        y = _CopyTo.apply(x) if self.collectives else x
+        y = down(torch.relu(up(y)))
+        return x + (_ReduceFrom.apply(y) if self.collectives else y)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._pair(self._pair(x, self.up1, self.down1), self.up2, self.down2)
+
+
+def fastest_quarter(values: Sequence[float]) -> float:
+    s = sorted(values)
+    return statistics.fmean(s[:max(1, len(s) // 4)])
+
+
+def _time_micro_batches(model: nn.Module, repeats: int) -> list[float]:
+    """Seconds of one forward + backward (gradients dropped), ``repeats`` times, after warm-up."""
+    x = torch.randn(TOKENS, HIDDEN)
+    out = []
+    for i in range(repeats + 3):
+        t0 = time.perf_counter()
+        model(x).sum().backward()
+        dt = time.perf_counter() - t0
+        for p in model.parameters():
+            p.grad = None
+        if i >= 3:
+            out.append(dt)
+    return out
+
+
+def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def one_rank_group() -> None:
+    """A one-process gloo group (nothing to wait for), unless one is already up."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def tp_collective_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
+    """Per collective: the layer-slope difference (with − without collectives) / 4, and the issue
+    time of one ``all_reduce(async_op=True)`` (seconds; a process group must be up)."""
+    torch.manual_seed(0)
+    times: dict[tuple[bool, int], list[float]] = {(c, n): [] for c in (False, True) for n in layers}
+    models = {(c, n): nn.Sequential(*[TpBlock(c) for _ in range(n)]) for c in (False, True) for n in layers}
+    for _ in range(rounds):            # interleaved: the machine's load falls on every configuration
+        for key, model in models.items():
+            times[key] += _time_micro_batches(model, repeats)
+    per = {key: fastest_quarter(v) for key, v in times.items()}
+    ns = list(layers)
+    with_c = _slope(ns, [per[(True, n)] for n in ns])
+    without = _slope(ns, [per[(False, n)] for n in ns])
+    t = torch.randn(TOKENS, HIDDEN)
+    issue = []
+    for _ in range(rounds):
+        works, stamps = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            works.append(dist.all_reduce(t, async_op=True))
+            stamps.append(time.perf_counter() - t0)
+        for w in works:
+            w.wait()
+        issue += stamps
+    return {"layer_seconds_with": with_c, "layer_seconds_without": without,
+            "collective_seconds": (with_c - without) / COLLECTIVES_PER_LAYER,
+            "issue_seconds": fastest_quarter(issue),
+            "per_config": {f"{'tp' if c else 'plain'}_{n}": s for (c, n), s in per.items()}}
+
+
+class Block(nn.Module):
+    """LayerNorm, two linears, a residual: the tiny layer FSDP wraps as one unit."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.up, self.down = nn.Linear(HIDDEN, 2 * HIDDEN), nn.Linear(2 * HIDDEN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+def _fsdp_model(n: int) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+    model = nn.Sequential(*[Block() for _ in range(n)])
+    for block in model:
+        fully_shard(block, reshard_after_forward=True)
+    fully_shard(model)
+    return model
+
+
+def fsdp_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
+    """Per-layer forward + backward seconds under FSDP2 and under DDP, and their difference (what
+    FSDP's hooks add per layer and micro-batch; a process group must be up)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    models: dict[tuple[str, int], nn.Module] = {}
+    for n in layers:
+        models[("ddp", n)] = DDP(nn.Sequential(*[Block() for _ in range(n)]))
+        models[("fsdp", n)] = _fsdp_model(n)
+    times: dict[tuple[str, int], list[float]] = {k: [] for k in models}
+    for _ in range(rounds):
+        for key, model in models.items():
+            times[key] += _time_micro_batches(model, repeats)
+    per = {key: fastest_quarter(v) for key, v in times.items()}
+    ns = list(layers)
+    fsdp = _slope(ns, [per[("fsdp", n)] for n in ns])
+    ddp = _slope(ns, [per[("ddp", n)] for n in ns])
+    return {"fsdp_layer_seconds": fsdp, "ddp_layer_seconds": ddp, "fsdp_hook_layer_seconds": fsdp - ddp,
+            "per_config": {f"{k}_{n}": s for (k, n), s in per.items()}}

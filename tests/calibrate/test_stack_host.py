@@ -1,0 +1,43 @@
+"""calibrate/stack_host.py: the TP-collective and FSDP host measurements run and measure what they say."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from calibrate import stack_host  # noqa: E402
+
+
+@pytest.fixture
+def one_rank():
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this session")
+    stack_host.one_rank_group()
+    yield
+    dist.destroy_process_group()
+
+
+def test_tp_layer_is_the_plain_layer_plus_its_collectives(one_rank):
+    torch.manual_seed(0)
+    plain, tp = stack_host.TpBlock(False), stack_host.TpBlock(True)
+    tp.load_state_dict(plain.state_dict())
+    x = torch.randn(stack_host.TOKENS, stack_host.HIDDEN, requires_grad=True)
+    # On one rank an all-reduce is the identity: same values, forward and backward.
+    assert torch.allclose(plain(x), tp(x))
+    gp = torch.autograd.grad(plain(x).sum(), x)[0]
+    gt = torch.autograd.grad(tp(x).sum(), x)[0]
+    assert torch.allclose(gp, gt)
+    r = stack_host.tp_collective_costs((1, 2), repeats=3, rounds=1)
+    assert set(r) >= {"collective_seconds", "issue_seconds", "layer_seconds_with", "layer_seconds_without"}
+    assert all(math.isfinite(r[k]) for k in ("collective_seconds", "issue_seconds"))
+    assert r["issue_seconds"] > 0
+
+
+def test_fsdp_and_ddp_slopes_are_measured(one_rank):
+    r = stack_host.fsdp_costs((1, 2), repeats=3, rounds=1)
+    assert r["fsdp_hook_layer_seconds"] == pytest.approx(r["fsdp_layer_seconds"] - r["ddp_layer_seconds"])
+    assert set(r["per_config"]) == {"ddp_1", "ddp_2", "fsdp_1", "fsdp_2"}
+    assert all(v > 0 for v in r["per_config"].values())
