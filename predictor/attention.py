@@ -149,7 +149,7 @@ def relative_seconds(impl: str, measured: Measured, direction: str, seq: float, 
         notes.append(f"no published kernel figure relates {impl} to {measured.impl} on this GPU; "
                      f"costed as {measured.impl}")
         return Relative(ratio, False, "; ".join(notes))
-    if direction == "bwd" and impl not in _H100_TFLOPS["bwd"] and hopper:
+    if direction == "bwd" and SAME_KERNEL.get(impl, impl) not in _H100_TFLOPS["bwd"] and hopper:
         notes.append(f"{impl}'s backward has no published figure; its forward ratio is used")
     return Relative(ratio * theirs / mine, True, "; ".join(notes))
 

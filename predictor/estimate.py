@@ -27,7 +27,8 @@ import numpy as np
 from .bundle import collective_features
 from .recipe import (Group, MicroBatchRecipe, gradient_precision, gradient_reduction, groups,
                      input_embedding_parameters, layer_parameters, micro_batch_recipe, pipeline_sends,
-                     stage_layers, stage_parameter_counts, total_parameters)
+                     reshards_after_forward, shard_ranks, stage_layers, stage_parameter_counts,
+                     total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import attention, fp8, overlap, tp_overlap
@@ -105,7 +106,7 @@ class Prediction:
         from . import memory
         job = self.job
         est = memory.stage_estimates(job.model, job.layout, job.run.precision,
-                                     memory.job_gradient_precision(job))
+                                     memory.job_gradient_precision(job), job.run.framework)
         st = self.details.stages
         fwd, bwd = st.forward_seconds, st.backward_seconds
         out = []
@@ -543,6 +544,9 @@ class _JobPlan:
     tp_ub_slowdown: float = 1.0
     # The framework engine's own host work per step (predictor.host.engine_for).
     engine_step_seconds: float = 0.0
+    # ZeRO-3: the layers gathered again for the backward (reshard after forward), or kept
+    # unsharded from forward to backward.
+    regather_backward: bool = True
 
 
 @dataclass
@@ -718,6 +722,11 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     stage_dp, stage_update, buckets, sharded = [], [], [], []
     # The ranks holding the same parameters: dp, times cp under context parallelism.
     dp, zero, dp_group = lay.dp * cp, lay.zero_stage, grp["dpcp"]
+    # Hybrid sharding (ZeRO-3 only): gathers and reduce-scatters over the shard group, and each
+    # gradient shard all-reduced across the replicas as its layer's reduction ends.
+    replicas = grp.get("dp_replicate")
+    if zero == 3 and replicas is not None:
+        dp, dp_group = shard_ranks(lay), grp["dp_shard"]
     # Gradients travel in the framework's reduction precision (fp32 for Megatron-core's bf16):
     # costed as a 16-bit collective of as many bytes.
     grad_prec = gradient_precision(prec, lay, job.run.framework, job.run.grad_reduce_precision)
@@ -743,6 +752,11 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                 terms[0].add(q.coll(kind, bucket * grad_scale, dp_group, prec))
             if rest:
                 terms[1].add(q.coll(kind, rest * grad_scale, dp_group, prec))
+            if zero == 3 and replicas is not None:
+                if full:
+                    terms[0].add(q.coll("allreduce", bucket / dp * grad_scale, replicas, prec))
+                if rest:
+                    terms[1].add(q.coll("allreduce", rest / dp * grad_scale, replicas, prec))
             if zero == 3 or lay.overlap_grad_reduce:
                 if zero >= 1:
                     if full:
@@ -815,7 +829,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                             "inside one NVLink domain")
     return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
                     stage_host, cp_ring, list(sizes), q.take_asked(), buckets, sharded, tp_ub,
-                    tp_ub_slowdown, engine_step)
+                    tp_ub_slowdown, engine_step, reshards_after_forward(lay, job.run.framework))
 
 
 # The linear GEMMs of a layer (predictor/recipe.py) as Transformer Engine names them, and the
@@ -926,9 +940,13 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         c, c_rest, g, g_rest = vals[sharded_at + 4 * i:sharded_at + 4 * i + 4]
         f_i, b_i = fwd[i], bwd[i]
         f_exp = overlap.exposed_gather_seconds(f_i, b.parameters, b.late_parameters, b.bucket, g, g_rest)
-        b_exp = overlap.exposed_gather_seconds(b_i, b.parameters, b.late_parameters, b.bucket, g, g_rest) \
-            + overlap.exposed_reduction_seconds(b_i, b.parameters, b.late_parameters, b.bucket, c, c_rest)
-        serial = 2 * b.whole_seconds(g, g_rest) + b.whole_seconds(c, c_rest)   # gathers fwd + bwd, reduction
+        b_exp = overlap.exposed_reduction_seconds(b_i, b.parameters, b.late_parameters, b.bucket, c, c_rest)
+        gathers = 2
+        if plan.regather_backward:
+            b_exp += overlap.exposed_gather_seconds(b_i, b.parameters, b.late_parameters, b.bucket, g, g_rest)
+        else:
+            gathers = 1        # reshard_after_forward off: the forward's gather serves the backward
+        serial = gathers * b.whole_seconds(g, g_rest) + b.whole_seconds(c, c_rest)
         zero3_hidden = max(zero3_hidden, lay.micro_batches * (serial - f_exp - b_exp))
         fwd[i] += f_exp
         bwd[i] += b_exp

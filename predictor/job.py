@@ -59,6 +59,10 @@ FP8_RECIPES = ("", "delayed", "current")
 #: the precision gradients are reduced in over data parallelism ("" = the framework's default:
 #: predictor.recipe.gradient_precision)
 GRAD_PRECISIONS = ("", "fp32", "bf16", "fp16")
+#: ZeRO-3 / FSDP: whether a layer's gathered parameters are freed after its forward (and gathered
+#: again for its backward).  TorchTitan's fsdp_reshard_after_forward words: "default" is the
+#: framework's (predictor.recipe.reshards_after_forward), "always" / "never" say it.
+RESHARD_POLICIES = ("default", "always", "never")
 #: rules for splitting layers over pipeline stages (see predictor.recipe.pipeline_split)
 PIPE_SPLITS = ("neox", "deepspeed_parameters", "deepspeed_uniform", "megatron")
 # The training framework, where the launch says which ("" = not said): it decides what a layout
@@ -75,7 +79,7 @@ EVEN_SPLIT_FRAMEWORKS = tuple(f for f in FRAMEWORKS if f and f not in DEEPSPEED_
 _MAX = {
     "layers": 10_000, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14,
     "ffn_hidden": 1 << 22, "seq_len": 1 << 24, "vocab": 1 << 24,
-    "pp": 4096, "tp": 4096, "dp": 1 << 20, "cp": 4096, "micro_batch": 1 << 16, "micro_batches": 1 << 20,
+    "pp": 4096, "tp": 4096, "dp": 1 << 20, "dp_shard": 1 << 20, "cp": 4096, "micro_batch": 1 << 16, "micro_batches": 1 << 20,
     "virtual_stages": 1024, "train_iters": 1 << 40, "eval_interval": 1 << 40,
     "eval_iters": 1 << 30, "save_interval": 1 << 40, "gpus_per_node": 1024,
     "train_samples": 1 << 50, "train_tokens": 1 << 62,
@@ -144,6 +148,11 @@ class Layout:
     # Transformer Engine's userbuffers: the sequence-parallel all-gathers and reduce-scatters run
     # in chunks under the layer's GEMMs (--tp-comm-overlap; predictor/tp_overlap.py).
     tp_comm_overlap: bool = False
+    # ZeRO-3 as PyTorch FSDP runs it: hybrid sharding (HSDP: each parameter sharded over dp_shard
+    # data-parallel ranks, replicated dp / dp_shard times; 0 = over all of dp) and whether a
+    # layer's parameters are freed after its forward (RESHARD_POLICIES).
+    dp_shard: int = 0
+    reshard_after_forward: str = "default"
 
     def __post_init__(self) -> None:
         # A list from a TOML/JSON file or a caller becomes a tuple: layouts stay hashable (the
@@ -191,7 +200,7 @@ _CHOICES = {
     "model.attention_impl": ATTENTION_IMPLS,
     "model.pos_emb": POS_EMBS, "layout.recompute": RECOMPUTES, "run.precision": PRECISIONS,
     "layout.pipe_split": PIPE_SPLITS, "run.framework": FRAMEWORKS, "run.fp8": FP8_RECIPES,
-    "run.grad_reduce_precision": GRAD_PRECISIONS,
+    "run.grad_reduce_precision": GRAD_PRECISIONS, "layout.reshard_after_forward": RESHARD_POLICIES,
 }
 _REQUIRED = {"model.layers", "model.hidden", "model.heads", "model.seq_len"}
 
@@ -428,6 +437,8 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
         raise JobError("model.attention_impl",
                        f"names the kernel of fused attention ({m.attention_impl!r}); model.attention is "
                        f"{m.attention!r}, not \"flash\" (leave attention_impl empty, or set attention = \"flash\")")
+    if lay.dp_shard or lay.reshard_after_forward != "default":
+        _check_fsdp(lay)
     if lay.overlap_grad_reduce or lay.overlap_param_gather:
         _check_overlaps(lay, framework)
     if lay.tp_comm_overlap:
@@ -442,6 +453,17 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
         if m.attention != "flash":
             raise JobError("layout.cp", "context parallelism runs ring attention on flash-attention "
                                         "kernels: model.attention must be \"flash\"")
+
+
+def _check_fsdp(lay: Layout) -> None:
+    """Hybrid sharding and the reshard policy are ZeRO-3's (FSDP's FULL_SHARD / HYBRID_SHARD)."""
+    key = "layout.dp_shard" if lay.dp_shard else "layout.reshard_after_forward"
+    if lay.zero_stage != 3:
+        raise JobError(key, f"shapes ZeRO-3's parameter sharding (FSDP): needs layout.zero_stage = 3, "
+                            f"not {lay.zero_stage}")
+    if lay.dp_shard and (lay.dp_shard > lay.dp or lay.dp % lay.dp_shard):
+        raise JobError("layout.dp_shard", f"shards each parameter over dp_shard of the dp = {lay.dp} "
+                                          f"data-parallel ranks: must divide dp, got {lay.dp_shard}")
 
 
 def _check_overlaps(lay: Layout, framework: str) -> None:

@@ -74,8 +74,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from .job import Layout, ModelSpec
-from .recipe import (fused_attention, gradient_precision, layer_parameters, mlp_up_width, padded_vocab, stage_layers,
-                     stage_parameters)
+from .recipe import (fused_attention, gradient_precision, layer_parameters, mlp_up_width, padded_vocab,
+                     reshards_after_forward, shard_ranks, stage_layers, stage_parameters)
 
 if TYPE_CHECKING:  # only for the type hint of estimate_job
     from .job import TrainingJob
@@ -211,7 +211,8 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, precision: str, sta
 
 # --------------------------------------------------------------------------------- total
 def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int,
-                    layers: Optional[int] = None, gradient_precision: str = "") -> MemoryEstimate:
+                    layers: Optional[int] = None, gradient_precision: str = "",
+                    framework: str = "") -> MemoryEstimate:
     psi = stage_parameters(model, layout, stage, layers)
     e = ELEMENT_BYTES[precision]
     k = OPTIMIZER_BYTES[precision]
@@ -221,13 +222,18 @@ def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int
     # Gradients are reduced, and ZeRO shards, over dp × cp ranks (Megatron's data-parallel group
     # with context parallelism).
     nd, z = layout.dp * layout.cp, layout.zero_stage
+    if z >= 3:
+        nd = shard_ranks(layout)        # hybrid sharding: over the shard group only
     weights = e * psi / (nd if z >= 3 else 1)
     gradients = g * psi / (nd if z >= 2 else 1)
     optimizer = k * psi / (nd if z >= 1 else 1)
     if z >= 3 and nd > 1:
         # ZeRO-3 gathers a layer's full parameters before using it and prefetches the next:
-        # two layers' worth of 16-bit parameters are resident beyond the shard.
-        weights += 2 * e * layer_parameters(model, layout.tp)
+        # two layers' worth of 16-bit parameters are resident beyond the shard; without a
+        # reshard after forward every layer's stay gathered from its forward to its backward.
+        n_layers = layers if layers is not None else stage_layers(model, layout)[stage]
+        held = 2 if reshards_after_forward(layout, framework) else max(2, n_layers)
+        weights += held * e * layer_parameters(model, layout.tp)
     activations = stage_activation_bytes(model, layout, precision, stage, layers)
     rest = weights + gradients + optimizer + activations
     reserve = RESERVE_FIXED_BYTES + RESERVE_FRACTION * rest
@@ -252,10 +258,10 @@ def worst_stage_candidates(sizes: Sequence[int]) -> list[int]:
 
 
 def stage_estimates(model: ModelSpec, layout: Layout, precision: str = "fp16",
-                    gradient_precision: str = "") -> list[MemoryEstimate]:
+                    gradient_precision: str = "", framework: str = "") -> list[MemoryEstimate]:
     """Peak memory per GPU of every pipeline stage (:func:`estimate` is their maximum)."""
     sizes = stage_layers(model, layout)
-    return [_stage_estimate(model, layout, precision, stage, n, gradient_precision)
+    return [_stage_estimate(model, layout, precision, stage, n, gradient_precision, framework)
             for stage, n in enumerate(sizes)]
 
 

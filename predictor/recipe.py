@@ -599,6 +599,21 @@ def gradient_reduction(layout: Layout, framework: str = "") -> str:
     return "allreduce"
 
 
+def reshards_after_forward(layout: Layout, framework: str = "") -> bool:
+    """Whether ZeRO-3 frees each layer's gathered parameters after its forward (and gathers them
+    again for its backward).  ``layout.reshard_after_forward`` "always" / "never" say so; the
+    default is TorchTitan's (``fsdp_reshard_after_forward = "default"``: not under pipeline
+    parallelism, "to avoid per-microbatch all-gathers") and DeepSpeed's stage 3 (always)."""
+    if layout.reshard_after_forward != "default":
+        return layout.reshard_after_forward == "always"
+    return not (framework == "torchtitan" and layout.pp > 1)
+
+
+def shard_ranks(layout: Layout) -> int:
+    """The ranks ZeRO shards a parameter over: dp × cp, or dp_shard × cp under hybrid sharding."""
+    return (layout.dp_shard or layout.dp) * layout.cp
+
+
 def gradient_precision(precision: str, layout: Layout, framework: str = "", explicit: str = "") -> str:
     """The precision gradients are reduced in over data parallelism (``run.grad_reduce_precision``
     when the job says, else the framework's default).
@@ -697,4 +712,10 @@ def groups(job: TrainingJob, gpus_per_node: int) -> dict[str, Group]:
     pp = Group(2, 1) if (lay.pp > 1 and lay.gpus > gpus_per_node) else Group(1, 2)
     # Ring attention passes K/V to the next cp rank: across nodes once the cp group spans them.
     cp_ring = Group(2, 1) if cp.nodes > 1 else Group(1, 2)
-    return {"tp": tp, "dp": dp, "pp": pp, "cp": cp, "dpcp": dpcp, "cp_ring": cp_ring}
+    out = {"tp": tp, "dp": dp, "pp": pp, "cp": cp, "dpcp": dpcp, "cp_ring": cp_ring}
+    if lay.dp_shard and lay.dp_shard < lay.dp:
+        # Hybrid sharding (TorchTitan's dp_shard × dp_replicate mesh, shard innermost): each
+        # parameter is sharded over neighbouring ranks and replicated across the shard groups.
+        out["dp_shard"] = _group(lay.dp_shard * lay.cp, lay.tp, gpus_per_node)
+        out["dp_replicate"] = _group(lay.dp // lay.dp_shard, lay.tp * lay.cp * lay.dp_shard, gpus_per_node)
+    return out

@@ -109,3 +109,9 @@ def test_non_causal_bundle_samples_are_costed_causal():
     # A framework whose kernel is the one timed (NeoX: FlashAttention-2) pays only the mask.
     neox = TrainingJob.from_dict({"model": {**MODEL, "attention": "flash"}, "run": {"framework": "neox"}})
     assert _attention_cost(neox, plat, 8192.0).backward_ratio == cost.backward_ratio
+
+
+def test_backward_note_only_where_the_figure_lacks_one():
+    cudnn = attention.Measured("cudnn", True)
+    assert not attention.relative_seconds("sdpa_flash", cudnn, "bwd", 8192, True).note
+    assert "forward ratio" in attention.relative_seconds("triton", cudnn, "bwd", 8192, True).note
