@@ -123,13 +123,11 @@ def _plural(n: int, word: str) -> str:
 
 
 def _hours(seconds: Optional[float]) -> str:
+    """A time to train in Slurm's spelling (D-HH:MM:SS), as everywhere perfcast writes a duration."""
     if seconds is None:
         return "-"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 3 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
+    from .policy import slurm_duration
+    return slurm_duration(seconds)
 
 
 _HEADER = ("rank", "PP-TP-DP", "mb", "m", "recompute", "ZeRO", "v", "s/step", "tokens/s",

@@ -33,15 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def fmt_duration(seconds: float) -> str:
-    s = int(round(seconds))
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    if d:
-        return f"{d}d {h:02d}h {m:02d}m"
-    if h:
-        return f"{h}h {m:02d}m {s:02d}s"
-    return f"{m}m {s:02d}s"
+    """Slurm's spelling (``D-HH:MM:SS``), as --time takes it and sbatch's messages print it."""
+    from .policy import slurm_duration
+    return slurm_duration(seconds)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
@@ -59,13 +57,13 @@ def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
     else:
         memory = (f"memory    {gib:.1f} GiB per GPU at peak{where}: DOES NOT FIT in {gpu_memory_gib:g} GiB "
                   f"(perf-advise lists layouts that do)")
-    cp = f"-CP {lay.cp}" if lay.cp > 1 else ""
+    cp = f"-{lay.cp}" if lay.cp > 1 else ""
     lines = [
         f"job       {job.source or '-'}",
         f"model     {m.layers} layers, hidden {m.hidden}, {m.heads} heads, seq {m.seq_len}, "
         f"{m.norm}/{m.activation}/{m.attention}, {job.run.precision}; {pred.parameters / 1e9:.2f} B parameters",
-        f"layout    PP-TP-DP {lay.pp}-{lay.tp}-{lay.dp}{cp} on {job.gpus} GPUs "
-        f"({pred.details.nodes} nodes), micro-batch {lay.micro_batch} × {lay.micro_batches}, "
+        f"layout    PP-TP-DP{'-CP' if cp else ''} {lay.pp}-{lay.tp}-{lay.dp}{cp} on {_plural(job.gpus, 'GPU')} "
+        f"({_plural(pred.details.nodes, 'node')}), micro-batch {lay.micro_batch} × {lay.micro_batches}, "
         f"ZeRO-{lay.zero_stage}, recompute {lay.recompute}"
         + (f", {lay.virtual_stages} virtual stages" if lay.virtual_stages > 1 else ""),
         f"platform  {pred.platform}  (bundle {pred.bundle})",
@@ -103,9 +101,9 @@ def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
     lines.append("")
     if pred.iterations and d is not None:
         t = d.total
-        lines.append(f"total     {fmt_duration(pred.total_seconds)}  ({pred.iterations} iterations; "
-                     f"start-up {t.startup_seconds:.0f} s, {t.evaluations} evaluations "
-                     f"{t.eval_seconds:.0f} s, {t.checkpoints} checkpoints {t.checkpoint_seconds:.0f} s)")
+        lines.append(f"total     {fmt_duration(pred.total_seconds)}  ({_plural(pred.iterations, 'iteration')}; "
+                     f"start-up {t.startup_seconds:.0f} s, {_plural(t.evaluations, 'evaluation')} "
+                     f"{t.eval_seconds:.0f} s, {_plural(t.checkpoints, 'checkpoint')} {t.checkpoint_seconds:.0f} s)")
     else:
         lines.append("total     unknown: the job gives no number of iterations")
     for w in pred.warnings:

@@ -44,6 +44,9 @@ class PredictionFacts:
     platform: str
     bundle: str
     interval_seconds: tuple[float, float] = (0.0, 0.0)
+    # The prediction's own start-up (platform [overheads] startup_seconds: launch, NCCL init, model
+    # build), inside total_seconds; 0 when unknown (then the site's allowance is simply added).
+    startup_seconds: float = 0.0
 
     @property
     def overhead_seconds(self) -> float:
@@ -78,6 +81,17 @@ def normalize_max_time(minutes: Optional[int]) -> Optional[int]:
     return int(minutes)
 
 
+def startup_seconds(pred: PredictionFacts, part: PartitionPolicy) -> float:
+    """Start-up counted once: the site's ``startup_minutes`` allowance and the prediction's own
+    start-up cover the same time (from the job's start to its first iteration), so the longer of
+    the two stands, never their sum (docs: packaging/INSTALL.md, "Policies")."""
+    return max(part.startup_minutes * 60.0, pred.startup_seconds)
+
+
+def _without_startup(total_seconds: float, pred: PredictionFacts) -> float:
+    return max(0.0, total_seconds - pred.startup_seconds)
+
+
 def upper_total_seconds(pred: PredictionFacts) -> float:
     """The job's total with every iteration at the upper end of the interval."""
     extra = max(0.0, pred.interval_seconds[1] - pred.iteration_seconds)
@@ -87,10 +101,10 @@ def upper_total_seconds(pred: PredictionFacts) -> float:
 def recommended_minutes(pred: PredictionFacts, part: PartitionPolicy) -> int:
     """max(predicted total x (1 + margin), the interval's upper total if ``cover_interval``) +
     startup, rounded up to ``round_minutes`` (at least one step)."""
-    seconds = pred.total_seconds * (1.0 + part.margin)
+    seconds = _without_startup(pred.total_seconds, pred) * (1.0 + part.margin)
     if part.cover_interval:
-        seconds = max(seconds, upper_total_seconds(pred))
-    return _round_up(seconds / 60.0 + part.startup_minutes, part.round_minutes)
+        seconds = max(seconds, _without_startup(upper_total_seconds(pred), pred))
+    return _round_up((seconds + startup_seconds(pred, part)) / 60.0, part.round_minutes)
 
 
 def _round_up(minutes: float, step: int) -> int:
@@ -103,13 +117,18 @@ def iterations_within(minutes: float, pred: PredictionFacts, part: PartitionPoli
     """How many iterations complete within ``minutes`` (startup and fixed overheads first)."""
     if pred.iteration_seconds <= 0:
         return pred.iterations
-    usable = minutes * 60.0 - part.startup_minutes * 60.0 - pred.overhead_seconds
+    usable = minutes * 60.0 - startup_seconds(pred, part) - (pred.overhead_seconds - pred.startup_seconds)
     return max(0, min(pred.iterations, int(usable // pred.iteration_seconds)))
 
 
 def point_minutes(pred: PredictionFacts, part: PartitionPolicy) -> int:
     """The point prediction + startup, rounded up to ``round_minutes`` (the --time-min)."""
-    return _round_up(pred.total_seconds / 60.0 + part.startup_minutes, part.round_minutes)
+    return _round_up(needed_seconds(pred, part) / 60.0, part.round_minutes)
+
+
+def needed_seconds(pred: PredictionFacts, part: PartitionPolicy) -> float:
+    """The point prediction with start-up counted once (:func:`startup_seconds`)."""
+    return _without_startup(pred.total_seconds, pred) + startup_seconds(pred, part)
 
 
 def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPolicy,
@@ -128,7 +147,7 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
         rec = cap
 
     # One predicted figure everywhere in the message: the total with the site's start-up allowance.
-    needed_min = pred.total_seconds / 60.0 + part.startup_minutes
+    needed_min = needed_seconds(pred, part) / 60.0
     action = "keep"
     new_limit: Optional[int] = None
     time_min: Optional[int] = None
@@ -165,10 +184,11 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
     elif action == "set" and capped:
         tail = f"; time limit set to {_hm(new_limit)} (the partition's MaxTime)"
     elif action == "set" and part.cover_interval and upper_total_seconds(pred) > pred.total_seconds * (1.0 + part.margin):
-        tail = (f"; time limit set to {_hm(new_limit)} (upper end of the prediction's interval + "
-                f"{part.startup_minutes:g} min start-up)")
+        tail = (f"; time limit set to {_hm(new_limit)} (upper end of the prediction's interval, "
+                f"start-up {_hm(startup_seconds(pred, part) / 60.0)})")
     elif action == "set":
-        tail = f"; time limit set to {_hm(new_limit)} ({part.margin:.0%} margin + {part.startup_minutes:g} min start-up)"
+        tail = (f"; time limit set to {_hm(new_limit)} ({part.margin:.0%} margin, start-up "
+                f"{_hm(startup_seconds(pred, part) / 60.0)})")
     elif user_limit is None:
         tail = f"; suggested --time={_slurm_time(rec)}"
     else:
@@ -190,22 +210,22 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
                     message=message, warnings=warnings, action=action, time_min_minutes=time_min)
 
 
+def slurm_duration(seconds: float) -> str:
+    """A duration as Slurm writes and --time reads one: ``HH:MM:SS``, ``D-HH:MM:SS`` past a day
+    (whole seconds, rounded up). perfcast's one spelling of a duration wherever users read one."""
+    total = max(0, int(math.ceil(seconds - 1e-6)))
+    d, rem = divmod(total, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
 def _slurm_time(minutes: float) -> str:
-    """Minutes in a form --time accepts and Slurm prints: HH:MM:SS, or D-HH:MM:SS past a day."""
-    total = int(math.ceil(minutes - 1e-9))
-    d, rem = divmod(total, 24 * 60)
-    h, m = divmod(rem, 60)
-    return f"{d}-{h:02d}:{m:02d}:00" if d else f"{h:02d}:{m:02d}:00"
+    """Whole minutes (rounded up) as Slurm's duration, for --time=… suggestions."""
+    return slurm_duration(int(math.ceil(minutes - 1e-9)) * 60.0)
 
 
-def _hm(minutes: float) -> str:
-    """Minutes as Slurm prints limits: 45 min, 2:05:00, 1-02:00:00."""
-    total = int(math.ceil(minutes - 1e-9))
-    if total < 60:
-        return f"{total} min"
-    d, rem = divmod(total, 24 * 60)
-    h, m = divmod(rem, 60)
-    return f"{d}-{h:02d}:{m:02d}:00" if d else f"{h}:{m:02d}:00"
+_hm = _slurm_time
 
 
 def _token(text: str) -> str:

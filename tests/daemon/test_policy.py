@@ -32,7 +32,7 @@ def test_no_time_given_fills_limit_and_records():
     assert d.time_limit_minutes == 55 and d.action == "set"
     assert re.match(r"perfcast:v1 iter_s=2\.4 iters=1000 total_min=41\.0 platform=perlmutter-a100 "
                     r"bundle=b123 ", d.admin_comment)
-    assert "time limit set to 55 min" in d.message and "\n" not in d.message
+    assert "time limit set to 00:55:00" in d.message and "\n" not in d.message
     assert not d.warnings
 
 
@@ -61,7 +61,7 @@ def test_unlimited_max_time_does_not_cap():
 def test_given_time_is_kept():
     d = decide(PRED, 60, PART)
     assert d.time_limit_minutes is None and d.action == "keep"
-    assert not d.warnings and "keeping --time 1:00:00" in d.message
+    assert not d.warnings and "keeping --time 01:00:00" in d.message
 
 
 def test_too_short_time_warns_at_which_iteration():
@@ -82,7 +82,7 @@ def test_over_asking_warns_about_backfill():
 def test_enforce_replaces_given_time():
     part = PartitionPolicy(name="gpu", policy="enforce", startup_minutes=5)
     d = decide(PRED, 20, part)
-    assert d.time_limit_minutes == 55 and "replaced by 55 min" in d.message
+    assert d.time_limit_minutes == 55 and "replaced by 00:55:00" in d.message
     assert "was too short" in d.message
 
 
@@ -117,3 +117,22 @@ def test_limit_covers_the_interval_upper_end_when_it_is_longer():
     narrow = PredictionFacts(2.4, 1000, 2460.0, "p", "b", interval_seconds=(2.3, 2.5))
     assert decide(narrow, None, PART).time_limit_minutes == 55
     assert "15% margin" in decide(narrow, None, PART).message
+
+
+def test_startup_is_counted_once():
+    """The prediction's own start-up and the site's allowance cover the same minutes: the longer
+    stands. 1000 x 2.4 s + 120 s start-up = 2520 s; without it 2400 s x 1.15 = 2760 s, + the
+    site's 5 min = 3060 s = 51 min -> 55 (adding both would give 2520 x 1.15 + 300 = 3198 s -> 55
+    too, so the point prediction tells them apart: 2400 + 300 = 2700 s = 45 min, not 47)."""
+    pred = PredictionFacts(2.4, 1000, 2520.0, "p", "b", startup_seconds=120.0)
+    d = decide(pred, None, PART, max_time=2880)
+    assert d.time_min_minutes == 45 and "= 00:45:00 with start-up" in d.message
+    long_startup = PredictionFacts(2.4, 1000, 2400.0 + 600.0, "p", "b", startup_seconds=600.0)
+    d = decide(long_startup, None, PART, max_time=2880)
+    assert d.time_min_minutes == 50 and "start-up 00:10:00" in d.message       # 2400 + 600 s
+
+
+def test_one_duration_format():
+    from slurm_plugin.policy import slurm_duration
+    assert slurm_duration(59) == "00:00:59" and slurm_duration(3600) == "01:00:00"
+    assert slurm_duration(3 * 86400 + 16 * 3600 + 9 * 60 + 0.2) == "3-16:09:01"
