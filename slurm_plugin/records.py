@@ -9,12 +9,19 @@ the record id that the AdminComment carries (:func:`parse_admin_comment`); ``per
 harvest`` then stores each finished job's :class:`JobOutcome` next to its record.
 
 The store is one SQLite file (stdlib ``sqlite3``) in WAL mode, so readers (``perf-calibrate
-report``) never block the daemon's writes and several writer processes (the daemon, a harvest)
-take turns through SQLite's own lock, waiting up to :data:`BUSY_TIMEOUT_S`.  It is bounded: at
-most ``max_rows`` records, the oldest pruned with their outcomes.  Every failure (a full disk, a
-corrupt or foreign file, a lock held too long) raises :class:`RecordStoreError` with a one-line
-reason; the daemon logs it and goes on -- a broken store never rejects a job.  Writes can be kept
-off the request path with :class:`AsyncRecordWriter`.
+report``) never block the daemon's writes and several writer processes (the daemon's record writer, a
+harvest, a watch) take turns through SQLite's own lock, waiting up to :data:`BUSY_TIMEOUT_S`.  Any
+other process may open the file with its own ``sqlite3`` connection (and keep tables of its own in
+it).  It is bounded: at most ``max_rows`` records, the oldest pruned with their outcomes.  Every
+failure (a full disk, a corrupt or foreign file, a lock held too long) raises
+:class:`RecordStoreError` with a one-line reason.
+
+perf-predictd itself never opens this file: it appends each record to a spool file and a writer
+process of its own moves the spool into the store (:mod:`slurm_plugin.daemon.recorder`), so that no
+fault of SQLite or of the file system -- a read-only or immutable file, a SIGBUS from the mmap'd WAL
+index (``-shm``), a corrupt page, a lock held for minutes -- can stop the daemon answering.  Records
+that could not be kept are counted by reason (:meth:`RecordStore.losses`, shown by ``perf-calibrate
+report``).
 
 Stdlib only: the daemon imports this module, and it must stay cheap to import.
 """
@@ -24,7 +31,6 @@ import json
 import logging
 import math
 import os
-import queue
 import re
 import secrets
 import sqlite3
@@ -51,7 +57,7 @@ _RECORD_ID_RE = re.compile(rf"^[0-9a-f]{{{RECORD_ID_HEX}}}$")
 DEFAULT_MAX_ROWS = 50_000
 # How long a writer waits for another one's transaction (SQLite's busy handler).  An insert takes
 # ~0.4 ms (measured on the 2-core dev machine); a harvest commits one job at a time.  Five seconds
-# is thousands of queued inserts; the async writer keeps even that off sbatch.
+# is thousands of queued inserts; the daemon's spool keeps even that off sbatch.
 BUSY_TIMEOUT_S = 5.0
 # Bounds on what one record may carry, so that a runaway value cannot bloat the controller's disk:
 # PATH_MAX (4096) for paths, 1024 characters for names (partition, platform, bundle, user and job
@@ -61,6 +67,7 @@ _MAX_PATH = 4096
 _MAX_NAME = 1024
 _MAX_JOB_JSON = 64 * 1024
 SCHEMA_VERSION = 1
+_LOSS_PREFIX = "lost:"
 
 
 class RecordStoreError(Exception):
@@ -420,6 +427,80 @@ class RecordStore:
                 raise
         raise RecordStoreError(f"{self.path}: could not draw a free record id")   # pragma: no cover
 
+    def add_many(self, records: Sequence[PredictionRecord]) -> int:
+        """Store records that already carry their ids (the daemon's spool), in one transaction; a
+        record whose id is already stored is skipped (a spool replayed after a kill).  How many were
+        new; a record that fails its checks raises before anything is written."""
+        rows = []
+        for record in records:
+            rec = _checked(record)
+            if not rec.record_id:
+                raise RecordStoreError("record: record_id: add_many needs ids assigned")
+            rows.append((rec.record_id, rec.created or time.time(), rec.partition, rec.platform,
+                         rec.bundle, json.dumps(dict(rec.job), sort_keys=True, allow_nan=False),
+                         rec.iteration_seconds, rec.iterations, rec.total_seconds,
+                         rec.interval_seconds[0], rec.interval_seconds[1], rec.time_limit_minutes,
+                         rec.time_min_minutes, rec.recommended_minutes, rec.action, rec.policy,
+                         rec.std_out, rec.work_dir, rec.job_name, rec.uid, rec.gid, rec.user,
+                         rec.slurm_job_id))
+        if not rows:
+            return 0
+        with self._db(write=True) as con:
+            # Kept ids are left out first (INSERT OR IGNORE would still use up seq numbers, and the
+            # pruning counts on seq having no gaps).
+            have: set[str] = set()
+            ids = [r[0] for r in rows]
+            for i in range(0, len(ids), 500):
+                part = ids[i:i + 500]
+                have.update(r[0] for r in con.execute(
+                    f"SELECT record_id FROM records WHERE record_id IN ({', '.join('?' * len(part))})", part))
+            new = [r for r in rows if r[0] not in have]
+            con.executemany(f"INSERT OR IGNORE INTO records ({', '.join(_RECORD_COLUMNS)}) VALUES "
+                            f"({', '.join('?' * len(_RECORD_COLUMNS))})", new)
+            self._prune(con)
+        return len(new)
+
+    def check(self) -> None:
+        """Raise :class:`RecordStoreError` unless the file is a sound record store (SQLite's
+        ``quick_check``: every page and index readable).  A missing or empty file passes."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        try:
+            con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+            try:
+                rows = [r[0] for r in con.execute("PRAGMA quick_check(5)")]
+            finally:
+                con.close()
+        except sqlite3.Error as exc:
+            raise self._why(exc) from None
+        if rows != ["ok"]:
+            raise RecordStoreError(f"{self.path}: corrupt ({'; '.join(map(str, rows))[:200]}); move it "
+                                   "aside and the daemon starts a new one")
+        with self._db(write=False):
+            pass                    # and of our schema (a foreign SQLite file is refused)
+
+    def add_losses(self, counts: Mapping[str, int]) -> None:
+        """Count records that could not be kept, by reason (kept in the meta table as
+        ``lost:<reason>``; :meth:`losses` reads them)."""
+        counts = {str(k)[:64]: int(v) for k, v in counts.items() if int(v) > 0}
+        if not counts:
+            return
+        with self._db(write=True) as con:
+            for reason, n in counts.items():
+                con.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
+                            "SET value = CAST(value AS INTEGER) + excluded.value",
+                            (_LOSS_PREFIX + reason, str(n)))
+            con.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last_loss', ?)",
+                        (repr(time.time()),))
+
+    def losses(self) -> dict[str, int]:
+        """Records perf-predictd answered with (or without) an id but could not keep, by reason:
+        ``unwritable`` (the spool could not be written), ``spool-full`` (the store fell too far
+        behind), ``truncated`` (a line cut by a kill), ``invalid`` (failed its checks)."""
+        with self._db(write=False) as con:
+            rows = con.execute("SELECT key, value FROM meta WHERE key LIKE 'lost:%'").fetchall()
+        return {k[len(_LOSS_PREFIX):]: int(v) for k, v in rows}
+
     def _prune(self, con: sqlite3.Connection) -> None:
         """Drop the records (and their outcomes) older than the newest ``max_rows`` sequence numbers.
 
@@ -583,71 +664,6 @@ def _checked(r: PredictionRecord) -> PredictionRecord:
     return replace(r, interval_seconds=(float(iv[0]), float(iv[1])))
 
 
-# --------------------------------------------------------------------------------------------
-# off the request path
-
-class AsyncRecordWriter:
-    """Writes records from a background thread, so a slow disk never delays an sbatch answer.
-
-    ``submit(record)`` gives the record an id now (for the AdminComment), queues it and returns at
-    once; a full queue drops the record with a warning (the job is never held up).  Store errors
-    are logged, never raised: a broken store never rejects a job.  ``close()`` drains the queue.
-    """
-
-    # 1024 queued records is minutes of a submission storm at the daemon's answer rate; past that
-    # the store is clearly not keeping up and holding more in memory would not help it.
-    DEFAULT_QUEUE = 1024
-
-    def __init__(self, store: RecordStore, *, max_queue: int = DEFAULT_QUEUE):
-        self.store = store
-        self._q: "queue.Queue[Optional[PredictionRecord]]" = queue.Queue(maxsize=max_queue)
-        self.written = 0
-        self.failed = 0
-        self.dropped = 0
-        self._thread = threading.Thread(target=self._run, name="perfcast-records", daemon=True)
-        self._thread.start()
-
-    def submit(self, record: PredictionRecord) -> str:
-        """Queue ``record``; its record id (assigned here when unset)."""
-        rid = record.record_id or new_record_id()
-        rec = replace(record, record_id=rid, created=record.created or time.time())
-        try:
-            self._q.put_nowait(rec)
-        except queue.Full:
-            self.dropped += 1
-            log.warning("record store %s is not keeping up: record %s dropped", self.store.path, rid)
-        return rid
-
-    def _run(self) -> None:
-        while True:
-            rec = self._q.get()
-            try:
-                if rec is None:
-                    return
-                try:
-                    self.store.add(rec)
-                    self.written += 1
-                except RecordStoreError as exc:
-                    self.failed += 1
-                    log.error("record %s not stored: %s", rec.record_id, exc)
-                except Exception:      # never let the writer thread die: the daemon goes on
-                    self.failed += 1
-                    log.exception("record %s not stored", rec.record_id)
-            finally:
-                self._q.task_done()
-
-    def flush(self) -> None:
-        """Wait until every queued record has been written (or failed)."""
-        self._q.join()
-
-    def close(self, timeout: float = 5.0) -> None:
-        try:
-            self._q.put(None, timeout=timeout)
-        except queue.Full:
-            return
-        self._thread.join(timeout)
-
-
-__all__ = ["AsyncRecordWriter", "DEFAULT_PATH", "JobOutcome", "PredictionRecord", "RECORD_KEY",
+__all__ = ["DEFAULT_PATH", "JobOutcome", "PredictionRecord", "RECORD_KEY",
            "RecordStore", "RecordStoreError", "is_record_id", "new_record_id", "parse_admin_comment",
            "record_key"]

@@ -8,13 +8,19 @@ copy-on-write and nothing is pickled: work and results are JSON frames over a so
   fresh one forked in its place; the request is answered "too slow" right then.  No script holds
   a CPU or a worker past its deadline.
 - A job that cannot start and finish before its deadline, judged from the queue ahead of it and
-  the recent service time, is refused at once (:class:`PoolBusy`) instead of waiting to time out:
-  the job goes on unchanged with one line saying so.  So is one beyond ``max_queue``.
+  the rate at which the queue was measured to drain (seconds between results while jobs waited),
+  is refused at once (:class:`PoolBusy`) instead of waiting to time out: the job goes on unchanged
+  with one line saying so.  Without a fresh measurement (a first burst) it queues, and is refused
+  only once its own measured wait leaves no time to run it.  So is one beyond ``max_queue``.
 - :meth:`WorkerPool.swap` (SIGHUP) forks workers from the new engine; old workers finish the job
   they hold, then go.  :meth:`WorkerPool.close` (SIGTERM) kills every worker whatever it does.
 
 Workers are forked from the event-loop thread only (the daemon's other threads, a reload or the
 partition lookup, never fork), and die with the daemon (PR_SET_PDEATHSIG) should it be killed.
+Each worker leads a process group of its own, which the file readers it starts stay in: whenever a
+worker goes (its deadline, a crash, a retirement, the daemon stopping) the whole group is
+SIGKILLed before the worker is reaped, so no reader blocked on a FIFO outlives it.  (A daemon
+killed with SIGKILL leaves such readers to systemd, which kills the unit's cgroup.)
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ MIN_SLOT_S = 0.002             # a job with less time than this left is not star
 SERVICE_INIT_S = 0.008         # service-time estimate before any job finished
 SERVICE_CAP_S = 0.25           # one hostile script must not make the estimate shed everything
 EWMA = 0.2
+DRAIN_FRESH_S = 2.0            # a drain rate measured longer ago than this is not used to shed
 RESPAWN_BACKOFF_S = 0.5        # a worker that dies within this of starting: wait before the next
 # Workers yield the CPU to the daemon's own loop (accepting, answering, handing out work) and to
 # slurmctld: a starved loop leaves workers idle and answers late.
@@ -128,6 +135,9 @@ class WorkerPool:
         self.idle: collections.deque[_Worker] = collections.deque()
         self.queue: collections.deque[_Job] = collections.deque()
         self.service_s = SERVICE_INIT_S
+        self.drain_s: Optional[float] = None   # measured seconds between results while jobs queued
+        self._last_done = 0.0
+        self._last_done_queued = False
         self.stats: collections.Counter[str] = collections.Counter()
         self.closing = False
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -203,11 +213,14 @@ class WorkerPool:
             if len(self.queue) >= self.max_queue:
                 self.stats["shed_queue"] += 1
                 raise PoolBusy("queue-full")
-            # Starts once the jobs ahead of it are done, spread over the workers; then runs.
-            wait = (len(self.queue) + 1) / len(self.workers) * self.service_s
-            if now + wait + self.service_s > deadline:
-                self.stats["shed_deadline"] += 1
-                raise PoolBusy("deadline")
+            # Starts once the jobs ahead of it are done, at the rate the queue was last measured
+            # to drain; then runs.  Unmeasured (a first burst) or stale: it queues, and waits only
+            # as long as its deadline allows (_pump) -- never refused on a guess.
+            if self.drain_s is not None and now - self._last_done < DRAIN_FRESH_S:
+                wait = (len(self.queue) + 1) * self.drain_s
+                if now + wait + self.service_s > deadline:
+                    self.stats["shed_deadline"] += 1
+                    raise PoolBusy("deadline")
         job = _Job(payload, deadline, loop.create_future())
         self.queue.append(job)
         self._pump()
@@ -244,6 +257,7 @@ class WorkerPool:
             return
         took = time.monotonic() - w.dispatched
         self.service_s += EWMA * (min(took, SERVICE_CAP_S) - self.service_s)
+        self._drained()
         self.stats["done"] += 1
         if not job.future.done():
             job.future.set_result(frame)
@@ -254,6 +268,17 @@ class WorkerPool:
             self.idle.append(w)
         self._pump()
 
+    def _drained(self) -> None:
+        """A job left a worker: while jobs were queued since the last one, the time between the two
+        is how fast the queue drains (all workers, the loop's own overhead included)."""
+        now = time.monotonic()
+        if self._last_done_queued:
+            interval = min(now - self._last_done, SERVICE_CAP_S)
+            self.drain_s = interval if self.drain_s is None else \
+                self.drain_s + EWMA * (interval - self.drain_s)
+        self._last_done = now
+        self._last_done_queued = bool(self.queue)
+
     def _overrun(self, w: _Worker) -> None:
         w.timer = None
         job, w.job = w.job, None
@@ -262,6 +287,7 @@ class WorkerPool:
         self.stats["killed"] += 1
         took = time.monotonic() - w.dispatched      # what it held the worker for, at least
         self.service_s += EWMA * (min(took, SERVICE_CAP_S) - self.service_s)
+        self._drained()
         if not job.future.done():
             job.future.set_exception(WorkerOverrun())
         self._kill(w, "deadline")
@@ -277,6 +303,9 @@ class WorkerPool:
             w.timer.cancel()
         if job is not None and not job.future.done():
             job.future.set_exception(WorkerDied())
+        # Readers it left behind (blocked on a FIFO, a hung mount) go with it; before the reap,
+        # while its zombie keeps the pid (and so the group id) from being reused.
+        _kill_group(w.pid, group_only=True)
         self._reap(w.pid)
         if self.closing or w.killed or w.retire:
             return
@@ -306,10 +335,7 @@ class WorkerPool:
         job, w.job = w.job, None
         if job is not None and not job.future.done():
             job.future.set_exception(WorkerDied())
-        try:
-            os.kill(w.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        _kill_group(w.pid)
         if why not in ("stopping",):
             log_event("worker_killed", level=logging.WARNING, pid=w.pid, why=why)
         if w.transport is not None:
@@ -358,6 +384,10 @@ class WorkerPool:
             finally:
                 os._exit(code)
         child.close()
+        try:   # here too (as the worker does): no window in which a kill misses its group
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
         parent.setblocking(False)
         w = _Worker(pid=pid, sock=parent, generation=self.generation, started=time.monotonic())
         self.workers.add(w)
@@ -410,6 +440,20 @@ class WorkerPool:
         return sorted(w.pid for w in self.workers)
 
 
+def _kill_group(pid: int, group_only: bool = False) -> None:
+    """SIGKILL a worker and every process in its group (its file readers)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        return
+    except OSError:
+        pass
+    if not group_only:      # not (yet) a group leader: it was forked a moment ago
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 # --------------------------------------------------------------------------------------------
 # the worker process
 
@@ -429,6 +473,10 @@ def _worker_main(sock: socket.socket, target: Target, warmup: Optional[Warmup], 
         pass
     if os.getppid() != parent:
         return 0
+    try:   # a group of its own: the readers it starts stay in it and are killed with it
+        os.setpgid(0, 0)
+    except OSError:
+        pass
     # The daemon's listening sockets, client connections, event loop and other workers' pipes
     # are not ours: a copy held open here would keep a client waiting for EOF.  Each is replaced
     # by /dev/null rather than closed, because the Python objects that own those numbers still

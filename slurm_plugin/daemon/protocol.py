@@ -47,7 +47,22 @@ class BadRequest(ValueError):
 
 
 class RequestTooLarge(Exception):
-    """More than ``max_request_bytes`` arrived before the end of the request."""
+    """The script is over ``max_request_bytes``, or the request over :func:`request_limit`."""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# Room for the request's other fields (env, argv, partitions) around the script.
+REQUEST_OVERHEAD_BYTES = 1 << 20
+
+
+def request_limit(max_script_bytes: int) -> int:
+    """The most bytes a request may take on the wire for a script of ``max_script_bytes``.
+
+    job_submit.lua escapes control characters as ``\\u00XX`` (6 bytes for 1) and ``"``, ``\\``,
+    newlines and tabs as two: a script Slurm accepted must not be refused for its escaping, so the
+    wire allows the worst case and the script itself is measured after decoding.
+    """
+    return 6 * max_script_bytes + REQUEST_OVERHEAD_BYTES
 
 
 @dataclass(frozen=True)
@@ -147,9 +162,14 @@ def parse_request(raw: bytes, *, max_script: int,
     script = data.get("script")
     if not isinstance(script, str):
         raise BadRequest("no script text (sbatch < file, srun and salloc have none)")
-    if len(script) > max_script:
-        raise BadRequest("script larger than the limit")
     fmt = data.get("format", "json")
+    if len(script) > max_script // 4 and len(script.encode("utf-8", "surrogatepass")) > max_script:
+        # the script's own bytes, as Slurm counts them; answered in the format asked for
+        raise RequestTooLarge(fmt if fmt in ("json", "lines") else "json")
+    if not script.isascii() and _SURROGATE.search(script):
+        # A lone surrogate (a JSON escape of no character) is no text a file could hold: the
+        # parser and its YAML/TOML readers get U+FFFD, as for any undecodable byte.
+        script = _SURROGATE.sub("\ufffd", script)
     if fmt not in ("json", "lines"):
         raise BadRequest("format must be json or lines")
     uid, gid = peer if peer is not None else (_opt_int(data, "submit_uid"),

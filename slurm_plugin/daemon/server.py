@@ -24,14 +24,15 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from ..records import (AsyncRecordWriter, PredictionRecord, RecordStore, RecordStoreError, new_record_id,
-                       record_key)
+from ..records import PredictionRecord, new_record_id, record_key
 from ..siteconfig import SiteConfig, SiteConfigError, load_site_config
 from .engine import Engine, Outcome, Route, release_memory, worker_count
-from .logs import log_event
+from .logs import log_event, log_fds
 from .pool import PoolBusy, WorkerDied, WorkerOverrun, WorkerPool
+from .recorder import STOP_GRACE_S as RECORDS_GRACE_S
+from .recorder import Recorder
 from .protocol import (Answer, BadRequest, PredictRequest, RequestTooLarge, parse_request,
-                       read_request, sniff_format)
+                       read_request, request_limit, sniff_format)
 
 BACKSTOP_S = 0.05      # the pool answers by the deadline itself; this only guards against bugs
 STOP_GRACE_S = 0.3     # SIGTERM: answers in flight may take this long to go out, then workers die
@@ -96,8 +97,9 @@ class PredictServer:
 
     def __init__(self, engine: Engine, *, config_file: Optional[str] = None,
                  engine_factory: Optional[Callable[[SiteConfig], Engine]] = None,
-                 freeze_gc: bool = False):
+                 freeze_gc: bool = False, records_log_fd: Optional[int] = None):
         self.engine = engine
+        self.records_log_fd = records_log_fd     # the record writer's log (default: the daemon's)
         self.settings = engine.config.daemon
         self.config_file = config_file
         self.engine_factory = engine_factory or (lambda cfg: Engine(cfg).load())
@@ -109,7 +111,8 @@ class PredictServer:
         self.stats: collections.Counter[str] = collections.Counter()
         self._reloading: Optional[asyncio.Task] = None
         self._in_flight = 0
-        self.records: Optional[AsyncRecordWriter] = None
+        self.records: Optional[Recorder] = None
+        self._ticker: Optional[asyncio.TimerHandle] = None
 
     async def start(self) -> None:
         if self.freeze_gc:
@@ -118,16 +121,22 @@ class PredictServer:
         self.pool.start()
         await self.pool.wait_ready(5.0)   # answer the first burst with warm workers
         if self.settings.records:
-            # After the workers are forked: the writer's thread lives in this process only.
-            # A store that cannot be opened costs the records, never an answer.
-            try:
-                self.records = AsyncRecordWriter(RecordStore(self.settings.records))
-            except RecordStoreError as exc:
-                log.warning("prediction records off: %s", exc)
+            # Records go to a spool file and a writer process of its own: nothing the store's file
+            # or SQLite does can stop this process answering (see .recorder).
+            fds = sorted(log_fds() - {0, 1})
+            fd = self.records_log_fd if self.records_log_fd is not None else (fds[0] if fds else None)
+            self.records = Recorder(self.settings.records, log_fd=fd)
+            self.records.start()
+            self._tick()
         s = self.settings
         self.servers.append(await self._listen(s.socket, s.socket_mode, user_mode=False))
         if s.user_socket:
             self.servers.append(await self._listen(s.user_socket, s.user_socket_mode, user_mode=True))
+
+    def _tick(self) -> None:
+        if self.records is not None and not self.pool.closing:
+            self.records.tick()
+            self._ticker = asyncio.get_running_loop().call_later(0.5, self._tick)
 
     async def _listen(self, path: str, mode: int, user_mode: bool) -> asyncio.AbstractServer:
         prepare_socket_path(path)
@@ -169,7 +178,8 @@ class PredictServer:
             else:
                 try:
                     raw = await asyncio.wait_for(
-                        read_request(reader, settings.max_request_bytes), deadline - time.monotonic())
+                        read_request(reader, request_limit(settings.max_request_bytes)),
+                        deadline - time.monotonic())
                     fmt = sniff_format(raw)
                     # On the user socket the kernel's word replaces the request's claim.
                     req = parse_request(raw, max_script=settings.max_request_bytes,
@@ -180,7 +190,8 @@ class PredictServer:
                     answer = await self._answer(engine, req, deadline, fields)
                 except asyncio.TimeoutError:
                     answer = _too_slow(settings.deadline_ms)
-                except RequestTooLarge:
+                except RequestTooLarge as exc:
+                    fmt = exc.args[0] if exc.args else fmt
                     answer = Answer("error", reason="too-large",
                                     message="perfcast: script too large to predict; job submitted "
                                             "unchanged")
@@ -248,15 +259,16 @@ class PredictServer:
             return answer
         rid = new_record_id()
         facts, pred = out.facts, answer.prediction or {}
-        self.records.submit(PredictionRecord(
-            record_id=rid, partition=routed.name or "", platform=facts.platform, bundle=facts.bundle,
-            job=out.job, iteration_seconds=facts.iteration_seconds, iterations=facts.iterations,
-            total_seconds=facts.total_seconds, interval_seconds=tuple(facts.interval_seconds),
-            time_limit_minutes=answer.time_limit, time_min_minutes=answer.time_min,
-            recommended_minutes=pred.get("recommended_minutes"), action=answer.reason,
-            policy=routed.part.policy, std_out=req.std_out, work_dir=req.work_dir,
-            job_name=req.name or "", uid=req.submit_uid, gid=req.submit_gid))
-        answer.admin_comment = f"{answer.admin_comment} {record_key(rid)}"
+        kept = self.records.record(PredictionRecord(
+            record_id=rid, created=time.time(), partition=routed.name or "", platform=facts.platform,
+            bundle=facts.bundle, job=out.job, iteration_seconds=facts.iteration_seconds,
+            iterations=facts.iterations, total_seconds=facts.total_seconds,
+            interval_seconds=tuple(facts.interval_seconds), time_limit_minutes=answer.time_limit,
+            time_min_minutes=answer.time_min, recommended_minutes=pred.get("recommended_minutes"),
+            action=answer.reason, policy=routed.part.policy, std_out=req.std_out,
+            work_dir=req.work_dir, job_name=req.name or "", uid=req.submit_uid, gid=req.submit_gid))
+        if kept:     # an id only for a record that is kept: a harvest must find what it names
+            answer.admin_comment = f"{answer.admin_comment} {record_key(rid)}"
         return answer
 
     async def reload(self) -> None:
@@ -310,7 +322,13 @@ class PredictServer:
             await asyncio.sleep(0.01)
         await self.pool.close()
         if self.records is not None:
-            self.records.close()
+            if self._ticker is not None:
+                self._ticker.cancel()
+            writer = self.records.close_nowait()
+            end = time.monotonic() + RECORDS_GRACE_S
+            while writer is not None and writer.poll() is None and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+            Recorder.finish(writer, self.records.spool)
         for path in (self.settings.socket, self.settings.user_socket):
             if path:
                 try:
@@ -320,7 +338,8 @@ class PredictServer:
                     pass
 
     def summary(self) -> dict[str, Any]:
-        return {"served": sum(self.stats.values()), **dict(sorted(self.pool.stats.items()))}
+        records = self.records.stats() if self.records is not None else {}
+        return {"served": sum(self.stats.values()), **dict(sorted(self.pool.stats.items())), **records}
 
 
 def _too_slow(deadline_ms: int, engine: Optional[Engine] = None,

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from slurm_plugin.records import (AsyncRecordWriter, JobOutcome, PredictionRecord, RecordStore,
+from slurm_plugin.records import (JobOutcome, PredictionRecord, RecordStore,
                                   RecordStoreError, is_record_id, new_record_id, parse_admin_comment,
                                   record_key)
 
@@ -138,21 +138,13 @@ class _SmallDisk(RecordStore):
         return con
 
 
-def test_full_disk_is_a_clear_error_and_the_async_writer_goes_on(tmp_path, caplog):
+def test_full_disk_is_a_clear_error(tmp_path):
     store = _SmallDisk(tmp_path / "r.sqlite")
     with pytest.raises(RecordStoreError, match="disk full"):
         for i in range(500):
             store.add(make_record(std_out="/scratch/" + "d" * 3000 + f"/{i}"))
     err = str(pytest.raises(RecordStoreError, store.add, make_record(std_out="/x/" + "e" * 3000)).value)
     assert str(store.path) in err and "\n" not in err
-    # The daemon's path: submit never raises, the failure is logged and counted.
-    writer = AsyncRecordWriter(store)
-    with caplog.at_level(logging.ERROR, logger="perfcast.records"):
-        rid = writer.submit(make_record(std_out="/y/" + "f" * 3000))
-        writer.flush()
-    writer.close()
-    assert is_record_id(rid) and writer.failed == 1 and writer.written == 0
-    assert any("disk full" in r.getMessage() for r in caplog.records)
 
 
 def test_garbage_file_is_a_clear_error(tmp_path):
@@ -214,13 +206,43 @@ def test_missing_store_without_create(tmp_path):
     assert not (tmp_path / "nope.sqlite").exists()
 
 
-def test_async_writer_writes_in_the_background(tmp_path):
+def test_add_many_is_one_transaction_and_a_replay_stores_nothing_twice(tmp_path):
+    store = RecordStore(tmp_path / "r.sqlite", max_rows=50)
+    recs = [make_record(record_id=new_record_id(), job_name=f"j{i}") for i in range(60)]
+    assert store.add_many(recs[:40]) == 40
+    assert store.add_many(recs) == 20            # a spool replayed after a kill: the new ones only
+    assert store.count() == 50                   # and the bound holds
+    with pytest.raises(RecordStoreError, match="record_id"):
+        store.add_many([make_record()])          # ids are the daemon's (already in an AdminComment)
+    with pytest.raises(RecordStoreError, match="iteration_seconds"):
+        store.add_many([make_record(record_id=new_record_id()), make_record(iteration_seconds=-1.0)])
+    assert store.count() == 50                   # nothing of a refused batch was written
+
+
+def test_losses_are_counted_by_reason(tmp_path):
     store = RecordStore(tmp_path / "r.sqlite")
-    writer = AsyncRecordWriter(store)
-    ids = [writer.submit(make_record()) for _ in range(20)]
-    writer.flush()
-    writer.close()
-    assert writer.written == 20 and {r.record_id for r in store.find()} == set(ids)
+    assert store.losses() == {}
+    store.add_losses({"unwritable": 3, "truncated": 1, "spool-full": 0})
+    store.add_losses({"unwritable": 2})
+    assert store.losses() == {"unwritable": 5, "truncated": 1}
+
+
+def test_check_finds_garbage_over_the_first_pages(tmp_path):
+    path = tmp_path / "r.sqlite"
+    store = RecordStore(path)
+    for i in range(300):
+        store.add(make_record(job_name=f"job{i}", std_out="/o/" + "p" * 200))
+    store.check()                                # sound
+    store.close()
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[page: 3 * page] = os.urandom(2 * page)  # pages 2 and 3: the b-tree roots after the schema
+    path.write_bytes(bytes(data))
+    with pytest.raises(RecordStoreError, match="corrupt"):
+        RecordStore(path).check()
+    RecordStore(tmp_path / "absent.sqlite").check()   # nothing yet: fine
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -1,6 +1,7 @@
 """perf-predictd's protocol, security and robustness, against fake backends."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -151,9 +152,30 @@ def test_garbage_script_text_is_fine(running):
 
 
 def test_oversized_request_is_refused_without_reading_it_all(running):
-    big = json.dumps(req(script="#" * 200_000)).encode() + b"\n"
+    from slurm_plugin.daemon.protocol import RequestTooLarge, read_request, request_limit
+    big = json.dumps(req(script="#" * 200_000, format="lines")).encode() + b"\n"
     answer = _raw_exchange(running.socket, big, ignore_send_errors=True)
     assert decode_lines(answer)["reason"] == "too-large"
+
+    async def wire() -> int:       # past the wire limit, reading stops: nothing more is kept
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"{" + b"#" * (request_limit(65536) + 300_000))
+        with pytest.raises(RequestTooLarge):
+            await read_request(reader, request_limit(65536))
+        return len(reader._buffer)
+    assert asyncio.run(wire()) > 0
+
+
+def test_request_size_is_the_scripts_bytes_not_its_json_escaping(running):
+    # 60 KiB of script (the limit is 64 KiB) that JSON-escapes to ~140 KiB on the wire (issue 32:
+    # a 3.5 MiB heredoc became 4.1 MiB of JSON and was refused although Slurm had accepted it).
+    body = 'cat > c.json <<EOF\n' + '{"a": "\\t"}\n' * 4000 + "EOF\n"
+    script = JOB + body[: 60_000 - len(JOB) - 4] + "\nEOF\n"
+    wire = json.dumps(req(script=script)).encode()
+    assert len(script.encode()) <= 65536 < len(wire)
+    assert running.ask(req(script=script))["status"] == "ok"
+    # Counted in bytes, not characters: 30,000 snowmen are 90,000 bytes.
+    assert running.ask(req(script=JOB + "#" + "\u2603" * 30_000))["reason"] == "too-large"
 
 
 def test_slow_client_is_cut_off_at_the_deadline():
@@ -439,7 +461,7 @@ def test_every_prediction_is_recorded_under_the_id_in_its_admin_comment(running)
     again = running.ask(req())                      # the same script again: a new job, a new record
     assert parse_admin_comment(again["admin_comment"])["rec"] != rid
     store_path = os.path.join(running.dir, "records.sqlite")
-    running.server.records.flush()                  # the writer thread's queue, drained
+    running.wait_stored()                           # the spool, moved by the writer process
     rec = RecordStore(store_path).get(rid)
     assert rec is not None
     assert rec.partition == "gpu" and rec.platform == "perlmutter-a100"

@@ -152,7 +152,11 @@ def test_queue_that_cannot_meet_the_deadline_is_shed():
         pool = await _started(size=1)
         try:
             held = pool.submit(b'{"sleep": 60}', time.monotonic() + 60)
-            pool.service_s = 10.0            # as if every job took 10 s
+            pool.service_s = 10.0            # as if every job took 10 s ...
+            ok0 = pool.submit(b"{}", time.monotonic() + 5)   # unmeasured: queued, not refused
+            pool.queue.clear()
+            ok0.cancel()
+            pool.drain_s, pool._last_done = 10.0, time.monotonic()   # ... and the queue drained so
             with pytest.raises(PoolBusy, match="deadline"):
                 pool.submit(b"{}", time.monotonic() + 5)
             assert pool.stats["shed_deadline"] == 1
