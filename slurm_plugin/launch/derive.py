@@ -167,6 +167,8 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
         w.append(vwarn)
     for key in ("norm", "activation", "attention", "pos_emb", "parallel_residual", "tied_embeddings"):
         _copy(d, f, key, f"model.{key}")
+    if f.val("attention") == "flash" and f.known("attention_impl"):
+        _copy(d, f, "attention_impl", "model.attention_impl")
     # ---------------------------------------------------------------- layout
     pp = _need_int(d, f, "pp", "layout.pp", 1, "pipeline parallel size")
     tp = _need_int(d, f, "tp", "layout.tp", 1, "tensor parallel size")

@@ -53,7 +53,7 @@ _STR = {
 _FLAGS = {
     "--recompute-activations": "recompute_activations", "--checkpoint-activations": "checkpoint_activations",
     "--deepspeed-activation-checkpointing": "ds_act_ckpt", "--use-flash-attn": "flash",
-    "--use-flash-attn-v1": "flash", "--use-flash-attn-v2": "flash", "--use-flash-attn-triton": "flash",
+    "--use-flash-attn-v1": "flash", "--use-flash-attn-v2": "flash", "--use-flash-attn-triton": "flash_triton",
     "--swiglu": "swiglu", "--untie-embeddings-and-output-weights": "untie", "--bf16": "bf16", "--fp16": "fp16",
     "--deepspeed": "deepspeed", "--deepscale": "deepspeed", "--use-distributed-optimizer": "dist_opt",
     "--sequence-parallel": "sequence_parallel", "--group-query-attention": "gqa",
@@ -260,10 +260,18 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         f.set("pos_emb", "learned", "Megatron default")
     # attention kernel
     backend = (f.val("attention_backend") or "").lower()
-    if f.val("flash") or backend == "flash":
+    if f.val("flash_triton"):
+        # Megatron-DeepSpeed's --use-flash-attn-triton: the Triton FlashAttention kernel
+        f.set("attention", "flash", f.origin("flash_triton"))
+        f.set("attention_impl", "triton", f.origin("flash_triton"))
+    elif f.val("flash") or backend == "flash":
+        # --use-flash-attn (the flash_attn package) and TE's flash backend: FlashAttention-2
         f.set("attention", "flash", f.origin("flash", f.origin("attention_backend")))
+        f.set("attention_impl", "flash2", f.origin("flash", f.origin("attention_backend")))
     elif backend == "fused":
-        f.set("attention", "fused_softmax", f.origin("attention_backend"))
+        # Transformer Engine's FusedAttention is cuDNN's fused attention
+        f.set("attention", "flash", f.origin("attention_backend"))
+        f.set("attention_impl", "cudnn", f.origin("attention_backend"))
     elif backend in ("unfused", "local"):
         f.set("attention", "unfused", f.origin("attention_backend"))
     elif f.val("no_softmax_fusion"):
@@ -273,7 +281,8 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         # Megatron-LM's default backend 'auto' lets Transformer Engine pick; on current GPUs that is
         # a flash/cuDNN fused attention kernel.
         f.set("attention", "flash", "Megatron-LM default (--attention-backend auto)")
-        w.append("attention kernel: Megatron-LM's --attention-backend auto is assumed to pick flash attention")
+        if not te_backend_from_env(f):
+            w.append("attention kernel: Megatron-LM's --attention-backend auto is assumed to pick flash attention")
     else:
         f.set("attention", "fused_softmax", "Megatron default")
     f.set("tied_embeddings", not f.val("untie"), f.origin("untie", "Megatron default"))
@@ -358,6 +367,40 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         f.set("eval_interval", 1000, "Megatron default")
     if f.get("eval_iters") is None:
         f.set("eval_iters", 100, "Megatron default")
+
+
+def te_backend_from_env(f: Facts) -> bool:
+    """Transformer Engine's own choice under ``--attention-backend auto`` (and NeMo's mcore models),
+    narrowed by the environment the launch exports (``env_nvte_flash`` / ``env_nvte_fused``, from
+    NVTE_FLASH_ATTN / NVTE_FUSED_ATTN): flash off -> cuDNN's fused attention, fused off ->
+    FlashAttention-2, both off -> TE's unfused attention. True when the environment decided."""
+    flash, fused = f.get("env_nvte_flash"), f.get("env_nvte_fused")
+    flash_off = flash is not None and flash.value == "0"
+    fused_off = fused is not None and fused.value == "0"
+    if flash_off and fused_off:
+        origin = f"{flash.origin} (NVTE_FLASH_ATTN=0, NVTE_FUSED_ATTN=0)"
+        f.set("attention", "unfused", origin)
+        f.d.pop("attention_impl", None)
+        f.warnings.append(f"NVTE_FLASH_ATTN=0 and NVTE_FUSED_ATTN=0: Transformer Engine runs unfused attention "
+                          f"({flash.origin})")
+        return True
+    if flash_off:
+        f.set("attention", "flash", f"{flash.origin} (NVTE_FLASH_ATTN=0)")
+        f.set("attention_impl", "cudnn", f"{flash.origin} (NVTE_FLASH_ATTN=0: TE's cuDNN fused attention)")
+        return True
+    if fused_off:
+        f.set("attention", "flash", f"{fused.origin} (NVTE_FUSED_ATTN=0)")
+        f.set("attention_impl", "flash2", f"{fused.origin} (NVTE_FUSED_ATTN=0: TE's FlashAttention backend)")
+        return True
+    return False
+
+
+def env_facts(f: Facts, env: dict, where: str) -> None:
+    """The launch's NVTE_FLASH_ATTN / NVTE_FUSED_ATTN (Transformer Engine's backend switches)."""
+    for name, key in (("NVTE_FLASH_ATTN", "env_nvte_flash"), ("NVTE_FUSED_ATTN", "env_nvte_fused")):
+        v = env.get(name)
+        if isinstance(v, str) and v.strip() in ("0", "1") and MARK_OPEN not in v:
+            f.set(key, v.strip(), f"{where} (environment {name})")
 
 
 def _partial_recompute(f: Facts) -> None:

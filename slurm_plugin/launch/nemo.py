@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import moe
+from . import megatron, moe
 from .configs import Config, to_bool, to_int, to_number
 from .facts import Facts
 from .limits import MAX_INTERPOLATION_DEPTH, CannotPredict
@@ -353,16 +353,21 @@ def _checkpoints(v: View, f: Facts) -> None:
 
 def _attention(v: View, f: Facts) -> None:
     flash, origin = _bool(v, "model.use_flash_attention")
-    if flash:
-        f.set("attention", "flash", origin)
-        return
     mcore, m_origin = _bool(v, "model.mcore_gpt")
     te, t_origin = _bool(v, "model.transformer_engine")
+    if flash:
+        f.set("attention", "flash", origin)
+        if not (mcore and te is not False):
+            f.set("attention_impl", "flash2", origin)    # NeMo's own attention calls the flash_attn package
+        else:
+            megatron.te_backend_from_env(f)
+        return
     if mcore and te is not False:
         # Megatron-core's Transformer Engine attention picks a flash/cuDNN fused kernel on current GPUs
         f.set("attention", "flash", m_origin)
-        f.warnings.append("attention kernel: NeMo's mcore_gpt with Transformer Engine is assumed to use flash "
-                          "attention")
+        if not megatron.te_backend_from_env(f):
+            f.warnings.append("attention kernel: NeMo's mcore_gpt with Transformer Engine is assumed to use flash "
+                              "attention")
         return
     fused, origin2 = _bool(v, "model.masked_softmax_fusion")
     f.set("attention", "unfused" if fused is False else "fused_softmax", origin2 or "NeMo default")

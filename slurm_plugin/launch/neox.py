@@ -319,6 +319,7 @@ def _attention(m: Merged, f: Facts) -> None:
         f.warnings.append(f"attention_config mixes {', '.join(sorted(kinds))}; modelled as {main} everywhere")
     if main == "flash":
         f.set("attention", "flash", origin)
+        f.set("attention_impl", "flash2", origin)     # NeoX calls the flash_attn package (FlashAttention-2)
     else:
         if main != "global":
             f.warnings.append(f"attention type {main} is modelled as global attention")

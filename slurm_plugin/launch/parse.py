@@ -205,6 +205,7 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
     elif framework == "nemo2":
         raise CannotPredict(nemo.NEMO2_REASON, launch.where)
     elif framework == "nemo":
+        megatron.env_facts(facts, launch.env, launch.where)
         h = nemo.read_hydra_args(c.args)
         path, origin = nemo.config_file(h, c.script, launch.cwd)
         if MARK_OPEN in path:
@@ -212,6 +213,7 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
         nemo.read(_open_config(sh, launch, path, origin, "yaml", reader, check_moe=False), h, facts)
     elif framework in ("megatron", "deepspeed", "unknown"):
         unread_flags = megatron.read_args(c.args, facts)
+        megatron.env_facts(facts, launch.env, launch.where)
         if facts.get("layers") is None:
             _refuse_nemo2_script(sh, launch, c, reader)    # no shape on the command line: a recipe?
         megatron.check_moe(facts)

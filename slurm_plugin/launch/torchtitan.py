@@ -74,6 +74,8 @@ _SPELLINGS = {
     "converters": [("model", "converters")],
     "name": [("model", "name")],
     "flavor": [("model", "flavor")],
+    "flex": [("model", "use_flex_attn")],
+    "attn_type": [("model", "attn_type")],
     "tokenizer": [("model", "tokenizer_path"), ("model", "hf_assets_path")],
 }
 
@@ -85,7 +87,8 @@ _JOB_CONFIG = {
     "profiling": "enable_profiling save_traces_folder profile_freq enable_memory_snapshot save_memory_snapshot_folder",
     "metrics": "log_freq enable_tensorboard disable_color_printing save_tb_folder save_for_all_ranks enable_wandb "
                "rank_0_only",
-    "model": "name flavor tokenizer_path converters print_after_conversion hf_assets_path norm_type",
+    "model": "name flavor tokenizer_path converters print_after_conversion hf_assets_path norm_type "
+             "use_flex_attn attn_type attn_mask_type",
     "optimizer": "name lr beta1 beta2 eps weight_decay implementation early_step_in_backward fused",
     "lr_scheduler": "warmup_steps decay_ratio decay_type lr_min min_lr_factor",
     "training": "dataset dataset_path local_batch_size batch_size global_batch_size seq_len max_norm steps "
@@ -288,8 +291,15 @@ def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
     for k, v in (("norm", "rmsnorm"), ("activation", "swiglu"), ("pos_emb", "rotary"),
                  ("tied_embeddings", False), ("parallel_residual", False)):
         f.set(k, v, f"TorchTitan {name_s}")
-    # PyTorch SDPA picks the flash kernel for bf16 causal attention
+    # PyTorch SDPA picks the flash kernel for bf16 causal attention; FlexAttention (use_flex_attn,
+    # attn_type "flex") is a Triton kernel torch.compile generates
     f.set("attention", "flash", "TorchTitan (scaled_dot_product_attention)")
+    flex, fx_origin, _ = t.get("flex")
+    kind, k_origin, _ = t.get("attn_type")
+    if to_bool(flex) or str(kind or "").lower() == "flex":
+        f.set("attention_impl", "triton", fx_origin if to_bool(flex) else k_origin)
+    elif str(kind or "").lower() == "sdpa":
+        f.set("attention_impl", "sdpa_flash", k_origin)
     _int(f, t, "seq_len", "seq_len")
     _int(f, t, "steps", "train_iters")
     for name_, fact in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp_shard", "dp_shard"),

@@ -13,8 +13,8 @@ BASE = ("srun torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layer
         "--train-iters 100 --bf16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 ")
 
 
-def _run(tmp_path: pathlib.Path, extra: str):
-    return parse_in(tmp_path, HEAD + BASE + extra + "\n")
+def _run(tmp_path: pathlib.Path, extra: str, prefix: str = ""):
+    return parse_in(tmp_path, HEAD + prefix + BASE + extra + "\n")
 
 
 def test_layers_per_virtual_stage(tmp_path):
@@ -30,12 +30,29 @@ def test_virtual_stages_per_rank(tmp_path):
     assert res.job.layout.virtual_stages == 2
 
 
-@pytest.mark.parametrize("backend, attention", [("flash", "flash"), ("fused", "fused_softmax"),
-                                                ("unfused", "unfused"), ("local", "unfused")])
-def test_attention_backend(tmp_path, backend, attention):
+@pytest.mark.parametrize("backend, attention, impl", [
+    ("flash", "flash", "flash2"),
+    ("fused", "flash", "cudnn"),            # Transformer Engine's FusedAttention is cuDNN's fused kernel
+    ("unfused", "unfused", ""), ("local", "unfused", ""), ("auto", "flash", "")])
+def test_attention_backend(tmp_path, backend, attention, impl):
     res = _run(tmp_path, f"--attention-backend {backend}")
     assert res.error is None, res.error
-    assert res.job.model.attention == attention
+    assert res.job.model.attention == attention and res.job.model.attention_impl == impl
+
+
+@pytest.mark.parametrize("env, attention, impl", [
+    ("NVTE_FLASH_ATTN=0", "flash", "cudnn"), ("NVTE_FUSED_ATTN=0", "flash", "flash2"),
+    ("NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN=0", "unfused", ""), ("NVTE_FLASH_ATTN=1", "flash", "")])
+def test_transformer_engine_environment_picks_the_kernel(tmp_path, env, attention, impl):
+    res = _run(tmp_path, "", prefix="".join(f"export {e}\n" for e in env.split()))
+    assert res.error is None, res.error
+    assert res.job.model.attention == attention and res.job.model.attention_impl == impl
+    if impl:
+        assert "NVTE_" in res.provenance["model.attention_impl"]
+
+
+def test_flash_attn_flags_name_their_kernel(tmp_path):
+    assert _run(tmp_path, "--use-flash-attn").job.model.attention_impl == "flash2"
 
 
 def test_recompute_block_is_full_with_warning(tmp_path):
