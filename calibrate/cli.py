@@ -207,7 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     va.add_argument("--json", action="store_true")
     va.add_argument("--fit", action="store_true",
-                    help="also fit [fitted] compute/host scales; written only if leave-one-out improves")
+                    help="also fit [fitted] factors per kind of job; written only if leave-one-out improves")
+    va.add_argument("--root", default=None, help="a shipped platform's site overlay goes under ROOT/NAME "
+                    "(default $PERFCAST_PLATFORMS's first entry, /var/lib/perfcast/platforms)")
+    va.add_argument("--pid-file", default=None, help="perf-predictd's, reloaded after a site overlay is installed")
 
     hv = sub.add_parser("harvest", help="finished perfcast jobs -> outcomes + measured runs per partition")
     hv.add_argument("--partition", default=None)
@@ -424,6 +427,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         cc = f"{100 * r.collective_mape:.1f}%" if r.collective_mape is not None else "-"
         print(f"{r.partition:<16} {r.version or '(none)':<28} {age:>7} {r.samples:>8} {cm:>8} {cc:>7}  "
               f"{r.previous or '-'}")
+        if r.base:
+            print(f"{'':<16} site overlay of the {r.base} platform" if r.version else
+                  f"{'':<16} the {r.base} platform (its site overlay rolled back; `rollback` restores it)")
         if r.origin == "refit" and r.refit:
             print(f"{'':<16} {_refit_line(r.refit)}")
     return 0
@@ -449,13 +455,34 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from predictor.platform import is_shipped, resolve_platform
+
+    from .install import overlay_of, validate_overlay
     from .validate import load_runs, validate_platform
-    res = validate_platform(args.platform, load_runs(args.runs), replace=args.replace,
-                            dry_run=args.dry_run, fit=args.fit)
+    runs = load_runs(args.runs)
+    d = resolve_platform(args.platform)
+    inst = None
+    # A shipped platform (or its installed site overlay) is never rewritten in place: the runs and
+    # factors go into a site overlay, installed under the platforms root like a calibration.
+    shipped = d.name if is_shipped(d) else overlay_of(d) if d.parent.name == "versions" else ""
+    if shipped and not args.dry_run:
+        res, inst = validate_overlay(shipped, runs, root=args.root, fit=args.fit, replace=args.replace,
+                                     pid_file=args.pid_file)
+    else:
+        res = validate_platform(d, runs, replace=args.replace, dry_run=args.dry_run, fit=args.fit)
     if args.json:
-        print(json.dumps(res.to_dict(), indent=2))
+        out = res.to_dict()
+        if shipped and not args.dry_run:
+            out["installed"] = None if inst is None else {"version": inst.version, "path": str(inst.path),
+                                                          "previous": inst.previous}
+        print(json.dumps(out, indent=2))
         return 0
     print(res.table())
+    if shipped and not args.dry_run:
+        print(f"site overlay of the shipped platform {shipped}: " + (
+            inst.message + (f"; perf-predictd (pid {inst.signalled}) reloads" if inst.signalled else "")
+            if inst is not None else "nothing installed (the fit was not written)"))
+        return 0
     print(f"{'would record' if args.dry_run else 'recorded'} {len(res.runs)} runs in {res.platform_file}")
     return 0
 
@@ -557,7 +584,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     while True:
         try:
             res = watch_once(opts)
-            print(json.dumps(res.to_dict(), indent=2) if args.json else res.summary(), flush=True)
+            if res.jobs or args.every is None:      # a loop's idle passes stay out of its log
+                print(json.dumps(res.to_dict(), indent=2) if args.json else res.summary(), flush=True)
             status = 0
         except (WatchError, RecordStoreError, PerfcastError, OSError) as exc:
             if args.every is None:

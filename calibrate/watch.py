@@ -355,7 +355,7 @@ def read_logs(items: Sequence[tuple[int, str, int, Optional[int]]], policy: Watc
             try:
                 out[jid] = fut.result()
             except LogReadError as exc:
-                out[jid] = f"log unreadable as the job's user: {exc.strerror or exc}"
+                out[jid] = f"log unreadable: {exc.strerror or exc}"
             except Exception as exc:  # noqa: BLE001 - one job's read never stops the pass
                 out[jid] = f"log unreadable: {exc}"
     except concurrent.futures.TimeoutError:
@@ -511,7 +511,10 @@ def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: Predictio
     applied = False
     if decision.action != "none" and not opts.dry_run:
         try:
-            client.set_time_limit(job.job_id, decision.to_minutes)
+            to = decision.to_minutes
+            # A running job's --time-min no longer matters, but Slurm refuses a limit below it.
+            low_min = job.time_min_minutes is not None and job.time_min_minutes > to
+            client.set_time_limit(job.job_id, to, time_min=to if low_min else None)
             applied = True
         except SlurmError as exc:
             decision = _none("update-failed", f"scontrol update failed ({exc}); the limit stays "
@@ -533,9 +536,13 @@ def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: Predictio
             measured_iteration_seconds=progress.iteration_seconds if progress else None,
             predicted_iteration_seconds=record.iteration_seconds or None,
             limit_set_by_perfcast=record.action == "set"))
-        # "on track" and "warming up" would only hide the last real news from the user.
-        if decision.code not in _QUIET:
-            count = sum(1 for a in wlog.actions(slurm_job_ids=[job.job_id]) if a.code not in _QUIET)
+        # The user sees the last change of their limit; a later "none" (on track, no checkpoint
+        # left to reach) would only hide it, and stays in the store.  Before any change, a none
+        # that is news (an unreadable log, a job that will time out) is shown.
+        acts = wlog.actions(slurm_job_ids=[job.job_id])
+        changed_before = any(a.action != "none" for a in acts[:-1])
+        if decision.action != "none" or (decision.code not in _QUIET and not changed_before):
+            count = sum(1 for a in acts if a.code not in _QUIET)
             try:
                 client.set_admin_comment(job.job_id, admin_comment_with(job.admin_comment, decision, at, count))
             except SlurmError as exc:

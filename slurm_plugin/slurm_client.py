@@ -92,6 +92,7 @@ class RunningJob:
     array_job_id: Optional[int] = None
     array_task_id: Optional[int] = None
     het_job_id: Optional[int] = None
+    time_min_minutes: Optional[int] = None  # --time-min (None: not set)
 
 
 @dataclass(frozen=True)
@@ -235,8 +236,16 @@ def parse_running_jobs(text: str) -> list[RunningJob]:
             batch_host=kv.get("BatchHost", ""), std_out=kv.get("StdOut", ""),
             work_dir=kv.get("WorkDir", ""), admin_comment=kv.get("AdminComment", ""),
             restarts=_int(kv.get("Restarts"), 0) or 0, array_job_id=_int(kv.get("ArrayJobId")),
-            array_task_id=_int(kv.get("ArrayTaskId")), het_job_id=_int(kv.get("HetJobId"))))
+            array_task_id=_int(kv.get("ArrayTaskId")), het_job_id=_int(kv.get("HetJobId")),
+            time_min_minutes=_time_or_none(kv.get("TimeMin", ""))))
     return out
+
+
+def _time_or_none(text: str) -> Optional[int]:
+    try:
+        return parse_slurm_time(text)
+    except SlurmError:
+        return None
 
 
 def _seconds(text: str) -> Optional[float]:
@@ -470,11 +479,13 @@ class SlurmClient:
                 out[name.strip()] = parse_slurm_time(wall) if wall.strip() else None
         return out
 
-    def set_time_limit(self, job_id: int, minutes: int) -> None:
-        """``scontrol update JobId=N TimeLimit=M`` (root or the SlurmUser may raise it)."""
+    def set_time_limit(self, job_id: int, minutes: int, *, time_min: Optional[int] = None) -> None:
+        """``scontrol update JobId=N TimeLimit=M`` (root or the SlurmUser may raise it).  Slurm
+        refuses a limit below the job's TimeMin; ``time_min`` lowers that in the same update."""
         if int(minutes) < 1:
             raise SlurmError(f"time limit of job {job_id}: {minutes} min is not a limit")
-        self._cmd(["scontrol", "update", f"JobId={int(job_id)}", f"TimeLimit={int(minutes)}"])
+        extra = [f"TimeMin={int(time_min)}"] if time_min is not None else []
+        self._cmd(["scontrol", "update", f"JobId={int(job_id)}", *extra, f"TimeLimit={int(minutes)}"])
 
     def set_admin_comment(self, job_id: int, text: str) -> None:
         """``scontrol update JobId=N AdminComment=...`` (one line; Slurm keeps it with the job)."""

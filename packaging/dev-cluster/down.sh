@@ -29,9 +29,12 @@ stop() {  # [STOP_WAIT=tenths] stop LABEL PIDFILE COMM...
   rm -f "$file"
 }
 
+py="$(basename "$(readlink -f "$(command -v "${PERFCAST_PYTHON:-python3}")")" 2>/dev/null || echo python3)"
+# The watch first: it must not act on jobs that are being cancelled.
+stop "perf-calibrate watch" "$BASE/run/watch.pid" python3 python3.11 python3.12 python "$py"
 if pid_of "$BASE/run/slurmctld.pid" slurmctld >/dev/null; then
   SLURM_CONF="$BASE/etc/slurm.conf" scancel --quiet --full --state=RUNNING,PENDING,SUSPENDED \
-    --partition=gpu,short,h100,cpu 2>/dev/null || true
+    --partition=gpu,short,h100,cpu,watch 2>/dev/null || true
   SLURM_CONF="$BASE/etc/slurm.conf" timeout 5 bash -c \
     'while [ -n "$(squeue -h -t R,CG 2>/dev/null)" ]; do sleep 0.2; done' || true
 fi
@@ -41,7 +44,6 @@ STOP_WAIT=150 stop slurmctld "$BASE/run/slurmctld.pid" slurmctld
 stop slurmdbd "$BASE/run/slurmdbd.pid" slurmdbd
 # MariaDB flushes InnoDB on SIGTERM (about a second); killing it would cost a recovery next start.
 STOP_WAIT=300 stop mariadb "$BASE/mysql/run/mariadbd.pid" mariadbd
-py="$(basename "$(readlink -f "$(command -v "${PERFCAST_PYTHON:-python3}")")" 2>/dev/null || echo python3)"
 stop perf-predictd "$BASE/run/predictd.pid" python3 python3.11 python3.12 python "$py" perf-predictd
 stop munged "$BASE/munge/run/munged.pid" munged
 

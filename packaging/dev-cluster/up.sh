@@ -20,7 +20,11 @@
 # Environment: PERFCAST_DEV_BASE, PERFCAST_DEV_PORT (slurmctld port, default 6817; slurmd +1,
 # unused +2, slurmdbd +3, MariaDB +4; or PERFCAST_DEV_DBD_PORT, PERFCAST_DEV_DB_PORT),
 # PERFCAST_PYTHON (python for perf-predictd; default: python3 on PATH), PERFCAST_DEV_NO_DAEMON=1,
-# PERFCAST_DEV_NO_ACCOUNTING=1.
+# PERFCAST_DEV_NO_ACCOUNTING=1, PERFCAST_DEV_NO_WATCH=1 (no `perf-calibrate watch --every 15`).
+#
+# The watch (docs/watch.md) runs every 15 s with a policy that also extends limits users set,
+# small margins (1 min) and shrinks that return 2 min or more, so that test jobs of a few minutes
+# show every action; partition `watch` (MaxTime 5 min) lets a job outgrow its MaxTime quickly.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -137,6 +141,7 @@ PartitionName=gpu Nodes=dev[001-064] Default=YES MaxTime=2-00:00:00 State=UP
 PartitionName=short Nodes=dev[001-064] MaxTime=01:00:00 State=UP
 PartitionName=h100 Nodes=dev[001-064] MaxTime=1-00:00:00 State=UP
 PartitionName=cpu Nodes=dev001 MaxTime=INFINITE State=UP
+PartitionName=watch Nodes=dev001 MaxTime=00:05:00 State=UP
 CONF
 acct_changed=0
 [ "$old_acct" = "$(grep '^AccountingStorage' "$CONF")" ] || acct_changed=1
@@ -170,6 +175,24 @@ platform = "perlmutter-a100"
 
 [partitions.h100]
 platform = "dgx-h100"
+
+[partitions.watch]
+platform = "perlmutter-a100"
+
+# perf-calibrate watch, run by up.sh every 15 s: a dev policy that shows every action within minutes
+[watch]
+enabled = true
+extend_user_limits = true      # users' --time too (production default: only limits perfcast set)
+max_growth = 10.0
+margin = 0.10
+margin_minutes = 1
+shrink = true
+shrink_user_limits = false
+shrink_min_minutes = 2
+backfill_allowance_minutes = 0
+min_samples = 3
+stall_minutes = 5
+read_timeout_seconds = 5
 TOML
 
 # job_submit.lua's settings (Lua reads this small Lua table beside slurm.conf)
@@ -372,6 +395,17 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 case "$st" in idle|mix|alloc|comp) ;; *) die "node dev001 is '$st' (see $BASE/log/slurmd-dev001.log)";; esac
+
+# ---- perf-calibrate watch, every 15 s (after slurmctld: it asks it for the running jobs)
+if [ "${PERFCAST_DEV_NO_WATCH:-0}" != 1 ] && ! alive "$BASE/run/watch.pid" "$(basename "$PY")" \
+   && ! alive "$BASE/run/watch.pid" python3; then
+  mkdir -p "$BASE/var/runs"
+  "${CLEAN_ENV[@]}" PYTHONPATH="$REPO" PYTHONDONTWRITEBYTECODE=1 SLURM_CONF="$CONF" setsid "$PY" -m calibrate.cli \
+      watch --every 15 --config "$BASE/etc/perfcast.toml" --out "$BASE/var/runs" \
+      </dev/null >>"$BASE/log/watch.log" 2>&1 &
+  echo $! >"$BASE/run/watch.pid"
+  say "perf-calibrate watch started (every 15 s, pid $!, log $BASE/log/watch.log)"
+fi
 
 say "up: $(sinfo -h -o '%P %D %t' | tr '\n' ' ')"
 echo "export SLURM_CONF=$CONF PERFCAST_CONFIG=$BASE/etc/perfcast.toml"

@@ -155,6 +155,7 @@ class FakeSlurm(SlurmClient):
         super().__init__(runner=lambda *a, **k: None)
         self.jobs, self.max_time, self.plans, self.fail = list(jobs), max_time, list(plans), set(fail)
         self.limits: dict[int, int] = {}
+        self.time_mins: dict[int, object] = {}
         self.comments: dict[int, str] = {}
 
     def running_jobs(self):
@@ -173,7 +174,8 @@ class FakeSlurm(SlurmClient):
     def qos_max_wall_minutes(self):
         return {"normal": None}
 
-    def set_time_limit(self, job_id, minutes):
+    def set_time_limit(self, job_id, minutes, time_min=None):
+        self.time_mins[job_id] = time_min
         if "update" in self.fail:
             raise SlurmError("scontrol update: Access/permission denied")
         self.limits[job_id] = minutes
@@ -212,16 +214,24 @@ def test_a_pass_extends_shrinks_and_records_each_action(site):
     megatron_log(tmp / "slow.out", 1.0, 200)         # 2x slower than predicted, 200 s in
     megatron_log(tmp / "fast.out", 0.1, 200)         # 5x faster
     slurm = FakeSlurm([running(slow, 11, tmp / "slow.out", limit_min=10, start=now - 200),
-                       running(fast, 12, tmp / "fast.out", limit_min=60, start=now - 20)])
+                       running(fast, 12, tmp / "fast.out", limit_min=60, start=now - 20, time_min_minutes=50)])
     opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=tmp / "runs")
     res = watch_once(opts, slurm, now=now)
     by = {j.job_id: j for j in res.jobs}
     assert by[11].decision.action == "extend" and by[11].applied and slurm.limits[11] == 19
     assert by[12].decision.action == "shrink" and slurm.limits[12] < 60
+    assert slurm.time_mins == {11: None, 12: slurm.limits[12]}     # Slurm refuses a limit below TimeMin
     assert "perfcast-watch: extend 00:10:00->00:19:00" in slurm.comments[11]
     assert parse_admin_comment(slurm.comments[11])["rec"] == slow
     acts = read_actions(tmp / "records.sqlite")
     assert [(a.slurm_job_id, a.action) for a in acts] == [(11, "extend"), (12, "shrink")]
+    # A later pass finds the job on track: the store says so, the AdminComment keeps the change.
+    comment = slurm.comments[11]
+    slurm.jobs[0] = dataclasses.replace(slurm.jobs[0], time_limit_minutes=19, admin_comment=comment)
+    again = {j.job_id: j for j in watch_once(opts, slurm, now=now).jobs}
+    assert again[11].decision.code == "on-track"
+    assert slurm.comments[11] == comment
+    assert [a.code for a in read_actions(tmp / "records.sqlite") if a.slurm_job_id == 11][-1] == "on-track"
     # The running jobs' rates are harvestable runs of the partition.
     text = (tmp / "runs" / "gpu.toml").read_text()
     assert "slurm job 11" in text and "slurm job 12" in text and "perf-calibrate watch" in text
