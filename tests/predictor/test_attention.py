@@ -115,3 +115,13 @@ def test_backward_note_only_where_the_figure_lacks_one():
     cudnn = attention.Measured("cudnn", True)
     assert not attention.relative_seconds("sdpa_flash", cudnn, "bwd", 8192, True).note
     assert "forward ratio" in attention.relative_seconds("triton", cudnn, "bwd", 8192, True).note
+
+
+def test_a_kernel_with_samples_of_its_own_is_read_from_them():
+    own = attention.attention_cost("flash2", "", 8192.0, "h100-80gb-hbm3", {},
+                                   lambda op: op == "flash_atten_flash2", {"fp16": 989.0, "fp8": 1979.0}, "H100")
+    assert (own.operator, own.forward_ratio, own.backward_ratio, own.warnings) == ("flash_atten_flash2", 1.0, 1.0, ())
+    # Not timed, and the bundle does not say what its flash_atten timed: costed as those, said.
+    unknown = attention.attention_cost("triton", "", 8192.0, "site-gpu", {}, lambda op: False, {"fp16": 312.0}, "A100")
+    assert unknown.operator == "flash_atten" and unknown.forward_ratio == 1.0
+    assert "does not say which attention kernel" in unknown.warnings[0]
