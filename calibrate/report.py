@@ -202,14 +202,26 @@ def summarize_watch(rows: Sequence[JobRow]) -> Optional[WatchSummary]:
 class Report:
     jobs: list[JobRow] = field(default_factory=list)
     partitions: dict[str, PartitionSummary] = field(default_factory=dict)
+    record_losses: dict[str, int] = field(default_factory=dict)   # RecordStore.losses(): by reason
 
     def to_dict(self) -> dict[str, Any]:
-        return {"jobs": [j.to_dict() for j in self.jobs],
-                "partitions": {p: s.to_dict() for p, s in sorted(self.partitions.items())}}
+        out = {"jobs": [j.to_dict() for j in self.jobs],
+               "partitions": {p: s.to_dict() for p, s in sorted(self.partitions.items())}}
+        if self.record_losses:
+            out["record_losses"] = dict(sorted(self.record_losses.items()))
+        return out
+
+    def losses_line(self) -> str:
+        """Predictions perf-predictd answered but could not keep a record of (never harvested)."""
+        if not self.record_losses:
+            return ""
+        return (f"records perf-predictd could not keep: {sum(self.record_losses.values())} ("
+                + ", ".join(f"{k} {v}" for k, v in sorted(self.record_losses.items())) + ")")
 
     def table(self) -> str:
         if not self.jobs:
-            return "no harvested jobs (run perf-calibrate harvest first)"
+            return "\n".join(filter(None, ["no harvested jobs (run perf-calibrate harvest first)",
+                                            self.losses_line()]))
         lines = [f"{'job':>10} {'partition':<12} {'state':<10} {'elapsed':>9} {'limit':>9} "
                  f"{'pred s/it':>10} {'meas s/it':>10} {'error':>8}  {'pred total':>10}"]
         for j in self.jobs:
@@ -259,6 +271,8 @@ class Report:
                     lines.append("  extensions per user: " + ", ".join(f"{u} {n}" for u, n in w.extensions_per_user.items()))
                 for t in w.still_timed_out[:10]:
                     lines.append(f"  still timed out: job {t['job_id']}: {t['reason']}")
+        if self.record_losses:
+            lines += ["", self.losses_line()]
         return "\n".join(lines)
 
 

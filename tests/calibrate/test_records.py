@@ -277,3 +277,13 @@ def test_record_key():
     assert parse_admin_comment("perfcast:v1 iter_s=1 " + record_key(rid))["rec"] == rid
     with pytest.raises(ValueError):
         record_key("zz")
+
+
+def test_report_shows_the_losses(tmp_path):
+    from calibrate.report import Report
+    store = RecordStore(tmp_path / "r.sqlite")
+    store.add_losses({"unwritable": 4, "truncated": 1})
+    rep = Report(record_losses=store.losses())
+    assert "records perf-predictd could not keep: 5 (truncated 1, unwritable 4)" in rep.table()
+    assert rep.to_dict()["record_losses"] == {"truncated": 1, "unwritable": 4}
+    assert "could not keep" not in Report().table()
