@@ -6,6 +6,8 @@
         --platform benchmarks/data/cpu-family/samples [--json]                       # compare only
     python benchmarks/bench_cpu_family.py --parts "dp2 L4 h256 mb2" [--platform DIR]  # time a step's parts
     python benchmarks/bench_cpu_family.py --contention "dp2 L4 h256 mb2" [--rounds 6]  # rank alone vs concurrent
+    python benchmarks/bench_cpu_family.py --stacks [--stacks-out benchmarks/data/cpu-family/stacks.toml]
+                                                     # the stack family under pytorch, deepspeed, fsdp
 
 Measuring does, in order:
 
@@ -108,6 +110,71 @@ def family() -> list[dict]:
         job(2, 128, 8, dp=2, recompute="full"), job(2, 512, 2, dp=2, recompute="full"),
     ]
     return jobs
+
+
+def stack_family() -> list[dict]:
+    """The jobs ``--stacks`` trains under each stack of ``benchmarks/cpu_stacks.py``: dp 1 and 2,
+    micro-batch 1-8, hidden 128-512, 2 and 4 layers, recompute none and full (a few seconds each)."""
+    return [
+        job(2, 128, 1), job(2, 128, 8), job(2, 256, 2), job(2, 256, 4), job(4, 256, 2), job(2, 512, 1),
+        job(2, 512, 4), job(4, 128, 4), job(2, 256, 4, recompute="full"),
+        job(2, 128, 1, dp=2), job(2, 128, 4, dp=2), job(2, 256, 8, dp=2), job(4, 256, 2, dp=2),
+        job(2, 512, 2, dp=2), job(4, 128, 2, dp=2), job(2, 512, 2, dp=2, recompute="full"),
+    ]
+
+
+def measure_stacks(args) -> int:
+    """Train :func:`stack_family` under every stack, interleaved job by job (A, B, C, A, B, C ...),
+    so that the machine's changing load falls on all stacks alike; resumable (``--stacks-out``
+    keeps what was measured)."""
+    import torch
+
+    from cpu_stacks import STACKS, measure_stack, stack_job
+
+    out = Path(args.stacks_out)
+    side = out.with_suffix(".json")
+    runs: list[dict] = json.loads(side.read_text()) if side.exists() else []
+    seen = {r["name"] for r in runs}
+    stacks = [s for s in args.stack_list.split(",") if s] or list(STACKS)
+    try:
+        import deepspeed
+        ds_version = deepspeed.__version__
+    except ImportError:
+        ds_version = ""
+        if "deepspeed" in stacks:
+            print("deepspeed is not installed (pip install deepspeed): its runs are skipped", file=sys.stderr)
+            stacks.remove("deepspeed")
+    cpu = _platform.processor() or _platform.machine()
+    for j in stack_family():
+        for stack in stacks:
+            sj = stack_job(j, stack)
+            name = f"{stack} {name_of(sj)}"
+            if name in seen:
+                continue
+            before = loadavg()
+            c0 = _cpu_seconds()
+            t0 = time.monotonic()
+            secs, steps, params = measure_stack(sj, stack, threads=THREADS, steps=args.steps, warmup=args.warmup)
+            others = others_cores(c0, _cpu_seconds(), time.monotonic() - t0)
+            load = max(before, loadavg())
+            src = (f"benchmarks/bench_cpu_family.py --stacks ({stack}), {os.cpu_count()} CPUs ({cpu}), "
+                   f"torch {torch.__version__}" + (f", deepspeed {ds_version}" if stack == "deepspeed" else "")
+                   + f", gloo, {THREADS} thread(s) per rank, fastest-quarter mean of {len(steps)} steps, "
+                   f"1-min load {load:.2f}, other processes {others:.2f} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+            runs.append({"name": name, "stack": stack, "job": sj, "measured_iteration_seconds": secs,
+                         "steps": steps, "params": params, "threads": THREADS, "load": load,
+                         "others_cores": others, "source": src})
+            side.write_text(json.dumps(runs, indent=1))
+            print(f"{name}: {1e3 * secs:.1f} ms/iteration ({time.monotonic() - t0:.0f} s, load {load:.2f}, "
+                  f"other processes {others:.2f} cores)", flush=True)
+    from predictor.samples import dump_toml
+    toml_runs = [{"name": r["name"], "source": r["source"], "measured_iteration_seconds": r["measured_iteration_seconds"],
+                  "job": r["job"]} for r in runs]
+    out.write_text("# Real CPU training steps of one model family under three software stacks, measured by\n"
+                   "# benchmarks/bench_cpu_family.py --stacks (perf-calibrate validate --runs reads this)\n"
+                   + dump_toml({"run": toml_runs}), encoding="utf-8")
+    print(f"{len(runs)} runs: {out}")
+    return 0
 
 
 def loadavg() -> float:
@@ -625,9 +692,15 @@ def main() -> int:
     ap.add_argument("--contention", default="",
                     help="time one run's rank alone and beside a concurrent copy of it (its name)")
     ap.add_argument("--rounds", type=int, default=6, help="--contention: alternating rounds")
+    ap.add_argument("--stacks", action="store_true",
+                    help="train the stack family under pytorch, deepspeed and fsdp (benchmarks/cpu_stacks.py)")
+    ap.add_argument("--stack-list", default="", help="--stacks: only these (comma-separated)")
+    ap.add_argument("--stacks-out", default=str(DATA / "stacks.toml"), help="--stacks: runs file (and .json)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    if args.stacks:
+        return measure_stacks(args)
     if args.parts:
         return parts(args)
     if args.contention:

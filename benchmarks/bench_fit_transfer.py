@@ -11,6 +11,15 @@ models and layouts), the factors are fitted on one side with the acceptance rule
 recorded runs, perlmutter-a100 and vista-gh200 on the paper's runs (benchmarks/data/).
 
     python benchmarks/bench_fit_transfer.py [--platform dgx-h100 ...] [--cpu-family]
+    python benchmarks/bench_fit_transfer.py --stacks [--runs-per-fit 10 15] [--draws 20]
+
+``--stacks``: the CPU family trained under several software stacks
+(benchmarks/data/cpu-family/stacks.toml, ``bench_cpu_family.py --stacks``), on the platform fitted
+from the family's samples.  For each kind (predictor/kinds.py) and each N of ``--runs-per-fit``,
+``--draws`` random draws of N of its runs are fitted as ``validate --fit`` does (the per-kind
+hierarchical fit, kept only when leave-one-out improves; the runs recorded with their
+leave-one-out predictions); then that kind's other runs and every other kind's runs are
+predicted before and after, with the 90 % interval's coverage.
 
 A fit's scales apply only to jobs inside the domain of the runs they were fitted on
 (predictor.platform.FitDomain); a job outside it is predicted as before, so a split's held-out
@@ -117,6 +126,59 @@ def bench(name: str, runs: list[MeasuredRun], plat) -> tuple[int, int, int, int,
     return better, worse, noticeably, total, deltas
 
 
+def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int) -> None:
+    """Fit on N runs of one kind, predict that kind's other runs and the other kinds' runs."""
+    import random
+
+    from calibrate.fitting.kinds import fit_hierarchical
+    from predictor.kinds import kind_of
+
+    by_kind: dict[str, list[MeasuredRun]] = {}
+    for r in runs:
+        by_kind.setdefault(kind_of(r.job).key, []).append(r)
+    print(f"\nstacks: {len(runs)} runs of {len(by_kind)} kinds: "
+          + ", ".join(f"{k} ({len(v)})" for k, v in sorted(by_kind.items())))
+    print(f"{'kind fitted':<34}{'N':>3}{'kept':>6}{'same kind: MAPE before':>24}{'after':>8}{'cut':>6}{'covered':>9}"
+          f"{'other kinds: MAPE before':>26}{'after':>8}{'covered':>9}")
+
+    def mape(rs, preds):
+        return sum(abs(p.iteration_seconds / r.measured_iteration_seconds - 1) for r, p in zip(rs, preds)) / len(rs)
+
+    def covered(rs, preds):
+        return sum(p.interval_seconds[0] <= r.measured_iteration_seconds <= p.interval_seconds[1]
+                   for r, p in zip(rs, preds))
+
+    for key, own in sorted(by_kind.items()):
+        for n in sizes:
+            if len(own) <= n:
+                continue
+            rng = random.Random(f"{key}/{n}")
+            acc = {"kept": 0, "sb": 0.0, "sa": 0.0, "sc": 0, "sn": 0, "ob": 0.0, "oa": 0.0, "oc": 0, "on": 0}
+            for _ in range(draws):
+                train = rng.sample(own, n)
+                test = [r for r in own if r not in train]
+                other = [r for r in runs if kind_of(r.job).key != key]
+                res = fit_hierarchical(plat, train)
+                fitted = plat
+                if res.improves:
+                    acc["kept"] += 1
+                    fitted = dataclasses.replace(plat, fitted=res.terms(), validation=[
+                        dataclasses.replace(r, predicted_iteration_seconds=p) for r, p in zip(train, res.loo_predictions)])
+                for rs, b, a, c, cnt in ((test, "sb", "sa", "sc", "sn"), (other, "ob", "oa", "oc", "on")):
+                    if not rs:
+                        continue
+                    before = predict_many([r.job for r in rs], plat)
+                    after = predict_many([r.job for r in rs], fitted)
+                    acc[b] += mape(rs, before) / draws
+                    acc[a] += mape(rs, after) / draws
+                    acc[c] += covered(rs, after)
+                    acc[cnt] += len(rs)
+            cut = 1 - acc["sa"] / acc["sb"] if acc["sb"] else 0.0
+            print(f"{key[:33]:<34}{n:>3}{acc['kept']:>3}/{draws:<2}{100 * acc['sb']:>23.1f}%{100 * acc['sa']:>7.1f}%"
+                  f"{100 * cut:>5.0f}%{100 * acc['sc'] / max(acc['sn'], 1):>8.0f}%"
+                  f"{100 * acc['ob']:>25.1f}%{100 * acc['oa']:>7.1f}%{100 * acc['oc'] / max(acc['on'], 1):>8.0f}%")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--platform", action="append",
@@ -124,7 +186,20 @@ def main() -> int:
     ap.add_argument("--cpu-family", action="store_true",
                     help="also this machine's real CPU training steps (benchmarks/data/cpu-family), on a "
                          "platform fitted from the samples they were calibrated with")
+    ap.add_argument("--stacks", action="store_true",
+                    help="fit on N runs of one stack, predict its other runs and the other stacks' "
+                         "(benchmarks/data/cpu-family/stacks.toml)")
+    ap.add_argument("--stacks-runs", default=str(ROOT / "benchmarks" / "data" / "cpu-family" / "stacks.toml"))
+    ap.add_argument("--runs-per-fit", type=int, nargs="+", default=[10])
+    ap.add_argument("--draws", type=int, default=20, help="--stacks: random draws per kind and N")
     args = ap.parse_args()
+    if args.stacks:
+        from bench_cpu_family import resolve_platform
+        keep_: list = []
+        plat = dataclasses.replace(resolve_platform(str(ROOT / "benchmarks" / "data" / "cpu-family" / "samples"), keep_),
+                                   fitted=None, validation=[])
+        bench_stacks(plat, load_runs(args.stacks_runs), args.runs_per_fit, args.draws)
+        return 0
     if args.cpu_family:
         from bench_cpu_family import resolve_platform
         keep: list = []          # the temporary platform directory lives as long as this list

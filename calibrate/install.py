@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from predictor.errors import BundleError, PerfcastError
-from predictor.platform import PLATFORM_FILE, load_platform, pin_platform_bundles
+from predictor.platform import (PLATFORM_FILE, SHIPPED_DIR, is_shipped, load_platform, pin_platform_bundles,
+                                shipped_platform_sha256)
 from predictor.validation import MAX_RUNS, MeasuredRun
 
 from .errors import CalibrationError, InstallRefused
@@ -203,6 +204,9 @@ def validate_candidate(platform_dir: Path, *, allow_incomplete: bool = False) ->
         load_platform(platform_dir, reload=True)
     except BundleError as exc:
         raise InstallRefused(f"{platform_dir}: does not load: {exc}") from None
+    if overlay_of(platform_dir):
+        # A site overlay of a shipped platform: the shipped models, the site's runs and factors.
+        return _read_version("", platform_dir)
     cal = read_calibration(platform_dir)
     if not cal:
         raise InstallRefused(f"{platform_dir}: no calibration.toml (not fitted by perf-calibrate fit)")
@@ -267,14 +271,16 @@ def install_platform(platform_dir: "str | Path", partition: str, *, root: "str |
     new = validate_candidate(src, allow_incomplete=force)
     with _partition_lock(base / partition):
         res = _install_locked(src, partition, base, new, tolerance=tolerance, force=force, tag=tag,
-                              keep=keep)
+                              keep=keep, pid_file=pid_file)
     return _reloaded(res, pid_file)
 
 
 def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion, *,
                     tolerance: float, force: bool, tag: str, keep: int,
-                    origin: str = "", prune_leftovers: bool = True) -> InstallResult:
+                    origin: str = "", prune_leftovers: bool = True,
+                    pid_file: "str | Path | None" = None) -> InstallResult:
     if prune_leftovers:       # a refit pruned them already, and src is its own staging folder
+        _recover(base, partition, pid_file)
         _prune_leftovers(base / partition)
     cur = current_version(base, partition)
     if cur is not None and not force:
@@ -317,21 +323,24 @@ def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion
         if isinstance(exc, (OSError, BundleError)):
             raise InstallRefused(f"cannot install {src} into {versions}: {exc}") from None
         raise
-    if cur is not None:
-        _switch(pdir / "previous", cur.path)
-    _switch(pdir / "current", dest)
-    _history(base, partition, f"installed {dest.name} (compute MAPE {new.compute_mape:.4f}, "
-                              f"{new.samples} samples) {origin or f'from {src}'}")
+    what = (f"compute MAPE {new.compute_mape:.4f}, {new.samples} samples" if math.isfinite(new.compute_mape)
+            else f"site overlay of the shipped {overlay_of(dest)}" if overlay_of(dest) else "no validation error")
+    reload = _commit_switch(base, partition, current=dest.name, previous=cur.path.name if cur is not None else None,
+                            history=f"installed {dest.name} ({what}) {origin or f'from {src}'}",
+                            pid_file=pid_file)
     _prune(pdir, keep)
     msg = f"installed {dest.name} as the platform of partition {partition}"
     if cur is not None:
         msg += f" (previous: {cur.version}, kept for rollback)"
-    return InstallResult(partition, dest.name, dest, cur.version if cur else None, None, msg)
+    res = InstallResult(partition, dest.name, dest, cur.version if cur else None, None, msg)
+    res.reload = reload
+    return res
 
 
 def _reloaded(res: InstallResult, pid_file: "str | Path | None") -> InstallResult:
-    """Reload the daemon after a switch; a failure raises (the switch itself stays)."""
-    reload = reload_daemon(pid_file)
+    """Report the daemon's reload after a switch (done with the switch, :func:`_commit_switch`);
+    a failure raises (the switch itself stays)."""
+    reload = res.reload if res.reload is not None else reload_daemon(pid_file)
     res.reload = reload
     if not reload.ok:
         raise ReloadFailed(f"{res.message}, but perf-predictd was not reloaded: {reload.message}; "
@@ -351,28 +360,148 @@ def rollback(partition: str, *, root: "str | Path | None" = None,
     if not (base / partition).is_dir():
         raise CalibrationError(f"partition {partition} has no installed platform under {base}")
     with _partition_lock(base / partition):
-        res = _rollback_locked(partition, base)
+        res = _rollback_locked(partition, base, pid_file)
     return _reloaded(res, pid_file)
 
 
-def _rollback_locked(partition: str, base: Path) -> InstallResult:
+def _rollback_locked(partition: str, base: Path, pid_file: "str | Path | None" = None) -> InstallResult:
     pdir = base / partition
+    _recover(base, partition, pid_file)
     _prune_leftovers(pdir)
     cur = current_version(base, partition)
     prev = previous_version(base, partition)
-    if cur is None:
+    shipped = SHIPPED_DIR / partition if (SHIPPED_DIR / partition / PLATFORM_FILE).is_file() else None
+    if cur is None and prev is None:
         raise CalibrationError(f"partition {partition} has no installed platform under {base}")
-    if prev is None:
-        raise CalibrationError(f"partition {partition} has no previous platform to roll back to")
+    if cur is not None and prev is not None and cur.path.resolve() == prev.path.resolve():
+        raise CalibrationError(f"partition {partition}: nothing to roll back to: previous and current are both "
+                               f"{cur.version}")
+    if cur is not None and prev is None:
+        if shipped is None or not overlay_of(cur.path):
+            raise CalibrationError(f"partition {partition} has no previous platform to roll back to")
+        # The first overlay of a shipped platform: back to the shipped platform itself.
+        reload = _commit_switch(base, partition, current="", previous=cur.path.name,
+                                history=f"rolled back from {cur.version} to the shipped platform {partition}",
+                                pid_file=pid_file)
+        res = InstallResult(partition, f"shipped {partition}", shipped, cur.version, None,
+                            f"{partition}: rolled back to the shipped platform (from {cur.version}; "
+                            "`rollback` again restores it)")
+        res.reload = reload
+        return res
+    assert prev is not None
     try:
         load_platform(prev.path, reload=True)
     except BundleError as exc:
         raise CalibrationError(f"previous platform {prev.version} does not load any more: {exc}") from None
-    _switch(pdir / "current", prev.path)
-    _switch(pdir / "previous", cur.path)
-    _history(base, partition, f"rolled back from {cur.version} to {prev.version}")
-    return InstallResult(partition, prev.version, prev.path, cur.version, None,
-                         f"partition {partition}: rolled back to {prev.version} (from {cur.version})")
+    was = cur.version if cur is not None else f"the shipped platform {partition}"
+    reload = _commit_switch(base, partition, current=prev.path.name,
+                            previous=cur.path.name if cur is not None else "",
+                            history=f"rolled back from {was} to {prev.version}", pid_file=pid_file)
+    res = InstallResult(partition, prev.version, prev.path, cur.version if cur else None, None,
+                        f"partition {partition}: rolled back to {prev.version} (from {was})")
+    res.reload = reload
+    return res
+
+
+# ---------------------------------------------------------------- the switch journal
+# A switch changes up to two links (previous, then current), appends history and reloads the
+# daemon.  It is written down first (JOURNAL, renamed into place), so that a kill at any point is
+# finished by the next install, rollback or refit of the partition (:func:`_recover`): no
+# previous = current, no switch without its history line and reload.
+JOURNAL = "switch.journal"
+
+
+def _write_journal(pdir: Path, data: dict[str, Any]) -> None:
+    import json
+    tmp = pdir / f".{JOURNAL}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(data))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, pdir / JOURNAL)
+    _fsync_dir(pdir)
+
+
+def _commit_switch(base: Path, partition: str, *, current: "str | None", previous: "str | None", history: str,
+                   pid_file: "str | Path | None") -> ReloadResult:
+    """Point ``current`` and ``previous`` at those versions (a name under versions/; "" removes the
+    link, None leaves it), then history, then the daemon's reload, journalled."""
+    pdir = base / partition
+    data = {"current": current, "previous": previous, "history": history, "stage": "switch"}
+    _write_journal(pdir, data)
+    return _apply_journal(base, partition, data, pid_file)
+
+
+def _apply_journal(base: Path, partition: str, data: dict[str, Any], pid_file: "str | Path | None") -> ReloadResult:
+    pdir = base / partition
+    if data.get("stage") == "switch":
+        for link in ("previous", "current"):
+            target = data.get(link)
+            if target is None:
+                continue
+            if target == "":
+                (pdir / link).unlink(missing_ok=True)
+                _fsync_dir(pdir)
+            else:
+                _switch(pdir / link, pdir / "versions" / target)
+        _history(base, partition, str(data.get("history", "switched")))
+        data = dict(data, stage="reload")
+        _write_journal(pdir, data)
+    res = reload_daemon(pid_file)
+    (pdir / JOURNAL).unlink(missing_ok=True)
+    _fsync_dir(pdir)
+    return res
+
+
+def _recover(base: Path, partition: str, pid_file: "str | Path | None") -> ReloadResult | None:
+    """Finish a switch a killed install, rollback or refit left in the journal (None: none)."""
+    import json
+    pdir = base / partition
+    path = pdir / JOURNAL
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s: unreadable (%s); removed", path, exc)
+        path.unlink(missing_ok=True)
+        return None
+    ok = isinstance(data, dict) and data.get("stage") in ("switch", "reload") and all(
+        data.get(k) is None or (isinstance(data.get(k), str) and (data[k] == "" or (
+            "/" not in data[k] and (pdir / "versions" / data[k] / PLATFORM_FILE).is_file())))
+        for k in ("current", "previous"))
+    if not ok:
+        log.warning("%s: names no installed version; removed", path)
+        path.unlink(missing_ok=True)
+        return None
+    data["history"] = f"{data.get('history', 'switched')} (completed after an interrupted switch)"
+    log.warning("partition %s: completing a switch that was interrupted: %s", partition, data["history"])
+    return _apply_journal(base, partition, data, pid_file)
+
+
+def overlay_of(platform_dir: Path) -> str:
+    """The shipped platform a site overlay sits on ("" for a platform of its own)."""
+    import sys
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        raw = tomllib.loads((platform_dir / PLATFORM_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return ""
+    v = raw.get("overlay_of", "")
+    return v if isinstance(v, str) else ""
+
+
+def make_overlay(stage: Path, shipped: str, note: str) -> None:
+    """A site overlay of shipped platform ``shipped`` with nothing learnt yet, in ``stage``."""
+    from predictor.platform import write_platform
+    base = load_platform(SHIPPED_DIR / shipped, reload=True)
+    stage.mkdir(parents=True, exist_ok=True)
+    write_platform(stage, {"name": shipped, "overlay_of": shipped,
+                           "overlay_of_sha256": shipped_platform_sha256(shipped),
+                           "description": f"{base.description} (site overlay)", "notes": [note]})
 
 
 def _prune(pdir: Path, keep: int) -> None:
@@ -524,6 +653,7 @@ class PartitionStatus:
     versions: int
     origin: str = "calibration"          # calibration | refit (perf-calibrate harvest --refit)
     refit: dict[str, Any] | None = None  # refit.toml of the active version: base, runs, LOO MAPE
+    base: str = ""                       # a site overlay's shipped platform ("shipped NAME"; "" none)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -566,14 +696,60 @@ def status(root: "str | Path | None" = None) -> list[PartitionStatus]:
                 created = (cur.path / PLATFORM_FILE).stat().st_mtime
             age = max(0.0, (now - created) / 86400.0)
         refit = read_refit(cur.path) if cur is not None else None
+        shipped = overlay_of(cur.path) if cur is not None else (
+            pdir.name if (SHIPPED_DIR / pdir.name / PLATFORM_FILE).is_file() else "")
         out.append(PartitionStatus(
             pdir.name, cur.version if cur else None, age, cur.samples if cur else 0,
             cur.compute_mape if cur and math.isfinite(cur.compute_mape) else None,
             cur.collective_mape if cur else None, cur.gpu if cur else "",
-            prev.version if prev else None, nvers, "refit" if refit is not None else "calibration",
-            refit))
+            prev.version if prev else None, nvers,
+            "refit" if refit is not None else "shipped" if cur is None and shipped else "calibration",
+            refit, f"shipped {shipped}" if shipped else ""))
     return out
 
+
+
+def validate_overlay(name: str, runs: Sequence[MeasuredRun], *, root: "str | Path | None" = None,
+                     fit: bool = False, replace: bool = False, pid_file: "str | Path | None" = None,
+                     keep: int = KEEP_VERSIONS) -> tuple[Any, InstallResult | None]:
+    """``perf-calibrate validate`` of a shipped platform (or of its installed site overlay): the runs
+    (and, with ``fit``, the fitted terms) go into a site overlay installed as ``<root>/<name>``,
+    never into the package's files.  With ``fit``, nothing is installed unless the fit is written
+    (leave-one-out improves).  (validate's summary, the install or None)."""
+    from .validate import validate_platform
+    check_partition_name(name)
+    if not (SHIPPED_DIR / name / PLATFORM_FILE).is_file():
+        raise CalibrationError(f"{name} is not a platform shipped with perfcast")
+    base = platforms_root(root)
+    pdir = base / name
+    with _partition_lock(pdir):
+        _recover(base, name, pid_file)
+        _prune_leftovers(pdir)
+        versions = pdir / "versions"
+        versions.mkdir(parents=True, exist_ok=True)
+        stage = versions / f".validate-{os.getpid()}.tmp"
+        shutil.rmtree(stage, ignore_errors=True)
+        cur = current_version(base, name)
+        try:
+            if cur is not None and overlay_of(cur.path):
+                shutil.copytree(cur.path, stage, symlinks=False)
+            else:
+                make_overlay(stage, name, "site overlay made by perf-calibrate validate")
+            summary = validate_platform(stage, runs, replace=replace, fit=fit,
+                                        fit_source=f"perf-calibrate validate --fit on {len(runs)} runs")
+            if fit and not (summary.fit is not None and summary.fit.written):
+                return summary, None
+            new = validate_candidate(stage, allow_incomplete=True)
+            inst = _install_locked(stage, name, base, new, tolerance=DEFAULT_TOLERANCE, force=True,
+                                   tag="validate", keep=keep, prune_leftovers=False, pid_file=pid_file,
+                                   origin=f"perf-calibrate validate{' --fit' if fit else ''} of {len(runs)} runs")
+        except OSError as exc:
+            raise CalibrationError(f"cannot write the site overlay of {name} under {pdir}: {exc}") from None
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    import dataclasses
+    summary = dataclasses.replace(summary, platform_file=inst.path / PLATFORM_FILE)
+    return summary, _reloaded(inst, pid_file)
 
 
 # ------------------------------------------------------------------------------------- refit
@@ -594,6 +770,9 @@ class RefitResult:
     host_scale: float | None = None
     network_scale: float | None = None
     reload: ReloadResult | None = None
+    target: str = ""               # the directory under the platforms root written (platform name)
+    kinds: list[dict[str, Any]] | None = None    # per kind: runs, MAPE before/after, factors ...
+    report: str = ""               # the per-kind table
 
     @property
     def ok(self) -> bool:
@@ -618,11 +797,31 @@ def _fit_runs(platform_validation: Sequence[MeasuredRun], harvested: Sequence[Me
     return kept + (list(harvested)[-room:] if room > 0 else [])
 
 
+def refit_target(partition: str, base: Path, platform: "str | None" = None) -> tuple[str, str]:
+    """(the directory under the platforms root a refit of ``partition`` writes, the shipped platform
+    it overlays or "").  The partition's own installed platform first; else the platform
+    perfcast.toml names for it (``platform``), installed or shipped; else a shipped platform of the
+    partition's name.  ("", ""): nothing to refit."""
+    if (base / partition / "current").is_symlink():
+        return partition, ""
+    for name in ([platform] if platform else []) + [partition]:
+        if not name or not _NAME.match(name):
+            continue
+        if (base / name / "current").is_symlink():
+            return name, ""
+        if (SHIPPED_DIR / name / PLATFORM_FILE).is_file():
+            return name, name
+    return "", ""
+
+
 def refit_partition(partition: str, runs: Sequence[MeasuredRun], *, root: "str | Path | None" = None,
                     min_runs: int = DEFAULT_REFIT_MIN_RUNS, pid_file: "str | Path | None" = None,
-                    dry_run: bool = False, keep: int = KEEP_VERSIONS, runs_file: str = "") -> RefitResult:
-    """Fit the active platform of ``partition``'s end-to-end terms on its harvested ``runs`` and,
-    when leave-one-out improves, install the result as a new version (see the module docstring).
+                    dry_run: bool = False, keep: int = KEEP_VERSIONS, runs_file: str = "",
+                    platform: "str | None" = None) -> RefitResult:
+    """Fit the end-to-end terms of the platform ``partition`` is predicted with on its harvested
+    ``runs`` and, when leave-one-out improves, install the result as a new version (see the module
+    docstring).  ``platform``: the platform perfcast.toml names for the partition; a shipped one
+    gets a site overlay (:func:`refit_target`).
 
     Never raises for a partition it cannot refit: the result says why (``skipped``: nothing to do;
     ``failed``: something is broken); only bad arguments raise :class:`CalibrationError`.  A
@@ -639,31 +838,34 @@ def refit_partition(partition: str, runs: Sequence[MeasuredRun], *, root: "str |
         res.message = (f"{len(runs)} harvested run{'s' if len(runs) != 1 else ''}, a refit needs at "
                        f"least {min_runs}: not refitted")
         return res
-    pdir = base / partition
-    if not (pdir / "current").is_symlink():
+    target, shipped = refit_target(partition, base, platform)
+    if not target:
         # Before the lock, which would create the directory.
-        res.message = (f"no platform installed for it under {base} (a refit makes a new version of "
-                       "the partition's installed platform; see perf-calibrate install)")
+        res.message = (f"no platform installed for it under {base} and no shipped platform named for it "
+                       "(a refit makes a new version of the partition's platform; see perf-calibrate install)")
         return res
+    res.target = target
+    pdir = base / target
     try:
         if dry_run:
-            cur = current_version(base, partition)
-            if cur is None:
+            cur = None if shipped else current_version(base, target)
+            if cur is None and not shipped:
                 res.status, res.message = "failed", f"{pdir / 'current'} is not a platform directory"
                 return res
-            return _refit(res, cur, runs, base, dry_run=True, keep=keep, runs_file=runs_file)
+            return _refit(res, cur, runs, base, dry_run=True, keep=keep, runs_file=runs_file, shipped=shipped)
         with _partition_lock(pdir):
+            _recover(base, target, pid_file)
             _prune_leftovers(pdir)
-            cur = current_version(base, partition)
-            if cur is None:
+            cur = None if shipped else current_version(base, target)
+            if cur is None and not shipped:
                 res.status, res.message = "failed", f"{pdir / 'current'} is not a platform directory"
                 return res
-            res = _refit(res, cur, runs, base, dry_run=False, keep=keep, runs_file=runs_file)
+            res = _refit(res, cur, runs, base, dry_run=False, keep=keep, runs_file=runs_file, shipped=shipped,
+                         pid_file=pid_file)
     except CalibrationError as exc:            # another install running, a refused copy
         res.status, res.message = "failed", str(exc)
         return res
-    if res.status == "installed":
-        res.reload = reload_daemon(pid_file)
+    if res.status == "installed" and res.reload is not None:
         if not res.reload.ok:
             res.message += (f", but perf-predictd was not reloaded: {res.reload.message}; it keeps "
                             "predicting with the old platform until `systemctl reload perf-predictd`")
@@ -672,36 +874,50 @@ def refit_partition(partition: str, runs: Sequence[MeasuredRun], *, root: "str |
     return res
 
 
-def _refit(res: RefitResult, cur: InstalledVersion, runs: Sequence[MeasuredRun], base: Path, *,
-           dry_run: bool, keep: int, runs_file: str) -> RefitResult:
+def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[MeasuredRun], base: Path, *,
+           dry_run: bool, keep: int, runs_file: str, shipped: str = "",
+           pid_file: "str | Path | None" = None) -> RefitResult:
     from predictor.samples import dump_toml
 
     from .validate import validate_platform
     partition = res.partition
-    res.base_version = cur.version
+    target = res.target or partition
+    label = cur.version if cur is not None else f"the shipped platform {shipped}"
+    res.base_version = cur.version if cur is not None else f"shipped {shipped}"
     try:
-        plat = load_platform(cur.path, reload=True)
+        plat = load_platform(cur.path if cur is not None else SHIPPED_DIR / shipped, reload=True)
     except BundleError as exc:
-        res.status, res.message = "failed", f"the installed platform {cur.version} does not load: {exc}"
+        res.status, res.message = "failed", f"the installed platform {label} does not load: {exc}"
         return res
     names = [r.name for r in runs]
     if plat.fitted is not None and set(names) <= set(plat.fitted.runs):
-        res.message = (f"no runs harvested since {cur.version} was fitted on them: not refitted")
+        res.message = (f"no runs harvested since {label} was fitted on them: not refitted")
         return res
     fit_runs = _fit_runs(plat.validation, runs)
     res.fit_runs = len(fit_runs)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     source = (f"perf-calibrate harvest --refit of partition {partition} on {len(runs)} harvested runs"
               + (f" ({runs_file})" if runs_file else ""))
-    versions = base / partition / "versions"
+    versions = base / target / "versions"
     # The copy is fitted beside the versions (same depth: bundle paths relative to a version
     # directory resolve alike); a killed refit leaves a .tmp folder the next install removes.
+    # A shipped platform gets a site overlay: its runs and fitted terms only.
     stage = versions / f".refit-{os.getpid()}.tmp"
+    tmp_dry = None
     try:
         if not dry_run:
             shutil.rmtree(stage, ignore_errors=True)
-            shutil.copytree(cur.path, stage, symlinks=False)
-        summary = validate_platform(cur.path if dry_run else stage, fit_runs, replace=True, fit=True,
+            if cur is not None:
+                shutil.copytree(cur.path, stage, symlinks=False)
+            else:
+                make_overlay(stage, shipped, f"site overlay made by perf-calibrate harvest --refit of partition "
+                                             f"{partition}")
+        elif cur is None:
+            import tempfile
+            tmp_dry = tempfile.TemporaryDirectory(prefix="perfcast-overlay-")
+            make_overlay(Path(tmp_dry.name), shipped, "dry run")
+        where = stage if not dry_run else (cur.path if cur is not None else Path(tmp_dry.name))
+        summary = validate_platform(where, fit_runs, replace=True, fit=True,
                                     dry_run=dry_run, fit_source=source)
         fit = summary.fit
         if fit is None:                    # validate_platform(fit=True) always fits
@@ -711,19 +927,25 @@ def _refit(res: RefitResult, cur: InstalledVersion, runs: Sequence[MeasuredRun],
         res.network_scale = fit.network_scale
         scores = (f"leave-one-out MAPE {100 * fit.mape_before:.2f} % -> {100 * fit.loo_mape_after:.2f} % "
                   f"on {len(fit_runs)} runs ({len(runs)} harvested); compute scale {fit.compute_scale:.3f}, "
-                  f"host scale {fit.host_scale:.3f}, network scale {fit.network_scale:.3f}")
+                  f"host scale {fit.host_scale:.3f}, network scale {fit.network_scale:.3f}"
+                  + "".join(f"; kind {k.kind} ({k.runs} runs): compute ×{k.factors['compute_scale'].value:.3f}, "
+                            f"MAPE {100 * k.mape_before:.1f} % -> {100 * k.loo_mape_after:.1f} %"
+                            for k in getattr(fit, "kinds", [])))
+        res.kinds = [k.to_dict() for k in getattr(fit, "kinds", [])]
+        res.report = fit.report() if hasattr(fit, "report") else ""
         if not fit.improves:
             res.status = "declined"
-            res.message = f"{scores}: no better than {cur.version} as it is; nothing changed"
+            res.message = f"{scores}: no better than {label} as it is; nothing changed"
             return res
         if dry_run:
             res.status = "dry-run"
-            res.message = f"{scores}: would install a refit of {cur.version} (dry run: nothing written)"
+            res.message = f"{scores}: would install a refit of {label} (dry run: nothing written)"
             return res
         (stage / REFIT_FILE).write_text(
             "# This platform version was made by perf-calibrate harvest --refit (perf-calibrate status "
             "shows it).\n" + dump_toml({
-                "partition": partition, "base_version": cur.version, "runs": len(runs),
+                "partition": partition, "base_version": res.base_version, "runs": len(runs),
+                "kinds": len(getattr(fit, "kinds", [])),
                 "fit_runs": len(fit_runs), "loo_mape_before": round(fit.mape_before, 6),
                 "loo_mape_after": round(fit.loo_mape_after, 6),
                 "compute_scale": round(fit.compute_scale, 4), "host_scale": round(fit.host_scale, 4),
@@ -731,9 +953,10 @@ def _refit(res: RefitResult, cur: InstalledVersion, runs: Sequence[MeasuredRun],
         new = validate_candidate(stage, allow_incomplete=True)
         # The regressors and calibration.toml are the active version's: the comparisons with it
         # (GPU type, validation error) hold trivially; leave-one-out decided above.
-        inst = _install_locked(stage, partition, base, new, tolerance=DEFAULT_TOLERANCE, force=False,
-                               tag="refit", keep=keep, origin=f"refit of {cur.version}: {scores}",
-                               prune_leftovers=False)
+        inst = _install_locked(stage, target, base, new, tolerance=DEFAULT_TOLERANCE, force=False,
+                               tag="refit", keep=keep, origin=f"refit of {label}: {scores}",
+                               prune_leftovers=False, pid_file=pid_file)
+        res.reload = inst.reload
     except PerfcastError as exc:           # a run the platform cannot predict, a refused copy, ...
         res.status, res.message = "failed", f"refit of {cur.version}: {exc}"
         return res
@@ -743,7 +966,10 @@ def _refit(res: RefitResult, cur: InstalledVersion, runs: Sequence[MeasuredRun],
     finally:
         if not dry_run:
             shutil.rmtree(stage, ignore_errors=True)
+        if tmp_dry is not None:
+            tmp_dry.cleanup()
     res.status, res.version = "installed", inst.version
-    res.message = f"{scores}: installed {inst.version} (previous: {cur.version}, kept for rollback)"
+    where = f" under {base / target}" if target != partition else ""
+    res.message = f"{scores}: installed {inst.version}{where} (previous: {label}, kept for rollback)"
     log.info("partition %s: %s", partition, res.message)
     return res

@@ -138,7 +138,7 @@ class ValidationSummary:
     runs: list[MeasuredRun]
     inside_loo: list[bool]
     predictions: list[Any]          # predictor.Prediction of each run, in order
-    fit: Optional[FitResult] = None
+    fit: Any = None                 # FitResult or calibrate.fitting.kinds.HierarchicalFit
 
     @property
     def mape(self) -> float:
@@ -163,6 +163,8 @@ class ValidationSummary:
             lines.append(f"fit: {f.describe()} (host time x{f.host_scale:.3f} on these runs); "
                          f"leave-one-out MAPE before {100 * f.mape_before:.2f}%, after "
                          f"{100 * f.loo_mape_after:.2f}%; {f.reason}")
+            if getattr(f, "kinds", None):
+                lines.append(f.report())
             if f.domain is not None and f.fitted:
                 lines.append(f"fit applies to jobs like the runs: {f.domain.describe()} (others are "
                              "predicted without it)")
@@ -230,10 +232,11 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
     preds = predict_many([r.job for r in all_runs], plat)
     recorded = [dataclasses.replace(r, predicted_iteration_seconds=p.iteration_seconds)
                 for r, p in zip(all_runs, preds)]
-    fit_res: Optional[FitResult] = None
+    fit_res: Any = None
     fitted: Optional[FittedTerms] = None
     if fit:
-        fit_res = fit_terms(plat, all_runs, [p.iteration_seconds for p in preds])
+        from .fitting.kinds import fit_hierarchical
+        fit_res = fit_hierarchical(plat, all_runs, [p.iteration_seconds for p in preds])
         if fit_res.improves:
             fitted = fit_res.terms(runs=tuple(r.name for r in all_runs),
                                    loo_mape_before=round(fit_res.mape_before, 6),
@@ -252,6 +255,9 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
         raw["validation"] = runs_to_toml(recorded)
         if fitted is not None:
             raw["fitted"] = fitted.to_dict()
+            raw.pop("fitted_kind", None)
+            if fitted.kinds:
+                raw["fitted_kind"] = fitted.kinds_to_toml()
         write_platform(d, raw)
     # Each run judged by the interval rule the *other* runs give (predictor/interval.py).
     rules = interval.leave_one_out([r.log_ratio for r in recorded], calibrated=plat.calibrated)

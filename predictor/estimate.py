@@ -35,6 +35,7 @@ from . import attention, fp8, overlap, tp_overlap
 from .host import FSDP_FRAMEWORKS, engine_for as host_engine_for
 from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
+from .kinds import kind_of
 from .network import ring_seconds
 from .operators import BYTES_PER_ELEMENT, OPERATORS, log2_features
 from .platform import Platform
@@ -1030,7 +1031,46 @@ def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Predic
     """Predict many jobs on one platform with one regressor call per model (perf-advise's path).
 
     A job outside the domain of the platform's ``[fitted]`` scales (the jobs they were fitted on,
-    :class:`~predictor.platform.FitDomain`) is predicted without them, and says so."""
+    :class:`~predictor.platform.FitDomain`) is predicted without them, and says so.  With a
+    per-kind fit (``[[fitted_kind]]``) each job takes its kind's terms (:func:`_predict_kinds`)."""
+    out = _predict_kinds(jobs, platform) if platform.fitted is not None and platform.fitted.kinds \
+        else _predict_in_domain(jobs, platform)
+    for job, p in zip(jobs, out):
+        if p.details is not None and p.details.kind is None:
+            p.details.kind = {"key": kind_of(job).key, "factors": "platform" if platform.fitted else "none"}
+    return out
+
+
+def _predict_kinds(jobs: Sequence[TrainingJob], platform: Platform) -> list[Prediction]:
+    """Each job with the ``[[fitted_kind]]`` terms of its kind (predictor/kinds.py); a job of a kind
+    with no runs, or outside its kind's runs, with the partition's ``[fitted]``."""
+    fitted = platform.fitted
+    groups_: dict[Any, list[int]] = defaultdict(list)
+    for i, job in enumerate(jobs):
+        kt = fitted.for_kind(kind_of(job).key)
+        inside = kt is not None and (kt.domain is None or not kt.domain.outside(job, platform.gpus_per_node))
+        groups_[kt if inside else None].append(i)
+    out: list[Optional[Prediction]] = [None] * len(jobs)
+    for kt, idx in groups_.items():
+        plat = platform if kt is None else _kind_twin(platform, kt)
+        for i, p in zip(idx, _predict_in_domain([jobs[i] for i in idx], plat)):
+            key = kind_of(jobs[i]).key
+            p.details.kind = {"key": key, "factors": "kind" if kt is not None else "partition",
+                              "runs": kt.runs if kt is not None else 0}
+            out[i] = p
+    return out  # type: ignore[return-value]
+
+
+def _kind_twin(platform: Platform, kt: Any) -> Platform:
+    """The platform with one kind's ``[fitted]`` terms, made once per loaded platform and kind."""
+    memo = _static(platform)
+    twin = memo.get(("kind", kt.kind))
+    if twin is None:
+        twin = memo[("kind", kt.kind)] = dataclasses.replace(platform, fitted=kt.terms(platform.fitted))
+    return twin
+
+
+def _predict_in_domain(jobs: Sequence[TrainingJob], platform: Platform) -> list[Prediction]:
     fitted = platform.fitted
     if fitted is None or fitted.domain is None or not jobs:
         return _predict_many(jobs, platform)

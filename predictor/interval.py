@@ -186,6 +186,13 @@ def bundle_runs(platforms: Iterable["Platform"]) -> dict[str, BundleRuns]:
     return out
 
 
+# Where a rule's half-widths came from (IntervalRule.source): the four of a platform's runs, and the
+# three of a per-kind fit ([[fitted_kind]]): "kind" (the kind's own runs, n >= MIN_OWN_RUNS),
+# "kind-pooled" (the platform's rule widened to the kind's worst runs), "unseen-kind" (a kind with
+# no runs: no narrower than the spread measured across kinds).
+SOURCES = ("own", "pooled", "bundle", "prior", "kind", "kind-pooled", "unseen-kind")
+
+
 @dataclass(frozen=True)
 class IntervalRule:
     """The log-scale half-widths of a platform's interval, built once from its recorded runs.
@@ -211,8 +218,8 @@ class IntervalRule:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"IntervalRule.{key} must be a finite number >= 0, got {v!r}")
-        if self.source not in ("own", "pooled", "bundle", "prior"):
-            raise ValueError(f"IntervalRule.source must be own, pooled, bundle or prior, got {self.source!r}")
+        if self.source not in SOURCES:
+            raise ValueError(f"IntervalRule.source must be one of {', '.join(SOURCES)}, got {self.source!r}")
         _check_alpha(self.alpha)
 
     @classmethod
@@ -255,8 +262,31 @@ class IntervalRule:
         if bundle is not None and (bundle.platform == platform.name or platform.transferred
                                    or not platform.calibrated):
             bundle = None
-        return cls.from_scores(run_scores(platform.validation), calibrated=platform.calibrated,
+        rule = cls.from_scores(run_scores(platform.validation), calibrated=platform.calibrated,
                                bundle=bundle)
+        fitted = platform.fitted
+        if fitted is None or not (fitted.kind or fitted.kinds):
+            return rule
+        return rule.for_kind(fitted.kind_scores if fitted.kind else None, fitted.unseen_kind_bound)
+
+    def for_kind(self, scores: Optional[Sequence[float]], unseen_bound: float) -> "IntervalRule":
+        """This (the platform's) rule for a job of one kind of a per-kind fit: ``scores``, the
+        leave-one-out ``log(measured / predicted)`` of the kind's runs (None: a kind with no runs).
+
+        A kind with :data:`MIN_OWN_RUNS` runs or more gets its own conformal quantile; one with
+        fewer, this rule widened on each side to its worst run; a kind with none, this rule
+        widened to ``unseen_bound`` (the spread measured across kinds): a stack never seen gets a
+        safe limit, a well-known one a tight limit."""
+        if scores is None:
+            return IntervalRule(max(self.low, unseen_bound), max(self.high, unseen_bound), "unseen-kind",
+                                0, self.calibrated, self.alpha)
+        s = _finite(scores, "kind scores")
+        q = conformal_quantile([abs(x) for x in s], self.alpha)
+        if q is not None:
+            return IntervalRule(q, q, "kind", len(s), self.calibrated, self.alpha)
+        low = max([self.low] + [-x for x in s])
+        high = max([self.high] + list(s))
+        return IntervalRule(low, high, "kind-pooled", len(s), self.calibrated, self.alpha)
 
     @property
     def factors(self) -> tuple[float, float]:

@@ -23,6 +23,7 @@ roots); ``/var/lib/perfcast/platforms`` (what ``perf-calibrate schedule`` instal
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -182,12 +183,24 @@ class FittedTerms:
     host_launch_scale: float = 1.0
     network_scale: float = 1.0
     domain: Optional[FitDomain] = None     # None: every job (files written before the domain)
+    # Per kind (predictor.kinds): factors pooled toward these (``[[fitted_kind]]``), and the log
+    # half-width of the interval of a kind with no runs (the spread measured across kinds; 0: no
+    # per-kind fit).  A kind's own terms (KindTerms.terms) carry its key and leave-one-out scores.
+    kinds: tuple["KindTerms", ...] = ()
+    unseen_kind_bound: float = 0.0
+    pooling: float = 0.0                   # the shrinkage strength leave-one-out chose (sigma^2/tau^2)
+    kind: str = ""
+    kind_scores: tuple[float, ...] = ()
+
+    def for_kind(self, key: str) -> "Optional[KindTerms]":
+        """The fitted terms of kind ``key`` (None: no runs of it were fitted)."""
+        return next((k for k in self.kinds if k.kind == key), None)
 
     @classmethod
-    def from_dict(cls, d: Any, where: str) -> "FittedTerms":
+    def from_dict(cls, d: Any, where: str, kinds: Any = None) -> "FittedTerms":
         if not isinstance(d, dict):
             raise BundleError(f"{where}: [fitted] must be a table")
-        unknown = sorted(set(d) - {f for f in cls.__dataclass_fields__})
+        unknown = sorted(set(d) - ({f for f in cls.__dataclass_fields__} - {"kinds", "kind", "kind_scores"}))
         if unknown:
             raise BundleError(f"{where}: fitted.{unknown[0]}: unknown key")
         lo, hi = FITTED_SCALE_RANGE
@@ -206,9 +219,22 @@ class FittedTerms:
             if not isinstance(d.get(key, ""), str):
                 raise BundleError(f"{where}: fitted.{key} must be a string")
         domain = FitDomain.from_dict(d["domain"], where) if "domain" in d else None
+        for key in ("unseen_kind_bound", "pooling"):
+            v = d.get(key, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9:
+                raise BundleError(f"{where}: fitted.{key} must be a number >= 0, got {v!r}")
+        if kinds is None:
+            kinds = []
+        if not isinstance(kinds, list):
+            raise BundleError(f"{where}: fitted_kind must be an array of tables ([[fitted_kind]])")
+        parsed = tuple(KindTerms.from_dict(k, f"{where}: fitted_kind[{i}]") for i, k in enumerate(kinds))
+        if len({k.kind for k in parsed}) != len(parsed):
+            raise BundleError(f"{where}: fitted_kind: a kind appears twice")
         return cls(runs=tuple(runs), loo_mape_before=float(d.get("loo_mape_before", 0.0)),
                    loo_mape_after=float(d.get("loo_mape_after", 0.0)),
                    fitted_at=d.get("fitted_at", ""), source=d.get("source", ""), domain=domain,
+                   kinds=parsed, unseen_kind_bound=float(d.get("unseen_kind_bound", 0.0)),
+                   pooling=float(d.get("pooling", 0.0)),
                    **{key: float(d.get(key, 1.0)) for key in FITTED_SCALES})
 
     def outside(self, job: Any, gpus_per_node: int) -> str:
@@ -224,6 +250,90 @@ class FittedTerms:
         out = {**{key: getattr(self, key) for key in FITTED_SCALES}, "runs": list(self.runs),
                "loo_mape_before": self.loo_mape_before, "loo_mape_after": self.loo_mape_after,
                "fitted_at": self.fitted_at, "source": self.source}
+        if self.kinds or self.unseen_kind_bound:
+            out["unseen_kind_bound"] = self.unseen_kind_bound
+            out["pooling"] = self.pooling
+        if self.domain is not None:
+            out["domain"] = self.domain.to_dict()
+        return out
+
+    def kinds_to_toml(self) -> list[dict[str, Any]]:
+        """``[[fitted_kind]]``: one table per kind (platform.toml's top level)."""
+        return [k.to_dict() for k in self.kinds]
+
+
+# The factors a kind carries (FITTED_SCALES without the legacy host_scale).
+KIND_SCALES = tuple(k for k in FITTED_SCALES if k != "host_scale")
+
+
+@dataclass(frozen=True)
+class KindTerms:
+    """``[[fitted_kind]]``: one kind's factors (each pooled toward the partition's ``[fitted]``
+    ones, and those toward 1, by empirical-Bayes shrinkage), the standard error of each factor's
+    log, and the leave-one-out scores ``log(measured / predicted)`` of its runs, which give its
+    interval (:meth:`predictor.interval.IntervalRule.for_platform`)."""
+
+    kind: str                                   # predictor.kinds.JobKind.key
+    runs: int
+    scales: tuple[tuple[str, float], ...]       # (factor, value), KIND_SCALES order
+    std_errors: tuple[tuple[str, float], ...] = ()
+    scores: tuple[float, ...] = ()
+    loo_mape_before: float = 0.0
+    loo_mape_after: float = 0.0
+    domain: Optional[FitDomain] = None
+
+    def scale(self, name: str) -> float:
+        return dict(self.scales).get(name, 1.0)
+
+    def terms(self, parent: FittedTerms) -> FittedTerms:
+        """The ``[fitted]`` a prediction of this kind uses."""
+        return dataclasses.replace(parent, kinds=(), kind=self.kind, kind_scores=self.scores,
+                                   domain=self.domain if self.domain is not None else parent.domain,
+                                   host_scale=1.0, **{k: self.scale(k) for k in KIND_SCALES})
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> "KindTerms":
+        from .kinds import JobKind
+        if not isinstance(d, dict):
+            raise BundleError(f"{where}: must be a table")
+        known = {"kind", "runs", "std_errors", "scores", "loo_mape_before", "loo_mape_after", "domain",
+                 *KIND_SCALES}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise BundleError(f"{where}.{unknown[0]}: unknown key")
+        JobKind.from_key(d.get("kind"), f"{where}.kind")
+        runs = d.get("runs")
+        if isinstance(runs, bool) or not isinstance(runs, int) or runs < 0:
+            raise BundleError(f"{where}.runs must be a number of runs >= 0, got {runs!r}")
+        lo, hi = FITTED_SCALE_RANGE
+        for key in KIND_SCALES:
+            v = d.get(key, 1.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise BundleError(f"{where}.{key} must be a number in [{lo}, {hi}], got {v!r}")
+        se = d.get("std_errors", {})
+        if not isinstance(se, dict) or any(k not in KIND_SCALES or isinstance(v, bool) or
+                                           not isinstance(v, (int, float)) or not 0 <= v < 1e3
+                                           for k, v in se.items()):
+            raise BundleError(f"{where}.std_errors must map factors to numbers >= 0")
+        scores = d.get("scores", [])
+        if (not isinstance(scores, list) or len(scores) > 1000 or
+                any(isinstance(x, bool) or not isinstance(x, (int, float)) or not abs(x) < 50 for x in scores)):
+            raise BundleError(f"{where}.scores must be a list of finite log ratios")
+        for key in ("loo_mape_before", "loo_mape_after"):
+            v = d.get(key, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:
+                raise BundleError(f"{where}.{key} must be a number >= 0, got {v!r}")
+        domain = FitDomain.from_dict(d["domain"], where) if "domain" in d else None
+        return cls(d["kind"], runs, tuple((k, float(d.get(k, 1.0))) for k in KIND_SCALES),
+                   tuple((k, float(v)) for k, v in se.items()), tuple(float(x) for x in scores),
+                   float(d.get("loo_mape_before", 0.0)), float(d.get("loo_mape_after", 0.0)), domain)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "runs": self.runs, **dict(self.scales),
+                               "scores": [round(x, 6) for x in self.scores],
+                               "loo_mape_before": self.loo_mape_before, "loo_mape_after": self.loo_mape_after}
+        if self.std_errors:
+            out["std_errors"] = dict(self.std_errors)
         if self.domain is not None:
             out["domain"] = self.domain.to_dict()
         return out
@@ -428,12 +538,68 @@ def load_platform(name_or_path: "str | os.PathLike[str]", *, reload: bool = Fals
     return plat
 
 
+# --- site overlays: a site's runs and fitted terms on top of a shipped platform ---
+# A site overlay's platform.toml names the shipped platform it sits on (``overlay_of``) and pins
+# that platform's platform.toml (``overlay_of_sha256``); it holds only what a site learnt:
+OVERLAY_KEYS = frozenset({"name", "overlay_of", "overlay_of_sha256", "description", "notes", "fitted",
+                          "fitted_kind", "validation"})
+
+
+def shipped_platform_sha256(name: str) -> str:
+    """The sha256 of a shipped platform's platform.toml (what an overlay of it pins)."""
+    import hashlib
+    return hashlib.sha256((SHIPPED_DIR / name / PLATFORM_FILE).read_bytes()).hexdigest()
+
+
+def is_shipped(directory: "str | os.PathLike[str]") -> bool:
+    """Whether ``directory`` is one of the platforms shipped inside this package."""
+    d = Path(directory).resolve()
+    return d.parent == SHIPPED_DIR.resolve() and (d / PLATFORM_FILE).is_file()
+
+
+def _load_overlay(d: Path, raw: dict[str, Any], reload: bool) -> Platform:
+    fpath = d / PLATFORM_FILE
+    unknown = sorted(set(raw) - OVERLAY_KEYS)
+    if unknown:
+        raise BundleError(f"{fpath}: {unknown[0]}: not allowed in a site overlay (it holds name, "
+                          "overlay_of, overlay_of_sha256, notes, [fitted], [[fitted_kind]], [[validation]])")
+    name = raw.get("overlay_of")
+    if not isinstance(name, str) or not name or "/" in name or name.startswith(".") or \
+            not (SHIPPED_DIR / name / PLATFORM_FILE).is_file():
+        raise BundleError(f"{fpath}: overlay_of: {name!r} is not a platform shipped with perfcast")
+    base = load_platform(SHIPPED_DIR / name, reload=reload)
+    pin = raw.get("overlay_of_sha256", "")
+    if pin != shipped_platform_sha256(name):
+        # Its runs' residuals and factors were measured against other models: the shipped
+        # platform as it is now, and say so (a site keeps predicting; a refit makes a new overlay).
+        import logging
+        why = (f"site overlay {d} is not applied: it was fitted on another version of the shipped platform "
+               f"{name} (overlay_of_sha256 differs); refit it (perf-calibrate harvest --refit)")
+        logging.getLogger(__name__).warning("%s", why)
+        return dataclasses.replace(base, notes=list(base.notes) + [why])
+    fitted = FittedTerms.from_dict(raw["fitted"], str(fpath), raw.get("fitted_kind")) if "fitted" in raw else None
+    if "fitted_kind" in raw and fitted is None:
+        raise BundleError(f"{fpath}: [[fitted_kind]] without [fitted]")
+    try:
+        runs = parse_runs(raw.get("validation"), f"{fpath}: validation", need_prediction=True)
+    except RunRecordError as exc:
+        raise BundleError(str(exc)) from None
+    notes = raw.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(x, str) for x in notes):
+        raise BundleError(f"{fpath}: notes must be a list of strings")
+    return dataclasses.replace(base, path=d, validation=runs, fitted=fitted,
+                               description=str(raw.get("description", base.description)),
+                               notes=list(base.notes) + list(notes))
+
+
 def _load(d: Path, reload: bool = False) -> Platform:
     fpath = d / PLATFORM_FILE
     try:
         raw = tomllib.loads(fpath.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise BundleError(f"{fpath}: unreadable platform file: {exc}") from None
+    if "overlay_of" in raw:
+        return _load_overlay(d, raw, reload)
     try:
         pins = {k: raw.get(p, "") for k, p in BUNDLE_PINS.items()}
         for key, pin in pins.items():
@@ -455,7 +621,9 @@ def _load(d: Path, reload: bool = False) -> Platform:
             gpu = GpuSpec(g["name"], float(g["memory_gib"]), dict(g["tflops"]), float(g["memory_gbps"]))
         over = Overheads(**raw.get("overheads", {}))
         host = HostCosts.from_dict(raw["host"], str(fpath)) if "host" in raw else None
-        fitted = FittedTerms.from_dict(raw["fitted"], str(fpath)) if "fitted" in raw else None
+        if "fitted_kind" in raw and "fitted" not in raw:
+            raise BundleError(f"{fpath}: [[fitted_kind]] without [fitted]")
+        fitted = FittedTerms.from_dict(raw["fitted"], str(fpath), raw.get("fitted_kind")) if "fitted" in raw else None
         fabric = FabricSharing.from_dict(raw["fabric"], str(fpath)) if "fabric" in raw else None
         try:
             runs = parse_runs(raw.get("validation"), f"{fpath}: validation", need_prediction=True)

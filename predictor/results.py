@@ -87,6 +87,9 @@ class Details:
     # Tensor-parallel communication run under the GEMMs (layout.tp_comm_overlap): what the serial
     # collectives would have cost beyond the overlap, over the iteration on the longest stage.
     tp_hidden_seconds: float = 0.0
+    # The job's kind (predictor/kinds.py) and whose fitted terms it was predicted with: "kind"
+    # ([[fitted_kind]]), "partition" ([fitted], a kind without runs), "platform", "none".
+    kind: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:
         s, t = self.stages, self.total
@@ -107,4 +110,6 @@ class Details:
                   "evaluations": t.evaluations, "checkpoints": t.checkpoints,
                   "gpus": self.gpus, "nodes": self.nodes, "dp_hidden_seconds": self.dp_hidden_seconds,
                   "tp_hidden_seconds": self.tp_hidden_seconds})
+        if self.kind is not None:
+            d["kind"] = dict(self.kind)
         return d

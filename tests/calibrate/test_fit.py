@@ -18,6 +18,7 @@ from predictor.errors import BundleError
 from predictor.estimate import predict, predict_many
 from predictor.platform import FittedTerms
 from predictor.samples import dump_toml
+from predictor.kinds import kind_of
 from tests.predictor.conftest import copy_shipped_platform
 
 if sys.version_info >= (3, 11):
@@ -68,7 +69,12 @@ def test_fit_recovers_a_compute_scale_and_carries_it_to_another_job(tmp_path, ca
     out = capsys.readouterr().out
     assert "leave-one-out MAPE before" in out and "written to [fitted]" in out
     plat = load_platform(d)
-    assert plat.fitted.compute_scale == pytest.approx(1.3, rel=0.01)
+    # One kind of job: its runs alone cannot say how much of the offset is the partition's, so the
+    # kind carries it (calibrate/fitting/kinds.py) and jobs of other kinds keep the models.
+    (kind,) = plat.fitted.kinds
+    assert kind.kind == kind_of(A100_JOBS[0]).key and kind.runs == len(A100_JOBS)
+    assert kind.scale("compute_scale") == pytest.approx(1.3, rel=0.01)
+    assert plat.fitted.compute_scale == pytest.approx(1.0, abs=0.01)
     assert plat.fitted.host_scale == 1.0                     # no run is host-bound: not a term here
     assert plat.fitted.loo_mape_after < 0.01 < plat.fitted.loo_mape_before
     assert list(plat.fitted.runs) == [f"run {i}" for i in range(len(A100_JOBS))]
@@ -77,7 +83,8 @@ def test_fit_recovers_a_compute_scale_and_carries_it_to_another_job(tmp_path, ca
     want = predict(held, truth).iteration_seconds
     assert abs(predict(held, base).iteration_seconds / want - 1) > 0.15
     assert predict(held, plat).iteration_seconds == pytest.approx(want, rel=0.01)
-    assert predict(held, plat).details.fitted_scales["compute"] == plat.fitted.compute_scale
+    assert predict(held, plat).details.fitted_scales["compute"] == kind.scale("compute_scale")
+    assert predict(held, plat).details.kind == {"key": kind.kind, "factors": "kind", "runs": len(A100_JOBS)}
     # The runs are recorded with their leave-one-out predictions (what widens the intervals).
     assert all(r.predicted_iteration_seconds == pytest.approx(r.measured_iteration_seconds, rel=0.01)
                for r in plat.validation)
@@ -155,7 +162,7 @@ def test_too_few_runs_and_dry_run(tmp_path, capsys):
     f = _runs_file(tmp_path / "runs.toml", A100_JOBS, measured)
     assert main(["validate", str(d), "--runs", str(f), "--fit", "--dry-run", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["fit"]["compute_scale"] == pytest.approx(1.5, rel=0.01)
+    assert rep["fit"]["kinds"][0]["factors"]["compute_scale"]["value"] == pytest.approx(1.5, rel=0.01)
     assert rep["fit"]["written"] is False and "dry run" in rep["fit"]["reason"]
     assert (d / "platform.toml").read_text() == before
 

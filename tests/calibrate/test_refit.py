@@ -22,6 +22,7 @@ from calibrate.install import install_platform, refit_partition, status
 from calibrate.validate import load_runs
 from predictor import TrainingJob, load_platform
 from predictor.estimate import predict_many
+from predictor.kinds import kind_of
 from predictor.platform import FittedTerms, resolve_platform, write_platform
 from predictor.samples import dump_toml
 from predictor.validation import MeasuredRun
@@ -124,7 +125,7 @@ def test_accepted_refit_installs_a_new_version_and_rollback_restores(site, capsy
     assert new != base and new.endswith("-refit")
     assert os.path.basename(os.readlink(root / "gpu" / "previous")) == base
     plat = load_platform(cur)
-    assert plat.fitted.compute_scale == pytest.approx(1.3, rel=0.02)
+    assert plat.fitted.for_kind(kind_of(JOBS[0]).key).scale("compute_scale") == pytest.approx(1.3, rel=0.02)
     assert plat.fitted.loo_mape_after < 0.01 < plat.fitted.loo_mape_before
     assert "harvest --refit" in plat.fitted.source
     assert sorted(r.name for r in plat.validation) == [f"slurm job {1000 + i}" for i in range(6)]
@@ -193,7 +194,7 @@ def test_no_new_runs_no_refit_and_new_runs_replace_the_harvested_ones(site, caps
     plat = load_platform(root / "gpu" / "current")
     names = [r.name for r in plat.validation]
     assert sorted(names) == [f"slurm job {1000 + i}" for i in range(7)]
-    assert plat.fitted.compute_scale > 1.3
+    assert plat.fitted.for_kind(kind_of(JOBS[0]).key).scale("compute_scale") > 1.3
     assert status(root)[0].refit["base_version"] == os.path.basename(first)
 
 
@@ -206,20 +207,47 @@ def test_dry_run_fits_but_writes_nothing(site, capsys):
     assert _tree(root) == before
 
 
-def test_partition_without_an_installed_platform_is_skipped_with_the_reason(site, capsys, tmp_path):
+def test_a_partition_on_a_shipped_platform_gets_a_site_overlay_and_rollback_restores_it(
+        site, capsys, tmp_path, monkeypatch):
     root, base, records, runs_dir = site
     runs = _harvested(runs_dir, root, 1.3, 6)
     append_runs(runs_dir, "short", runs)
+    append_runs(runs_dir, "other", runs)
     cfg = tmp_path / "perfcast.toml"
     cfg.write_text(f'[daemon]\nrecords = "{records}"\n[partitions.gpu]\nplatform = "{root}/gpu/current"\n'
-                   '[partitions.short]\nplatform = "dgx-a100"\n')
+                   '[partitions.short]\nplatform = "dgx-a100"\n[partitions.other]\nplatform = "no-such"\n')
+    shipped_toml = (resolve_platform("dgx-a100") / "platform.toml").read_bytes()
+    before = [p.iteration_seconds for p in predict_many(JOBS, load_platform("dgx-a100"))]
     code, out, _ = _refit(capsys, site, "--config", str(cfg))
     assert code == 0
     lines = {l.split(":")[0]: l for l in out.splitlines() if l.startswith("refit of")}
     assert "installed" in lines["refit of gpu"] and "note" not in lines["refit of gpu"]
+    # The shipped platform the site config names gets an overlay where the daemon looks it up.
     short = lines["refit of short"]
-    assert "skipped: no platform installed for it" in short and "predicts it with 'dgx-a100'" in short
-    assert not (root / "short").exists()
+    assert "installed" in short and f"under {root / 'dgx-a100'}" in short, short
+    assert "skipped: no platform installed for it" in lines["refit of other"]
+    assert not (root / "short").exists() and not (root / "other").exists()
+    assert (resolve_platform("dgx-a100") / "platform.toml").read_bytes() == shipped_toml   # untouched
+    overlay = root / "dgx-a100" / "current"
+    raw = tomllib.loads((overlay / "platform.toml").read_text())
+    assert raw["overlay_of"] == "dgx-a100" and "compute_bundle" not in raw and raw["fitted_kind"]
+    (st,) = [s for s in status(root) if s.partition == "dgx-a100"]
+    assert st.base == "shipped dgx-a100" and st.origin == "refit" and st.previous is None
+    # Looked up by name (the daemon's way), the overlay answers; the harvested kind moves to the truth.
+    monkeypatch.setenv("PERFCAST_PLATFORMS", str(root))
+    plat = load_platform("dgx-a100", reload=True)
+    assert plat.path == overlay.resolve() and plat.fitted.kinds
+    after = [p.iteration_seconds for p in predict_many(JOBS, plat)]
+    assert all(a == pytest.approx(1.3 * b, rel=0.03) for a, b in zip(after, before))
+    # Rolled back: the shipped platform itself again, bit for bit; rolled back again: the overlay.
+    assert main(["rollback", "dgx-a100", "--root", str(root)]) == 0
+    assert "rolled back to the shipped platform" in capsys.readouterr().out
+    assert not (root / "dgx-a100" / "current").exists()
+    assert [p.iteration_seconds for p in predict_many(JOBS, load_platform("dgx-a100", reload=True))] == before
+    assert main(["rollback", "dgx-a100", "--root", str(root)]) == 0
+    assert load_platform("dgx-a100", reload=True).path == overlay.resolve()
+    history = (root / "dgx-a100" / "history.log").read_text()
+    assert "to the shipped platform dgx-a100" in history and history.count("rolled back") == 2
 
 
 def test_failed_reload_exits_non_zero_and_the_refit_stays(site, capsys, tmp_path):

@@ -1,0 +1,397 @@
+"""Per-kind factors fitted on measured runs: the hierarchical fit behind ``validate --fit``.
+
+A partition runs jobs of several kinds (:mod:`predictor.kinds`: framework, attention, precision,
+recompute), and one global compute scale cannot serve a stack the shipped models under-predict by a
+quarter and another they predict within 5 %.  The physical factors of ``[fitted]`` (device compute,
+host per layer, per micro-batch, per launch, network between nodes; :data:`FACTORS`) are fitted per
+kind, partially pooled:
+
+    log factor of kind c = beta_P + delta_c,   delta_c ~ N(0, tau^2),   beta_P ~ N(0, tau_0^2)
+
+on the linearised model ``log(measured / predicted at factors 1) = J_i . (beta_P + delta_c(i)) +
+noise`` (J: each run's elasticity of its prediction to each factor, measured by moving the factor
+4 % through the real predictor).  tau_0 is the bound of a factor (ln 2 / 2: a factor of 2 is two
+standard deviations); the pooling strength ``lambda = sigma^2 / tau^2`` (how far a kind may stray
+from the partition, given its run count and scatter) is chosen by leave-one-out over a grid, never
+by hand: each run is predicted by the fit on the others (exact for a penalised least-squares fit,
+through its hat matrix).  lambda = inf is "one factor set for every kind", the fit of earlier
+versions; a kind with few runs or much scatter stays near the partition's factors, one with many
+consistent runs gets its own.  The factors then go through the real predictor twice more, the
+linearisation's remainder taken off (factors of 1.5 move a max() or an overlap).
+
+Host against device: a factor a kind's runs cannot tell from another (the runs all of one
+micro-batch size and depth: host per micro-batch and compute move every run alike) has no
+identified standard deviation on those runs (:func:`calibrate.validate._identified`); the report
+says so and the shrinkage keeps that direction at the partition's.
+
+Each kind's runs give its interval (:mod:`predictor.interval`): the leave-one-out scores of its
+runs.  A kind with no runs gets a bound no narrower than the spread across kinds: every run
+predicted by the partition-level factors fitted without its kind's runs, and the shipped runs'
+largest residual (:data:`predictor.interval.SHIPPED_PRIOR`).  No torch here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from predictor.interval import SHIPPED_PRIOR, IntervalRule
+from predictor.kinds import kind_of
+from predictor.platform import (FITTED_SCALE_RANGE, KIND_SCALES, FitDomain, FittedTerms, KindTerms,
+                                Platform)
+from predictor.validation import MeasuredRun
+
+log = logging.getLogger(__name__)
+
+FACTORS = KIND_SCALES
+LABEL = {"compute_scale": "compute", "host_layer_scale": "host per layer",
+         "host_micro_batch_scale": "host per micro-batch", "host_launch_scale": "host per launch",
+         "network_scale": "network between nodes"}
+# A factor's prior: FITTED_SCALE_RANGE (a factor of 2 either way) as two standard deviations of
+# its log; a factor is "identified" by a kind's runs when they pin its log to half that.
+TAU0 = math.log(FITTED_SCALE_RANGE[1]) / 2
+MAX_STD = TAU0 / 2
+# The spread of repeated steps of one run (calibrate/validate.py _NOISE_FLOOR): no fit is tighter.
+NOISE_FLOOR = 0.03
+MIN_ELASTICITY = NOISE_FLOOR / math.log(2.0)
+MIN_FIT_RUNS = 3
+# The pooling strengths leave-one-out chooses among (sigma^2 / tau^2; inf: no per-kind factors).
+LAMBDAS = tuple(float(x) for x in np.geomspace(1e-5, 1e3, 17)) + (math.inf,)
+_BUMP = 1.04
+
+
+@dataclass(frozen=True)
+class FactorFit:
+    value: float
+    std_error: float          # of its log (posterior, sigma^2 (X'X + P)^-1)
+    status: str               # "fitted" | "pooled: <why>" | "not seen"
+
+
+@dataclass(frozen=True)
+class KindFit:
+    """One kind's result, for the report and for ``[[fitted_kind]]``."""
+
+    kind: str
+    runs: int
+    mape_before: float
+    loo_mape_after: float
+    factors: dict[str, FactorFit]
+    scores: tuple[float, ...]              # leave-one-out log(measured / predicted)
+    coverage_before: float                 # share of its runs inside the interval, before / after
+    coverage_after: float
+    killed_before: int                     # runs above the interval's upper end (a limit too short)
+    killed_after: int
+    domain: Optional[FitDomain] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "runs": self.runs, "mape_before": self.mape_before,
+                "loo_mape_after": self.loo_mape_after,
+                "factors": {f: dataclasses.asdict(v) for f, v in self.factors.items()},
+                "coverage_before": self.coverage_before, "coverage_after": self.coverage_after,
+                "killed_before": self.killed_before, "killed_after": self.killed_after}
+
+
+@dataclass(frozen=True)
+class HierarchicalFit:
+    """What ``--fit`` found (the attributes :class:`calibrate.validate.FitResult` has, so that
+    validate and refit read either)."""
+
+    mape_before: float
+    loo_mape_after: float
+    loo_predictions: list[float]
+    loo_change_se: float
+    partition: dict[str, FactorFit]
+    kinds: list[KindFit]
+    pooling: float                          # lambda chosen by leave-one-out (inf: none per kind)
+    pooling_loo: dict[str, float]           # lambda -> linearised leave-one-out MAPE
+    unseen_kind_bound: float
+    domain: Optional[FitDomain] = None
+    written: bool = False
+    reason: str = ""
+    fitted: tuple[str, ...] = ()            # partition-level factors that moved
+    identification: dict[str, Optional[float]] = field(default_factory=dict)
+    host_fitted: bool = False
+
+    @property
+    def improves(self) -> bool:
+        return self.mape_before - self.loo_mape_after > self.loo_change_se
+
+    def scale(self, name: str) -> float:
+        f = self.partition.get(name)
+        return f.value if f is not None else 1.0
+
+    @property
+    def compute_scale(self) -> float:
+        return self.scale("compute_scale")
+
+    @property
+    def network_scale(self) -> float:
+        return self.scale("network_scale")
+
+    @property
+    def host_scale(self) -> float:
+        return 1.0
+
+    def terms(self, **meta: Any) -> FittedTerms:
+        parent = FittedTerms(**{f: round(self.scale(f), 4) for f in FACTORS}, domain=self.domain,
+                             unseen_kind_bound=round(self.unseen_kind_bound, 4),
+                             pooling=0.0 if math.isinf(self.pooling) else round(self.pooling, 6), **meta)
+        kinds = tuple(KindTerms(k.kind, k.runs, tuple((f, round(k.factors[f].value, 4)) for f in FACTORS),
+                                tuple((f, round(k.factors[f].std_error, 4)) for f in FACTORS
+                                      if k.factors[f].status != "not seen"),
+                                tuple(k.scores), round(k.mape_before, 6), round(k.loo_mape_after, 6), k.domain)
+                      for k in self.kinds)
+        return dataclasses.replace(parent, kinds=kinds)
+
+    def describe(self) -> str:
+        parts = [f"{LABEL[f]} {v.value:.3f} ± {100 * v.std_error:.0f} %" for f, v in self.partition.items()
+                 if v.status == "fitted"]
+        pool = "none per kind (one set for all)" if math.isinf(self.pooling) else f"{self.pooling:.3g}"
+        return (f"partition: {'; '.join(parts) or 'every factor 1'}; {len(self.kinds)} kind(s), pooling "
+                f"strength {pool} (leave-one-out)")
+
+    def report(self) -> str:
+        """Per kind: runs, MAPE before / after (leave-one-out), factors with standard errors,
+        interval coverage and limits killed, before -> after."""
+        lines = [f"{'kind':<38}{'runs':>5}{'MAPE before':>13}{'after':>8}{'coverage':>14}{'killed':>9}  factors"]
+        for k in self.kinds:
+            fac = "; ".join(
+                f"{LABEL[f]} {v.value:.3f}±{100 * v.std_error:.0f}%" + ("" if v.status == "fitted" else f" ({v.status})")
+                for f, v in k.factors.items() if v.status != "not seen")
+            lines.append(f"{k.kind[:37]:<38}{k.runs:>5}{100 * k.mape_before:>12.1f}%{100 * k.loo_mape_after:>7.1f}%"
+                         f"{100 * k.coverage_before:>6.0f}→{100 * k.coverage_after:.0f}%"
+                         f"{k.killed_before:>5}→{k.killed_after:<3}  {fac}")
+        lines.append(f"a kind with no runs: interval ×{math.exp(-self.unseen_kind_bound):.2f}–"
+                     f"×{math.exp(self.unseen_kind_bound):.2f} (the spread across kinds), the partition's factors")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mape_before": self.mape_before, "loo_mape_after": self.loo_mape_after,
+                "loo_change_se": self.loo_change_se, "written": self.written, "reason": self.reason,
+                "pooling": None if math.isinf(self.pooling) else self.pooling,
+                "pooling_loo": {("inf" if math.isinf(k) else f"{k:.3g}"): v for k, v in self.pooling_loo.items()},
+                "unseen_kind_bound": self.unseen_kind_bound,
+                "partition": {f: dataclasses.asdict(v) for f, v in self.partition.items()},
+                "kinds": [k.to_dict() for k in self.kinds], "fitted": list(self.fitted),
+                "compute_scale": self.compute_scale, "network_scale": self.network_scale,
+                "domain": self.domain.to_dict() if self.domain is not None else None}
+
+
+def _predict(platform: Platform, jobs: Sequence[Any], scales: Optional[dict[str, float]] = None) -> np.ndarray:
+    from predictor.estimate import predict_many
+    plat = dataclasses.replace(platform, fitted=None if scales is None else FittedTerms(**scales))
+    return np.array([p.iteration_seconds for p in predict_many(jobs, plat)], dtype=float)
+
+
+def _clamp_log(b: np.ndarray) -> np.ndarray:
+    lo, hi = (math.log(x) for x in FITTED_SCALE_RANGE)
+    return np.clip(b, lo, hi)
+
+
+def _design(J: np.ndarray, kind_idx: np.ndarray, nk: int) -> np.ndarray:
+    """Columns: the partition's factors, then each kind's deviations (zero outside its runs)."""
+    n, k = J.shape
+    X = np.zeros((n, k * (nk + 1)))
+    X[:, :k] = J
+    for i in range(n):
+        c = kind_idx[i]
+        X[i, k * (c + 1):k * (c + 2)] = J[i]
+    return X
+
+
+def _penalty(k: int, nk: int, lam0: float, lam: float) -> np.ndarray:
+    P = np.zeros(k * (nk + 1))
+    P[:k] = lam0
+    P[k:] = lam if math.isfinite(lam) else 1e12
+    return np.diag(P)
+
+
+def _solve(X: np.ndarray, y: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(coefficients, (X'X + P)^-1)."""
+    A = X.T @ X + P
+    Ainv = np.linalg.pinv(A)
+    return Ainv @ (X.T @ y), Ainv
+
+
+def _loo_linear(X: np.ndarray, y: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """Leave-one-out residuals y_i - x_i . b(-i) of the penalised fit, through its hat matrix."""
+    b, Ainv = _solve(X, y, P)
+    e = y - X @ b
+    h = np.einsum("ij,jk,ik->i", X, Ainv, X)
+    return e / np.maximum(1.0 - h, 1e-9)
+
+
+def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
+                     current: Optional[Sequence[float]] = None) -> HierarchicalFit:
+    """Fit per-kind factors on ``runs`` (see the module docstring); ``current``: the platform's own
+    predictions of the runs as it is (with its ``[fitted]``), when already computed."""
+    from predictor.estimate import predict_many
+    n = len(runs)
+    measured = np.array([r.measured_iteration_seconds for r in runs], dtype=float)
+    if current is None:
+        current = [p.iteration_seconds for p in predict_many([r.job for r in runs], platform)]
+    cur = np.asarray(current, dtype=float)
+    before = float(np.mean(np.abs(cur / measured - 1.0))) if n else 0.0
+    keys = [kind_of(r.job).key for r in runs]
+    kinds = sorted(set(keys))
+    base = dataclasses.replace(platform, fitted=None)
+    rule0 = IntervalRule.for_platform(platform)
+    if n < MIN_FIT_RUNS:
+        return HierarchicalFit(before, before, list(cur), 0.0, {}, [], math.inf, {}, SHIPPED_PRIOR.maximum,
+                               reason=f"not written: fitting needs at least {MIN_FIT_RUNS} runs (got {n})")
+    jobs = [r.job for r in runs]
+    k = len(FACTORS)
+    p0 = _predict(base, jobs)
+    r = np.log(measured) - np.log(p0)
+    J = np.zeros((n, k))
+    for j, name in enumerate(FACTORS):
+        if name.startswith("host_") and platform.host is None:
+            continue
+        J[:, j] = np.log(_predict(base, jobs, {name: _BUMP}) / p0) / math.log(_BUMP)
+    sees = np.abs(J) > MIN_ELASTICITY
+    active = [j for j in range(k) if int(sees[:, j].sum()) >= MIN_FIT_RUNS]
+    J = np.where(sees, J, 0.0)
+    J[:, [j for j in range(k) if j not in active]] = 0.0
+    kind_idx = np.array([kinds.index(x) for x in keys])
+    nk = len(kinds)
+    X = _design(J, kind_idx, nk)
+
+    # sigma: the scatter a per-kind least-squares fit leaves (never below the noise floor).
+    def sigma_of(lam: float, y: np.ndarray) -> float:
+        P = _penalty(k, nk, NOISE_FLOOR ** 2 / TAU0 ** 2, lam)
+        b, Ainv = _solve(X, y, P)
+        dof = max(n - float(np.trace(X @ Ainv @ X.T)), 1.0)
+        return max(float(np.sqrt(np.sum((y - X @ b) ** 2) / dof)), NOISE_FLOOR)
+
+    offset = np.zeros(n)          # the linearisation's remainder at the fitted factors
+    y = r.copy()
+    sigma = sigma_of(1.0, y)
+    lam0 = sigma ** 2 / TAU0 ** 2
+    loo_mape = {}
+    for lam in LAMBDAS:
+        e = _loo_linear(X, y, _penalty(k, nk, lam0, lam))
+        loo_mape[lam] = float(np.mean(np.abs(np.exp(-e) - 1.0)))
+    # Within 0.01 point of the best, the least pooling: runs of one kind alone cannot say how much
+    # of their offset is the partition's, and other kinds' jobs must not pay for it.
+    best = min(loo_mape.values())
+    lam = min(x for x in LAMBDAS if loo_mape[x] <= best + 1e-4)
+    P = _penalty(k, nk, lam0, lam)
+    for _ in range(2):
+        b, _ = _solve(X, r - offset, P)
+        betas = _kind_betas(b, k, nk)
+        fitted_log = np.zeros(n)
+        for c, key in enumerate(kinds):
+            m = kind_idx == c
+            scales = {f: float(np.exp(betas[c][j])) for j, f in enumerate(FACTORS)}
+            fitted_log[m] = np.log(_predict(base, [jobs[i] for i in np.flatnonzero(m)], scales) / p0[m])
+        offset = fitted_log - np.array([J[i] @ betas[kind_idx[i]] for i in range(n)])
+    y = r - offset
+    b, Ainv = _solve(X, y, P)
+    sigma = sigma_of(lam, y)
+    cov = sigma ** 2 * Ainv
+    betas = _kind_betas(b, k, nk)
+
+    # Leave-one-out through the real predictor: each run at the factors fitted without it.
+    loo = np.zeros(n)
+    Xt_y = X.T @ y
+    A = X.T @ X + P
+    for i in range(n):
+        bi = np.linalg.pinv(A - np.outer(X[i], X[i])) @ (Xt_y - X[i] * y[i])
+        beta = _clamp_log(bi[:k] + (bi[k * (kind_idx[i] + 1):k * (kind_idx[i] + 2)] if math.isfinite(lam) else 0.0))
+        loo[i] = _predict(base, [jobs[i]], {f: float(np.exp(beta[j])) for j, f in enumerate(FACTORS)})[0]
+    err_after = np.abs(loo / measured - 1.0)
+    err_before = np.abs(cur / measured - 1.0)
+    change = err_before - err_after
+    change_se = float(np.std(change, ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+    scores = np.log(measured / loo)
+
+    from calibrate.validate import _identified     # the identification test validate uses
+    part_std = _identified(J, sees, y, among=active)
+    partition = {}
+    for j, f in enumerate(FACTORS):
+        se = float(math.sqrt(max(cov[j, j], 0.0)))
+        if j not in active:
+            partition[f] = FactorFit(1.0, 0.0, "not seen")
+        else:
+            partition[f] = FactorFit(float(np.exp(_clamp_log(b[:k])[j])), se, _status(part_std.get(f)))
+    unseen = _unseen_bound(J, y, kind_idx, nk, k, lam0)
+    kind_fits = []
+    for c, key in enumerate(kinds):
+        m = kind_idx == c
+        idx = np.flatnonzero(m)
+        std = _identified(J[m], sees[m], y[m], among=[j for j in active if sees[m, j].any()])
+        facs = {}
+        for j, f in enumerate(FACTORS):
+            if j not in active or not sees[m, j].any():
+                facs[f] = FactorFit(float(np.exp(_clamp_log(betas[c])[j])) if j in active else 1.0,
+                                    0.0, "not seen")
+                continue
+            g = np.zeros(len(b))
+            g[j] = 1.0
+            if math.isfinite(lam):
+                g[k * (c + 1) + j] = 1.0
+            se = float(math.sqrt(max(g @ cov @ g, 0.0)))
+            st = _status(std.get(f))
+            facs[f] = FactorFit(float(np.exp(_clamp_log(betas[c])[j])), se,
+                                st if st == "fitted" else f"pooled to the partition's: {st}")
+        kind_scores = scores[m]
+        cov_b, kill_b, cov_a, kill_a = 0, 0, 0, 0
+        for t, i in enumerate(idx):
+            lo, hi = rule0.factors
+            inside = cur[i] * lo <= measured[i] <= cur[i] * hi
+            cov_b += inside
+            kill_b += measured[i] > cur[i] * hi
+            others = np.delete(kind_scores, t)
+            rest = np.delete(scores, idx)
+            rule = IntervalRule.from_scores(list(rest) if len(rest) else [], calibrated=platform.calibrated)
+            rule = rule.for_kind(list(others), unseen) if len(others) else rule.for_kind(None, unseen)
+            lo, hi = rule.factors
+            cov_a += loo[i] * lo <= measured[i] <= loo[i] * hi
+            kill_a += measured[i] > loo[i] * hi
+        kind_fits.append(KindFit(key, int(m.sum()), float(np.mean(err_before[m])), float(np.mean(err_after[m])),
+                                 facs, tuple(float(x) for x in kind_scores), cov_b / len(idx), cov_a / len(idx),
+                                 int(kill_b), int(kill_a),
+                                 FitDomain.of_jobs([jobs[i] for i in idx], platform.gpus_per_node)))
+    moved = tuple(f for f, v in partition.items() if v.status == "fitted" and abs(math.log(v.value)) > 1e-3)
+    log.info("hierarchical fit on %d runs of %d kinds: pooling %s, leave-one-out MAPE %.4f -> %.4f",
+             n, nk, lam, before, float(np.mean(err_after)))
+    return HierarchicalFit(before, float(np.mean(err_after)), [float(x) for x in loo], change_se, partition,
+                           kind_fits, lam, loo_mape, unseen, FitDomain.of_jobs(jobs, platform.gpus_per_node),
+                           fitted=moved, identification={f: (None if v is None or not np.isfinite(v) else
+                                                             round(float(v), 4)) for f, v in part_std.items()},
+                           host_fitted=any(f.startswith("host_") for f in moved))
+
+
+def _kind_betas(b: np.ndarray, k: int, nk: int) -> list[np.ndarray]:
+    return [_clamp_log(b[:k] + b[k * (c + 1):k * (c + 2)]) for c in range(nk)]
+
+
+def _status(std: Optional[float]) -> str:
+    if std is None:
+        return "not seen"
+    if not np.isfinite(std):
+        return "not identified: collinear with another factor on these runs"
+    if std > MAX_STD:
+        return f"not identified: log std {std:.2f} > {MAX_STD:.2f}"
+    return "fitted"
+
+
+def _unseen_bound(J: np.ndarray, y: np.ndarray, kind_idx: np.ndarray, nk: int, k: int, lam0: float) -> float:
+    """The log half-width of a kind with no runs: each kind's runs predicted by the partition's
+    factors fitted on the other kinds' runs (with one kind, on the other runs), their largest
+    |residual|, and never below the shipped runs' largest (SHIPPED_PRIOR.maximum)."""
+    worst = 0.0
+    P = lam0 * np.eye(k)
+    if nk == 1:
+        worst = float(np.max(np.abs(_loo_linear(J, y, P))))
+    else:
+        for c in range(nk):
+            m = kind_idx == c
+            b = np.linalg.pinv(J[~m].T @ J[~m] + P) @ (J[~m].T @ y[~m])
+            worst = max(worst, float(np.max(np.abs(y[m] - J[m] @ b))))
+    return max(SHIPPED_PRIOR.maximum, worst)
+
