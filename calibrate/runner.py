@@ -161,6 +161,10 @@ def run_calibration(opts: RunOptions) -> RunResult:
     kernels = attention_survey(opts.device)
     if any(p.op == "flash_atten" for p in plan.operators):
         add_attention_kernels(plan, [k for k in kernels.available if k != kernels.default])
+        log.info("attention kernels: flash_atten times %s; also timed: %s; not here: %s",
+                 kernels.default or "SDPA's choice",
+                 ", ".join(k for k in kernels.available if k != kernels.default) or "none",
+                 "; ".join(kernels.missing_lines()) or "none")
     cost = estimate_cost(plan, spec.to_gpu_spec(), opts.device)
     result = RunResult(opts.out, plan.name, cost, spec=spec)
     if rank0:
