@@ -11,6 +11,12 @@ causal, head dim 128) over FlashAttention-2's causal forward on an A100 (156 TFL
 s = 4,096, 32 heads; github.com/liangan1/GPU_travel performance/flash-attn), each held at its
 largest measured length.  "before" is the model without kernels (every job costed as the bundle's
 flash_atten samples, the A100's non-causal samples read as causal).
+
+    python benchmarks/bench_attention.py --measure [--device cuda] [--seqs 2048,4096,...]
+
+times every attention kernel this machine has (calibrate/attention.py's survey; the missing ones
+listed with the reason) at those lengths, forward and backward, and prints TFLOP/s beside what
+the dgx-h100 model predicts for each: the check to run on a lent GPU (CPU: SDPA's own kernel).
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from predictor import TrainingJob, load_platform  # noqa: E402
 from predictor import attention  # noqa: E402
 from predictor.estimate import QuerySet, _attention_cost  # noqa: E402
+from predictor.job import ATTENTION_IMPLS  # noqa: E402
 from predictor.operators import OPERATORS  # noqa: E402
 
 A100_FLASH2_CAUSAL_FWD_TFLOPS = 156.0
@@ -42,7 +49,35 @@ def call_seconds(plat, impl: str, seq: int) -> tuple[float, float, float, float]
     return (secs[hf] * cost.forward_ratio, secs[hb] * cost.backward_ratio, secs[hf], secs[hb])
 
 
+def measure(device: str, seqs: list[int], heads: int = 32, d: int = 128) -> None:
+    """Time each kernel the device has (b = 1) and print it beside the model's time."""
+    from calibrate.attention import survey
+    from calibrate.kernels import build_kernel
+    kernels = survey(device)
+    print(f"SDPA picks {kernels.default or '?'} here; not here: {'; '.join(kernels.missing_lines()) or 'none'}")
+    h100 = load_platform("dgx-h100")
+    precision = "bf16" if device == "cuda" else "fp32"
+    print(f"{'kernel':<16}{'seq':>7}{'fwd ms':>9}{'bwd ms':>9}{'fwd TF/s':>10}{'bwd TF/s':>10}{'model fwd':>11}{'bwd':>8}")
+    for impl in ["flash_atten"] + [f"flash_atten_{k}" for k in kernels.available if k != kernels.default]:
+        for seq in seqs:
+            t = build_kernel(impl, {"b": 1, "heads": heads, "l": seq, "d": d}, precision, device).time(warmup=2, repeats=5)
+            tf = OPERATORS["flash_atten"].flops({"b": 1.0, "heads": float(heads), "l": float(seq), "d": float(d)}) / 1e12
+            name = impl[len("flash_atten_"):] if impl != "flash_atten" else (kernels.default or "default")
+            mf, mb, _, _ = call_seconds(h100, name if name in ATTENTION_IMPLS else "", seq)
+            print(f"{name:<16}{seq:>7}{1e3 * t['fwd'].seconds:>9.3f}{1e3 * t['bwd'].seconds:>9.3f}"
+                  f"{tf / t['fwd'].seconds:>10.1f}{2.5 * tf / t['bwd'].seconds:>10.1f}{1e3 * mf:>10.3f}ms{1e3 * mb:>7.3f}ms")
+
+
 def main() -> int:
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measure", action="store_true", help="time the kernels this machine has")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seqs", default="2048,4096,8192,16384,32768")
+    args = ap.parse_args()
+    if args.measure:
+        measure(args.device, [int(x) for x in args.seqs.split(",")])
+        return 0
     h100, a100 = load_platform("dgx-h100"), load_platform("perlmutter-a100")
     flops = OPERATORS["flash_atten"].flops
     print(f"{'kernel':<8}{'seq':>7}{'H100 fwd':>10}{'bwd':>9}{'A100 fwd':>10}{'bwd':>9}"
