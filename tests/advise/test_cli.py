@@ -291,3 +291,21 @@ def test_plot_without_matplotlib_keeps_the_answer(job_file, tmp_path, capsys, mo
     code, out, err = run_cli([job_file, "--plot", png], capsys)
     assert code == 0 and "s/step" in out and not png.exists()
     assert "--plot needs matplotlib" in err and "no chart written" in err
+
+
+def test_partition_of_a_batch_script_picks_the_platform(tmp_path, capsys, monkeypatch):
+    """perf-advise, like perf-predict and sbatch: #SBATCH --partition -> the site config's platform."""
+    import re
+    import shutil
+    corpus = REPO / "tests" / "launch" / "data" / "corpus" / "01_neox_20b"
+    shutil.copytree(corpus, tmp_path / "job")
+    script = tmp_path / "job" / "job.sbatch"
+    script.write_text(re.sub(r"#SBATCH (-p|--partition)[ =]\S+", "#SBATCH --partition=h100", script.read_text()))
+    cfg = tmp_path / "perfcast.toml"
+    cfg.write_text('[partitions.h100]\nplatform = "dgx-h100"\n')
+    monkeypatch.setenv("PERFCAST_CONFIG", str(cfg))
+    monkeypatch.delenv("SBATCH_PARTITION", raising=False)
+    code = cli_advise.run([str(script), "--json", "--top", "2"], predict_many=FakePredictMany())
+    got = capsys.readouterr()
+    assert code == 0 and json.loads(got.out)["platform"] == "dgx-h100"
+    assert "platform dgx-h100 for partition h100" in got.err

@@ -121,8 +121,13 @@ def test_text_says_when_the_job_does_not_fit(capsys, tmp_path):
     assert "DOES NOT FIT in 80 GiB" in out and "174.60 B parameters" in out
 
 
-def _partition_script(tmp_path):
+def _partition_script(tmp_path, monkeypatch, site_config):
+    """The NeoX corpus script asking for partition h100, and ``site_config`` as $PERFCAST_CONFIG."""
     import re
+    cfg = tmp_path / "perfcast.toml"
+    cfg.write_text(site_config)
+    monkeypatch.setenv("PERFCAST_CONFIG", str(cfg))
+    monkeypatch.delenv("SBATCH_PARTITION", raising=False)
     src = (ROOT / "tests" / "launch" / "data" / "corpus" / "01_neox_20b" / "job.sbatch").read_text()
     script = tmp_path / "job.sbatch"
     script.write_text(re.sub(r"#SBATCH (-p|--partition)[ =]\S+", "#SBATCH --partition=h100", src))
@@ -137,11 +142,9 @@ def _partition_script(tmp_path):
 
 def test_partition_of_the_script_picks_the_platform_through_the_site_config(tmp_path, capsys, monkeypatch):
     """As sbatch does: #SBATCH --partition -> the site config's platform, and the CLI says which."""
+    script = _partition_script(tmp_path, monkeypatch, '[partitions.h100]\nplatform = "dgx-h100"\n'
+                                                      '[partitions.a100]\nplatform = "dgx-a100"\n')
     cfg = tmp_path / "perfcast.toml"
-    cfg.write_text('[partitions.h100]\nplatform = "dgx-h100"\n[partitions.a100]\nplatform = "dgx-a100"\n')
-    monkeypatch.setenv("PERFCAST_CONFIG", str(cfg))
-    monkeypatch.delenv("SBATCH_PARTITION", raising=False)
-    script = _partition_script(tmp_path)
     assert main([str(script), "--json"]) == 0, capsys.readouterr().err
     got = capsys.readouterr()
     assert json.loads(got.out)["platform"] == "dgx-h100"
@@ -160,11 +163,7 @@ def test_partition_of_the_script_picks_the_platform_through_the_site_config(tmp_
 
 
 def test_partition_the_site_config_lacks_is_one_line(tmp_path, capsys, monkeypatch):
-    cfg = tmp_path / "perfcast.toml"
-    cfg.write_text('[partitions.a100]\nplatform = "dgx-a100"\n')
-    monkeypatch.setenv("PERFCAST_CONFIG", str(cfg))
-    monkeypatch.delenv("SBATCH_PARTITION", raising=False)
-    script = _partition_script(tmp_path)
+    script = _partition_script(tmp_path, monkeypatch, '[partitions.a100]\nplatform = "dgx-a100"\n')
     assert main([str(script)]) == 2
     err = capsys.readouterr().err
     assert "partition 'h100' (" in err and "job.sbatch:6" in err and "a100" in err and "--platform" in err
