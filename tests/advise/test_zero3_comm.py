@@ -3,8 +3,6 @@ it is communication (it used to read as 0 % and a 0.000 s DP reduction: the time
 the forward and backward, but attributed to neither)."""
 from __future__ import annotations
 
-import dataclasses
-
 from predictor import TrainingJob, load_platform, predict
 from predictor.advise import Candidate
 
