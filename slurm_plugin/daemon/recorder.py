@@ -32,13 +32,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any, Optional
 
 from ..records import DEFAULT_MAX_ROWS, PredictionRecord, RecordStore, RecordStoreError
 from .logs import log_event
 
 SPOOL_SUFFIX = ".spool"
+_FIELDS = tuple(f.name for f in fields(PredictionRecord))
 SEGMENT_SUFFIX = ".jsonl"
 # 64 MiB is ~60,000 records (1.1 KiB each): a day of a busy site's submissions, kept through a
 # store that is locked, corrupt or unwritable until an admin notices; beyond that records are lost
@@ -115,7 +116,9 @@ class RecordSpool:
 
     def append(self, record: PredictionRecord) -> bool:
         """Spool ``record`` (its id already set); True when it is kept, False when lost (counted)."""
-        line = json.dumps({"r": asdict(record)}, separators=(",", ":"), allow_nan=False) + "\n"
+        # (not dataclasses.asdict: it deep-copies, a third of the cost on the request path)
+        line = json.dumps({"r": {name: getattr(record, name) for name in _FIELDS}},
+                          separators=(",", ":"), allow_nan=False) + "\n"
         return self._write(line.encode(), 1)
 
     def _write(self, data: bytes, records: int) -> bool:
