@@ -164,15 +164,19 @@ def read_args(args: list, facts: Facts) -> list[tuple[str, str]]:
 
 # Flags whose value this reader uses: a misspelling of one predicts another job.
 _READ_FLAGS = frozenset(_INT) | frozenset(_STR) | frozenset(_FLAGS) | frozenset(_NARGS) | {"--num-experts"}
+_READ_NAMES = frozenset(f[2:] for f in _READ_FLAGS)
 _KNOWN_NAMES = frozenset(f[2:] for f in KNOWN_FLAGS)
+# Look-ups in the whole flag list (for a warning's did-you-mean) are the dear ones: the first few
+# unknown flags get one; every unknown flag is still checked against the flags the reader uses.
+MAX_FLAG_HINTS = 4
 
 
-def _close_flag(flag: str) -> Optional[str]:
-    """The known flag ``flag`` most likely misspells (underscores for dashes, a prefix, a typo)."""
+def _close_flag(flag: str, names: frozenset) -> Optional[str]:
+    """The flag of ``names`` that ``flag`` most likely misspells (underscores for dashes, a prefix, a typo)."""
     dashed = flag.replace("_", "-")
-    if dashed != flag and dashed in KNOWN_FLAGS:
+    if dashed != flag and dashed[2:] in names:
         return dashed
-    guess = suggest(flag[2:], _KNOWN_NAMES)
+    guess = suggest(flag[2:], names)
     return "--" + guess if guess else None
 
 
@@ -187,11 +191,12 @@ def check_flags(unread: list, warnings: list, deepspeed: bool) -> None:
         unknown += 1
         if unknown > MAX_KEY_SUGGESTIONS:
             continue
-        guess = _close_flag(flag)
-        if guess in _READ_FLAGS:
+        guess = _close_flag(flag, _READ_NAMES)
+        if guess is not None:
             raise CannotPredict(f"{flag} is not a Megatron argument; did you mean {guess}? Megatron will "
                                 f"refuse this flag at start, and without it the job would be a different one",
                                 origin)
+        guess = _close_flag(flag, _KNOWN_NAMES) if unknown <= MAX_FLAG_HINTS else None
         if guess:
             warnings.append(f"{flag} is not a Megatron argument: Megatron will refuse this flag at start; "
                             f"did you mean {guess}? ({origin})")

@@ -130,19 +130,29 @@ _MAX_KEY_LEN = 80     # longer names are no misspelling of ours; difflib's cost 
 _SORTED: dict = {}
 
 
-def _sorted(known: frozenset) -> list:
-    """A stable order for difflib (ties go to the first), computed once per key list."""
+def _by_length(known: frozenset) -> dict:
+    """Length -> the known keys of that length (sorted: difflib's ties go to the first), computed
+    once per key list."""
     got = _SORTED.get(id(known))
     if got is None or got[0] is not known:
-        got = _SORTED[id(known)] = (known, sorted(known))
+        index: dict = {}
+        for k in sorted(known):
+            index.setdefault(len(k), []).append(k)
+        got = _SORTED[id(known)] = (known, index)
     return got[1]
 
 
 def suggest(key: str, known: frozenset) -> Optional[str]:
-    """The known key ``key`` most likely misspells, or None."""
+    """The known key ``key`` most likely misspells, or None.
+
+    difflib's ratio 2·M/(a+b) ≥ 0.8 needs the shorter of two names to be at least 2/3 of the
+    longer, so only names of such lengths are compared (a third to a tenth of a long list)."""
     if len(key) > _MAX_KEY_LEN:
         return None
-    hits = difflib.get_close_matches(key, _sorted(known), n=1, cutoff=0.8)
+    n = len(key)
+    index = _by_length(known)
+    candidates = [k for length in range(-(-2 * n // 3), 3 * n // 2 + 1) for k in index.get(length, ())]
+    hits = difflib.get_close_matches(key, candidates, n=1, cutoff=0.8)
     return hits[0] if hits else None
 
 
