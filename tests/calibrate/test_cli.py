@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from calibrate.cli import main
 
 
@@ -92,6 +94,7 @@ def test_run_resumes_a_finished_store_and_states_the_cost(capsys, store_copy):
 def test_host_costs_via_cli(capsys, tmp_path):
     # The host side of every catalog operator, measured on this CPU, written as a [host] table
     # that build_platforms.py turns into a platform's host costs.
+    pytest.importorskip("torch", reason="perf-calibrate host measures with torch")
     import tomllib
 
     from predictor.operators import CALIBRATED, OPERATORS
