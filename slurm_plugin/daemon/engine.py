@@ -407,8 +407,9 @@ _SUGGESTION_RE = re.compile(r"did you mean '?([^'?]{1,160}?)'?\?")
 _TRAILING = ".,?!…"
 _SOURCE_WORD_RE = re.compile(r"""[^\s'"`(),;:=\[\]{}<>\\]{3,}""")
 REDACTED = "<file content>"
-# The packages whose source is perfcast's own wording (the parser and the predictor).
-_OWN_PACKAGES = ("slurm_plugin.launch", "predictor")
+# The packages whose source is perfcast's own wording (the parser, the predictor, the daemon's own
+# answers and the policy's).
+_OWN_PACKAGES = ("slurm_plugin.launch", "predictor", "slurm_plugin.daemon", "slurm_plugin")
 
 
 def _own_words() -> frozenset:
