@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import bench_daemon    # this folder (the script's own) is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO
 JOB = "#!/bin/bash\n#SBATCH -N 2\n# FAKE iters=1000 iter_s=2.4\nsrun python train.py\n"
@@ -101,20 +103,8 @@ def request(script: str = JOB, **kw) -> bytes:
     return (json.dumps(body) + "\n").encode()
 
 
-async def ask(sock: str, data: bytes, timeout: float = 10.0) -> dict[str, str]:
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(sock), timeout)
-        writer.write(data)
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), timeout)
-        writer.close()
-    except (OSError, asyncio.TimeoutError) as exc:
-        return {"status": "client-error", "reason": type(exc).__name__}
-    out = {}
-    for line in raw.decode("utf-8", "replace").splitlines():
-        k, _, v = line.partition("=")
-        out[k] = v
-    return out
+async def ask(sock: str, data: bytes) -> dict[str, str]:
+    return (await bench_daemon.one(sock, data))[1]
 
 
 async def closed_loop(sock: str, seconds: float, clients: int, per_s: Optional[float] = None,
@@ -356,7 +346,7 @@ def probe_fifo(tmp: str, args) -> str:
 
 
 def probe_size(tmp: str, args) -> str:
-    d = Daemon(tmp, extra="max_request_bytes = 4194304\n").start()
+    d = Daemon(tmp, deadline_ms=2000, extra="max_request_bytes = 4194304\n").start()
     try:
         line = '{"key": "value\\twith\\ttabs", "n": 1}\n'
         body = "cat > big.json <<EOF\n" + line * (int(3.5 * (1 << 20)) // len(line)) + "EOF\n"

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from dataclasses import fields
-from typing import Any, Optional
+from typing import Optional
 
 from ..records import DEFAULT_MAX_ROWS, PredictionRecord, RecordStore, RecordStoreError
 from .logs import log_event

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import configparser
 import contextlib
-import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from slurm_plugin.daemon import recorder as recorder_mod
-from slurm_plugin.records import BUSY_TIMEOUT_S, DEFAULT_PATH, PredictionRecord, RecordStore, new_record_id, parse_admin_comment
+from slurm_plugin.daemon import ask_daemon
+from slurm_plugin.records import (BUSY_TIMEOUT_S, DEFAULT_PATH, PredictionRecord, RecordStore, new_record_id,
+                                  parse_admin_comment)
 
 from .conftest import RunningDaemon, write_config
 
@@ -107,26 +109,42 @@ def test_a_writer_killed_by_sigbus_costs_no_answer_and_no_record():
         d.stop()
 
 
-def test_immutable_shm_does_not_kill_the_daemon():
+@pytest.fixture
+def stored():
+    """A daemon whose store exists (a few records in it, the writer connected); and its path."""
     d = RunningDaemon()
-    shm = os.path.join(d.dir, "records.sqlite-shm")
     try:
         ask_many(d, 3)
         d.wait_stored()
-        assert os.path.exists(shm)
-        if subprocess.run(["chattr", "+i", shm], capture_output=True).returncode:
-            pytest.skip("chattr +i not permitted here (test_a_writer_killed_by_sigbus_... covers the class)")
-        try:
-            ids = ask_many(d, 30)
-            d.state(d.server.records.flush)
-            time.sleep(1.0)                          # the writer meets the file meanwhile
-            assert len(ask_many(d, 5)) == 5          # still answering, in this process
-        finally:
-            subprocess.run(["chattr", "-i", shm], capture_output=True)
-        d.wait_stored(60)                            # once the attribute is gone, nothing was lost
-        assert set(ids) <= store_ids(os.path.join(d.dir, "records.sqlite"))
+        yield d, os.path.join(d.dir, "records.sqlite")
     finally:
         d.stop()
+
+
+def test_immutable_shm_does_not_kill_the_daemon(stored):
+    d, path = stored
+    shm = path + "-shm"
+    assert os.path.exists(shm)
+    if subprocess.run(["chattr", "+i", shm], capture_output=True).returncode:
+        pytest.skip("chattr +i not permitted here (test_a_writer_killed_by_sigbus_... covers the class)")
+    try:
+        ids = ask_many(d, 30)
+        d.state(d.server.records.flush)
+        time.sleep(1.0)                          # the writer meets the file meanwhile
+        assert len(ask_many(d, 5)) == 5          # still answering, in this process
+    finally:
+        subprocess.run(["chattr", "-i", shm], capture_output=True)
+    d.wait_stored(60)                            # once the attribute is gone, nothing was lost
+    assert set(ids) <= store_ids(path)
+
+
+def test_a_deleted_store_is_started_again(stored):
+    d, path = stored
+    for suffix in ("", "-wal", "-shm"):
+        os.unlink(path + suffix)                 # an admin's rm, the daemon running
+    ids = ask_many(d, 10)
+    d.wait_stored()
+    assert store_ids(path) == set(ids)
 
 
 def test_read_only_store_gives_no_record_id_and_counts_the_losses(tmp_path):
@@ -158,28 +176,22 @@ def test_read_only_store_gives_no_record_id_and_counts_the_losses(tmp_path):
         d.stop()
 
 
-def test_locked_store_loses_nothing():
+def test_locked_store_loses_nothing(stored):
     # A harvest (or an admin's sqlite3 shell) holding the write lock longer than the busy timeout.
-    d = RunningDaemon()
-    path = os.path.join(d.dir, "records.sqlite")
+    d, path = stored
+    holder = sqlite3.connect(path, isolation_level=None, timeout=30)
+    holder.execute("BEGIN EXCLUSIVE")
     try:
-        ask_many(d, 2)
-        d.wait_stored()
-        holder = sqlite3.connect(path, isolation_level=None, timeout=30)
-        holder.execute("BEGIN EXCLUSIVE")
-        try:
-            ids = ask_many(d, 40)
-            d.state(d.server.records.flush)
-            # Longer than SQLite's busy timeout: the writer gives up (at least) once meanwhile.
-            time.sleep(BUSY_TIMEOUT_S + 1.5)
-            assert len(ask_many(d, 5)) == 5
-        finally:
-            holder.execute("COMMIT")
-            holder.close()
-        d.wait_stored(60)
-        assert set(ids) <= store_ids(path)
+        ids = ask_many(d, 40)
+        d.state(d.server.records.flush)
+        # Longer than SQLite's busy timeout: the writer gives up (at least) once meanwhile.
+        time.sleep(BUSY_TIMEOUT_S + 1.5)
+        assert len(ask_many(d, 5)) == 5
     finally:
-        d.stop()
+        holder.execute("COMMIT")
+        holder.close()
+    d.wait_stored(60)
+    assert set(ids) <= store_ids(path)
 
 
 def test_records_are_drained_at_sigterm_and_a_leftover_spool_is_stored_at_the_next_start():
@@ -227,7 +239,6 @@ def test_kill_9_of_the_daemon_loses_no_answered_record(tmp_path):
             until(lambda: (directory / "pid").exists() or proc.poll() is not None, what="the daemon")
             assert proc.poll() is None, (directory / "log").read_text()
             return proc
-        from slurm_plugin.daemon import ask_daemon
         proc = start()
         sock = str(directory / "d.sock")
         ids = [rec_id(ask_daemon(sock, req(), 30)) for _ in range(60)]
@@ -239,7 +250,6 @@ def test_kill_9_of_the_daemon_loses_no_answered_record(tmp_path):
         assert proc.wait(30) == 0
         assert set(ids) <= store_ids(str(directory / "records.sqlite"))
     finally:
-        import shutil
         shutil.rmtree(directory, ignore_errors=True)
 
 
