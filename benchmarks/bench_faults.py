@@ -25,6 +25,8 @@ ProtectSystem=strict does); they are reported as skipped otherwise.
             seconds from SIGTERM to exit, ids answered vs stored (after a restart if any were left)
   fifo      a script naming a FIFO: the worker is killed while its reader blocks; `head` processes
             left (after the kill, and after the daemon stopped), over --fifo-rounds rounds
+  corrupt   garbage over pages 2-3 of a store of 500 records, then a restart and 50 submissions:
+            is it said (log lines), are answers given
   size      a 3.5 MiB script of here-document JSON (4+ MiB once JSON-escaped): the answer
 """
 from __future__ import annotations
@@ -359,7 +361,32 @@ def probe_size(tmp: str, args) -> str:
         d.stop()
 
 
-PROBES = {"shm": probe_shm, "readonly": probe_readonly, "kill9": probe_kill9, "lock": probe_lock,
+def probe_corrupt(tmp: str, args) -> str:
+    d = Daemon(tmp).start()
+    first = asyncio.run(closed_loop(d.sock, 30, 8, total=500))
+    settle(d, ids_of(first), 20)
+    d.stop()
+    with sqlite3.connect(d.records) as con:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(Path(d.records).read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[page: 3 * page] = b"\xa5" * (2 * page)        # garbage over pages 2 and 3
+    Path(d.records).write_bytes(bytes(data))
+    d.start()
+    try:
+        answers = asyncio.run(closed_loop(d.sock, 10, 4, total=50))
+        time.sleep(3.0)
+    finally:
+        d.stop()
+    log = d.log()
+    at_start = log[log.rfind("event=ready"):] if "event=ready" in log else log
+    return (f"corrupt: garbage over pages 2-3 of a {len(data) >> 10} KiB store, restart, 50 submissions "
+            f"{counts(answers)}: lines saying corrupt/malformed after the restart "
+            f"{lines(at_start, 'corrupt|malformed')} (first: "
+            f"{next((l[:160] for l in at_start.splitlines() if re.search('corrupt|malformed', l)), '-')})")
+
+
+PROBES = {"shm": probe_shm, "corrupt": probe_corrupt, "readonly": probe_readonly, "kill9": probe_kill9, "lock": probe_lock,
           "rate": probe_rate, "fifo": probe_fifo, "size": probe_size}
 
 
