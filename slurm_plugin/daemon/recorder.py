@@ -442,6 +442,7 @@ def writer_main(argv: Optional[list[str]] = None) -> int:
     store = RecordStore(args.store, max_rows=args.max_rows)
     try:
         store.check()
+        store.count()      # created now if missing: harvest and report find it from the start
     except (RecordStoreError, OSError) as exc:
         # Records wait in the spool (bounded) until the file is moved aside or repaired.
         log_event("record_store_unusable", level=logging.ERROR, error=str(exc),
