@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from predictor.errors import PerfcastError
+from slurm_plugin.policy import slurm_duration
 from slurm_plugin.records import JobOutcome, PredictionRecord
 
 from .watch_log import WatchAction
@@ -286,13 +287,8 @@ def _num(v: Optional[float]) -> str:
 
 
 def _hms(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "-"
-    s = int(round(seconds))
-    d, rem = divmod(s, 86400)
-    h, rem = divmod(rem, 3600)
-    m, s = divmod(rem, 60)
-    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h}:{m:02d}:{s:02d}"
+    """Slurm's spelling (limits and elapsed times are Slurm's)."""
+    return "-" if seconds is None else slurm_duration(seconds)
 
 
 def job_row(record: PredictionRecord, outcome: JobOutcome,

@@ -44,6 +44,7 @@ from typing import Any, Mapping, Optional, Sequence
 from predictor.errors import JobError, PerfcastError
 from predictor.job import TrainingJob
 from predictor.validation import MeasuredRun
+from slurm_plugin.policy import slurm_duration
 from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, PredictionRecord, RecordStore, is_record_id,
                                   parse_admin_comment)
 from slurm_plugin.siteconfig import WatchPolicy
@@ -134,14 +135,8 @@ def _none(code: str, reason: str, limit: Optional[float]) -> Decision:
 
 
 def _hm(seconds: Optional[float]) -> str:
-    """Slurm's duration format ([D-]HH:MM:SS), the context being Slurm's limits."""
-    if seconds is None:
-        return "UNLIMITED"
-    s = int(round(seconds))
-    d, rem = divmod(s, 86400)
-    h, rem = divmod(rem, 3600)
-    m, s = divmod(rem, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+    """Slurm's duration format, the context being Slurm's limits."""
+    return "UNLIMITED" if seconds is None else slurm_duration(seconds)
 
 
 def save_interval(record: PredictionRecord) -> int:
@@ -370,9 +365,6 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
                now: Optional[float] = None) -> WatchResult:
     """One pass over the running jobs (see the module docstring)."""
     policy = opts.policy
-    store = RecordStore(opts.records, create=False)
-    store.count()                     # a missing or broken store says so before Slurm is asked
-    wlog = WatchLog(opts.records)
     client = client or SlurmClient(timeout=60.0)
     res = WatchResult(at=time.time() if now is None else now)
     if not policy.enabled:
@@ -384,6 +376,9 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
     jobs = [j for j in running if RECORD_TAG in j.admin_comment and policy.watches(j.partition)]
     if not jobs:
         return res
+    store = RecordStore(opts.records, create=False)
+    store.count()                     # a missing or broken store says so before anything is read
+    wlog = WatchLog(opts.records)
     # Facts every extension needs; any of them missing closes extensions (shrinks need none).
     doubt = ""
     try:

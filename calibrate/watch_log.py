@@ -150,15 +150,14 @@ class WatchLog:
 
     @contextmanager
     def _db(self, write: bool) -> Iterator[sqlite3.Connection]:
+        """The connection; a write holds SQLite's write lock from its first statement on (the
+        connection's context commits it, or rolls it back on an exception)."""
         try:
             con = self._conn()
-            con.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
+            with con:
+                if write:
+                    con.execute("BEGIN IMMEDIATE")
                 yield con
-            except BaseException:
-                con.rollback()
-                raise
-            con.commit()
         except sqlite3.Error as exc:
             self.close()
             raise WatchLogError(f"{self.path}: {exc}") from None
@@ -183,22 +182,8 @@ class WatchLog:
     def actions(self, *, slurm_job_ids: Optional[Sequence[int]] = None,
                 since: Optional[float] = None) -> list[WatchAction]:
         """Actions, oldest first (of some jobs, or since a time)."""
-        sql = f"SELECT {', '.join(_ACTION_COLS)} FROM watch_actions"
-        where, args = [], []
-        if slurm_job_ids is not None:
-            ids = [int(i) for i in slurm_job_ids]
-            if not ids:
-                return []
-            where.append(f"slurm_job_id IN ({', '.join('?' * len(ids))})")
-            args.extend(ids)
-        if since is not None:
-            where.append("at >= ?")
-            args.append(since)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
         with self._db(write=False) as con:
-            rows = con.execute(sql + " ORDER BY seq", args).fetchall()
-        return [_action(r) for r in rows]
+            return _select(con, slurm_job_ids, since)
 
     def extended_seconds(self, user: str, since: float) -> float:
         """Seconds of extension ``user`` was given since ``since`` (the per-user cap's count)."""
@@ -225,6 +210,20 @@ class WatchLog:
             con.execute("DELETE FROM watch_jobs WHERE updated < ?", (d["updated"] - KEEP_JOB_SECONDS,))
 
 
+def _select(con: sqlite3.Connection, slurm_job_ids: Optional[Sequence[int]],
+            since: Optional[float]) -> list[WatchAction]:
+    """Actions of these jobs (None: all) at or after ``since`` (None: ever), oldest first."""
+    ids = None if slurm_job_ids is None else [int(i) for i in slurm_job_ids]
+    if ids == []:
+        return []
+    clauses = ([f"slurm_job_id IN ({', '.join('?' * len(ids))})"] if ids is not None else []) + \
+        (["at >= ?"] if since is not None else [])
+    args = (ids or []) + ([since] if since is not None else [])
+    sql = (f"SELECT {', '.join(_ACTION_COLS)} FROM watch_actions"
+           + (" WHERE " + " AND ".join(clauses) if clauses else "") + " ORDER BY seq")
+    return [_action(r) for r in con.execute(sql, args).fetchall()]
+
+
 def _action(row: Sequence[Any]) -> WatchAction:
     d = dict(zip(_ACTION_COLS, row))
     d["limit_set_by_perfcast"] = bool(d["limit_set_by_perfcast"])
@@ -246,15 +245,7 @@ def read_actions(path: "str | os.PathLike[str]", slurm_job_ids: Optional[Sequenc
                           ).fetchone()
         if not has:
             return []
-        sql = f"SELECT {', '.join(_ACTION_COLS)} FROM watch_actions"
-        args: list[Any] = []
-        if slurm_job_ids is not None:
-            ids = [int(i) for i in slurm_job_ids]
-            if not ids:
-                return []
-            sql += f" WHERE slurm_job_id IN ({', '.join('?' * len(ids))})"
-            args = ids
-        return [_action(r) for r in con.execute(sql + " ORDER BY seq", args).fetchall()]
+        return _select(con, slurm_job_ids, None)
     except sqlite3.Error as exc:
         raise WatchLogError(f"{p}: {exc}") from None
     finally:

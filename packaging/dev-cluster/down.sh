@@ -34,7 +34,7 @@ py="$(basename "$(readlink -f "$(command -v "${PERFCAST_PYTHON:-python3}")")" 2>
 stop "perf-calibrate watch" "$BASE/run/watch.pid" python3 python3.11 python3.12 python "$py"
 if pid_of "$BASE/run/slurmctld.pid" slurmctld >/dev/null; then
   SLURM_CONF="$BASE/etc/slurm.conf" scancel --quiet --full --state=RUNNING,PENDING,SUSPENDED \
-    --partition=gpu,short,h100,cpu,watch 2>/dev/null || true
+    --partition=gpu,short,h100,cpu,watch,watchshort 2>/dev/null || true
   SLURM_CONF="$BASE/etc/slurm.conf" timeout 5 bash -c \
     'while [ -n "$(squeue -h -t R,CG 2>/dev/null)" ]; do sleep 0.2; done' || true
 fi

@@ -24,7 +24,8 @@
 #
 # The watch (docs/watch.md) runs every 15 s with a policy that also extends limits users set,
 # small margins (1 min) and shrinks that return 2 min or more, so that test jobs of a few minutes
-# show every action; partition `watch` (MaxTime 5 min) lets a job outgrow its MaxTime quickly.
+# show every action, in partitions `watch` (MaxTime 1 h) and `watchshort` (MaxTime 5 min: a job
+# outgrows it quickly); the other partitions are not watched.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -141,7 +142,8 @@ PartitionName=gpu Nodes=dev[001-064] Default=YES MaxTime=2-00:00:00 State=UP
 PartitionName=short Nodes=dev[001-064] MaxTime=01:00:00 State=UP
 PartitionName=h100 Nodes=dev[001-064] MaxTime=1-00:00:00 State=UP
 PartitionName=cpu Nodes=dev001 MaxTime=INFINITE State=UP
-PartitionName=watch Nodes=dev001 MaxTime=00:05:00 State=UP
+PartitionName=watch Nodes=dev001 MaxTime=01:00:00 State=UP
+PartitionName=watchshort Nodes=dev001 MaxTime=00:05:00 State=UP
 CONF
 acct_changed=0
 [ "$old_acct" = "$(grep '^AccountingStorage' "$CONF")" ] || acct_changed=1
@@ -179,9 +181,14 @@ platform = "dgx-h100"
 [partitions.watch]
 platform = "perlmutter-a100"
 
-# perf-calibrate watch, run by up.sh every 15 s: a dev policy that shows every action within minutes
+[partitions.watchshort]
+platform = "perlmutter-a100"
+
+# perf-calibrate watch, run by up.sh every 15 s: a dev policy that shows every action within minutes.
+# Only the two watch partitions, so that jobs of other tests keep the limits they were given.
 [watch]
 enabled = true
+partitions = ["watch", "watchshort"]
 extend_user_limits = true      # users' --time too (production default: only limits perfcast set)
 max_growth = 10.0
 margin = 0.10

@@ -89,3 +89,39 @@ def test_cli_report_and_plot(tmp_path, capsys, monkeypatch):
     assert main(["report", "--records", str(store.path)]) == 0
     out = capsys.readouterr().out
     assert "partition cpu" in out and "partition gpu" in out
+
+
+def _act(job_id, action, frm, to, at, user="alice", reason="r", measured=None):
+    from calibrate.watch_log import WatchAction
+    return WatchAction(slurm_job_id=job_id, record_id=f"{job_id:012x}", partition="gpu", user=user,
+                       action=action, from_seconds=frm, to_seconds=to, at=at, code=action, reason=reason,
+                       measured_iteration_seconds=measured)
+
+
+def test_watch_actions_per_job_and_partition():
+    pairs = [pair(1, meas=2.0, elapsed=2500.0, limit_min=60),             # extended 30 -> 60 min, finished
+             pair(2, meas=0.5, elapsed=500.0, limit_min=15),              # shrunk 30 -> 15 min
+             pair(3, meas=2.5, state="TIMEOUT", elapsed=2400.0, limit_min=40),
+             pair(4, meas=None, elapsed=100.0)]
+    pairs[3] = (pairs[3][0], JobOutcome(**{**pairs[3][1].to_dict(), "note": "log unreadable: permission denied"}))
+    running_rec = pair(9)[0]
+    acts = [_act(1, "none", 1800.0, 1800.0, 10.0, reason="warming up"), _act(1, "extend", 1800.0, 3600.0, 20.0),
+            _act(2, "shrink", 1800.0, 900.0, 30.0), _act(3, "extend", 1800.0, 2400.0, 40.0, user="bob",
+                                                        reason="extended to just after the last checkpoint"),
+            _act(9, "extend", 1800.0, 2700.0, 50.0, measured=1.3)]
+    rep = build_report(pairs, watch_actions=acts, watched_records={running_rec.record_id: running_rec})
+    rows = {j.job_id: j.to_dict() for j in rep.jobs}
+    assert [a["action"] for a in rows[1]["watch_actions"]] == ["none", "extend"]
+    assert rows[1]["watch_actions"][1] == {"action": "extend", "from_seconds": 1800.0, "to_seconds": 3600.0,
+                                           "at": 20.0, "reason": "r"}
+    assert rows[1]["kill_avoided"] is True and rows[2]["kill_avoided"] is False
+    assert rows[9]["state"] == "RUNNING" and rows[9]["measured_iteration_seconds"] == 1.3   # not harvested yet
+    assert rows[4]["no_measurement_reason"] == "log unreadable: permission denied"
+    w = rep.to_dict()["partitions"]["gpu"]["watch"]
+    assert (w["extensions"], w["shrinks"], w["kills_avoided"], w["kills_avoided_jobs"]) == (3, 1, 1, [1])
+    assert w["hours_returned"] == pytest.approx(0.25)
+    assert w["extensions_per_user"] == {"alice": 2, "bob": 1}
+    assert w["still_timed_out"] == [{"job_id": 3, "reason": "extend: extended to just after the last checkpoint"}]
+    table = rep.table()
+    assert "job 4: log unreadable: permission denied" in table
+    assert "shrink 00:30:00 -> 00:15:00" in table and "kills avoided: 1 (jobs 1)" in table

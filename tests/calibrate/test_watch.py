@@ -311,3 +311,36 @@ def test_a_fifo_stalls_only_its_own_job(tmp_path):
     assert isinstance(got[1], str) and "within" in got[1]
     assert isinstance(got[2], bytes) and b"iteration" in got[2]
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_array_tasks_are_watched_one_by_one(site):
+    """Each task of an array is a job of its own: its limit, its log (``%A_%a``), one record for all."""
+    tmp, store = site
+    now = time.time()
+    rid = store.add(record(std_out="log-%A_%a.out", work_dir=str(tmp)))
+    megatron_log(tmp / "log-60_1.out", 1.0, 200)        # slow task
+    megatron_log(tmp / "log-60_2.out", 0.5, 200)        # on time
+    tasks = [running(rid, 61, tmp / "unused", limit_min=10, start=now - 200, std_out="", array_job_id=60,
+                     array_task_id=1),
+             running(rid, 62, tmp / "unused", limit_min=10, start=now - 100, std_out="", array_job_id=60,
+                     array_task_id=2)]
+    slurm = FakeSlurm(tasks)
+    res = watch_once(WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None), slurm, now=now)
+    by = {j.job_id: j.decision for j in res.jobs}
+    assert by[61].action == "extend" and by[62].code == "on-track"
+    assert set(slurm.limits) == {61}
+
+
+def test_cli_says_what_stops_it(tmp_path, capsys, monkeypatch):
+    from calibrate.cli import main
+    monkeypatch.delenv("PERFCAST_CONFIG", raising=False)
+    assert main(["watch", "--config", str(tmp_path / "nope.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "nope.toml: no such file" in err and "Traceback" not in err
+    cfg = tmp_path / "perfcast.toml"
+    cfg.write_text('[watch]\nenabled = false\n')
+    assert main(["watch", "--config", str(cfg), "--records", str(tmp_path / "r.sqlite")]) == 0
+    assert "enabled = false" in capsys.readouterr().err
+    cfg.write_text('[watch]\nenabled = true\nmargn = 0.1\n')
+    assert main(["watch", "--config", str(cfg)]) == 2
+    assert "watch.margn: unknown key" in capsys.readouterr().err

@@ -1,11 +1,11 @@
-"""perf-calibrate watch on a real Slurm: the dev cluster runs it every 15 s (up.sh) with a policy
-that extends users' limits too.  Four real jobs, each a Megatron stand-in whose log claims (and
+"""perf-calibrate watch on a real Slurm: the dev cluster runs it every 15 s (up.sh) on partitions
+`watch` and `watchshort` with a policy that extends users' limits too.  Four real jobs, each a Megatron stand-in whose log claims (and
 really takes) a chosen time per iteration relative to what perf-predictd predicted for it:
 
 - 2x slower than predicted under a 1-minute user limit: extended before it expires, COMPLETED,
   after running well past the minute it had;
 - 3x faster under the limit perfcast set: the limit is lowered, and it still COMPLETES;
-- 2x slower in partition `watch` (MaxTime 5 min) with far more work than 5 minutes: extended only
+- 2x slower in partition `watchshort` (MaxTime 5 min) with far more work than 5 minutes: extended only
   to just after the last checkpoint that fits;
 - a log its own user made unreadable: no action, limit unchanged.
 
@@ -74,19 +74,19 @@ def watched(cluster):
     jobs: dict[str, int] = {}
     s, n, every = _plan(p, 2.0, 150)
     jobs["extend"] = cluster.client.submit(_script(cluster, wdir, "w-extend", s, n, every, every * 10, 6, 100),
-                                           ["--time=1"], cwd=str(wdir)).job_id
+                                           ["--time=1", "--partition=watch"], cwd=str(wdir)).job_id
     s, n, every = _plan(p, 1 / 3, 60)
     jobs["shrink"] = cluster.client.submit(_script(cluster, wdir, "w-shrink", s, n, every, every * 10, 5, 240),
-                                           [], cwd=str(wdir)).job_id
+                                           ["--partition=watch"], cwd=str(wdir)).job_id
     s, n, every = _plan(p, 2.0, 900)
     save, iters_maxtime = every * 10, n                 # a checkpoint every ~40 s
     jobs["maxtime"] = cluster.client.submit(_script(cluster, wdir, "w-maxtime", s, n, every, save, 6, 100),
-                                            ["--time=1", "--partition=watch"], cwd=str(wdir)).job_id
+                                            ["--time=1", "--partition=watchshort"], cwd=str(wdir)).job_id
     s, n, every = _plan(p, 2.0, 170)
     jobs["unreadable"] = cluster.client.submit(
         _script(cluster, wdir, "w-unreadable", s, n, every, every * 10, 0, 0,
                 pre='chmod 000 "$(readlink -f /proc/$$/fd/1)"   # the log, unreadable even to its user'),
-        ["--time=3"], cwd=str(wdir), user="nobody").job_id
+        ["--time=3", "--partition=watch"], cwd=str(wdir), user="nobody").job_id
     info = {"predicted_s": p, "save_maxtime": save, "iters_maxtime": iters_maxtime, "wdir": wdir}
     try:
         yield jobs, info
@@ -203,7 +203,7 @@ def test_report_shows_each_jobs_watch_actions(cluster, watched, tmp_path, capsys
     assert rows[jobs["extend"]]["state"] == "COMPLETED" and rows[jobs["extend"]]["kill_avoided"] is True
     assert rows[jobs["unreadable"]]["measured_iteration_seconds"] is None
     assert "permission denied" in rows[jobs["unreadable"]]["no_measurement_reason"]
-    watch = report["partitions"]["gpu"]["watch"]
+    watch = report["partitions"]["watch"]["watch"]
     assert watch["kills_avoided"] >= 1 and watch["shrinks"] >= 1 and watch["extensions_per_user"].get("root")
     assert calibrate_main(["report", "--config", config]) == 0
     table = capsys.readouterr().out
