@@ -8,12 +8,12 @@ load ≤ 100 ms.  Per platform it prints:
 
   load        load_platform(name, reload=True), median of 5 in this process (files in the page
               cache: what a daemon's SIGHUP reload pays; a first start adds the disk)
-  predict     one predict() with the platform's memoised operator and collective answers
-              forgotten before each call (predictor.estimate.clear_memos(answers_only=True)): a
-              job the process has not seen, on a platform it has used, which is what the daemon
-              mostly gets.  What the platform's files alone decide (which model costs each
-              operator, the interval rule from its recorded runs) is worked out once per loaded
-              platform and kept, as in the daemon; --forget-all forgets that too
+  predict     one Predictor.predict() with the predictor's memoised operator and collective
+              answers forgotten before each call (Predictor.forget_answers()): a job the process
+              has not seen, on a platform it has used, which is what the daemon mostly gets.
+              What the platform's files alone decide (which model costs each operator, the
+              interval rule from its recorded runs) is worked out once per Predictor and kept,
+              as in the daemon; --forget-all uses a new Predictor for each call instead
   repeat      the same job again with the memos kept (job arrays, resubmissions)
   trees       Bundle.ratios_rows on the rows one such prediction asks for (compute + collectives):
               the regressors' share of ``predict``
@@ -24,7 +24,6 @@ Timings depend on the machine (the issue's figures: a 2-core VM) and on what els
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import subprocess
 import sys
@@ -68,22 +67,29 @@ def main() -> int:
                     help="before each cold call forget the per-platform work too (a daemon's first job)")
     args = ap.parse_args()
     print(f"import predictor          median {import_ms():7.1f} ms (fresh interpreter, 5 runs)")
-    from predictor import TrainingJob, load_platform, predict
-    from predictor import estimate
+    from predictor import Predictor, TrainingJob, load_platform
     from predictor.bundle import Bundle
     from predictor import trees as forest
     print("forest walk               " + ("C (predictor/_walk.c)" if forest._FOREST_SUMS is not None
                                           else "numpy (predictor._walk not built, or PERFCAST_NUMPY_WALK=1)"))
-    forget = (estimate.clear_memos if args.forget_all
-              else functools.partial(estimate.clear_memos, answers_only=True))
     job = TrainingJob.from_toml(JOB)
     for name in [p for p in args.platforms.split(",") if p]:
         load_platform(name, reload=True)                      # warm the page cache
         loads = timed(lambda: load_platform(name, reload=True), 5)
         plat = load_platform(name)
-        predict(job, plat)                                    # first-use costs (lazy imports)
-        cold = timed(lambda: predict(job, plat), args.runs, forget)
-        warm = timed(lambda: predict(job, plat), args.runs)
+        held = [Predictor(plat)]                              # the daemon's: one per platform
+
+        def forget() -> None:
+            if args.forget_all:
+                held[0] = Predictor(plat)
+            else:
+                held[0].forget_answers()
+
+        def predict() -> None:
+            held[0].predict(job)
+        predict()                                             # first-use costs (lazy imports)
+        cold = timed(predict, args.runs, forget)
+        warm = timed(predict, args.runs)
         captured: list = []
         real = Bundle.ratios_rows
 
@@ -93,7 +99,7 @@ def main() -> int:
         Bundle.ratios_rows = spy
         try:
             forget()
-            predict(job, plat)
+            predict()
         finally:
             Bundle.ratios_rows = real
         trees = timed(lambda: [b.ratios_rows(k, X) for b, k, X in captured], args.runs)

@@ -4,8 +4,12 @@ Never imports torch or Slurm: it runs inside a daemon next to slurmctld and must
 The regressor libraries are never imported here: bundles carry their trees as flat arrays
 (``forest.bin``) that :mod:`predictor.trees` walks with numpy; fitting lives in :mod:`calibrate.fitting`.
 
-    from predictor import TrainingJob, load_platform, predict
-    predict(TrainingJob.from_dict(d), load_platform("perlmutter-a100")).iteration_seconds
+    from predictor import Predictor, TrainingJob, load_platform
+    Predictor(load_platform("perlmutter-a100")).predict(TrainingJob.from_dict(d)).iteration_seconds
+
+A :class:`Predictor` remembers the shapes it has costed: keep one per loaded platform to predict
+many jobs over time.  ``predict(job, platform)`` and ``predict_many(jobs, platform)`` are the
+one-off conveniences (a new Predictor each call).
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from .job import ClusterSpec, Layout, ModelSpec, RunSpec, TrainingJob, load_job
 __all__ = [
     "TrainingJob", "ModelSpec", "Layout", "RunSpec", "ClusterSpec", "load_job",
     "PerfcastError", "JobError", "BundleError", "PlatformNotFound",
-    "load_platform", "list_platforms", "predict", "predict_many", "Prediction", "Platform",
+    "load_platform", "list_platforms", "Predictor", "predict", "predict_many", "Prediction", "Platform",
 ]
 
 
@@ -23,7 +27,7 @@ def __getattr__(name: str):  # PEP 562: keep `import predictor` light
     if name in ("load_platform", "list_platforms", "Platform"):
         from . import platform
         return getattr(platform, name)
-    if name in ("predict", "predict_many", "Prediction"):
+    if name in ("Predictor", "predict", "predict_many", "Prediction"):
         from . import estimate as _p
         return getattr(_p, name)
     raise AttributeError(f"module 'predictor' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""predict(): a job's operators costed by the platform's regressors, composed by the pipeline timeline.
+"""Predictor: a job's operators costed by the platform's regressors, composed by the pipeline timeline.
 
 Two phases, so that many jobs (perf-advise's candidates) cost one regressor call per model:
 ``_plan`` lists every operator and collective a job needs as handles into a shared query set;
@@ -17,7 +17,6 @@ all-reduces included; recomputation folded into B), v the virtual stages, and up
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
@@ -138,66 +137,28 @@ class Prediction:
 
 
 # ------------------------------------------------------------------------------------ queries
-# Memoised operator and collective answers per loaded platform (see QuerySet._remember), by
-# id(platform); an entry goes when its platform is collected.  What a platform's own files decide
-# whatever the job (which model costs an operator, the interval rule from its recorded runs) is
-# kept apart: a daemon works that out once per platform, not once per job.
+# Operator and collective answers a Predictor keeps for its platform (see QuerySet._remember):
+# bounded, cleared when full rather than grown.
 MEMO_ENTRIES = 200_000
-_MEMOS: dict[int, dict] = {}
-_STATIC: dict[int, dict] = {}
-
-
-def _per_platform(table: dict[int, dict], platform: Platform) -> dict:
-    key = id(platform)
-    memo = table.get(key)
-    if memo is None:
-        memo = table[key] = {}
-        weakref.finalize(platform, table.pop, key, None)
-    return memo
-
-
-def _memo(platform: Platform) -> dict:
-    return _per_platform(_MEMOS, platform)
-
-
-def _static(platform: Platform) -> dict:
-    return _per_platform(_STATIC, platform)
-
-
-def _interval_rule(platform: Platform) -> IntervalRule:
-    memo = _static(platform)
-    rule = memo.get("interval_rule")
-    if rule is None:
-        rule = memo["interval_rule"] = IntervalRule.for_platform(platform)
-    return rule
-
-
-def clear_memos(answers_only: bool = False) -> None:
-    """Forget every memoised answer (for code that changes a loaded platform in place: tests).
-    ``answers_only``: keep what depends on the platform alone (operator resolution, interval
-    rule), as for a job the process has not seen on a platform it has used (bench_predict.py)."""
-    # Over copies: clearing a platform's static memo can drop the last reference to its unfitted
-    # twin (_unfitted), whose finaliser then removes the twin's own entries from these tables.
-    for memo in list(_MEMOS.values()):
-        memo.clear()
-    if not answers_only:
-        for memo in list(_STATIC.values()):
-            memo.clear()
 
 
 class QuerySet:
     """Operator and collective queries of many jobs, answered with one model call per model."""
 
-    def __init__(self, platform: Platform):
+    def __init__(self, platform: Platform, answers: Optional[dict] = None, resolved: Optional[dict] = None,
+                 memo_entries: int = MEMO_ENTRIES):
+        """``answers`` and ``resolved``: what earlier sets on the same platform costed, and which
+        model costs each operator (a :class:`Predictor`'s memos); fresh dicts when not given."""
         self.platform = platform
+        self.memo_entries = memo_entries
         # (model key, model's operator, operator, direction, precision) -> (handle, shape, its feature values)
         self._op_rows: dict[tuple[str, str, str, str, str],
                             list[tuple[int, Mapping[str, float], tuple[float, ...]]]] = defaultdict(list)
         self._coll_rows: list[tuple[int, str, str, float, Group]] = []
         self._n = 0
         self.warnings: dict[int, list[str]] = defaultdict(list)   # handle -> warnings
-        self._memo = _memo(platform)
-        self._static = _static(platform)
+        self._memo = answers if answers is not None else {}
+        self._static = resolved if resolved is not None else {}
         self._known: dict[int, tuple[float, float, bool]] = {}     # handle -> memoised answer
         self._keys: dict[int, tuple] = {}                            # handle -> memo key (misses)
         self.analytic: set[int] = set()       # collectives costed by the ring model of link speeds
@@ -409,7 +370,7 @@ class QuerySet:
         Platform), so the same shape costs the same on the next job the daemon or perf-advise asks
         about.  Bounded: cleared when full rather than grown."""
         memo = self._memo
-        if len(memo) + len(self._keys) > MEMO_ENTRIES:
+        if len(memo) + len(self._keys) > self.memo_entries:
             memo.clear()
         for h, key in self._keys.items():
             answer = (float(secs[h]), float(rel[h]), bool(extra[h]))
@@ -1027,142 +988,177 @@ def _total(job: TrainingJob, iteration: float, fwd_pipeline: float, plat: Platfo
     return total, TotalTime(ov.startup_seconds, iterations * iteration, eval_s, ckpt_s, evals, saves)
 
 
+class Predictor:
+    """Predictions on one loaded platform (scikit-learn-like: ``Predictor(platform).predict(job)``).
+
+    It owns what it remembers: the seconds of every shape it has costed, which model costs each
+    operator and the interval rule from the platform's recorded runs.  Keep one for as long as its
+    platform is loaded (the daemon, perf-advise) so the same shape is costed once; a platform
+    changed after the Predictor was made needs a new Predictor.
+    """
+
+    def __init__(self, platform: Platform, memo_entries: int = MEMO_ENTRIES):
+        self.platform = platform
+        self.memo_entries = memo_entries
+        self._answers: dict[tuple, tuple] = {}     # QuerySet memo key -> answer
+        self._resolved: dict[tuple, tuple] = {}    # (operator, direction, precision) -> its model
+        self._rule: Optional[IntervalRule] = None
+        # The platform without its [fitted] scales, or with one kind's: each its own Predictor.
+        self._twins: dict[Any, "Predictor"] = {}
+
+    def predict(self, job: TrainingJob) -> Prediction:
+        """Seconds per iteration, breakdown, interval and total job time of one job."""
+        return self.predict_many([job])[0]
+
+    def predict_many(self, jobs: Sequence[TrainingJob]) -> list[Prediction]:
+        """Predict many jobs with one regressor call per model (perf-advise's path).
+
+        A job outside the domain of the platform's ``[fitted]`` scales (the jobs they were fitted
+        on, :class:`~predictor.platform.FitDomain`) is predicted without them, and says so.  With a
+        per-kind fit (``[[fitted_kind]]``) each job takes its kind's terms (:meth:`_predict_kinds`)."""
+        platform = self.platform
+        out = self._predict_kinds(jobs) if platform.fitted is not None and platform.fitted.kinds \
+            else self._predict_in_domain(jobs)
+        for job, p in zip(jobs, out):
+            if p.details is not None and p.details.kind is None:
+                p.details.kind = {"key": kind_of(job).key, "factors": "platform" if platform.fitted else "none"}
+        return out
+
+    def forget_answers(self) -> None:
+        """Forget every shape's seconds but keep what the platform alone decides (which model
+        costs each operator, the interval rule): a job never seen, on a platform already used
+        (benchmarks/bench_predict.py)."""
+        self._answers.clear()
+        for twin in self._twins.values():
+            twin.forget_answers()
+
+    @property
+    def interval_rule(self) -> IntervalRule:
+        """The interval rule from the platform's recorded runs (predictor.interval), made once."""
+        if self._rule is None:
+            self._rule = IntervalRule.for_platform(self.platform)
+        return self._rule
+
+    def _twin(self, key: Any, make: Any) -> "Predictor":
+        twin = self._twins.get(key)
+        if twin is None:
+            twin = self._twins[key] = Predictor(make(), self.memo_entries)
+        return twin
+
+    def _predict_kinds(self, jobs: Sequence[TrainingJob]) -> list[Prediction]:
+        """Each job with the ``[[fitted_kind]]`` terms of its kind (predictor/kinds.py); a job of a
+        kind with no runs, or outside its kind's runs, with the partition's ``[fitted]``."""
+        platform = self.platform
+        fitted = platform.fitted
+        groups_: dict[Any, list[int]] = defaultdict(list)
+        for i, job in enumerate(jobs):
+            kt = fitted.for_kind(kind_of(job).key)
+            inside = kt is not None and (kt.domain is None or not kt.domain.outside(job, platform.gpus_per_node))
+            groups_[kt if inside else None].append(i)
+        out: list[Optional[Prediction]] = [None] * len(jobs)
+        for kt, idx in groups_.items():
+            pred = self if kt is None else self._twin(
+                ("kind", kt.kind), lambda: dataclasses.replace(platform, fitted=kt.terms(fitted)))
+            for i, p in zip(idx, pred._predict_in_domain([jobs[i] for i in idx])):
+                key = kind_of(jobs[i]).key
+                p.details.kind = {"key": key, "factors": "kind" if kt is not None else "partition",
+                                  "runs": kt.runs if kt is not None else 0}
+                out[i] = p
+        return out  # type: ignore[return-value]
+
+    def _predict_in_domain(self, jobs: Sequence[TrainingJob]) -> list[Prediction]:
+        platform = self.platform
+        fitted = platform.fitted
+        if fitted is None or fitted.domain is None or not jobs:
+            return self._predict_batch(jobs)
+        gpn = platform.gpus_per_node
+        why = [fitted.outside(job, gpn) for job in jobs]
+        if not any(why):
+            return self._predict_batch(jobs)
+        out: list[Optional[Prediction]] = [None] * len(jobs)
+        inside = [i for i, w in enumerate(why) if not w]
+        outside = [i for i, w in enumerate(why) if w]
+        if inside:
+            for i, p in zip(inside, self._predict_batch([jobs[i] for i in inside])):
+                out[i] = p
+        unfitted = self._twin("unfitted", lambda: dataclasses.replace(platform, fitted=None))
+        for i, p in zip(outside, unfitted._predict_batch([jobs[i] for i in outside])):
+            p.warnings.append(f"the fitted scales of platform {platform.name} are not applied: this job has "
+                              f"{why[i]}, unlike the runs they were fitted on (predicted from the measured "
+                              "models alone)")
+            out[i] = p
+        return out  # type: ignore[return-value]
+
+    def _predict_batch(self, jobs: Sequence[TrainingJob]) -> list[Prediction]:
+        platform = self.platform
+        q = QuerySet(platform, self._answers, self._resolved, self.memo_entries)
+        plans = [_plan(job, platform, q) for job in jobs]
+        secs, rel, extra = q.evaluate()
+        lo_secs, hi_secs = secs * np.maximum(1.0 - rel, 0.05), secs * (1.0 + rel)
+        rule = self.interval_rule
+        out = []
+        columns = np.column_stack([secs, lo_secs, hi_secs])
+        for plan in plans:
+            at, at_lo, at_hi = _term_values(plan, columns)
+            iteration, breakdown, details = _assemble(plan, at, platform)
+            spread_lo = _assemble(plan, at_lo, platform)[0]
+            spread_hi = _assemble(plan, at_hi, platform)[0]
+            handles = plan.handles
+            extrapolated = bool(extra[handles].any()) if handles else False
+            # The interval: a conformal bound on the platform's measured residuals, widened by the
+            # operators' own spread only where the job leaves what those runs cover.
+            analytic = any(h in q.analytic for h in handles)
+            lo, hi = interval_seconds(iteration, spread_lo, spread_hi, rule, extrapolated=extrapolated,
+                                      analytic_collectives=analytic)
+            details.analytic_collectives = analytic
+            details.timeline_ratio = rule.factors
+            details.timeline_runs = len(platform.validation)
+            details.operator_spread_seconds = (spread_lo, spread_hi)
+            details.interval_rule = rule.describe()
+            if platform.fitted is not None:
+                f = platform.fitted
+                details.fitted_scales = {"compute": f.compute_scale, "host": f.host_scale,
+                                         "host_layer": f.host_layer_scale,
+                                         "host_micro_batch": f.host_micro_batch_scale,
+                                         "host_launch": f.host_launch_scale, "network": f.network_scale}
+            warnings = list(plan.warnings)
+            if not platform.calibrated:
+                warnings.append(f"platform {platform.name} is uncalibrated (published specs only): "
+                                "treat this as an estimate")
+            if platform.collectives is None and plan.job.gpus > 1:
+                warnings.append(f"no measured collectives on platform {platform.name}: communication "
+                                f"from an analytic ring model of its published link speeds (wider interval)")
+            seen = set(warnings)
+            for h in handles:
+                for w in q.warnings.get(h, ()):
+                    if w not in seen:
+                        seen.add(w)
+                        warnings.append(w)
+            if extrapolated:
+                names = q.names_of([h for h in handles if extra[h]])
+                warnings.append("shape outside the sampled range for " + ", ".join(names)
+                                + "; costed by roofline scaling (wider interval)")
+            iters = plan.job.iterations
+            total, details.total = _total(plan.job, iteration, details.forward_pipeline_seconds, platform, iters)
+            if not iters:
+                warnings.append("the job gives no train_iters, train_samples or train_tokens: "
+                                "total_seconds covers start-up only")
+            details.gpus = plan.job.gpus
+            details.nodes = plan.job.nodes(plan.job.cluster.gpus_per_node or platform.gpus_per_node)
+            out.append(Prediction(
+                iteration_seconds=iteration, interval_seconds=(lo, hi), total_seconds=total,
+                iterations=iters, breakdown=breakdown, platform=platform.name, bundle=platform.bundle_id,
+                warnings=warnings, job=plan.job, extrapolated=extrapolated, details=details))
+        return out
+
+
 def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Prediction]:
-    """Predict many jobs on one platform with one regressor call per model (perf-advise's path).
-
-    A job outside the domain of the platform's ``[fitted]`` scales (the jobs they were fitted on,
-    :class:`~predictor.platform.FitDomain`) is predicted without them, and says so.  With a
-    per-kind fit (``[[fitted_kind]]``) each job takes its kind's terms (:func:`_predict_kinds`)."""
-    out = _predict_kinds(jobs, platform) if platform.fitted is not None and platform.fitted.kinds \
-        else _predict_in_domain(jobs, platform)
-    for job, p in zip(jobs, out):
-        if p.details is not None and p.details.kind is None:
-            p.details.kind = {"key": kind_of(job).key, "factors": "platform" if platform.fitted else "none"}
-    return out
-
-
-def _predict_kinds(jobs: Sequence[TrainingJob], platform: Platform) -> list[Prediction]:
-    """Each job with the ``[[fitted_kind]]`` terms of its kind (predictor/kinds.py); a job of a kind
-    with no runs, or outside its kind's runs, with the partition's ``[fitted]``."""
-    fitted = platform.fitted
-    groups_: dict[Any, list[int]] = defaultdict(list)
-    for i, job in enumerate(jobs):
-        kt = fitted.for_kind(kind_of(job).key)
-        inside = kt is not None and (kt.domain is None or not kt.domain.outside(job, platform.gpus_per_node))
-        groups_[kt if inside else None].append(i)
-    out: list[Optional[Prediction]] = [None] * len(jobs)
-    for kt, idx in groups_.items():
-        plat = platform if kt is None else _kind_twin(platform, kt)
-        for i, p in zip(idx, _predict_in_domain([jobs[i] for i in idx], plat)):
-            key = kind_of(jobs[i]).key
-            p.details.kind = {"key": key, "factors": "kind" if kt is not None else "partition",
-                              "runs": kt.runs if kt is not None else 0}
-            out[i] = p
-    return out  # type: ignore[return-value]
-
-
-def _kind_twin(platform: Platform, kt: Any) -> Platform:
-    """The platform with one kind's ``[fitted]`` terms, made once per loaded platform and kind."""
-    memo = _static(platform)
-    twin = memo.get(("kind", kt.kind))
-    if twin is None:
-        twin = memo[("kind", kt.kind)] = dataclasses.replace(platform, fitted=kt.terms(platform.fitted))
-    return twin
-
-
-def _predict_in_domain(jobs: Sequence[TrainingJob], platform: Platform) -> list[Prediction]:
-    fitted = platform.fitted
-    if fitted is None or fitted.domain is None or not jobs:
-        return _predict_many(jobs, platform)
-    gpn = platform.gpus_per_node
-    why = [fitted.outside(job, gpn) for job in jobs]
-    if not any(why):
-        return _predict_many(jobs, platform)
-    out: list[Optional[Prediction]] = [None] * len(jobs)
-    inside = [i for i, w in enumerate(why) if not w]
-    outside = [i for i, w in enumerate(why) if w]
-    if inside:
-        for i, p in zip(inside, _predict_many([jobs[i] for i in inside], platform)):
-            out[i] = p
-    for i, p in zip(outside, _predict_many([jobs[i] for i in outside], _unfitted(platform))):
-        p.warnings.append(f"the fitted scales of platform {platform.name} are not applied: this job has "
-                          f"{why[i]}, unlike the runs they were fitted on (predicted from the measured "
-                          "models alone)")
-        out[i] = p
-    return out  # type: ignore[return-value]
-
-
-def _unfitted(platform: Platform) -> Platform:
-    """The platform without its ``[fitted]`` scales, made once per loaded platform."""
-    memo = _static(platform)
-    twin = memo.get("unfitted")
-    if twin is None:
-        twin = memo["unfitted"] = dataclasses.replace(platform, fitted=None)
-    return twin
-
-
-def _predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Prediction]:
-    q = QuerySet(platform)
-    plans = [_plan(job, platform, q) for job in jobs]
-    secs, rel, extra = q.evaluate()
-    lo_secs, hi_secs = secs * np.maximum(1.0 - rel, 0.05), secs * (1.0 + rel)
-    rule = _interval_rule(platform)
-    out = []
-    columns = np.column_stack([secs, lo_secs, hi_secs])
-    for plan in plans:
-        at, at_lo, at_hi = _term_values(plan, columns)
-        iteration, breakdown, details = _assemble(plan, at, platform)
-        spread_lo = _assemble(plan, at_lo, platform)[0]
-        spread_hi = _assemble(plan, at_hi, platform)[0]
-        handles = plan.handles
-        extrapolated = bool(extra[handles].any()) if handles else False
-        # The interval: a conformal bound on the platform's measured residuals, widened by the
-        # operators' own spread only where the job leaves what those runs cover.
-        analytic = any(h in q.analytic for h in handles)
-        lo, hi = interval_seconds(iteration, spread_lo, spread_hi, rule, extrapolated=extrapolated,
-                                  analytic_collectives=analytic)
-        details.analytic_collectives = analytic
-        details.timeline_ratio = rule.factors
-        details.timeline_runs = len(platform.validation)
-        details.operator_spread_seconds = (spread_lo, spread_hi)
-        details.interval_rule = rule.describe()
-        if platform.fitted is not None:
-            f = platform.fitted
-            details.fitted_scales = {"compute": f.compute_scale, "host": f.host_scale,
-                                     "host_layer": f.host_layer_scale,
-                                     "host_micro_batch": f.host_micro_batch_scale,
-                                     "host_launch": f.host_launch_scale, "network": f.network_scale}
-        warnings = list(plan.warnings)
-        if not platform.calibrated:
-            warnings.append(f"platform {platform.name} is uncalibrated (published specs only): "
-                            "treat this as an estimate")
-        if platform.collectives is None and plan.job.gpus > 1:
-            warnings.append(f"no measured collectives on platform {platform.name}: communication "
-                            f"from an analytic ring model of its published link speeds (wider interval)")
-        seen = set(warnings)
-        for h in handles:
-            for w in q.warnings.get(h, ()):
-                if w not in seen:
-                    seen.add(w)
-                    warnings.append(w)
-        if extrapolated:
-            names = q.names_of([h for h in handles if extra[h]])
-            warnings.append("shape outside the sampled range for " + ", ".join(names)
-                            + "; costed by roofline scaling (wider interval)")
-        iters = plan.job.iterations
-        total, details.total = _total(plan.job, iteration, details.forward_pipeline_seconds, platform, iters)
-        if not iters:
-            warnings.append("the job gives no train_iters, train_samples or train_tokens: "
-                            "total_seconds covers start-up only")
-        details.gpus = plan.job.gpus
-        details.nodes = plan.job.nodes(plan.job.cluster.gpus_per_node or platform.gpus_per_node)
-        out.append(Prediction(
-            iteration_seconds=iteration, interval_seconds=(lo, hi), total_seconds=total,
-            iterations=iters, breakdown=breakdown, platform=platform.name, bundle=platform.bundle_id,
-            warnings=warnings, job=plan.job, extrapolated=extrapolated, details=details))
-    return out
+    """:meth:`Predictor.predict_many` with a new Predictor: nothing remembered between calls
+    (keep a :class:`Predictor` to cost many jobs over time)."""
+    return Predictor(platform).predict_many(jobs)
 
 
 def predict(job: TrainingJob, platform: Platform) -> Prediction:
-    """Seconds per iteration, breakdown, interval and total job time of one job."""
-    return predict_many([job], platform)[0]
+    """Seconds per iteration, breakdown, interval and total job time of one job (a new
+    :class:`Predictor` each call)."""
+    return Predictor(platform).predict(job)

@@ -52,8 +52,17 @@ srun python pretrain_gpt.py --num-layers 2 --hidden-size 256 --num-attention-hea
 
 def _default_backends() -> dict[str, Any]:
     """The real predictor and launch parser, imported late so ``--help`` stays instant."""
-    from predictor import PerfcastError, load_platform, predict
+    from predictor import PerfcastError, Predictor, load_platform
     from .. import launch
+    # One Predictor per loaded platform, for this Engine's life: a shape costed once (the warm-up,
+    # an earlier job) is not costed again.  Each holds its platform, so an id is never reused.
+    predictors: dict[int, Any] = {}
+
+    def predict(job: Any, platform: Any) -> Any:
+        p = predictors.get(id(platform))
+        if p is None:
+            p = predictors[id(platform)] = Predictor(platform)
+        return p.predict(job)
     return {"load_platform": load_platform, "predict": predict,
             "parse_script": launch.parse_script, "slurm_request": launch.SlurmRequest,
             "errors": (PerfcastError,)}

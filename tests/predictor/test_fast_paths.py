@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from predictor import TrainingJob, load_platform, predict, predict_many
+from predictor import Predictor, TrainingJob, load_platform, predict, predict_many
 from predictor.errors import PerfcastError
-from predictor.estimate import _FLOAT_ROWS, clear_memos
+from predictor.estimate import _FLOAT_ROWS
 from predictor.network import Links, collective_seconds, ring_seconds
 from predictor.operators import OPERATORS, GpuSpec
 
@@ -72,8 +72,7 @@ def test_many_jobs_at_once_equal_each_job_alone(platform):
     assert len(jobs) > _FLOAT_ROWS
     together = predict_many(jobs, plat)
     for job, p in zip(jobs, together):
-        clear_memos()
-        alone = predict(job, plat)
+        alone = predict(job, plat)              # a new Predictor: nothing remembered
         assert alone.iteration_seconds == pytest.approx(p.iteration_seconds, rel=1e-12)
         assert alone.interval_seconds == pytest.approx(p.interval_seconds, rel=1e-12)
         assert alone.warnings == p.warnings
@@ -81,19 +80,26 @@ def test_many_jobs_at_once_equal_each_job_alone(platform):
 
 
 def test_forgetting_answers_keeps_the_platform_s_own_work_and_changes_nothing():
-    """clear_memos(answers_only=True) forgets every shape's answer but keeps what the platform's
-    files alone decide (operator resolution, interval rule); the predictions are the same bits."""
-    from predictor import estimate
+    """Predictor.forget_answers() forgets every shape's answer but keeps what the platform's files
+    alone decide (operator resolution, interval rule); the predictions are the same bits."""
     plat = load_platform("perlmutter-a100")
     job = _jobs()[0]
-    first = predict(job, plat)
-    static = dict(estimate._static(plat))
-    assert static and "interval_rule" in static
-    assert estimate._memo(plat)
-    clear_memos(answers_only=True)
-    assert not estimate._memo(plat) and estimate._static(plat) == static
-    again = predict(job, plat)
-    assert again.iteration_seconds == first.iteration_seconds
-    assert again.interval_seconds == first.interval_seconds and again.warnings == first.warnings
-    clear_memos()
-    assert not estimate._static(plat)
+    held = Predictor(plat)
+    first = held.predict(job)
+    resolved, rule = dict(held._resolved), held.interval_rule
+    assert resolved and held._answers
+    held.forget_answers()
+    assert not held._answers and held._resolved == resolved and held.interval_rule is rule
+    again = held.predict(job)
+    assert again.to_dict() == first.to_dict()
+    repeat = held.predict(job)                  # every answer from the memo this time
+    assert repeat.to_dict() == first.to_dict()
+
+
+def test_two_predictors_on_one_platform_share_nothing():
+    plat = load_platform("perlmutter-a100")
+    job = _jobs()[0]
+    a, b = Predictor(plat), Predictor(plat)
+    a.predict(job)
+    assert a._answers and not b._answers
+    assert b.predict(job).to_dict() == a.predict(job).to_dict()

@@ -104,7 +104,6 @@ def test_extrapolation_flagged_with_wider_interval(perlmutter, monkeypatch):
     assert any("outside the sampled range" in w for w in outside.warnings)
     width = lambda p: p.interval_seconds[1] - p.interval_seconds[0]
     monkeypatch.setattr(estimate, "EXTRAPOLATION_ERROR_ABOVE", 0.0)
-    estimate.clear_memos()          # the memo holds answers made with the shipped factor
     unwidened = predict(job, perlmutter)
     assert width(outside) > 1.1 * width(unwidened)
 
@@ -350,16 +349,15 @@ def test_host_prior_platforms_say_so_and_subtract_nothing(name):
 
 
 def test_memoised_answers_are_the_answers(perlmutter):
-    # The platform memoises operator and collective answers: a job asked again (or another job
+    # A Predictor memoises operator and collective answers: a job asked again (or another job
     # with the same shapes) gets the same prediction, interval and warnings as on a fresh load.
-    from predictor import load_platform
+    from predictor import Predictor, load_platform
     jobs = [make_job(), make_job(micro_batch=2, micro_batches=32), make_job(pp=8, tp=4, dp=4, micro_batches=32)]
     fresh = [predict(j, load_platform("perlmutter-a100", reload=True)) for j in jobs]
-    warm = load_platform("perlmutter-a100", reload=True)
-    first = [predict(j, warm) for j in jobs]
-    again = [predict(j, warm) for j in jobs]
-    from predictor.estimate import _memo
-    assert _memo(warm)
+    warm = Predictor(load_platform("perlmutter-a100", reload=True))
+    first = [warm.predict(j) for j in jobs]
+    again = [warm.predict(j) for j in jobs]
+    assert warm._answers
     for a, b, c in zip(fresh, first, again):
         assert a.iteration_seconds == b.iteration_seconds == c.iteration_seconds
         assert a.interval_seconds == b.interval_seconds == c.interval_seconds
@@ -369,7 +367,8 @@ def test_memoised_answers_are_the_answers(perlmutter):
 
 def test_memoised_collective_warning_is_kept():
     from predictor import load_platform
-    plat = load_platform("vista-gh200", reload=True)
+    from predictor import Predictor
+    held = Predictor(load_platform("vista-gh200", reload=True))
     job = make_job(pp=2, tp=1, dp=64, micro_batches=16)      # a DP group no calibration measured
-    a, b = predict(job, plat), predict(job, plat)
+    a, b = held.predict(job), held.predict(job)
     assert a.warnings == b.warnings
