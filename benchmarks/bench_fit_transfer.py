@@ -192,13 +192,15 @@ def main() -> int:
     ap.add_argument("--stacks-runs", default=str(ROOT / "benchmarks" / "data" / "cpu-family" / "stacks.toml"))
     ap.add_argument("--runs-per-fit", type=int, nargs="+", default=[10])
     ap.add_argument("--draws", type=int, default=20, help="--stacks: random draws per kind and N")
+    ap.add_argument("--dp", type=int, default=0, help="--stacks: only the runs of this data-parallel size")
     args = ap.parse_args()
     if args.stacks:
         from bench_cpu_family import resolve_platform
         keep_: list = []
         plat = dataclasses.replace(resolve_platform(str(ROOT / "benchmarks" / "data" / "cpu-family" / "samples"), keep_),
                                    fitted=None, validation=[])
-        bench_stacks(plat, load_runs(args.stacks_runs), args.runs_per_fit, args.draws)
+        runs = [r for r in load_runs(args.stacks_runs) if not args.dp or r.job.layout.dp == args.dp]
+        bench_stacks(plat, runs, args.runs_per_fit, args.draws)
         return 0
     if args.cpu_family:
         from bench_cpu_family import resolve_platform

@@ -444,13 +444,28 @@ def _apply_journal(base: Path, partition: str, data: dict[str, Any], pid_file: "
                 _fsync_dir(pdir)
             else:
                 _switch(pdir / link, pdir / "versions" / target)
-        _history(base, partition, str(data.get("history", "switched")))
+        line = str(data.get("history", "switched"))
+        # Replayed after a kill between the history line and the journal's update: once only.
+        if not (data.get("replayed") and _last_history(pdir).startswith(line.removesuffix(_REPLAYED))):
+            _history(base, partition, line)
         data = dict(data, stage="reload")
         _write_journal(pdir, data)
     res = reload_daemon(pid_file)
     (pdir / JOURNAL).unlink(missing_ok=True)
     _fsync_dir(pdir)
     return res
+
+
+_REPLAYED = " (completed after an interrupted switch)"
+
+
+def _last_history(pdir: Path) -> str:
+    """The last line of history.log without its time stamp ("" when none)."""
+    try:
+        lines = (pdir / "history.log").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    return lines[-1].split(" ", 1)[1] if lines and " " in lines[-1] else ""
 
 
 def _recover(base: Path, partition: str, pid_file: "str | Path | None") -> ReloadResult | None:
@@ -474,7 +489,8 @@ def _recover(base: Path, partition: str, pid_file: "str | Path | None") -> Reloa
         log.warning("%s: names no installed version; removed", path)
         path.unlink(missing_ok=True)
         return None
-    data["history"] = f"{data.get('history', 'switched')} (completed after an interrupted switch)"
+    data["history"] = f"{data.get('history', 'switched')}{_REPLAYED}"
+    data["replayed"] = True
     log.warning("partition %s: completing a switch that was interrupted: %s", partition, data["history"])
     return _apply_journal(base, partition, data, pid_file)
 

@@ -279,6 +279,10 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
     # of their offset is the partition's, and other kinds' jobs must not pay for it.
     best = min(loo_mape.values())
     lam = min(x for x in LAMBDAS if loo_mape[x] <= best + 1e-4)
+    if nk == 1:
+        # One kind: how much of its offset other kinds share is not in these runs at all (every
+        # pooling strength fits them alike up to the shrinkage), so the kind keeps it.
+        lam = LAMBDAS[0]
     P = _penalty(k, nk, lam0, lam)
     for _ in range(2):
         b, _ = _solve(X, r - offset, P)
@@ -382,12 +386,13 @@ def _status(std: Optional[float]) -> str:
 
 def _unseen_bound(J: np.ndarray, y: np.ndarray, kind_idx: np.ndarray, nk: int, k: int, lam0: float) -> float:
     """The log half-width of a kind with no runs: each kind's runs predicted by the partition's
-    factors fitted on the other kinds' runs (with one kind, on the other runs), their largest
+    factors fitted on the other kinds' runs (with one kind, by the models as they are), their largest
     |residual|, and never below the shipped runs' largest (SHIPPED_PRIOR.maximum)."""
     worst = 0.0
     P = lam0 * np.eye(k)
     if nk == 1:
-        worst = float(np.max(np.abs(_loo_linear(J, y, P))))
+        # No other kind to fit on: the kind's runs against the models as they are.
+        worst = float(np.max(np.abs(y)))
     else:
         for c in range(nk):
             m = kind_idx == c

@@ -299,3 +299,81 @@ def test_packaged_unit_writes_the_pid_file_install_signals():
     assert lines["PIDFile"] == str(PACKAGED_PIDFILE)
     assert is_predictd(lines["ExecStart"].split())
     assert "perfcast" in lines["RuntimeDirectory"]        # systemd creates /run/perfcast
+
+
+# ------------------------------------------------ kills at any point of a switch (issue 32, item 3)
+class _Killed(BaseException):
+    """What SIGKILL does to the code after it: nothing runs, no except or finally clause helps."""
+
+
+def _kill_at(monkeypatch, step: int, reloads: list) -> list:
+    """Make the ``step``-th action of a switch (journal writes, link switches, history, reload,
+    journal removal) die; record every reload.  Returns the action log."""
+    done: list = []
+
+    def wrap(name, fn):
+        def inner(*a, **k):
+            if len(done) == step:
+                raise _Killed(name)
+            done.append(name)
+            if name == "reload":
+                reloads.append(a)
+                return install_mod.ReloadResult("not-running", None, "test: no daemon")
+            return fn(*a, **k)
+        return inner
+    for name, attr in (("journal", "_write_journal"), ("switch", "_switch"), ("history", "_history"),
+                       ("reload", "reload_daemon")):
+        monkeypatch.setattr(install_mod, attr, wrap(name, getattr(install_mod, attr)))
+    return done
+
+
+@pytest.mark.parametrize("step", range(8))
+def test_an_install_killed_at_any_point_is_completed_by_the_next_command(tiny_platform, tmp_path, monkeypatch, step):
+    root = tmp_path / "root"
+    v1 = install_platform(tiny_platform, "p", root=root, tag="one").version
+    v2 = install_platform(tiny_platform, "p", root=root, tag="two").version
+    reloads: list = []
+    with monkeypatch.context() as m:
+        done = _kill_at(m, step, reloads)
+        try:
+            v3 = install_platform(tiny_platform, "p", root=root, tag="three").version
+            killed = False
+        except _Killed:
+            killed = True
+    pdir = root / "p"
+    v3 = next(p.name for p in (pdir / "versions").iterdir() if p.name.endswith("-three"))
+    journalled = "journal" in done
+    before = (pdir / "history.log").read_text()
+    # The next command (here a rollback) first finishes what the killed one journalled.
+    reloads.clear()
+    with monkeypatch.context() as m:
+        _kill_at(m, 99, reloads)
+        rb = rollback("p", root=root)
+    history = (pdir / "history.log").read_text()
+    if journalled or not killed:
+        # The switch happened (or is completed now): exactly one history line for it, a reload for
+        # it and one for the rollback, and the rollback goes from three back to two.
+        assert history.count(f"installed {v3}") == 1, history
+        assert (rb.previous, rb.version) == (v3, v2)
+        if killed and f"installed {v3}" not in before:
+            assert "completed after an interrupted switch" in history
+        assert len(reloads) == (2 if killed else 1)
+    else:
+        # Killed before anything was written down: nothing switched, three is not active.
+        assert f"installed {v3}" not in history
+        assert (rb.previous, rb.version) == (v2, v1)
+    assert os.readlink(pdir / "current") != os.readlink(pdir / "previous")
+    assert not (pdir / install_mod.JOURNAL).exists()
+
+
+def test_rollback_refuses_to_roll_back_to_the_current_version(tiny_platform, tmp_path):
+    root = tmp_path / "root"
+    install_platform(tiny_platform, "p", root=root, tag="one")
+    two = install_platform(tiny_platform, "p", root=root, tag="two")
+    # What a kill between the two link switches used to leave: previous = current.
+    prev = root / "p" / "previous"
+    prev.unlink()
+    os.symlink(os.readlink(root / "p" / "current"), prev)
+    with pytest.raises(CalibrationError, match=f"nothing to roll back to: previous and current are both {two.version}"):
+        rollback("p", root=root)
+    assert os.readlink(root / "p" / "current").endswith(two.version)
