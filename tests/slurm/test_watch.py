@@ -208,3 +208,52 @@ def test_report_shows_each_jobs_watch_actions(cluster, watched, tmp_path, capsys
     assert calibrate_main(["report", "--config", config]) == 0
     table = capsys.readouterr().out
     assert "watch actions (perf-calibrate watch):" in table and f"job {jobs['unreadable']}: log unreadable" in table
+
+
+def test_extension_does_not_push_back_a_pending_job_planned_on_the_nodes(cluster, watched):
+    """Runs after the four jobs ended: a 2x slow job on dev001, then a job that needs all of
+    dev001's GPUs; once the backfill plan puts that one at the slow job's end, the slow job
+    starts logging, and the watch must not extend past that planned start (allowance 0)."""
+    jobs, info = watched
+    for jid in jobs.values():
+        cluster.client.wait(jid, timeout=600, poll=1.0)
+    wdir = info["wdir"]
+    flag = wdir / "fair.start"
+    flag.unlink(missing_ok=True)
+    s, n, every = _plan(info["predicted_s"], 2.0, 600)
+    script = _script(cluster, wdir, "w-fair", s, n, every, every * 10, 0, 180)
+    text = script.read_text().replace("export STANDIN_ITER_S", f"export STANDIN_START_FILE={flag} STANDIN_ITER_S")
+    script.write_text(text)
+    slow = cluster.client.submit(script, ["--time=6", "--partition=watch"], cwd=str(wdir)).job_id
+    blocker = None
+    try:
+        _wait_running(cluster, slow)
+        blocker = cluster.client.submit(script, ["--time=2", "--partition=watch", "--gres=gpu:8",
+                                                 "--job-name=w-blocker"], cwd=str(wdir)).job_id
+        _wait_planned(cluster, blocker)
+        flag.write_text("go\n")
+        none = _wait_action(cluster, slow, lambda a: a.action != "none" or a.code == "no-fit")
+        assert none.action == "none" and f"pending job {blocker}'s planned start" in none.reason, none
+        assert _limit_s(cluster, slow) == 360.0
+    finally:
+        _cancel(cluster, *(j for j in (slow, blocker) if j))
+
+
+def _wait_running(cluster, job_id: int, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while cluster.client.job(job_id).state.split()[0] != "RUNNING":
+        if time.monotonic() > end:
+            raise AssertionError(f"job {job_id} did not start within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def _wait_planned(cluster, job_id: int, timeout: float = 150.0) -> float:
+    """The start the scheduler planned for a pending job (squeue --start), once it has one."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for p in cluster.client.planned_starts():
+            if p.job_id == job_id and "dev001" in p.nodes:
+                return p.start
+        time.sleep(1.0)
+    raise AssertionError(f"no planned start for job {job_id} within {timeout:.0f} s (backfill's bf_interval "
+                         f"is 30 s); squeue --start: {cluster.client.planned_starts()}")

@@ -3,7 +3,8 @@ STANDIN_LOG_INTERVAL iterations, claiming STANDIN_ITER_S seconds per iteration a
 that long (it sleeps), until --train-iters.  With STANDIN_GATE_AFTER=n it pauses after n lines
 until slurmctld shows a time limit other than the one it started with (at most STANDIN_GATE_MAX
 seconds): the job waits for the watch instead of racing it, so the outcome does not depend on how
-fast this machine runs the watch's pass."""
+fast this machine runs the watch's pass.  With STANDIN_START_FILE it prints nothing until that
+file exists (at most STANDIN_GATE_MAX seconds)."""
 import os
 import subprocess
 import sys
@@ -22,6 +23,11 @@ def limit() -> str:
     return next((t.split("=", 1)[1] for t in out.split() if t.startswith("TimeLimit=")), "")
 
 
+start_file = os.environ.get("STANDIN_START_FILE", "")
+if start_file:                      # the test says when to start (a backfill plan is in place)
+    end = time.monotonic() + gate_max
+    while not os.path.exists(start_file) and time.monotonic() < end:
+        time.sleep(0.5)
 start_limit = limit()
 lines = 0
 for i in range(every, iters + 1, every):
