@@ -1,9 +1,15 @@
 """Predictor: a job's operators costed by the platform's regressors, composed by the pipeline timeline.
 
-Two phases, so that many jobs (perf-advise's candidates) cost one regressor call per model:
-``_plan`` lists every operator and collective a job needs as handles into a shared query set;
-``QuerySet.evaluate`` runs each model once over all its rows; ``_assemble`` folds the seconds into
-the timeline.  The interval comes from assembling again with every term at the low and high end
+A batch of jobs (perf-advise's candidates) costs one regressor call per model, in four steps:
+
+- structure, :func:`_plan`: every operator and collective a job needs, as handles into a shared
+  :class:`QuerySet` (``_layer_terms``, ``_pipeline_terms``, ``_data_parallel_terms``, ``_host_terms``);
+- costing, :meth:`QuerySet.evaluate`: each model once over all its rows;
+- timeline, :func:`_assemble`: each stage's micro-batch (``_stage_seconds``), then the iteration
+  along the critical path (``_iteration``);
+- totals, :meth:`Predictor._prediction`: the interval, the whole job (``_total``), the warnings.
+
+The interval comes from assembling again with every term at the low and high end
 of its own uncertainty (validation p90, plus a measured extrapolation error outside the sampled
 range), then widened by the timeline's own error: the spread of measured / predicted over real
 runs recorded on the platform (:mod:`predictor.validation`).
@@ -543,32 +549,93 @@ def _attention_cost(job: TrainingJob, plat: Platform, seq: float) -> attention.A
         raise JobError("model.attention_impl", str(exc), job.source) from None
 
 
+@dataclass
+class _LayerTerms:
+    """One transformer layer's terms for one micro-batch, the same on every stage."""
+
+    forward: _Term
+    backward: _Term                # recomputation included
+    core_forward: _Term            # the attention core (selective recomputation repeats it)
+    core_backward: _Term
+    mp_forward: _Term              # its TP collectives, inside forward and backward
+    mp_backward: _Term
+    # Context parallelism: (K/V passes fwd, attention fwd, passes bwd, attention bwd).
+    cp_ring: Optional[tuple[_Term, _Term, _Term, _Term]] = None
+    tp_ub: Optional[list[_Term]] = None     # --tp-comm-overlap (_tp_overlap_terms)
+
+
+@dataclass
+class _PipelineTerms:
+    """Per pipeline stage: forward and backward of one micro-batch, and the TP collectives and
+    point-to-point sends inside them."""
+
+    forward: list[_Term]
+    backward: list[_Term]
+    mp_comm: list[tuple[_Term, _Term]]
+    p2p: list[tuple[_Term, _Term]]
+
+
+@dataclass
+class _DataParallelTerms:
+    """Per pipeline stage: gradient reduction and update (optimizer + parameter all-gather), and
+    the buckets of overlapped data parallelism (Megatron-core's, or ZeRO-3's layers)."""
+
+    reduction: list[_Term]
+    update: list[_Term]
+    buckets: list[_Buckets]
+    sharded: list[_Buckets]
+
+
 def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
+    """The terms of a job's timeline as handles into ``q``, in four steps: one layer's operators
+    and collectives, the pipeline stages built from them, data parallelism per stage, and the
+    host's time to issue each stage's work."""
     q.take_asked()
-    m, lay, prec = job.model, job.layout, job.run.precision
+    lay = job.layout
     gpn = job.cluster.gpus_per_node or plat.gpus_per_node
     warnings: list[str] = []
     if job.cluster.gpus_per_node and job.cluster.gpus_per_node != plat.gpus_per_node:
         warnings.append(f"the job says {job.cluster.gpus_per_node} GPUs per node, platform "
                         f"{plat.name} has {plat.gpus_per_node}; costed with the job's")
     grp = groups(job, gpn)
+    recipe = micro_batch_recipe(job.model, lay)
+    casts = _fp8_casts(job, plat, recipe, warnings)
+    layer = _layer_terms(job, plat, q, recipe, casts, grp, warnings)
+    sizes = stage_layers(job.model, lay)
+    pipeline = _pipeline_terms(job, q, recipe, layer, grp, sizes)
+    dp = _data_parallel_terms(job, q, recipe, grp, sizes)
+    stage_host, engine_step = _host_terms(job, plat, layer, casts, pipeline, sizes)
+    tp_ub_slowdown = 1.0
+    if layer.tp_ub is not None:
+        tp_ub_slowdown = _tp_overlap_slowdown(plat, grp, warnings)
+    return _JobPlan(job, pipeline.forward, pipeline.backward, dp.reduction, dp.update, pipeline.mp_comm,
+                    pipeline.p2p, warnings, stage_host, layer.cp_ring, list(sizes), q.take_asked(),
+                    dp.buckets, dp.sharded, layer.tp_ub, tp_ub_slowdown, engine_step,
+                    reshards_after_forward(lay, job.run.framework))
+
+
+def _fp8_casts(job: TrainingJob, plat: Platform, recipe: MicroBatchRecipe,
+               warnings: list[str]) -> Optional[fp8.CastCalls]:
+    """The FP8 casts of one layer (run.fp8), or None."""
+    if not job.run.fp8:
+        return None
+    if "fp8" not in plat.gpu.tflops:
+        raise JobError("run.fp8", f"platform {plat.name}'s GPU ({plat.gpu.name}) has no FP8 tensor "
+                       "cores (its bundle's gpu_spec gives no fp8 peak)", job.source)
+    casts = fp8.layer_casts(recipe.layer, job.run.fp8, job.layout.micro_batches)
+    if not fp8.measured(plat.compute):
+        warnings.append("FP8 GEMMs (run.fp8) without FP8 samples in this platform's bundle costed "
+                        "from its 16-bit measurements: the tensor-core part at the FP8 peak, casts "
+                        "as memory passes (a prior; wider interval)")
+    return casts
+
+
+def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBatchRecipe,
+                 casts: Optional[fp8.CastCalls], grp: Mapping[str, Group], warnings: list[str]) -> _LayerTerms:
+    """One layer: its operators, FP8 casts, context-parallel passes and TP collectives, with
+    recomputation folded into the backward."""
+    m, lay, prec = job.model, job.layout, job.run.precision
     tp, cp = lay.tp, lay.cp
-    recipe = micro_batch_recipe(m, lay)
-
-    def op(name: str, direction: str, **shape: float) -> int:
-        return q.op(name, direction, prec, shape)
-
-    casts = None
-    if job.run.fp8:
-        if "fp8" not in plat.gpu.tflops:
-            raise JobError("run.fp8", f"platform {plat.name}'s GPU ({plat.gpu.name}) has no FP8 tensor "
-                           "cores (its bundle's gpu_spec gives no fp8 peak)", job.source)
-        casts = fp8.layer_casts(recipe.layer, job.run.fp8, lay.micro_batches)
-        if not fp8.measured(plat.compute):
-            warnings.append("FP8 GEMMs (run.fp8) without FP8 samples in this platform's bundle costed "
-                            "from its 16-bit measurements: the tensor-core part at the FP8 peak, casts "
-                            "as memory passes (a prior; wider interval)")
-
     layer_fwd, layer_bwd, core_fwd = _Term(), _Term(), _Term()
     core_bwd = _Term()
     for c in recipe.layer:
@@ -589,12 +656,12 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
             core_bwd.add(hb, count_b)
     if casts is not None:
         for c in casts.forward:
-            layer_fwd.add(op(c.name, "fwd", **c.shape), c.count)
+            layer_fwd.add(q.op(c.name, "fwd", prec, c.shape), c.count)
         for c in casts.backward:
-            layer_bwd.add(op(c.name, "fwd", **c.shape), c.count)
+            layer_bwd.add(q.op(c.name, "fwd", prec, c.shape), c.count)
     # Context parallelism: ring attention passes this rank's K and V chunk on cp − 1 times per
     # forward (K/V and their gradients in backward), overlapped with the attention blocks; only
-    # what the attention does not hide is exposed (added in _assemble).
+    # what the attention does not hide is exposed (added in _stage_seconds).
     cp_ring = None
     if cp > 1:
         kv = q.coll("p2p", recipe.cp_kv_entries, grp["cp_ring"], prec)
@@ -606,8 +673,8 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     tp_ub: Optional[list[_Term]] = None
     if tp > 1 and lay.tp_comm_overlap:
         # Transformer Engine's userbuffers: the collectives run in chunks under the GEMMs
-        # (predictor/tp_overlap.py); what they add beyond the GEMMs is costed in _assemble from
-        # the GEMMs whole and in chunks and the collectives.
+        # (predictor/tp_overlap.py); what they add beyond the GEMMs is costed in _stage_seconds
+        # from the GEMMs whole and in chunks and the collectives.
         tp_ub = _tp_overlap_terms(q, recipe, casts is not None, prec, grp["tp"], tp)
     elif tp > 1:
         ar = q.coll("allreduce", recipe.tp_allreduce_entries, grp["tp"], prec)
@@ -620,36 +687,45 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         mp_bwd.extend(mp_fwd)
     elif lay.recompute == "selective":
         layer_bwd.extend(core_fwd)
+    return _LayerTerms(layer_fwd, layer_bwd, core_fwd, core_bwd, mp_fwd, mp_bwd, cp_ring, tp_ub)
+
+
+def _pipeline_terms(job: TrainingJob, q: QuerySet, recipe: MicroBatchRecipe, layer: _LayerTerms,
+                    grp: Mapping[str, Group], sizes: Sequence[int]) -> _PipelineTerms:
+    """Each stage's layers, the embedding on the first, the head on the last, and the sends
+    between stages."""
+    lay, prec = job.layout, job.run.precision
+
+    def op(name: str, direction: str, shape: Mapping[str, float]) -> int:
+        return q.op(name, direction, prec, shape)
 
     # First stage: vocab-parallel embedding (its output is all-reduced over TP).
     first_fwd, first_bwd = _Term(), _Term()
     for c in recipe.embedding:
-        first_fwd.add(op(c.name, "fwd", **c.shape), c.count)
-        first_bwd.add(op(c.name, "bwd", **c.shape), c.count)
+        first_fwd.add(op(c.name, "fwd", c.shape), c.count)
+        first_bwd.add(op(c.name, "bwd", c.shape), c.count)
     emb_mp = _Term()
-    if tp > 1:
+    if lay.tp > 1:
         emb_mp.add(q.coll("allreduce", recipe.tp_allreduce_entries, grp["tp"], prec))
         first_fwd.extend(emb_mp)
     # Last stage: final norm, output projection, vocab-parallel cross entropy.
     last_fwd, last_bwd = _Term(), _Term()
     for c in recipe.head:
-        last_fwd.add(op(c.name, "fwd", **c.shape), c.count)
-        last_bwd.add(op(c.name, "bwd", **c.shape), c.count)
+        last_fwd.add(op(c.name, "fwd", c.shape), c.count)
+        last_bwd.add(op(c.name, "bwd", c.shape), c.count)
     p2p_h = gather_h = None
     if lay.pp > 1:
         sends = pipeline_sends(recipe, lay, job.run.framework)
         p2p_h = q.coll("p2p", sends.send_entries, grp["pp"], prec)
         if sends.gather_entries:
             gather_h = q.coll("allgather", sends.gather_entries, grp["tp"], prec)
-    sizes = stage_layers(m, lay)
-    params = stage_parameter_counts(m, lay)
     v = lay.virtual_stages
-    stage_fwd, stage_bwd, mp_comm, p2p_terms = [], [], [], []
+    out = _PipelineTerms([], [], [], [])
     for i, n_layers in enumerate(sizes):
-        f = _Term().extend(layer_fwd, n_layers)
-        b = _Term().extend(layer_bwd, n_layers)
-        mpf = _Term().extend(mp_fwd, n_layers)
-        mpb = _Term().extend(mp_bwd, n_layers)
+        f = _Term().extend(layer.forward, n_layers)
+        b = _Term().extend(layer.backward, n_layers)
+        mpf = _Term().extend(layer.mp_forward, n_layers)
+        mpb = _Term().extend(layer.mp_backward, n_layers)
         if i == 0:
             f.extend(first_fwd)
             b.extend(first_bwd)
@@ -675,13 +751,21 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                 pb.add(gather_h)
         f.extend(pf)
         b.extend(pb)
-        stage_fwd.append(f)
-        stage_bwd.append(b)
-        mp_comm.append((mpf, mpb))
-        p2p_terms.append((pf, pb))
+        out.forward.append(f)
+        out.backward.append(b)
+        out.mp_comm.append((mpf, mpb))
+        out.p2p.append((pf, pb))
+    return out
 
-    # Data parallelism: gradient reduction and the optimizer step, per stage.
-    stage_dp, stage_update, buckets, sharded = [], [], [], []
+
+def _data_parallel_terms(job: TrainingJob, q: QuerySet, recipe: MicroBatchRecipe,
+                         grp: Mapping[str, Group], sizes: Sequence[int]) -> _DataParallelTerms:
+    """Gradient reduction and the optimizer step, per stage."""
+    m, lay, prec = job.model, job.layout, job.run.precision
+    tp, cp = lay.tp, lay.cp
+    params = stage_parameter_counts(m, lay)
+    out = _DataParallelTerms([], [], [], [])
+    stage_dp, stage_update, buckets, sharded = out.reduction, out.update, out.buckets, out.sharded
     # The ranks holding the same parameters: dp, times cp under context parallelism.
     dp, zero, dp_group = lay.dp * cp, lay.zero_stage, grp["dpcp"]
     # Hybrid sharding (ZeRO-3 only): gathers and reduce-scatters over the shard group, and each
@@ -748,50 +832,57 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
         tied = q.coll("allreduce", recipe.tied_embedding_entries, grp["pp"], prec)
         stage_dp[0].add(tied)
         stage_dp[-1].add(tied)
-    stage_host = []
+    return out
+
+
+def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Optional[fp8.CastCalls],
+                pipeline: _PipelineTerms, sizes: Sequence[int]) -> tuple[list[float], float]:
+    """The host's seconds to issue each stage's work for one micro-batch, and the framework
+    engine's own per-step host work (none without a ``[host]`` table)."""
+    lay = job.layout
+    if plat.host is None:
+        return [], 0.0
     engine = host_engine_for(job.run.framework, lay.pp)
-    engine_step = 0.0
-    if plat.host is not None:
-        # Collective calls per layer (TP all-reduces: forward, backward, recompute; context-
-        # parallel K/V passes) and kernel launches beyond a plain layer's kernels.
-        layer_calls = sum(c for _, c in mp_fwd.parts) + sum(c for _, c in mp_bwd.parts) if tp > 1 else 0.0
-        layer_launches = 0.0
-        if tp_ub is not None:
-            ub_f, ub_b = tp_overlap.layer_launches(tp)
-            layer_launches += ub_f * (2 if lay.recompute == "full" else 1) + ub_b
-        if casts is not None:
-            # FP8 casts: each one more kernel, the forward's again when recomputed.
-            layer_launches += casts.launches_forward * (2 if lay.recompute == "full" else 1) \
-                + casts.launches_backward
-        if cp_ring is not None:
-            # K/V passes: cp − 1 in forward, twice that in backward, the forward's again when
-            # recomputed; each a send and a receive.
-            passes = (cp - 1) * (3 + (1 if lay.recompute == "full" else 0))
-            layer_calls += 2 * passes
-        # FSDP (PyTorch's, under the frameworks that shard with it) runs its hooks around every
-        # layer it wraps: unshard before forward and backward, reshard, reduce-scatter.
-        fsdp = lay.zero_stage >= 2 and job.run.framework in FSDP_FRAMEWORKS
-        stage_host = [plat.host.stage_seconds(n, n * layer_launches, lay.recompute, fitted=plat.fitted,
-                                              engine=engine,
-                                              collective_calls=n * layer_calls + len(p2p_terms[i][0].parts)
-                                              + len(p2p_terms[i][1].parts),
-                                              fsdp_layers=n if fsdp else 0)
-                      for i, n in enumerate(sizes)]
-        engine_step = plat.host.engine_step_seconds(engine, plat.fitted)
-    tp_ub_slowdown = 1.0
-    if tp_ub is not None:
-        sms, known = tp_overlap.sm_count(plat.gpu.name)
-        if not known:
-            warnings.append(f"layout.tp_comm_overlap: the SM count of {plat.gpu.name} is not known; "
-                            f"costed with an H100's {sms}")
-        tp_ub_slowdown = tp_overlap.margin_slowdown(sms)
-        if grp["tp"].nodes > 1:
-            warnings.append("layout.tp_comm_overlap with the TP group across nodes: costed over the "
-                            "inter-node links, although Transformer Engine's userbuffers need the group "
-                            "inside one NVLink domain")
-    return _JobPlan(job, stage_fwd, stage_bwd, stage_dp, stage_update, mp_comm, p2p_terms, warnings,
-                    stage_host, cp_ring, list(sizes), q.take_asked(), buckets, sharded, tp_ub,
-                    tp_ub_slowdown, engine_step, reshards_after_forward(lay, job.run.framework))
+    # Collective calls per layer (TP all-reduces: forward, backward, recompute; context-
+    # parallel K/V passes) and kernel launches beyond a plain layer's kernels.
+    layer_calls = sum(c for _, c in layer.mp_forward.parts) + sum(c for _, c in layer.mp_backward.parts) \
+        if lay.tp > 1 else 0.0
+    layer_launches = 0.0
+    if layer.tp_ub is not None:
+        ub_f, ub_b = tp_overlap.layer_launches(lay.tp)
+        layer_launches += ub_f * (2 if lay.recompute == "full" else 1) + ub_b
+    if casts is not None:
+        # FP8 casts: each one more kernel, the forward's again when recomputed.
+        layer_launches += casts.launches_forward * (2 if lay.recompute == "full" else 1) \
+            + casts.launches_backward
+    if layer.cp_ring is not None:
+        # K/V passes: cp − 1 in forward, twice that in backward, the forward's again when
+        # recomputed; each a send and a receive.
+        passes = (lay.cp - 1) * (3 + (1 if lay.recompute == "full" else 0))
+        layer_calls += 2 * passes
+    # FSDP (PyTorch's, under the frameworks that shard with it) runs its hooks around every
+    # layer it wraps: unshard before forward and backward, reshard, reduce-scatter.
+    fsdp = lay.zero_stage >= 2 and job.run.framework in FSDP_FRAMEWORKS
+    stage_host = [plat.host.stage_seconds(n, n * layer_launches, lay.recompute, fitted=plat.fitted,
+                                          engine=engine,
+                                          collective_calls=n * layer_calls + len(pipeline.p2p[i][0].parts)
+                                          + len(pipeline.p2p[i][1].parts),
+                                          fsdp_layers=n if fsdp else 0)
+                  for i, n in enumerate(sizes)]
+    return stage_host, plat.host.engine_step_seconds(engine, plat.fitted)
+
+
+def _tp_overlap_slowdown(plat: Platform, grp: Mapping[str, Group], warnings: list[str]) -> float:
+    """--tp-comm-overlap: the GEMMs' slowdown beside the collectives' SMs."""
+    sms, known = tp_overlap.sm_count(plat.gpu.name)
+    if not known:
+        warnings.append(f"layout.tp_comm_overlap: the SM count of {plat.gpu.name} is not known; "
+                        f"costed with an H100's {sms}")
+    if grp["tp"].nodes > 1:
+        warnings.append("layout.tp_comm_overlap with the TP group across nodes: costed over the "
+                        "inter-node links, although Transformer Engine's userbuffers need the group "
+                        "inside one NVLink domain")
+    return tp_overlap.margin_slowdown(sms)
 
 
 # The linear GEMMs of a layer (predictor/recipe.py) as Transformer Engine names them, and the
@@ -854,10 +945,37 @@ def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
     return (weights @ secs[hs]).T.tolist()
 
 
+@dataclass
+class _StageSeconds:
+    """Each stage's seconds for one micro-batch, overlaps and host waits included, and what the
+    overlaps hid (from one column of :func:`_term_values`)."""
+
+    forward: list[float]
+    backward: list[float]
+    reduction: Sequence[float]        # gradient reduction, serial
+    update: Sequence[float]
+    mp_comm: list[tuple[float, float]]
+    p2p: list[tuple[float, float]]
+    cp_exposed: list[float]
+    tp_exposed: tuple[list[float], list[float]]
+    tp_hidden: float                  # one layer's serial TP cost the overlap hid, on the longest stage
+    zero3_exposed: tuple[list[float], list[float]]
+    zero3_hidden: float
+    host_wait: list[float]
+    buckets_at: int                   # where the overlapped buckets' terms start in the column
+
+
 def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[float, Breakdown, Details]:
-    """The timeline of one job from its term values (one column of :func:`_term_values`)."""
+    """The timeline of one job from its term values (one column of :func:`_term_values`): each
+    stage's micro-batch, then the iteration along the critical path."""
+    return _iteration(plan, _stage_seconds(plan, vals), vals, plat)
+
+
+def _stage_seconds(plan: _JobPlan, vals: Sequence[float]) -> _StageSeconds:
+    """Each stage's forward and backward with what the context-parallel passes, the overlapped
+    TP collectives and ZeRO-3's per-layer collectives leave exposed, and the host's wait."""
     lay = plan.job.layout
-    mb, p, v = lay.micro_batches, lay.pp, lay.virtual_stages
+    p = lay.pp
     fwd, bwd = list(vals[:p]), list(vals[p:2 * p])
     dp, update = vals[2 * p:3 * p], vals[3 * p:4 * p]
     mp_comm = [(vals[4 * p + 2 * i], vals[4 * p + 2 * i + 1]) for i in range(p)]
@@ -920,6 +1038,17 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
         # adds is charged to the backward, which ends the pair.
         host_wait[i] = max(0.0, h - fwd[i] - bwd[i])
         bwd[i] += host_wait[i]
+    return _StageSeconds(fwd, bwd, dp, update, mp_comm, p2p, cp_exposed, (tp_exposed_f, tp_exposed_b),
+                         tp_hidden, (zero3_f, zero3_b), zero3_hidden, host_wait, off)
+
+
+def _iteration(plan: _JobPlan, st: _StageSeconds, vals: Sequence[float],
+               plat: Platform) -> tuple[float, Breakdown, Details]:
+    """One iteration: the 1F1B schedule over the slowest stage, then each stage's gradient
+    reduction against its drain slack, the update and the step overhead."""
+    lay = plan.job.layout
+    mb, p, v = lay.micro_batches, lay.pp, lay.virtual_stages
+    fwd, bwd, dp, update, off = st.forward, st.backward, st.reduction, st.update, st.buckets_at
     F, B = max(fwd), max(bwd)
     crit_f, crit_b = fwd.index(F), bwd.index(B)        # the first slowest stage
     # Each stage reduces its gradients once its own last backward is done: in 1F1B's drain stage i
@@ -930,7 +1059,7 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
     if p > 1 and plan.job.model.tied_embeddings:
         slack[-1] = 0.0
     reduce_exposed, gather_exposed = list(dp), [0.0] * p
-    hidden = zero3_hidden                        # communication run under compute, its stage's most
+    hidden = st.zero3_hidden                     # communication run under compute, its stage's most
     for i, b in enumerate(plan.buckets):
         # --overlap-grad-reduce: the buckets' reductions run under the last micro-batch's
         # backward, --overlap-param-gather's gathers under the next step's first forward.
@@ -951,6 +1080,8 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
     step_overhead = plat.overheads.step_seconds + plan.engine_step_seconds
     iteration = mb * (F + B) + bubble + reduce_wait + update_seconds + step_overhead
     waves = mb + (p - 1) / v
+    (tp_exposed_f, tp_exposed_b), (zero3_f, zero3_b) = st.tp_exposed, st.zero3_exposed
+    mp_comm, p2p = st.mp_comm, st.p2p
     breakdown = Breakdown(
         forward_seconds=mb * F,
         backward_seconds=mb * B,
@@ -963,15 +1094,15 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
                                       + tp_exposed_f[crit_f] + tp_exposed_b[crit_b]),
         pp_p2p_seconds=waves * (p2p[crit_f][0] + p2p[crit_b][1]),
         # Of which (inside the backward): the device waiting for its host to issue the work.
-        host_wait_seconds=mb * host_wait[crit_b],
+        host_wait_seconds=mb * st.host_wait[crit_b],
         # Of which (inside the stage times): context-parallel K/V passes the attention did not hide.
-        cp_exposed_seconds=mb * cp_exposed[crit_b],
+        cp_exposed_seconds=mb * st.cp_exposed[crit_b],
         # Of which (inside the stage times): ZeRO-3's gathers and reduce-scatters left exposed.
         dp_exposed_seconds=mb * (zero3_f[crit_f] + zero3_b[crit_b]),
     )
-    stages = StageTimes(tuple(plan.sizes), tuple(fwd), tuple(bwd), tuple(host_wait))
+    stages = StageTimes(tuple(plan.sizes), tuple(fwd), tuple(bwd), tuple(st.host_wait))
     return iteration, breakdown, Details(stages, waves * F, dp_hidden_seconds=hidden,
-                                         tp_hidden_seconds=waves * tp_hidden)
+                                         tp_hidden_seconds=waves * st.tp_hidden)
 
 
 def _total(job: TrainingJob, iteration: float, fwd_pipeline: float, plat: Platform,
@@ -1081,7 +1212,7 @@ class Predictor:
         if inside:
             for i, p in zip(inside, self._predict_batch([jobs[i] for i in inside])):
                 out[i] = p
-        unfitted = self._twin("unfitted", lambda: dataclasses.replace(platform, fitted=None))
+        unfitted = self._twin("unfitted", lambda: dataclasses.replace(platform, fitted=fitted.without_scales()))
         for i, p in zip(outside, unfitted._predict_batch([jobs[i] for i in outside])):
             p.warnings.append(f"the fitted scales of platform {platform.name} are not applied: this job has "
                               f"{why[i]}, unlike the runs they were fitted on (predicted from the measured "
@@ -1090,66 +1221,75 @@ class Predictor:
         return out  # type: ignore[return-value]
 
     def _predict_batch(self, jobs: Sequence[TrainingJob]) -> list[Prediction]:
-        platform = self.platform
-        q = QuerySet(platform, self._answers, self._resolved, self.memo_entries)
-        plans = [_plan(job, platform, q) for job in jobs]
+        """Structure (each job's terms, :func:`_plan`), costing (one regressor call per model for
+        all of them), then each job's timeline, interval and totals (:meth:`_prediction`)."""
+        q = QuerySet(self.platform, self._answers, self._resolved, self.memo_entries)
+        plans = [_plan(job, self.platform, q) for job in jobs]
         secs, rel, extra = q.evaluate()
         lo_secs, hi_secs = secs * np.maximum(1.0 - rel, 0.05), secs * (1.0 + rel)
-        rule = self.interval_rule
-        out = []
         columns = np.column_stack([secs, lo_secs, hi_secs])
-        for plan in plans:
-            at, at_lo, at_hi = _term_values(plan, columns)
-            iteration, breakdown, details = _assemble(plan, at, platform)
-            spread_lo = _assemble(plan, at_lo, platform)[0]
-            spread_hi = _assemble(plan, at_hi, platform)[0]
-            handles = plan.handles
-            extrapolated = bool(extra[handles].any()) if handles else False
-            # The interval: a conformal bound on the platform's measured residuals, widened by the
-            # operators' own spread only where the job leaves what those runs cover.
-            analytic = any(h in q.analytic for h in handles)
-            lo, hi = interval_seconds(iteration, spread_lo, spread_hi, rule, extrapolated=extrapolated,
-                                      analytic_collectives=analytic)
-            details.analytic_collectives = analytic
-            details.timeline_ratio = rule.factors
-            details.timeline_runs = len(platform.validation)
-            details.operator_spread_seconds = (spread_lo, spread_hi)
-            details.interval_rule = rule.describe()
-            if platform.fitted is not None:
-                f = platform.fitted
-                details.fitted_scales = {"compute": f.compute_scale, "host": f.host_scale,
-                                         "host_layer": f.host_layer_scale,
-                                         "host_micro_batch": f.host_micro_batch_scale,
-                                         "host_launch": f.host_launch_scale, "network": f.network_scale}
-            warnings = list(plan.warnings)
-            if not platform.calibrated:
-                warnings.append(f"platform {platform.name} is uncalibrated (published specs only): "
-                                "treat this as an estimate")
-            if platform.collectives is None and plan.job.gpus > 1:
-                warnings.append(f"no measured collectives on platform {platform.name}: communication "
-                                f"from an analytic ring model of its published link speeds (wider interval)")
-            seen = set(warnings)
-            for h in handles:
-                for w in q.warnings.get(h, ()):
-                    if w not in seen:
-                        seen.add(w)
-                        warnings.append(w)
-            if extrapolated:
-                names = q.names_of([h for h in handles if extra[h]])
-                warnings.append("shape outside the sampled range for " + ", ".join(names)
-                                + "; costed by roofline scaling (wider interval)")
-            iters = plan.job.iterations
-            total, details.total = _total(plan.job, iteration, details.forward_pipeline_seconds, platform, iters)
-            if not iters:
-                warnings.append("the job gives no train_iters, train_samples or train_tokens: "
-                                "total_seconds covers start-up only")
-            details.gpus = plan.job.gpus
-            details.nodes = plan.job.nodes(plan.job.cluster.gpus_per_node or platform.gpus_per_node)
-            out.append(Prediction(
-                iteration_seconds=iteration, interval_seconds=(lo, hi), total_seconds=total,
-                iterations=iters, breakdown=breakdown, platform=platform.name, bundle=platform.bundle_id,
-                warnings=warnings, job=plan.job, extrapolated=extrapolated, details=details))
-        return out
+        return [self._prediction(plan, q, columns, extra) for plan in plans]
+
+    def _prediction(self, plan: _JobPlan, q: QuerySet, columns: np.ndarray, extra: np.ndarray) -> Prediction:
+        """One job's answer from the costed terms: the timeline with every term at its value and
+        at its low and high end, the interval, the whole job's time and the warnings."""
+        platform, rule = self.platform, self.interval_rule
+        at, at_lo, at_hi = _term_values(plan, columns)
+        iteration, breakdown, details = _assemble(plan, at, platform)
+        spread_lo = _assemble(plan, at_lo, platform)[0]
+        spread_hi = _assemble(plan, at_hi, platform)[0]
+        handles = plan.handles
+        extrapolated = bool(extra[handles].any()) if handles else False
+        # The interval: a conformal bound on the platform's measured residuals, widened by the
+        # operators' own spread only where the job leaves what those runs cover.
+        analytic = any(h in q.analytic for h in handles)
+        lo, hi = interval_seconds(iteration, spread_lo, spread_hi, rule, extrapolated=extrapolated,
+                                  analytic_collectives=analytic)
+        details.analytic_collectives = analytic
+        details.timeline_ratio = rule.factors
+        details.timeline_runs = len(platform.validation)
+        details.operator_spread_seconds = (spread_lo, spread_hi)
+        details.interval_rule = rule.describe()
+        if platform.fitted is not None:
+            f = platform.fitted
+            details.fitted_scales = {"compute": f.compute_scale, "host": f.host_scale,
+                                     "host_layer": f.host_layer_scale,
+                                     "host_micro_batch": f.host_micro_batch_scale,
+                                     "host_launch": f.host_launch_scale, "network": f.network_scale}
+        warnings = _warnings(plan, q, platform, [h for h in handles if extra[h]])
+        iters = plan.job.iterations
+        total, details.total = _total(plan.job, iteration, details.forward_pipeline_seconds, platform, iters)
+        if not iters:
+            warnings.append("the job gives no train_iters, train_samples or train_tokens: "
+                            "total_seconds covers start-up only")
+        details.gpus = plan.job.gpus
+        details.nodes = plan.job.nodes(plan.job.cluster.gpus_per_node or platform.gpus_per_node)
+        return Prediction(
+            iteration_seconds=iteration, interval_seconds=(lo, hi), total_seconds=total,
+            iterations=iters, breakdown=breakdown, platform=platform.name, bundle=platform.bundle_id,
+            warnings=warnings, job=plan.job, extrapolated=extrapolated, details=details)
+
+
+def _warnings(plan: _JobPlan, q: QuerySet, platform: Platform, extrapolated: list[int]) -> list[str]:
+    """The job's own warnings, the platform's, each costed term's (once each), and which terms
+    lay outside their samples (``extrapolated``: their handles)."""
+    warnings = list(plan.warnings)
+    if not platform.calibrated:
+        warnings.append(f"platform {platform.name} is uncalibrated (published specs only): "
+                        "treat this as an estimate")
+    if platform.collectives is None and plan.job.gpus > 1:
+        warnings.append(f"no measured collectives on platform {platform.name}: communication "
+                        f"from an analytic ring model of its published link speeds (wider interval)")
+    seen = set(warnings)
+    for h in plan.handles:
+        for w in q.warnings.get(h, ()):
+            if w not in seen:
+                seen.add(w)
+                warnings.append(w)
+    if extrapolated:
+        warnings.append("shape outside the sampled range for " + ", ".join(q.names_of(extrapolated))
+                        + "; costed by roofline scaling (wider interval)")
+    return warnings
 
 
 def predict_many(jobs: Sequence[TrainingJob], platform: Platform) -> list[Prediction]:

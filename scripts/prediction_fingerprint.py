@@ -46,6 +46,27 @@ GRID_MODELS = {
 }
 GRID_GPUS = 64
 GRID_GLOBAL_BATCH = 512
+# Each a change to the llama-8b job at 64 GPUs, for the paths the grid does not take (an error,
+# e.g. FP8 on a GPU without it, is recorded as the answer).
+_BASE_LAYOUT = {"pp": 2, "tp": 4, "dp": 8, "micro_batch": 1, "micro_batches": 64, "zero_stage": 1,
+                "recompute": "selective"}
+FEATURES = {
+    "cp2": ({"cp": 2, "dp": 4, "micro_batches": 128}, {}),
+    "fp8-delayed": ({}, {"fp8": "delayed"}),
+    "fp8-current-full": ({"recompute": "full"}, {"fp8": "current", "framework": "megatron"}),
+    "tp-comm-overlap": ({"tp_comm_overlap": True, "sequence_parallel": True}, {"framework": "megatron"}),
+    "overlap-dp": ({"overlap_grad_reduce": True, "overlap_param_gather": True}, {"framework": "megatron"}),
+    "virtual-stages": ({"pp": 4, "dp": 4, "virtual_stages": 2, "micro_batches": 128}, {"framework": "megatron"}),
+    "deepspeed-pp": ({"pp": 4, "dp": 4, "micro_batches": 128}, {"framework": "deepspeed"}),
+    "neox-tied": ({}, {"framework": "neox"}),
+    "fsdp-hybrid": ({"pp": 1, "tp": 1, "dp": 64, "micro_batches": 8, "zero_stage": 3, "dp_shard": 8},
+                    {"framework": "torchtitan"}),
+    "fsdp-keep": ({"pp": 1, "tp": 2, "dp": 32, "micro_batches": 16, "zero_stage": 3,
+                   "reshard_after_forward": "never"}, {"framework": "torchtitan"}),
+    "zero2-nemo": ({"pp": 1, "tp": 2, "dp": 32, "micro_batches": 16, "zero_stage": 2}, {"framework": "nemo"}),
+    "fp32-grads": ({}, {"framework": "megatron", "grad_reduce_precision": "fp32"}),
+    "eval-save": ({}, {"eval_interval": 100, "eval_iters": 10, "save_interval": 250}),
+}
 
 
 def grid_layouts(gpus: int, global_batch: int) -> Iterator[dict[str, Any]]:
@@ -118,6 +139,19 @@ def fingerprint() -> list[dict[str, Any]]:
                         continue
                     ids.append(f"{mode}/{name}/grid/{model_name}/" + "-".join(f"{k}{v}" for k, v in lay.items()))
                 out += _one(lambda: backend.batch(jobs, plat, mode), ids, gib)
+            for feature, (layout, run) in FEATURES.items():
+                model = GRID_MODELS["llama-8b"]
+                if feature == "neox-tied":
+                    model = dict(model, tied_embeddings=True)
+                try:
+                    job = TrainingJob.from_dict({
+                        "model": model, "layout": dict(_BASE_LAYOUT, **layout),
+                        "run": dict({"precision": "bf16", "train_iters": 1000}, **run),
+                        "cluster": {"gpus_per_node": plat.gpus_per_node}})
+                except Exception as exc:
+                    out.append({"id": f"{mode}/{name}/feature/{feature}", "error": f"job: {exc}"})
+                    continue
+                out += _one(lambda: backend.batch([job], plat, mode), [f"{mode}/{name}/feature/{feature}"], gib)
     return out
 
 
