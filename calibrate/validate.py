@@ -165,7 +165,7 @@ class ValidationSummary:
                          f"{100 * f.loo_mape_after:.2f}%; {f.reason}")
             if getattr(f, "kinds", None):
                 lines.append(f.report())
-            if f.domain is not None and f.fitted:
+            if f.domain is not None and (f.fitted or (f.written and getattr(f, "kinds", None))):
                 lines.append(f"fit applies to jobs like the runs: {f.domain.describe()} (others are "
                              "predicted without it)")
         return "\n".join(lines)

@@ -265,7 +265,7 @@ class IntervalRule:
         rule = cls.from_scores(run_scores(platform.validation), calibrated=platform.calibrated,
                                bundle=bundle)
         fitted = platform.fitted
-        if fitted is None or not (fitted.kind or fitted.kinds):
+        if fitted is None or not (fitted.kind or fitted.kinds or fitted.unseen_kind_bound):
             return rule
         return rule.for_kind(fitted.kind_scores if fitted.kind else None, fitted.unseen_kind_bound)
 

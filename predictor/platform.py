@@ -192,6 +192,14 @@ class FittedTerms:
     kind: str = ""
     kind_scores: tuple[float, ...] = ()
 
+    def without_scales(self) -> "Optional[FittedTerms]":
+        """What a job outside the fit's domain is predicted with: no scales (None), but a per-kind
+        fit's interval data kept (an unseen kind's bound stays what the runs measured)."""
+        if not (self.kinds or self.kind or self.unseen_kind_bound):
+            return None
+        return FittedTerms(kinds=(), kind=self.kind, kind_scores=self.kind_scores,
+                           unseen_kind_bound=self.unseen_kind_bound)
+
     def for_kind(self, key: str) -> "Optional[KindTerms]":
         """The fitted terms of kind ``key`` (None: no runs of it were fitted)."""
         return next((k for k in self.kinds if k.kind == key), None)
