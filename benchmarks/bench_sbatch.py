@@ -1,6 +1,8 @@
 """sbatch wall time on the dev cluster: perfcast's job_submit.lua vs a trivial one.
 
     python benchmarks/bench_sbatch.py [--n 200] [--base .dev-cluster]
+    python benchmarks/bench_sbatch.py --distinct               # every submission a new job shape
+    python benchmarks/bench_sbatch.py --distinct --concurrent 50 --n 100   # 50 sbatch at once
 
 Brings the dev cluster up (packaging/dev-cluster/up.sh; idempotent; stopped again afterwards if
 it was not running before), then times ``--n`` held
@@ -13,15 +15,21 @@ cache, slurmctld's job table growing) hits both alike:
 Switching is a symlink swap beside slurm.conf (slurmctld reloads the script when its mtime is
 newer than its last load); each switch is checked in the logs: the trivial block must not reach
 the daemon.  The perfcast link is restored at the end.  Prints median/p90 per variant and the ratio
-of medians (target <= 1.5).  Jobs are cancelled afterwards.
+of medians (target <= 1.5; with --concurrent, <= 2).  Jobs are cancelled afterwards.
+
+``--distinct``: each submission is a job of its own shape (``--num-layers`` counts up), so every
+perfcast submission is a new prediction (no cache hit, no memoised shape).  ``--concurrent N``:
+each timed submission is N sbatch processes started at once; every one is timed.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +51,9 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=20)
     ap.add_argument("--base", default=os.environ.get("PERFCAST_DEV_BASE", str(REPO / ".dev-cluster")))
     ap.add_argument("--iters", default="2000", help="train iters in the benchmark script")
+    ap.add_argument("--distinct", action="store_true", help="every submission a new job shape")
+    ap.add_argument("--concurrent", type=int, default=1, metavar="N",
+                    help="N submissions at once, each timed")
     args = ap.parse_args()
 
     env = {**os.environ, "PERFCAST_DEV_BASE": args.base}
@@ -59,10 +70,28 @@ def main() -> int:
     real = REPO / "slurm_plugin" / "lua" / "job_submit.lua"
     trivial = base / "etc" / "job_submit_trivial.lua"
     trivial.write_text(TRIVIAL)
-    script = base / "jobs" / "bench_megatron.sh"
-    script.write_text((REPO / "tests/slurm/scripts/megatron_gpt.sh").read_text()
-                      .replace("@ITERS@", args.iters))
-    script.chmod(0o644)
+    text = (REPO / "tests/slurm/scripts/megatron_gpt.sh").read_text().replace("@ITERS@", args.iters)
+    shapes = itertools.count()
+    lock = threading.Lock()
+
+    def script_file() -> Path:
+        """The batch script to submit: the same one, or (--distinct) one of a new shape."""
+        if not args.distinct:
+            path = base / "jobs" / "bench_megatron.sh"
+            if not path.exists():
+                path.write_text(text)
+                path.chmod(0o644)
+            return path
+        with lock:
+            k = next(shapes)
+        # (layers, hidden) never seen before; layers divisible by the script's pipeline size (2),
+        # hidden by its 16 heads; all of the size the script trains (about 1.3B parameters).
+        layers, hidden = 8 + 2 * (k % 24), 2048 + 64 * (k // 24)
+        path = base / "jobs" / f"bench_megatron_{k}.sh"
+        path.write_text(text.replace("--num-layers 24", f"--num-layers {layers}")
+                        .replace("--hidden-size 2048", f"--hidden-size {hidden}"))
+        path.chmod(0o644)
+        return path
 
     def use(target: Path) -> None:
         # slurmctld reloads job_submit.lua when the file's mtime is *newer than its last load*
@@ -82,15 +111,26 @@ def main() -> int:
         with open(daemon_log, errors="replace") as fh:
             return sum(1 for line in fh if "event=request " in line)
 
-    def submit() -> tuple[float, str]:
+    def submit_one(script: Path, out: list) -> None:
         t0 = time.perf_counter()
         p = subprocess.run(["sbatch", "--parsable", "--hold", str(script)], env=env,
                            capture_output=True, text=True, cwd=str(base / "jobs"))
-        dt = time.perf_counter() - t0
-        if p.returncode != 0:
-            sys.exit(f"sbatch failed: {p.stderr}")
-        ids.append(p.stdout.strip())
-        return dt, p.stderr
+        out.append((time.perf_counter() - t0, p))
+
+    def submit() -> list[tuple[float, str]]:
+        """One submission, or --concurrent of them at once: (seconds, sbatch's stderr) each."""
+        scripts = [script_file() for _ in range(args.concurrent)]
+        out: list = []
+        threads = [threading.Thread(target=submit_one, args=(sc, out)) for sc in scripts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for _, p in out:
+            if p.returncode != 0:
+                sys.exit(f"sbatch failed: {p.stderr}")
+            ids.append(p.stdout.strip())
+        return [(dt, p.stderr) for dt, p in out]
 
     times = {"perfcast": [], "trivial": []}
     sample = {}
@@ -98,7 +138,7 @@ def main() -> int:
         for name, target in (("perfcast", real), ("trivial", trivial)):   # warm both
             use(target)
             for _ in range(3):
-                _, sample[name] = submit()
+                sample[name] = submit()[0][1]
         done = 0
         while done < args.n:
             k = min(args.block, args.n - done)
@@ -107,9 +147,9 @@ def main() -> int:
                 submit()   # the first call after a switch reloads the script: not timed
                 before = served()
                 for _ in range(k):
-                    times[name].append(submit()[0])
+                    times[name].extend(dt for dt, _ in submit())
                 reached = served() - before
-                if (name == "trivial") != (reached == 0):
+                if reached != (0 if name == "trivial" else k * args.concurrent):
                     sys.exit(f"{name} block: {reached} of {k} submissions reached the daemon; "
                              "the job_submit.lua switch did not take")
             done += k
@@ -127,7 +167,8 @@ def main() -> int:
         print(f"{name:9s} n={len(ms)}  median={statistics.median(ms):6.2f} ms  "
               f"p90={pct(ms, 90):6.2f} ms  p99={pct(ms, 99):6.2f} ms  mean={statistics.fmean(ms):6.2f} ms")
     ratio = statistics.median(times["perfcast"]) / statistics.median(times["trivial"])
-    print(f"median ratio perfcast/trivial = {ratio:.2f} (target <= 1.5)")
+    print(f"({'new job shapes' if args.distinct else 'one job shape'}, {args.concurrent} at once)")
+    print(f"median ratio perfcast/trivial = {ratio:.2f} (target <= {1.5 if args.concurrent == 1 else 2})")
     return 0
 
 
