@@ -36,7 +36,7 @@ from .recipe import (Group, MicroBatchRecipe, gradient_precision, gradient_reduc
                      total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
-from . import attention, fp8, overlap, tp_overlap
+from . import attention, fp8, memory, overlap, tp_overlap
 from .host import FSDP_FRAMEWORKS, engine_for as host_engine_for
 from .interval import IntervalRule, interval_seconds
 from .job import TrainingJob
@@ -109,7 +109,6 @@ class Prediction:
 
         Computed on demand: perf-advise predicts thousands of layouts and sizes them itself.
         """
-        from . import memory
         job = self.job
         est = memory.stage_estimates(job.model, job.layout, job.run.precision,
                                      memory.job_gradient_precision(job), job.run.framework)

@@ -42,13 +42,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol
 
 from .errors import BundleError
 from .job import DEEPSPEED_PIPELINE_FRAMEWORKS
 
-if TYPE_CHECKING:
-    from .platform import FittedTerms
+
+class HostScales(Protocol):
+    """The ``[fitted]`` host scales these costs are multiplied by (predictor.platform.FittedTerms
+    has them); named here so that this module does not import the platform that imports it."""
+
+    host_scale: float
+    host_layer_scale: float
+    host_micro_batch_scale: float
+    host_launch_scale: float
 
 _KEYS = ("layer_seconds", "layer_forward_seconds", "micro_batch_seconds", "launch_seconds",
          "collective_seconds", "fsdp_layer_seconds")
@@ -184,7 +191,7 @@ class HostCosts:
         return self.collective_seconds if self.collective_seconds >= 0 else self.launch_seconds
 
     def stage_seconds(self, layers: int, collectives: float, recompute: str,
-                      fitted: "FittedTerms | None" = None, engine: str = "",
+                      fitted: "HostScales | None" = None, engine: str = "",
                       collective_calls: float = 0.0, fsdp_layers: int = 0) -> float:
         """Host time to issue one micro-batch's forward and backward on a stage of ``layers``.
 
@@ -217,7 +224,7 @@ class HostCosts:
                                     + micro_batch * fitted.host_micro_batch_scale
                                     + launches * fitted.host_launch_scale)
 
-    def engine_step_seconds(self, engine: str, fitted: "FittedTerms | None" = None) -> float:
+    def engine_step_seconds(self, engine: str, fitted: "HostScales | None" = None) -> float:
         """The engine's own host work per optimizer step (0 without one, or unmeasured).  The step
         ends at a synchronisation (loss-scale or gradient-norm check, loss reporting), so the
         device waits through it whether the job is host-bound or not.  ``fitted``: as in

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Union
 
 from .errors import JobError
-from .job import DEEPSPEED_PIPELINE_FRAMEWORKS, PIPE_SPLITS, Layout, ModelSpec, TrainingJob
+from .specs import PIPE_SPLITS, JobParts, Layout, ModelSpec, runs_deepspeed_engine  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -397,12 +397,12 @@ def _split(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     return _layers_per_part(parts, L)
 
 
-def stage_layers(model: Union[ModelSpec, TrainingJob], layout: Optional[Layout] = None) -> list[int]:
+def stage_layers(model: Union[ModelSpec, JobParts], layout: Optional[Layout] = None) -> list[int]:
     """Transformer layers per pipeline stage (per device; summed over its virtual chunks).
 
     ``stage_layers(job)`` or ``stage_layers(job.model, job.layout)``; see :func:`pipeline_split`.
     """
-    if isinstance(model, TrainingJob):
+    if layout is None and isinstance(getattr(model, "layout", None), Layout):   # a TrainingJob
         model, layout = model.model, model.layout
     if not isinstance(model, ModelSpec) or not isinstance(layout, Layout):
         raise TypeError("stage_layers(model, layout) or stage_layers(job): the split depends on the "
@@ -573,15 +573,6 @@ def micro_batch_recipe(model: ModelSpec, layout: Layout) -> MicroBatchRecipe:
                             2 * tokens * kvpg * d, vpr * h)
 
 
-def runs_deepspeed_engine(layout: Layout, framework: str = "") -> bool:
-    """Whether the job trains under DeepSpeed's engine (GPT-NeoX, DeepSpeed, Megatron-DeepSpeed)
-    rather than Megatron-core's (Megatron-LM, NeMo) or TorchTitan's.  A job that names no
-    framework follows its split rule: ``pipe_split = "megatron"`` is Megatron's."""
-    if framework:
-        return framework in DEEPSPEED_PIPELINE_FRAMEWORKS
-    return layout.pipe_split != "megatron"
-
-
 def gradient_reduction(layout: Layout, framework: str = "") -> str:
     """The collective that reduces gradients over data parallelism.
 
@@ -694,7 +685,7 @@ def _group(size: int, stride: int, gpn: int) -> Group:
     return Group(math.ceil(size / per_node), per_node)
 
 
-def groups(job: TrainingJob, gpus_per_node: int) -> dict[str, Group]:
+def groups(job: JobParts, gpus_per_node: int) -> dict[str, Group]:
     """TP, CP, DP and PP groups in Megatron/DeepSpeed rank order (tp fastest, then cp, dp, pp).
 
     The DP group is sized from dp (the paper's code sized it from GPUs per node), and a pipeline
