@@ -324,6 +324,8 @@ def test_a_reader_blocked_on_a_fifo_never_outlives_its_worker(tmp_path, how):
         t.join(5)
         if how != "daemon-stopped":
             d.stop()
+        else:
+            shutil.rmtree(d.dir, ignore_errors=True)
 
 
 # --- the packaged unit --------------------------------------------------------------------------
