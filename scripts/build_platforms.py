@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from calibrate.engine_costs import pooled_costs  # noqa: E402
 from calibrate.env import KNOWN_GPUS  # noqa: E402
 from calibrate.fitting import BundleFitter, convert_bundle  # noqa: E402
 from calibrate.fitting.host import platform_host_table  # noqa: E402
@@ -188,9 +189,6 @@ def engine_prior(folder: Path = RUNS / "engine-host") -> dict:
     """[host.engines]: what DeepSpeed's engines add to the host's work per step, micro-batch and
     layer, fitted over every ``benchmarks/bench_engine_host.py --json`` run in ``folder`` (ms; a
     negative difference, within the measurement's noise, is taken as none)."""
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_engine_host import pooled_costs
     paths = sorted(folder.glob("*.json"))
     meta = json.loads(paths[0].read_text(encoding="utf-8"))
     pooled = pooled_costs(paths)

@@ -1,21 +1,22 @@
-"""benchmarks/bench_engine_host.py's fit: what DeepSpeed's engines add, from measured step times.
+"""calibrate/engine_costs.py: what DeepSpeed's engines add, fitted from measured step times.
 
 Nothing here runs DeepSpeed or depends on the machine: only the arithmetic that turns the
-committed measurements into the shipped [host.engines] tables.
+committed measurements into the shipped [host.engines] tables (numpy only, no torch).
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+from calibrate import engine_costs
 
-from .conftest import benchmark_module  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    return benchmark_module("bench_engine_host")
+    return engine_costs
 
 
 def _rows(step, micro_batch, layer, noise=None):
@@ -51,3 +52,16 @@ def test_pooled_runs_keep_each_configuration_at_its_fastest(tmp_path):
     # The disturbed run alone would not give them.
     alone = _bench().pooled_costs(paths[:1])["pipe2"]
     assert alone["micro_batch_ms"] != pytest.approx(0.3, abs=1e-3)
+
+
+def test_the_committed_runs_give_the_shipped_engine_tables():
+    # scripts/build_platforms.py ships this fit of benchmarks/data/engine-host as [host.engines].
+    from predictor import load_platform
+    paths = sorted((ROOT / "benchmarks" / "data" / "engine-host").glob("*.json"))
+    assert paths
+    pooled = engine_costs.pooled_costs(paths)
+    shipped = load_platform("dgx-h100").host.engines
+    for engine, mode in (("deepspeed_pipeline", "pipe2"), ("deepspeed", "engine")):
+        for key in ("step", "micro_batch", "layer"):
+            want = round(max(0.0, pooled[mode][f"{key}_ms"]) * 1e-3, 7)
+            assert getattr(shipped[engine], f"{key}_seconds") == pytest.approx(want, abs=1e-12)

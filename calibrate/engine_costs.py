@@ -1,0 +1,46 @@
+"""What DeepSpeed's engines add to the host's work, fitted from measured step times.
+
+:mod:`calibrate.engine_host` times DeepSpeed's engines and a plain PyTorch loop at layers per stage
+{1, 2, 4} × micro-batches {2, 4, 8}; here each is fitted as step time = step + micro-batches ×
+(micro_batch + layers per stage × layer), and the engine's share is the difference of the two fits
+(``benchmarks/bench_engine_host.py`` prints it; ``scripts/build_platforms.py`` ships the pooled
+fit of the committed runs as every platform's ``[host.engines]`` prior).  numpy only: the fit runs
+without torch or DeepSpeed.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+
+def fit_costs(rows: list[tuple[int, int, float]]) -> dict[str, float]:
+    """Least squares of ms = step + m·micro_batch + m·layers·layer over (layers, m, ms) rows."""
+    a = np.array([[1.0, m, m * layers] for layers, m, _ in rows])
+    b = np.array([ms for _, _, ms in rows])
+    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+    resid = b - a @ coef
+    return {"step_ms": float(coef[0]), "micro_batch_ms": float(coef[1]), "layer_ms": float(coef[2]),
+            "residual_rms_ms": float(np.sqrt(np.mean(resid ** 2)))}
+
+
+def pooled_costs(paths: list[Path]) -> dict[str, dict[str, float]]:
+    """Per mode, what the engine adds (ms per step, micro-batch, layer), fitted over the fastest
+    time of each configuration across the ``--json`` files in ``paths``: other tenants' load only
+    ever adds time (calibrate/timing.py keeps the fastest quarter on a CPU for the same reason)."""
+    best: dict[str, dict[str, dict[tuple[int, int], float]]] = {}
+    for path in paths:
+        for mode, d in json.loads(path.read_text(encoding="utf-8"))["modes"].items():
+            for kind in ("deepspeed", "plain"):
+                seen = best.setdefault(mode, {}).setdefault(kind, {})
+                for layers, m, ms in d["rows"][kind]:
+                    seen[(layers, m)] = min(ms, seen.get((layers, m), math.inf))
+    out = {}
+    for mode, by_kind in best.items():
+        ds, plain = (fit_costs([(*key, ms) for key, ms in by_kind[k].items()]) for k in ("deepspeed", "plain"))
+        out[mode] = {k: ds[k] - plain[k] for k in ("step_ms", "micro_batch_ms", "layer_ms")}
+        out[mode]["runs"] = len(paths)
+        out[mode]["residual_rms_ms"] = max(ds["residual_rms_ms"], plain["residual_rms_ms"])
+    return out
