@@ -464,7 +464,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     inst = None
     # A shipped platform (or its installed site overlay) is never rewritten in place: the runs and
     # factors go into a site overlay, installed under the platforms root like a calibration.
-    shipped = d.name if is_shipped(d) else overlay_of(d) if d.parent.name == "versions" else ""
+    shipped = d.name if is_shipped(d) else overlay_of(d) if d.resolve().parent.name == "versions" else ""
     if shipped and not args.dry_run:
         res, inst = validate_overlay(shipped, runs, root=args.root, fit=args.fit, replace=args.replace,
                                      pid_file=args.pid_file)

@@ -160,6 +160,20 @@ class FitDomain:
         return {"hidden": [self.hidden_min, self.hidden_max], **{t: list(v) for t, v in self.traits}}
 
 
+def _check_scales(d: dict, scales: tuple[str, ...], prefix: str) -> None:
+    """Each of ``scales`` in FITTED_SCALE_RANGE and the leave-one-out MAPEs >= 0 (default 1 / 0);
+    ``prefix`` names the table in the error ("platform.toml: fitted.")."""
+    lo, hi = FITTED_SCALE_RANGE
+    for key in scales:
+        v = d.get(key, 1.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+            raise BundleError(f"{prefix}{key} must be a number in [{lo}, {hi}], got {v!r}")
+    for key in ("loo_mape_before", "loo_mape_after"):
+        v = d.get(key, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:
+            raise BundleError(f"{prefix}{key} must be a number >= 0, got {v!r}")
+
+
 @dataclass(frozen=True)
 class FittedTerms:
     """``[fitted]``: ``compute_scale`` multiplies every operator's device time (never below its
@@ -211,15 +225,7 @@ class FittedTerms:
         unknown = sorted(set(d) - ({f for f in cls.__dataclass_fields__} - {"kinds", "kind", "kind_scores"}))
         if unknown:
             raise BundleError(f"{where}: fitted.{unknown[0]}: unknown key")
-        lo, hi = FITTED_SCALE_RANGE
-        for key in FITTED_SCALES:
-            v = d.get(key, 1.0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-                raise BundleError(f"{where}: fitted.{key} must be a number in [{lo}, {hi}], got {v!r}")
-        for key in ("loo_mape_before", "loo_mape_after"):
-            v = d.get(key, 0.0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:
-                raise BundleError(f"{where}: fitted.{key} must be a number >= 0, got {v!r}")
+        _check_scales(d, FITTED_SCALES, f"{where}: fitted.")
         runs = d.get("runs", [])
         if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):
             raise BundleError(f"{where}: fitted.runs must be a list of run names")
@@ -313,11 +319,7 @@ class KindTerms:
         runs = d.get("runs")
         if isinstance(runs, bool) or not isinstance(runs, int) or runs < 0:
             raise BundleError(f"{where}.runs must be a number of runs >= 0, got {runs!r}")
-        lo, hi = FITTED_SCALE_RANGE
-        for key in KIND_SCALES:
-            v = d.get(key, 1.0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-                raise BundleError(f"{where}.{key} must be a number in [{lo}, {hi}], got {v!r}")
+        _check_scales(d, KIND_SCALES, f"{where}.")
         se = d.get("std_errors", {})
         if not isinstance(se, dict) or any(k not in KIND_SCALES or isinstance(v, bool) or
                                            not isinstance(v, (int, float)) or not 0 <= v < 1e3
@@ -327,10 +329,6 @@ class KindTerms:
         if (not isinstance(scores, list) or len(scores) > 1000 or
                 any(isinstance(x, bool) or not isinstance(x, (int, float)) or not abs(x) < 50 for x in scores)):
             raise BundleError(f"{where}.scores must be a list of finite log ratios")
-        for key in ("loo_mape_before", "loo_mape_after"):
-            v = d.get(key, 0.0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:
-                raise BundleError(f"{where}.{key} must be a number >= 0, got {v!r}")
         domain = FitDomain.from_dict(d["domain"], where) if "domain" in d else None
         return cls(d["kind"], runs, tuple((k, float(d.get(k, 1.0))) for k in KIND_SCALES),
                    tuple((k, float(v)) for k, v in se.items()), tuple(float(x) for x in scores),

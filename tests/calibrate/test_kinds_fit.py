@@ -163,3 +163,37 @@ def test_a_platform_without_kinds_predicts_as_before(tmp_path):
     for a, b in zip(predict_many(jobs, plat), Predictor(plat)._predict_in_domain(jobs)):
         assert a.iteration_seconds == b.iteration_seconds and a.interval_seconds == b.interval_seconds
         assert a.details.kind["factors"] == "platform"
+
+
+def test_validate_fit_on_a_shipped_platform_installs_a_site_overlay(tmp_path, capsys, monkeypatch):
+    """`perf-calibrate validate dgx-a100 --fit` never rewrites the package's file: the runs and the
+    fitted kinds go into an overlay under the platforms root, which lookups by name then find."""
+    from calibrate import install as install_mod
+    from calibrate.cli import main
+    from predictor.platform import resolve_platform
+    from predictor.samples import dump_toml
+    monkeypatch.delenv("PERFCAST_PLATFORMS", raising=False)
+    monkeypatch.setattr(install_mod, "DEFAULT_PIDFILE", tmp_path / "no-daemon.pid")
+    monkeypatch.setattr(install_mod, "_systemd_active", lambda: False)
+    shipped = resolve_platform("dgx-a100") / "platform.toml"
+    before = shipped.read_bytes()
+    base = load_platform("dgx-a100")
+    slow = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.3))
+    jobs = [_with(_job(**s), framework="megatron") for s in A100_SHAPES[:8]]
+    runs = _runs(jobs, slow, "r", noise=True)
+    f = tmp_path / "runs.toml"
+    f.write_text(dump_toml({"run": [dict(r.to_dict(), measured_iteration_seconds=r.measured_iteration_seconds)
+                                    for r in runs]}))
+    root = tmp_path / "platforms"
+    assert main(["validate", "dgx-a100", "--runs", str(f), "--fit", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "site overlay of the shipped platform dgx-a100: installed" in out, out
+    assert shipped.read_bytes() == before
+    monkeypatch.setenv("PERFCAST_PLATFORMS", str(root))
+    plat = load_platform("dgx-a100", reload=True)
+    assert plat.path == (root / "dgx-a100" / "current").resolve()
+    assert plat.fitted.for_kind(kind_of(jobs[0]).key).scale("compute_scale") == pytest.approx(1.3, rel=0.03)
+    # A second validate of the same name goes to the installed overlay (a new version of it).
+    assert main(["validate", "dgx-a100", "--runs", str(f), "--root", str(root)]) == 0
+    assert "installed" in capsys.readouterr().out
+    assert len([p for p in (root / "dgx-a100" / "versions").iterdir() if not p.name.startswith(".")]) == 2
