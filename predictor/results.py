@@ -1,7 +1,7 @@
 """What a prediction answers, as typed objects: the iteration's breakdown and the details behind it.
 
-The JSON of ``perf-predict --json`` keeps its documented keys (docs/job-file.md): the fields here
-carry units in their names, and ``to_dict`` writes the published key for each.
+The fields carry units in their names; ``to_dict`` writes them as the JSON keys of
+``perf-predict --json`` (docs/job-file.md), and the text output prints the same words.
 """
 from __future__ import annotations
 
@@ -31,16 +31,32 @@ class Breakdown:
     # ZeRO-3's per-layer all-gathers and reduce-scatters that the layers' work does not cover
     dp_exposed_seconds: float = 0.0
 
-    # field name -> the key of the published JSON
-    JSON_KEYS = {"forward_seconds": "stage_fwd_max", "backward_seconds": "stage_bwd_max",
-                 "bubble_seconds": "bubble", "gradient_reduce_seconds": "dp_allreduce",
-                 "optimizer_seconds": "max_update", "tp_allreduce_seconds": "mp_allreduce",
-                 "pp_p2p_seconds": "pp_p2p", "step_overhead_seconds": "step_overhead",
-                 "host_wait_seconds": "host_wait", "cp_exposed_seconds": "cp_exposed",
-                 "dp_exposed_seconds": "dp_exposed"}
+    # One vocabulary: the JSON key of each part is its field name, and perf-predict prints the same
+    # words (acronyms in capitals, the unit in the column header).  The parts that add up to the
+    # iteration, in order, then those already inside them ("of which").
+    PARTS = ("forward_seconds", "backward_seconds", "bubble_seconds", "gradient_reduce_seconds",
+             "optimizer_seconds", "step_overhead_seconds")
+    INSIDE = ("tp_allreduce_seconds", "pp_p2p_seconds", "host_wait_seconds", "cp_exposed_seconds",
+              "dp_exposed_seconds")
+    LABELS = {"forward_seconds": "forward (slowest stage)", "backward_seconds": "backward (slowest stage)",
+              "bubble_seconds": "bubble", "gradient_reduce_seconds": "gradient reduce",
+              "optimizer_seconds": "optimizer (+ all-gather)", "step_overhead_seconds": "step overhead",
+              "tp_allreduce_seconds": "TP allreduce", "pp_p2p_seconds": "PP p2p",
+              "host_wait_seconds": "host wait", "cp_exposed_seconds": "CP exposed",
+              "dp_exposed_seconds": "DP exposed"}
+    # The keys perfcast wrote before (the paper's code's names), still written beside the new
+    # ones with the same values so that readers of the old JSON keep working.
+    LEGACY_KEYS = {"forward_seconds": "stage_fwd_max", "backward_seconds": "stage_bwd_max",
+                   "bubble_seconds": "bubble", "gradient_reduce_seconds": "dp_allreduce",
+                   "optimizer_seconds": "max_update", "tp_allreduce_seconds": "mp_allreduce",
+                   "pp_p2p_seconds": "pp_p2p", "step_overhead_seconds": "step_overhead",
+                   "host_wait_seconds": "host_wait", "cp_exposed_seconds": "cp_exposed",
+                   "dp_exposed_seconds": "dp_exposed"}
 
     def to_dict(self) -> dict[str, float]:
-        return {key: float(getattr(self, name)) for name, key in self.JSON_KEYS.items()}
+        out = {name: float(getattr(self, name)) for name in self.PARTS + self.INSIDE}
+        out.update({key: out[name] for name, key in self.LEGACY_KEYS.items()})
+        return out
 
 
 @dataclass(frozen=True)

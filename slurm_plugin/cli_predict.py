@@ -71,19 +71,16 @@ def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
         "",
         f"{'per iteration':<26}{'seconds':>10}",
     ]
+    # The labels are the JSON keys' words (predictor.results.Breakdown.LABELS): one vocabulary.
     b = pred.breakdown
-    rows = [("forward, slowest stage", b.forward_seconds), ("backward, slowest stage", b.backward_seconds),
-            ("pipeline bubble", b.bubble_seconds), ("DP gradient reduction", b.gradient_reduce_seconds),
-            ("optimizer + all-gather", b.optimizer_seconds)]
-    if b.step_overhead_seconds:
-        rows.append(("step overhead", b.step_overhead_seconds))
-    for label, v in rows:
-        lines.append(f"  {label:<24}{v:>10.3f}")
-    lines.append(f"  {'(of which TP all-reduce)':<24}{b.tp_allreduce_seconds:>10.3f}")
-    lines.append(f"  {'(of which PP p2p)':<24}{b.pp_p2p_seconds:>10.3f}")
-    if getattr(b, "dp_exposed_seconds", 0.0):
-        # ZeRO-3 gathers and reduce-scatters per layer inside forward and backward (no separate reduction)
-        lines.append(f"  {'(of which ZeRO-3 comm)':<24}{b.dp_exposed_seconds:>10.3f}")
+    for name in b.PARTS:
+        v = getattr(b, name)
+        if v or name != "step_overhead_seconds":
+            lines.append(f"  {b.LABELS[name]:<24}{v:>10.3f}")
+    for name in b.INSIDE:
+        v = getattr(b, name)
+        if v or name in ("tp_allreduce_seconds", "pp_p2p_seconds"):
+            lines.append(f"  {'(of which ' + b.LABELS[name] + ')':<24}{v:>10.3f}")
     lines.append(f"{'iteration':<26}{pred.iteration_seconds:>10.3f}   [{lo:.3f} – {hi:.3f}]")
     d = pred.details
     if d is not None:

@@ -16,9 +16,9 @@ from __future__ import annotations
 from .facts import Facts
 
 _WHAT = {
-    "tp": ("tensor-parallel communication overlapped with the GEMMs", "(of which TP all-reduce)"),
-    "grad": ("the data-parallel gradient reduction overlapped with the backward", "DP gradient reduction"),
-    "param": ("the ZeRO parameter all-gather overlapped with the forward", "optimizer + all-gather"),
+    "tp": ("tensor-parallel communication overlapped with the GEMMs", "TP allreduce"),
+    "grad": ("the data-parallel gradient reduction overlapped with the backward", "gradient reduce"),
+    "param": ("the ZeRO parameter all-gather overlapped with the forward", "optimizer (+ all-gather)"),
 }
 
 

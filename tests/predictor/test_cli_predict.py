@@ -14,7 +14,10 @@ EXAMPLE = ROOT / "examples" / "gpt20b-perlmutter.toml"
 def test_human_table(capsys):
     assert main([str(EXAMPLE), "--platform", "perlmutter-a100"]) == 0
     out = capsys.readouterr().out
-    assert "iteration" in out and "pipeline bubble" in out and "total" in out
+    assert "iteration" in out and "bubble" in out and "total" in out
+    from predictor.results import Breakdown
+    for name in Breakdown.PARTS[:5] + ("tp_allreduce_seconds", "pp_p2p_seconds"):
+        assert Breakdown.LABELS[name] in out
 
 
 def test_json_answer(capsys):

@@ -15,9 +15,12 @@ def test_prediction_shape_and_json(perlmutter):
     for key in ("iteration_seconds", "interval_seconds", "total_seconds", "breakdown", "platform",
                 "bundle", "warnings", "job"):
         assert key in d
-    for key in ("stage_fwd_max", "stage_bwd_max", "dp_allreduce", "max_update", "mp_allreduce",
-                "pp_p2p", "bubble"):
+    for key in ("forward_seconds", "backward_seconds", "bubble_seconds", "gradient_reduce_seconds",
+                "optimizer_seconds", "tp_allreduce_seconds", "pp_p2p_seconds"):
         assert d["breakdown"][key] >= 0
+    # The keys written before stay readable, with the same values.
+    for name, old in p.breakdown.LEGACY_KEYS.items():
+        assert d["breakdown"][old] == d["breakdown"][name] == getattr(p.breakdown, name)
     lo, hi = p.interval_seconds
     assert lo < p.iteration_seconds < hi
     b = p.breakdown
