@@ -444,7 +444,8 @@ def _refit_line(refit: dict) -> str:
             f"({refit.get('fit_runs', '?')} fitted): leave-one-out MAPE {pct('loo_mape_before')} -> "
             f"{pct('loo_mape_after')}, compute scale {refit.get('compute_scale', '?')}, host scale "
             f"{refit.get('host_scale', '?')}, network scale {refit.get('network_scale', 1.0)}, "
-            f"{refit.get('refitted_at', '')}")
+            + (f"{refit['kinds']} kind(s) with factors of their own, " if refit.get("kinds") else "")
+            + f"{refit.get('refitted_at', '')}")
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
