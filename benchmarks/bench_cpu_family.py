@@ -123,6 +123,14 @@ def stack_family() -> list[dict]:
     ]
 
 
+def stack_family_dp1() -> list[dict]:
+    """``--stack-family dp1``: one rank only (no two ranks slowing each other on the shared cores),
+    14 shapes, so that a kind has 10-20 runs of one data-parallel size."""
+    return [job(2, 128, 1), job(2, 128, 2), job(2, 128, 4), job(2, 128, 8), job(2, 256, 1), job(2, 256, 2),
+            job(2, 256, 4), job(4, 128, 2), job(4, 128, 4), job(4, 256, 1), job(4, 256, 2), job(2, 512, 1),
+            job(2, 512, 2), job(3, 384, 2)]
+
+
 def measure_stacks(args) -> int:
     """Train :func:`stack_family` under every stack, interleaved job by job (A, B, C, A, B, C ...),
     so that the machine's changing load falls on all stacks alike; resumable (``--stacks-out``
@@ -145,7 +153,7 @@ def measure_stacks(args) -> int:
             print("deepspeed is not installed (pip install deepspeed): its runs are skipped", file=sys.stderr)
             stacks.remove("deepspeed")
     cpu = _platform.processor() or _platform.machine()
-    for j in stack_family():
+    for j in (stack_family_dp1() if args.stack_family == "dp1" else stack_family()):
         for stack in stacks:
             sj = stack_job(j, stack)
             name = f"{stack} {name_of(sj)}"
@@ -695,6 +703,8 @@ def main() -> int:
     ap.add_argument("--stacks", action="store_true",
                     help="train the stack family under pytorch, deepspeed and fsdp (benchmarks/cpu_stacks.py)")
     ap.add_argument("--stack-list", default="", help="--stacks: only these (comma-separated)")
+    ap.add_argument("--stack-family", default="mixed", choices=("mixed", "dp1"),
+                    help="--stacks: the jobs (mixed: dp 1 and 2, recompute; dp1: 14 one-rank shapes)")
     ap.add_argument("--stacks-out", default=str(DATA / "stacks.toml"), help="--stacks: runs file (and .json)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true")
