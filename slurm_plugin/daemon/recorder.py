@@ -27,6 +27,7 @@ import fcntl
 import json
 import logging
 import os
+import pwd
 import select
 import signal
 import subprocess
@@ -349,6 +350,7 @@ class _Writer:
         self.failures = 0
         self.retry_at = 0.0
         self.stored = 0
+        self.users: dict[int, str] = {}
 
     def drain(self, below: Optional[int]) -> bool:
         """Store every segment numbered below ``below`` (None: all); False after a store error."""
@@ -371,6 +373,18 @@ class _Writer:
                 log_event("record_store_recovered", failures=self.failures)
                 self.failures = 0
         return True
+
+    def _user(self, uid: object) -> str:
+        """The submitter's name, looked up here and not on the request path: a site's name service
+        (LDAP, say) may take its time, and the writer is the one process that can wait."""
+        if not isinstance(uid, int) or uid < 0:
+            return ""
+        if uid not in self.users:
+            try:
+                self.users[uid] = pwd.getpwuid(uid).pw_name
+            except (KeyError, OSError):
+                self.users[uid] = ""
+        return self.users[uid]
 
     def _segment(self, path: str) -> None:
         try:
@@ -396,6 +410,8 @@ class _Writer:
                     continue
                 d = dict(msg["r"])
                 d["interval_seconds"] = tuple(d.get("interval_seconds") or (0.0, 0.0))
+                if not d.get("user"):
+                    d["user"] = self._user(d.get("uid"))
                 records.append(PredictionRecord(**d))
             except (ValueError, TypeError, KeyError, AttributeError):
                 lost["invalid"] += 1

@@ -51,6 +51,15 @@ def parse_script(path: Optional[str], text: Optional[str] = None, *, request: Op
     except MemoryError:
         result.job = None
         result.error = f"cannot predict: the script needs too much memory to evaluate ({label})"
+    except ValueError as exc:
+        # Python refuses int() of more than 4,300 digits wherever a reader converts a number: the
+        # user's input, not a parser bug.
+        if "integer string conversion" not in str(exc):
+            log.exception("launch parser bug on %s", label)
+            result.error = f"cannot predict: internal parser error {type(exc).__name__} ({label})"
+        else:
+            result.error = f"cannot predict: a number in the script or its configs has too many digits ({label})"
+        result.job = None
     except Exception as exc:  # noqa: BLE001 - a daemon must answer, not crash; the bug is logged
         log.exception("launch parser bug on %s", label)
         result.job = None

@@ -228,6 +228,8 @@ class Toml:
                                 f"{label}:{m.group(1) if m else 1}") from None
         except RecursionError:
             raise CannotPredict(f"config {label} is nested too deeply", label) from None
+        except ValueError:   # an integer past Python's 4,300-digit conversion limit
+            raise CannotPredict(f"config {label} has a number with too many digits", label) from None
         self.label, self.over, self.lines, self.line_origins = label, overrides, _line_map(text), line_origins
 
     def _origin(self, sect: str, key: str) -> str:

@@ -147,6 +147,19 @@ def test_a_deleted_store_is_started_again(stored):
     assert store_ids(path) == set(ids)
 
 
+def test_records_name_the_submitting_user(stored):
+    """docs/harvest.md keeps the user's name with each record: the writer looks it up from the
+    submitting uid (off the request path)."""
+    import pwd
+
+    d, path = stored
+    ids = ask_many(d, 2)
+    d.wait_stored()
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as con:
+        users = {r[0] for r in con.execute("SELECT user FROM records WHERE record_id IN (?, ?)", ids)}
+    assert users == {pwd.getpwuid(os.geteuid()).pw_name}
+
+
 def test_read_only_store_gives_no_record_id_and_counts_the_losses(tmp_path):
     # /var/lib/perfcast under the old unit's ProtectSystem=strict: every record failed with
     # "Read-only file system" while the answers still carried rec=<id>.

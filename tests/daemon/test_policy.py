@@ -136,3 +136,17 @@ def test_one_duration_format():
     from slurm_plugin.policy import slurm_duration
     assert slurm_duration(59) == "00:00:59" and slurm_duration(3600) == "01:00:00"
     assert slurm_duration(3 * 86400 + 16 * 3600 + 9 * 60 + 0.2) == "3-16:09:01"
+
+
+def test_the_daemon_passes_the_predictions_start_up_to_the_policy():
+    """What the daemon answers counts start-up once: facts_from_prediction carries the
+    prediction's own start-up (the policy then takes the longer of it and the site's allowance)."""
+    from predictor import load_platform, predict
+    from slurm_plugin.daemon import facts_from_prediction
+
+    from tests.predictor.conftest import make_job
+
+    plat = load_platform("perlmutter-a100")
+    pred = predict(make_job(), plat)
+    facts = facts_from_prediction(pred, "perlmutter-a100", plat)
+    assert facts.startup_seconds == pred.details.total.startup_seconds > 0

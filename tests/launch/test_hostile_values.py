@@ -49,3 +49,15 @@ def test_lone_surrogate_in_a_heredoc_written_json_is_replaced_not_a_crash():
 def test_lone_surrogate_in_the_script_and_its_environment():
     res = parse_script("job.sh", "#!/bin/bash\n# \udcff\nX=\"\udcff\"\n" + LAUNCH, env={"Y": "\ud800"})
     assert res.job is not None, res.error
+
+
+@pytest.mark.parametrize("script", [
+    f"#!/bin/bash\n#SBATCH --time={BIG}\n" + LAUNCH,
+    f"#!/bin/bash\n#SBATCH --time=1-{BIG}\n" + LAUNCH,
+    f"#!/bin/bash\n#SBATCH --nodes={BIG}\n" + LAUNCH,
+    f"#!/bin/bash\n#SBATCH --gpus-per-node={BIG}\n" + LAUNCH,
+    f"#!/bin/bash\ncat > t.toml <<EOF\n[training]\nsteps = {BIG}\nEOF\n"
+    "torchrun --nproc_per_node 8 -m torchtitan.train --job.config_file t.toml\n",
+], ids=["time", "time-days", "nodes", "gpus-per-node", "torchtitan-steps"])
+def test_huge_integers_in_sbatch_lines_and_configs_are_user_errors(script):
+    _answer(script)
