@@ -267,9 +267,11 @@ class Report:
                              f"({w.hours_extended:.2f} h) of {w.jobs_extended} jobs, {w.shrinks} shrinks of "
                              f"{w.jobs_shrunk} jobs ({w.hours_returned:.2f} h returned to backfill); "
                              f"kills avoided: {w.kills_avoided}"
-                             + (f" (jobs {', '.join(map(str, w.kills_avoided_jobs[:10]))})" if w.kills_avoided_jobs else ""))
+                             + (f" (jobs {', '.join(map(str, w.kills_avoided_jobs[:10]))})"
+                                if w.kills_avoided_jobs else ""))
                 if w.extensions_per_user:
-                    lines.append("  extensions per user: " + ", ".join(f"{u} {n}" for u, n in w.extensions_per_user.items()))
+                    lines.append("  extensions per user: "
+                                 + ", ".join(f"{u} {n}" for u, n in w.extensions_per_user.items()))
                 for t in w.still_timed_out[:10]:
                     lines.append(f"  still timed out: job {t['job_id']}: {t['reason']}")
         if self.record_losses:

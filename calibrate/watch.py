@@ -419,6 +419,8 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
         if isinstance(got, str):
             _finish(res, wlog, job, record, _none("unreadable", got, limit), None, opts, client)
             continue
+        if len(got) >= opts.max_log_bytes:          # a cut tail starts mid-line: drop that fragment
+            got = got[got.find(b"\n") + 1:]
         progress = progress_of(iteration_times(got))
         if progress is None:
             _finish(res, wlog, job, record, _none("no-samples", "no iteration times after warm-up in its log "

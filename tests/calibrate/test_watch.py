@@ -344,3 +344,14 @@ def test_cli_says_what_stops_it(tmp_path, capsys, monkeypatch):
     cfg.write_text('[watch]\nenabled = true\nmargn = 0.1\n')
     assert main(["watch", "--config", str(cfg)]) == 2
     assert "watch.margn: unknown key" in capsys.readouterr().err
+
+
+def test_a_cut_tail_is_read_from_its_first_whole_line(site):
+    tmp, store = site
+    now = time.time()
+    rid = store.add(record())
+    megatron_log(tmp / "slow.out", 1.0, 200)          # ~2.5 KiB; only the last 700 bytes are read
+    slurm = FakeSlurm([running(rid, 71, tmp / "slow.out", limit_min=10, start=now - 200)])
+    opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None, max_log_bytes=700)
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    assert d.action == "extend" and "iteration 200 of 1000" in d.reason
