@@ -51,19 +51,18 @@ SUBSTITUTES = {"swiglu": "gelu", "gelu": "swiglu", "rmsnorm": "layernorm", "laye
                "scaled_masked_softmax": "softmax", "softmax": "scaled_masked_softmax",
                # FP8 casts are never calibrated: another memory-bound pass at their own bytes.
                "fp8_cast": "res_add", "amax": "res_add"}
-# DeepSpeed's default reduce bucket: gradients are reduced in chunks of this many elements.
+# DeepSpeed's default reduce bucket (zero_optimization.reduce_bucket_size = 5e8 elements, DeepSpeed's
+# configuration docs): gradients are reduced in chunks of this many elements.
 REDUCE_BUCKET_ENTRIES = 500_000_000
-ANALYTIC_REL_ERROR = 0.5       # an unmeasured topology: the ring model can be off by half
-TRANSFER_REL_ERROR = 0.25      # compute ratios moved from another GPU onto published peaks
+# Relative errors with no measurement behind them (docs/modelling.md §7 says so): a collective on a
+# topology calibration never timed, costed by the ring model of link figures...
+ANALYTIC_REL_ERROR = 0.5
+# ...and compute ratios moved from another GPU onto this one's published peaks.
+TRANSFER_REL_ERROR = 0.25
 # What a term's relative error gains when its shape lies outside its model's sampled range (the
-# ratio held at the range's edge), added to the model's in-range hold-out p90.  Measured by holding
-# out the top or bottom quarter of each feature's samples, refitting on the rest and costing the
-# held-out rows as a prediction does (python benchmarks/bench_extrapolation.py): the error beyond
-# the in-range p90 that covers 90 % of the extrapolated terms.  Above the range: 0.070 on the lent
-# H100's samples, 0.144 on Perlmutter's A100 ones, 0.160 on Vista's GH200 ones; below it (launch
-# and latency costs the edge's ratio does not know): 0.240, 0.142, 0.183.  The largest of each.
-# (A multiple of the p90, as before, does not describe it: the A100 models' in-range p90s of
-# 0.2-2 % would need multiples of 3 to over 100.)
+# ratio held at the range's edge), on top of the model's in-range p90: measured by holding out the
+# top or bottom quarter of each feature's samples (python benchmarks/bench_extrapolation.py), the
+# largest over the shipped bundles; per-bundle figures in docs/modelling.md §7.
 EXTRAPOLATION_ERROR_ABOVE = 0.16
 EXTRAPOLATION_ERROR_BELOW = 0.24
 

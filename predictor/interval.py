@@ -4,8 +4,10 @@ Each run recorded on a platform (``[[validation]]``, :mod:`predictor.validation`
 residual, the *score* ``log(measured / predicted)``: > 0 where the platform under-predicted.  The
 recorded predictions were made without the run (the operator regressors never see end-to-end
 runs; ``perf-calibrate validate --fit`` records each run with the prediction of the scales fitted
-on the *other* runs), so the scores are those of runs the models never saw, and a new job's
-``|log(measured / predicted)|`` is, if the job is like the recorded runs, exchangeable with them.
+on the *other* runs), and a new job's ``|log(measured / predicted)|`` is, if the job is like the
+recorded runs, exchangeable with them.  Not every run is unseen by the modelling, though: the lent
+H100's family (33 of the 43 pooled runs) was the development set of the host model
+(docs/modelling.md §6), so its residuals are if anything smaller than a new job's.
 Then for n scores the ⌈(n + 1)(1 − α)⌉-th smallest ``|score|`` ``q`` gives an interval
 ``[point · e^−q, point · e^q]`` that holds the new run's measured time with probability ≥ 1 − α
 (Vovk et al.; Lei et al. 2018, "Distribution-free predictive inference for regression").

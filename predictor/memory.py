@@ -88,6 +88,9 @@ ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 #: master copy, momentum and variance under mixed precision; momentum and variance in fp32
 OPTIMIZER_BYTES = {"fp16": 12, "bf16": 12, "fp32": 8}
 
+# The framework reserve (module docstring): an allowance, not a measurement, for what the formulas
+# do not count.  No published figure covers it as a whole (docs/modelling.md §7); it decides which
+# layouts perf-advise calls fitting.
 RESERVE_FIXED_BYTES = 2.0 * GIB
 RESERVE_FRACTION = 0.05
 

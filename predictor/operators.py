@@ -74,8 +74,13 @@ def _zero(s: Shape) -> np.ndarray:
 class Operator:
     """One operator of the catalog.
 
-    ``flops``/``elements`` give forward work; backward is ``bwd_factor`` times that (dgrad + wgrad
-    for GEMMs).  ``elements`` counts tensor elements read + written once.
+    ``flops``/``elements`` give forward work; backward is ``bwd_factor`` times that.  ``elements``
+    counts tensor elements read + written once.  The factors only set the roofline the regressors'
+    ratios are taken against (they cancel inside a model's sampled range, not beyond it), and each
+    comes from counting the backward kernel's work (docs/modelling.md §7): GEMMs 2 (the input- and
+    weight-gradient GEMMs, each the forward's FLOPs); FlashAttention 2.5 (five matmuls against the
+    forward's two, as the FlashAttention benchmarks count); element-wise ops the backward's reads
+    and writes over the forward's.
     """
 
     name: str
@@ -131,6 +136,8 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in [
     # baddbmm + causal mask fill + softmax as one measured block (the unfused attention path).
     Operator("fillmask", ("batch", "l", "d"), "attention", _bmm_flops,
              lambda s: _bmm_elems(s) + 4.0 * _scores_elems(s)),
+    # Softmax, GeLU: forward reads x and writes y (2 passes), backward reads y (x) and dy and
+    # writes dx (3): 1.5.
     Operator("softmax", ("batch", "l"), "memory", _zero, lambda s: 2.0 * _scores_elems(s), 1.5),
     Operator("scaled_masked_softmax", ("batch", "l"), "memory", _zero,
              lambda s: 2.0 * _scores_elems(s), 1.5),
@@ -143,11 +150,14 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in [
       for impl in ("cudnn", "flash2", "flash3", "triton", "sdpa_flash", "sdpa_efficient")],
     Operator("rope", ("tokens", "heads", "d"), "memory", _zero, _ew("tokens", "heads", "d", factor=4.0)),
     Operator("gelu", ("tokens", "width"), "memory", _zero, _ew("tokens", "width"), 1.5),
+    # SwiGLU: forward reads gate and up, writes out (3); backward reads gate, up and d_out, writes
+    # d_gate and d_up (5): 5/3.
     Operator("swiglu", ("tokens", "width"), "memory", _zero, _ew("tokens", "width", factor=3.0), 1.67),
     Operator("layernorm", ("tokens", "dim"), "memory", _zero, _ew("tokens", "dim"), 2.0),
     Operator("rmsnorm", ("tokens", "dim"), "memory", _zero, _ew("tokens", "dim"), 2.0),
     Operator("res_add", ("tokens", "dim"), "memory", _zero, _ew("tokens", "dim", factor=3.0), 1.0),
-    # Embedding backward zeroes and scatters into a whole vocab × dim gradient, whatever the tokens.
+    # Embedding backward zeroes and scatters into a whole vocab × dim gradient, whatever the tokens
+    # (bwd_elements); it has no FLOPs, so its factor 3.0 changes nothing.
     Operator("embedding", ("tokens", "dim", "vocab"), "memory", _zero, _ew("tokens", "dim"), 3.0,
              bwd_elements=lambda s: 2.0 * s["tokens"] * s["dim"] + 2.0 * s["vocab"] * s["dim"]),
     Operator("cross_entropy", ("tokens", "vocab"), "memory", _zero, _ew("tokens", "vocab", factor=3.0), 1.0),

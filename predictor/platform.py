@@ -50,18 +50,21 @@ SITE_ROOT = Path("/var/lib/perfcast/platforms")
 
 @dataclass(frozen=True)
 class Overheads:
-    """Costs outside the training iterations, in seconds unless the name says otherwise."""
+    """Costs outside the training iterations, in seconds unless the name says otherwise.
+
+    The defaults have no measurement or published figure behind them (docs/modelling.md §7): they
+    are placeholders a site replaces in platform.toml's ``[overheads]`` with its own."""
 
     startup_seconds: float = 120.0         # launch, NCCL init, data loader warm-up, model build
     step_seconds: float = 0.0              # per-iteration framework overhead not in any operator
     checkpoint_gbps_per_node: float = 2.0  # write bandwidth of the checkpoint file system per node
-    checkpoint_fixed_seconds: float = 10.0
+    checkpoint_fixed_seconds: float = 10.0  # per checkpoint: metadata, barriers, file creation
 
 
 # --- [fitted]: end-to-end terms fitted on measured runs (perf-calibrate validate --fit) ---
 # Bounds of a fitted scale: a factor of 2 either way covers every measured/predicted ratio of the
-# shipped platforms' runs (0.94-1.59, predictor.validation); beyond it the models are wrong, not
-# mis-scaled, and a scale would only hide that.
+# shipped platforms' runs (tests/predictor/test_constants.py checks it); beyond it the models are
+# wrong, not mis-scaled, and a scale would only hide that.
 FITTED_SCALE_RANGE = (0.5, 2.0)
 
 

@@ -64,8 +64,14 @@ A100 = GpuSpec("NVIDIA A100-SXM4-80GB", *KNOWN_GPUS["a100"])
 GH200 = GpuSpec("NVIDIA GH200 120GB", *KNOWN_GPUS["gh200"])
 H100 = GpuSpec("NVIDIA H100-SXM5-80GB", *KNOWN_GPUS["h100"])
 
-# NCCL reaches about 80 % of a link's signalling rate on large messages; spec-only links use that.
+# The share of a link's rate NCCL's bus bandwidth reaches on large messages, for spec-only links.
+# NCCL's own tuning model caps an A100's (sm80) bus bandwidth at 235 of NVLink3's 300 GB/s (0.78,
+# src/graph/tuning.cc); the paper's Perlmutter all-reduces fit 0.75 of it, Vista's inter-node ones
+# 0.97 of NDR's 50 GB/s (docs/modelling.md §7).
 NCCL_EFFICIENCY = 0.8
+# Per ring step, as predictor.network's ring model charges it: 5 µs inside a node, 10 µs (HDR) and
+# 8 µs (NDR) between nodes.  NCCL's tuning model charges 3.4 µs per NVLink step and 9.6 µs per network
+# step (ring, Simple protocol) plus 8.4 µs per call; the 8 µs for NDR has no source of its own.
 DGX_A100_LINKS = {  # NVSwitch: 600 GB/s NVLink3 per GPU (both directions); 8 × HDR 200 Gb/s
     "intra_gbps": 300.0 * NCCL_EFFICIENCY, "intra_latency_us": 5.0,
     "nic_gbps": 25.0 * NCCL_EFFICIENCY, "nics_per_node": 8, "inter_latency_us": 10.0, "source": "spec"}

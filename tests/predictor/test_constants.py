@@ -1,0 +1,92 @@
+"""The figures docs/modelling.md §7 quotes for the model's constants, recomputed from what they
+describe: the code's values, the shipped platforms' fitted links and recorded runs."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from predictor import estimate, load_platform, memory
+from predictor.operators import OPERATORS
+from predictor.platform import FITTED_SCALE_RANGE, Overheads
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "modelling.md").read_text(encoding="utf-8")
+TABLE = DOC[DOC.index("## 7. Constants and their sources"):]
+
+
+def _row(name: str) -> str:
+    rows = [line for line in TABLE.splitlines() if line.startswith(f"| {name} ") or line.startswith(f"| `{name}`")]
+    assert len(rows) == 1, f"docs/modelling.md §7 has {len(rows)} rows for {name}"
+    return rows[0]
+
+
+def _script_constant(name: str) -> float:
+    tree = ast.parse((ROOT / "scripts" / "build_platforms.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{name} not in scripts/build_platforms.py")
+
+
+def test_every_shipped_run_lies_inside_the_fitted_scale_range_and_the_table_quotes_them():
+    lo, hi = FITTED_SCALE_RANGE
+    row = _row("FITTED_SCALE_RANGE")
+    assert f"{lo}–{hi}" in row
+    for name in ("dgx-h100", "perlmutter-a100", "vista-gh200"):
+        ratios = [r.ratio for r in load_platform(name).validation]
+        assert ratios and lo < min(ratios) and max(ratios) < hi
+        assert f"{min(ratios):.3f}–{max(ratios):.3f} ({name}, {len(ratios)}" in row
+
+
+def test_the_link_efficiency_and_its_measured_neighbours():
+    eff = _script_constant("NCCL_EFFICIENCY")
+    row = _row("NCCL_EFFICIENCY")
+    assert f"| {eff} of the link rate |" in row
+    assert load_platform("dgx-a100").links.intra_gbps == pytest.approx(300.0 * eff)
+    assert load_platform("dgx-h100").links.intra_gbps == pytest.approx(450.0 * eff)
+    perlmutter = load_platform("perlmutter-a100").links.intra_gbps
+    vista = load_platform("vista-gh200").links.nic_gbps
+    assert f"fit {perlmutter:.1f} GB/s inside a node, {perlmutter / 300:.2f} of 300" in row
+    assert f"{vista:.1f} of NDR's 50 GB/s, {vista / 50:.2f}" in row
+
+
+def test_latencies_quoted_are_the_shipped_ones():
+    for name in ("dgx-a100", "perlmutter-a100", "vista-gh200"):
+        links = load_platform(name).links
+        assert (links.intra_latency_us, links.inter_latency_us) == (5.0, 10.0)
+    links = load_platform("dgx-h100").links
+    assert (links.intra_latency_us, links.inter_latency_us) == (5.0, 8.0)
+
+
+def test_extrapolation_errors_are_the_largest_per_bundle_figures():
+    row = _row("EXTRAPOLATION_ERROR_ABOVE")
+    above = [float(x) for x in re.findall(r"(0\.\d{3}) on ", row)]
+    below = [float(x) for x in re.search(r"below it[^:]*: ([0-9., ]+)\.", row).group(1).replace(",", " ").split()]
+    assert len(above) == 3 and len(below) == 3
+    assert estimate.EXTRAPOLATION_ERROR_ABOVE == max(above)
+    assert estimate.EXTRAPOLATION_ERROR_BELOW == max(below)
+    assert f"| {estimate.EXTRAPOLATION_ERROR_ABOVE} / {estimate.EXTRAPOLATION_ERROR_BELOW} |" in row
+
+
+def test_values_in_the_table_are_the_code_s():
+    o = Overheads()
+    assert f"| {o.startup_seconds:g} s |" in _row("Overheads.startup_seconds")
+    assert f"| {o.checkpoint_gbps_per_node:g} GB/s per node |" in _row("Overheads.checkpoint_gbps_per_node")
+    assert f"| {o.checkpoint_fixed_seconds:g} s per checkpoint |" in _row("Overheads.checkpoint_fixed_seconds")
+    reserve = _row("RESERVE_FIXED_BYTES")
+    assert f"| {memory.RESERVE_FIXED_BYTES / memory.GIB:g} GiB + {memory.RESERVE_FRACTION:.0%}" \
+        .replace("%", " %") in reserve
+    assert f"| {estimate.ANALYTIC_REL_ERROR} |" in _row("ANALYTIC_REL_ERROR")
+    assert f"| {estimate.TRANSFER_REL_ERROR} |" in _row("TRANSFER_REL_ERROR")
+    assert estimate.REDUCE_BUCKET_ENTRIES == 5 * 10 ** 8
+    factors = {"GEMMs": ("linear1", "linear_final", "bmm", "baddbmm"), "flash attention": ("flash_atten",),
+               "softmax / GeLU": ("softmax", "scaled_masked_softmax", "gelu"), "SwiGLU": ("swiglu",),
+               "residual add": ("res_add",), "cross entropy": ("cross_entropy",),
+               "layer / RMS norm": ("layernorm", "rmsnorm"), "embedding": ("embedding",)}
+    for what, names in factors.items():
+        row = _row(f"backward factor, {what}")
+        for n in names:
+            assert f"| {OPERATORS[n].bwd_factor:g}" in row, (what, n)
