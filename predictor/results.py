@@ -32,26 +32,25 @@ class Breakdown:
     dp_exposed_seconds: float = 0.0
 
     # One vocabulary: the JSON key of each part is its field name, and perf-predict prints the same
-    # words (acronyms in capitals, the unit in the column header).  The parts that add up to the
-    # iteration, in order, then those already inside them ("of which").
-    PARTS = ("forward_seconds", "backward_seconds", "bubble_seconds", "gradient_reduce_seconds",
-             "optimizer_seconds", "step_overhead_seconds")
-    INSIDE = ("tp_allreduce_seconds", "pp_p2p_seconds", "host_wait_seconds", "cp_exposed_seconds",
-              "dp_exposed_seconds")
-    LABELS = {"forward_seconds": "forward (slowest stage)", "backward_seconds": "backward (slowest stage)",
-              "bubble_seconds": "bubble", "gradient_reduce_seconds": "gradient reduce",
-              "optimizer_seconds": "optimizer (+ all-gather)", "step_overhead_seconds": "step overhead",
-              "tp_allreduce_seconds": "TP allreduce", "pp_p2p_seconds": "PP p2p",
-              "host_wait_seconds": "host wait", "cp_exposed_seconds": "CP exposed",
-              "dp_exposed_seconds": "DP exposed"}
-    # The keys perfcast wrote before (the paper's code's names), still written beside the new
-    # ones with the same values so that readers of the old JSON keep working.
-    LEGACY_KEYS = {"forward_seconds": "stage_fwd_max", "backward_seconds": "stage_bwd_max",
-                   "bubble_seconds": "bubble", "gradient_reduce_seconds": "dp_allreduce",
-                   "optimizer_seconds": "max_update", "tp_allreduce_seconds": "mp_allreduce",
-                   "pp_p2p_seconds": "pp_p2p", "step_overhead_seconds": "step_overhead",
-                   "host_wait_seconds": "host_wait", "cp_exposed_seconds": "cp_exposed",
-                   "dp_exposed_seconds": "dp_exposed"}
+    # words (acronyms in capitals, the unit in the column header).  Per field: its printed label and
+    # the key perfcast wrote before (the paper's code's name), still written beside the new one with
+    # the same value so that readers of the old JSON keep working.  The parts that add up to the
+    # iteration come first, in order; then those already inside them ("of which").
+    TERMS = (("forward_seconds", "forward (slowest stage)", "stage_fwd_max"),
+             ("backward_seconds", "backward (slowest stage)", "stage_bwd_max"),
+             ("bubble_seconds", "bubble", "bubble"),
+             ("gradient_reduce_seconds", "gradient reduce", "dp_allreduce"),
+             ("optimizer_seconds", "optimizer (+ all-gather)", "max_update"),
+             ("step_overhead_seconds", "step overhead", "step_overhead"),
+             ("tp_allreduce_seconds", "TP allreduce", "mp_allreduce"),
+             ("pp_p2p_seconds", "PP p2p", "pp_p2p"),
+             ("host_wait_seconds", "host wait", "host_wait"),
+             ("cp_exposed_seconds", "CP exposed", "cp_exposed"),
+             ("dp_exposed_seconds", "DP exposed", "dp_exposed"))
+    PARTS = tuple(t[0] for t in TERMS[:6])
+    INSIDE = tuple(t[0] for t in TERMS[6:])
+    LABELS = {name: label for name, label, _ in TERMS}
+    LEGACY_KEYS = {name: key for name, _, key in TERMS}
 
     def to_dict(self) -> dict[str, float]:
         out = {name: float(getattr(self, name)) for name in self.PARTS + self.INSIDE}
