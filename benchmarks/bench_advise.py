@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from predictor import TrainingJob  # noqa: E402
+from predictor import Predictor, TrainingJob, load_platform  # noqa: E402
 from predictor.advise import SearchOptions, _job_for, _plan, advise, sweep  # noqa: E402
 
 MODELS = {
@@ -62,7 +62,6 @@ def main() -> None:
     ap.add_argument("--one-by-one-sample", type=int, default=20)
     args = ap.parse_args()
 
-    from predictor import Predictor, load_platform
     t = time.perf_counter()
     plat = load_platform(args.platform)
     print(f"load_platform({args.platform!r}): {time.perf_counter() - t:.2f} s (once per process)")

@@ -33,6 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from predictor import Predictor, TrainingJob, load_platform  # noqa: E402
+from predictor import trees as forest  # noqa: E402
+from predictor.bundle import Bundle  # noqa: E402
+
 JOB = ROOT / "examples" / "gpt20b-perlmutter.toml"
 
 
@@ -67,9 +71,6 @@ def main() -> int:
                     help="before each cold call forget the per-platform work too (a daemon's first job)")
     args = ap.parse_args()
     print(f"import predictor          median {import_ms():7.1f} ms (fresh interpreter, 5 runs)")
-    from predictor import Predictor, TrainingJob, load_platform
-    from predictor.bundle import Bundle
-    from predictor import trees as forest
     print("forest walk               " + ("C (predictor/_walk.c)" if forest._FOREST_SUMS is not None
                                           else "numpy (predictor._walk not built, or PERFCAST_NUMPY_WALK=1)"))
     job = TrainingJob.from_toml(JOB)

@@ -34,6 +34,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+import predictor
+from predictor import TrainingJob, estimate, list_platforms, load_platform
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The grid's models: a dense GPT, a parallel-residual NeoX and a GQA/SwiGLU/flash Llama.
@@ -85,8 +88,6 @@ class Backend:
     """predict / predict_many, fresh or reused, over whichever predictor PYTHONPATH gives."""
 
     def __init__(self) -> None:
-        import predictor
-        from predictor import estimate
         self.predictor_cls = getattr(predictor, "Predictor", None)
         self.estimate = estimate
         self.kept: dict[int, Any] = {}
@@ -113,7 +114,6 @@ def _one(fn: Callable[[], list[Any]], ids: Sequence[str], gpu_memory_gib: float)
 
 
 def fingerprint() -> list[dict[str, Any]]:
-    from predictor import TrainingJob, list_platforms, load_platform
     backend = Backend()
     names = sorted(p["name"] for p in list_platforms())
     platforms = {n: load_platform(n) for n in names}
