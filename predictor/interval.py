@@ -27,29 +27,23 @@ Where the platform has too few runs of its own for that quantile to exist (n < :
   ring-model collective (below).
 * n = 0, no run at all: the pooled prior's *largest* score on both sides.  The 90 % pooled quantile
   assumes the platform's runs are like the pool's, which a platform that never recorded a run has
-  not shown: held out as a whole, Vista's runs fall inside even the largest residual the other two
-  platforms recorded (×1.31) only 3 times in 5 (``python benchmarks/bench_intervals.py``, column
-  "unseen platform").  Vista's compute bundle is its own, so that test says nothing against the
-  rule above.
+  not shown (docs/modelling.md §4 has the measurement).
 
 The operator-level spread (every term at the low / high end of its own validation error, which
 :func:`predictor.estimate.predict_many` assembles) already shows in the recorded residuals for
-shapes like the recorded ones, and is no guide to them there (dgx-h100's in-range runs have
-spreads of up to −32 %/+62 %, and 20 of 29 residuals within 5 %): counted everywhere, it widens
-the median interval from 0.45 to 0.74 × the point.  It widens the interval only where the job
-leaves what the recorded runs cover, where it is the one estimate there is:
+shapes like the recorded ones, and is no guide to them there (docs/modelling.md §4).  It widens
+the interval only where the job leaves what the recorded runs cover, where it is the one estimate
+there is:
 
 * ``extrapolated``: a shape outside the sampled range (the regressor's p90 plus the measured
   extrapolation error, ``predictor.estimate.EXTRAPOLATION_ERROR_*``; roofline scaling);
-  measured: this brings one more of the 43 shipped runs inside at the same median width;
 * ``analytic_collectives``: a collective costed by the ring model of the published link speeds
   (no recorded run of any shipped platform has one);
 * an uncalibrated platform (``calibrated = false``: published specs only), always.
 
 It is then combined with the conformal bound in quadrature on the log scale, as independent errors
 are: the residuals already contain the in-range operator error, and multiplying the spread on
-would count it twice (measured: Perlmutter's median width 0.60 instead of 0.49 × the point, with
-the same coverage).
+would count it twice.
 """
 from __future__ import annotations
 
