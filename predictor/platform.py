@@ -93,11 +93,9 @@ class FitDomain:
     """The jobs ``[fitted]`` was learnt on: the range of hidden sizes, and per trait of
     :data:`FIT_TRAITS` the values the runs had.  A fitted scale can absorb the error of a mechanism
     every run had (a compute scale fitted on data-parallel runs, the time their ranks lose to each
-    other), so a job outside the domain is predicted without the scales and told so: on this
-    machine's CPU runs, a compute scale fitted on dp 2 runs (1.41) moved dp 1 runs from 8 % to 31 %
-    MAPE, and one fitted on hidden <= 256 (1.28) moved hidden 512-1024 from 11 % to 18 %
-    (``python benchmarks/bench_fit_transfer.py --cpu-family``).  The hidden range bounds only the
-    scales of shape-dependent costs (:meth:`FittedTerms.outside`)."""
+    other), so a job outside the domain is predicted without the scales and told so (the
+    measurement behind it: docs/harvest.md).  The hidden range bounds only the scales of
+    shape-dependent costs (:meth:`FittedTerms.outside`)."""
 
     hidden_min: int
     hidden_max: int
