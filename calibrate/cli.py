@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     wa.add_argument("--records", default=None)
     wa.add_argument("--out", default=None, help="runs files of running jobs' measured rates "
                     "(default /var/lib/perfcast/runs)")
-    wa.add_argument("--dry-run", action="store_true", help="decide and say; change no job, write nothing")
+    wa.add_argument("--dry-run", action="store_true", help="decide and say; change no job, record nothing")
     wa.add_argument("--json", action="store_true")
 
     rb = sub.add_parser("rollback", help="switch a partition back to its previous platform")

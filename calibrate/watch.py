@@ -442,9 +442,10 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
         else:
             progress_at = state.progress_at
         first_limit = state.first_limit_seconds if state is not None else limit
-        wlog.put_job(JobState(job.job_id, record.record_id, first_limit, progress.iteration, progress_at,
-                              state.last_code if state else "", state.run_iteration_seconds if state else None,
-                              t))
+        if not opts.dry_run:
+            wlog.put_job(JobState(job.job_id, record.record_id, first_limit, progress.iteration, progress_at,
+                                  state.last_code if state else "",
+                                  state.run_iteration_seconds if state else None, t))
         if t - progress_at > policy.stall_minutes * 60.0:
             _finish(res, wlog, job, record, _none("stalled", f"no new iteration for {(t - progress_at) / 60:.0f} "
                                                   f"min (stall_minutes {policy.stall_minutes:g}): not "

@@ -355,3 +355,15 @@ def test_a_cut_tail_is_read_from_its_first_whole_line(site):
     opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None, max_log_bytes=700)
     d = watch_once(opts, slurm, now=now).jobs[0].decision
     assert d.action == "extend" and "iteration 200 of 1000" in d.reason
+
+
+def test_dry_run_changes_and_records_nothing(site):
+    tmp, store = site
+    rid = store.add(record())
+    megatron_log(tmp / "slow.out", 1.0, 200)
+    slurm = FakeSlurm([running(rid, 81, tmp / "slow.out", limit_min=10, start=time.time() - 200)])
+    opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=tmp / "runs", dry_run=True)
+    res = watch_once(opts, slurm)
+    assert res.jobs[0].decision.action == "extend" and not res.jobs[0].applied
+    assert slurm.limits == {} and slurm.comments == {} and not (tmp / "runs").exists()
+    assert read_actions(tmp / "records.sqlite") == [] and WatchLog(tmp / "records.sqlite").job(81) is None
