@@ -20,6 +20,8 @@ To compare with an older commit, run the script of this tree against a worktree 
     (cd /tmp/base && PYTHONPATH=/tmp/base python /work/main/scripts/prediction_fingerprint.py --out /tmp/before.jsonl)
     python scripts/prediction_fingerprint.py --out /tmp/after.jsonl
     python scripts/prediction_fingerprint.py --compare /tmp/before.jsonl /tmp/after.jsonl
+    # across a change that only added output keys (the breakdown's unit-named keys, 3051018):
+    python scripts/prediction_fingerprint.py --compare /tmp/before.jsonl /tmp/after.jsonl --common-keys
 
 The predictor is imported from ``PYTHONPATH`` (else this tree); before ``Predictor`` existed the
 fresh path forgets the module's memos before each call instead.
@@ -155,27 +157,38 @@ def fingerprint() -> list[dict[str, Any]]:
     return out
 
 
-def compare(before: Path, after: Path, limit: int = 20) -> int:
+def compare(before: Path, after: Path, limit: int = 20, common_keys: bool = False) -> int:
+    """Print what differs; ``common_keys``: a key only one side has (an output that gained a key)
+    is counted apart instead of as a difference."""
     a = {r["id"]: r for r in map(json.loads, before.read_text().splitlines())}
     b = {r["id"]: r for r in map(json.loads, after.read_text().splitlines())}
     diffs: list[str] = [f"only in {before.name}: {k}" for k in a if k not in b]
     diffs += [f"only in {after.name}: {k}" for k in b if k not in a]
+    extra: set[str] = set()
     for k in a:
         if k in b and a[k] != b[k]:
-            diffs.append(f"differs: {k}: " + "; ".join(_differences(a[k], b[k]))[:400])
+            found = list(_differences(a[k], b[k], "", extra if common_keys else None))
+            if found:
+                diffs.append(f"differs: {k}: " + "; ".join(found)[:400])
+    if extra:
+        print(f"keys on one side only (not compared): {', '.join(sorted(extra))}")
     for line in diffs[:limit]:
         print(line)
     print(f"{len(a)} vs {len(b)} predictions; {len(diffs)} differ" + (" (first shown)" if len(diffs) > limit else ""))
     return 1 if diffs else 0
 
 
-def _differences(x: Any, y: Any, at: str = "") -> Iterator[str]:
+def _differences(x: Any, y: Any, at: str = "", one_sided: Optional[set[str]] = None) -> Iterator[str]:
     if isinstance(x, dict) and isinstance(y, dict):
-        for k in sorted(set(x) | set(y)):
-            yield from _differences(x.get(k), y.get(k), f"{at}.{k}")
+        keys = set(x) | set(y)
+        if one_sided is not None:
+            one_sided.update(f"{at}.{k}".lstrip(".") for k in keys ^ (set(x) & set(y)))
+            keys = set(x) & set(y)
+        for k in sorted(keys):
+            yield from _differences(x.get(k), y.get(k), f"{at}.{k}", one_sided)
     elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
         for i, (u, v) in enumerate(zip(x, y)):
-            yield from _differences(u, v, f"{at}[{i}]")
+            yield from _differences(u, v, f"{at}[{i}]", one_sided)
     elif x != y:
         yield f"{at}: {x!r} -> {y!r}"
 
@@ -184,9 +197,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write one JSON line per prediction here")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    ap.add_argument("--common-keys", action="store_true",
+                    help="with --compare: compare only the keys both sides have (an output that gained keys)")
     args = ap.parse_args(argv)
     if args.compare:
-        return compare(*args.compare)
+        return compare(*args.compare, common_keys=args.common_keys)
     rows = fingerprint()
     text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
     if args.out:
