@@ -421,11 +421,13 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
             continue
         if len(got) >= opts.max_log_bytes:          # a cut tail starts mid-line: drop that fragment
             got = got[got.find(b"\n") + 1:]
-        progress = progress_of(iteration_times(got))
+        timing = iteration_times(got)
+        progress = progress_of(timing)
         if progress is None:
-            _finish(res, wlog, job, record, _none("no-samples", "no iteration times after warm-up in its log "
-                                                  "(Megatron, GPT-NeoX, NeMo, DeepSpeed formats)", limit),
-                    None, opts, client)
+            why = ("no iteration times after warm-up in its log (Megatron, GPT-NeoX, NeMo, DeepSpeed formats)"
+                   if timing is None or timing.median_seconds is None else
+                   f"its {timing.format} log lines carry no iteration number: where the job is is unknown")
+            _finish(res, wlog, job, record, _none("no-samples", why, limit), None, opts, client)
             continue
         elapsed = job.run_seconds if job.run_seconds is not None else (t - job.start if job.start else 0.0)
         span = progress.iterations_spanned or 0

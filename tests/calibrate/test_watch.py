@@ -367,3 +367,13 @@ def test_dry_run_changes_and_records_nothing(site):
     assert res.jobs[0].decision.action == "extend" and not res.jobs[0].applied
     assert slurm.limits == {} and slurm.comments == {} and not (tmp / "runs").exists()
     assert read_actions(tmp / "records.sqlite") == [] and WatchLog(tmp / "records.sqlite").job(81) is None
+
+
+def test_a_log_without_iteration_numbers_is_not_acted_on(site):
+    tmp, store = site
+    rid = store.add(record())
+    (tmp / "ds.out").write_text("".join("[Rank 0] time (ms) | fwd: 400.0 | bwd: 500.0 | step: 100.0\n"
+                                        for _ in range(20)))
+    slurm = FakeSlurm([running(rid, 91, tmp / "ds.out", limit_min=10, start=time.time() - 200)])
+    d = watch_once(WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None), slurm).jobs[0].decision
+    assert d.code == "no-samples" and "no iteration number" in d.reason and slurm.limits == {}
