@@ -1,5 +1,6 @@
-"""The figures docs/modelling.md §7 quotes for the model's constants, recomputed from what they
-describe: the code's values, the shipped platforms' fitted links and recorded runs."""
+"""The figures docs/modelling.md quotes, recomputed from what they describe: §7's constants (the
+code's values, the shipped platforms' fitted links and recorded runs) and §6's errors (fresh
+predictions of the shipped platforms' recorded runs)."""
 from __future__ import annotations
 
 import ast
@@ -90,3 +91,18 @@ def test_values_in_the_table_are_the_code_s():
         row = _row(f"backward factor, {what}")
         for n in names:
             assert f"| {OPERATORS[n].bwd_factor:g}" in row, (what, n)
+
+
+@pytest.mark.parametrize("platform, row", [("perlmutter-a100", "| Perlmutter, paper Table IV (5 runs) |"),
+                                           ("vista-gh200", "| Vista, paper Table IV (5 runs) |"),
+                                           ("dgx-h100", "| H100 family (33 real steps, one GPU) |")])
+def test_where_we_stand_quotes_what_the_shipped_platform_predicts(platform, row):
+    # docs/modelling.md §6's MAPEs, recomputed from fresh predictions of each platform's recorded runs.
+    from predictor import Predictor
+    plat = load_platform(platform)
+    runs = plat.validation
+    preds = Predictor(plat).predict_many([r.job for r in runs])
+    mape = 100 * sum(abs(p.iteration_seconds / r.measured_iteration_seconds - 1) for p, r in zip(preds, runs)) / len(runs)
+    line = [x for x in DOC.splitlines() if x.startswith(row)]
+    assert len(line) == 1 and len(runs) == int(re.search(r"\((\d+) (?:runs|real steps)", row).group(1))
+    assert line[0].split("|")[3].strip().startswith(f"{mape:.1f} %"), (platform, round(mape, 2))
