@@ -559,6 +559,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     watched = {a.record_id: store.get(a.record_id) for a in actions if a.slurm_job_id not in harvested}
     watched = {k: v for k, v in watched.items() if v is not None and (since is None or v.created >= since)}
     rep = build_report(pairs, args.partition, watch_actions=actions, watched_records=watched)
+    rep.record_losses = store.losses()      # what perf-predictd answered but could not keep
     if args.plot:
         plot_report(rep, args.plot)
     if args.json:

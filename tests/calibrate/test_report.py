@@ -88,7 +88,12 @@ def test_cli_report_and_plot(tmp_path, capsys, monkeypatch):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["report", "--records", str(store.path)]) == 0
     out = capsys.readouterr().out
-    assert "partition cpu" in out and "partition gpu" in out
+    assert "partition cpu" in out and "partition gpu" in out and "could not keep" not in out
+    store.add_losses({"unwritable": 3, "truncated": 1})       # as the daemon's record writer counts them
+    assert main(["report", "--records", str(store.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["record_losses"] == {"truncated": 1, "unwritable": 3}
+    assert main(["report", "--records", str(store.path)]) == 0
+    assert "records perf-predictd could not keep: 4" in capsys.readouterr().out
 
 
 def _act(job_id, action, frm, to, at, user="alice", reason="r", measured=None):
