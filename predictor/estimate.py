@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -1168,7 +1168,8 @@ class Predictor:
             self._rule = IntervalRule.for_platform(self.platform)
         return self._rule
 
-    def _twin(self, key: Any, make: Any) -> "Predictor":
+    def _twin(self, key: Any, make: Callable[[], Platform]) -> "Predictor":
+        """The Predictor of a twin of this platform (``make`` builds it), made once and kept."""
         twin = self._twins.get(key)
         if twin is None:
             twin = self._twins[key] = Predictor(make(), self.memo_entries)
