@@ -146,6 +146,21 @@ class Prediction:
 MEMO_ENTRIES = 200_000
 
 
+@dataclass
+class _OperatorRows:
+    """The operator questions of a query set, one row each, in the order costed."""
+
+    handles: list[int] = field(default_factory=list)
+    roofs: list[float] = field(default_factory=list)
+    sides: list[int] = field(default_factory=list)        # 0 inside the sampled range, -1 below, +1 above
+    p90: list[float] = field(default_factory=list)
+    calls: list[float] = field(default_factory=list)      # the host's seconds for the call
+    fp8_rows: list[tuple[int, float, float]] = field(default_factory=list)   # (row, FLOPs, FP8 bytes)
+    gather: list[int] = field(default_factory=list)       # row -> its distinct regressor row
+    distinct_rows: list[tuple[float, ...]] = field(default_factory=list)
+    distinct_keys: list[str] = field(default_factory=list)
+
+
 class QuerySet:
     """Operator and collective queries of many jobs, answered with one model call per model."""
 
@@ -278,17 +293,20 @@ class QuerySet:
         # models with many rows: each group's rows are costed in plain floats when few (numpy's
         # per-call cost would be most of the time) and as columns when many, and everything after
         # the regressors runs once over the rows of all groups.
+        rows = self._operator_rows()
+        t, r, inside = self._operator_seconds(rows)
+        hs = np.asarray(rows.handles)
+        secs[hs], rel[hs], extra[hs] = t, r, ~inside
+
+    def _operator_rows(self) -> "_OperatorRows":
+        """Every operator question as a row: its roofline, where it lies against its model's
+        sampled range, the model's p90, the host's time for the call, and its regressor row."""
         plat = self.platform
         models, gpu, host = plat.compute.models, plat.gpu, plat.host
-        handles: list[int] = []
-        roofs: list[float] = []
-        sides: list[int] = []             # 0 inside the sampled range, -1 below it, +1 above
-        p90: list[float] = []
-        calls: list[float] = []
-        fp8_rows: list[tuple[int, float, float]] = []   # FP8 GEMM rows: (row, FLOPs, FP8 bytes)
-        gather: list[int] = []            # row -> its distinct row
-        distinct_rows: list[tuple[float, ...]] = []
-        distinct_keys: list[str] = []
+        out = _OperatorRows()
+        handles, roofs, sides, p90, calls = out.handles, out.roofs, out.sides, out.p90, out.calls
+        fp8_rows, gather = out.fp8_rows, out.gather
+        distinct_rows, distinct_keys = out.distinct_rows, out.distinct_keys
         for (model_key, model_op, name, direction, precision), rows in self._op_rows.items():
             op = OPERATORS[name]
             # An FP8 GEMM without FP8 samples: the 16-bit measurement first, against its own roofline.
@@ -330,17 +348,26 @@ class QuerySet:
             p90.extend([lm.info.validation_p90] * len(rows))
             calls.extend([host.call_seconds(model_op, direction, precision) if host is not None else 0.0]
                          * len(rows))
-        roof = np.asarray(roofs)
-        t = plat.compute.ratios_rows(distinct_keys, log2_features(distinct_rows))[np.asarray(gather)] * roof
-        side_a = np.asarray(sides, dtype=int)
+        return out
+
+    def _operator_seconds(self, rows: "_OperatorRows") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(device seconds, relative error, inside the sampled range) of every row: the regressors'
+        ratios times the rooflines, then the launch floor, the host's lead-in, FP8 and the fitted
+        compute scale."""
+        plat = self.platform
+        gpu = plat.gpu
+        roof = np.asarray(rows.roofs)
+        ratios = plat.compute.ratios_rows(rows.distinct_keys, log2_features(rows.distinct_rows))
+        t = ratios[np.asarray(rows.gather)] * roof
+        side_a = np.asarray(rows.sides, dtype=int)
         inside_a = side_a == 0
         if not inside_a.all():
             # Outside the sampled range the ratio is held at the edge: below it, a launch floor
             # (the least the bundle ever measured), not a time that shrinks to nothing.
             t = np.where(inside_a, t, np.maximum(t, plat.compute.kernel_floor_seconds))
-        r = np.asarray(p90) + extrapolation_error(side_a) + \
+        r = np.asarray(rows.p90) + extrapolation_error(side_a) + \
             (TRANSFER_REL_ERROR if plat.transferred else 0.0)
-        call = np.asarray(calls)
+        call = np.asarray(rows.calls)
         if call.any():
             # A sample is one isolated call timed between CUDA events: max(host issue, host
             # lead-in + device work).  The host model counts the issuing once per micro-batch,
@@ -351,11 +378,11 @@ class QuerySet:
             dev = np.where(timed, np.maximum(t - 0.5 * call, roof), t)
             r = r + np.where(timed, np.minimum(0.5 * call, t - roof).clip(min=0.0) / dev, 0.0)
             t = dev
-        if fp8_rows:
+        if rows.fp8_rows:
             # FP8 GEMMs: the tensor-core part of the 16-bit time at the FP8 peak (predictor.fp8),
             # never below the launch floor; the rest of the kernel's time, and the gap to the
             # whole-kernel bound in its error.
-            at, tc, byt = (np.asarray(c) for c in zip(*fp8_rows))
+            at, tc, byt = (np.asarray(c) for c in zip(*rows.fp8_rows))
             t8, gap = fp8.gemm_seconds(t[at], tc, byt, gpu.peak_flops(fp8.BASE_PRECISION),
                                        gpu.peak_flops("fp8"), gpu.memory_gbps * 1e9)
             t8 = np.maximum(t8, plat.compute.kernel_floor_seconds)
@@ -366,8 +393,7 @@ class QuerySet:
             # [fitted] compute scale (perf-calibrate validate --fit): device time, never below the
             # roofline (no kernel beats it).
             t = np.maximum(t * plat.fitted.compute_scale, roof)
-        hs = np.asarray(handles)
-        secs[hs], rel[hs], extra[hs] = t, r, ~inside_a
+        return t, r, inside_a
 
     def _remember(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
         """Keep what this set computed: the platform never changes once loaded (a reload is a new
