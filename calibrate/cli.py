@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Sequence
 
 from predictor.errors import OneLineParser, PerfcastError
+from slurm_plugin.policy import slurm_duration
 from slurm_plugin.records import RecordStoreError
 
 from .plans import PRECISIONS
@@ -401,7 +402,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(job.script, end="")
     print(f"partition {args.partition}: {job.nodes} node(s) × {job.gpus_per_node} GPUs, time limit "
-          f"{job.time_limit_minutes} min; {job.cost}", file=sys.stderr if args.dry_run else sys.stdout)
+          f"{slurm_duration(job.time_limit_minutes * 60.0)}; {job.cost}", file=sys.stderr if args.dry_run else sys.stdout)
     if job.job_id is not None:
         print(f"submitted calibration job {job.job_id} ({job.script_path}); recurrence: {job.recurrence}")
     elif not args.dry_run:

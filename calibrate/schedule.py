@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
+from slurm_plugin.policy import slurm_duration
+
 from .env import published_spec
 from .errors import CalibrationError
 from .install import check_partition_name, platforms_root
@@ -100,9 +102,7 @@ def _gpu_type(part: Any) -> str:
 
 
 def _fmt_minutes(minutes: int) -> str:
-    d, rem = divmod(int(minutes), 1440)
-    h, m = divmod(rem, 60)
-    return f"{d}-{h:02d}:{m:02d}:00" if d else f"{h:02d}:{m:02d}:00"
+    return slurm_duration(int(minutes) * 60.0)
 
 
 def default_command() -> str:
@@ -268,7 +268,7 @@ def schedule(req: ScheduleRequest, client: SlurmLike | None = None,
     limit = int(math.ceil(cost.wall_minutes * SAFETY + HOST_FABRIC_MINUTES + FIT_MINUTES))
     limit = max(limit, MIN_MINUTES)
     if max_time is not None and limit > max_time:
-        notes.append(f"estimated {limit} min exceeds MaxTime {max_time} min: the job may be killed "
+        notes.append(f"estimated {_fmt_minutes(limit)} exceeds MaxTime {_fmt_minutes(max_time)}: the job may be killed "
                      "and resumed by the next one (use --plan adaptive with a --budget to bound it)")
         limit = max_time
     root = platforms_root(req.root)

@@ -98,6 +98,7 @@ def test_time_limit_capped_at_maxtime(tmp_path):
     job = schedule(ScheduleRequest(partition="gpu", plan="paper", root=str(tmp_path), dry_run=True),
                    client=slurm)
     assert job.time_limit_minutes == 30 and job.notes and slurm.submitted == []
+    assert "exceeds MaxTime 00:30:00" in job.notes[0]       # Slurm's spelling of a duration
 
 
 def test_schedule_refuses_unknown_or_gpuless_partition(tmp_path):
