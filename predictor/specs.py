@@ -36,7 +36,7 @@ RESHARD_POLICIES = ("default", "always", "never")
 PIPE_SPLITS = ("neox", "deepspeed_parameters", "deepspeed_uniform", "megatron")
 # The training framework, where the launch says which ("" = not said): it decides what a layout
 # may combine (TorchTitan's FSDP2 shards parameters, ZeRO-3 style, under pipeline parallelism).
-FRAMEWORKS = ("", "neox", "deepspeed", "megatron", "megatron-deepspeed", "nemo", "torchtitan")
+FRAMEWORKS = ("", "neox", "deepspeed", "megatron", "megatron-deepspeed", "nemo", "torchtitan", "llm-foundry")
 # Frameworks whose pipeline runs on DeepSpeed's PipelineEngine (predictor.recipe.pipeline_sends).
 DEEPSPEED_PIPELINE_FRAMEWORKS = ("neox", "deepspeed", "megatron-deepspeed")
 # The others (Megatron-core, TorchTitan) split layers evenly over the stages (pipe_split
