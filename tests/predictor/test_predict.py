@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from predictor import BundleError, load_platform, predict, predict_many
-from predictor.recipe import stage_layers
 
 from .conftest import GPT20B, copy_shipped_platform, make_job
 
