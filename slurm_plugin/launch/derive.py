@@ -30,7 +30,7 @@ _BY_TYPE = {"gpt2bpetokenizer": 50257, "hfgpt2tokenizer": 50257, "charleveltoken
             "llama2tokenizer": 32000}
 
 # run.framework values (predictor.job.FRAMEWORKS); "unknown" launches leave the key unset
-_FRAMEWORKS = ("neox", "deepspeed", "megatron", "megatron-deepspeed", "nemo", "torchtitan")
+_FRAMEWORKS = ("neox", "deepspeed", "megatron", "megatron-deepspeed", "nemo", "torchtitan", "llm-foundry")
 
 CRITICAL = {"model.layers", "model.hidden", "model.heads", "model.seq_len", "layout.pp", "layout.tp",
             "layout.dp", "layout.micro_batch", "layout.micro_batches"}
@@ -208,6 +208,7 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
                 # Megatron-core's overlapped communication (overlap.py)
                 "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"):
         _copy(d, f, key, f"layout.{key}")
+    _copy(d, f, "hsdp_shard", "layout.dp_shard")      # hybrid sharding's group (llmfoundry.py)
     # ---------------------------------------------------------------- run
     if framework in _FRAMEWORKS:
         d.put("run.framework", framework, f.origin("framework", "the launch command"))
@@ -313,8 +314,8 @@ def _batch(d: Derived, f: Facts, framework: str, dp: Optional[int]):
                 return micro, None
         return micro, (gas, f.origin("grad_accum"))
     # Megatron (incl. Megatron-DeepSpeed) and plain DeepSpeed
-    if framework in ("megatron", "megatron-deepspeed", "nemo", "torchtitan"):
-        # NeMo (Megatron-core) and TorchTitan also take a micro and a global batch
+    if framework in ("megatron", "megatron-deepspeed", "nemo", "torchtitan", "llm-foundry"):
+        # NeMo (Megatron-core), TorchTitan and llm-foundry also take a micro and a global batch
         if f.get("micro_batch") is not None and not f.known("micro_batch"):
             _unknown(d, f, "micro_batch", "layout.micro_batch")
             return None, None
@@ -325,7 +326,8 @@ def _batch(d: Derived, f: Facts, framework: str, dp: Optional[int]):
         if micro is None:
             d.unresolved.append("layout.micro_batch")
             d.fail({"nemo": "model.micro_batch_size not found in the NeMo config",
-                    "torchtitan": "[training] local_batch_size not found in the TorchTitan config"}.get(
+                    "torchtitan": "[training] local_batch_size not found in the TorchTitan config",
+                    "llm-foundry": "device_train_microbatch_size not found in the llm-foundry config"}.get(
                 framework, "--micro-batch-size not found (Megatron requires it)"), "")
             return None, None
         if dp is None:

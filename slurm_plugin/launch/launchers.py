@@ -6,7 +6,8 @@ A launch line is a stack of wrappers (``srun``, ``mpirun``, ``singularity exec``
 ``train.py``…). :func:`classify` peels the wrappers and reads the launcher options it needs to
 find the script; the framework modules read the script's own arguments. The framework hint comes
 from the script and its arguments: ``deepy.py`` (neox), ``-m torchtitan.train`` / ``--job.config_file``
-(torchtitan), NeMo's ``megatron_gpt_pretraining.py`` or Hydra ``--config-path`` / ``key=value``
+(torchtitan), Composer's ``composer`` launcher or ``train.py X.yaml`` (llm-foundry), NeMo's
+``megatron_gpt_pretraining.py`` or Hydra ``--config-path`` / ``key=value``
 arguments (nemo), ``nemo llm …`` (nemo2, refused), Megatron flags or ``pretrain_*.py`` (megatron),
 ``--deepspeed_config`` (deepspeed).
 """
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .llmfoundry import is_llmfoundry
 from .nemo import NEMO_SCRIPTS
 from .torchtitan import is_torchtitan
 from .sbatch import split_options
@@ -66,11 +68,11 @@ class Wrapper:
 class Classified:
     kind: str = "none"              # none | launch | bash-c | bash-file | bash-stdin | sbatch | eval-args
     wrappers: list = field(default_factory=list)
-    launcher: str = "none"          # none | torchrun | deepspeed | mpirun | deepy
+    launcher: str = "none"          # none | torchrun | deepspeed | mpirun | deepy | composer
     launcher_opts: dict = field(default_factory=dict)   # name -> Tok or True
     script: Optional[Tok] = None    # the training script (or bash -c string / bash file)
     args: list = field(default_factory=list)            # Toks after the script
-    framework_hint: str = "unknown"  # neox | megatron | deepspeed | nemo | nemo2 | torchtitan | unknown
+    framework_hint: str = "unknown"  # neox | megatron | deepspeed | nemo | nemo2 | torchtitan | llm-foundry | unknown
     python_module: Optional[str] = None
     unknown_words: list = field(default_factory=list)   # unknown command words we skipped
     dollar0: Optional[Tok] = None   # bash -c STRING NAME ...: the word that becomes $0
@@ -186,6 +188,8 @@ def classify(toks: list, where: str = "") -> Classified:
             return _deepspeed(c, toks, i + 1)
         if b == "torchrun":
             return _torchrun(c, toks, i + 1)
+        if b == "composer":
+            return _composer(c, toks, i + 1)
         if _is_python(b):
             j = i + 1
             while j < n and toks[j].text.startswith("-") and toks[j].text not in ("-m", "-c", "-"):
@@ -200,6 +204,8 @@ def classify(toks: list, where: str = "") -> Classified:
                     return _torchrun(c, toks, j + 2)
                 if mod in ("deepspeed.launcher.runner", "deepspeed"):
                     return _deepspeed(c, toks, j + 2)
+                if mod in ("composer", "composer.cli", "composer.cli.launcher"):
+                    return _composer(c, toks, j + 2)
                 c.python_module = mod
                 return _entry(c, toks[j + 1], toks[j + 2:])
             return _entry(c, toks[j], toks[j + 1:])
@@ -220,6 +226,8 @@ def _entry(c: Classified, script: Tok, args: list) -> Classified:
         any(re.match(r"[+~]{0,2}(trainer|model|exp_manager)\.[A-Za-z_.]+=", a.text) for a in args)
     if is_torchtitan(c.python_module, script, args):
         hint = "torchtitan"
+    elif is_llmfoundry(c.launcher, c.python_module, script, args):
+        hint = "llm-foundry"     # before NeMo: its overrides (model.n_layers=4) look like Hydra's
     elif b in NEMO_SCRIPTS or (hydra and not flags & MEGATRON_FLAGS):
         hint = "nemo"        # NeMo 1.x: Hydra config + key=value overrides
     elif flags & MEGATRON_FLAGS or b.startswith("pretrain_") or "megatron" in (c.python_module or ""):
@@ -262,6 +270,38 @@ def _torchrun(c: Classified, toks: list, i: int) -> Classified:
             i += 1
     if i >= n:
         return c
+    return _entry(c, toks[i], toks[i + 1:])
+
+
+# Composer's launcher (composer/cli/launcher.py): the options that take no value
+_COMPOSER_FLAGS = {"m", "module_mode", "c", "command_mode", "v", "verbose"}
+
+
+def _composer(c: Classified, toks: list, i: int) -> Classified:
+    """``composer [-n N] [--world_size W] [--node_rank R] … train.py ARGS``: -n is read as nproc."""
+    c.launcher = "composer"
+    n = len(toks)
+    while i < n:
+        t = toks[i].text
+        if not t.startswith("-") or t == "-":
+            break
+        name, eq, val = t.lstrip("-").partition("=")
+        key = {"n": "nproc"}.get(name, name.replace("-", "_"))
+        if eq:
+            c.launcher_opts[key] = Tok(val, [(val, toks[i].origin_at(len(t) - len(val)))])
+            i += 1
+        elif name in _COMPOSER_FLAGS:
+            c.launcher_opts[key] = True
+            i += 1
+        elif i + 1 < n:
+            c.launcher_opts[key] = toks[i + 1]
+            i += 2
+        else:
+            i += 1
+    if i >= n:
+        return c
+    if c.launcher_opts.get("m") is True or c.launcher_opts.get("module_mode") is True:
+        c.python_module = toks[i].text
     return _entry(c, toks[i], toks[i + 1:])
 
 

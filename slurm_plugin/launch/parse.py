@@ -10,7 +10,7 @@ from predictor.errors import JobError
 from predictor.job import TrainingJob
 
 from . import deepspeed as ds
-from . import megatron, moe, nemo, neox, torchtitan
+from . import llmfoundry, megatron, moe, nemo, neox, torchtitan
 from .configs import Config, load_config
 from .derive import World, build
 from .facts import Facts
@@ -211,6 +211,17 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
         world = _world(launch, c, facts, req, prov, sh, res.warnings)
         torchtitan.read(torchtitan.Toml(text, p, over, line_origins), facts,
                         None if world.unknown else world.gpus, world.origin)
+    elif framework == "llm-foundry":
+        cfg_tok, over = llmfoundry.read_cli(c.args)
+        if cfg_tok is None:
+            raise CannotPredict("llm-foundry launch without its YAML config (train.py X.yaml)", launch.where)
+        if MARK_OPEN in cfg_tok.text:
+            raise CannotPredict(f"llm-foundry config file name unknown: {sh.u.reason(cfg_tok.text)}",
+                                cfg_tok.origin_at(0))
+        world = _world(launch, c, facts, req, prov, sh, res.warnings)
+        llmfoundry.read(_open_config(sh, launch, cfg_tok.text, cfg_tok.origin_at(0), "yaml", reader),
+                        over, facts, None if world.unknown else world.gpus,
+                        world.origin, world.per_node or req.gpus_per_node)
     elif framework == "nemo2":
         raise CannotPredict(nemo.NEMO2_REASON, launch.where)
     elif framework == "nemo":
@@ -364,6 +375,8 @@ def _world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov:
         if nodes and nn != nodes:
             warnings.append(f"torchrun --nnodes {nn} but the job has {nodes} node(s)")
         return World(nn * per, origin, per)
+    if c.launcher == "composer":
+        return _composer_world(c, facts, req, prov, launch, warnings)
     if c.launcher == "deepy" and srun:
         warnings.append("deepy.py under srun starts one launcher per task (pattern: run deepy.py once; "
                         "with launcher: slurm DeeperSpeed calls srun itself)")
@@ -401,6 +414,34 @@ def _world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov:
         warnings.append(f"the training script runs as a single process (no srun/torchrun/deepspeed): "
                         f"it uses 1 GPU of the {nodes * gpn} requested")
     return World(1, launch.where, None)
+
+
+def _composer_world(c: Classified, facts: Facts, req: SlurmRequest, prov: dict, launch: Launch,
+                    warnings: list) -> World:
+    """Composer's launcher starts -n (default: the node's GPUs) processes of a --world_size (default:
+    -n) job; one launcher runs per node."""
+    per = None
+    per_origin = prov.get("request.gpus_per_node", launch.where)
+    tok = c.launcher_opts.get("nproc")
+    if isinstance(tok, Tok):
+        facts.set_int("composer_nproc", tok, what="composer -n")
+        if not facts.known("composer_nproc"):
+            return World(unknown=facts.get("composer_nproc").unknown, origin=facts.origin("composer_nproc"))
+        per, per_origin = facts.val("composer_nproc"), facts.origin("composer_nproc")
+    elif req.gpus_per_node:
+        per = req.gpus_per_node
+    tok = c.launcher_opts.get("world_size")
+    if isinstance(tok, Tok):
+        facts.set_int("composer_world", tok, what="composer --world_size")
+        if not facts.known("composer_world"):
+            return World(unknown=facts.get("composer_world").unknown, origin=facts.origin("composer_world"))
+        return World(facts.val("composer_world"), facts.origin("composer_world"), per)
+    if per is None:
+        return World(unknown="composer -n not given and the GPUs per node unknown", origin=launch.where)
+    if req.nodes and req.nodes > 1:
+        warnings.append(f"composer without --world_size runs a {per}-GPU job on each of the {req.nodes} nodes "
+                        f"(predicting one of them)")
+    return World(per, per_origin, per)
 
 
 def _int_text(t) -> Optional[int]:

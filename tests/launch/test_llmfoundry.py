@@ -1,0 +1,152 @@
+"""llm-foundry: OmegaConf YAML + dotted overrides, MPT shape, Composer FSDP layout, Composer durations."""
+from __future__ import annotations
+
+import pytest
+
+from slurm_plugin.launch.llmfoundry import DEFAULT_ATTN_IMPL, duration
+from slurm_plugin.launch.llmfoundry_keys import READ_KEYS, TRAIN_CONFIG_KEYS
+from slurm_plugin.launch.limits import CannotPredict
+
+from .conftest import DATA
+from .helpers import parse_in
+
+MPT7B = (DATA / "llmfoundry" / "mpt-7b-h100.yaml").read_text()
+MPT1B = (DATA / "llmfoundry" / "mpt-1b-gqa.yaml").read_text()
+HEAD = "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=8\n"
+COMPOSER = ("srun composer --world_size 16 --node_rank $SLURM_NODEID --master_addr node1 -n 8 "
+            "scripts/train/train.py mpt.yaml ")
+
+
+def _run(tmp_path, body: str, yaml: str = MPT7B, head: str = HEAD):
+    return parse_in(tmp_path, head + body, {"mpt.yaml": yaml})
+
+
+def _ok(res):
+    assert res.error is None, res.error
+    return res.job
+
+
+def test_mpt7b_under_composer_launcher(tmp_path):
+    res = _run(tmp_path, COMPOSER + "\n")
+    j = _ok(res)
+    m, lay, run = j.model, j.layout, j.run
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab) == (32, 4096, 32, 32, 16384, 50368)
+    assert m.seq_len == 8192                                    # ${variables.max_seq_len}
+    assert (m.attention, m.attention_impl, m.pos_emb, m.norm, m.activation) == \
+        ("flash", "triton", "alibi", "layernorm", "gelu")
+    assert (lay.dp, lay.tp, lay.pp, lay.zero_stage, lay.recompute) == (16, 1, 1, 3, "full")
+    assert (lay.micro_batch, lay.micro_batches) == (4, 4)      # 256 / 16 GPUs = 16 per GPU in 4s
+    assert (run.framework, run.train_iters, run.precision, run.grad_reduce_precision) == \
+        ("llm-foundry", 20000, "bf16", "")                      # PURE: reduced in bf16 (the default)
+    assert (run.eval_interval, run.eval_iters, run.save_interval) == (2000, 20, 5000)
+    assert res.provenance["model.seq_len"].endswith("mpt.yaml:5")
+    assert res.provenance["model.attention_impl"].endswith("mpt.yaml:22")
+
+
+def test_overrides_win_and_name_their_argument(tmp_path):
+    body = COMPOSER + ("model.n_layers=48 variables.max_seq_len=4096 fsdp_config.sharding_strategy=SHARD_GRAD_OP "
+                       "fsdp_config.mixed_precision=DEFAULT max_duration=10ba model.attn_config.attn_impl=torch\n")
+    res = _run(tmp_path, body)
+    j = _ok(res)
+    assert (j.model.layers, j.model.seq_len, j.layout.zero_stage, j.run.train_iters) == (48, 4096, 2, 10)
+    assert j.run.grad_reduce_precision == "fp32"
+    assert j.model.attention == "unfused" and j.model.attention_impl == ""    # llm-foundry's torch attention
+    assert "(override model.n_layers)" in res.provenance["model.layers"]
+    assert res.provenance["model.seq_len"].endswith("(override variables.max_seq_len)")
+
+
+@pytest.mark.parametrize("launch", [
+    "srun --ntasks-per-node=1 torchrun --nnodes 2 --nproc_per_node 8 llm-foundry/scripts/train/train.py mpt.yaml\n",
+    "srun --ntasks-per-node=8 python llm-foundry/scripts/train/train.py mpt.yaml\n",
+    "srun python -m composer --world_size 16 -n 8 train.py mpt.yaml\n",
+])
+def test_launch_forms(tmp_path, launch):
+    j = _ok(_run(tmp_path, launch))
+    assert j.run.framework == "llm-foundry" and j.layout.dp == 16 and j.model.layers == 32
+
+
+def test_gqa_rope_glu_tokens_and_hybrid_shard(tmp_path):
+    res = _run(tmp_path, COMPOSER + "\n", MPT1B)
+    j = _ok(res)
+    m, lay, run = j.model, j.layout, j.run
+    assert (m.kv_heads, m.ffn_hidden, m.activation, m.pos_emb, m.norm) == (4, 5632, "swiglu", "rotary", "rmsnorm")
+    assert (m.attention, m.attention_impl) == ("flash", "flash2")
+    assert (lay.zero_stage, lay.dp_shard, lay.recompute) == (3, 8, "none")   # HYBRID_SHARD: within a node
+    assert (lay.micro_batch, lay.micro_batches) == (16, 2)
+    assert run.train_iters == -(-26_000_000_000 // (512 * 2048))               # tokens -> batches, rounded up
+    assert (run.eval_interval, run.save_interval) == (0, 0)                    # no eval_loader, no save_folder
+
+
+def test_default_attention_is_llmfoundrys_current_default(tmp_path):
+    yaml = MPT7B.replace("    attn_impl: triton\n", "")
+    res = _run(tmp_path, COMPOSER + "\n", yaml)
+    j = _ok(res)
+    assert DEFAULT_ATTN_IMPL == "flash" and j.model.attention_impl == "flash2"
+    assert "llm-foundry default" in res.provenance["model.attention_impl"]
+
+
+def test_no_fsdp_config_is_ddp_and_micro_batch_capped(tmp_path):
+    yaml = MPT7B[:MPT7B.index("fsdp_config:")] + "save_interval: 1000ba\n"
+    yaml = yaml.replace("device_train_microbatch_size: 4", "device_train_microbatch_size: 32")
+    res = _run(tmp_path, COMPOSER + "\n", yaml)
+    j = _ok(res)
+    assert (j.layout.zero_stage, j.layout.recompute) == (0, "none")
+    assert (j.layout.micro_batch, j.layout.micro_batches) == (16, 1)
+    assert any("reduces it to 16" in w for w in res.warnings)
+
+
+def test_amp_fp8_needs_transformer_engine_layers(tmp_path):
+    res = _run(tmp_path, COMPOSER + "precision=amp_fp8\n")
+    assert _ok(res).run.fp8 == "" and any("stay bf16" in w for w in res.warnings)
+    res = _run(tmp_path, COMPOSER + "precision=amp_fp8 model.fc_type=te\n")
+    assert _ok(res).run.fp8 == "delayed" and res.job.run.precision == "bf16"
+
+
+@pytest.mark.parametrize("override, words", [
+    ("max_duration=1ep", "epochs of the data set"),
+    ("device_train_microbatch_size=auto", "'auto'"),
+    ("global_train_batch_size=100", "not divisible by the 16 GPUs"),
+    ("model.name=hf_causal_lm", "Hugging Face checkpoint"),
+    ("model.attn_config.attn_impl=xformers", "not torch, flash or triton"),
+    ("model.ffn_config.ffn_type=mb_moe", "mixture-of-experts"),
+    ("fsdp_config.sharding_strategy=FULL", "is not one of"),
+])
+def test_refusals_name_the_reason_and_the_argument(tmp_path, override, words):
+    res = _run(tmp_path, COMPOSER + override + "\n")
+    assert res.job is None and words in res.error, res.error
+    assert "job.sbatch:3" in res.error
+
+
+@pytest.mark.parametrize("yaml_edit, where, words", [
+    (("global_train_batch_size: 256", "global_train_bach_size: 256"), "mpt.yaml:",
+     "did you mean global_train_batch_size?"),
+    (("  n_layers: 32", "  n_layer: 32"), "mpt.yaml:17", "did you mean model.n_layers?"),
+    (("    attn_impl: triton", "    attn_iml: triton"), "mpt.yaml:22", "did you mean model.attn_config.attn_impl?"),
+    (("  sharding_strategy: FULL_SHARD", "  sharding_stratgy: FULL_SHARD"), "mpt.yaml:",
+     "did you mean fsdp_config.sharding_strategy?"),
+])
+def test_misspelt_keys_stop_with_file_line(tmp_path, yaml_edit, where, words):
+    res = _run(tmp_path, COMPOSER + "\n", MPT7B.replace(*yaml_edit))
+    assert res.job is None and words in res.error and where in res.error, res.error
+
+
+def test_unknown_top_level_key_stops_as_llmfoundry_does(tmp_path):
+    res = _run(tmp_path, COMPOSER + "my_note=hello\n")
+    assert res.job is None and "Unused parameter my_note" in res.error and "job.sbatch:3" in res.error
+
+
+def test_misspelt_override_stops_and_unused_keys_warn(tmp_path):
+    res = _run(tmp_path, COMPOSER + "model.d_modle=2048\n")
+    assert res.job is None and "did you mean model.d_model?" in res.error
+    res = _run(tmp_path, COMPOSER + "model.my_flag=1 fsdp_config.prefetch_depth=2\n")
+    _ok(res)
+    assert any("model.my_flag is not an llm-foundry model key and is ignored" in w for w in res.warnings)
+    assert any("fsdp_config.prefetch_depth" in w for w in res.warnings)
+
+
+def test_key_lists():
+    # every key the reader uses at the top level is one llm-foundry knows
+    assert READ_KEYS[""] <= TRAIN_CONFIG_KEYS
+    assert duration("26_000tok", "x", "o") == (26000, "tok") and duration(3, "x", "o") == (3, "ep")
+    with pytest.raises(CannotPredict):
+        duration("1e9tok", "max_duration", "f:1")
