@@ -80,12 +80,13 @@ def default_impl(framework: str, hopper: bool) -> str:
 
     Megatron-LM and NeMo run Transformer Engine's DotProductAttention, which prefers cuDNN's fused
     attention on Hopper and newer and FlashAttention-2 before (NeMo's docs); GPT-NeoX, DeepSpeed
-    and Megatron-DeepSpeed call the flash_attn package (FlashAttention-2); TorchTitan calls SDPA
+    and Megatron-DeepSpeed call the flash_attn package (FlashAttention-2), as llm-foundry's default
+    ``attn_impl: flash`` does; TorchTitan calls SDPA
     limited to its flash, efficient and math backends (flash first).
     """
     if framework in ("megatron", "nemo"):
         return "cudnn" if hopper else "flash2"
-    if framework in ("neox", "deepspeed", "megatron-deepspeed"):
+    if framework in ("neox", "deepspeed", "megatron-deepspeed", "llm-foundry"):
         return "flash2"
     if framework == "torchtitan":
         return "sdpa_flash"

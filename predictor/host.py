@@ -69,8 +69,9 @@ _ENGINE_KEYS = ("step_seconds", "micro_batch_seconds", "layer_seconds")
 _OPTIONAL = {"launch_seconds": 0.0, "layer_forward_seconds": -1.0, "collective_seconds": -1.0,
              "fsdp_layer_seconds": 0.0}
 #: Frameworks whose ZeRO-2/3 is PyTorch FSDP (FSDP2's fully_shard per layer), whose per-layer hooks
-#: ``fsdp_layer_seconds`` measures; DeepSpeed's ZeRO-3 hooks are another mechanism, not measured.
-FSDP_FRAMEWORKS = ("torchtitan",)
+#: ``fsdp_layer_seconds`` measures; llm-foundry's FSDP1 hooks cost 0.96-0.98 of FSDP2's
+#: (benchmarks/bench_fsdp1_host.py).  DeepSpeed's ZeRO-3 hooks are another mechanism, not measured.
+FSDP_FRAMEWORKS = ("torchtitan", "llm-foundry")
 # Host costs are per-call overheads of microseconds to milliseconds; a value past this is a unit
 # mistake (µs written as seconds), not a slow CPU.
 _MAX_SECONDS = 1.0
