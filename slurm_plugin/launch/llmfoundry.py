@@ -289,6 +289,8 @@ def _layout(v: View, f: Facts, world: Optional[int], world_origin: str, gpn: Opt
     strategy, s_origin, found = _str(v, "fsdp_config.sharding_strategy", "FULL_SHARD")
     if not has_fsdp:
         f.set("zero_stage", 0, "no fsdp_config (Composer runs DDP)")
+        # DDP under autocast keeps fp32 parameters, so their gradients are reduced in fp32
+        f.set("grad_reduce_precision", "fp32", "no fsdp_config (DDP: fp32 parameters under autocast)")
         ac, origin, _ = False, "", False
     else:
         strategy = strategy.upper()

@@ -90,7 +90,7 @@ def test_no_fsdp_config_is_ddp_and_micro_batch_capped(tmp_path):
     yaml = yaml.replace("device_train_microbatch_size: 4", "device_train_microbatch_size: 32")
     res = _run(tmp_path, COMPOSER + "\n", yaml)
     j = _ok(res)
-    assert (j.layout.zero_stage, j.layout.recompute) == (0, "none")
+    assert (j.layout.zero_stage, j.layout.recompute, j.run.grad_reduce_precision) == (0, "none", "fp32")
     assert (j.layout.micro_batch, j.layout.micro_batches) == (16, 1)
     assert any("reduces it to 16" in w for w in res.warnings)
 
@@ -150,3 +150,23 @@ def test_key_lists():
     assert duration("26_000tok", "x", "o") == (26000, "tok") and duration(3, "x", "o") == (3, "ep")
     with pytest.raises(CannotPredict):
         duration("1e9tok", "max_duration", "f:1")
+
+
+def test_predictor_costs_llmfoundry_as_it_runs(tmp_path):
+    """FlashAttention-2 when a job file names the framework and no kernel; FSDP1's per-layer hooks
+    (ZeRO-3) costed like FSDP2's (benchmarks/bench_fsdp1_host.py), where a host-bound job shows them."""
+    import dataclasses
+
+    from predictor.attention import default_impl
+    from predictor.estimate import predict_many
+    from predictor.platform import load_platform
+    assert default_impl("llm-foundry", True) == default_impl("llm-foundry", False) == "flash2"
+    tiny = (MPT7B.replace("  d_model: 4096", "  d_model: 256").replace("  n_heads: 32", "  n_heads: 4")
+            .replace("max_seq_len: 8192", "max_seq_len: 512")
+            .replace("device_train_microbatch_size: 4", "device_train_microbatch_size: 1"))
+    job = _ok(_run(tmp_path, COMPOSER + "\n", tiny))
+    named = {fw: dataclasses.replace(job, run=dataclasses.replace(job.run, framework=fw))
+             for fw in ("llm-foundry", "", "torchtitan")}
+    got = dict(zip(named, (p.iteration_seconds for p in predict_many(list(named.values()),
+                                                                    load_platform("dgx-h100")))))
+    assert got["llm-foundry"] > got[""] and got["llm-foundry"] == pytest.approx(got["torchtitan"])
