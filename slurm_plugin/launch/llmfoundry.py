@@ -49,7 +49,7 @@ def is_llmfoundry(launcher: str, module: Optional[str], script: Tok, args: list)
     return base in TRAIN_SCRIPTS and bool(args) and bool(re.search(r"\.ya?ml$", args[0].text))
 
 
-def read_cli(args: list) -> tuple[Optional[Tok], HydraArgs]:
+def read_cli(args: list, warnings: list) -> tuple[Optional[Tok], HydraArgs]:
     """(the YAML token, the ``key=value`` overrides as OmegaConf's dot-list reads them)."""
     h = HydraArgs()
     cfg: Optional[Tok] = None
@@ -62,6 +62,9 @@ def read_cli(args: list) -> tuple[Optional[Tok], HydraArgs]:
         if m is None:
             if MARK_OPEN in t:
                 h.unknown = t
+            else:
+                warnings.append(f"{t[:60]!r} is not a key=value override (llm-foundry hands every argument "
+                                f"after the YAML to OmegaConf.from_cli); ignored ({a.origin_at(0)})")
             continue
         key, val = m.group(1), m.group(2)
         h.overrides[key] = (_unquote(val), a.origin_at(len(key) + 1))
@@ -120,7 +123,11 @@ def check_keys(cfg: Config, h: HydraArgs, warnings: list) -> None:
 
 # ---------------------------------------------------------------------------------------- values
 def _value(v: View, dotted: str) -> tuple[Any, str, bool]:
+    raw, raw_origin, raw_found = v.raw(dotted)
     value, origin, found = v.get(dotted)
+    if raw_found and not found:
+        raise CannotPredict(f"{dotted}: {str(raw)[:60]} cannot be resolved (no such key, or a loop); OmegaConf "
+                            f"stops at start with an interpolation error", raw_origin)
     if found and isinstance(value, str) and "${" in value:
         # a resolver (${oc.env:X}) or an interpolation inside a longer string
         return _Unknown(f"{dotted} is {value[:60]!r}, an OmegaConf expression resolved when the job runs"), \

@@ -212,7 +212,7 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
         torchtitan.read(torchtitan.Toml(text, p, over, line_origins), facts,
                         None if world.unknown else world.gpus, world.origin)
     elif framework == "llm-foundry":
-        cfg_tok, over = llmfoundry.read_cli(c.args)
+        cfg_tok, over = llmfoundry.read_cli(c.args, res.warnings)
         if cfg_tok is None:
             raise CannotPredict("llm-foundry launch without its YAML config (train.py X.yaml)", launch.where)
         if MARK_OPEN in cfg_tok.text:

@@ -170,3 +170,34 @@ def test_predictor_costs_llmfoundry_as_it_runs(tmp_path):
     got = dict(zip(named, (p.iteration_seconds for p in predict_many(list(named.values()),
                                                                     load_platform("dgx-h100")))))
     assert got["llm-foundry"] > got[""] and got["llm-foundry"] == pytest.approx(got["torchtitan"])
+
+
+@pytest.mark.parametrize("edit, words", [
+    (("  n_layers: 32", "  n_layer: 32"), ["model.n_layer is not an llm-foundry model key",
+                                          "did you mean model.n_layers?"]),
+    (("global_train_batch_size: 256", "global_train_bach_size: 256"),
+     ["global_train_bach_size is not an llm-foundry config key", "did you mean global_train_batch_size?"]),
+])
+def test_typo_messages_survive_the_daemons_redaction(tmp_path, edit, words):
+    """What sbatch shows keeps perfcast's words and the user's own misspelt key, not the file's text."""
+    from slurm_plugin.daemon.engine import redact
+    marker = "SECRETprojectname42"
+    yaml = MPT7B.replace(*edit).replace("run_name: mpt-7b-8k", f"run_name: {marker}")
+    res = _run(tmp_path, COMPOSER + "\n", yaml)
+    assert res.job is None
+    shown = redact(res.error, [yaml], HEAD + COMPOSER)
+    for w in words:
+        assert w in shown, shown
+    assert marker not in shown
+
+
+def test_unresolvable_interpolation_stops_and_stray_arguments_warn(tmp_path):
+    yaml = MPT7B.replace("  n_layers: 32", "  n_layers: ${variables.n_layers}")
+    res = _run(tmp_path, COMPOSER + "\n", yaml)
+    assert res.job is None and "model.n_layers: ${variables.n_layers} cannot be resolved" in res.error
+    assert res.error.endswith("mpt.yaml:17)")
+    res = _run(tmp_path, COMPOSER + "variables.n_layers=40\n", yaml)
+    assert _ok(res).model.layers == 40
+    res = _run(tmp_path, COMPOSER + "--verbose\n")
+    _ok(res)
+    assert any("'--verbose' is not a key=value override" in w for w in res.warnings)
