@@ -15,6 +15,8 @@ import math
 import re
 from typing import Any, Optional
 
+import yaml
+
 from . import moe
 from .configs import Config, to_bool, to_int
 from .facts import Facts
@@ -67,13 +69,20 @@ def read_cli(args: list, warnings: list) -> tuple[Optional[Tok], HydraArgs]:
                                 f"after the YAML to OmegaConf.from_cli); ignored ({a.origin_at(0)})")
             continue
         key, val = m.group(1), m.group(2)
-        h.overrides[key] = (_unquote(val), a.origin_at(len(key) + 1))
+        h.overrides[key] = (_scalar(val), a.origin_at(len(key) + 1))
         h.prefixes[key] = ""
     return cfg, h
 
 
-def _unquote(v: str) -> str:
-    return v[1:-1] if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"" else v
+def _scalar(text: str) -> Any:
+    """An override's value as OmegaConf reads it: YAML (``4`` an int, ``2.5`` a float, ``true`` a bool)."""
+    if MARK_OPEN in text or len(text) > 1000:
+        return text
+    try:
+        value = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return text
+    return value if isinstance(value, (str, int, float, bool, list)) or value is None else text
 
 
 # ---------------------------------------------------------------------------------------- key checks
@@ -186,6 +195,11 @@ def read(cfg: Config, h: HydraArgs, f: Facts, world: Optional[int], world_origin
         raise CannotPredict(f"{cfg.label} is not a mapping of llm-foundry config keys", cfg.label)
     v = View(cfg, h)
     w = f.warnings
+    for dotted in ("model", "model.attn_config", "model.ffn_config", "fsdp_config", "variables"):
+        value, origin, found = v.get(dotted)
+        if found and value is not None and not isinstance(value, dict):
+            raise CannotPredict(f"{dotted} is {type(value).__name__} {str(value)[:40]!r}, not a mapping of keys "
+                                f"(llm-foundry stops at start)", origin)
     check_keys(cfg, h, w)
     _model(v, f, cfg.label)
     if _section(v, "tp_config"):
@@ -245,11 +259,9 @@ def _ffn(v: View, f: Facts, ffn_type: str, ft_origin: str) -> None:
     ratio, r_origin, r_found = _value(v, "model.expansion_ratio")
     if not r_found or ratio is None:
         ratio, r_origin = _MPT_DEFAULTS["expansion_ratio"], "MPTConfig default (expansion_ratio 4)"
-    if isinstance(ratio, _Unknown) or isinstance(ratio, bool) or not isinstance(ratio, (int, float)) \
-            and to_int(ratio) is None:
-        f.set_unknown("ffn_hidden", f"model.expansion_ratio {str(ratio)[:40]!r} is not a number", r_origin)
-        return
-    ratio = float(ratio) if not isinstance(ratio, str) else float(to_int(ratio))
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio < 1e6:
+        raise CannotPredict(f"model.expansion_ratio {str(ratio)[:60]!r} is not a positive number "
+                            f"(MPT multiplies d_model by it)", r_origin)
     if f.known("hidden"):
         # MPT's MLP: int(expansion_ratio × d_model), also for the gated one
         f.set("ffn_hidden", int(ratio * f.val("hidden")), r_origin)
@@ -332,8 +344,11 @@ def _hybrid(v: View, f: Facts, strategy: str, s_origin: str, world: Optional[int
                           f"data_parallel_shard_degree replaces it) ({me_origin})")
         if len(mesh) == 2:
             rep, shard, origin = to_int(mesh[0]), to_int(mesh[1]), me_origin
-    if shard is not None and shard > 0 and world and world % shard == 0 and shard < world:
-        if f.val("zero_stage") == 3:
+    if shard is not None and shard > 0 and world:
+        if world % shard:
+            raise CannotPredict(f"data_parallel_shard_degree {shard} does not divide the {world} GPUs "
+                                f"(Composer cannot build its device mesh)", origin)
+        if f.val("zero_stage") == 3 and shard < world:
             f.set("hsdp_shard", shard, origin)
         return
     if rep is not None and rep > 1 and world and world % rep == 0:
@@ -360,6 +375,8 @@ def _batch(v: View, f: Facts, world: Optional[int], world_origin: str) -> None:
     if not g_found or gbs is None:
         raise CannotPredict("global_train_batch_size not found (llm-foundry needs it)", v.cfg.label)
     f.set_int_value("foundry_global", gbs, g_origin, what="global_train_batch_size")
+    if not f.known("foundry_global"):
+        raise CannotPredict(f"layout.micro_batches unknown: {f.get('foundry_global').unknown}", g_origin)
     if not m_found or str(micro).strip().lower() == "auto":
         why = ("device_train_microbatch_size is 'auto'" if m_found else
                "device_train_microbatch_size is not set (llm-foundry's default is 'auto'),")
@@ -456,11 +473,13 @@ def _evaluation(v: View, f: Facts) -> None:
         f.set("eval_iters", 0, "no eval_loader (no evaluation)")
         return
     ei, e_origin, _ = _value(v, "eval_interval")
-    n, unit = duration(ei, "eval_interval", e_origin) if ei is not None else (0, "ba")
+    n, unit = duration(ei, "eval_interval", e_origin) if ei is not None else (0, "none")
     sub, s_origin, s_found = _value(v, "eval_subset_num_batches")
     k = to_int(sub) if s_found else -1
     if unit != "ba" or k is None or k < 0:
-        why = (f"eval_interval {ei!r} is not in batches" if unit != "ba"
+        why = ("eval_interval is not set (llm-foundry requires it)" if unit == "none"
+               else f"eval_interval {ei!r} is not in batches" if unit != "ba"
+               else f"eval_subset_num_batches {sub!r} is not a number of batches" if k is None
                else "eval_subset_num_batches -1 evaluates the whole validation set, whose size perfcast does not "
                     "know")
         f.warnings.append(f"{why} ({e_origin if unit != 'ba' else s_origin or e_origin}); evaluation is not "

@@ -201,3 +201,24 @@ def test_unresolvable_interpolation_stops_and_stray_arguments_warn(tmp_path):
     res = _run(tmp_path, COMPOSER + "--verbose\n")
     _ok(res)
     assert any("'--verbose' is not a key=value override" in w for w in res.warnings)
+
+
+@pytest.mark.parametrize("edit, override, words", [
+    (("fsdp_config:\n  sharding_strategy: FULL_SHARD", "fsdp_config: [FULL_SHARD]\nx_fsdp:\n  sharding_strategy: FULL_SHARD"),
+     "", "fsdp_config is list"),
+    (("  expansion_ratio: 4", "  expansion_ratio: 'four'"), "", "model.expansion_ratio 'four' is not a positive"),
+    (None, "fsdp_config.sharding_strategy=HYBRID_SHARD fsdp_config.data_parallel_shard_degree=3",
+     "data_parallel_shard_degree 3 does not divide the 16 GPUs"),
+    (None, "global_train_batch_size=lots", "not an integer"),
+])
+def test_malformed_values_stop_with_their_origin(tmp_path, edit, override, words):
+    yaml = MPT7B.replace(*edit) if edit else MPT7B
+    res = _run(tmp_path, COMPOSER + override + "\n", yaml)
+    assert res.job is None and words in res.error, res.error
+    assert "internal" not in res.error
+
+
+def test_override_values_are_yaml_as_omegaconf_reads_them(tmp_path):
+    j = _ok(_run(tmp_path, COMPOSER + "model.expansion_ratio=2.5 model.attn_config.alibi=false "
+                                      "fsdp_config.activation_checkpointing=False\n"))
+    assert (j.model.ffn_hidden, j.model.pos_emb, j.layout.recompute) == (10240, "learned", "none")
