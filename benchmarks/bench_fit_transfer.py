@@ -14,8 +14,9 @@ recorded runs, perlmutter-a100 and vista-gh200 on the paper's runs (benchmarks/d
     python benchmarks/bench_fit_transfer.py --stacks [--runs-per-fit 10 15] [--draws 20]
 
 ``--stacks``: the CPU family trained under several software stacks
-(benchmarks/data/cpu-family/stacks.toml, ``bench_cpu_family.py --stacks``), on the platform fitted
-from the family's samples.  For each kind (predictor/kinds.py) and each N of ``--runs-per-fit``,
+(benchmarks/data/cpu-family/stacks-dp1.toml, or ``--stacks-runs .../stacks.toml`` for the mixed
+dp 1/2 family; ``bench_cpu_family.py --stacks``), on the platform fitted from the samples
+calibrated the same day on the same machine (cpu-family/samples-stacks).  For each kind (predictor/kinds.py) and each N of ``--runs-per-fit``,
 ``--draws`` random draws of N of its runs are fitted as ``validate --fit`` does (the per-kind
 hierarchical fit, kept only when leave-one-out improves; the runs recorded with their
 leave-one-out predictions); then that kind's other runs and every other kind's runs are
@@ -189,16 +190,18 @@ def main() -> int:
     ap.add_argument("--stacks", action="store_true",
                     help="fit on N runs of one stack, predict its other runs and the other stacks' "
                          "(benchmarks/data/cpu-family/stacks.toml)")
-    ap.add_argument("--stacks-runs", default=str(ROOT / "benchmarks" / "data" / "cpu-family" / "stacks.toml"))
+    ap.add_argument("--stacks-runs", default=str(ROOT / "benchmarks" / "data" / "cpu-family" / "stacks-dp1.toml"))
     ap.add_argument("--runs-per-fit", type=int, nargs="+", default=[10])
     ap.add_argument("--draws", type=int, default=20, help="--stacks: random draws per kind and N")
     ap.add_argument("--dp", type=int, default=0, help="--stacks: only the runs of this data-parallel size")
+    ap.add_argument("--samples", default=str(ROOT / "benchmarks" / "data" / "cpu-family" / "samples-stacks"),
+                    help="--stacks: the sample store the platform is fitted from (default: the one "
+                         "calibrated on the machine and day the stacks were measured)")
     args = ap.parse_args()
     if args.stacks:
         from bench_cpu_family import resolve_platform
         keep_: list = []
-        plat = dataclasses.replace(resolve_platform(str(ROOT / "benchmarks" / "data" / "cpu-family" / "samples"), keep_),
-                                   fitted=None, validation=[])
+        plat = dataclasses.replace(resolve_platform(args.samples, keep_), fitted=None, validation=[])
         runs = [r for r in load_runs(args.stacks_runs) if not args.dp or r.job.layout.dp == args.dp]
         bench_stacks(plat, runs, args.runs_per_fit, args.draws)
         return 0
