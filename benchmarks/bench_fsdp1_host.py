@@ -110,9 +110,9 @@ def measure(repeats: int, rounds: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=40)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--repeats", type=int, default=40, help="timed micro-batches per configuration and round")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the configurations")
+    ap.add_argument("--json", type=Path, help="write the figures and their provenance here")
     args = ap.parse_args()
     r = measure(args.repeats, args.rounds)
     h = r["hook_layer_seconds"]
@@ -120,13 +120,12 @@ def main() -> int:
           f"(FSDP1 / FSDP2 = {r['fsdp1_over_fsdp2']:.2f}); layer slopes DDP {1e6 * r['layer_seconds']['ddp']:.0f} µs, "
           f"FSDP1 {1e6 * r['layer_seconds']['fsdp1']:.0f} µs, FSDP2 {1e6 * r['layer_seconds']['fsdp2']:.0f} µs")
     if args.json:
-        r["provenance"] = {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "cpu": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "ranks": f"1 process in a fake {FAKE_RANKS}-rank group", "threads_per_rank": 1,
-            "repeats": args.repeats, "rounds": args.rounds, "layers": list(LAYERS),
-            "load": "shared 2-core VM; other sessions' work running; fastest quarter of interleaved repeats"}
+        r["provenance"] = dict(
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
+            cpu=platform.processor() or platform.machine(), cpus=os.cpu_count(), torch=torch.__version__,
+            python=platform.python_version(), ranks=f"1 process in a fake {FAKE_RANKS}-rank group",
+            threads_per_rank=1, repeats=args.repeats, rounds=args.rounds, layers=list(LAYERS),
+            load="shared 2-core VM; other sessions' work running; fastest quarter of interleaved repeats")
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(r, indent=1) + "\n")
     return 0

@@ -242,6 +242,23 @@ def _entry(c: Classified, script: Tok, args: list) -> Classified:
     return c
 
 
+def _option(c: Classified, toks: list, i: int, key: str, flags: set) -> int:
+    """Store the launcher option at ``toks[i]`` under ``key`` (``--k=v``, ``--k v``, or a flag of
+    ``flags`` that takes no value) and return the index after it."""
+    t = toks[i].text
+    name, eq, val = t.lstrip("-").partition("=")
+    if eq:
+        c.launcher_opts[key] = Tok(val, [(val, toks[i].origin_at(len(t) - len(val)))])
+        return i + 1
+    if name in flags:
+        c.launcher_opts[key] = True
+        return i + 1
+    if i + 1 < len(toks):
+        c.launcher_opts[key] = toks[i + 1]
+        return i + 2
+    return i + 1
+
+
 def _torchrun(c: Classified, toks: list, i: int) -> Classified:
     c.launcher = "torchrun"
     n = len(toks)
@@ -252,22 +269,11 @@ def _torchrun(c: Classified, toks: list, i: int) -> Classified:
             break
         if not t.startswith("-"):
             break
-        name, eq, val = t.lstrip("-").partition("=")
-        key = name.replace("-", "_")
-        if eq:
-            c.launcher_opts[key] = Tok(val, [(val, toks[i].origin_at(len(t) - len(val)))])
-            i += 1
-        elif name in _TORCHRUN_FLAGS:
-            c.launcher_opts[key] = True
-            i += 1
-            if name in ("m", "module") and i < n:
-                c.python_module = toks[i].text
-                return _entry(c, toks[i], toks[i + 1:])
-        elif i + 1 < n:
-            c.launcher_opts[key] = toks[i + 1]
-            i += 2
-        else:
-            i += 1
+        name = t.lstrip("-").partition("=")[0]
+        i = _option(c, toks, i, name.replace("-", "_"), _TORCHRUN_FLAGS)
+        if name in ("m", "module") and "=" not in t and i < n:
+            c.python_module = toks[i].text
+            return _entry(c, toks[i], toks[i + 1:])
     if i >= n:
         return c
     return _entry(c, toks[i], toks[i + 1:])
@@ -285,19 +291,8 @@ def _composer(c: Classified, toks: list, i: int) -> Classified:
         t = toks[i].text
         if not t.startswith("-") or t == "-":
             break
-        name, eq, val = t.lstrip("-").partition("=")
-        key = {"n": "nproc"}.get(name, name.replace("-", "_"))
-        if eq:
-            c.launcher_opts[key] = Tok(val, [(val, toks[i].origin_at(len(t) - len(val)))])
-            i += 1
-        elif name in _COMPOSER_FLAGS:
-            c.launcher_opts[key] = True
-            i += 1
-        elif i + 1 < n:
-            c.launcher_opts[key] = toks[i + 1]
-            i += 2
-        else:
-            i += 1
+        name = t.lstrip("-").partition("=")[0]
+        i = _option(c, toks, i, {"n": "nproc"}.get(name, name.replace("-", "_")), _COMPOSER_FLAGS)
     if i >= n:
         return c
     if c.launcher_opts.get("m") is True or c.launcher_opts.get("module_mode") is True:
