@@ -32,9 +32,9 @@ TRAIN_SCRIPTS = ("train.py",)
 # MPTConfig's defaults (configuration_mpt.py), used where the model section leaves a key out
 _MPT_DEFAULTS = {"d_model": 2048, "n_heads": 16, "n_layers": 24, "expansion_ratio": 4, "max_seq_len": 2048,
                  "vocab_size": 50368}
-# attn_config_defaults' attn_impl (llmfoundry/models/utils/config_defaults.py); releases before
-# 0.5 defaulted to "triton" (and "torch" before that): a config that relies on the default gets
-# the current one, said in its provenance.
+# attn_config_defaults' attn_impl (llmfoundry/models/utils/config_defaults.py); earlier releases'
+# MPT configs defaulted to "triton" (and "torch"): a config that relies on the default gets the
+# current one, said in its provenance.
 DEFAULT_ATTN_IMPL = "flash"
 _DURATION = re.compile(r"\s*(\d[\d_]*)\s*(ba|tok|sp|ep|dur)?\s*")
 _ZERO = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0, "HYBRID_SHARD": 3, "_HYBRID_SHARD_ZERO2": 2}
@@ -109,6 +109,10 @@ def check_keys(cfg: Config, h: HydraArgs, warnings: list) -> None:
         prefix = ".".join(path) + "." if path else ""
         given += [(key[len(prefix):], origin) for key, (_val, origin) in h.overrides.items()
                   if key.startswith(prefix) and "." not in key[len(prefix):]]
+        if not path:
+            # a dotted override adds its first part at the top level when the file lacks it
+            given += [(key.split(".")[0], origin) for key, (_val, origin) in h.overrides.items()
+                      if "." in key and key.split(".")[0] not in block]
         for key, origin in given:
             if key in known:
                 continue

@@ -133,6 +133,8 @@ def test_misspelt_keys_stop_with_file_line(tmp_path, yaml_edit, where, words):
 def test_unknown_top_level_key_stops_as_llmfoundry_does(tmp_path):
     res = _run(tmp_path, COMPOSER + "my_note=hello\n")
     assert res.job is None and "Unused parameter my_note" in res.error and "job.sbatch:3" in res.error
+    res = _run(tmp_path, COMPOSER + "modle.n_layers=48\n")
+    assert res.job is None and "Unused parameter modle" in res.error and "did you mean model?" in res.error
 
 
 def test_misspelt_override_stops_and_unused_keys_warn(tmp_path):
