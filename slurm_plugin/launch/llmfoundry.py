@@ -93,7 +93,9 @@ def _section(v: View, dotted: str) -> dict:
 
 def check_keys(cfg: Config, h: HydraArgs, warnings: list) -> None:
     """Every key llm-foundry or Composer reads against its own list.  An unknown top-level key stops
-    the job at start (llm-foundry's "Unused parameter"); elsewhere unknown keys are kept silently by
+    the job at start (llm-foundry's "Unused parameter"), unless the config has no ``variables:``
+    section (written for an earlier release, which warned) and the key is close to none the reader
+    uses: then it is a warning.  Elsewhere unknown keys are kept silently by
     MPTConfig / FSDPConfig, so a likely misspelling of a key this reader uses stops the prediction
     (the job would train another model or layout) and any other is a warning."""
     v = View(cfg, h)
@@ -123,9 +125,13 @@ def check_keys(cfg: Config, h: HydraArgs, warnings: list) -> None:
             shown = prefix + key
             near = f"; did you mean {prefix}{guess}?" if guess else ""
             if not path:
-                raise CannotPredict(f"{key} is not an llm-foundry config key: llm-foundry stops at start "
-                                    f"(\"Unused parameter {key} found in cfg\"; put variables under "
-                                    f"variables:){near}", origin)
+                why = (f"{key} is not an llm-foundry config key: llm-foundry stops at start (\"Unused parameter "
+                       f"{key} found in cfg\"; put variables under variables:){near}")
+                if "variables" in data or (guess is not None and guess in READ_KEYS[""]):
+                    raise CannotPredict(why, origin)
+                # no variables: section: written for a release before TrainConfig, which only warned
+                warnings.append(f"{why} — releases before 0.8 only warn ({origin})")
+                continue
             if guess is not None and guess in READ_KEYS[name]:
                 raise CannotPredict(f"{shown} is not an llm-foundry {name} key and would be ignored{near} "
                                     f"(without it the job would be a different one)", origin)

@@ -135,6 +135,15 @@ def test_unknown_top_level_key_stops_as_llmfoundry_does(tmp_path):
     assert res.job is None and "Unused parameter my_note" in res.error and "job.sbatch:3" in res.error
     res = _run(tmp_path, COMPOSER + "modle.n_layers=48\n")
     assert res.job is None and "Unused parameter modle" in res.error and "did you mean model?" in res.error
+    # a config written before TrainConfig (no variables: section) keeps its own top-level variables
+    old = MPT7B.replace("variables:\n", "shared:\n").replace("${variables.", "${shared.")
+    old = old.replace("shared:\n  data_local", "data_local: /scratch/c4\nshared:\n  data_local")
+    res = _run(tmp_path, COMPOSER + "\n", old)
+    assert _ok(res).model.seq_len == 8192
+    assert any("data_local is not an llm-foundry config key" in w and "releases before 0.8 only warn" in w
+               for w in res.warnings)
+    res = _run(tmp_path, COMPOSER + "\n", old.replace("global_train_batch_size:", "global_train_bach_size:"))
+    assert res.job is None and "did you mean global_train_batch_size?" in res.error
 
 
 def test_misspelt_override_stops_and_unused_keys_warn(tmp_path):
