@@ -130,7 +130,7 @@ def check_keys(cfg: Config, h: HydraArgs, warnings: list) -> None:
                 if "variables" in data or (guess is not None and guess in READ_KEYS[""]):
                     raise CannotPredict(why, origin)
                 # no variables: section: written for a release before TrainConfig, which only warned
-                warnings.append(f"{why} — releases before 0.8 only warn ({origin})")
+                warnings.append(f"{why} — releases before its TrainConfig only warned ({origin})")
                 continue
             if guess is not None and guess in READ_KEYS[name]:
                 raise CannotPredict(f"{shown} is not an llm-foundry {name} key and would be ignored{near} "

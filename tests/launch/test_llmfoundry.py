@@ -140,7 +140,7 @@ def test_unknown_top_level_key_stops_as_llmfoundry_does(tmp_path):
     old = old.replace("shared:\n  data_local", "data_local: /scratch/c4\nshared:\n  data_local")
     res = _run(tmp_path, COMPOSER + "\n", old)
     assert _ok(res).model.seq_len == 8192
-    assert any("data_local is not an llm-foundry config key" in w and "releases before 0.8 only warn" in w
+    assert any("data_local is not an llm-foundry config key" in w and "releases before its TrainConfig only warned" in w
                for w in res.warnings)
     res = _run(tmp_path, COMPOSER + "\n", old.replace("global_train_batch_size:", "global_train_bach_size:"))
     assert res.job is None and "did you mean global_train_batch_size?" in res.error
