@@ -233,3 +233,13 @@ def test_override_values_are_yaml_as_omegaconf_reads_them(tmp_path):
     j = _ok(_run(tmp_path, COMPOSER + "model.expansion_ratio=2.5 model.attn_config.alibi=false "
                                       "fsdp_config.activation_checkpointing=False\n"))
     assert (j.model.ffn_hidden, j.model.pos_emb, j.layout.recompute) == (10240, "learned", "none")
+
+
+def test_composer_world_defaults_to_the_nodes_gpus(tmp_path):
+    one_node = "#!/bin/bash\n#SBATCH --nodes=1 --gpus-per-node=4\n"
+    res = _run(tmp_path, "composer scripts/train/train.py mpt.yaml global_train_batch_size=64\n", head=one_node)
+    assert _ok(res).layout.dp == 4
+    res = _run(tmp_path, "composer scripts/train/train.py mpt.yaml\n", head="#!/bin/bash\n#SBATCH --nodes=1\n")
+    assert res.job is None and "composer -n not given and the GPUs per node unknown" in res.error
+    res = _run(tmp_path, "srun composer -n 8 scripts/train/train.py mpt.yaml\n")     # 2 nodes, no --world_size
+    assert _ok(res).layout.dp == 8 and any("on each of the 2 nodes" in w for w in res.warnings)
