@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from predictor.errors import BundleError, PerfcastError
-from predictor.platform import (PLATFORM_FILE, SHIPPED_DIR, is_shipped, load_platform, pin_platform_bundles,
+from predictor.platform import (PLATFORM_FILE, SHIPPED_DIR, load_platform, pin_platform_bundles,
                                 shipped_platform_sha256)
 from predictor.validation import MAX_RUNS, MeasuredRun
 
