@@ -277,6 +277,12 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
         raise JobError("layout.tp", f"kv_heads ({m.kv_heads}) must be divisible by tp ({lay.tp})")
     if m.ffn_hidden % lay.tp:
         raise JobError("layout.tp", f"ffn_hidden ({m.ffn_hidden}) must be divisible by tp ({lay.tp})")
+    if framework == "llm-foundry":
+        # Composer trains with FSDP (and tensor parallelism through tp_config): no pipeline, no
+        # context parallelism.
+        for key, value in (("layout.pp", lay.pp), ("layout.cp", lay.cp)):
+            if value > 1:
+                raise JobError(key, f"llm-foundry (Composer + FSDP) has no {key.split('.')[1]} > 1 (got {value})")
     chunks = lay.pp * lay.virtual_stages
     if m.layers < chunks:
         raise JobError("layout.pp", f"{m.layers} layers cannot fill pp × virtual_stages = {chunks} stages")

@@ -1,6 +1,11 @@
+import dataclasses
+
 import pytest
 
 from predictor import JobError, TrainingJob
+from predictor.job import check_layout
+
+from .conftest import GPT20B
 
 BASE = {"model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 512},
         "layout": {"pp": 2, "tp": 2, "dp": 2}}
@@ -113,3 +118,17 @@ def test_megatrons_rule_refuses_what_megatron_refuses_naming_pp():
     with pytest.raises(JobError) as err:
         TrainingJob.from_dict(bad)
     assert err.value.key == "layout.pp"
+
+
+def test_llm_foundry_runs_no_pipeline_and_no_context_parallelism():
+    """Composer trains with FSDP (and TP): a pp or cp layout would never launch, so neither job
+    validation nor perf-advise's enumeration may offer one."""
+    job = TrainingJob.from_dict({"model": dict(GPT20B, attention="flash"),
+                                 "layout": {"pp": 1, "tp": 1, "dp": 8, "zero_stage": 3},
+                                 "run": {"train_iters": 10, "framework": "llm-foundry"}})
+    for key, change in (("layout.pp", {"pp": 2, "zero_stage": 1}), ("layout.cp", {"cp": 2})):
+        lay = dataclasses.replace(job.layout, **change)
+        with pytest.raises(JobError) as exc:
+            check_layout(job.model, lay, "llm-foundry")
+        assert exc.value.key == key
+        check_layout(job.model, lay, "")          # other frameworks keep them
