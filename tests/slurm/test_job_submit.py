@@ -353,6 +353,10 @@ _DS = '{{\n  "train_micro_batch_size_per_gpu": 1,\n  "wall_clock_breakdown": "{m
 _MEG = ("srun python pretrain_gpt.py --num-layers 12 --hidden-size 768 --num-attention-heads 12 "
         "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 "
         "--train-iters 1000 --bf16 {extra}\n")
+_FOUNDRY = ("# {marker}\nmax_seq_len: 2048\nmodel:\n  name: mpt_causal_lm\n  d_model: 768\n  n_heads: 12\n"
+            "  n_layer: 12\n  max_seq_len: 2048\n  vocab_size: 50368\n"
+            "global_train_batch_size: 64\ndevice_train_microbatch_size: 1\nmax_duration: 1000ba\n"
+            "precision: amp_bf16\n")
 _HEAD = "#!/bin/bash\n#SBATCH -N 2\n#SBATCH --gres=gpu:4\n#SBATCH --ntasks-per-node=4\n"
 TYPO_CASES = {
     # kind: (config file name, config text, launch line, words the user must read, whether a value
@@ -381,6 +385,9 @@ TYPO_CASES = {
     "deepspeed-key": ("ds.json", _DS.format(marker="{m}"),
                       _MEG.format(extra="--deepspeed --deepspeed_config {cfg}"),
                       ["'stgae' is not a DeepSpeed zero_optimization key", "did you mean 'stage'?"], False),
+    "llm-foundry-key": ("mpt.yaml", _FOUNDRY,
+                        "srun composer --world_size 8 scripts/train/train.py {cfg}\n",
+                        ["model.n_layer is not an llm-foundry model key", "did you mean model.n_layers?"], False),
 }
 
 
