@@ -4,3 +4,12 @@ import os
 # Two OpenMP runtimes (XGBoost's and LightGBM's) spinning on a 2-core CI machine can stall fits
 # for minutes; passive waiting keeps them from starving each other.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """tests/daemon first: its daemons fork their workers from this very process, and a fork after
+    other tests have run DeepSpeed's engine, gloo groups and torch's thread pools in-process can
+    crash the child inside fork() (seen as thousands of segfaulting workers on a 2-core CI run).
+    The real perf-predictd never loads any of them; only the test process does."""
+    daemon_dir = os.path.join("tests", "daemon") + os.sep
+    items.sort(key=lambda item: 0 if daemon_dir in str(item.fspath) else 1)
