@@ -49,6 +49,7 @@ SERVICE_CAP_S = 0.25           # one hostile script must not make the estimate s
 EWMA = 0.2
 DRAIN_FRESH_S = 2.0            # a drain rate measured longer ago than this is not used to shed
 RESPAWN_BACKOFF_S = 0.5        # a worker that dies within this of starting: wait before the next
+RESPAWN_BACKOFF_MAX_S = 30.0   # ... doubling while they keep dying so, up to this: no crash loop
 # Workers yield the CPU to the daemon's own loop (accepting, answering, handing out work) and to
 # slurmctld: a starved loop leaves workers idle and answers late.
 WORKER_NICE = 5
@@ -139,6 +140,7 @@ class WorkerPool:
         self._last_done = 0.0
         self._last_done_queued = False
         self.stats: collections.Counter[str] = collections.Counter()
+        self.early_deaths = 0      # workers in a row that died before they were ready
         self.closing = False
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._zombies: set[int] = set()
@@ -312,8 +314,9 @@ class WorkerPool:
         self.stats["died"] += 1
         log_event("worker_died", level=logging.ERROR, pid=w.pid,
                   after_s=round(time.monotonic() - w.started, 3))
-        if time.monotonic() - w.started < RESPAWN_BACKOFF_S:
-            self._schedule_fill(RESPAWN_BACKOFF_S)   # crashing at start: do not spin
+        if not w.ready or time.monotonic() - w.started < RESPAWN_BACKOFF_S:
+            self.early_deaths += 1
+            self._schedule_fill(self.respawn_delay())   # crashing at start: do not spin
         else:
             self._fill()
 
@@ -403,11 +406,19 @@ class WorkerPool:
             self._schedule_fill(RESPAWN_BACKOFF_S)
             return
 
+    def respawn_delay(self) -> float:
+        """The wait before replacing workers that die at start: doubling with each in a row, so
+        that a worker that can never start (a broken install, a library that crashes in fork())
+        costs a log line every half-minute, not a fork loop."""
+        streak = max(1, self.early_deaths)
+        return min(RESPAWN_BACKOFF_MAX_S, RESPAWN_BACKOFF_S * 2.0 ** min(streak - 1, 16))
+
     def _on_ready(self, w: _Worker) -> None:
         """The worker has warmed up: it takes work from now on."""
         if w.ready or w.killed or w not in self.workers:
             return
         w.ready = True
+        self.early_deaths = 0
         if w.retire or w.generation != self.generation:
             self._retire(w)
             self._fill()

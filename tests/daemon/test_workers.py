@@ -117,6 +117,37 @@ def test_overrunning_worker_is_killed_and_replaced():
     assert _gone(old)
 
 
+def _crash_at_start() -> None:
+    os._exit(3)          # as a worker does whose libraries crash in fork() or at import
+
+
+def test_workers_that_die_at_start_are_replaced_ever_more_slowly():
+    """A worker that can never start costs a fork every half-minute at most, not a fork loop:
+    the wait doubles with each death in a row (0.5, 1, 2, ... 30 s) and resets once one is ready."""
+    async def go():
+        pool = WorkerPool(_target, 1, warmup=_crash_at_start)
+        pool.start()
+        try:
+            for _ in range(3000):               # the first three deaths take 0.5 + 1 s of waiting
+                if pool.stats["died"] >= 3:
+                    break
+                await asyncio.sleep(0.01)
+            assert pool.stats["died"] >= 3 and pool.early_deaths == pool.stats["died"]
+            died = pool.stats["died"]
+            assert pool.respawn_delay() == 0.5 * 2 ** (died - 1)     # 2 s after the third
+            await asyncio.sleep(1.0)            # shorter than that wait: no worker can die meanwhile
+            assert pool.stats["died"] == died
+        finally:
+            await pool.close()
+    asyncio.run(go())
+    pool = WorkerPool(_target, 1)
+    delays = []
+    for n in range(1, 10):
+        pool.early_deaths = n
+        delays.append(pool.respawn_delay())
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+
+
 def test_expired_deadline_is_refused_at_once():
     async def go():
         pool = await _started()
