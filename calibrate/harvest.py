@@ -44,7 +44,7 @@ from predictor.job import TrainingJob
 from predictor.validation import MAX_RUNS, MeasuredRun
 from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, JobOutcome, PredictionRecord, RecordStore,
                                   is_record_id, parse_admin_comment)
-from slurm_plugin.slurm_client import SlurmClient, SlurmError, parse_oneliner
+from slurm_plugin.slurm_client import SlurmClient, SlurmError, name_and_id, scontrol_job_lines
 
 from .install import DEFAULT_REFIT_MIN_RUNS, RefitResult, refit_partition
 from .joblogs import IterationTimes, iteration_times
@@ -240,19 +240,11 @@ def parse_sacct_parsable(text: str, delimiter: str = _DELIM) -> list[AccountingJ
 def parse_scontrol_jobs(text: str) -> list[AccountingJob]:
     """``scontrol -o show job`` (every job slurmctld still knows, one line each)."""
     out = []
-    for line in text.splitlines():
-        if not line.startswith("JobId="):
-            continue
-        kv = parse_oneliner(line)
-        jid = _int(kv.get("JobId"))
-        if jid is None:
-            continue
-        user = kv.get("UserId", "")
-        m = re.fullmatch(r"([^()]*)\((\d+)\)", user)
+    for jid, kv in scontrol_job_lines(text):
+        user, uid = name_and_id(kv.get("UserId", ""))
         out.append(AccountingJob(
             job_id=jid, state=_state(kv.get("JobState")), partition=kv.get("Partition", ""),
-            name=kv.get("JobName", ""), user=m.group(1) if m else user,
-            uid=int(m.group(2)) if m else None,
+            name=kv.get("JobName", ""), user=user, uid=uid,
             elapsed_seconds=duration_seconds(kv.get("RunTime", "")),
             time_limit_seconds=duration_seconds(kv.get("TimeLimit", "")),
             start=_epoch(kv.get("StartTime")), end=_epoch(kv.get("EndTime")),

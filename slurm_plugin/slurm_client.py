@@ -11,6 +11,7 @@ Every failure becomes a :class:`SlurmError` with the command and Slurm's own one
 """
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 log = logging.getLogger("perfcast.slurm")
 
@@ -199,29 +200,41 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _epoch(text: str) -> Optional[float]:
+def slurm_epoch(text: str) -> Optional[float]:
     """Slurm's local ISO time (``2024-05-01T10:00:01``) as UNIX seconds; None for Unknown/N/A."""
-    import datetime as _dt
     try:
         return _dt.datetime.strptime((text or "").strip(), "%Y-%m-%dT%H:%M:%S").timestamp()
     except ValueError:
         return None
 
 
-def parse_running_jobs(text: str) -> list[RunningJob]:
-    """The RUNNING jobs of ``scontrol -o show job`` (one line each)."""
-    out = []
+def scontrol_job_lines(text: str) -> Iterator[tuple[int, dict[str, str]]]:
+    """``(job id, fields)`` of each job of ``scontrol -o show job`` (one line each); lines that
+    are not a job's, or whose JobId is not a number, are skipped."""
     for line in text.splitlines():
         if not line.startswith("JobId="):
             continue
         kv = parse_oneliner(line)
+        jid = _int(kv.get("JobId"))
+        if jid is not None:
+            yield jid, kv
+
+
+def name_and_id(text: str) -> tuple[str, Optional[int]]:
+    """scontrol's ``UserId=alice(1000)`` / ``GroupId=staff(50)``: the name and the number (the text
+    as it is and None when it has no number)."""
+    m = re.fullmatch(r"([^()]*)\((\d+)\)", text)
+    return (m.group(1), int(m.group(2))) if m else (text, None)
+
+
+def parse_running_jobs(text: str) -> list[RunningJob]:
+    """The RUNNING jobs of ``scontrol -o show job`` (one line each)."""
+    out = []
+    for jid, kv in scontrol_job_lines(text):
         if kv.get("JobState", "").split(" ")[0].upper() != "RUNNING":
             continue
-        jid = _int(kv.get("JobId"))
-        if jid is None:
-            continue
-        um = re.fullmatch(r"([^()]*)\((\d+)\)", kv.get("UserId", ""))
-        gm = re.fullmatch(r"([^()]*)\((\d+)\)", kv.get("GroupId", ""))
+        user, uid = name_and_id(kv.get("UserId", ""))
+        _group, gid = name_and_id(kv.get("GroupId", ""))
         try:
             limit = parse_slurm_time(kv.get("TimeLimit", "UNLIMITED"))
             run_min = kv.get("RunTime", "")
@@ -229,10 +242,9 @@ def parse_running_jobs(text: str) -> list[RunningJob]:
         except SlurmError:
             continue
         out.append(RunningJob(
-            job_id=jid, name=kv.get("JobName", ""), user=um.group(1) if um else kv.get("UserId", ""),
-            uid=int(um.group(2)) if um else None, gid=int(gm.group(2)) if gm else None,
+            job_id=jid, name=kv.get("JobName", ""), user=user, uid=uid, gid=gid,
             partition=kv.get("Partition", ""), qos=kv.get("QOS", ""), time_limit_minutes=limit,
-            start=_epoch(kv.get("StartTime", "")), run_seconds=run_s, node_list=kv.get("NodeList", ""),
+            start=slurm_epoch(kv.get("StartTime", "")), run_seconds=run_s, node_list=kv.get("NodeList", ""),
             batch_host=kv.get("BatchHost", ""), std_out=kv.get("StdOut", ""),
             work_dir=kv.get("WorkDir", ""), admin_comment=kv.get("AdminComment", ""),
             restarts=_int(kv.get("Restarts"), 0) or 0, array_job_id=_int(kv.get("ArrayJobId")),
@@ -270,7 +282,7 @@ def parse_planned_starts(text: str) -> list[PlannedStart]:
         if len(parts) != len(_START_FIELDS):
             continue
         jid, prio, start, nodes, part, user = (p.strip() for p in parts)
-        when = _epoch(start)
+        when = slurm_epoch(start)
         job_id = _int(jid.split("_")[0] if "_" in jid and not jid.isdigit() else jid)
         if when is None or job_id is None:
             continue
