@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from .configs import Config, to_bool, to_int
 from .facts import Facts
-from .neox_keys import DEEPSPEED_KEYS, DEEPSPEED_SHAPE_KEYS, check_keys
+from .neox_keys import DEEPSPEED_KEYS, DEEPSPEED_SHAPE_KEYS, check_keys, check_zero_keys
 from .values import MARK_OPEN
 
 
@@ -34,6 +34,10 @@ def read_config(cfg: Config, facts: Facts) -> None:
         facts.warnings.append(f"DeepSpeed config {cfg.label} is not a JSON object; ignored")
         return
     facts.set("ds_config_loaded", True, cfg.label)
+    zero = d.get("zero_optimization")
+    if isinstance(zero, dict):          # a misspelt ``stage`` stops the parse
+        check_zero_keys(zero, lambda k: cfg.origin(("zero_optimization", k)), f"{cfg.label} zero_optimization",
+                        facts.warnings)
     check_keys(((k, cfg.origin((k,))) for k in d if isinstance(k, str)), DEEPSPEED_KEYS, DEEPSPEED_SHAPE_KEYS,
                "DeepSpeed config", cfg.label, facts.warnings)
     for key, fact in (("train_batch_size", "ds_train_batch"), ("train_micro_batch_size_per_gpu", "ds_micro"),

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from . import moe
 from .configs import Config, to_bool, to_int, to_number
 from .facts import Facts
-from .neox_keys import NEOX_KEYS, NEOX_SHAPE_KEYS, ZERO_KEYS, ZERO_SHAPE_KEYS, check_keys
+from .neox_keys import NEOX_KEYS, NEOX_SHAPE_KEYS, check_keys, check_zero_keys
 from .values import MARK_OPEN, Tok
 
 GATED = {"geglu", "reglu", "swiglu", "bilinear", "glu"}
@@ -210,8 +210,7 @@ def read_merged(m: Merged, facts: Facts) -> None:
     _precision(m, f)
     z = m.raw("zero_optimization")
     if isinstance(z, dict):
-        check_keys(((k, m.origin("zero_optimization", (k,))) for k in z if isinstance(k, str)), ZERO_KEYS,
-                   ZERO_SHAPE_KEYS, "DeepSpeed zero_optimization", "zero_optimization", w)
+        check_zero_keys(z, lambda k: m.origin("zero_optimization", (k,)), "zero_optimization", w)
     if isinstance(z, dict) and "stage" in z:
         st = to_int(z["stage"])
         if st is None:

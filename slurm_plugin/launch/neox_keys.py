@@ -11,7 +11,7 @@ predict a different job, so the parse stops (:func:`check_keys`).
 from __future__ import annotations
 
 import difflib
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from .limits import MAX_KEY_SUGGESTIONS, CannotPredict
 
@@ -179,3 +179,10 @@ def check_keys(keys: Iterable[tuple[str, str]], known: frozenset, shape: frozens
         warnings.append(f"{raw!r} is not a {what} key and is ignored ({origin}){hint}")
     if unknown > MAX_KEY_SUGGESTIONS:
         warnings.append(f"{label}: {unknown - MAX_KEY_SUGGESTIONS} more keys that are not {what} keys")
+
+
+def check_zero_keys(block: dict, origin: Callable[[str], str], label: str, warnings: list) -> None:
+    """The keys of a DeepSpeed ``zero_optimization`` block, wherever it was written (a DeepSpeed
+    JSON, a NeoX YAML): a misspelt ``stage`` stops the parse. ``origin(key)`` says where a key is."""
+    check_keys(((k, origin(k)) for k in block if isinstance(k, str)), ZERO_KEYS, ZERO_SHAPE_KEYS,
+               "DeepSpeed zero_optimization", label, warnings)

@@ -16,7 +16,6 @@ from .derive import World, build
 from .facts import Facts
 from .files import decode_text, default_read_file, join_path, os_reason
 from .launchers import Classified
-from .neox_keys import ZERO_KEYS, ZERO_SHAPE_KEYS, check_keys
 from .limits import MAX_CONFIG_BYTES, Budget, CannotPredict
 from .result import ParsedScript, SlurmRequest
 from .sbatch import array_first_index, derive_request, merge_request, read_directives, slurm_env
@@ -244,7 +243,6 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
             if dsf.unknown:
                 raise CannotPredict(f"DeepSpeed config path unknown: {dsf.unknown}", dsf.origin)
             ds_cfg = _open_config(sh, launch, dsf.value, dsf.origin, "json", reader)
-            _check_zero_keys(ds_cfg, ("zero_optimization",), facts.warnings)
             ds.read_config(ds_cfg, facts)
         if framework == "megatron" or facts.get("layers") is not None:
             framework = "megatron-deepspeed" if is_ds else "megatron"
@@ -285,14 +283,6 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
         if msg.startswith(f"{launch.where}: "):
             msg = msg[len(launch.where) + 2:]
         raise CannotPredict(msg, where) from None
-
-
-def _check_zero_keys(cfg: Config, path: tuple, warnings: list) -> None:
-    """The keys of a DeepSpeed ``zero_optimization`` block (a misspelt ``stage`` stops the parse)."""
-    block = cfg.data.get(path[0]) if isinstance(cfg.data, dict) else None
-    if isinstance(block, dict):
-        check_keys(((k, cfg.origin(path + (k,))) for k in block if isinstance(k, str)), ZERO_KEYS,
-                   ZERO_SHAPE_KEYS, "DeepSpeed zero_optimization", f"{cfg.label} zero_optimization", warnings)
 
 
 def _refuse_nemo2_script(sh: Shell, launch: Launch, c: Classified, reader) -> None:
