@@ -17,8 +17,9 @@ use NO_SHARD … since the world size is 1"), which skips the unshard / reshard 
 two real gloo ranks would add gloo's transfer and the wait for the slower rank, which NCCL spends on
 the device.  With the fake group FSDP1 and FSDP2 both shard over 2 ranks and issue every hook.
 
-A benchmark, not a test: the figures depend on this machine and on what else runs on it.
-Committed runs: benchmarks/data/fsdp1-host/*.json.
+Measurement code: calibrate/stack_host.py (fsdp1_costs).  Committed runs:
+benchmarks/data/fsdp1-host/*.json.  A benchmark, not a test: the figures depend on this machine and
+on what else runs on it.
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ import json
 import os
 import platform
 import sys
-import warnings
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -36,76 +36,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
 
-from calibrate.stack_host import Block, _slope, _time_micro_batches, fastest_quarter  # noqa: E402
+from calibrate.stack_host import FAKE_RANKS, fake_group, fsdp1_costs  # noqa: E402
 
 LAYERS = (1, 2, 4, 8)
-FAKE_RANKS = 2
-
-
-def fake_group() -> None:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=FAKE_RANKS)
-
-
-def _fsdp1(n: int) -> nn.Module:
-    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    model = nn.Sequential(*[Block() for _ in range(n)])
-
-    def per_block(module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
-        return recurse or isinstance(module, Block)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return FSDP(model, auto_wrap_policy=per_block, device_id=torch.device("cpu"),
-                    sharding_strategy=ShardingStrategy.FULL_SHARD, backward_prefetch=BackwardPrefetch.BACKWARD_POST,
-                    limit_all_gathers=True, use_orig_params=True)
-
-
-def _fsdp2(n: int) -> nn.Module:
-    from torch.distributed.fsdp import fully_shard
-    model = nn.Sequential(*[Block() for _ in range(n)])
-    for block in model:
-        fully_shard(block, reshard_after_forward=True)
-    fully_shard(model)
-    return model
-
-
-def _done(state, bucket):  # noqa: ANN001 - DDP checks the annotations, which must be absent or real
-    """A DDP communication hook that returns the bucket as it is (the fake group's all-reduce
-    returns nothing, which DDP refuses)."""
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(bucket.buffer())
-    return fut
-
-
-def _ddp(n: int) -> nn.Module:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    model = DDP(nn.Sequential(*[Block() for _ in range(n)]))
-    model.register_comm_hook(None, _done)
-    return model
 
 
 def measure(repeats: int, rounds: int) -> dict:
     torch.set_num_threads(1)
     fake_group()
-    torch.manual_seed(0)
-    build = {"ddp": _ddp, "fsdp1": _fsdp1, "fsdp2": _fsdp2}
-    models = {(kind, n): make(n) for n in LAYERS for kind, make in build.items()}
-    times: dict = {k: [] for k in models}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for _ in range(rounds):            # interleaved: the machine's load falls on every configuration
-            for key, model in models.items():
-                times[key] += _time_micro_batches(model, repeats)
-    per = {key: fastest_quarter(v) for key, v in times.items()}
-    slope = {kind: _slope(LAYERS, [per[(kind, n)] for n in LAYERS]) for kind in build}
-    return {"layer_seconds": slope,
-            "hook_layer_seconds": {k: slope[k] - slope["ddp"] for k in ("fsdp1", "fsdp2")},
-            "fsdp1_over_fsdp2": (slope["fsdp1"] - slope["ddp"]) / (slope["fsdp2"] - slope["ddp"]),
-            "per_config": {f"{k}_{n}": s for (k, n), s in per.items()}}
+    return fsdp1_costs(LAYERS, repeats, rounds)
 
 
 def main() -> int:

@@ -101,6 +101,16 @@ def _time_micro_batches(model: nn.Module, repeats: int) -> list[float]:
     return out
 
 
+def _interleaved(models: dict, repeats: int, rounds: int) -> dict:
+    """Each model's fastest-quarter forward + backward seconds, the models timed in turn round
+    after round, so that the machine's load falls on every configuration alike."""
+    times: dict = {k: [] for k in models}
+    for _ in range(rounds):
+        for key, model in models.items():
+            times[key] += _time_micro_batches(model, repeats)
+    return {key: fastest_quarter(v) for key, v in times.items()}
+
+
 def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
@@ -116,12 +126,8 @@ def tp_collective_costs(layers: Sequence[int], repeats: int, rounds: int) -> dic
     """Per collective: the layer-slope difference (with − without collectives) / 4, and the issue
     time of one ``all_reduce(async_op=True)`` (seconds; a process group must be up)."""
     torch.manual_seed(0)
-    times: dict[tuple[bool, int], list[float]] = {(c, n): [] for c in (False, True) for n in layers}
     models = {(c, n): nn.Sequential(*[TpBlock(c) for _ in range(n)]) for c in (False, True) for n in layers}
-    for _ in range(rounds):            # interleaved: the machine's load falls on every configuration
-        for key, model in models.items():
-            times[key] += _time_micro_batches(model, repeats)
-    per = {key: fastest_quarter(v) for key, v in times.items()}
+    per = _interleaved(models, repeats, rounds)
     ns = list(layers)
     with_c = _slope(ns, [per[(True, n)] for n in ns])
     without = _slope(ns, [per[(False, n)] for n in ns])
@@ -172,13 +178,74 @@ def fsdp_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
     for n in layers:
         models[("ddp", n)] = DDP(nn.Sequential(*[Block() for _ in range(n)]))
         models[("fsdp", n)] = _fsdp_model(n)
-    times: dict[tuple[str, int], list[float]] = {k: [] for k in models}
-    for _ in range(rounds):
-        for key, model in models.items():
-            times[key] += _time_micro_batches(model, repeats)
-    per = {key: fastest_quarter(v) for key, v in times.items()}
+    per = _interleaved(models, repeats, rounds)
     ns = list(layers)
     fsdp = _slope(ns, [per[("fsdp", n)] for n in ns])
     ddp = _slope(ns, [per[("ddp", n)] for n in ns])
     return {"fsdp_layer_seconds": fsdp, "ddp_layer_seconds": ddp, "fsdp_hook_layer_seconds": fsdp - ddp,
+            "per_config": {f"{k}_{n}": s for (k, n), s in per.items()}}
+
+
+# --- FSDP1 (llm-foundry / Composer) against FSDP2, on a fake group --------------------------------
+
+FAKE_RANKS = 2
+
+
+def fake_group() -> None:
+    """A fake process group of 2 ranks (``torch.testing``'s ``fake`` backend: collectives return at
+    once). On one real rank FSDP1 replaces FULL_SHARD by NO_SHARD and skips the hooks measured
+    here; two real gloo ranks would add gloo's transfer and the wait for the slower rank."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=FAKE_RANKS)
+
+
+def _fsdp1_model(n: int) -> nn.Module:
+    """Composer's defaults: one unit per block, FULL_SHARD, BACKWARD_POST prefetch,
+    ``limit_all_gathers``, ``use_orig_params``."""
+    import warnings
+
+    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    model = nn.Sequential(*[Block() for _ in range(n)])
+
+    def per_block(module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
+        return recurse or isinstance(module, Block)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return FSDP(model, auto_wrap_policy=per_block, device_id=torch.device("cpu"),
+                    sharding_strategy=ShardingStrategy.FULL_SHARD, backward_prefetch=BackwardPrefetch.BACKWARD_POST,
+                    limit_all_gathers=True, use_orig_params=True)
+
+
+def _return_bucket(state, bucket):  # noqa: ANN001 - DDP checks the annotations, which must be absent or real
+    """A DDP communication hook that returns the bucket as it is (the fake group's all-reduce
+    returns nothing, which DDP refuses)."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def _ddp_no_comm(n: int) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    model = DDP(nn.Sequential(*[Block() for _ in range(n)]))
+    model.register_comm_hook(None, _return_bucket)
+    return model
+
+
+def fsdp1_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
+    """Per-layer forward + backward seconds under DDP, FSDP1 and FSDP2, each FSDP's hooks per layer
+    and micro-batch (its slope less DDP's) and their ratio (:func:`fake_group` must be up)."""
+    import warnings
+
+    torch.manual_seed(0)
+    build = {"ddp": _ddp_no_comm, "fsdp1": _fsdp1_model, "fsdp2": _fsdp_model}
+    models = {(kind, n): make(n) for n in layers for kind, make in build.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        per = _interleaved(models, repeats, rounds)
+    ns = list(layers)
+    slope = {kind: _slope(ns, [per[(kind, n)] for n in ns]) for kind in build}
+    return {"layer_seconds": slope,
+            "hook_layer_seconds": {k: slope[k] - slope["ddp"] for k in ("fsdp1", "fsdp2")},
+            "fsdp1_over_fsdp2": (slope["fsdp1"] - slope["ddp"]) / (slope["fsdp2"] - slope["ddp"]),
             "per_config": {f"{k}_{n}": s for (k, n), s in per.items()}}

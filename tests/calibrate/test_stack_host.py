@@ -41,3 +41,28 @@ def test_fsdp_and_ddp_slopes_are_measured(one_rank):
     assert r["fsdp_hook_layer_seconds"] == pytest.approx(r["fsdp_layer_seconds"] - r["ddp_layer_seconds"])
     assert set(r["per_config"]) == {"ddp_1", "ddp_2", "fsdp_1", "fsdp_2"}
     assert all(v > 0 for v in r["per_config"].values())
+
+
+@pytest.fixture
+def fake_two_ranks():
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this session")
+    stack_host.fake_group()
+    yield
+    dist.destroy_process_group()
+
+
+def test_fsdp1_fsdp2_and_ddp_slopes_are_measured(fake_two_ranks):
+    """FSDP1 really shards on the fake 2-rank group (a FULL_SHARD unit per block), and each hook
+    figure is its slope less DDP's."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    units = [m for m in stack_host._fsdp1_model(2).modules() if isinstance(m, FSDP)]
+    assert len(units) == 3 and all(u.sharding_strategy == ShardingStrategy.FULL_SHARD for u in units)
+    r = stack_host.fsdp1_costs((1, 2), repeats=3, rounds=1)
+    slope, hooks = r["layer_seconds"], r["hook_layer_seconds"]
+    for kind in ("fsdp1", "fsdp2"):
+        assert hooks[kind] == pytest.approx(slope[kind] - slope["ddp"])
+    assert r["fsdp1_over_fsdp2"] == pytest.approx(hooks["fsdp1"] / hooks["fsdp2"])
+    assert set(r["per_config"]) == {f"{k}_{n}" for k in ("ddp", "fsdp1", "fsdp2") for n in (1, 2)}
+    assert all(v > 0 for v in r["per_config"].values())
