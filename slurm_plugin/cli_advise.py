@@ -32,6 +32,7 @@ from typing import Any, Optional, Sequence
 from predictor.errors import OneLineParser
 
 from .jobinput import UsageError, load_job_and_platform, load_job_input
+from .policy import plural, slurm_duration
 
 PROG = "perf-advise"
 KNOBS = ("micro_batch", "recompute", "zero_stage", "virtual_stages", "pp", "tp", "cp")
@@ -118,15 +119,10 @@ def _pct(x: float) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
-
-
 def _hours(seconds: Optional[float]) -> str:
     """A time to train in Slurm's spelling (D-HH:MM:SS), as everywhere perfcast writes a duration."""
     if seconds is None:
         return "-"
-    from .policy import slurm_duration
     return slurm_duration(seconds)
 
 
@@ -175,7 +171,7 @@ def render_advice(advice: Any, top: int) -> str:
     m = job.model
     nodes = math.ceil(advice.gpus / advice.gpus_per_node)
     head = (f"{m.layers} layers × hidden {m.hidden}, seq {m.seq_len}, global batch "
-            f"{job.layout.global_batch} on {_plural(advice.gpus, 'GPU')} ({_plural(nodes, 'node')} of "
+            f"{job.layout.global_batch} on {plural(advice.gpus, 'GPU')} ({plural(nodes, 'node')} of "
             f"{advice.gpus_per_node}) of {advice.platform}")
     shown = advice.candidates[:top]
     cur = advice.current
@@ -196,7 +192,7 @@ def render_advice(advice: Any, top: int) -> str:
     # enumerated = predicted + dropped (dominated, over memory): the numbers add up
     parts = [f"{nfit} fit and were predicted"] + [f"{n} {why}" for why, n in sorted(advice.dropped.items())]
     verb = "meets" if advice.enumerated == 1 else "meet"
-    out.append(f"{_plural(advice.enumerated, 'layout')} {verb} the launch constraints: " + "; ".join(parts))
+    out.append(f"{plural(advice.enumerated, 'layout')} {verb} the launch constraints: " + "; ".join(parts))
     if advice.ruled_out:
         out.append("ruled out before (combinations that cannot launch): " +
                    "; ".join(f"{n} {why}" for why, n in sorted(advice.ruled_out.items())))

@@ -16,6 +16,7 @@ from predictor import PerfcastError
 from predictor.errors import OneLineParser
 
 from .jobinput import UsageError, load_job_and_platform
+from .policy import plural, slurm_duration
 
 PROG = "perf-predict"
 
@@ -30,16 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list-platforms", action="store_true", help="list the platforms and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="log what is loaded")
     return p
-
-
-def fmt_duration(seconds: float) -> str:
-    """Slurm's spelling (``D-HH:MM:SS``), as --time takes it and sbatch's messages print it."""
-    from .policy import slurm_duration
-    return slurm_duration(seconds)
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
@@ -62,8 +53,8 @@ def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
         f"job       {job.source or '-'}",
         f"model     {m.layers} layers, hidden {m.hidden}, {m.heads} heads, seq {m.seq_len}, "
         f"{m.norm}/{m.activation}/{m.attention}, {job.run.precision}; {pred.parameters / 1e9:.2f} B parameters",
-        f"layout    PP-TP-DP{'-CP' if cp else ''} {lay.pp}-{lay.tp}-{lay.dp}{cp} on {_plural(job.gpus, 'GPU')} "
-        f"({_plural(pred.details.nodes, 'node')}), micro-batch {lay.micro_batch} × {lay.micro_batches}, "
+        f"layout    PP-TP-DP{'-CP' if cp else ''} {lay.pp}-{lay.tp}-{lay.dp}{cp} on {plural(job.gpus, 'GPU')} "
+        f"({plural(pred.details.nodes, 'node')}), micro-batch {lay.micro_batch} × {lay.micro_batches}, "
         f"ZeRO-{lay.zero_stage}, recompute {lay.recompute}"
         + (f", {lay.virtual_stages} virtual stages" if lay.virtual_stages > 1 else ""),
         f"platform  {pred.platform}  (bundle {pred.bundle})",
@@ -98,9 +89,9 @@ def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
     lines.append("")
     if pred.iterations and d is not None:
         t = d.total
-        lines.append(f"total     {fmt_duration(pred.total_seconds)}  ({_plural(pred.iterations, 'iteration')}; "
-                     f"start-up {t.startup_seconds:.0f} s, {_plural(t.evaluations, 'evaluation')} "
-                     f"{t.eval_seconds:.0f} s, {_plural(t.checkpoints, 'checkpoint')} {t.checkpoint_seconds:.0f} s)")
+        lines.append(f"total     {slurm_duration(pred.total_seconds)}  ({plural(pred.iterations, 'iteration')}; "
+                     f"start-up {t.startup_seconds:.0f} s, {plural(t.evaluations, 'evaluation')} "
+                     f"{t.eval_seconds:.0f} s, {plural(t.checkpoints, 'checkpoint')} {t.checkpoint_seconds:.0f} s)")
     else:
         lines.append("total     unknown: the job gives no number of iterations")
     for w in pred.warnings:

@@ -220,6 +220,11 @@ def slurm_duration(seconds: float) -> str:
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
 
 
+def plural(n: int, word: str) -> str:
+    """``1 checkpoint``, ``20,000 iterations``: a count as users read it."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def _slurm_time(minutes: float) -> str:
     """Whole minutes (rounded up) as Slurm's duration, for --time=… suggestions."""
     return slurm_duration(int(math.ceil(minutes - 1e-9)) * 60.0)
