@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""One lease of a GPU: attention kernels at long sequences, and real training steps under stacks.
+
+    python benchmarks/bench_gpu_stacks.py --device cuda --out DIR [--budget-s 420]
+    python benchmarks/bench_gpu_stacks.py --device cpu --out DIR --quick          # smoke run
+
+Writes, as each part ends (a killed run keeps the finished parts):
+
+* ``attention.json``: each attention kernel the device has (calibrate/attention.py's survey, plus
+  ``flex``: ``torch.nn.attention.flex_attention`` compiled by Inductor into a Triton kernel, with a
+  causal block mask) timed causal, b = 1, 32 heads of 128, bf16, at 2k-32k tokens: forward and
+  backward milliseconds (CUDA events, median of the repeats, fresh random inputs per length);
+  ``math`` only to 8k (its score matrix grows as s²).
+* ``stacks.json``: the 33 jobs of ``bench_train_family.py``'s family trained under each stack:
+  ``pytorch`` (calibrate.gpt_model's own loop, as train-family.json measured it), ``sdpa_efficient``
+  (the same loop with SDPA pinned to its memory-efficient kernel: flash-attention jobs only),
+  ``ddp`` and ``fsdp`` (calibrate/stacks.py on a one-rank NCCL group), each with its step seconds
+  and peak allocated bytes (``torch.cuda.max_memory_allocated``);
+* ``compile.json``: eager against ``torch.compile`` of the same module for a few small jobs.
+
+Every file carries the device, date and software.  A benchmark: its figures depend on the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+
+SEQS = (2048, 4096, 8192, 16384, 32768)
+MATH_MAX_SEQ = 8192
+HEADS, HEAD_DIM = 32, 128
+
+
+def provenance(device: str) -> dict:
+    info = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+            "python": platform.python_version(), "host_threads": os.cpu_count(), "device": device}
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        nccl = torch.cuda.nccl.version()
+        info.update(gpu=p.name, sms=p.multi_processor_count, gpu_memory_bytes=p.total_memory,
+                    cuda=torch.version.cuda,
+                    nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl))
+    return info
+
+
+def write(out: Path, name: str, payload: dict) -> None:
+    (out / name).write_text(json.dumps(payload, indent=1) + "\n")
+
+
+class Clock:
+    def __init__(self, budget_s: float):
+        self.end = time.monotonic() + budget_s
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def _events_ms(device: str, fn) -> float:
+    if device != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - t0)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def time_attention(fn, seq: int, device: str, dtype, repeats: int, warmup: int = 2) -> tuple[float, float]:
+    """Median forward and backward milliseconds of causal ``fn`` at (1, HEADS, seq, HEAD_DIM)."""
+    heads, d = (HEADS, HEAD_DIM) if device == "cuda" else (4, 32)
+    q, k, v = (torch.randn(1, heads, seq, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(1, heads, seq, d, device=device, dtype=dtype)
+    fwd, bwd = [], []
+    for r in range(warmup + repeats):
+        box = {}
+
+        def f() -> None:
+            box["o"] = fn(q, k, v)
+
+        tf = _events_ms(device, f)
+        tb = _events_ms(device, lambda: box["o"].backward(grad))
+        q.grad = k.grad = v.grad = None
+        if r >= warmup:
+            fwd.append(tf)
+            bwd.append(tb)
+    return statistics.median(fwd), statistics.median(bwd)
+
+
+def flex_kernel(device: str):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    compiled = torch.compile(flex_attention, dynamic=False)
+    masks: dict[int, object] = {}
+
+    def causal(b, h, q_idx, kv_idx):  # noqa: ANN001 - flex's mask_mod signature
+        return q_idx >= kv_idx
+
+    def run(q, k, v):
+        s = q.shape[2]
+        if s not in masks:
+            masks[s] = create_block_mask(causal, None, None, s, s, device=device)
+        return compiled(q, k, v, block_mask=masks[s])
+    return run
+
+
+def attention_part(device: str, seqs: list[int], clock: Clock, out: Path, repeats: int) -> None:
+    from calibrate.attention import _sdpa, survey
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    kernels = survey(device, torch.bfloat16 if device == "cuda" else torch.float32)
+    impls = dict(kernels.available)
+    impls["math"] = _sdpa("MATH")
+    rows: list[dict] = []
+    result = {"provenance": provenance(device), "shape": {"b": 1, "heads": HEADS, "d": HEAD_DIM, "causal": True,
+                                                          "dtype": str(dtype)},
+              "sdpa_default": kernels.default, "missing": kernels.missing, "rows": rows}
+    order = [k for k in impls if k != "math"] + ["math", "flex"]
+    for impl in order:
+        for seq in seqs:
+            if impl == "math" and seq > MATH_MAX_SEQ:
+                continue
+            if clock.left() < 20:
+                rows.append({"impl": impl, "seq": seq, "error": "out of time"})
+                continue
+            try:
+                if impl == "flex":
+                    impls.setdefault("flex", flex_kernel(device))
+                t0 = time.perf_counter()
+                fms, bms = time_attention(impls[impl], seq, device, dtype, repeats)
+                rows.append({"impl": impl, "seq": seq, "fwd_ms": fms, "bwd_ms": bms,
+                             "wall_s": time.perf_counter() - t0})
+                print(f"attention {impl:15} {seq:6} fwd {fms:8.3f} ms bwd {bms:8.3f} ms", flush=True)
+            except Exception as exc:  # noqa: BLE001 - a kernel that fails is recorded, not fatal
+                rows.append({"impl": impl, "seq": seq, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                print(f"attention {impl} {seq}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            write(out, "attention.json", result)
+
+
+def _batches(job, device: str) -> list:
+    gen = torch.Generator().manual_seed(1234)
+    tokens = job.model.seq_len * job.layout.micro_batch
+    return [(torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(device),
+             torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(device))
+            for _ in range(job.layout.micro_batches)]
+
+
+def _time_steps(run, begin, device: str, steps: int, warmup: int) -> list[float]:
+    from calibrate.timing import synchronize
+    times = []
+    for s in range(warmup + steps):
+        synchronize(device)
+        t0 = time.perf_counter()
+        begin()
+        run()
+        synchronize(device)
+        if s >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int) -> dict:
+    """Train ``job_dict`` under ``stack`` in this process: step seconds and peak bytes."""
+    from calibrate.gpt_model import measure_training
+    from calibrate.stacks import stack_step
+    from calibrate.timing import robust_seconds
+    from predictor.job import TrainingJob
+
+    job = TrainingJob.from_dict(job_dict)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    if stack in ("pytorch", "sdpa_efficient"):
+        if stack == "sdpa_efficient":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+                m = measure_training(job, device=device, steps=steps, warmup=warmup)
+        else:
+            m = measure_training(job, device=device, steps=steps, warmup=warmup)
+        times, params = m.steps, m.params
+    else:
+        st = stack_step(stack, job, _batches(job, device), device=device)
+        times = _time_steps(st.run, st.gpt.begin_step, device, steps, warmup)
+        params = st.params
+        del st
+    row = {"measured_iteration_seconds": robust_seconds(times, device), "steps": times, "params": int(params)}
+    if device == "cuda":
+        row["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+    return row
+
+
+def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: Path, name: str,
+                steps: int, warmup: int) -> None:
+    rows: list[dict] = []
+    result = {"provenance": provenance(device), "steps": steps, "warmup": warmup, "rows": rows}
+    for stack in stacks:
+        for job_name, job in jobs:
+            if stack == "sdpa_efficient" and job["model"]["attention"] != "flash":
+                continue
+            if clock.left() < 15:
+                rows.append({"stack": stack, "name": job_name, "job": job, "error": "out of time"})
+                continue
+            t0 = time.perf_counter()
+            try:
+                row = one_stack(stack, job, device, steps, warmup)
+                rows.append({"stack": stack, "name": job_name, "job": job, **row,
+                             "wall_s": time.perf_counter() - t0})
+                print(f"{name} {stack:15} {job_name:36} {1e3 * row['measured_iteration_seconds']:9.2f} ms "
+                      f"peak {row.get('peak_allocated_bytes', 0) / 2**30:6.2f} GiB "
+                      f"({time.perf_counter() - t0:.1f} s)", flush=True)
+            except Exception as exc:  # noqa: BLE001 - recorded; the next job goes on
+                rows.append({"stack": stack, "name": job_name, "job": job,
+                             "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                print(f"{name} {stack} {job_name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                traceback.print_exc(limit=3)
+            write(out, f"{name}.json", result)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--parts", default="attention,stacks,compile")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (a CPU smoke run)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    clock = Clock(args.budget_s)
+    import warnings
+    warnings.filterwarnings("ignore")
+    import logging
+    logging.disable(logging.WARNING)
+    from bench_train_family import _job, family
+
+    parts = args.parts.split(",")
+    if args.quick:
+        seqs = [128, 256]
+        jobs = [("L2 h64 s64", _job(2, 64, 4, 64, 2, 2, vocab=512, precision="fp32")),
+                ("L2 h64 s64 softmax", _job(2, 64, 4, 64, 1, 2, vocab=512, precision="fp32",
+                                            attention="fused_softmax"))]
+    else:
+        seqs = list(SEQS)
+        jobs = family(args.device)
+    if "stacks" in parts or "compile" in parts:
+        import torch.distributed as dist
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        from calibrate.collectives import free_port
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        if args.device == "cuda":
+            torch.cuda.set_device(0)
+        dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=0, world_size=1)
+    if "attention" in parts:
+        attention_part(args.device, seqs, Clock(min(clock.left(), 0.30 * args.budget_s)), args.out,
+                       repeats=3 if args.quick else 10)
+    if "stacks" in parts:
+        stacks_part(args.device, jobs, ["pytorch", "sdpa_efficient", "fsdp", "ddp"],
+                    Clock(clock.left() - (0.2 * args.budget_s if "compile" in parts else 0)),
+                    args.out, "stacks", steps=4, warmup=2)
+    if "compile" in parts:
+        small = [j for j in jobs if j[0] in ("L2 h1024 s1024 mb1 flash", "h1024 s2048 mb4 flash",
+                                             "h2048 s2048 mb4 flash", "L8 h1024 s1024 mb1 flash")] or jobs[:1]
+        stacks_part(args.device, small, ["ddp", "compile"], clock, args.out, "compile", steps=4, warmup=2)
+    print(f"done with {clock.left():.0f} s of the budget left", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The GPT-shaped training model under the wrappers that software stacks put around it.
+
+:class:`calibrate.gpt_model.FlatGPT` is the calibration's own loop (flat buffers, one all-reduce,
+ZeRO-1 by hand).  Real stacks train the same arithmetic as a ``torch.nn.Module`` under a framework
+wrapper; :func:`module_gpt` builds that module (one submodule per transformer layer, owning the
+layer's parameters, so that FSDP can shard and gather layer by layer) and :func:`stack_step`
+wraps it as a stack does, returning one training step:
+
+* ``ddp``: ``DistributedDataParallel`` (bucketed gradient all-reduce hooks), ``torch.optim.AdamW``;
+* ``fsdp``: FSDP2 ``fully_shard`` on each layer and on the root (TorchTitan's data parallelism),
+  fp32 sharded parameters computed in bf16 (``MixedPrecisionPolicy(param_dtype=bfloat16,
+  reduce_dtype=float32)``, TorchTitan's default) on CUDA; on a CPU the job's own dtype;
+* ``compile``: the module under ``torch.compile`` (what TorchTitan's ``compile`` turns on), no
+  data-parallel wrapper, ``torch.optim.AdamW``.
+
+A process group must be initialised before ``ddp`` and ``fsdp`` (one rank is enough: the hooks,
+collectives and copies run all the same).  ``benchmarks/cpu_stacks.py`` (gloo) and
+``benchmarks/bench_gpu_stacks.py`` (one GPU) measure with these.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from predictor.job import TrainingJob
+
+from . import kernels as K
+from .errors import CalibrationError
+from .gpt_model import FlatGPT, model_class
+
+#: The module stacks :func:`stack_step` builds.
+MODULE_STACKS = ("ddp", "fsdp", "compile")
+
+
+def module_gpt(job: TrainingJob, world: int, device: str = "cpu", fsdp_mesh: Any = None,
+               param_dtype: torch.dtype | None = None, mp_policy: Any = None) -> tuple[torch.nn.Module, FlatGPT]:
+    """The FlatGPT model of ``job`` as an ``nn.Module`` on ``device``; the arithmetic is FlatGPT's.
+
+    ``param_dtype`` stores the parameters in another dtype than the job's (FSDP's fp32 master
+    parameters); ``fsdp_mesh`` shards each layer and the root with FSDP2 ``fully_shard``."""
+    # FlatGPT checks the layouts its own loop runs (ZeRO 0/1); the arithmetic is the same here.
+    flat_job = dataclasses.replace(job, layout=dataclasses.replace(job.layout,
+                                                                   zero_stage=min(job.layout.zero_stage, 1)))
+    gpt = model_class(job)(flat_job, device, world, seed=0)
+    names = list(gpt.params)
+
+    def key(n: str) -> str:
+        return n.split(".", 1)[1] if "." in n else n
+
+    def own(t: torch.Tensor) -> torch.nn.Parameter:
+        t = t.detach().clone()
+        return torch.nn.Parameter(t if param_dtype is None else t.to(param_dtype))
+
+    class Layer(torch.nn.Module):
+        def __init__(self, i: int):
+            super().__init__()
+            self.i = i
+            for n in names:
+                if n.startswith(f"{i}."):
+                    self.register_parameter(key(n), own(gpt.params[n]))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            gpt.params.update({f"{self.i}.{k}": p for k, p in self.named_parameters()})
+            return gpt._layer(self.i, x)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(Layer(i) for i in range(job.model.layers))
+            for n in names:
+                if "." not in n:
+                    self.register_parameter(n, own(gpt.params[n]))
+
+        def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            gpt.params.update({n: p for n, p in self.named_parameters(recurse=False)})
+            x = K.embedding(ids, gpt.params["emb"])
+            full = job.layout.recompute == "full"
+            for layer in self.layers:
+                x = checkpoint(layer, x, use_reentrant=False) if full else layer(x)
+            x = gpt._norm(x, gpt.params["lnf_w"], gpt._p("lnf_b"))
+            logits = K.linear(x, gpt.params["emb"], None)
+            return K.vocab_parallel_cross_entropy(logits, targets).mean()
+
+    gpt.flat = gpt.flat_grad = None         # the module owns its parameters now
+    model = Model()
+    if fsdp_mesh is not None:
+        from torch.distributed.fsdp import fully_shard
+        extra = {"mp_policy": mp_policy} if mp_policy is not None else {}
+        for layer in model.layers:
+            fully_shard(layer, mesh=fsdp_mesh, **extra)
+        fully_shard(model, mesh=fsdp_mesh, **extra)
+    return model, gpt
+
+
+@dataclasses.dataclass
+class StackStep:
+    """One training step of a wrapped model (``run`` trains every micro-batch and steps the
+    optimizer), its parameter count, and the FlatGPT whose ``begin_step`` starts a step."""
+
+    run: Callable[[], None]
+    params: int
+    gpt: FlatGPT
+
+
+def _optimizer(params: Any, device: str) -> torch.optim.Optimizer:
+    # The fused CUDA AdamW is what TorchTitan and most recent trainers select on GPUs.
+    return torch.optim.AdamW(params, lr=1e-4, fused=(device == "cuda"))
+
+
+def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, world: int = 1) -> StackStep:
+    """``job`` wrapped as ``stack`` trains it (see the module docstring), over ``batches``."""
+    if stack not in MODULE_STACKS:
+        raise CalibrationError(f"stack {stack!r}: one of {', '.join(MODULE_STACKS)}")
+    if stack == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(device, (world,))
+        mp = None
+        pdtype = None
+        if device == "cuda":
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+            pdtype = torch.float32
+            mp = MixedPrecisionPolicy(param_dtype=K.DTYPES[job.run.precision], reduce_dtype=torch.float32)
+        model, gpt = module_gpt(job, world, device, fsdp_mesh=mesh, param_dtype=pdtype, mp_policy=mp)
+        forward: Callable[..., torch.Tensor] = model
+    else:
+        model, gpt = module_gpt(job, world, device)
+        if stack == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+            forward = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()]
+                                              if device == "cuda" else None)
+        else:
+            forward = torch.compile(model)
+    opt = _optimizer(model.parameters(), device)
+
+    def run() -> None:
+        for ids, tgt in batches:
+            (forward(ids, tgt) / len(batches)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+    return StackStep(run, sum(p.numel() for p in model.parameters()), gpt)
