@@ -6,11 +6,13 @@
 For each kernel (model.attention_impl) and sequence length 2k-32k (b = 1, 32 heads of 128), the
 forward and backward time of one causal attention call on dgx-h100 and perlmutter-a100 as the
 predictor costs it (predictor/attention.py over the bundles' samples), and the H100/A100 forward
-ratio the published kernel figures give: the FlashAttention-3 paper's H100 throughputs (Fig. 5,
-causal, head dim 128) over FlashAttention-2's causal forward on an A100 (156 TFLOP/s at b = 1,
-s = 4,096, 32 heads; github.com/liangan1/GPU_travel performance/flash-attn), each held at its
-largest measured length.  "before" is the model without kernels (every job costed as the bundle's
-flash_atten samples, the A100's non-causal samples read as causal).
+ratio the kernel micro-benchmarks give: the lent H100's own causal forward (2026-11-26,
+benchmarks/data/h100-lent/stacks/attention.json; FlashAttention-3, not measured there, from the
+FlashAttention-3 paper's Fig. 5) over FlashAttention-2's causal forward on an A100 (156 TFLOP/s at
+b = 1, s = 4,096, 32 heads; github.com/liangan1/GPU_travel performance/flash-attn), held at its
+measured length.  "lent" is the H100's measured forward TFLOP/s beside the model's.  "before" is
+the model without kernels (every job costed as the bundle's flash_atten samples, the A100's
+non-causal samples read as causal).
 
     python benchmarks/bench_attention.py --measure [--device cuda] [--seqs 2048,4096,...]
 
@@ -81,7 +83,7 @@ def main() -> int:
     h100, a100 = load_platform("dgx-h100"), load_platform("perlmutter-a100")
     flops = OPERATORS["flash_atten"].flops
     print(f"{'kernel':<8}{'seq':>7}{'H100 fwd':>10}{'bwd':>9}{'A100 fwd':>10}{'bwd':>9}"
-          f"{'H100/A100':>11}{'figures':>9}{'before':>8}   (ms; TFLOP/s in brackets)")
+          f"{'H100/A100':>11}{'figures':>9}{'before':>8}   (ms; TFLOP/s in brackets: model H100 / A100; lent H100)")
     for impl in IMPLS:
         for seq in SEQS:
             hf, hb, hf0, _ = call_seconds(h100, impl, seq)
@@ -90,10 +92,12 @@ def main() -> int:
             except Exception:      # FlashAttention-3 runs on Hopper only
                 af = ab = af0 = float("nan")
             tf = flops({"b": 1.0, "heads": 32.0, "l": float(seq), "d": 128.0}) / 1e12
-            fig_h = attention._interp(seq, attention._H100_TFLOPS["fwd"][impl])
-            fig_ratio = fig_h / A100_FLASH2_CAUSAL_FWD_TFLOPS if impl != "flash3" else float("nan")
+            lent = attention._H100_LENT_MS["fwd"].get(impl)
+            fig_h = (tf / (attention._interp(seq, lent, attention._LENT_SEQ) / 1e3) if lent
+                     else attention._interp(seq, attention._H100_TFLOPS["fwd"][impl]))
+            fig_ratio = fig_h / A100_FLASH2_CAUSAL_FWD_TFLOPS
             print(f"{impl:<8}{seq:>7}{1e3 * hf:>10.3f}{1e3 * hb:>9.3f}{1e3 * af:>10.3f}{1e3 * ab:>9.3f}"
-                  f"{af / hf:>10.2f}x{fig_ratio:>8.2f}x{af0 / hf0:>7.2f}x   [{tf / hf:.0f} / {tf / af:.0f}]")
+                  f"{af / hf:>10.2f}x{fig_ratio:>8.2f}x{af0 / hf0:>7.2f}x   [{tf / hf:.0f} / {tf / af:.0f}; {fig_h:.0f}]")
     return 0
 
 

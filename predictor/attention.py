@@ -5,9 +5,9 @@ A compute bundle's ``flash_atten`` samples timed one kernel (:func:`measured_imp
 also hold samples of other kernels as operators of their own (``flash_atten_<impl>``, timed by
 ``perf-calibrate run`` where the partition has them).  A job whose kernel was measured is costed
 from its own samples; one whose kernel was not is costed from the measured kernel's time times
-the ratio of the two kernels' published throughputs (:func:`relative_seconds`), and the answer
-says so.  Every figure here is a kernel micro-benchmark of that mechanism (docs/modelling.md §1,
-"Attention kernels").
+the ratio of the two kernels' throughputs (:func:`relative_seconds`: published figures and the
+lent H100's), and the answer says so.  Every figure here is a kernel micro-benchmark of that
+mechanism (docs/modelling.md §1, "Attention kernels").
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ HOPPER_ONLY = frozenset(("flash3",))
 
 # Throughput (TFLOP/s) of each kernel on an H100 SXM5, FP16, head dim 128, by sequence length:
 # FlashAttention-3 paper (Shah et al., arXiv:2407.08608), Fig. 5 (forward, causal) and Fig. 6
-# (backward; the paper plots it without the causal mask).  "triton" is the paper's Triton
-# FlashAttention-2 kernel; it has no backward figure.
+# (backward; the paper plots it without the causal mask), 16k tokens per batch (b = 16,384 / s).
+# "triton" is the paper's Triton FlashAttention-2 kernel; it has no backward figure.
 _FIGURE_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
 _H100_TFLOPS = {
     "fwd": {"flash2": (191, 260, 298, 319, 333, 335), "triton": (146, 273, 323, 353, 369, 378),
@@ -32,6 +32,22 @@ _H100_TFLOPS = {
     "bwd": {"flash2": (214, 260, 291, 310, 318, 322), "cudnn": (305, 408, 465, 499, 518, 516),
             "flash3": (316, 424, 501, 542, 559, 561)},
 }
+# Milliseconds per causal call on the lent H100 (benchmarks/data/h100-lent/stacks/attention.json,
+# 2026-11-26, torch 2.11.0+cu130: SDPA pinned to each backend, and "triton" timed as
+# flex_attention, the Triton kernel Inductor generates), bf16, b = 1, 32 heads of 128.  They reach
+# 2k-32k and measure what the paper lacks: SDPA's memory-efficient kernel, and a Triton backward
+# (flex's forward ratio to FlashAttention-2, 1.05-1.16x at 8k-32k, is the paper's Triton one).
+_LENT_SEQ = (2048, 4096, 8192, 16384, 32768)
+_H100_LENT_MS = {
+    "fwd": {"flash2": (0.2518, 0.6008, 1.815, 6.588, 24.74), "cudnn": (0.2136, 0.3838, 1.007, 3.783, 14.06),
+            "sdpa_efficient": (0.3249, 0.9574, 3.398, 12.58, 48.6), "triton": (0.2788, 0.6671, 1.722, 5.705, 21.41)},
+    "bwd": {"flash2": (0.5806, 1.732, 5.097, 18.04, 70.69), "cudnn": (0.3727, 0.8931, 2.737, 10.67, 40.35),
+            "sdpa_efficient": (1.11, 3.306, 11.57, 42.11, 165.5), "triton": (0.4751, 1.205, 3.8, 14.27, 54.19)},
+}
+# At b = 1 a call fills the GPU from 8k on (32 heads x 64 query tiles; the measured TFLOP/s have
+# levelled off there); below, one call leaves SMs idle, which a training job's batch would not,
+# and the paper's full-batch figures hold.  Between 2k and 8k the two are blended (log length).
+_LENT_FULL_FROM_SEQ, _FIGURE_FULL_TO_SEQ = 8192, 2048
 # FlashAttention-2 on the same H100 without the causal mask (same paper, Fig. 5): with the mask
 # the kernel skips the upper half of the blocks but still pays the diagonal blocks, so a causal
 # call takes 0.5 × (non-causal TFLOP/s / causal TFLOP/s) of a non-causal one's time.
@@ -93,10 +109,10 @@ def default_impl(framework: str, hopper: bool) -> str:
     return ""
 
 
-def _interp(seq: float, values: tuple) -> float:
-    """A figure's value at ``seq`` (log-linear between its sequence lengths, its ends held)."""
+def _interp(seq: float, values: tuple, seqs: tuple = _FIGURE_SEQ) -> float:
+    """A table's value at ``seq`` (log-linear between its sequence lengths, its ends held)."""
     x = math.log2(max(seq, 1.0))
-    xs = [math.log2(s) for s in _FIGURE_SEQ]
+    xs = [math.log2(s) for s in seqs]
     if x <= xs[0]:
         return float(values[0])
     if x >= xs[-1]:
@@ -116,25 +132,40 @@ class Relative:
     """``impl``'s time over the measured kernel's at one shape, and what the answer should say."""
 
     ratio: float
-    figure: bool            # False: no published figure compares the two (costed at 1.0)
+    figure: bool            # False: no kernel figure compares the two (costed at 1.0)
     note: str
 
 
+def _figure_speed(impl: str, direction: str, seq: float) -> Optional[float]:
+    """The paper's TFLOP/s of ``impl`` over FlashAttention-2's on an H100 (None: no figure)."""
+    table = _H100_TFLOPS[direction].get(impl)
+    if table is None:
+        return None
+    return _interp(seq, table) / _interp(seq, _H100_TFLOPS[direction]["flash2"])
+
+
+def _lent_speed(impl: str, direction: str, seq: float) -> Optional[float]:
+    """FlashAttention-2's time over ``impl``'s on the lent H100 (None: not measured there)."""
+    table = _H100_LENT_MS[direction].get(impl)
+    if table is None:
+        return None
+    return _interp(seq, _H100_LENT_MS[direction]["flash2"], _LENT_SEQ) / _interp(seq, table, _LENT_SEQ)
+
+
 def _speed(impl: str, direction: str, seq: float, hopper: bool) -> Optional[float]:
-    """TFLOP/s of ``impl`` relative to FlashAttention-2's at ``seq`` (None: no figure)."""
+    """Throughput of ``impl`` relative to FlashAttention-2's at ``seq`` (None: no figure)."""
     impl = SAME_KERNEL.get(impl, impl)
     if impl == "flash2":
         return 1.0
-    if hopper:
-        if impl not in _H100_TFLOPS[direction]:
-            direction = "fwd"        # no backward figure (Triton): the forward's ratio
-        table = _H100_TFLOPS[direction].get(impl)
-        if table is None:
-            return None
-        return _interp(seq, table) / _interp(seq, _H100_TFLOPS[direction]["flash2"])
-    if impl == "cudnn":
-        return _A100_CUDNN_SPEED_VS_FLASH2
-    return None
+    if not hopper:
+        return _A100_CUDNN_SPEED_VS_FLASH2 if impl == "cudnn" else None
+    figure, lent = _figure_speed(impl, direction, seq), _lent_speed(impl, direction, seq)
+    if figure is None or lent is None:
+        return lent if figure is None else figure
+    w = (math.log2(max(seq, 1.0)) - math.log2(_FIGURE_FULL_TO_SEQ)) / (
+        math.log2(_LENT_FULL_FROM_SEQ) - math.log2(_FIGURE_FULL_TO_SEQ))
+    w = min(max(w, 0.0), 1.0)
+    return (1.0 - w) * figure + w * lent
 
 
 def relative_seconds(impl: str, measured: Measured, direction: str, seq: float, hopper: bool) -> Relative:
@@ -147,11 +178,9 @@ def relative_seconds(impl: str, measured: Measured, direction: str, seq: float, 
         return Relative(ratio, True, "")
     mine, theirs = _speed(impl, direction, seq, hopper), _speed(measured.impl, direction, seq, hopper)
     if mine is None or theirs is None:
-        notes.append(f"no published kernel figure relates {impl} to {measured.impl} on this GPU; "
+        notes.append(f"no kernel figure relates {impl} to {measured.impl} on this GPU; "
                      f"costed as {measured.impl}")
         return Relative(ratio, False, "; ".join(notes))
-    if direction == "bwd" and SAME_KERNEL.get(impl, impl) not in _H100_TFLOPS["bwd"] and hopper:
-        notes.append(f"{impl}'s backward has no published figure; its forward ratio is used")
     return Relative(ratio * theirs / mine, True, "; ".join(notes))
 
 
@@ -203,7 +232,7 @@ def attention_cost(impl_key: str, framework: str, seq: float, bundle_name: str,
     notes = []
     if SAME_KERNEL.get(impl, impl) != SAME_KERNEL.get(measured.impl, measured.impl):
         how = (f"× {fwd.ratio:.2f} forward, × {bwd.ratio:.2f} backward of {measured.impl}'s time "
-               "(published kernel figures, docs/modelling.md §1)") if fwd.figure else fwd.note
+               "(kernel figures, docs/modelling.md §1)") if fwd.figure else fwd.note
         notes.append(f"attention kernel {impl} was not measured on bundle {bundle_name} (its "
                      f"flash_atten samples timed {measured.impl}); costed {how}")
         if bwd.note and bwd.figure:

@@ -667,7 +667,7 @@ def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBat
         name, count_f, count_b = c.name, c.count, c.count
         if name == "flash_atten":
             # The job's attention kernel, from its own samples or the bundle's kernel's times a
-            # published kernel ratio (predictor/attention.py).
+            # measured kernel ratio (predictor/attention.py).
             at = _attention_cost(job, plat, c.shape["l"])
             warnings.extend(at.warnings)
             name, count_f, count_b = at.operator, c.count * at.forward_ratio, c.count * at.backward_ratio
