@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any
 
 STACKS = ("pytorch", "deepspeed", "fsdp")
 # What the launch of each stack reveals (run.framework; the layout's ZeRO stage follows the stack).
@@ -37,65 +36,6 @@ def stack_job(job: dict, stack: str) -> dict:
     return out
 
 
-def _module_gpt(job: Any, world: int, fsdp_mesh: Any = None):
-    """The FlatGPT model as an ``nn.Module``: one submodule per layer owning that layer's
-    parameters (so that FSDP can shard and gather them layer by layer); the arithmetic is
-    FlatGPT's."""
-    import torch
-    from torch.utils.checkpoint import checkpoint
-
-    from calibrate.gpt_model import model_class
-
-    import dataclasses
-    # FlatGPT checks the layouts its own loop runs (ZeRO 0/1); the arithmetic is the same under FSDP.
-    flat_job = dataclasses.replace(job, layout=dataclasses.replace(job.layout, zero_stage=min(job.layout.zero_stage, 1)))
-    gpt = model_class(job)(flat_job, "cpu", world, seed=0)
-    names = list(gpt.params)
-
-    def key(n: str) -> str:
-        return n.split(".", 1)[1] if "." in n else n
-
-    class Layer(torch.nn.Module):
-        def __init__(self, i: int):
-            super().__init__()
-            self.i = i
-            for n in names:
-                if n.startswith(f"{i}."):
-                    self.register_parameter(key(n), torch.nn.Parameter(gpt.params[n].detach().clone()))
-
-        def forward(self, x):
-            gpt.params.update({f"{self.i}.{k}": p for k, p in self.named_parameters()})
-            return gpt._layer(self.i, x)
-
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = torch.nn.ModuleList(Layer(i) for i in range(job.model.layers))
-            for n in names:
-                if "." not in n:
-                    self.register_parameter(n, torch.nn.Parameter(gpt.params[n].detach().clone()))
-
-        def forward(self, ids, targets):
-            from calibrate import kernels as K
-            gpt.params.update({n: p for n, p in self.named_parameters(recurse=False)})
-            x = K.embedding(ids, gpt.params["emb"])
-            full = job.layout.recompute == "full"
-            for layer in self.layers:
-                x = checkpoint(layer, x, use_reentrant=False) if full else layer(x)
-            x = gpt._norm(x, gpt.params["lnf_w"], gpt._p("lnf_b"))
-            logits = K.linear(x, gpt.params["emb"], None)
-            return K.vocab_parallel_cross_entropy(logits, targets).mean()
-
-    gpt.flat = gpt.flat_grad = None         # the module owns its parameters now
-    model = Model()
-    if fsdp_mesh is not None:
-        from torch.distributed.fsdp import fully_shard
-        for layer in model.layers:
-            fully_shard(layer, mesh=fsdp_mesh)
-        fully_shard(model, mesh=fsdp_mesh)
-    return model, gpt
-
-
 def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, threads: int,
                  steps: int, warmup: int, results) -> None:
     """One rank of ``stack`` training ``job_dict``; rank 0 puts (step seconds, parameters)."""
@@ -106,6 +46,7 @@ def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, t
     import torch
     import torch.distributed as dist
 
+    from calibrate.stacks import module_gpt
     from predictor.job import TrainingJob
 
     torch.set_num_threads(threads)
@@ -121,7 +62,7 @@ def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, t
                    for _ in range(job.layout.micro_batches)]
         if stack == "deepspeed":
             import deepspeed
-            model, gpt = _module_gpt(job, world)
+            model, gpt = module_gpt(job, world)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             cfg = {"train_micro_batch_size_per_gpu": job.layout.micro_batch,
                    "gradient_accumulation_steps": job.layout.micro_batches,
@@ -135,7 +76,7 @@ def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, t
                     engine.step()
         elif stack == "fsdp":
             from torch.distributed.device_mesh import init_device_mesh
-            model, gpt = _module_gpt(job, world, fsdp_mesh=init_device_mesh("cpu", (world,)))
+            model, gpt = module_gpt(job, world, fsdp_mesh=init_device_mesh("cpu", (world,)))
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
             def step() -> None:

@@ -98,11 +98,13 @@ def module_gpt(job: TrainingJob, world: int, device: str = "cpu", fsdp_mesh: Any
 @dataclasses.dataclass
 class StackStep:
     """One training step of a wrapped model (``run`` trains every micro-batch and steps the
-    optimizer), its parameter count, and the FlatGPT whose ``begin_step`` starts a step."""
+    optimizer), its parameter count, the FlatGPT whose ``begin_step`` starts a step, and the
+    wrapped model's loss (``forward(ids, targets)``)."""
 
     run: Callable[[], None]
     params: int
     gpt: FlatGPT
+    forward: Callable[..., torch.Tensor]
 
 
 def _optimizer(params: Any, device: str) -> torch.optim.Optimizer:
@@ -140,4 +142,4 @@ def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, worl
             (forward(ids, tgt) / len(batches)).backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
-    return StackStep(run, sum(p.numel() for p in model.parameters()), gpt)
+    return StackStep(run, sum(p.numel() for p in model.parameters()), gpt, forward)

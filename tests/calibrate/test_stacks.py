@@ -1,0 +1,65 @@
+"""calibrate/stacks.py: the GPT module under DDP and FSDP2 computes what calibrate.gpt_model's loop does."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from calibrate import stack_host, stacks  # noqa: E402
+from calibrate.errors import CalibrationError  # noqa: E402
+from calibrate.gpt_model import FlatGPT  # noqa: E402
+from predictor.job import TrainingJob  # noqa: E402
+
+JOB = {"model": {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256, "attention": "flash",
+                 "activation": "gelu", "norm": "layernorm", "pos_emb": "rotary", "tied_embeddings": True},
+       "layout": {"micro_batch": 2, "micro_batches": 2, "zero_stage": 1, "recompute": "none"},
+       "run": {"precision": "fp32"}}
+
+
+@pytest.fixture
+def one_rank():
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this session")
+    stack_host.one_rank_group()
+    yield
+    dist.destroy_process_group()
+
+
+def _batches(job: TrainingJob) -> list:
+    gen = torch.Generator().manual_seed(7)
+    n = job.model.seq_len * job.layout.micro_batch
+    return [(torch.randint(0, job.model.vocab, (n,), generator=gen),
+             torch.randint(0, job.model.vocab, (n,), generator=gen)) for _ in range(job.layout.micro_batches)]
+
+
+def test_module_loss_is_the_flat_models(one_rank):
+    job = TrainingJob.from_dict(JOB)
+    ids, tgt = _batches(job)[0]
+    flat = FlatGPT(job, "cpu", 1, seed=0)
+    module, _ = stacks.module_gpt(job, 1)
+    assert sum(p.numel() for p in module.parameters()) == flat.numel
+    assert torch.allclose(module(ids, tgt), flat.loss(ids, tgt), rtol=1e-5)
+
+
+@pytest.mark.parametrize("stack", ["ddp", "fsdp"])
+def test_a_stack_step_trains(one_rank, stack):
+    job = TrainingJob.from_dict(JOB)
+    batches = _batches(job)
+    step = stacks.stack_step(stack, job, batches, device="cpu")
+    assert step.params == FlatGPT(job, "cpu", 1).numel
+    module, _ = stacks.module_gpt(job, 1)
+    with torch.no_grad():
+        start = sum(float(module(i, t)) for i, t in batches)
+        assert sum(float(step.forward(i, t)) for i, t in batches) == pytest.approx(start, rel=1e-5)
+    for _ in range(3):
+        step.gpt.begin_step()
+        step.run()
+    # The same batches again: the wrapped model learned them (its loss went down from the start's).
+    with torch.no_grad():
+        assert sum(float(step.forward(i, t)) for i, t in batches) < start
+
+
+def test_unknown_stack_is_refused():
+    with pytest.raises(CalibrationError, match="stack 'megatron'"):
+        stacks.stack_step("megatron", TrainingJob.from_dict(JOB), [], device="cpu")
