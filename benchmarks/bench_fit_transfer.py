@@ -12,11 +12,15 @@ recorded runs, perlmutter-a100 and vista-gh200 on the paper's runs (benchmarks/d
 
     python benchmarks/bench_fit_transfer.py [--platform dgx-h100 ...] [--cpu-family]
     python benchmarks/bench_fit_transfer.py --stacks [--runs-per-fit 10 15] [--draws 20]
+    python benchmarks/bench_fit_transfer.py --stacks --stacks-platform dgx-h100 \
+        --stacks-runs benchmarks/data/h100-lent/stacks/stacks-runs.toml [--stacks-skip ddp]
 
 ``--stacks``: the CPU family trained under several software stacks
 (benchmarks/data/cpu-family/stacks-dp1.toml, or ``--stacks-runs .../stacks.toml`` for the mixed
 dp 1/2 family; ``bench_cpu_family.py --stacks``), on the platform fitted from the samples
-calibrated the same day on the same machine (cpu-family/samples-stacks).  For each kind (predictor/kinds.py) and each N of ``--runs-per-fit``,
+calibrated the same day on the same machine (cpu-family/samples-stacks); with ``--stacks-platform
+dgx-h100`` the lent H100's family under four stacks (benchmarks/gpu_stacks_runs.py) on the shipped
+platform, its own recorded runs and fit dropped.  For each kind (predictor/kinds.py) and each N of ``--runs-per-fit``,
 ``--draws`` random draws of N of its runs are fitted as ``validate --fit`` does (the per-kind
 hierarchical fit, kept only when leave-one-out improves; the runs recorded with their
 leave-one-out predictions); then that kind's other runs and every other kind's runs are
@@ -190,7 +194,14 @@ def main() -> int:
     ap.add_argument("--stacks", action="store_true",
                     help="fit on N runs of one stack, predict its other runs and the other stacks' "
                          "(benchmarks/data/cpu-family/stacks.toml)")
-    ap.add_argument("--stacks-runs", default=str(ROOT / "benchmarks" / "data" / "cpu-family" / "stacks-dp1.toml"))
+    ap.add_argument("--stacks-runs", default=str(ROOT / "benchmarks" / "data" / "cpu-family" / "stacks-dp1.toml"),
+                    help="--stacks: the runs file (GPU: benchmarks/data/h100-lent/stacks/stacks-runs.toml)")
+    ap.add_argument("--stacks-platform", default="",
+                    help="--stacks: predict with this shipped platform (e.g. dgx-h100, its recorded runs "
+                         "and fit dropped) instead of the CPU samples' (--samples)")
+    ap.add_argument("--stacks-skip", action="append", default=[], metavar="STACK",
+                    help="--stacks: leave out the runs named \"STACK ...\" (e.g. ddp, whose kind is "
+                         "pytorch's: benchmarks/gpu_stacks_runs.py)")
     ap.add_argument("--runs-per-fit", type=int, nargs="+", default=[10])
     ap.add_argument("--draws", type=int, default=20, help="--stacks: random draws per kind and N")
     ap.add_argument("--dp", type=int, default=0, help="--stacks: only the runs of this data-parallel size")
@@ -199,10 +210,15 @@ def main() -> int:
                          "calibrated on the machine and day the stacks were measured)")
     args = ap.parse_args()
     if args.stacks:
-        from bench_cpu_family import resolve_platform
         keep_: list = []
-        plat = dataclasses.replace(resolve_platform(args.samples, keep_), fitted=None, validation=[])
-        runs = [r for r in load_runs(args.stacks_runs) if not args.dp or r.job.layout.dp == args.dp]
+        if args.stacks_platform:
+            plat = dataclasses.replace(load_platform(args.stacks_platform), fitted=None, validation=[])
+        else:
+            from bench_cpu_family import resolve_platform
+            plat = dataclasses.replace(resolve_platform(args.samples, keep_), fitted=None, validation=[])
+        skip = tuple(f"{s} " for s in args.stacks_skip)
+        runs = [r for r in load_runs(args.stacks_runs)
+                if (not args.dp or r.job.layout.dp == args.dp) and not r.name.startswith(skip)]
         bench_stacks(plat, runs, args.runs_per_fit, args.draws)
         return 0
     if args.cpu_family:

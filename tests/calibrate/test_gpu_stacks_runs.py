@@ -1,0 +1,78 @@
+"""benchmarks/gpu_stacks_runs.py: the lent H100's stack rows as a runs file (no torch needed)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calibrate.validate import load_runs
+from predictor.kinds import kind_of
+
+from .conftest import benchmark_module
+
+JOB = {"model": {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 512, "vocab": 1024, "attention": "flash"},
+       "layout": {"pp": 1, "tp": 1, "dp": 1, "micro_batch": 1, "micro_batches": 2, "zero_stage": 1,
+                  "recompute": "none"},
+       "run": {"precision": "bf16"}, "cluster": {"gpus_per_node": 1}}
+PROV = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0", "nccl": "2.28.9",
+        "date": "2026-11-26T01:38:07+00:00"}
+
+
+def _write(path, rows):
+    path.write_text(json.dumps({"provenance": PROV, "steps": 4, "warmup": 2, "rows": rows}))
+    return path
+
+
+def _row(stack, secs, name="L2 h256", **extra):
+    return {"stack": stack, "name": name, "job": JOB, "measured_iteration_seconds": secs, **extra}
+
+
+def test_each_stack_is_the_job_its_launch_reveals_and_its_kind(tmp_path):
+    mod = benchmark_module("gpu_stacks_runs")
+    f = _write(tmp_path / "a.json", [_row(s, 0.01 * (i + 1)) for i, s in enumerate(mod.STACKS)])
+    runs = mod.runs_from_files([f])
+    out = tmp_path / "runs.toml"
+    out.write_text(mod.to_toml(runs))
+    loaded = {r.name: r for r in load_runs(out)}          # what validate --runs reads
+    assert set(loaded) == {f"{s} L2 h256" for s in mod.STACKS}
+    keys = {n.split()[0]: kind_of(r.job).key for n, r in loaded.items()}
+    assert keys == {"pytorch": "-/flash/bf16/none", "sdpa_efficient": "-/flash:sdpa_efficient/bf16/none",
+                    "fsdp": "torchtitan/flash/bf16/none", "ddp": "-/flash/bf16/none"}
+    assert loaded["fsdp L2 h256"].job.layout.zero_stage == 3
+    assert loaded["ddp L2 h256"].job.layout.zero_stage == 0
+    assert loaded["pytorch L2 h256"].job.layout.zero_stage == 1
+    assert JOB["layout"]["zero_stage"] == 1 and "framework" not in JOB["run"]    # the input is not changed
+    assert "NVIDIA H100" in loaded["fsdp L2 h256"].source and "4 steps after 2 warm-ups" in loaded["fsdp L2 h256"].source
+
+
+def test_repeats_keep_the_fastest_errors_and_other_stacks_are_left_out(tmp_path):
+    mod = benchmark_module("gpu_stacks_runs")
+    a = _write(tmp_path / "a.json", [_row("fsdp", 0.030), _row("pytorch", 0.02, name="big"),
+                                     _row("compile", 0.01)])
+    b = _write(tmp_path / "b.json", [_row("fsdp", 0.036), _row("ddp", 0.0, name="big", error="OutOfMemoryError: x")])
+    runs = mod.runs_from_files([a, b])
+    assert [r["name"] for r in runs] == ["fsdp L2 h256", "pytorch big"]
+    assert runs[0]["measured_iteration_seconds"] == 0.030
+    assert "fastest of 2 calls (30.0 ms / 36.0 ms" in runs[0]["source"]
+    only = mod.runs_from_files([a, b], ["pytorch"])
+    assert [r["name"] for r in only] == ["pytorch big"]
+
+
+@pytest.mark.parametrize("rows, match", [
+    ([{"stack": "fsdp", "name": "x"}], r"rows\[0\]: needs stack, name and job"),
+    ([_row("fsdp", -1.0)], r"rows\[0\]: measured_iteration_seconds must be > 0"),
+])
+def test_bad_rows_name_the_file_and_row(tmp_path, rows, match):
+    mod = benchmark_module("gpu_stacks_runs")
+    f = _write(tmp_path / "bad.json", rows)
+    with pytest.raises(mod.StackRowError, match=match) as e:
+        mod.runs_from_files([f])
+    assert "bad.json" in str(e.value)
+    with pytest.raises(mod.StackRowError, match="stack 'tensorrt'"):
+        mod.runs_from_files([f], ["tensorrt"])
+
+
+def test_the_committed_runs_file_is_what_the_converter_makes():
+    mod = benchmark_module("gpu_stacks_runs")
+    files = [mod.DATA / f for f in mod.FILES]
+    assert (mod.DATA / "stacks-runs.toml").read_text() == mod.to_toml(mod.runs_from_files(files))
