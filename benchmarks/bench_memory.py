@@ -1,23 +1,34 @@
 """The memory model against published configurations, and its cost per layout.
 
     python benchmarks/bench_memory.py
+    python benchmarks/bench_memory.py --measured [STACKS_JSON]
 
 Hand-derived figures come straight from the papers' formulas (see predictor/memory.py):
 ZeRO (Rajbhandari et al. 2020) model states for a 7.5 B model on 64 GPUs, Korthikanti et al.
 (2022) first-stage activations of GPT-3 175B, 530B and 1T at their Table 3 layouts, and the
 GPT-NeoX-20B parameter count (Black et al. 2022).  Then the per-GPU breakdown of the GPT-20B
 layouts of Zhang et al. (2025) on an 80 GiB A100, and the time one estimate takes.
+
+``--measured`` compares the peaks of real training steps (``torch.cuda.max_memory_allocated``,
+default: the lent H100's benchmarks/data/h100-lent/stacks/stacks.json) with the model
+(calibrate.memory_peaks), per stack, on the rows whose peak holds only their own job
+(:func:`clean_rows`), and shows what the others carry.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from calibrate.memory_peaks import PeakComparison, compare_peaks, summarize  # noqa: E402
 from predictor import memory as mem  # noqa: E402
 from predictor.job import Layout, ModelSpec  # noqa: E402
+
+STACKS_JSON = Path(__file__).resolve().parent / "data" / "h100-lent" / "stacks" / "stacks.json"
 
 GB = 1e9
 
@@ -86,5 +97,90 @@ def main() -> None:
           f"≈ {2600 * dt * 1e3:.0f} ms")
 
 
+# Stacks whose job is built and dropped inside one function call (calibrate.gpt_model's loop):
+# nothing of a job outlives it, so each row's peak is its own.
+FREEING_STACKS = ("pytorch", "sdpa_efficient")
+
+
+def clean_rows(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(rows whose peak is their own job's, module-stack rows after the first of their stack).
+
+    The module stacks (calibrate/stacks.py) leave each job's optimizer in a reference cycle
+    until Python's collector runs, so only the first job of such a stack in a file, run after
+    the freeing stacks, starts on an empty GPU; :func:`leaked` shows what the later ones carry.
+    """
+    clean, later = [], []
+    seen: set[str] = set()
+    for row in rows:
+        if "peak_allocated_bytes" not in row:
+            continue
+        stack = row.get("stack", "")
+        if stack in FREEING_STACKS or stack not in seen:
+            clean.append(row)
+        else:
+            later.append(row)
+        if stack not in FREEING_STACKS:
+            seen.add(stack)
+    return clean, later
+
+
+def print_comparisons(comps: list[PeakComparison]) -> None:
+    g = mem.GIB
+    print(f"  {'stack':14} {'job':38} {'measured':>8} {'weights':>7} {'grads':>6} {'optim':>6} "
+          f"{'activ':>6} {'step':>6} {'model':>7} {'error':>7} {'+reserve':>8}  covered")
+    for c in comps:
+        e = c.estimate
+        print(f"  {c.stack:14} {c.name:38} {c.measured_bytes / g:8.2f} {e.weights / g:7.2f} "
+              f"{e.gradients / g:6.2f} {e.optimizer / g:6.2f} {e.activations / g:6.2f} "
+              f"{e.optimizer_step / g:6.2f} {c.predicted_bytes / g:7.2f} {100 * c.error:+6.1f}% "
+              f"{e.total / g:8.2f}  {'yes' if c.covered else 'NO'}")
+
+
+def measured(path: Path) -> None:
+    data = json.loads(path.read_text())
+    prov = data.get("provenance", {})
+    print(f"measured peaks ({path.name}: {prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, "
+          f"{prov.get('date', '?')}) against predictor.memory, GiB")
+    print("  model = weights + grads + optim + max(activ, step) (the formulas, no reserve); "
+          "error = (model - measured) / measured; covered = model + reserve >= measured")
+    clean, later = clean_rows(data["rows"])
+    comps = compare_peaks(clean)
+    print_comparisons(comps)
+    print("\nper stack (rows whose peak is their own job's)")
+    print(f"  {'stack':14} {'rows':>4} {'mean |err|':>10} {'max |err|':>9} {'bias':>7} {'covered':>8}")
+    for s in summarize(comps):
+        print(f"  {s.stack:14} {s.rows:4} {100 * s.mean_abs_error:9.1f}% {100 * s.max_abs_error:8.1f}% "
+              f"{100 * s.bias:+6.1f}% {s.covered:4}/{s.rows}")
+    flat = [c for c in comps if c.stack in FREEING_STACKS]
+    if flat:
+        # calibrate.gpt_model's MasterAdam allocates its fp32 master gradient once and keeps it
+        # through the backward; the model holds that copy only at the step, instead of the
+        # activations: the smaller of the two is what the flat loop holds beyond the model.
+        rest = [(c.measured_bytes - c.predicted_bytes - min(c.estimate.activations, c.estimate.optimizer_step))
+                / c.measured_bytes for c in flat]
+        print("\nthe flat loop less its persistent fp32 gradient (min(activ, step) per row): "
+              f"mean {100 * sum(rest) / len(rest):+.1f}%, range {100 * min(rest):+.1f}% .. {100 * max(rest):+.1f}%")
+    if later:
+        print("\nmodule-stack rows left out: measured - model against the optimizer states (8 bytes a "
+              "parameter) of the same stack's earlier jobs, GiB")
+        earlier: dict[str, float] = {}
+        for row in data["rows"]:
+            if "peak_allocated_bytes" not in row or row.get("stack") in FREEING_STACKS:
+                continue
+            stack = row["stack"]
+            if row in later:
+                c = compare_peaks([row])[0]
+                print(f"  {stack:14} {row['name']:38} excess {(c.measured_bytes - c.predicted_bytes) / mem.GIB:6.2f}"
+                      f"  earlier jobs' states {earlier.get(stack, 0.0) / mem.GIB:6.2f}")
+            earlier[stack] = earlier.get(stack, 0.0) + 8.0 * row["params"]
+
+
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measured", nargs="?", const=STACKS_JSON, type=Path, default=None, metavar="STACKS_JSON",
+                    help="compare measured peaks instead (default file: %(const)s)")
+    args = ap.parse_args()
+    if args.measured is None:
+        main()
+    else:
+        measured(args.measured)

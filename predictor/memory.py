@@ -52,9 +52,19 @@ The estimate is the worst pipeline stage's peak, in bytes, as the sum of
 * **embedding and LM head**: the first stage holds the (tensor-parallel) word embedding plus a
   learned position embedding, and the embedding dropout mask s·b·h bytes per micro-batch in
   flight; the last stage holds the LM head (a second copy of the tied embedding when pp > 1, as
-  Megatron and GPT-NeoX do) and Korthikanti's 4·s·b·h/t·(1 + v/h) bytes of final-norm, head-input
-  and fp32 logits for its one micro-batch.  The vocabulary is padded as GPT-NeoX pads it: to a
-  multiple of 128 × t (Zhang et al. 2025, Eq. 1–2).
+  Megatron and GPT-NeoX do), Korthikanti's final-norm and head inputs (2·e·s·b·h, ÷t with
+  sequence parallelism) and, for its one micro-batch, the loss's peak over the logits
+  (:func:`loss_bytes`).  Korthikanti count the fp32 logits the loss keeps (4·s·b·v/t); at the
+  loss's peak the head's 16-bit logits are alive beside their fp32 copy, and PyTorch's own
+  cross entropy writes its log-softmax into a second fp32 buffer.  The vocabulary is padded as
+  GPT-NeoX pads it: to a multiple of 128 × t (Zhang et al. 2025, Eq. 1–2).
+
+* **the optimizer step**: a trainer whose gradients are 16-bit steps on an fp32 copy of its
+  gradient shard (DeepSpeed's ZeRO-1/2 optimizer builds it in ``step()`` and drops it after;
+  Megatron's distributed optimizer counts it as the 4 of "4 + 16/d" bytes per parameter for fp16
+  gradients).  No activation is held then, so the peak is the model states plus the larger of
+  the activations and that copy (:attr:`MemoryEstimate.optimizer_step`).  Trainers that keep fp32
+  gradients (Megatron's bf16 default, TorchTitan's fp32 reduction) step on them directly.
 
 * **framework reserve**: the CUDA context, cuBLAS workspaces, NCCL and DeepSpeed communication
   buckets, and allocator fragmentation that no formula above sees: 2 GiB plus 5 % of the rest.
@@ -88,6 +98,14 @@ ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 #: master copy, momentum and variance under mixed precision; momentum and variance in fp32
 OPTIMIZER_BYTES = {"fp16": 12, "bf16": 12, "fp32": 8}
 
+#: Frameworks whose cross entropy computes the softmax in place in its fp32 copy of the logits
+#: (Megatron-core ``tensor_parallel/cross_entropy.py`` and GPT-NeoX ``megatron/mpu/cross_entropy.py``:
+#: ``exp(..., out=...)`` and ``div_`` on the upcast logits, kept for the backward, which edits
+#: them in place).  The others (TorchTitan's and llm-foundry's ``F.cross_entropy`` on
+#: ``logits.float()``, a job that names no framework) write the log-softmax to a new fp32 buffer
+#: while the upcast copy is still referenced.
+IN_PLACE_LOSS_FRAMEWORKS = ("megatron", "nemo", "neox", "deepspeed", "megatron-deepspeed")
+
 # The framework reserve (module docstring): an allowance, not a measurement, for what the formulas
 # do not count.  No published figure covers it as a whole (docs/modelling.md §7); it decides which
 # layouts perf-advise calls fitting.
@@ -106,10 +124,23 @@ class MemoryEstimate:
     reserve: float
     stage: int                 # the pipeline stage the figures are for (0 = first)
     parameters: int            # parameters this GPU's stage/TP rank holds (before ZeRO sharding)
+    # The fp32 gradient copy the optimizer step adds once the activations are freed (module
+    # docstring); the peak holds the larger of the two.
+    optimizer_step: float = 0.0
+
+    @property
+    def transient(self) -> float:
+        """Bytes beyond the model states at the peak: activations or the step's gradient copy."""
+        return max(self.activations, self.optimizer_step)
+
+    @property
+    def formula_bytes(self) -> float:
+        """The peak the formulas count, without the framework reserve."""
+        return self.model_states + self.transient
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.reserve
+        return self.formula_bytes + self.reserve
 
     @property
     def total_gib(self) -> float:
@@ -129,6 +160,7 @@ class MemoryEstimate:
             "gradients_gib": round(self.gradients / GIB, 3),
             "optimizer_gib": round(self.optimizer / GIB, 3),
             "activations_gib": round(self.activations / GIB, 3),
+            "optimizer_step_gib": round(self.optimizer_step / GIB, 3),
             "reserve_gib": round(self.reserve / GIB, 3),
             "stage": self.stage,
             "parameters": self.parameters,
@@ -187,10 +219,22 @@ def in_flight(layout: Layout, stage: int) -> float:
     return chunks / v
 
 
+def loss_bytes(model: ModelSpec, layout: Layout, precision: str, framework: str = "") -> float:
+    """Peak bytes of the logits and the cross entropy over them, for the last stage's one
+    micro-batch: the head's logits (e bytes each, the vocabulary split over TP ranks), their fp32
+    copy (none when training in fp32: the logits are fp32 already), and a second fp32 buffer for
+    frameworks outside :data:`IN_PLACE_LOSS_FRAMEWORKS`."""
+    e, f32 = ELEMENT_BYTES[precision], ELEMENT_BYTES["fp32"]
+    tokens = model.seq_len // layout.cp * layout.micro_batch
+    vp = padded_vocab(model.vocab, layout.tp)
+    per_logit = e + (f32 if e != f32 else 0) + (0 if framework in IN_PLACE_LOSS_FRAMEWORKS else f32)
+    return per_logit * tokens * vp / layout.tp
+
+
 def stage_activation_bytes(model: ModelSpec, layout: Layout, precision: str, stage: int,
-                           layers: Optional[int] = None) -> float:
+                           layers: Optional[int] = None, framework: str = "") -> float:
     """Activations ``stage`` holds at its peak: in-flight micro-batches of its layers, plus the
-    embedding mask on the first stage and the head's logits on the last."""
+    embedding mask on the first stage and the head and loss (:func:`loss_bytes`) on the last."""
     e = ELEMENT_BYTES[precision]
     s, b, h, t = model.seq_len // layout.cp, layout.micro_batch, model.hidden, layout.tp
     sp = layout.sequence_parallel and t > 1
@@ -205,10 +249,9 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, precision: str, sta
     if stage == 0:
         total += flight * T * h / (t if sp else 1)                      # embedding dropout mask
     if stage == layout.pp - 1:
-        vp = padded_vocab(model.vocab, t)
-        # Korthikanti's 4·s·b·h/t·(1 + v/h): final-norm input and head input (e bytes each, split
-        # only with sequence parallelism) and the fp32 logits split over TP ranks.
-        total += 2 * e * T * h / (t if sp else 1) + 4 * T * vp / t
+        # Korthikanti's final-norm input and head input (e bytes each, split only with sequence
+        # parallelism); the logits and the loss over them in place of their 4·s·b·v/t.
+        total += 2 * e * T * h / (t if sp else 1) + loss_bytes(model, layout, precision, framework)
     return total
 
 
@@ -237,10 +280,13 @@ def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int
         n_layers = layers if layers is not None else stage_layers(model, layout)[stage]
         held = 2 if reshards_after_forward(layout, framework) else max(2, n_layers)
         weights += held * e * layer_parameters(model, layout.tp)
-    activations = stage_activation_bytes(model, layout, precision, stage, layers)
-    rest = weights + gradients + optimizer + activations
+    activations = stage_activation_bytes(model, layout, precision, stage, layers, framework)
+    # A 16-bit gradient is stepped on as an fp32 copy of the shard the optimizer owns.
+    f32 = ELEMENT_BYTES["fp32"]
+    step = f32 * psi / (nd if z >= 1 else 1) if g < f32 else 0.0
+    rest = weights + gradients + optimizer + max(activations, step)
     reserve = RESERVE_FIXED_BYTES + RESERVE_FRACTION * rest
-    return MemoryEstimate(weights, gradients, optimizer, activations, reserve, stage, int(psi))
+    return MemoryEstimate(weights, gradients, optimizer, activations, reserve, stage, int(psi), step)
 
 
 def worst_stage_candidates(sizes: Sequence[int]) -> list[int]:
@@ -269,17 +315,18 @@ def stage_estimates(model: ModelSpec, layout: Layout, precision: str = "fp16",
 
 
 def estimate(model: ModelSpec, layout: Layout, precision: str = "fp16",
-             gradient_precision: str = "") -> MemoryEstimate:
+             gradient_precision: str = "", framework: str = "") -> MemoryEstimate:
     """Peak memory per GPU for ``layout``: its worst pipeline stage (the earliest on a tie).
     ``gradient_precision``: what gradients are kept in ("" = ``precision``; a job's is
-    :func:`predictor.recipe.gradient_precision`, as :func:`estimate_job` takes it).
+    :func:`predictor.recipe.gradient_precision`, as :func:`estimate_job` takes it);
+    ``framework``: the job's ``run.framework`` (its loss and ZeRO-3 resharding).
 
     Raises :class:`~predictor.errors.JobError` when the framework's split rule refuses the layout.
     """
     sizes = stage_layers(model, layout)
     worst: Optional[MemoryEstimate] = None
     for stage in worst_stage_candidates(sizes):
-        est = _stage_estimate(model, layout, precision, stage, sizes[stage], gradient_precision)
+        est = _stage_estimate(model, layout, precision, stage, sizes[stage], gradient_precision, framework)
         if worst is None or est.total > worst.total:
             worst = est
     assert worst is not None
@@ -288,7 +335,7 @@ def estimate(model: ModelSpec, layout: Layout, precision: str = "fp16",
 
 def estimate_job(job: "TrainingJob") -> MemoryEstimate:
     """:func:`estimate` for a whole :class:`~predictor.job.TrainingJob`."""
-    return estimate(job.model, job.layout, job.run.precision, job_gradient_precision(job))
+    return estimate(job.model, job.layout, job.run.precision, job_gradient_precision(job), job.run.framework)
 
 
 def job_gradient_precision(job: "TrainingJob", layout: Optional[Layout] = None) -> str:

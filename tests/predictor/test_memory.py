@@ -146,12 +146,32 @@ def test_full_recompute_first_stage_adds_one_rebuilt_layer():
 def test_22b_no_pipeline_last_stage_terms():
     # 22B, t = 8, p = 1, b = 4: sbh = 2048·4·6144 = 50,331,648; per layer
     # sbh·(10 + 3 + 5·64·2048/(6144·8)) = 26.333 sbh; one micro-batch in flight; embedding mask
-    # sbh; final-norm and head inputs 2·2 sbh (replicated without SP); fp32 logits
-    # 4·s·b·V/t = 4·8192·51200/8 = 209,715,200.
+    # sbh; final-norm and head inputs 2·2 sbh (replicated without SP); Korthikanti's fp32 logits
+    # 4·s·b·V/t = 4·8192·51200/8 = 209,715,200, and beside them at the loss's peak the fp16 logits
+    # the head wrote, 2·8192·51200/8 = 104,857,600 (Megatron's loss works in place in the copy).
     sbh = 50_331_648
-    expected = 48 * sbh * (13 + 40 / 3) + sbh + 4 * sbh + 209_715_200
-    est = mem.stage_activation_bytes(GPT22, _lay(1, 8, mb=4), "fp16", 0)
+    expected = 48 * sbh * (13 + 40 / 3) + sbh + 4 * sbh + 209_715_200 + 104_857_600
+    est = mem.stage_activation_bytes(GPT22, _lay(1, 8, mb=4), "fp16", 0, framework="megatron")
     assert est == pytest.approx(expected, rel=1e-12)
+    # PyTorch's cross entropy (TorchTitan, or a job naming no framework) writes its log-softmax
+    # to a second fp32 buffer: 4·8192·51200/8 more.
+    for framework in ("torchtitan", ""):
+        other = mem.stage_activation_bytes(GPT22, _lay(1, 8, mb=4), "fp16", 0, framework=framework)
+        assert other - est == pytest.approx(209_715_200, rel=1e-12)
+
+
+@pytest.mark.parametrize("precision, framework, bytes_per_logit", [
+    ("bf16", "megatron", 6),      # 16-bit logits + fp32 copy, softmax in place (Megatron-core)
+    ("bf16", "neox", 6),          # GPT-NeoX's mpu cross entropy: the same in-place arithmetic
+    ("bf16", "torchtitan", 10),   # + F.cross_entropy's fp32 log-softmax output
+    ("fp32", "megatron", 4),      # fp32 logits are their own copy
+    ("fp32", "torchtitan", 8),
+])
+def test_loss_bytes_per_logit(precision, framework, bytes_per_logit):
+    # s = 4096, b = 2, cp = 2: 4096 tokens per rank; vocab 50257 padded to 50688 at t = 4.
+    m = ModelSpec(layers=2, hidden=1024, heads=8, seq_len=4096, vocab=50257)
+    lay = Layout(tp=4, cp=2, micro_batch=2)
+    assert mem.loss_bytes(m, lay, precision, framework) == bytes_per_logit * 4096 * 50688 / 4
 
 
 def test_interleaved_first_stage_holds_l_times_one_plus_p_minus_1_over_pv():
@@ -223,3 +243,34 @@ def test_fits_uses_total_with_reserve():
     assert est.fits(80) and not est.fits(est.total_gib * 0.99)
     d = est.to_dict()
     assert d["total_gib"] == pytest.approx(est.total_gib, abs=1e-3)
+
+
+# ----------------------------------------------------------------------------- optimizer step
+def test_sixteen_bit_gradients_are_stepped_as_an_fp32_copy_of_the_shard():
+    # Short sequences under full recompute: a few MB of activations against a GB-sized copy.
+    m = ModelSpec(layers=24, hidden=2048, heads=16, seq_len=256, vocab=50304)
+    for dp, zero in ((1, 0), (8, 1), (8, 2), (8, 3)):
+        lay = Layout(dp=dp, micro_batch=1, micro_batches=4, recompute="full", zero_stage=zero)
+        est = mem.estimate(m, lay, "bf16", "bf16", "deepspeed")
+        shard = dp if zero >= 1 else 1
+        assert est.optimizer_step == pytest.approx(4 * est.parameters / shard)
+        assert est.activations < est.optimizer_step
+        # The peak holds the copy instead of the (freed) activations, not both.
+        assert est.formula_bytes == pytest.approx(est.model_states + est.optimizer_step)
+        assert est.total == pytest.approx(est.formula_bytes + est.reserve)
+        assert est.to_dict()["optimizer_step_gib"] == pytest.approx(est.optimizer_step / mem.GIB, abs=1e-3)
+
+
+def test_fp32_gradients_need_no_copy_and_long_sequences_peak_in_the_backward():
+    m = ModelSpec(layers=24, hidden=2048, heads=16, seq_len=256, vocab=50304)
+    lay = Layout(dp=1, micro_batch=1, micro_batches=4, recompute="full", zero_stage=1)
+    # Megatron's bf16 default keeps fp32 gradients (18 bytes per parameter) and steps on them.
+    meg = mem.estimate(m, lay, "bf16", "fp32", "megatron")
+    assert meg.optimizer_step == 0 and meg.formula_bytes == meg.model_states + meg.activations
+    assert mem.estimate(m, lay, "fp32").optimizer_step == 0
+    # With 8k tokens and no recompute the activations outgrow the copy: they set the peak.
+    long = ModelSpec(layers=24, hidden=2048, heads=16, seq_len=8192, vocab=50304, attention="flash")
+    est = mem.estimate(long, Layout(dp=1, micro_batch=1, recompute="none", zero_stage=1), "bf16", "bf16",
+                       "deepspeed")
+    assert est.activations > est.optimizer_step > 0
+    assert est.formula_bytes == pytest.approx(est.model_states + est.activations)
