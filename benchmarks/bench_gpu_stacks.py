@@ -3,6 +3,7 @@
 
     python benchmarks/bench_gpu_stacks.py --device cuda --out DIR [--budget-s 420]
     python benchmarks/bench_gpu_stacks.py --device cpu --out DIR --quick          # smoke run
+    python benchmarks/bench_gpu_stacks.py --compare [--platform dgx-h100]         # predicted vs measured
 
 Writes, as each part ends (a killed run keeps the finished parts):
 
@@ -19,6 +20,10 @@ Writes, as each part ends (a killed run keeps the finished parts):
 * ``compile.json``: eager against ``torch.compile`` of the same module for a few small jobs.
 
 Every file carries the device, date and software.  A benchmark: its figures depend on the machine.
+
+``--compare`` predicts every committed step (benchmarks/data/h100-lent/stacks, each job as its
+stack's launch reveals it: benchmarks/gpu_stacks_runs.py) on a platform, no site fit, and prints
+each stack's error, and FSDP2's on its device-bound steps (models of 0.75 B parameters or more).
 """
 from __future__ import annotations
 
@@ -231,14 +236,48 @@ def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: P
             write(out, f"{name}.json", result)
 
 
+def compare(platform: str) -> int:
+    """Each stack's committed steps against the platform's predictions (no site fit)."""
+    import dataclasses
+
+    from gpu_stacks_runs import DATA, FILES, runs_from_files
+    from predictor import Predictor, TrainingJob, load_platform
+    from predictor.recipe import total_parameters
+
+    plat = dataclasses.replace(load_platform(platform), fitted=None)
+    predictor = Predictor(plat)
+    by_stack: dict[str, list[tuple[float, float, int]]] = {}
+    for run in runs_from_files([DATA / f for f in FILES]):
+        job = TrainingJob.from_dict(run["job"])
+        predicted = predictor.predict(job).iteration_seconds
+        by_stack.setdefault(run["name"].split(" ", 1)[0], []).append(
+            (predicted, run["measured_iteration_seconds"], total_parameters(job.model)))
+    print(f"{'stack':<16}{'runs':>5}{'MAPE':>8}{'bias':>8}{'min':>8}{'max':>8}   ({platform}, no fit)")
+    groups = dict(by_stack)
+    groups["fsdp >= 0.75B"] = [r for r in by_stack.get("fsdp", []) if r[2] >= 7.5e8]
+    for stack, rows in groups.items():
+        if not rows:
+            continue
+        errs = [p / m - 1 for p, m, _ in rows]
+        print(f"{stack:<16}{len(errs):>5}{100 * statistics.mean(map(abs, errs)):>7.1f}%"
+              f"{100 * statistics.mean(errs):>+7.1f}%{100 * min(errs):>+7.1f}%{100 * max(errs):>+7.1f}%")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--compare", action="store_true", help="predicted vs measured steps per stack")
+    ap.add_argument("--platform", default="dgx-h100")
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--parts", default="attention,stacks,compile")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a CPU smoke run)")
     args = ap.parse_args()
+    if args.compare:
+        return compare(args.platform)
+    if args.out is None:
+        ap.error("--out DIR is needed to measure")
     args.out.mkdir(parents=True, exist_ok=True)
     clock = Clock(args.budget_s)
     import warnings

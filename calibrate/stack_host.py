@@ -249,3 +249,43 @@ def fsdp1_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
             "hook_layer_seconds": {k: slope[k] - slope["ddp"] for k in ("fsdp1", "fsdp2")},
             "fsdp1_over_fsdp2": (slope["fsdp1"] - slope["ddp"]) / (slope["fsdp2"] - slope["ddp"]),
             "per_config": {f"{k}_{n}": s for (k, n), s in per.items()}}
+
+
+def gpu_fsdp_layer_seconds(rows: Sequence[dict], bytes_per_second: float) -> dict:
+    """FSDP2's per-layer, per-micro-batch cost on a GPU node, from real training steps
+    (benchmarks/bench_gpu_stacks.py's rows): the same model at several depths under FSDP2 and under
+    DDP; the difference of the per-layer slopes, over the micro-batches, less FSDP2's own copies
+    (predictor.recipe.fsdp2_shard_copies, at ``bytes_per_second``), is what its hooks, kernel
+    launches and stream waits add per layer.  The series is the widest set of rows (``fsdp`` and
+    ``ddp``) that differ in ``model.layers`` only; raises ValueError without two depths of each."""
+    from predictor.job import TrainingJob
+    from predictor.operators import BYTES_PER_ELEMENT
+    from predictor.recipe import fsdp2_shard_copies, layer_parameters
+
+    def shape(job: dict) -> str:
+        rest = {k: dict(v) for k, v in job.items()}
+        rest["model"].pop("layers", None)
+        return repr(sorted((k, sorted(v.items())) for k, v in rest.items()))
+
+    series: dict[str, dict[str, dict[int, float]]] = {}
+    jobs: dict[str, dict] = {}
+    for r in rows:
+        if "error" in r or r.get("stack") not in ("fsdp", "ddp"):
+            continue
+        key = shape(r["job"])
+        jobs[key] = r["job"]
+        series.setdefault(key, {}).setdefault(r["stack"], {})[int(r["job"]["model"]["layers"])] = \
+            float(r["measured_iteration_seconds"])
+    usable = {k: v for k, v in series.items() if len(v.get("fsdp", {})) >= 2 and len(v.get("ddp", {})) >= 2}
+    if not usable:
+        raise ValueError("no model measured at two or more depths under both fsdp and ddp")
+    key = max(usable, key=lambda k: min(len(usable[k]["fsdp"]), len(usable[k]["ddp"])))
+    depths = sorted(set(usable[key]["fsdp"]) & set(usable[key]["ddp"]))
+    slope = {s: _slope(depths, [usable[key][s][n] for n in depths]) for s in ("fsdp", "ddp")}
+    job = TrainingJob.from_dict(jobs[key]).replace(layout={"zero_stage": 3}, run={"framework": "torchtitan"})
+    micro_batches = job.layout.micro_batches
+    copies = fsdp2_shard_copies(job.layout, "torchtitan", job.run.precision, "fp32", BYTES_PER_ELEMENT)
+    copy_seconds = layer_parameters(job.model, 1) * (copies.forward_bytes + copies.backward_bytes) / bytes_per_second
+    per_micro_batch = (slope["fsdp"] - slope["ddp"]) / micro_batches
+    return {"fsdp_layer_seconds": per_micro_batch - copy_seconds, "slope_seconds": slope,
+            "copies_seconds": copy_seconds, "depths": depths, "micro_batches": micro_batches}

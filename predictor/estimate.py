@@ -30,8 +30,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from .bundle import collective_features
-from .recipe import (Group, MicroBatchRecipe, gradient_precision, gradient_reduction, groups,
-                     input_embedding_parameters, layer_parameters, micro_batch_recipe, pipeline_sends,
+from .recipe import (Group, MicroBatchRecipe, fsdp2_shard_copies, gradient_precision, gradient_reduction,
+                     groups, input_embedding_parameters, layer_parameters, micro_batch_recipe, pipeline_sends,
                      reshards_after_forward, shard_ranks, stage_layers, stage_parameter_counts,
                      total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
@@ -221,6 +221,14 @@ class QuerySet:
         else:
             self._keys[h] = key
             self._op_rows[(model_key, model_op, name, direction, precision)].append((h, shape, key[4]))
+        return h
+
+    def seconds(self, name: str, seconds: float) -> int:
+        """A term whose time is known without a model (a formula's): ``name`` labels it."""
+        h, new = self._ask(("seconds", name, float(seconds)))
+        if new:
+            self._names[h] = name
+            self._known[h] = (float(seconds), 0.0, False)
         return h
 
     def coll(self, kind: str, entries: float, group: Group, precision: str) -> int:
@@ -628,6 +636,7 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     sizes = stage_layers(job.model, lay)
     pipeline = _pipeline_terms(job, q, recipe, layer, grp, sizes)
     dp = _data_parallel_terms(job, q, recipe, grp, sizes)
+    _shard_copy_terms(job, plat, q, pipeline)
     stage_host, engine_step = _host_terms(job, plat, layer, casts, pipeline, sizes)
     tp_ub_slowdown = 1.0
     if layer.tp_ub is not None:
@@ -636,6 +645,20 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
                     pipeline.p2p, warnings, stage_host, layer.cp_ring, list(sizes), q.take_asked(),
                     dp.buckets, dp.sharded, layer.tp_ub, tp_ub_slowdown, engine_step,
                     reshards_after_forward(lay, job.run.framework))
+
+
+def _shard_copy_terms(job: TrainingJob, plat: Platform, q: QuerySet, pipeline: "_PipelineTerms") -> None:
+    """FSDP2's copies around its collectives (recipe.fsdp2_shard_copies), each micro-batch, in
+    each stage's forward and backward: memory passes at the GPU's bandwidth."""
+    lay = job.layout
+    grad = gradient_precision(job.run.precision, lay, job.run.framework, job.run.grad_reduce_precision)
+    copies = fsdp2_shard_copies(lay, job.run.framework, job.run.precision, grad, BYTES_PER_ELEMENT)
+    if copies is None:
+        return
+    bytes_per_second = plat.gpu.memory_gbps * 1e9
+    for i, n_params in enumerate(stage_parameter_counts(job.model, lay)):
+        pipeline.forward[i].add(q.seconds("fsdp_copies", n_params * copies.forward_bytes / bytes_per_second))
+        pipeline.backward[i].add(q.seconds("fsdp_copies", n_params * copies.backward_bytes / bytes_per_second))
 
 
 def _fp8_casts(job: TrainingJob, plat: Platform, recipe: MicroBatchRecipe,

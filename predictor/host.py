@@ -15,8 +15,8 @@ A platform carries the measured host costs in ``platform.toml``::
     launch_seconds = 9.6e-6            # one more kernel launch (FP8 casts, userbuffer chunks)
     collective_seconds = 3.2e-5        # one collective call (TP all-reduce, p2p, CP pass): autograd
                                        # function + c10d + enqueue; absent: launch_seconds
-    fsdp_layer_seconds = 4.7e-4        # FSDP2's per-layer hooks, per micro-batch (zero_stage >= 2
-                                       # under an FSDP framework)
+    fsdp_layer_seconds = 1.9e-3        # FSDP2's per-layer hooks, launches and stream waits, per
+                                       # micro-batch (zero_stage >= 2 under an FSDP framework)
     source = "perf-calibrate host on ..., torch ..., date"
     [host.operators.linear1]           # one isolated call's host issue time, per direction
     fwd = 1.9e-5

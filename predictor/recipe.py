@@ -600,6 +600,47 @@ def reshards_after_forward(layout: Layout, framework: str = "") -> bool:
     return not (framework == "torchtitan" and layout.pp > 1)
 
 
+#: Frameworks whose ZeRO-3 is FSDP2 (``fully_shard``: each parameter its own sharded tensor,
+#: gathered through one flat buffer and copied out to per-parameter tensors).
+FSDP2_FRAMEWORKS = ("torchtitan",)
+#: Bytes per element of the sharded (master) parameters FSDP2 keeps under mixed precision:
+#: TorchTitan builds the model in fp32 and computes in ``mixed_precision_param`` (bf16).
+FSDP2_MASTER_BYTES = 4
+
+
+@dataclass(frozen=True)
+class ShardCopies:
+    """Device-memory bytes FSDP2 moves per parameter per micro-batch besides its collectives, in
+    the forward and the backward (``torch.distributed.fsdp._fully_shard._fsdp_collectives``):
+
+    * each all-gather: the copy-in casts the local shard to the compute dtype into the flat
+      all-gather buffer (read master/N, write compute/N), and the copy-out splits the gathered
+      buffer into the per-parameter tensors (read and write the full parameter);
+    * each reduce-scatter: the copy-in writes the full gradient into the flat buffer in the
+      reduce dtype (read compute, write reduce), and the result is accumulated into the sharded
+      gradient (read two shards, write one).
+
+    The lent H100's one-rank FSDP2 steps (benchmarks/data/h100-lent/stacks) spend 32-40 bytes per
+    parameter per micro-batch at 3 TB/s more than the same model unwrapped; this count gives 38."""
+
+    forward_bytes: float
+    backward_bytes: float
+
+
+def fsdp2_shard_copies(layout: Layout, framework: str, precision: str, reduce_precision: str,
+                       bytes_per_element: Mapping[str, int]) -> Optional[ShardCopies]:
+    """:class:`ShardCopies` of a ZeRO-3 job under an FSDP2 framework, else None."""
+    if layout.zero_stage != 3 or framework not in FSDP2_FRAMEWORKS:
+        return None
+    n = shard_ranks(layout)
+    compute = bytes_per_element[precision]
+    master = max(compute, FSDP2_MASTER_BYTES)
+    reduce = bytes_per_element[reduce_precision]
+    gather = (master + compute) / n + 2 * compute
+    gathers_in_backward = 1 if reshards_after_forward(layout, framework) else 0
+    return ShardCopies(gather, gathers_in_backward * gather + compute + reduce + 3 * reduce / n)
+
+
 def shard_ranks(layout: Layout) -> int:
     """The ranks ZeRO shards a parameter over: dp × cp, or dp_shard × cp under hybrid sharding."""
     return (layout.dp_shard or layout.dp) * layout.cp

@@ -42,6 +42,7 @@ from calibrate.env import KNOWN_GPUS  # noqa: E402
 from calibrate.fitting import BundleFitter, convert_bundle  # noqa: E402
 from calibrate.fitting.host import platform_host_table  # noqa: E402
 from calibrate.importers import import_estimate_train_time  # noqa: E402
+from calibrate.stack_host import gpu_fsdp_layer_seconds  # noqa: E402
 from calibrate.validate import load_runs, validate_platform  # noqa: E402
 from predictor.bundle import MANIFEST, load_bundle  # noqa: E402
 from predictor.operators import GpuSpec  # noqa: E402
@@ -153,19 +154,24 @@ def host_prior(path: Path) -> dict:
     return with_stack_prior(table)
 
 
-def with_stack_prior(table: dict, folder: Path = RUNS / "stack-host") -> dict:
-    """``table`` with the per-collective and per-FSDP-layer host costs of
-    benchmarks/bench_stack_host.py (the median over the runs in ``folder``) and its source said."""
+def with_stack_prior(table: dict, folder: Path = RUNS / "stack-host",
+                     gpu_steps: Path = RUNS / "h100-lent" / "stacks" / "stacks2.json") -> dict:
+    """``table`` with the per-collective host cost of benchmarks/bench_stack_host.py (the median
+    over the runs in ``folder``) and FSDP2's per-layer cost from the lent H100's real FSDP2 and DDP
+    steps (calibrate.stack_host.gpu_fsdp_layer_seconds), each with its source said."""
     runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
     collective = statistics.median(r["tp"]["collective_seconds"] for r in runs)
-    fsdp = statistics.median(r["fsdp"]["fsdp_hook_layer_seconds"] for r in runs)
-    meta = runs[0]["provenance"]
+    steps = json.loads(gpu_steps.read_text(encoding="utf-8"))
+    fsdp = gpu_fsdp_layer_seconds(steps["rows"], H100.memory_gbps * 1e9)
+    meta, gpu = runs[0]["provenance"], steps["provenance"]
     out = {k: v for k, v in table.items() if k not in ("collective_seconds", "fsdp_layer_seconds")}
     out["collective_seconds"] = round(collective, 8)
-    out["fsdp_layer_seconds"] = round(fsdp, 7)
-    note = (f"; collective_seconds, fsdp_layer_seconds: prior from benchmarks/bench_stack_host.py "
-            f"(median of {len(runs)} runs, one gloo rank, {meta['cpu']}, torch {meta['torch']})")
-    out["source"] = out.get("source", "").split("; collective_seconds, fsdp_layer_seconds:")[0] + note
+    out["fsdp_layer_seconds"] = round(fsdp["fsdp_layer_seconds"], 7)
+    note = (f"; collective_seconds: prior from benchmarks/bench_stack_host.py (median of {len(runs)} runs, "
+            f"one gloo rank, {meta['cpu']}, torch {meta['torch']}); fsdp_layer_seconds: FSDP2 less DDP per "
+            f"layer and micro-batch, less FSDP2's copies, on the lent {gpu['gpu']} (torch {gpu['torch']}, "
+            f"{gpu['date'][:10]}, depths {'/'.join(map(str, fsdp['depths']))}: benchmarks/data/h100-lent/stacks)")
+    out["source"] = out.get("source", "").split("; collective_seconds")[0] + note
     return out
 
 

@@ -66,3 +66,30 @@ def test_fsdp1_fsdp2_and_ddp_slopes_are_measured(fake_two_ranks):
     assert r["fsdp1_over_fsdp2"] == pytest.approx(hooks["fsdp1"] / hooks["fsdp2"])
     assert set(r["per_config"]) == {f"{k}_{n}" for k in ("ddp", "fsdp1", "fsdp2") for n in (1, 2)}
     assert all(v > 0 for v in r["per_config"].values())
+
+
+def test_gpu_fsdp_layer_cost_is_the_slope_difference_less_the_copies():
+    from predictor.operators import BYTES_PER_ELEMENT
+    from predictor.recipe import fsdp2_shard_copies, layer_parameters
+    from predictor.job import TrainingJob
+
+    job = {"model": {"layers": 2, "hidden": 1024, "heads": 8, "seq_len": 1024, "attention": "flash"},
+           "layout": {"micro_batch": 1, "micro_batches": 4, "zero_stage": 1}, "run": {"precision": "bf16"}}
+
+    def row(stack: str, layers: int, seconds: float) -> dict:
+        j = {k: dict(v) for k, v in job.items()}
+        j["model"]["layers"] = layers
+        return {"stack": stack, "job": j, "measured_iteration_seconds": seconds}
+
+    # FSDP2 10 ms per layer per step, DDP 6 ms: 1 ms per layer per micro-batch before the copies.
+    rows = [row("fsdp", n, 0.02 + 0.010 * n) for n in (2, 8, 16)] + [row("ddp", n, 0.01 + 0.006 * n) for n in (2, 8, 16)]
+    rows += [row("pytorch", 4, 1.0), {**row("fsdp", 32, 9.0), "error": "OutOfMemoryError"}]
+    out = stack_host.gpu_fsdp_layer_seconds(rows, 3.0e12)
+    t = TrainingJob.from_dict({**job, "layout": {**job["layout"], "zero_stage": 3}, "run": {"precision": "bf16",
+                                                                                         "framework": "torchtitan"}})
+    c = fsdp2_shard_copies(t.layout, "torchtitan", "bf16", "fp32", BYTES_PER_ELEMENT)
+    copies = layer_parameters(t.model, 1) * (c.forward_bytes + c.backward_bytes) / 3.0e12
+    assert out["depths"] == [2, 8, 16] and out["micro_batches"] == 4
+    assert out["fsdp_layer_seconds"] == pytest.approx(0.001 - copies)
+    with pytest.raises(ValueError, match="two or more depths"):
+        stack_host.gpu_fsdp_layer_seconds(rows[:3], 3.0e12)

@@ -106,3 +106,20 @@ def test_where_we_stand_quotes_what_the_shipped_platform_predicts(platform, row)
     line = [x for x in DOC.splitlines() if x.startswith(row)]
     assert len(line) == 1 and len(runs) == int(re.search(r"\((\d+) (?:runs|real steps)", row).group(1))
     assert line[0].split("|")[3].strip().startswith(f"{mape:.1f} %"), (platform, round(mape, 2))
+
+
+def test_stack_constants_are_quoted_as_shipped():
+    from predictor import attention
+    from predictor.operators import BYTES_PER_ELEMENT
+    from predictor.recipe import FSDP2_MASTER_BYTES, fsdp2_shard_copies
+    from predictor.job import TrainingJob
+    assert f"| {attention._LENT_FULL_FROM_SEQ}, {attention._FIGURE_FULL_TO_SEQ} |" in _row("_LENT_FULL_FROM_SEQ")
+    assert f"| {FSDP2_MASTER_BYTES} |" in _row("FSDP2_MASTER_BYTES")
+    one = TrainingJob.from_dict({"model": {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 128},
+                                 "layout": {"zero_stage": 3}, "run": {"precision": "bf16", "framework": "torchtitan"}})
+    c = fsdp2_shard_copies(one.layout, "torchtitan", "bf16", "fp32", BYTES_PER_ELEMENT)
+    assert c.forward_bytes + c.backward_bytes == 38.0 and "38 counted" in _row("ShardCopies bytes")
+    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+        host = load_platform(name).host
+        assert f"{1e3 * host.fsdp_layer_seconds:.2f} ms" in _row("fsdp_layer_seconds")
+        assert f"{1e6 * host.collective_seconds:.1f} µs" in _row("collective_seconds")

@@ -61,3 +61,32 @@ def test_hybrid_sharding_shards_over_its_group_and_replicates_across():
     assert hsdp.stages()[0]["peak_memory_bytes"] > full.stages()[0]["peak_memory_bytes"]
     assert hsdp.iteration_seconds != full.iteration_seconds
     assert "dp_shard" not in groups(_job(), 8)
+
+
+def test_fsdp2_copies_follow_its_collectives_bytes():
+    from predictor.operators import BYTES_PER_ELEMENT
+    from predictor.recipe import fsdp2_shard_copies
+    one = TrainingJob.from_dict({**BASE, "layout": {**BASE["layout"], "dp": 1}}).layout
+    c1 = fsdp2_shard_copies(one, "torchtitan", "bf16", "fp32", BYTES_PER_ELEMENT)
+    # One rank: fp32 shard cast to bf16 (4 + 2), copied out (2 + 2), twice (reshard after
+    # forward); gradients copied in as fp32 (2 + 4) and accumulated (3 x 4): 38 bytes per parameter.
+    assert (c1.forward_bytes, c1.backward_bytes) == (10.0, 28.0)
+    # Sixteen ranks: the shard-sized parts shrink, the full-sized copies stay.
+    c16 = fsdp2_shard_copies(_job().layout, "torchtitan", "bf16", "fp32", BYTES_PER_ELEMENT)
+    assert c16.forward_bytes == pytest.approx(4 + 6 / 16) and c16.backward_bytes == pytest.approx(4 + 6 / 16 + 6 + 12 / 16)
+    never = fsdp2_shard_copies(_job(reshard_after_forward="never").layout, "torchtitan", "bf16", "fp32",
+                               BYTES_PER_ELEMENT)
+    assert never.backward_bytes == pytest.approx(6 + 12 / 16)
+    # Not FSDP2, or not sharded: no such copies.
+    assert fsdp2_shard_copies(_job().layout, "deepspeed", "bf16", "bf16", BYTES_PER_ELEMENT) is None
+    assert fsdp2_shard_copies(_job(zero_stage=1).layout, "torchtitan", "bf16", "fp32", BYTES_PER_ELEMENT) is None
+
+
+def test_fsdp2_copies_cost_memory_passes_each_micro_batch():
+    plat = load_platform("dgx-h100")
+    z3 = predict(_job(), plat)
+    titan_off = predict(TrainingJob.from_dict({**BASE, "run": {"precision": "bf16", "framework": "deepspeed"}}), plat)
+    assert z3.breakdown.forward_seconds > titan_off.breakdown.forward_seconds
+    two = predict(_job(micro_batches=4), plat)
+    # Twice the micro-batches, twice the copies (and twice the layers' work): the forward doubles.
+    assert two.breakdown.forward_seconds == pytest.approx(2 * z3.breakdown.forward_seconds, rel=0.02)
