@@ -65,6 +65,9 @@ The estimate is the worst pipeline stage's peak, in bytes, as the sum of
   gradients).  No activation is held then, so the peak is the model states plus the larger of
   the activations and that copy (:attr:`MemoryEstimate.optimizer_step`).  Trainers that keep fp32
   gradients (Megatron's bf16 default, TorchTitan's fp32 reduction) step on them directly.
+  DeepSpeed's bf16 training without ZeRO, or ZeRO-1 with fp32 gradients, runs its BF16_Optimizer
+  (:func:`deepspeed_bf16_optimizer`): 2 + 2 + 4 bytes per parameter of bf16 weights, bf16 and
+  fp32 gradients, and 12 / Nd of master weights and moments.
 
 * **framework reserve**: the CUDA context, cuBLAS workspaces, NCCL and DeepSpeed communication
   buckets, and allocator fragmentation that no formula above sees: 2 GiB plus 5 % of the rest.
@@ -84,6 +87,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from .job import Layout, ModelSpec
+from .specs import runs_deepspeed_engine
 from .recipe import (fused_attention, gradient_precision, layer_parameters, mlp_up_width, padded_vocab,
                      reshards_after_forward, shard_ranks, stage_layers, stage_parameters)
 
@@ -284,9 +288,26 @@ def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int
     # A 16-bit gradient is stepped on as an fp32 copy of the shard the optimizer owns.
     f32 = ELEMENT_BYTES["fp32"]
     step = f32 * psi / (nd if z >= 1 else 1) if g < f32 else 0.0
+    if deepspeed_bf16_optimizer(precision, layout, framework, gradient_precision):
+        # DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py): the bf16 gradients the backward
+        # writes are added into an fp32 buffer of the whole model, and the fp32 master weights
+        # and Adam moments cover this rank's data-parallel partition, even without ZeRO.
+        gradients = (e + f32) * psi
+        optimizer = k * psi / nd
+        step = 0.0
     rest = weights + gradients + optimizer + max(activations, step)
     reserve = RESERVE_FIXED_BYTES + RESERVE_FRACTION * rest
     return MemoryEstimate(weights, gradients, optimizer, activations, reserve, stage, int(psi), step)
+
+
+def deepspeed_bf16_optimizer(precision: str, layout: Layout, framework: str = "",
+                             gradient_precision: str = "") -> bool:
+    """Whether DeepSpeed's engine trains the job with its BF16_Optimizer: bf16 with ZeRO off (the
+    engine then accumulates gradients in fp32, ``engine.get_data_types``) or ZeRO-1 with fp32
+    gradients (``engine._do_optimizer_sanity_check``); other ZeRO stages use its ZeRO optimizer."""
+    if precision != "bf16" or not runs_deepspeed_engine(layout, framework):
+        return False
+    return layout.zero_stage == 0 or (layout.zero_stage == 1 and gradient_precision == "fp32")
 
 
 def worst_stage_candidates(sizes: Sequence[int]) -> list[int]:

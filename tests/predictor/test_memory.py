@@ -251,7 +251,7 @@ def test_sixteen_bit_gradients_are_stepped_as_an_fp32_copy_of_the_shard():
     m = ModelSpec(layers=24, hidden=2048, heads=16, seq_len=256, vocab=50304)
     for dp, zero in ((1, 0), (8, 1), (8, 2), (8, 3)):
         lay = Layout(dp=dp, micro_batch=1, micro_batches=4, recompute="full", zero_stage=zero)
-        est = mem.estimate(m, lay, "bf16", "bf16", "deepspeed")
+        est = mem.estimate(m, lay, "fp16", "fp16", "deepspeed")
         shard = dp if zero >= 1 else 1
         assert est.optimizer_step == pytest.approx(4 * est.parameters / shard)
         assert est.activations < est.optimizer_step
@@ -274,3 +274,24 @@ def test_fp32_gradients_need_no_copy_and_long_sequences_peak_in_the_backward():
                        "deepspeed")
     assert est.activations > est.optimizer_step > 0
     assert est.formula_bytes == pytest.approx(est.model_states + est.activations)
+
+
+def test_deepspeed_bf16_optimizer_keeps_bf16_and_fp32_gradients_and_partitions_the_rest():
+    # DeepSpeed's bf16 engine without ZeRO accumulates in fp32 and runs BF16_Optimizer: bf16
+    # weights 2, bf16 gradients 2, an fp32 gradient buffer of the whole model 4, and the fp32
+    # master weights and moments (12) over the 8 data-parallel ranks: 8 + 12/8 = 9.5 bytes each.
+    m = ModelSpec(layers=24, hidden=2048, heads=16, seq_len=256, vocab=50304)
+    lay = Layout(dp=8, micro_batch=1, micro_batches=4, recompute="full", zero_stage=0)
+    est = mem.estimate(m, lay, "bf16", "bf16", "deepspeed")
+    assert mem.deepspeed_bf16_optimizer("bf16", lay, "deepspeed", "bf16")
+    assert est.model_states == pytest.approx(9.5 * est.parameters)
+    assert est.optimizer_step == 0                       # it steps on its fp32 gradients
+    # ZeRO-1 takes the ZeRO optimizer unless the gradients are fp32; fp16 never takes it, nor
+    # Megatron's own optimizer.
+    z1 = Layout(dp=8, micro_batch=1, micro_batches=4, recompute="full", zero_stage=1)
+    assert mem.deepspeed_bf16_optimizer("bf16", z1, "deepspeed", "fp32")
+    assert not mem.deepspeed_bf16_optimizer("bf16", z1, "deepspeed", "bf16")
+    assert not mem.deepspeed_bf16_optimizer("fp16", lay, "deepspeed", "fp16")
+    assert not mem.deepspeed_bf16_optimizer("bf16", lay, "megatron", "fp32")
+    zero1 = mem.estimate(m, z1, "bf16", "bf16", "deepspeed")
+    assert zero1.model_states == pytest.approx((2 + 2 + 12 / 8) * zero1.parameters)
