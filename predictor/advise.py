@@ -575,7 +575,7 @@ def _plan(job: TrainingJob, platform: Any, gpus: int, opts: SearchOptions) -> _P
     dropped: dict[str, int] = {}
     fitting, unfit = [], []
     for lay in layouts:
-        est = mem.estimate(job.model, lay, precision, mem.job_gradient_precision(job, lay))
+        est = mem.estimate(job.model, lay, precision, mem.job_gradient_precision(job, lay), job.run.framework)
         (fitting if est.fits(capacity) else unfit).append((lay, est))
     fitting_keys = {layout_key(lay) for lay, _ in fitting}
     if opts.prune_dominated:
@@ -590,7 +590,7 @@ def _plan(job: TrainingJob, platform: Any, gpus: int, opts: SearchOptions) -> _P
     current, status = None, "none"
     if cur_layout is not None:
         current = (cur_layout, mem.estimate(job.model, cur_layout, precision,
-                                            mem.job_gradient_precision(job, cur_layout)))
+                                            mem.job_gradient_precision(job, cur_layout), job.run.framework))
         key = layout_key(cur_layout)
         if any(layout_key(lay) == key for lay, _ in fitting):
             status = "searched"
