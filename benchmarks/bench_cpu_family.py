@@ -15,9 +15,9 @@ Measuring does, in order:
    plan's space at mp = 1, widened to micro-batch 8 and hidden 1024 so that no run of the family
    extrapolates), resumable in ``--work``/samples;
 2. ``perf-calibrate fit`` into ``--work``/platform;
-3. trains every job of :func:`family` for real (calibrate/gpt_model.py: pp = tp = 1, dp 1 or 2
-   gloo ranks, each rank on its share of the cores), predicts it, and prints per run predicted,
-   measured, error and whether the interval covers it, then the MAPE;
+3. trains every job of :func:`calibrate.cpu_family.family` for real (calibrate/gpt_model.py:
+   pp = tp = 1, dp 1 or 2 gloo ranks, each rank on its share of the cores), predicts it, and
+   prints per run predicted, measured, error and whether the interval covers it, then the MAPE;
 4. writes the measured runs to ``--data``/runs.toml (the ``[[run]]`` format of
    ``perf-calibrate validate --runs``), their step times to ``--data``/runs.json, and copies the
    sample store it calibrated with to ``--data``/samples (about 1 MB), so that
@@ -42,17 +42,21 @@ its calibrated operators on this machine; the predictor has no term for it (docs
 pp and tp are not in the family: calibrate/gpt_model.py runs pp = tp = 1 only, and a pipeline
 schedule or tensor-parallel layers would be a model of their own, not a check of this one.
 
+Measurement code: calibrate/cpu_family.py (the jobs, runs files, comparison),
+calibrate/step_parts.py (``--parts``), calibrate/contention.py (``--contention``),
+calibrate/stacks.py (``--stacks``), calibrate/cpu_load.py (what else used the cores).
+
 A benchmark, not a test: measured times depend on the machine and on what else runs on it, so
 the 1-minute load average is recorded with every run (the ranks themselves add up to 2).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import platform as _platform
-import resource
 import shutil
 import statistics
 import sys
@@ -65,79 +69,26 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from calibrate.cpu_family import (STACKS, THREADS_PER_RANK, compare_rows, family, job_named,  # noqa: E402
+                                  name_of, read_runs, resolve_platform, runs_toml, stack_family,
+                                  stack_family_dp1, stack_job, write_runs)
+from calibrate.cpu_load import cpu_seconds, loadavg, others_cores  # noqa: E402
+from calibrate.errors import CalibrationError  # noqa: E402
+
+__all__ = ["resolve_platform"]          # benchmarks/bench_fit_transfer.py imports it from here
+
 DATA = ROOT / "benchmarks" / "data" / "cpu-family"
-# Threads per rank.  The calibration measures a "GPU" of this CPU as one rank's share of the cores
-# (calibrate/runner.py: cores / 2 local ranks = 1 on this machine), so every run, dp 1 included,
-# gives each rank that share: a dp 1 job runs on one such "GPU", the other core idle.
-THREADS = max(1, (os.cpu_count() or 2) // 2)
+THREADS = THREADS_PER_RANK
 PLAN = DATA / "plan.toml"
 
 
-def job(layers: int, hidden: int, mb: int, *, dp: int = 1, m: int = 2, recompute: str = "none",
-        seq: int = 128, vocab: int = 2048) -> dict:
-    """A small GPT job as the CPU trains it: fp32, fused softmax, head dim 64, ZeRO-1."""
-    return {
-        "model": {"layers": layers, "hidden": hidden, "heads": max(1, hidden // 64), "seq_len": seq,
-                  "vocab": vocab, "attention": "fused_softmax", "activation": "gelu", "norm": "layernorm",
-                  "pos_emb": "rotary", "tied_embeddings": True},
-        "layout": {"pp": 1, "tp": 1, "dp": dp, "micro_batch": mb, "micro_batches": m, "zero_stage": 1,
-                   "recompute": recompute},
-        "run": {"precision": "fp32", "train_iters": 0},
-        "cluster": {"gpus_per_node": 2},
-    }
-
-
-def name_of(j: dict) -> str:
-    m, lay = j["model"], j["layout"]
-    rc = " full" if lay["recompute"] == "full" else ""
-    return f"dp{lay['dp']} L{m['layers']} h{m['hidden']} mb{lay['micro_batch']}{rc}"
-
-
-def family() -> list[dict]:
-    """dp 1 and 2, micro-batch 1–8, hidden 128–1024, recompute none and full (seconds per step
-    at most ~1 s on two cores, so the whole family measures in a few minutes)."""
-    jobs = [
-        # The job bench_calibrate_e2e.py predicts (4 layers).
-        job(4, 256, 2, dp=2),
-        # dp 1: one rank on both cores.
-        job(2, 128, 1), job(2, 128, 8), job(2, 256, 2), job(2, 256, 4), job(2, 512, 1), job(2, 512, 4),
-        job(2, 1024, 1), job(2, 1024, 2),
-        # dp 2: two gloo ranks, one core each.
-        job(2, 128, 1, dp=2), job(2, 128, 4, dp=2), job(2, 256, 8, dp=2), job(2, 512, 2, dp=2),
-        job(2, 1024, 1, dp=2),
-        # Full recomputation.
-        job(2, 256, 4, recompute="full"), job(2, 1024, 1, recompute="full"),
-        job(2, 128, 8, dp=2, recompute="full"), job(2, 512, 2, dp=2, recompute="full"),
-    ]
-    return jobs
-
-
-def stack_family() -> list[dict]:
-    """The jobs ``--stacks`` trains under each stack of ``benchmarks/cpu_stacks.py``: dp 1 and 2,
-    micro-batch 1-8, hidden 128-512, 2 and 4 layers, recompute none and full (a few seconds each)."""
-    return [
-        job(2, 128, 1), job(2, 128, 8), job(2, 256, 2), job(2, 256, 4), job(4, 256, 2), job(2, 512, 1),
-        job(2, 512, 4), job(4, 128, 4), job(2, 256, 4, recompute="full"),
-        job(2, 128, 1, dp=2), job(2, 128, 4, dp=2), job(2, 256, 8, dp=2), job(4, 256, 2, dp=2),
-        job(2, 512, 2, dp=2), job(4, 128, 2, dp=2), job(2, 512, 2, dp=2, recompute="full"),
-    ]
-
-
-def stack_family_dp1() -> list[dict]:
-    """``--stack-family dp1``: one rank only (no two ranks slowing each other on the shared cores),
-    14 shapes, so that a kind has 10-20 runs of one data-parallel size."""
-    return [job(2, 128, 1), job(2, 128, 2), job(2, 128, 4), job(2, 128, 8), job(2, 256, 1), job(2, 256, 2),
-            job(2, 256, 4), job(4, 128, 2), job(4, 128, 4), job(4, 256, 1), job(4, 256, 2), job(2, 512, 1),
-            job(2, 512, 2), job(3, 384, 2)]
-
-
 def measure_stacks(args) -> int:
-    """Train :func:`stack_family` under every stack, interleaved job by job (A, B, C, A, B, C ...),
+    """Train the stack family under every stack, interleaved job by job (A, B, C, A, B, C ...),
     so that the machine's changing load falls on all stacks alike; resumable (``--stacks-out``
     keeps what was measured)."""
     import torch
 
-    from cpu_stacks import STACKS, measure_stack, stack_job
+    from calibrate.stacks import measure_stack
 
     out = Path(args.stacks_out)
     side = out.with_suffix(".json")
@@ -160,10 +111,10 @@ def measure_stacks(args) -> int:
             if name in seen:
                 continue
             before = loadavg()
-            c0 = _cpu_seconds()
+            c0 = cpu_seconds()
             t0 = time.monotonic()
             secs, steps, params = measure_stack(sj, stack, threads=THREADS, steps=args.steps, warmup=args.warmup)
-            others = others_cores(c0, _cpu_seconds(), time.monotonic() - t0)
+            others = others_cores(c0, cpu_seconds(), time.monotonic() - t0)
             load = max(before, loadavg())
             src = (f"benchmarks/bench_cpu_family.py --stacks ({stack}), {os.cpu_count()} CPUs ({cpu}), "
                    f"torch {torch.__version__}" + (f", deepspeed {ds_version}" if stack == "deepspeed" else "")
@@ -175,70 +126,11 @@ def measure_stacks(args) -> int:
             side.write_text(json.dumps(runs, indent=1))
             print(f"{name}: {1e3 * secs:.1f} ms/iteration ({time.monotonic() - t0:.0f} s, load {load:.2f}, "
                   f"other processes {others:.2f} cores)", flush=True)
-    from predictor.samples import dump_toml
-    toml_runs = [{"name": r["name"], "source": r["source"], "measured_iteration_seconds": r["measured_iteration_seconds"],
-                  "job": r["job"]} for r in runs]
-    out.write_text("# Real CPU training steps of one model family under three software stacks, measured by\n"
-                   "# benchmarks/bench_cpu_family.py --stacks (perf-calibrate validate --runs reads this)\n"
-                   + dump_toml({"run": toml_runs}), encoding="utf-8")
+    header = ("# Real CPU training steps of one model family under three software stacks, measured by\n"
+              "# benchmarks/bench_cpu_family.py --stacks (perf-calibrate validate --runs reads this)\n")
+    out.write_text(runs_toml(runs, header), encoding="utf-8")
     print(f"{len(runs)} runs: {out}")
     return 0
-
-
-def loadavg() -> float:
-    return os.getloadavg()[0]
-
-
-def _cpu_seconds() -> tuple[float, float]:
-    """(CPU seconds every process of the machine has used, of which this process and its
-    finished children), from /proc/stat and getrusage."""
-    own = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
-    try:
-        with open("/proc/stat") as f:
-            v = [float(x) for x in f.readline().split()[1:]]
-        busy = (sum(v) - v[3] - (v[4] if len(v) > 4 else 0.0)) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        busy = float("nan")
-    return busy, own
-
-
-def others_cores(before: tuple[float, float], after: tuple[float, float], wall: float) -> float:
-    """Cores' worth of CPU that *other* processes used between two :func:`_cpu_seconds` readings:
-    what competed with a run (the load average also counts the run's own ranks, and lags)."""
-    return max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / max(wall, 1e-9))
-
-
-# ----------------------------------------------------------------------------- platform
-
-def resolve_platform(where: str, keep: list):
-    """A platform directory or name; a sample store (samples.toml) is fitted into a temp dir."""
-    from predictor import load_platform
-
-    p = Path(where)
-    if (p / "samples.toml").exists():
-        from calibrate.fitting import fit_platform
-
-        tmp = tempfile.TemporaryDirectory(prefix="perfcast-cpufam-")
-        keep.append(tmp)
-        fit_platform(p, Path(tmp.name) / "platform", name="cpu-family", overwrite=True)
-        return load_platform(Path(tmp.name) / "platform", reload=True)
-    return load_platform(where, reload=True)
-
-
-def compare_rows(runs: list[dict], plat) -> list[dict]:
-    from predictor import TrainingJob, predict
-
-    rows = []
-    for r in runs:
-        pred = predict(TrainingJob.from_dict(r["job"]), plat)
-        meas = float(r["measured_iteration_seconds"])
-        lo, hi = pred.interval_seconds
-        rows.append({"name": r["name"], "measured_seconds": meas, "predicted_seconds": pred.iteration_seconds,
-                     "interval_seconds": [lo, hi], "error": pred.iteration_seconds / meas - 1.0,
-                     "covered": lo <= meas <= hi, "load": r.get("load"), "others_cores": r.get("others_cores"),
-                     "breakdown_s": pred.breakdown.to_dict()})
-    return rows
 
 
 def print_table(rows: list[dict]) -> None:
@@ -257,38 +149,6 @@ def print_table(rows: list[dict]) -> None:
         print(f"MAPE {100 * mape:.1f} % over {len(rows)} runs; {within} within ±10 %; "
               f"interval covers {100 * cover:.0f} %")
 
-
-# ----------------------------------------------------------------------------- runs files
-
-def write_runs(runs: list[dict], data: Path) -> None:
-    from predictor.samples import dump_toml
-
-    data.mkdir(parents=True, exist_ok=True)
-    toml_runs = [{"name": r["name"], "source": r["source"],
-                  "measured_iteration_seconds": r["measured_iteration_seconds"], "job": r["job"]}
-                 for r in runs]
-    (data / "runs.toml").write_text(
-        "# Real CPU training steps measured by benchmarks/bench_cpu_family.py "
-        "(perf-calibrate validate --runs reads this)\n" + dump_toml({"run": toml_runs}), encoding="utf-8")
-    (data / "runs.json").write_text(json.dumps(runs, indent=1), encoding="utf-8")
-
-
-def read_runs(path: Path) -> list[dict]:
-    """Runs from runs.toml (via the validate parser) or runs.json; load averages from runs.json."""
-    if path.suffix == ".json":
-        return json.loads(path.read_text())
-    from calibrate.validate import load_runs
-
-    loads = {}
-    side = path.with_suffix(".json")
-    if side.exists():
-        loads = {d["name"]: (d.get("load"), d.get("others_cores")) for d in json.loads(side.read_text())}
-    return [{"name": r.name, "job": r.job.to_dict(), "measured_iteration_seconds": r.measured_iteration_seconds,
-             "load": loads.get(r.name, (None, None))[0], "others_cores": loads.get(r.name, (None, None))[1]}
-            for r in load_runs(path)]
-
-
-# ----------------------------------------------------------------------------- measuring
 
 def measure_family(args) -> int:
     from calibrate.fitting import fit_platform
@@ -329,11 +189,11 @@ def measure_family(args) -> int:
         if name in seen or (args.only and args.only not in name):
             continue
         before = loadavg()
-        c0 = _cpu_seconds()
+        c0 = cpu_seconds()
         t0 = time.monotonic()
         m = measure_training(TrainingJob.from_dict(j), device="cpu", steps=args.steps, warmup=args.warmup,
                              threads=THREADS)
-        others = others_cores(c0, _cpu_seconds(), time.monotonic() - t0)
+        others = others_cores(c0, cpu_seconds(), time.monotonic() - t0)
         load = max(before, loadavg())
         src = (f"benchmarks/bench_cpu_family.py, {os.cpu_count()} CPUs ({cpu}), torch {torch.__version__}, "
                f"{m.threads} thread(s) per rank, fastest-quarter mean of {len(m.steps)} steps, "
@@ -370,160 +230,24 @@ def compare(args) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- parts of a step
-
-def _isolated_sum(j, shard: int) -> dict:
-    """The same micro-batch as the calibration sees it: every operator of the predictor's recipe
-    (predictor/recipe.py) built and timed on its own, as ``perf-calibrate run`` times a sample
-    (calibrate/kernels.py + calibrate/timing.py: warm-up 2, fastest-quarter mean of 8), in this
-    process, now; summed with the recipe's counts.  Seconds per micro-batch (optimizer: per step)."""
-    from calibrate.kernels import build_kernel
-    from predictor.recipe import micro_batch_recipe
-
-    r = micro_batch_recipe(j.model, j.layout)
-    calls = [(c, j.model.layers, True) for c in r.layer] + [(c, 1, False) for c in r.embedding + r.head]
-    out = {"forward": 0.0, "backward": 0.0, "ops": {}}
-    full = j.layout.recompute == "full"
-    for c, n, in_layer in calls:
-        shape = {k: int(round(v)) for k, v in c.shape.items()}
-        t = build_kernel(c.name, shape, "fp32", "cpu").time(warmup=2, repeats=8)
-        f, b = t["fwd"].seconds * c.count * n, t["bwd"].seconds * c.count * n
-        out["forward"] += f
-        out["backward"] += b + (f if full and in_layer else 0.0)     # full recomputation
-        f0, b0 = out["ops"].get(c.name, (0.0, 0.0))
-        out["ops"][c.name] = (f0 + f, b0 + b)
-    out["optimizer"] = build_kernel("optimizer", {"params": shard}, "fp32", "cpu").time(
-        warmup=2, repeats=8)["step"].seconds
-    return out
-
-
-def _parts_worker(rank: int, world: int, port: int, job_dict: dict, threads: int, steps: int,
-                  warmup: int, results, isolated_too: bool = False) -> None:
-    """gpt_model._train_worker's step, each part timed on its own (CPU: no asynchrony).
-
-    With dp > 1 a barrier before the gradient all-reduce and one before the ZeRO all-gather are
-    timed as ``wait``: the time this rank waits for the slowest rank to reach the collective.
-    Training has no such barrier, so there that wait is spent inside the collective call; without
-    the barrier ``all_reduce`` would be the collective plus the ranks' skew (on the CPU family
-    tens of ms, more than the collective itself).  Every rank's rows go to rank 0."""
-    import warnings
-
-    import torch
-    import torch.distributed as dist
-
-    from calibrate.gpt_model import rank_state
-    from predictor import TrainingJob
-
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(threads)
-    j = TrainingJob.from_dict(job_dict)
-    if world > 1:
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        st = rank_state(j, "cpu", world, rank)
-        model, opt, batches, zero, lo, hi = st.model, st.optimizer, st.batches, st.zero, st.lo, st.hi
-        rows = []
-        for step in range(warmup + steps):
-            if world > 1:
-                dist.barrier()
-            t = {"forward": 0.0, "backward": 0.0}
-            c0 = time.perf_counter()
-            model.flat_grad.zero_()
-            c1 = time.perf_counter()
-            t["zero_grad"] = c1 - c0
-            r0 = resource.getrusage(resource.RUSAGE_SELF)
-            for ids, tgt in batches:
-                a = time.perf_counter()
-                loss = model.loss(ids, tgt)
-                b = time.perf_counter()
-                loss.backward()
-                c = time.perf_counter()
-                t["forward"] += b - a
-                t["backward"] += c - b
-            r1 = resource.getrusage(resource.RUSAGE_SELF)
-            # Page faults and kernel time of the micro-batches (first-touch of fresh memory).
-            t["minor_faults"] = float(r1.ru_minflt - r0.ru_minflt)
-            t["sys_s"] = r1.ru_stime - r0.ru_stime
-            w0 = time.perf_counter()
-            if world > 1:
-                dist.barrier()
-            a = time.perf_counter()
-            if world > 1:
-                dist.all_reduce(model.flat_grad)
-                model.flat_grad.div_(world)
-            b = time.perf_counter()
-            opt.step()
-            c = time.perf_counter()
-            if zero:
-                dist.barrier()
-            c2 = time.perf_counter()
-            if zero:
-                dist.all_gather_into_tensor(model.flat, model.flat[lo:hi].clone())
-            d = time.perf_counter()
-            t.update(wait=(a - w0) + (c2 - c), all_reduce=b - a, optimizer=c - b, all_gather=d - c2,
-                     step=d - c0)
-            if step >= warmup:
-                rows.append(t)
-        every = [rows]
-        if world > 1:
-            every = [None] * world
-            dist.all_gather_object(every, rows)
-        isolated = _isolated_sum(j, model.padded // (world if zero else 1)) if rank == 0 and isolated_too else None
-        if rank == 0:
-            results.put((every, isolated))
-        if world > 1:
-            dist.barrier()
-    finally:
-        if world > 1:
-            dist.destroy_process_group()
-
-
-def _predicted_ops(j, plat) -> dict:
-    """The platform's seconds per operator of the recipe (one micro-batch, counts applied)."""
-    from predictor.estimate import QuerySet
-    from predictor.recipe import micro_batch_recipe
-
-    q = QuerySet(plat)
-    r = micro_batch_recipe(j.model, j.layout)
-    rows = [(c, j.model.layers * c.count, q.op(c.name, "fwd", "fp32", c.shape), q.op(c.name, "bwd", "fp32", c.shape))
-            for c in r.layer] + [(c, c.count, q.op(c.name, "fwd", "fp32", c.shape), q.op(c.name, "bwd", "fp32", c.shape))
-                                 for c in r.embedding + r.head]
-    secs = q.evaluate()[0]
-    out: dict = {}
-    for c, n, hf, hb in rows:
-        f0, b0 = out.get(c.name, (0.0, 0.0))
-        out[c.name] = (f0 + n * secs[hf], b0 + n * secs[hb])
-    return out
-
-
-def job_named(name: str) -> "dict | None":
+def _family_job(name: str) -> "dict | None":
     """The family's job called ``name``; None, having said which names there are, if none is."""
-    jobs = {name_of(j): j for j in family()}
-    if name not in jobs:
-        print(f"unknown job {name!r}; one of: {', '.join(jobs)}", file=sys.stderr)
-    return jobs.get(name)
+    try:
+        return job_named(name)
+    except CalibrationError as e:
+        print(e, file=sys.stderr)
+        return None
 
 
 def parts(args) -> int:
-    import torch.multiprocessing as mp
-
-    from calibrate.collectives import free_port, spawn_until_result
+    from calibrate.step_parts import PARTS, measure_step_parts, predicted_ops
     from predictor import TrainingJob, predict
 
-    j = job_named(args.parts)
+    j = _family_job(args.parts)
     if j is None:
         return 2
-    world = j["layout"]["dp"]
-    threads = THREADS
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    a = (world, free_port(), j, threads, args.steps, args.warmup, results, True)
-    if world == 1:
-        _parts_worker(0, *a)
-    else:
-        spawn_until_result(_parts_worker, a, world, results, timeout_s=900.0, what="training rank")
-    every, iso = results.get()
+    res = measure_step_parts(j, threads=THREADS, steps=args.steps, warmup=args.warmup)
+    every, iso = res.ranks, res.isolated
     rows = every[0]
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     # The step is gated by the slowest rank: per step, each part's maximum over the ranks.
@@ -545,18 +269,19 @@ def parts(args) -> int:
             "all_reduce": bd.get("dp_allreduce"), "optimizer": bd.get("max_update"),
             "step": pred.iteration_seconds if pred else None}
     m = j["layout"]["micro_batches"]
-    imap = {"forward": iso["forward"] * m, "backward": iso["backward"] * m, "optimizer": iso["optimizer"]}
+    imap = {"forward": iso.forward_seconds * m, "backward": iso.backward_seconds * m,
+            "optimizer": iso.optimizer_seconds}
     print(f"{'part':<11} {'rank 0 ms':>10} {'slowest ms':>11} {'predicted ms':>13} {'isolated-op sum ms':>19}")
-    for k in ("zero_grad", "forward", "backward", "wait", "all_reduce", "optimizer", "all_gather", "step"):
+    for k in PARTS:
         p, i = pmap.get(k), imap.get(k)
         print(f"{k:<11} {1e3 * med[k]:>10.2f} {1e3 * slow[k]:>11.2f} {'' if p is None else f'{1e3 * p:13.2f}'} "
               f"{'' if i is None else f'{1e3 * i:19.2f}'}")
     print(f"micro-batches of one step: {med['minor_faults']:.0f} minor page faults, "
           f"{1e3 * med['sys_s']:.1f} ms in the kernel (rank 0, median)")
-    per_op = _predicted_ops(TrainingJob.from_dict(j), plat) if pred is not None else {}
+    per_op = predicted_ops(TrainingJob.from_dict(j), plat) if pred is not None else {}
     print(f"per operator, one step ({m} micro-batches), ms: isolated now fwd/bwd"
           + (" | predicted fwd/bwd" if per_op else ""))
-    for op, (f, b) in iso["ops"].items():
+    for op, (f, b) in iso.ops.items():
         pf, pb = per_op.get(op, (None, None))
         print(f"  {op:<22} {1e3 * m * f:8.2f} {1e3 * m * b:8.2f}"
               + ("" if pf is None else f" | {1e3 * m * pf:8.2f} {1e3 * m * pb:8.2f}"))
@@ -566,120 +291,23 @@ def parts(args) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- concurrent ranks
-
-def _proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid`` (its threads included), from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            v = f.read().rsplit(")", 1)[1].split()
-        return (float(v[11]) + float(v[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return float("nan")
-
-
-def _loader(job_dict: dict, threads: int, running, idle, stop) -> None:
-    """Another rank's compute without gloo: the same micro-batches' forward + backward, in a loop
-    while ``running`` is set (``idle`` acknowledges a pause)."""
-    import warnings
-
-    import torch
-
-    from calibrate.gpt_model import rank_state
-    from predictor import TrainingJob
-
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(threads)
-    st = rank_state(TrainingJob.from_dict(job_dict), "cpu", 1, 0)
-    while not stop.is_set():
-        if running.is_set():
-            idle.clear()
-            for ids, tgt in st.batches:
-                st.model.loss(ids, tgt).backward()
-        else:
-            idle.set()
-            time.sleep(0.002)
-
-
-def concurrent_slowdown(job_dict: dict, *, rounds: int = 6, per_phase: int = 3, threads: int = THREADS,
-                        max_others: float = 0.15) -> dict:
-    """One rank's forward + backward of its micro-batches timed alone (the other cores idle, as
-    ``perf-calibrate run`` times operators) and while another process runs the same rank's
-    micro-batches (as the other dp rank does during training), in alternating phases.  Repetitions
-    during which other processes used more than ``max_others`` cores are dropped.  Returns
-    fastest-quarter means (calibrate.timing) and their ratio."""
-    import multiprocessing as mpp
-
-    import torch
-
-    from calibrate.gpt_model import rank_state
-    from calibrate.timing import fastest_quarter_mean
-    from predictor import TrainingJob
-
-    torch.set_num_threads(threads)
-    st = rank_state(TrainingJob.from_dict(job_dict), "cpu", 1, 0)
-
-    def fb() -> None:
-        for ids, tgt in st.batches:
-            st.model.loss(ids, tgt).backward()
-
-    ctx = mpp.get_context("spawn")
-    running, idle, stop = ctx.Event(), ctx.Event(), ctx.Event()
-    child = ctx.Process(target=_loader, args=(job_dict, threads, running, idle, stop), daemon=True)
-    child.start()
-    out: dict = {"alone": [], "concurrent": [], "dropped": 0, "others_cores": []}
-    try:
-        idle.wait(300)
-        fb()
-        for _ in range(rounds):
-            for phase in ("alone", "concurrent"):
-                if phase == "concurrent":
-                    running.set()
-                    time.sleep(0.2)
-                else:
-                    running.clear()
-                    idle.clear()
-                    idle.wait(300)
-                for _ in range(per_phase):
-                    c0 = _cpu_seconds()[0]
-                    o0 = _proc_cpu_seconds(os.getpid()) + _proc_cpu_seconds(child.pid)
-                    t0 = time.perf_counter()
-                    fb()
-                    dt = time.perf_counter() - t0
-                    others = (_cpu_seconds()[0] - c0
-                              - (_proc_cpu_seconds(os.getpid()) + _proc_cpu_seconds(child.pid) - o0)) / dt
-                    out["others_cores"].append(round(others, 3))
-                    if others <= max_others:
-                        out[phase].append(dt)
-                    else:
-                        out["dropped"] += 1
-    finally:
-        stop.set()
-        running.clear()
-        child.join(10)
-        if child.is_alive():
-            child.terminate()
-    for k in ("alone", "concurrent"):
-        out[f"{k}_seconds"] = fastest_quarter_mean(out[k]) if out[k] else float("nan")
-    out["ratio"] = out["concurrent_seconds"] / out["alone_seconds"]
-    return out
-
-
 def contention(args) -> int:
-    j = job_named(args.contention)
+    from calibrate.contention import concurrent_slowdown
+
+    j = _family_job(args.contention)
     if j is None:
         return 2
-    r = concurrent_slowdown(j, rounds=args.rounds)
+    r = concurrent_slowdown(j, threads=THREADS, rounds=args.rounds)
     if args.json:
-        print(json.dumps(r, indent=1))
+        print(json.dumps(dataclasses.asdict(r), indent=1))
         return 0
     print(f"{args.contention}: one rank's forward + backward ({THREADS} thread(s)), fastest quarter; "
-          f"{r['dropped']} repetitions dropped for other processes' load")
+          f"{r.dropped} repetitions dropped for other processes' load")
     for k in ("alone", "concurrent"):
-        xs = sorted(r[k])
-        print(f"  {k:<11} {1e3 * r[k + '_seconds']:8.1f} ms  (n = {len(xs)}"
+        xs = sorted(getattr(r, k))
+        print(f"  {k:<11} {1e3 * getattr(r, k + '_seconds'):8.1f} ms  (n = {len(xs)}"
               + (f", median {1e3 * statistics.median(xs):.1f} ms)" if xs else ")"))
-    print(f"  concurrent / alone = {r['ratio']:.2f}")
+    print(f"  concurrent / alone = {r.ratio:.2f}")
     return 0
 
 
@@ -701,7 +329,7 @@ def main() -> int:
                     help="time one run's rank alone and beside a concurrent copy of it (its name)")
     ap.add_argument("--rounds", type=int, default=6, help="--contention: alternating rounds")
     ap.add_argument("--stacks", action="store_true",
-                    help="train the stack family under pytorch, deepspeed and fsdp (benchmarks/cpu_stacks.py)")
+                    help="train the stack family under pytorch, deepspeed and fsdp (calibrate/stacks.py)")
     ap.add_argument("--stack-list", default="", help="--stacks: only these (comma-separated)")
     ap.add_argument("--stack-family", default="mixed", choices=("mixed", "dp1"),
                     help="--stacks: the jobs (mixed: dp 1 and 2, recompute; dp1: 14 one-rank shapes)")

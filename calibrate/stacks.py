@@ -143,3 +143,94 @@ def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, worl
         opt.step()
         opt.zero_grad(set_to_none=False)
     return StackStep(run, sum(p.numel() for p in model.parameters()), gpt, forward)
+
+
+# ----------------------------------------------------------------------------- CPU family stacks
+# bench_cpu_family.py --stacks trains the CPU family under the plain loop of calibrate/gpt_model.py
+# ("pytorch"), DeepSpeed's engine (ZeRO-1, bucketed reduction, accumulation over the micro-batches)
+# and FSDP2 (:func:`stack_step`'s "fsdp"), on gloo ranks; calibrate.cpu_family.stack_job says how
+# each is predicted.  DeepSpeed on a CPU builds its shared-memory communication op once (ninja).
+
+def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, threads: int,
+                 steps: int, warmup: int, results: Any) -> None:
+    """One gloo rank of ``stack`` ("deepspeed" or "fsdp") training ``job_dict``; rank 0 puts
+    (each step's seconds on the slowest rank, parameters)."""
+    import logging
+    import os
+    import time
+    import warnings
+
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    logging.disable(logging.WARNING)
+    if stack not in ("deepspeed", "fsdp"):
+        raise CalibrationError(f"stack {stack!r}: this worker runs deepspeed and fsdp")
+    torch.set_num_threads(threads)
+    job = TrainingJob.from_dict(job_dict)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        gen = torch.Generator().manual_seed(1234 + rank)
+        tokens = job.model.seq_len * job.layout.micro_batch
+        batches = [(torch.randint(0, job.model.vocab, (tokens,), generator=gen),
+                    torch.randint(0, job.model.vocab, (tokens,), generator=gen))
+                   for _ in range(job.layout.micro_batches)]
+        if stack == "deepspeed":
+            import deepspeed
+            model, gpt = module_gpt(job, world)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            cfg = {"train_micro_batch_size_per_gpu": job.layout.micro_batch,
+                   "gradient_accumulation_steps": job.layout.micro_batches,
+                   "zero_optimization": {"stage": 1}, "steps_per_print": 10 ** 9,
+                   "wall_clock_breakdown": False}
+            engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+            params = sum(p.numel() for p in model.parameters())
+
+            def step() -> None:
+                for ids, tgt in batches:
+                    engine.backward(engine(ids, tgt))
+                    engine.step()
+        else:
+            wrapped = stack_step("fsdp", job, batches, device="cpu", world=world)
+            step, params, gpt = wrapped.run, wrapped.params, wrapped.gpt
+        times: list[float] = []
+        for s in range(warmup + steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            gpt.begin_step()
+            step()
+            dt = time.perf_counter() - t0
+            if s >= warmup:
+                times.append(dt)
+        per = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(per, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            results.put((per.tolist(), params))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_stack(job_dict: dict, stack: str, *, threads: int, steps: int, warmup: int,
+                  timeout_s: float = 600.0) -> tuple[float, list[float], int]:
+    """(robust seconds per iteration, step seconds, parameters) of ``stack`` ("pytorch",
+    "deepspeed" or "fsdp") training ``job_dict`` on its dp gloo ranks."""
+    import torch.multiprocessing as mp
+
+    from .collectives import free_port, spawn_until_result
+    from .gpt_model import measure_training
+    from .timing import robust_seconds
+
+    if stack == "pytorch":
+        m = measure_training(TrainingJob.from_dict(job_dict), device="cpu", steps=steps, warmup=warmup,
+                             threads=threads)
+        return m.iteration_seconds, m.steps, m.params
+    world = int(job_dict["layout"]["dp"])
+    results = mp.get_context("spawn").SimpleQueue()
+    args = (world, free_port(), job_dict, stack, threads, steps, warmup, results)
+    spawn_until_result(stack_worker, args, world, results, timeout_s=timeout_s, what=f"{stack} rank")
+    times, params = results.get()
+    return robust_seconds(times, "cpu"), times, int(params)

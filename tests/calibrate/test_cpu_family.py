@@ -1,92 +1,113 @@
-"""The CPU ground-truth family (benchmarks/bench_cpu_family.py) and the full-recomputation model.
+"""calibrate/cpu_family.py: the CPU ground-truth family's jobs, their runs files, and the data
+parallelism its runs train.
 
-Nothing here depends on how fast the machine is: only shapes, gradients and file formats.
+Nothing here depends on how fast the machine is: only shapes, counts and file formats.
 """
 from __future__ import annotations
 
-import math
+from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from calibrate import cpu_family as cf
+from calibrate.errors import CalibrationError
+from predictor import TrainingJob
 
-from predictor import TrainingJob  # noqa: E402
-
-from .conftest import benchmark_module  # noqa: E402
-
-
-def _bench():
-    return benchmark_module("bench_cpu_family")
-
-
-def _tiny(recompute: str) -> TrainingJob:
-    return TrainingJob.from_dict({
-        "model": {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 32, "vocab": 256,
-                  "attention": "fused_softmax", "pos_emb": "rotary"},
-        "layout": {"pp": 1, "tp": 1, "dp": 1, "micro_batch": 2, "micro_batches": 1, "zero_stage": 0,
-                   "recompute": recompute},
-        "run": {"precision": "fp32"}, "cluster": {"gpus_per_node": 1}})
-
-
-def test_full_recomputation_gives_the_same_loss_and_gradients():
-    from calibrate.errors import CalibrationError
-    from calibrate.gpt_model import FlatGPT, RecomputeGPT, model_class
-
-    assert model_class(_tiny("full")) is RecomputeGPT and model_class(_tiny("none")) is FlatGPT
-    with pytest.raises(CalibrationError):
-        FlatGPT(_tiny("full"), "cpu", 1)        # the plain model still refuses it
-    with pytest.raises(CalibrationError):
-        RecomputeGPT(_tiny("selective"), "cpu", 1)
-    ids = torch.randint(0, 256, (64,), generator=torch.Generator().manual_seed(0))
-    out = []
-    for model in (FlatGPT(_tiny("none"), "cpu", 1), RecomputeGPT(_tiny("full"), "cpu", 1)):
-        loss = model.loss(ids, ids)
-        loss.backward()
-        out.append((float(loss.detach()), model.flat_grad.clone()))
-    assert out[0][0] == pytest.approx(out[1][0], rel=1e-6)
-    assert torch.allclose(out[0][1], out[1][1], atol=1e-6)
-    assert float(out[1][1].abs().max()) > 0
-
-
-def test_measure_training_runs_full_recomputation():
-    from calibrate.gpt_model import measure_training
-
-    m = measure_training(_tiny("full"), steps=2, warmup=0, threads=1)
-    assert len(m.steps) == 2 and math.isfinite(m.iteration_seconds) and m.iteration_seconds > 0
+PLAN = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "cpu-family" / "plan.toml"
 
 
 def test_family_covers_the_brief_and_stays_inside_its_plan():
-    from calibrate.plans import load_plan_file, Allocation
+    import tomllib
 
-    b = _bench()
-    jobs = b.family()
-    names = [b.name_of(j) for j in jobs]
+    from calibrate.plans import Allocation, load_plan_file
+
+    jobs = cf.family()
+    names = [cf.name_of(j) for j in jobs]
     assert len(set(names)) == len(names)
     parsed = [TrainingJob.from_dict(j) for j in jobs]
     assert {j.layout.dp for j in parsed} == {1, 2}
     assert {j.layout.recompute for j in parsed} == {"none", "full"}
     assert min(j.layout.micro_batch for j in parsed) == 1 and max(j.layout.micro_batch for j in parsed) == 8
     assert min(j.model.hidden for j in parsed) == 128 and max(j.model.hidden for j in parsed) == 1024
-    plan = load_plan_file(b.PLAN, device="cpu", allocation=Allocation(1, 2), memory_gib=8.0, precisions=None)
+    plan = load_plan_file(PLAN, device="cpu", allocation=Allocation(1, 2), memory_gib=8.0, precisions=None)
     assert plan.operators
-    import tomllib
-    grid = tomllib.loads(b.PLAN.read_text())["grid"]
+    grid = tomllib.loads(PLAN.read_text())["grid"]
     for j in parsed:
         assert j.model.hidden in grid["hidden"] and j.layout.micro_batch in grid["b"]
         assert j.model.seq_len in grid["seq"] and j.model.vocab in grid["vocab"]
         assert j.model.head_dim in grid["head_dim"]
 
 
+def test_a_job_is_found_by_its_name_and_an_unknown_name_lists_them():
+    for j in cf.family():
+        assert cf.job_named(cf.name_of(j)) == j
+    with pytest.raises(CalibrationError, match=r"unknown job 'dp3 L1'; one of: dp2 L4 h256 mb2, "):
+        cf.job_named("dp3 L1")
+
+
+def test_stack_jobs_are_predicted_as_their_stack_runs():
+    base = cf.stack_family()[0]
+    for stack in cf.STACKS:
+        sj = TrainingJob.from_dict(cf.stack_job(base, stack))
+        assert sj.run.framework == cf.STACK_FRAMEWORK[stack]
+        assert sj.layout.zero_stage == cf.STACK_ZERO[stack]
+    assert base["layout"]["zero_stage"] == 1 and "framework" not in base["run"]     # a copy
+    with pytest.raises(CalibrationError, match="stack 'jax'"):
+        cf.stack_job(base, "jax")
+    for jobs in (cf.stack_family(), cf.stack_family_dp1()):
+        names = [cf.name_of(j) for j in jobs]
+        assert len(set(names)) == len(names)
+        for j in jobs:
+            TrainingJob.from_dict(j)
+    assert {j["layout"]["dp"] for j in cf.stack_family_dp1()} == {1}
+
+
 def test_runs_file_round_trips_through_validate(tmp_path):
     from calibrate.validate import load_runs
 
-    b = _bench()
-    runs = [{"name": b.name_of(j), "job": j, "measured_iteration_seconds": 0.1 * (i + 1), "steps": [0.1],
-             "load": 1.0, "source": "test"} for i, j in enumerate(b.family()[:3])]
-    b.write_runs(runs, tmp_path)
+    runs = [{"name": cf.name_of(j), "job": j, "measured_iteration_seconds": 0.1 * (i + 1), "steps": [0.1],
+             "load": 1.0, "source": "test"} for i, j in enumerate(cf.family()[:3])]
+    cf.write_runs(runs, tmp_path)
     back = load_runs(tmp_path / "runs.toml")
     assert [r.name for r in back] == [r["name"] for r in runs]
     assert [r.measured_iteration_seconds for r in back] == pytest.approx([0.1, 0.2, 0.3])
     assert back[0].job == TrainingJob.from_dict(runs[0]["job"])
-    again = b.read_runs(tmp_path / "runs.toml")
+    again = cf.read_runs(tmp_path / "runs.toml")
     assert [r["load"] for r in again] == [1.0, 1.0, 1.0]
+    assert [r["others_cores"] for r in again] == [None, None, None]
+    assert cf.read_runs(tmp_path / "runs.json") == runs
+
+
+def test_compare_rows_put_each_prediction_beside_its_measurement():
+    from predictor import load_platform, predict
+
+    plat = load_platform("perlmutter-a100")
+    runs = cf.read_runs(PLAN.parent / "runs.toml")[:2]
+    rows = cf.compare_rows(runs, plat)
+    assert [r["name"] for r in rows] == [r["name"] for r in runs]
+    for run, row in zip(runs, rows):
+        pred = predict(TrainingJob.from_dict(run["job"]), plat)
+        assert row["predicted_seconds"] == pred.iteration_seconds
+        assert row["error"] == pytest.approx(pred.iteration_seconds / run["measured_iteration_seconds"] - 1.0)
+        lo, hi = row["interval_seconds"]
+        assert row["covered"] == (lo <= row["measured_seconds"] <= hi)
+        assert row["breakdown_s"] == pred.breakdown.to_dict()
+
+
+def test_training_reduces_exactly_what_the_predictor_costs():
+    """Every family job: one all-reduce of the model's fp32 parameter count (the predictor's one
+    bucket), and a ZeRO-1 all-gather of numel / dp; the trained model holds that many parameters."""
+    torch = pytest.importorskip("torch", reason="building the trained model needs torch (the calibrate extra)")
+    from calibrate.gpt_model import model_class
+    from predictor.estimate import REDUCE_BUCKET_ENTRIES
+    from predictor.recipe import stage_parameter_counts
+
+    for jd in cf.family():
+        j = TrainingJob.from_dict(jd)
+        if j.model.hidden > 256:
+            continue                              # same rule, bigger buffers: keep the test light
+        (n,) = stage_parameter_counts(j.model, j.layout)
+        assert n < REDUCE_BUCKET_ENTRIES          # one all-reduce call, as the model issues
+        model = model_class(j)(j, "cpu", j.layout.dp)
+        assert model.numel == n, cf.name_of(jd)
+        assert model.flat_grad.dtype == torch.float32 and model.padded % j.layout.dp == 0
