@@ -72,7 +72,7 @@ sys.path.insert(0, str(ROOT))
 from calibrate.cpu_family import (STACKS, THREADS_PER_RANK, compare_rows, family, job_named,  # noqa: E402
                                   name_of, read_runs, resolve_platform, runs_toml, stack_family,
                                   stack_family_dp1, stack_job, write_runs)
-from calibrate.cpu_load import cpu_seconds, loadavg, others_cores  # noqa: E402
+from calibrate.cpu_load import loadavg, while_measuring  # noqa: E402
 from calibrate.errors import CalibrationError  # noqa: E402
 
 __all__ = ["resolve_platform"]          # benchmarks/bench_fit_transfer.py imports it from here
@@ -110,12 +110,10 @@ def measure_stacks(args) -> int:
             name = f"{stack} {name_of(sj)}"
             if name in seen:
                 continue
-            before = loadavg()
-            c0 = cpu_seconds()
             t0 = time.monotonic()
-            secs, steps, params = measure_stack(sj, stack, threads=THREADS, steps=args.steps, warmup=args.warmup)
-            others = others_cores(c0, cpu_seconds(), time.monotonic() - t0)
-            load = max(before, loadavg())
+            (secs, steps, params), busy = while_measuring(
+                lambda: measure_stack(sj, stack, threads=THREADS, steps=args.steps, warmup=args.warmup))
+            load, others = busy.load, busy.others_cores
             src = (f"benchmarks/bench_cpu_family.py --stacks ({stack}), {os.cpu_count()} CPUs ({cpu}), "
                    f"torch {torch.__version__}" + (f", deepspeed {ds_version}" if stack == "deepspeed" else "")
                    + f", gloo, {THREADS} thread(s) per rank, fastest-quarter mean of {len(steps)} steps, "
@@ -188,13 +186,10 @@ def measure_family(args) -> int:
         name = name_of(j)
         if name in seen or (args.only and args.only not in name):
             continue
-        before = loadavg()
-        c0 = cpu_seconds()
         t0 = time.monotonic()
-        m = measure_training(TrainingJob.from_dict(j), device="cpu", steps=args.steps, warmup=args.warmup,
-                             threads=THREADS)
-        others = others_cores(c0, cpu_seconds(), time.monotonic() - t0)
-        load = max(before, loadavg())
+        m, busy = while_measuring(lambda: measure_training(TrainingJob.from_dict(j), device="cpu", steps=args.steps,
+                                                           warmup=args.warmup, threads=THREADS))
+        load, others = busy.load, busy.others_cores
         src = (f"benchmarks/bench_cpu_family.py, {os.cpu_count()} CPUs ({cpu}), torch {torch.__version__}, "
                f"{m.threads} thread(s) per rank, fastest-quarter mean of {len(m.steps)} steps, "
                f"1-min load {load:.2f}, other processes {others:.2f} cores, {time.strftime('%Y-%m-%d')}")

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,3 +54,24 @@ def process_cpu_seconds(pid: int) -> float:
         return (float(v[11]) + float(v[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return float("nan")
+
+
+@dataclass(frozen=True)
+class Competition:
+    """What competed with one measurement: the highest 1-minute load average at its start or end
+    (it counts the measurement's own processes too) and the cores other processes used."""
+
+    load: float
+    others_cores: float
+    wall_seconds: float
+
+
+def while_measuring(measure: Callable[[], T]) -> tuple[T, Competition]:
+    """``measure()``'s result, and what else used the CPUs while it ran."""
+    before = loadavg()
+    c0 = cpu_seconds()
+    t0 = time.monotonic()
+    out = measure()
+    wall = time.monotonic() - t0
+    others = others_cores(c0, cpu_seconds(), wall)
+    return out, Competition(max(before, loadavg()), others, wall)

@@ -23,3 +23,11 @@ def test_readings_come_from_this_machine():
     assert process_cpu_seconds(os.getpid()) >= 0.0
     assert math.isnan(process_cpu_seconds(-1))
     assert loadavg() >= 0.0
+
+
+def test_a_measurement_comes_back_with_what_competed_with_it():
+    from calibrate.cpu_load import while_measuring
+
+    out, busy = while_measuring(lambda: sum(i * i for i in range(200_000)))
+    assert out == sum(i * i for i in range(200_000))
+    assert busy.wall_seconds > 0 and busy.others_cores >= 0.0 and busy.load >= 0.0
