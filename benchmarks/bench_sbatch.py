@@ -7,15 +7,24 @@
 Brings the dev cluster up (packaging/dev-cluster/up.sh; idempotent; stopped again afterwards if
 it was not running before), then times ``--n`` held
 submissions of a Megatron batch script per variant, alternating blocks of 20 so that drift (page
-cache, slurmctld's job table growing) hits both alike:
+cache, slurmctld's job table growing) hits both alike.  It measures the deployment of
+packaging/INSTALL.md §4-5 -- job_submit.lua on the controller and cli_filter.lua in sbatch warming
+perf-predictd up (sbatch runs with the dev cluster's etc-warm/slurm.conf) -- against the same
+cluster with both plugins trivial:
 
-  perfcast: the checkout's job_submit.lua -> perf-predictd (a prediction cache hit after the first)
-  trivial:  a job_submit.lua that returns slurm.SUCCESS
+  perfcast: the checkout's cli_filter.lua (prewarm) and job_submit.lua -> perf-predictd
+            (without --distinct: a prediction cache hit after the first)
+  trivial:  a cli_filter.lua and a job_submit.lua that return slurm.SUCCESS
+
+``--no-prewarm``: the perfcast variant without the warm-up (trivial cli_filter.lua in both): what
+job_submit.lua alone costs, as at sites where sbatch cannot reach the controller's daemon.
 
 Switching is a symlink swap beside slurm.conf (slurmctld reloads the script when its mtime is
-newer than its last load); each switch is checked in the logs: the trivial block must not reach
-the daemon.  The perfcast link is restored at the end.  Prints median/p90 per variant and the ratio
-of medians (target <= 1.5; with --concurrent, <= 2).  Jobs are cancelled afterwards.
+newer than its last load; sbatch loads cli_filter.lua afresh each time); each switch is checked in
+the logs: the trivial block must not reach the daemon.  The perfcast links are restored at the
+end.  Prints median/p90 per variant, how many perfcast requests found their prediction ready or in
+flight, and the ratio of medians (target <= 1.5; with --concurrent, <= 2).  Jobs are cancelled
+afterwards.
 
 ``--distinct``: each submission is a job of its own shape (``--num-layers`` counts up), so every
 perfcast submission is a new prediction (no cache hit, no memoised shape).  ``--concurrent N``:
@@ -38,6 +47,10 @@ TRIVIAL = """function slurm_job_submit(job_desc, part_list, submit_uid) return s
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end
 return slurm.SUCCESS
 """
+TRIVIAL_CLI = """function slurm_cli_setup_defaults(options, early_pass) return slurm.SUCCESS end
+function slurm_cli_pre_submit(options, offset) return slurm.SUCCESS end
+function slurm_cli_post_submit(offset, jobid, stepid) return slurm.SUCCESS end
+"""
 
 
 def pct(values, q):
@@ -54,6 +67,8 @@ def main() -> int:
     ap.add_argument("--distinct", action="store_true", help="every submission a new job shape")
     ap.add_argument("--concurrent", type=int, default=1, metavar="N",
                     help="N submissions at once, each timed")
+    ap.add_argument("--no-prewarm", action="store_true",
+                    help="no cli_filter.lua warm-up: job_submit.lua alone")
     args = ap.parse_args()
 
     env = {**os.environ, "PERFCAST_DEV_BASE": args.base}
@@ -63,13 +78,18 @@ def main() -> int:
                         text=True)
     if up.returncode != 0:
         sys.exit(f"up.sh failed:\n{up.stderr}")
-    conf = dict(kv.split("=", 1) for kv in up.stdout.split()[1:])["SLURM_CONF"]   # "export A=.. B=.."
-    env["SLURM_CONF"] = conf
     base = Path(args.base)
+    env["SLURM_CONF"] = str(base / "etc-warm" / "slurm.conf")   # CliFilterPlugins=lua as well
     link = base / "etc" / "job_submit.lua"
     real = REPO / "slurm_plugin" / "lua" / "job_submit.lua"
     trivial = base / "etc" / "job_submit_trivial.lua"
     trivial.write_text(TRIVIAL)
+    cli_link = base / "etc-warm" / "cli_filter.lua"
+    cli_real = REPO / "slurm_plugin" / "lua" / "cli_filter.lua"
+    cli_trivial = base / "etc-warm" / "cli_filter_trivial.lua"
+    cli_trivial.write_text(TRIVIAL_CLI)
+    if not cli_link.parent.joinpath("slurm.conf").exists():
+        sys.exit(f"{cli_link.parent}/slurm.conf missing: packaging/dev-cluster/up.sh makes it")
     text = (REPO / "tests/slurm/scripts/megatron_gpt.sh").read_text().replace("@ITERS@", args.iters)
     shapes = itertools.count()
     lock = threading.Lock()
@@ -93,23 +113,34 @@ def main() -> int:
         path.chmod(0o644)
         return path
 
+    def point(at: Path, target: Path) -> None:
+        tmp = at.with_suffix(".tmp")
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(target)
+        os.replace(tmp, at)
+
     def use(target: Path) -> None:
         # slurmctld reloads job_submit.lua when the file's mtime is *newer than its last load*
         # (1 s resolution): let a second pass, then give the target the current time.
         time.sleep(1.05)
         os.utime(target)
-        tmp = link.with_suffix(".tmp")
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
-        tmp.symlink_to(target)
-        os.replace(tmp, link)
+        point(link, target)
+        point(cli_link, cli_real if target == real and not args.no_prewarm else cli_trivial)
 
     ids: list[str] = []
     daemon_log = base / "log" / "predictd.log"
 
-    def served() -> int:
+    def served() -> tuple[int, int]:
+        """Requests from job_submit.lua so far, and how many of them found their outcome ready
+        (cached) or in flight (joined: the warm-up still computing)."""
+        n = ready = 0
         with open(daemon_log, errors="replace") as fh:
-            return sum(1 for line in fh if "event=request " in line)
+            for line in fh:
+                if "event=request " in line:
+                    n += 1
+                    ready += " cached=1" in line or " joined=1" in line
+        return n, ready
 
     def submit_one(script: Path, out: list) -> None:
         t0 = time.perf_counter()
@@ -133,6 +164,7 @@ def main() -> int:
         return [(dt, p.stderr) for dt, p in out]
 
     times = {"perfcast": [], "trivial": []}
+    ready = 0
     sample = {}
     try:
         for name, target in (("perfcast", real), ("trivial", trivial)):   # warm both
@@ -145,16 +177,20 @@ def main() -> int:
             for name, target in (("perfcast", real), ("trivial", trivial)):
                 use(target)
                 submit()   # the first call after a switch reloads the script: not timed
-                before = served()
+                before, ready_before = served()
                 for _ in range(k):
                     times[name].extend(dt for dt, _ in submit())
-                reached = served() - before
+                after, ready_after = served()
+                reached = after - before
+                if name == "perfcast":
+                    ready += ready_after - ready_before
                 if reached != (0 if name == "trivial" else k * args.concurrent):
                     sys.exit(f"{name} block: {reached} of {k} submissions reached the daemon; "
                              "the job_submit.lua switch did not take")
             done += k
     finally:
         use(real)
+        point(cli_link, cli_real)
         for i in range(0, len(ids), 200):
             subprocess.run(["scancel", *ids[i:i + 200]], env=env)
         if not was_up:   # leave the machine as we found it
@@ -167,7 +203,10 @@ def main() -> int:
         print(f"{name:9s} n={len(ms)}  median={statistics.median(ms):6.2f} ms  "
               f"p90={pct(ms, 90):6.2f} ms  p99={pct(ms, 99):6.2f} ms  mean={statistics.fmean(ms):6.2f} ms")
     ratio = statistics.median(times["perfcast"]) / statistics.median(times["trivial"])
-    print(f"({'new job shapes' if args.distinct else 'one job shape'}, {args.concurrent} at once)")
+    print(f"perfcast requests answered from a ready or in-flight prediction: {ready} of "
+          f"{len(times['perfcast'])}")
+    print(f"({'new job shapes' if args.distinct else 'one job shape'}, {args.concurrent} at once, "
+          f"{'no warm-up' if args.no_prewarm else 'cli_filter.lua warm-up'})")
     print(f"median ratio perfcast/trivial = {ratio:.2f} (target <= {1.5 if args.concurrent == 1 else 2})")
     return 0
 

@@ -20,7 +20,9 @@
 # Environment: PERFCAST_DEV_BASE, PERFCAST_DEV_PORT (slurmctld port, default 6817; slurmd +1,
 # unused +2, slurmdbd +3, MariaDB +4; or PERFCAST_DEV_DBD_PORT, PERFCAST_DEV_DB_PORT),
 # PERFCAST_PYTHON (python for perf-predictd; default: python3 on PATH), PERFCAST_DEV_NO_DAEMON=1,
-# PERFCAST_DEV_NO_ACCOUNTING=1, PERFCAST_DEV_NO_WATCH=1 (no `perf-calibrate watch --every 15`).
+# PERFCAST_DEV_NO_ACCOUNTING=1, PERFCAST_DEV_NO_WATCH=1 (no `perf-calibrate watch --every 15`),
+# PERFCAST_DEV_LOG_LEVEL=debug + PERFCAST_DEV_TIMING=true (per-phase timings of each submission in
+# predictd.log and slurmctld.log; restart the daemon and touch job_submit.lua to apply).
 #
 # The watch (docs/watch.md) runs every 15 s with a policy that also extends limits users set,
 # small margins (1 min) and shrinks that return 2 min or more, so that test jobs of a few minutes
@@ -131,6 +133,8 @@ MailProg=/bin/true
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerParameters=batch_sched_delay=0
+# benchmarks/bench_sbatch.py --concurrent 50 --n 100 holds ~11k jobs (cancelled ones stay MinJobAge)
+MaxJobCount=50000
 ReturnToService=2
 SlurmdParameters=config_overrides
 SlurmdTimeout=300
@@ -161,7 +165,7 @@ socket_mode = "0666"        # so the refusal of untrusted peers is testable (SO_
 slurm_user = "root"
 deadline_ms = 250
 user_socket = "$BASE/run/predictd-user.sock"   # for etc-cli (cli_filter.lua)
-log_level = "info"
+log_level = "${PERFCAST_DEV_LOG_LEVEL:-info}"   # debug: per-phase timings of each request
 records = "$BASE/var/records.sqlite"           # for perf-calibrate harvest / report
 
 [defaults]
@@ -204,7 +208,7 @@ TOML
 
 # job_submit.lua's settings (Lua reads this small Lua table beside slurm.conf)
 write_if_changed "$BASE/etc/perfcast_settings.lua" <<LUA || true
-return { socket = "$BASE/run/predictd.sock", timeout_ms = 300 }
+return { socket = "$BASE/run/predictd.sock", timeout_ms = 300, timing = ${PERFCAST_DEV_TIMING:-false} }
 LUA
 # The plugin comes from the checkout (slurmctld reloads it when its mtime changes); a benchmark
 # may point this link at a trivial script for comparison.
@@ -220,6 +224,19 @@ ln -sfn "$BASE/etc/gres.conf" "$BASE/etc-cli/gres.conf"
 ln -sfn "$REPO/slurm_plugin/lua/cli_filter.lua" "$BASE/etc-cli/cli_filter.lua"
 write_if_changed "$BASE/etc-cli/perfcast_settings.lua" <<LUA || true
 return { socket = "$BASE/run/predictd-user.sock", timeout_ms = 1000 }
+LUA
+
+# The deployment with cli_filter.lua warming perf-predictd up for job_submit.lua (packaging/
+# INSTALL.md §5): sbatch with SLURM_CONF=$BASE/etc-warm/slurm.conf.  A benchmark may point its
+# cli_filter.lua link at a trivial one for comparison.
+mkdir -p "$BASE/etc-warm"; chmod 0755 "$BASE/etc-warm"
+sed -e 's/^JobSubmitPlugins=lua$/JobSubmitPlugins=lua\nCliFilterPlugins=lua/' "$CONF" \
+  | write_if_changed "$BASE/etc-warm/slurm.conf" || true
+ln -sfn "$BASE/etc/gres.conf" "$BASE/etc-warm/gres.conf"
+[ -L "$BASE/etc-warm/cli_filter.lua" ] \
+  || ln -sfn "$REPO/slurm_plugin/lua/cli_filter.lua" "$BASE/etc-warm/cli_filter.lua"
+write_if_changed "$BASE/etc-warm/perfcast_settings.lua" <<LUA || true
+return { socket = "$BASE/run/predictd-user.sock", timeout_ms = 300, prewarm = true }
 LUA
 
 # ---- munge

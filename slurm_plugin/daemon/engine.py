@@ -91,12 +91,16 @@ class Outcome:
     skip_reason: str = ""
     skip_why: str = ""
     cacheable: bool = False           # read no file and finished within its budget
+    timely: bool = True               # finished within its budget (a warm-up's outcome is kept)
     job: Optional[dict] = None        # the resolved job (TrainingJob.to_dict()), for the record
+    compute_ms: float = 0.0           # the worker's own time on it (logged at debug level)
 
     def to_json(self) -> bytes:
         body = {"facts": dataclasses.asdict(self.facts) if self.facts else None,
                 "warnings": self.warnings, "skip_reason": self.skip_reason,
-                "skip_why": self.skip_why, "cacheable": self.cacheable, "job": self.job}
+                "skip_why": self.skip_why, "cacheable": self.cacheable, "timely": self.timely,
+                "job": self.job,
+                "compute_ms": self.compute_ms}
         return json.dumps(body).encode()
 
     @classmethod
@@ -109,8 +113,9 @@ class Outcome:
             facts = PredictionFacts(**f)
         return cls(facts=facts, warnings=[str(w) for w in d.get("warnings") or []],
                    skip_reason=str(d.get("skip_reason") or ""), skip_why=str(d.get("skip_why") or ""),
-                   cacheable=bool(d.get("cacheable")),
-                   job=d["job"] if isinstance(d.get("job"), dict) else None)
+                   cacheable=bool(d.get("cacheable")), timely=bool(d.get("timely", True)),
+                   job=d["job"] if isinstance(d.get("job"), dict) else None,
+                   compute_ms=float(d.get("compute_ms") or 0.0))
 
 
 class LRU:
@@ -137,6 +142,10 @@ class LRU:
             while len(self._d) > self.size:
                 self._d.popitem(last=False)
 
+    def pop(self, key: Any) -> Any:
+        with self._lock:
+            return self._d.pop(key, None)
+
     def __len__(self) -> int:
         return len(self._d)
 
@@ -156,6 +165,8 @@ class Engine:
         self.platforms: dict[str, Any] = {}
         self.platform_errors: dict[str, str] = {}
         self.outcomes = LRU(config.daemon.cache_size)          # daemon process: digest -> Outcome
+        # cli_filter.lua's warm-ups that read files: digest -> (expiry, Outcome), used once
+        self.warmed = LRU(config.daemon.cache_size)
         self._predictions = LRU(min(WORKER_CACHE, config.daemon.cache_size))  # worker: job -> facts
         self._pw = LRU(PASSWD_CACHE)
         self.loaded_at = time.time()
@@ -225,14 +236,28 @@ class Engine:
         return Route(req=req, part=part, name=name or "", max_time=max_time)
 
     def cache_key(self, route: Route) -> str:
-        """A digest of everything the outcome depends on (the cache keeps no script text)."""
+        """A digest of everything :meth:`compute` reads (the cache keeps no script text).
+
+        Exactly the outcome's inputs -- the script, whose rights files are read with (uid, gid),
+        where from, the environment and the Slurm request the parser sees, the partition and
+        platform -- so that job_submit.lua's request and cli_filter.lua's warm-up of the same
+        submission meet under one key, and requests of two users never do.  The policy's inputs
+        (the user's --time, MaxTime) are not in it: :meth:`finish` runs on every request.
+        """
         req = route.req
         h = hashlib.sha256(req.script.encode("utf-8", "surrogatepass"))
-        rest = {k: v for k, v in req.to_dict().items()
-                if k not in ("script", "format", "partition_max_time", "default_partition")}
-        h.update(json.dumps([route.name, route.platform, rest], sort_keys=True,
-                            default=str).encode())
+        inputs = [route.name, route.platform, req.submit_uid, req.submit_gid, req.work_dir,
+                  list(req.argv), dict(req.env), req.name, req.partition,
+                  self._slurm_request_values(req, route.name)]
+        h.update(json.dumps(inputs, sort_keys=True, default=str).encode())
         return h.hexdigest()
+
+    def take_warmed(self, key: str) -> Optional[Outcome]:
+        """The outcome a warm-up computed for ``key`` (files read: once, and only while fresh)."""
+        hit = self.warmed.pop(key)
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        return hit[1]
 
     def work(self, route: Route, deadline: float) -> bytes:
         """What a worker needs for :meth:`compute`, as JSON (never pickled)."""
@@ -242,6 +267,7 @@ class Engine:
     # ---- step 2 (worker process) ---------------------------------------------------------------
     def run_work(self, payload: bytes) -> bytes:
         """A worker's entry point: JSON in (:meth:`work`), JSON out (:class:`Outcome`)."""
+        t0 = time.monotonic()
         try:
             msg = json.loads(payload)
             req = PredictRequest.from_dict(msg["req"])
@@ -251,6 +277,7 @@ class Engine:
             log_event("worker_error", level=logging.ERROR, error=type(exc).__name__)
             logging.getLogger("perfcast.daemon").debug("worker error", exc_info=True)
             out = Outcome(skip_reason="internal", skip_why="internal error")
+        out.compute_ms = round((time.monotonic() - t0) * 1e3, 3)
         return out.to_json()
 
     def compute(self, req: PredictRequest, partition: str, platform_name: str,
@@ -275,7 +302,8 @@ class Engine:
             default_gpus_per_node=getattr(platform, "gpus_per_node", None),
             work_dir=req.work_dir, deadline_s=budget)
         # A parse cut short by the clock may succeed next time (a busy machine): not remembered.
-        cacheable = reader.reads == 0 and time.monotonic() < parse_end
+        timely = time.monotonic() < parse_end
+        cacheable = reader.reads == 0 and timely
         warnings = [str(w) for w in (getattr(parsed, "warnings", None) or [])]
         job = getattr(parsed, "job", None)
         if job is None:
@@ -297,6 +325,7 @@ class Engine:
                 else:
                     out = Outcome(facts=facts, warnings=warnings, cacheable=cacheable,
                                   job=job.to_dict() if hasattr(job, "to_dict") else None)
+        out.timely = timely
         if reader.contents:
             redact_outcome(out, reader.contents, req.script)
         return out
@@ -316,12 +345,16 @@ class Engine:
             self._predictions.put(key, facts)
         return facts
 
+    @staticmethod
+    def _slurm_request_values(req: PredictRequest, name: Optional[str]) -> dict[str, Any]:
+        return {"nodes": req.min_nodes, "gpus_per_node": req.gpus_per_node,
+                "ntasks": req.num_tasks, "ntasks_per_node": req.ntasks_per_node,
+                "partition": name or None, "time_limit_minutes": req.time_limit,
+                "array": req.array, "job_name": req.name, "cpus_per_task": req.cpus_per_task}
+
     def _slurm_request(self, req: PredictRequest, name: Optional[str]) -> Any:
         ctor = self.backends.get("slurm_request")
-        values = {"nodes": req.min_nodes, "gpus_per_node": req.gpus_per_node,
-                  "ntasks": req.num_tasks, "ntasks_per_node": req.ntasks_per_node,
-                  "partition": name or None, "time_limit_minutes": req.time_limit,
-                  "array": req.array, "job_name": req.name, "cpus_per_task": req.cpus_per_task}
+        values = self._slurm_request_values(req, name)
         if ctor is None:
             return values
         if dataclasses.is_dataclass(ctor):

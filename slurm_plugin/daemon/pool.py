@@ -51,8 +51,11 @@ DRAIN_FRESH_S = 2.0            # a drain rate measured longer ago than this is n
 RESPAWN_BACKOFF_S = 0.5        # a worker that dies within this of starting: wait before the next
 RESPAWN_BACKOFF_MAX_S = 30.0   # ... doubling while they keep dying so, up to this: no crash loop
 # Workers yield the CPU to the daemon's own loop (accepting, answering, handing out work) and to
-# slurmctld: a starved loop leaves workers idle and answers late.
+# slurmctld: a starved loop leaves workers idle and answers late.  Not while slurmctld waits for
+# the job (holding its locks): then a worker that yields only makes it wait longer, so a root
+# daemon runs urgent jobs at nice 0 and warm-ups at WORKER_NICE.
 WORKER_NICE = 5
+_URGENT, _WARM = b"u", b"w"     # the first byte of a job's frame
 
 
 class PoolBusy(Exception):
@@ -72,6 +75,7 @@ class _Job:
     payload: bytes
     deadline: float                 # time.monotonic() (the event loop's clock too)
     future: asyncio.Future
+    urgent: bool = True             # slurmctld waits for it (not a warm-up): ahead of the others
 
 
 @dataclass(eq=False)   # identity: workers live in sets
@@ -198,10 +202,11 @@ class WorkerPool:
                       pids=",".join(map(str, sorted(self._zombies))))
 
     # ---- submitting --------------------------------------------------------------------------
-    def submit(self, payload: bytes, deadline: float) -> "asyncio.Future[bytes]":
+    def submit(self, payload: bytes, deadline: float, urgent: bool = True) -> "asyncio.Future[bytes]":
         """Queue a job; raises :class:`PoolBusy` at once when it cannot be answered in time.
 
         The future gets the worker's result, or :class:`WorkerOverrun` / :class:`WorkerDied`.
+        ``urgent`` jobs (somebody waits) queue ahead of the others (warm-ups).
         """
         loop = self._loop or asyncio.get_running_loop()
         now = time.monotonic()
@@ -218,15 +223,37 @@ class WorkerPool:
             # Starts once the jobs ahead of it are done, at the rate the queue was last measured
             # to drain; then runs.  Unmeasured (a first burst) or stale: it queues, and waits only
             # as long as its deadline allows (_pump) -- never refused on a guess.
+            ahead = self._urgent_queued() if urgent else len(self.queue)
             if self.drain_s is not None and now - self._last_done < DRAIN_FRESH_S:
-                wait = (len(self.queue) + 1) * self.drain_s
+                wait = (ahead + 1) * self.drain_s
                 if now + wait + self.service_s > deadline:
                     self.stats["shed_deadline"] += 1
                     raise PoolBusy("deadline")
-        job = _Job(payload, deadline, loop.create_future())
-        self.queue.append(job)
+        job = _Job(payload, deadline, loop.create_future(), urgent)
+        if urgent:
+            self.queue.insert(self._urgent_queued(), job)
+        else:
+            self.queue.append(job)
         self._pump()
         return job.future
+
+    def _urgent_queued(self) -> int:
+        n = 0
+        for job in self.queue:     # urgent ones are at the front
+            if not job.urgent:
+                break
+            n += 1
+        return n
+
+    def promote(self, future: "asyncio.Future[bytes]") -> None:
+        """Somebody now waits for the queued job of ``future``: it goes ahead of the others."""
+        for i, job in enumerate(self.queue):
+            if job.future is future:
+                if not job.urgent:
+                    del self.queue[i]
+                    job.urgent = True
+                    self.queue.insert(self._urgent_queued(), job)
+                return
 
     def _pump(self) -> None:
         while self.idle and self.queue:
@@ -245,7 +272,8 @@ class WorkerPool:
         assert self._loop is not None and w.transport is not None
         w.job = job
         w.dispatched = time.monotonic()
-        w.transport.write(_HEADER.pack(len(job.payload)) + job.payload)
+        w.transport.write(_HEADER.pack(len(job.payload) + 1) + (_URGENT if job.urgent else _WARM)
+                          + job.payload)
         w.timer = self._loop.call_at(job.deadline, self._overrun, w)
 
     # ---- worker events -----------------------------------------------------------------------
@@ -501,8 +529,9 @@ def _worker_main(sock: socket.socket, target: Target, warmup: Optional[Warmup], 
             except OSError:
                 pass
     sock.setblocking(True)
+    nice = 0
     try:
-        os.nice(WORKER_NICE)
+        nice = os.nice(WORKER_NICE)
     except OSError:
         pass
     if warmup is not None:
@@ -521,7 +550,14 @@ def _worker_main(sock: socket.socket, target: Target, warmup: Optional[Warmup], 
         payload = _recv_exact(sock, n)
         if payload is None:
             return 0
-        result = target(payload)
+        want = WORKER_NICE if payload[:1] == _WARM else 0
+        if want != nice:
+            try:   # lowering it needs root (the controller's daemon); otherwise it stays niced
+                os.setpriority(os.PRIO_PROCESS, 0, want)
+                nice = want
+            except OSError:
+                pass
+        result = target(payload[1:])
         sock.sendall(_HEADER.pack(len(result)) + result)
 
 

@@ -7,7 +7,9 @@
       ntasks_per_node, cpus_per_task, tres_per_node, tres_per_job, tres_per_task, time_limit,
       max_time, argv (list), name, array, std_out (--output as given), env (object; cli_filter
       only), format ("lines"|"json"),
-      partitions ({name: {"max_time": minutes, "default": bool}}, from job_submit.lua's part_list)
+      partitions ({name: {"max_time": minutes, "default": bool}}, from job_submit.lua's part_list),
+      warm (true: cli_filter.lua's warm-up; the outcome is computed and kept for job_submit.lua's
+      request of the same submission, the answer is ``status=ok reason=warm`` only)
 
   Numbers may be Slurm's NO_VAL markers; the daemon treats those as "not given".  ``partition``
   may list several ("a,b"): the first one perfcast manages is used; none = the default partition.
@@ -92,6 +94,7 @@ class PredictRequest:
     format: str = "json"
     partition_max_time: Mapping[str, Optional[int]] = field(default_factory=dict)
     default_partition: Optional[str] = None
+    warm: bool = False                # cli_filter.lua's warm-up: compute and keep, answer nothing
 
     def candidate_partitions(self) -> list[str]:
         """The partitions the job may run in, in the user's order (or the default one)."""
@@ -143,11 +146,12 @@ def _gpu_count(tres: str) -> Optional[int]:
     return total or None
 
 
-def parse_request(raw: bytes, *, max_script: int,
-                  peer: Optional[tuple[int, int]] = None) -> PredictRequest:
+def parse_request(raw: bytes, *, max_script: int, peer: Optional[tuple[int, int]] = None,
+                  peer_cwd: Optional[str] = None) -> PredictRequest:
     """Decode and validate one request; raises :class:`BadRequest` with a short reason.
 
-    ``peer`` (uid, gid) replaces the request's own claim (the user socket: the kernel's word).
+    ``peer`` (uid, gid) replaces the request's own claim (the user socket: the kernel's word);
+    ``peer_cwd`` (the peer process's working directory) is the work_dir when the request names none.
     """
     try:
         # Scripts are bytes to Slurm; undecodable bytes must not make a job unpredictable.
@@ -178,7 +182,7 @@ def parse_request(raw: bytes, *, max_script: int,
         raise BadRequest("submit_uid missing")
     if gid is None:   # guessing a group could grant the reader rights the user does not have
         raise BadRequest("submit_gid missing")
-    work_dir = data.get("work_dir") or "/"
+    work_dir = data.get("work_dir") or peer_cwd or "/"
     if not isinstance(work_dir, str) or not work_dir.startswith("/") or "\0" in work_dir:
         raise BadRequest("work_dir must be an absolute path")
     argv = data.get("argv") or []
@@ -223,7 +227,8 @@ def parse_request(raw: bytes, *, max_script: int,
         tres_per_task=_opt_str(data, "tres_per_task") or "",
         time_limit=time_limit, max_time=_opt_int(data, "max_time"),
         argv=tuple(argv[:256]), name=_opt_str(data, "name"), array=_opt_str(data, "array"),
-        std_out=(_opt_str(data, "std_out") or "")[:4096], env=env, format=fmt, partition_max_time=max_times, default_partition=default_part)
+        std_out=(_opt_str(data, "std_out") or "")[:4096], env=env, format=fmt, partition_max_time=max_times, default_partition=default_part,
+        warm=data.get("warm") is True)
 
 
 # cli_filter.lua sends slurm.json_cli_options(options): sbatch's long option names -> our keys.
@@ -247,6 +252,13 @@ def _from_cli_options(data: Mapping[str, Any], cli: Mapping[str, Any]) -> dict[s
     argv = cli.get("argv")
     if isinstance(argv, list) and "argv" not in data:
         out["argv"] = [a for a in argv if isinstance(a, str)]
+    if data.get("warm") is True:
+        # As sbatch does before job_submit.lua sees the job: --ntasks-per-node on a fixed node
+        # count sets the task count (the warm-up must describe the job job_submit.lua gets).
+        nodes, per_node = cli.get("nodes"), cli.get("ntasks-per-node")
+        if (cli.get("ntasks") is None and isinstance(nodes, str) and nodes.isdigit()
+                and isinstance(per_node, str) and per_node.isdigit()):
+            out["num_tasks"] = int(nodes) * int(per_node)
     return out
 
 

@@ -35,6 +35,8 @@ from .protocol import (Answer, BadRequest, PredictRequest, RequestTooLarge, pars
                        read_request, request_limit, sniff_format)
 
 BACKSTOP_S = 0.05      # the pool answers by the deadline itself; this only guards against bugs
+MIN_JOIN_LEFT_S = 0.01  # a failed warm-up leaves this much of the deadline: compute afresh
+WARM_KEEP_S = 60.0     # a warm-up that read files serves job_submit's request this long, once
 STOP_GRACE_S = 0.3     # SIGTERM: answers in flight may take this long to go out, then workers die
 
 log = logging.getLogger("perfcast.daemon")
@@ -110,6 +112,7 @@ class PredictServer:
         self.servers: list[asyncio.AbstractServer] = []
         self.stats: collections.Counter[str] = collections.Counter()
         self._reloading: Optional[asyncio.Task] = None
+        self._pending: dict[str, asyncio.Future] = {}     # cache key -> the computation in flight
         self._in_flight = 0
         self.records: Optional[Recorder] = None
         self._ticker: Optional[asyncio.TimerHandle] = None
@@ -164,7 +167,9 @@ class PredictServer:
         settings = engine.config.daemon
         deadline = t0 + settings.deadline_ms / 1000.0
         fmt = "lines"
+        event = "request"
         fields: dict[str, Any] = {}
+        timing = log.isEnabledFor(logging.DEBUG)   # where the time went, per phase (debug only)
         self._in_flight += 1
         try:
             try:
@@ -180,14 +185,22 @@ class PredictServer:
                     raw = await asyncio.wait_for(
                         read_request(reader, request_limit(settings.max_request_bytes)),
                         deadline - time.monotonic())
+                    if timing:
+                        fields["read_ms"] = _ms_since(t0)
                     fmt = sniff_format(raw)
                     # On the user socket the kernel's word replaces the request's claim.
                     req = parse_request(raw, max_script=settings.max_request_bytes,
-                                        peer=(uid, gid) if user_mode else None)
+                                        peer=(uid, gid) if user_mode else None,
+                                        peer_cwd=_cwd(pid) if user_mode else None)
                     fmt = req.format
                     fields.update(uid=req.submit_uid, bytes=len(raw))
+                    event = "warm" if req.warm else "request"
                     del raw
+                    if timing:
+                        fields["parsed_ms"] = _ms_since(t0)
                     answer = await self._answer(engine, req, deadline, fields)
+                    if timing:
+                        fields["answered_ms"] = _ms_since(t0)
                 except asyncio.TimeoutError:
                     answer = _too_slow(settings.deadline_ms)
                 except RequestTooLarge as exc:
@@ -211,7 +224,7 @@ class PredictServer:
                 await asyncio.wait_for(writer.drain(), 1.0)
             except (OSError, asyncio.TimeoutError):
                 fields["write"] = "failed"   # Lua gave up already; it let the job through
-            log_event("request", status=answer.status, reason=answer.reason,
+            log_event(event, status=answer.status, reason=answer.reason,
                       time_limit=answer.time_limit if answer.time_limit is not None else "-",
                       ms=round((time.monotonic() - t0) * 1e3, 2),
                       level=logging.WARNING if answer.status in ("refused", "error") else logging.INFO,
@@ -224,20 +237,27 @@ class PredictServer:
                       fields: dict[str, Any]) -> Answer:
         routed = engine.route(req)
         if isinstance(routed, Answer):
-            return routed
+            return WARM if req.warm else routed
         key = engine.cache_key(routed)
-        out: Optional[Outcome] = engine.outcomes.get(key)
-        if out is not None:   # repeats (arrays, resubmissions) are answered right here
+        if log.isEnabledFor(logging.DEBUG):
+            fields["key"] = key[:12]
+        # repeats (arrays, resubmissions) and warmed-up submissions are answered right here
+        out: Optional[Outcome] = engine.outcomes.get(key) or engine.take_warmed(key)
+        if out is not None:
             fields["cached"] = 1
-            return self._finish(engine, routed, out, req)
+            return WARM if req.warm else self._finish(engine, routed, out, req)
+        if req.warm:
+            # cli_filter.lua's warm-up: job_submit.lua's request for this submission, a moment
+            # later, finds the outcome kept or joins the computation in flight.
+            if key not in self._pending:
+                try:
+                    self._start(engine, routed, key, deadline, warm=True)
+                except PoolBusy as exc:
+                    fields["shed"] = str(exc)
+            return WARM
         try:
-            fut = self.pool.submit(engine.work(routed, deadline), deadline)
-        except PoolBusy as exc:
-            fields["shed"] = str(exc)
-            return engine.skip(routed.part, "busy", "the prediction service is busy")
-        try:
-            raw = await asyncio.wait_for(fut, max(0.001, deadline - time.monotonic()) + BACKSTOP_S)
-        except PoolBusy as exc:      # waited in the queue until too late to start
+            out = await self._outcome(engine, routed, key, deadline, fields)
+        except PoolBusy as exc:      # refused at once, or waited in the queue until too late
             fields["shed"] = str(exc)
             return engine.skip(routed.part, "busy", "the prediction service is busy")
         except (WorkerOverrun, asyncio.TimeoutError):
@@ -246,10 +266,59 @@ class PredictServer:
         except WorkerDied:
             fields["worker"] = "died"
             return engine.skip(routed.part, "internal", "internal error")
-        out = Outcome.from_json(raw)
-        if out.cacheable:
-            engine.outcomes.put(key, out)
         return self._finish(engine, routed, out, req)
+
+    async def _outcome(self, engine: Engine, routed: Route, key: str, deadline: float,
+                       fields: dict[str, Any]) -> Outcome:
+        """The outcome for ``key``: joining a computation already in flight (a warm-up) if there
+        is one, else computed by a worker ahead of any warm-up still queued."""
+        t_pool = time.monotonic()
+        fut = self._pending.get(key)
+        if fut is not None:
+            fields["joined"] = 1
+            self.pool.promote(fut)    # a warm-up still queued: slurmctld waits for it now
+            try:
+                raw = await asyncio.wait_for(asyncio.shield(fut),
+                                             max(0.001, deadline - time.monotonic()) + BACKSTOP_S)
+            except (PoolBusy, WorkerOverrun, WorkerDied):
+                # The warm-up failed (its own deadline, a crash): compute as if it never ran.
+                if deadline - time.monotonic() <= MIN_JOIN_LEFT_S:
+                    raise
+                fut = None
+            else:
+                out = Outcome.from_json(raw)
+                engine.take_warmed(key)     # kept for this request only
+                if not out.timely and deadline - time.monotonic() > MIN_JOIN_LEFT_S:
+                    fut = None              # cut short by the warm-up's clock, not by ours
+        if fut is None:
+            fut = self._start(engine, routed, key, deadline, warm=False)
+            raw = await asyncio.wait_for(asyncio.shield(fut),
+                                         max(0.001, deadline - time.monotonic()) + BACKSTOP_S)
+            out = Outcome.from_json(raw)
+        if log.isEnabledFor(logging.DEBUG):
+            fields["worker_ms"] = out.compute_ms
+            fields["pool_ms"] = round((time.monotonic() - t_pool) * 1e3, 3)
+        return out
+
+    def _start(self, engine: Engine, routed: Route, key: str, deadline: float,
+               warm: bool) -> "asyncio.Future[bytes]":
+        """Hand the work to the pool (raises PoolBusy); its outcome is kept when it comes."""
+        fut = self.pool.submit(engine.work(routed, deadline), deadline, urgent=not warm)
+        self._pending[key] = fut
+
+        def settled(f: "asyncio.Future[bytes]") -> None:
+            if self._pending.get(key) is f:
+                del self._pending[key]
+            if f.cancelled() or f.exception() is not None:
+                return
+            out = Outcome.from_json(f.result())
+            if out.cacheable:
+                engine.outcomes.put(key, out)
+            elif warm and out.timely:
+                # Read files: kept only for the one request it was computed ahead of.
+                engine.warmed.put(key, (time.monotonic() + WARM_KEEP_S, out))
+        fut.add_done_callback(settled)
+        return fut
 
     def _finish(self, engine: Engine, routed: Route, out: Outcome, req: PredictRequest) -> Answer:
         """The policy's answer; a prediction is also recorded (off the loop, by the writer's
@@ -340,6 +409,24 @@ class PredictServer:
     def summary(self) -> dict[str, Any]:
         records = self.records.stats() if self.records is not None else {}
         return {"served": sum(self.stats.values()), **dict(sorted(self.pool.stats.items())), **records}
+
+
+WARM = Answer("ok", reason="warm")   # cli_filter.lua does not wait for it
+
+
+def _cwd(pid: int) -> Optional[str]:
+    """The working directory of process ``pid`` as sbatch's getcwd() gives it to Slurm (symlinks
+    resolved); from the kernel's record, so a hung file system cannot block the loop here."""
+    if pid <= 0:
+        return None
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+
+
+def _ms_since(t0: float) -> float:
+    return round((time.monotonic() - t0) * 1e3, 3)
 
 
 def _too_slow(deadline_ms: int, engine: Optional[Engine] = None,

@@ -27,6 +27,10 @@ local settings = {
     timeout_ms = 1000,           -- a person waits for sbatch, not the controller: more slack
     max_script_bytes = 4194304,
     quiet_failures = false,
+    -- true: only warm the daemon up for job_submit.lua (packaging/INSTALL.md §5): the prediction
+    -- of this submission is computed while sbatch talks to slurmctld, so that job_submit.lua's
+    -- request finds it ready.  Sets nothing, says nothing, waits for no answer.
+    prewarm = false,
 }
 
 do
@@ -99,6 +103,22 @@ local function ask(payload)
     return data
 end
 
+-- Hand the request over and go: the daemon computes while sbatch goes on (prewarm).
+local function send_only(payload)
+    if not have_socket then return end
+    local c = (unix.stream or unix)()
+    c:settimeout(settings.timeout_ms / 1000)
+    if c:connect(settings.socket) then
+        local sent = 0
+        while sent < #payload do
+            local n = c:send(payload, sent + 1)
+            if not n then break end
+            sent = n
+        end
+    end
+    c:close()
+end
+
 local function pre_submit(options, offset)
     local argv = options["argv"]
     local path = type(argv) == "table" and argv[1] or nil
@@ -113,11 +133,20 @@ local function pre_submit(options, offset)
 
     -- Unset options read as defaults (ntasks "1", a huge time), so the daemon gets Slurm's own
     -- dump of what was really set (null = unset) and picks what it needs: no parsing here.
-    local wd = os.getenv("PWD") or "/"
     local out = { '{"format":"lines","script":', jstr(script),
                   ',"cli_options":', slurm.json_cli_options(options),
-                  ',"work_dir":', jstr(wd),
-                  ',"submit_uid":-1}\n' }   -- ignored: the daemon uses the kernel's word
+                  ',"submit_uid":-1' }   -- ignored: the daemon uses the kernel's word
+    if settings.prewarm then
+        -- No work_dir: the daemon takes sbatch's own (/proc/PID/cwd, symlinks resolved, as
+        -- sbatch's getcwd() gives it to job_submit.lua); --chdir still wins.
+        -- What job_submit.lua will send for this job: sbatch names an unnamed job after its script.
+        if options["job-name"] == nil then
+            out[#out + 1] = ',"name":' .. jstr(path:match("([^/]*)$"))
+        end
+        out[#out + 1] = ',"warm":true}\n'
+        return send_only(table.concat(out))
+    end
+    out[#out + 1] = ',"work_dir":' .. jstr(os.getenv("PWD") or "/") .. '}\n'
     local raw, why = ask(table.concat(out))
     if not raw then return fail(why) end
     local a = {}

@@ -22,6 +22,7 @@ local settings = {
     timeout_ms = 300,                -- the whole round trip; the daemon answers by 250 ms itself
     max_script_bytes = 4194304,      -- larger scripts are not sent (the daemon would refuse them)
     quiet_failures = false,          -- true: say nothing to users when perfcast fails (still logged)
+    timing = false,                  -- true: log where each call's time went (benchmarks/bench_sbatch.py)
 }
 
 do  -- overrides from perfcast_settings.lua next to this file
@@ -116,10 +117,17 @@ local function request_json(job_desc, part_list, submit_uid)
     return table.concat(out)
 end
 
+local clock = have_core and socket_core.gettime or os.time
+local marks = {}   -- settings.timing: {name, seconds} of the phases of the current call
+
+local function mark(name)
+    if settings.timing then marks[#marks + 1] = { name, clock() } end
+end
+
 -- One round trip; returns the raw answer or nil, why.
 local function ask(payload)
     if not have_socket then return nil, "lua-socket is not installed on the controller" end
-    local now = have_core and socket_core.gettime or os.time
+    local now = clock
     local deadline = now() + settings.timeout_ms / 1000
     local c, err = (unix.stream or unix)()
     if not c then return nil, "cannot create a socket: " .. tostring(err) end
@@ -134,6 +142,7 @@ local function ask(payload)
         c:close()
         return nil, "prediction daemon not reachable (" .. tostring(cerr) .. ")"
     end
+    mark("connect")
     local sent = 0
     while sent < #payload do
         c:settimeout(left())
@@ -145,6 +154,7 @@ local function ask(payload)
         end
         sent = n
     end
+    mark("send")
     local parts = {}
     while true do
         c:settimeout(left())
@@ -162,6 +172,7 @@ local function ask(payload)
         end
     end
     c:close()
+    mark("answer")
     return table.concat(parts)
 end
 
@@ -180,7 +191,11 @@ local function submit(job_desc, part_list, submit_uid)
     if #script > settings.max_script_bytes then
         return say("script too large to predict")
     end
-    local raw, why = ask(request_json(job_desc, part_list, submit_uid))
+    marks = {}
+    mark("start")
+    local payload = request_json(job_desc, part_list, submit_uid)
+    mark("encode")
+    local raw, why = ask(payload)
     if not raw then return say(why) end
     local a = {}
     for k, v in string.gmatch(raw, "([%w_]+)=([^\n]*)") do a[k] = v end
@@ -215,8 +230,17 @@ local function submit(job_desc, part_list, submit_uid)
             slurm.log_user("%s", a.message)
         end
     end
+    mark("apply")
     slurm.log_info("perfcast: job from uid %s: status=%s reason=%s limit=%s",
                    tostring(submit_uid), tostring(a.status), tostring(a.reason), tostring(a.time_limit))
+    if settings.timing and #marks > 1 then
+        local out = {}
+        for i = 2, #marks do
+            out[#out + 1] = string.format("%s=%.3f", marks[i][1], (marks[i][2] - marks[i - 1][2]) * 1e3)
+        end
+        slurm.log_info("perfcast: timing_ms %s total=%.3f", table.concat(out, " "),
+                       (marks[#marks][2] - marks[1][2]) * 1e3)
+    end
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)

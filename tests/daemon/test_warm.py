@@ -1,0 +1,197 @@
+"""cli_filter.lua's warm-up: the daemon computes a submission's outcome ahead of job_submit.lua's
+request, which then gets the same answer without waiting for a worker -- and only the user who
+warmed it up can be served from it.
+
+Whether job_submit's request finds the warm-up finished or still in flight depends on timing; the
+assertions hold either way (one computation, the same answer).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+
+from slurm_plugin import daemon
+from slurm_plugin.daemon import engine as engine_mod
+from slurm_plugin.daemon.protocol import parse_request
+from slurm_plugin.records import RecordStore, parse_admin_comment
+
+from . import fakes
+from .conftest import RunningDaemon
+from .test_protocol import JOB, ROOT_ONLY, _as_user, req
+from .test_workers import _started
+
+ARGV = ["/tmp/job.sh"]
+
+
+def warm_body(script: str, **cli) -> dict:
+    """What cli_filter.lua sends with ``prewarm = true``."""
+    return {"format": "lines", "script": script, "submit_uid": -1, "warm": True,
+            "cli_options": {"partition": "gpu", "chdir": "/tmp", "argv": ARGV, **cli}}
+
+
+def warm(running, script: str, **cli) -> dict:
+    return daemon.ask_daemon(running.user_socket, warm_body(script, **cli), 30)
+
+
+def settled(running, within: float = 30.0) -> None:
+    """Until no computation is in flight."""
+    end = time.monotonic() + within
+    while running.state(lambda: bool(running.server._pending)):
+        assert time.monotonic() < end, "warm-up never finished"
+        time.sleep(0.01)
+
+
+def submit(running, script: str, **kw) -> dict:
+    """What job_submit.lua sends for the same submission."""
+    return running.ask(req(script=script, argv=ARGV, **kw))
+
+
+def without_record_id(answer: dict) -> dict:
+    return dict(answer, admin_comment=re.sub(r" rec=\w+", "", answer["admin_comment"]))
+
+
+def test_a_warmed_submission_gets_the_cold_answer_without_a_second_computation(running):
+    cold = submit(running, JOB + "# FAKE tag=cold\n")
+    script = JOB + "# FAKE tag=warm\n"
+    n = len(fakes.seen())
+    assert warm(running, script) == {"status": "ok", "reason": "warm"}
+    settled(running)
+    assert len(fakes.seen()) == n + 1
+    hot = submit(running, script)
+    assert len(fakes.seen()) == n + 1                  # served from the warm-up
+    assert hot["status"] == "ok" and without_record_id(hot) == without_record_id(cold)
+    # ... and recorded like any prediction, under the id in its AdminComment
+    rid = parse_admin_comment(hot["admin_comment"])["rec"]
+    running.wait_stored()
+    rec = RecordStore(os.path.join(running.dir, "records.sqlite")).get(rid)
+    assert rec is not None and rec.time_limit_minutes == hot["time_limit"]
+
+
+def test_a_request_joins_a_warm_up_still_in_flight(monkeypatch):
+    # A parse of 0.3 s that is within its budget: the warm-up's outcome is complete.
+    monkeypatch.setattr(engine_mod, "PARSE_BUDGET_S", 10.0)
+    running = RunningDaemon()
+    try:
+        cold = submit(running, JOB + "# FAKE tag=cold2 sleep=0.3\n")
+        script = JOB + "# FAKE tag=joined sleep=0.3\n"
+        n = len(fakes.seen())
+        warm(running, script)
+        hot = submit(running, script)
+        assert len(fakes.seen()) == n + 1
+        assert without_record_id(hot) == without_record_id(cold)
+    finally:
+        running.stop()
+
+
+def test_a_warm_up_cut_short_by_its_budget_is_computed_again(running):
+    script = JOB + "# FAKE tag=slow sleep=0.2\n"     # over the parse budget: not complete
+    n = len(fakes.seen())
+    warm(running, script)
+    submit(running, script)
+    assert len(fakes.seen()) == n + 2
+
+
+def test_the_policy_is_applied_to_the_request_not_the_warm_up(running):
+    script = JOB + "# FAKE tag=policy\n"
+    warm(running, script)
+    settled(running)
+    n = len(fakes.seen())
+    free = submit(running, script)
+    capped = submit(running, script, max_time=30)       # the partition's MaxTime, from Lua
+    assert len(fakes.seen()) == n
+    assert free["time_limit"] > 30 and capped["time_limit"] == 30
+    # the user's own --time reaches the parser, so it is part of what was warmed up
+    warm(running, script, time="999")
+    settled(running)
+    users = submit(running, script, time_limit=999)
+    assert len(fakes.seen()) == n + 1
+    assert users["status"] == "ok" and users["reason"] == "keep" and users["time_limit"] is None
+
+
+def test_a_warm_up_that_read_files_serves_one_request_only(running, tmp_path):
+    config = tmp_path / "neox.yml"
+    config.write_text("num_layers: 2\n")
+    os.chmod(tmp_path, 0o755)
+    config.chmod(0o644)
+    script = JOB + f"# FAKE config={config}\n"
+    cold = submit(running, script)
+    warm(running, script)
+    settled(running)
+    n = len(fakes.seen())
+    first = submit(running, script)
+    assert len(fakes.seen()) == n                      # the warm-up's outcome
+    second = submit(running, script)
+    assert len(fakes.seen()) == n + 1                  # files may have changed since: read again
+    assert without_record_id(first) == without_record_id(second) == without_record_id(cold)
+
+
+def test_a_warm_up_of_another_job_shape_is_not_used(running):
+    script = JOB + "# FAKE tag=shape\n"
+    warm(running, script, nodes="2")
+    settled(running)
+    n = len(fakes.seen())
+    submit(running, script, min_nodes=4)
+    assert len(fakes.seen()) == n + 1
+
+
+@ROOT_ONLY
+def test_another_user_can_neither_use_nor_poison_a_warm_up(running):
+    script = JOB + "# FAKE tag=nobody\n"
+    # nobody warms it up, claiming to be root: the kernel's word (65534) is what counts
+    body = dict(warm_body(script), submit_uid=0, submit_gid=0)
+    out = _as_user(lambda: json.dumps(daemon.ask_daemon(running.user_socket, body, 30)).encode())
+    assert json.loads(out) == {"status": "ok", "reason": "warm"}
+    settled(running)
+    n = len(fakes.seen())
+    assert fakes.seen()[-1]["request"]["nodes"] is None     # what nobody asked for was computed
+    submit(running, script)                                 # root's job: not from nobody's entry
+    assert len(fakes.seen()) == n + 1
+    submit(running, script, submit_uid=65534, submit_gid=65534)   # nobody's own job: it is
+    assert len(fakes.seen()) == n + 1
+
+
+def test_warm_up_only_on_managed_partitions(running):
+    n = len(fakes.seen())
+    assert warm(running, JOB + "# FAKE tag=cpu\n", partition="cpu") == {"status": "ok",
+                                                                        "reason": "warm"}
+    settled(running)
+    assert len(fakes.seen()) == n
+
+
+def test_warm_request_describes_the_job_as_sbatch_hands_it_to_job_submit():
+    cli = {"nodes": "4", "ntasks": None, "ntasks-per-node": "4", "gres": "gpu:4", "argv": ARGV}
+    body = {"script": JOB, "cli_options": cli, "submit_uid": -1, "warm": True}
+    r = parse_request(json.dumps(body).encode(), max_script=1 << 20, peer=(1000, 1000),
+                      peer_cwd="/home/u/run")
+    # sbatch fills --ntasks from nodes x tasks per node; the work_dir is sbatch's own cwd
+    assert (r.warm, r.num_tasks, r.work_dir, r.submit_uid) == (True, 16, "/home/u/run", 1000)
+    cli["nodes"] = "2-4"                       # a node range: sbatch leaves the count unset
+    r = parse_request(json.dumps(body).encode(), max_script=1 << 20, peer=(1000, 1000))
+    assert r.num_tasks is None and r.work_dir == "/"
+    body["warm"] = False                       # the older cli_filter mode: unchanged
+    cli["nodes"] = "4"
+    r = parse_request(json.dumps(body).encode(), max_script=1 << 20, peer=(1000, 1000))
+    assert r.num_tasks is None and not r.warm
+
+
+def test_urgent_jobs_go_ahead_of_warm_ups_and_a_promoted_one_joins_them():
+    async def go():
+        pool = await _started(size=1)
+        done: list[str] = []
+        far = time.monotonic() + 30
+        try:
+            futs = {"busy": pool.submit(b'{"sleep": 0.3}', far)}   # holds the only worker
+            futs["warm-a"] = pool.submit(b'{"n": "a"}', far, urgent=False)
+            futs["warm-b"] = pool.submit(b'{"n": "b"}', far, urgent=False)
+            futs["urgent"] = pool.submit(b'{"n": "u"}', far)
+            pool.promote(futs["warm-b"])            # slurmctld now waits for b
+            for name, fut in futs.items():
+                fut.add_done_callback(lambda f, name=name: done.append(name))
+            await asyncio.gather(*futs.values())
+        finally:
+            await pool.close()
+        assert done == ["busy", "urgent", "warm-b", "warm-a"]
+    asyncio.run(go())
