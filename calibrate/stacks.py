@@ -14,7 +14,7 @@ wraps it as a stack does, returning one training step:
   data-parallel wrapper, ``torch.optim.AdamW``.
 
 A process group must be initialised before ``ddp`` and ``fsdp`` (one rank is enough: the hooks,
-collectives and copies run all the same).  ``benchmarks/cpu_stacks.py`` (gloo) and
+collectives and copies run all the same).  :func:`measure_stack` below (gloo ranks on a CPU) and
 ``benchmarks/bench_gpu_stacks.py`` (one GPU) measure with these.
 """
 from __future__ import annotations
