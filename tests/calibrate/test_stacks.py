@@ -63,3 +63,29 @@ def test_a_stack_step_trains(one_rank, stack):
 def test_unknown_stack_is_refused():
     with pytest.raises(CalibrationError, match="stack 'megatron'"):
         stacks.stack_step("megatron", TrainingJob.from_dict(JOB), [], device="cpu")
+
+
+MEASURED_JOB = {"model": {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 32, "vocab": 256,
+                          "attention": "fused_softmax", "pos_emb": "rotary"},
+                "layout": {"pp": 1, "tp": 1, "dp": 1, "micro_batch": 2, "micro_batches": 2, "zero_stage": 1,
+                           "recompute": "none"},
+                "run": {"precision": "fp32"}, "cluster": {"gpus_per_node": 2}}
+
+
+@pytest.mark.parametrize("stack", ["pytorch", "fsdp"])
+def test_measure_stack_trains_and_times_every_step(stack):
+    # DeepSpeed's stack needs the deepspeed package, which is no dependency of the project.
+    import math
+
+    from calibrate.cpu_family import stack_job
+    secs, steps, params = stacks.measure_stack(stack_job(MEASURED_JOB, stack), stack, threads=1, steps=2,
+                                               warmup=1, timeout_s=300.0)
+    assert len(steps) == 2 and all(s > 0 for s in steps)
+    assert math.isfinite(secs) and min(steps) <= secs <= max(steps)
+    assert params == FlatGPT(TrainingJob.from_dict(MEASURED_JOB), "cpu", 1).numel
+
+
+def test_an_unknown_stack_worker_is_refused():
+    import queue
+    with pytest.raises(CalibrationError, match="stack 'ddp'"):
+        stacks.stack_worker(0, 1, 0, MEASURED_JOB, "ddp", 1, 1, 0, queue.SimpleQueue())
