@@ -131,18 +131,54 @@ def bench(name: str, runs: list[MeasuredRun], plat) -> tuple[int, int, int, int,
     return better, worse, noticeably, total, deltas
 
 
-def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int) -> None:
-    """Fit on N runs of one kind, predict that kind's other runs and the other kinds' runs."""
+# The stack families whose kinds' spreads ship (predictor.interval.SHIPPED_KIND_SPREADS): the
+# runs file, and the platform that predicts them ("samples:DIR": fitted from that sample store).
+SPREAD_DATA = (("benchmarks/data/cpu-family/stacks-dp1.toml", "samples:benchmarks/data/cpu-family/samples-stacks"),
+               ("benchmarks/data/h100-lent/stacks/stacks-runs.toml", "dgx-h100"))
+
+
+def _spread_platform(spec: str, keep: list):
+    if spec.startswith("samples:"):
+        from bench_cpu_family import resolve_platform
+        return resolve_platform(str(ROOT / spec.split(":", 1)[1]), keep)
+    return load_platform(spec)
+
+
+def print_kind_spreads() -> None:
+    """SHIPPED_KIND_SPREADS as measured now (each score rounded up at the 4th decimal)."""
+    import math
+
+    from calibrate.fitting.kinds import kind_spreads
+    keep: list = []
+    print("SHIPPED_KIND_SPREADS: tuple[KindSpread, ...] = (")
+    for runs_file, spec in SPREAD_DATA:
+        folder = str(Path(runs_file).parent)
+        for sp in kind_spreads(_spread_platform(spec, keep), load_runs(ROOT / runs_file), folder):
+            print(f"    KindSpread({sp.dataset!r}, {sp.kind!r}, {math.ceil(sp.score * 1e4) / 1e4}, {sp.runs}),")
+    print(")")
+
+
+def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, runs_file: str = "") -> None:
+    """Fit on N runs of one kind, predict that kind's other runs and the other kinds' runs.
+
+    The unseen-kind bound pools the site's kinds with the shipped kinds measured on *other* data
+    (those of ``runs_file``'s folder left out), so that no interval is judged on its own data."""
     import random
 
     from calibrate.fitting.kinds import fit_hierarchical
+    from predictor.interval import SHIPPED_KIND_SPREADS
     from predictor.kinds import kind_of
+
+    rel = str(Path(runs_file).resolve().relative_to(ROOT)) if runs_file else ""
+    spreads = [sp for sp in SHIPPED_KIND_SPREADS if not rel.startswith(sp.dataset + "/")]
 
     by_kind: dict[str, list[MeasuredRun]] = {}
     for r in runs:
         by_kind.setdefault(kind_of(r.job).key, []).append(r)
     print(f"\nstacks: {len(runs)} runs of {len(by_kind)} kinds: "
           + ", ".join(f"{k} ({len(v)})" for k, v in sorted(by_kind.items())))
+    print(f"shipped kinds pooled into the unseen-kind bound: {len(spreads)} of {len(SHIPPED_KIND_SPREADS)} "
+          f"(those measured on these runs left out)")
     print(f"{'kind fitted':<34}{'N':>3}{'kept':>6}{'same kind: MAPE before':>24}{'after':>8}{'cut':>6}{'covered':>9}"
           f"{'other kinds: MAPE before':>26}{'after':>8}{'covered':>9}")
 
@@ -153,6 +189,7 @@ def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int
         return sum(p.interval_seconds[0] <= r.measured_iteration_seconds <= p.interval_seconds[1]
                    for r, p in zip(rs, preds))
 
+    pooled: dict[int, list[int]] = {n: [0, 0, 0, 0] for n in sizes}     # same covered / runs, other
     for key, own in sorted(by_kind.items()):
         for n in sizes:
             if len(own) <= n:
@@ -163,8 +200,13 @@ def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int
                 train = rng.sample(own, n)
                 test = [r for r in own if r not in train]
                 other = [r for r in runs if kind_of(r.job).key != key]
-                res = fit_hierarchical(plat, train)
-                fitted = plat
+                res = fit_hierarchical(plat, train, spreads=spreads)
+                # Declined: the runs recorded with the platform's own predictions, the factors at
+                # 1 but the per-kind intervals kept (HierarchicalFit.interval_terms); kept: the fit,
+                # the runs with their leave-one-out predictions (validate --fit).
+                fitted = dataclasses.replace(plat, fitted=res.interval_terms(plat.fitted), validation=[
+                    dataclasses.replace(r, predicted_iteration_seconds=p.iteration_seconds)
+                    for r, p in zip(train, predict_many([r.job for r in train], plat))])
                 if res.improves:
                     acc["kept"] += 1
                     fitted = dataclasses.replace(plat, fitted=res.terms(), validation=[
@@ -179,9 +221,14 @@ def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int
                     acc[c] += covered(rs, after)
                     acc[cnt] += len(rs)
             cut = 1 - acc["sa"] / acc["sb"] if acc["sb"] else 0.0
+            pooled[n] = [a + b for a, b in zip(pooled[n], (acc["sc"], acc["sn"], acc["oc"], acc["on"]))]
             print(f"{key[:33]:<34}{n:>3}{acc['kept']:>3}/{draws:<2}{100 * acc['sb']:>23.1f}%{100 * acc['sa']:>7.1f}%"
                   f"{100 * cut:>5.0f}%{100 * acc['sc'] / max(acc['sn'], 1):>8.0f}%"
                   f"{100 * acc['ob']:>25.1f}%{100 * acc['oa']:>7.1f}%{100 * acc['oc'] / max(acc['on'], 1):>8.0f}%")
+    for n, (sc, sn, oc, on) in pooled.items():
+        if sn:
+            print(f"N = {n}, every kind fitted pooled: same kind covered {100 * sc / sn:.1f} % of {sn}, "
+                  f"other kinds {100 * oc / max(on, 1):.1f} % of {on}")
 
 
 def main() -> int:
@@ -208,7 +255,12 @@ def main() -> int:
     ap.add_argument("--samples", default=str(ROOT / "benchmarks" / "data" / "cpu-family" / "samples-stacks"),
                     help="--stacks: the sample store the platform is fitted from (default: the one "
                          "calibrated on the machine and day the stacks were measured)")
+    ap.add_argument("--kind-spreads", action="store_true",
+                    help="print predictor.interval.SHIPPED_KIND_SPREADS as measured from the stack families")
     args = ap.parse_args()
+    if args.kind_spreads:
+        print_kind_spreads()
+        return 0
     if args.stacks:
         keep_: list = []
         if args.stacks_platform:
@@ -219,7 +271,7 @@ def main() -> int:
         skip = tuple(f"{s} " for s in args.stacks_skip)
         runs = [r for r in load_runs(args.stacks_runs)
                 if (not args.dp or r.job.layout.dp == args.dp) and not r.name.startswith(skip)]
-        bench_stacks(plat, runs, args.runs_per_fit, args.draws)
+        bench_stacks(plat, runs, args.runs_per_fit, args.draws, args.stacks_runs)
         return 0
     if args.cpu_family:
         from bench_cpu_family import resolve_platform

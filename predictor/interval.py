@@ -182,6 +182,56 @@ def bundle_runs(platforms: Iterable["Platform"]) -> dict[str, BundleRuns]:
     return out
 
 
+def kind_score(scores: Sequence[float], alpha: float = ALPHA) -> float:
+    """How far one kind's runs lie from predictions that never saw a run of that kind: the conformal
+    (1 − α) quantile of their ``|log(measured / predicted)|``, their largest where too few for it."""
+    mags = [abs(x) for x in _finite(scores, "kind scores")]
+    if not mags:
+        raise ValueError("kind_score needs at least one score")
+    q = conformal_quantile(mags, alpha)
+    return max(mags) if q is None else q
+
+
+def unseen_kind_bound(kind_scores: Sequence[float], floor: float = 0.0, alpha: float = ALPHA) -> float:
+    """The log half-width of a kind with no runs, from :func:`kind_score` of K kinds measured.
+
+    A new stack is one more *kind*, exchangeable with the kinds measured, not with their runs
+    (hierarchical conformal prediction: Lee, Barber & Willett 2023), so the quantile is taken over
+    kinds: the ⌈(K + 1)(1 − α)⌉-th smallest score, which is the largest until K ≥ 19 at α = 0.1
+    (and the largest too where K < 9 gives no finite quantile); never below ``floor``."""
+    s = _finite(kind_scores, "kind scores")
+    if not s:
+        return floor
+    q = conformal_quantile(s, alpha)
+    return max(floor, max(s) if q is None else q)
+
+
+@dataclass(frozen=True)
+class KindSpread:
+    """One kind's runs of a development data set predicted by its platform as shipped (no run of
+    the kind seen): what a stack the site has never run can be, before any run of it."""
+
+    dataset: str        # the runs file's folder (benchmarks/data/...)
+    kind: str           # predictor.kinds.JobKind.key
+    score: float        # kind_score of its runs
+    runs: int
+
+
+# Every kind of the stack families measured for issue 28, rounded *up* at the 4th decimal.
+# Recompute: python benchmarks/bench_fit_transfer.py --kind-spreads; tests/calibrate/test_kinds_fit.py
+# checks the H100 rows against their runs file.
+SHIPPED_KIND_SPREADS: tuple[KindSpread, ...] = (
+    KindSpread('benchmarks/data/cpu-family', '-/fused_softmax/fp32/none', 0.4042, 14),
+    KindSpread('benchmarks/data/cpu-family', 'deepspeed/fused_softmax/fp32/none', 0.7453, 14),
+    KindSpread('benchmarks/data/cpu-family', 'torchtitan/fused_softmax/fp32/none', 0.6787, 14),
+    KindSpread('benchmarks/data/h100-lent/stacks', '-/flash/bf16/none', 0.2956, 49),
+    KindSpread('benchmarks/data/h100-lent/stacks', '-/flash:sdpa_efficient/bf16/none', 0.4779, 28),
+    KindSpread('benchmarks/data/h100-lent/stacks', '-/fused_softmax/bf16/none', 0.2705, 10),
+    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/flash/bf16/none', 0.1009, 27),
+    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/fused_softmax/bf16/none', 0.5844, 5),
+)
+
+
 # Where a rule's half-widths came from (IntervalRule.source): the four of a platform's runs, and the
 # three of a per-kind fit ([[fitted_kind]]): "kind" (the kind's own runs, n >= MIN_OWN_RUNS),
 # "kind-pooled" (the platform's rule widened to the kind's worst runs), "unseen-kind" (a kind with

@@ -24,10 +24,14 @@ micro-batch size and depth: host per micro-batch and compute move every run alik
 identified standard deviation on those runs (:func:`calibrate.validate._identified`); the report
 says so and the shrinkage keeps that direction at the partition's.
 
-Each kind's runs give its interval (:mod:`predictor.interval`): the leave-one-out scores of its
-runs.  A kind with no runs gets a bound no narrower than the spread across kinds: every run
-predicted by the partition-level factors fitted without its kind's runs, and the shipped runs'
-largest residual (:data:`predictor.interval.SHIPPED_PRIOR`).  No torch here.
+Each kind's runs give its interval (:mod:`predictor.interval`): their scores are each run
+predicted by the whole fit redone without it (as a new job of the kind would be).  A kind with no
+runs gets a bound from the spread *across* kinds: each kind's runs predicted without any run of
+its kind (the partition's factors fitted on the other kinds; with one kind, the models as they
+are) give that kind one score, pooled with the kinds measured elsewhere
+(:data:`predictor.interval.SHIPPED_KIND_SPREADS`), and the quantile is taken over kinds
+(:func:`predictor.interval.unseen_kind_bound`).  A declined fit still gives each kind its interval
+(:meth:`HierarchicalFit.interval_terms`).  No torch here.
 """
 from __future__ import annotations
 
@@ -39,7 +43,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from predictor.interval import SHIPPED_PRIOR, IntervalRule
+from predictor.interval import (SHIPPED_KIND_SPREADS, SHIPPED_PRIOR, IntervalRule, KindSpread, kind_score,
+                                unseen_kind_bound)
 from predictor.kinds import kind_of
 from predictor.platform import (FITTED_SCALE_RANGE, KIND_SCALES, FitDomain, FittedTerms, KindTerms,
                                 Platform)
@@ -86,6 +91,7 @@ class KindFit:
     killed_before: int                     # runs above the interval's upper end (a limit too short)
     killed_after: int
     domain: Optional[FitDomain] = None
+    scores_before: tuple[float, ...] = ()  # log(measured / predicted by the platform as it is)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "runs": self.runs, "mape_before": self.mape_before,
@@ -146,6 +152,17 @@ class HierarchicalFit:
                                 tuple(k.scores), round(k.mape_before, 6), round(k.loo_mape_after, 6), k.domain)
                       for k in self.kinds)
         return dataclasses.replace(parent, kinds=kinds)
+
+    def interval_terms(self, parent: Optional[FittedTerms] = None) -> FittedTerms:
+        """Factors declined, intervals kept: ``parent`` (the platform's ``[fitted]``; None: every
+        factor 1) for every kind, with each kind's residuals under it and the unseen-kind bound, so
+        that a stack with no runs gets the across-kinds bound, not the recorded stack's quantile."""
+        p = parent if parent is not None else FittedTerms()
+        # A legacy host_scale multiplies every host factor; a kind's terms carry them folded in.
+        scales = tuple((f, getattr(p, f) * (p.host_scale if f.startswith("host_") else 1.0)) for f in FACTORS)
+        kinds = tuple(KindTerms(k.kind, k.runs, scales, (), k.scores_before, round(k.mape_before, 6),
+                                round(k.mape_before, 6), None) for k in self.kinds)
+        return dataclasses.replace(p, kinds=kinds, unseen_kind_bound=round(self.unseen_kind_bound, 4))
 
     def describe(self) -> str:
         parts = [f"{LABEL[f]} {v.value:.3f} ± {100 * v.std_error:.0f} %" for f, v in self.partition.items()
@@ -236,9 +253,14 @@ def _loo_linear(X: np.ndarray, y: np.ndarray, P: np.ndarray) -> np.ndarray:
 
 
 def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
-                     current: Optional[Sequence[float]] = None) -> HierarchicalFit:
+                     current: Optional[Sequence[float]] = None,
+                     spreads: Sequence[KindSpread] = SHIPPED_KIND_SPREADS,
+                     factors_only: bool = False) -> HierarchicalFit:
     """Fit per-kind factors on ``runs`` (see the module docstring); ``current``: the platform's own
-    predictions of the runs as it is (with its ``[fitted]``), when already computed."""
+    predictions of the runs as it is (with its ``[fitted]``), when already computed; ``spreads``:
+    the kinds measured elsewhere that the unseen-kind bound pools with this site's;
+    ``factors_only``: the factors alone, no leave-one-out, scores or coverage (what the refits
+    behind the interval scores need)."""
     from predictor.estimate import predict_many
     n = len(runs)
     measured = np.array([r.measured_iteration_seconds for r in runs], dtype=float)
@@ -313,7 +335,9 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
     loo = np.zeros(n)
     Xt_y = X.T @ y
     A = X.T @ X + P
-    for i in range(n):
+    if factors_only:
+        loo = cur.copy()            # not used: the refit wants the factors alone
+    for i in range(0 if factors_only else n):
         bi = np.linalg.pinv(A - np.outer(X[i], X[i])) @ (Xt_y - X[i] * y[i])
         beta = _clamp_log(bi[:k] + (bi[k * (kind_idx[i] + 1):k * (kind_idx[i] + 2)] if math.isfinite(lam) else 0.0))
         loo[i] = _predict(base, [jobs[i]], {f: float(np.exp(beta[j])) for j, f in enumerate(FACTORS)})[0]
@@ -321,7 +345,12 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
     err_before = np.abs(cur / measured - 1.0)
     change = err_before - err_after
     change_se = float(np.std(change, ddof=1) / math.sqrt(n)) if n > 1 else 0.0
-    scores = np.log(measured / loo)
+    # The interval scores: each run predicted as a new job of its kind would be, by the whole fit
+    # (pooling strength, linearisation, domain, snapping) redone without it; the leave-one-out
+    # above keeps those fixed at what every run chose, and its residuals ran a few percent smaller
+    # than held-out runs' (docs/calibration.md).
+    loo_int = loo if factors_only or n <= MIN_FIT_RUNS else _refit_predictions(base, runs, p0, spreads)
+    scores = np.log(measured / loo_int)
 
     from calibrate.validate import _identified     # the identification test validate uses
     part_std = _identified(J, sees, y, among=active)
@@ -332,7 +361,8 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
             partition[f] = FactorFit(1.0, 0.0, "not seen")
         else:
             partition[f] = FactorFit(float(np.exp(_clamp_log(b[:k])[j])), se, _status(part_std.get(f)))
-    unseen = _unseen_bound(J, y, kind_idx, nk, k, lam0)
+    unseen = unseen_kind_bound([kind_score(u) for u in _unseen_residuals(J, y, kind_idx, nk, k, lam0)]
+                               + [sp.score for sp in spreads], floor=SHIPPED_PRIOR.maximum)
     kind_fits = []
     for c, key in enumerate(kinds):
         m = kind_idx == c
@@ -364,12 +394,13 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
             rule = IntervalRule.from_scores(list(rest) if len(rest) else [], calibrated=platform.calibrated)
             rule = rule.for_kind(list(others), unseen) if len(others) else rule.for_kind(None, unseen)
             lo, hi = rule.factors
-            cov_a += loo[i] * lo <= measured[i] <= loo[i] * hi
-            kill_a += measured[i] > loo[i] * hi
+            cov_a += loo_int[i] * lo <= measured[i] <= loo_int[i] * hi
+            kill_a += measured[i] > loo_int[i] * hi
         kind_fits.append(KindFit(key, int(m.sum()), float(np.mean(err_before[m])), float(np.mean(err_after[m])),
                                  facs, tuple(float(x) for x in kind_scores), cov_b / len(idx), cov_a / len(idx),
                                  int(kill_b), int(kill_a),
-                                 FitDomain.of_jobs([jobs[i] for i in idx], platform.gpus_per_node)))
+                                 FitDomain.of_jobs([jobs[i] for i in idx], platform.gpus_per_node),
+                                 tuple(float(x) for x in np.log(measured[m] / cur[m]))))
     moved = tuple(f for f, v in partition.items() if v.status == "fitted" and abs(math.log(v.value)) > 1e-3)
     log.info("hierarchical fit on %d runs of %d kinds: pooling %s, leave-one-out MAPE %.4f -> %.4f",
              n, nk, lam, before, float(np.mean(err_after)))
@@ -378,6 +409,19 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
                            fitted=moved, identification={f: (None if v is None or not np.isfinite(v) else
                                                              round(float(v), 4)) for f, v in part_std.items()},
                            host_fitted=any(f.startswith("host_") for f in moved))
+
+
+def _refit_predictions(base: Platform, runs: Sequence[MeasuredRun], p0: np.ndarray,
+                       spreads: Sequence[KindSpread]) -> np.ndarray:
+    """Each run's prediction by the terms fitted on the other runs, through the real predictor
+    (``p0``: every run predicted by ``base``)."""
+    from predictor.estimate import predict_many
+    out = np.zeros(len(runs))
+    for i, run in enumerate(runs):
+        fit = fit_hierarchical(base, list(runs[:i]) + list(runs[i + 1:]), current=list(np.delete(p0, i)),
+                               spreads=spreads, factors_only=True)
+        out[i] = predict_many([run.job], dataclasses.replace(base, fitted=fit.terms()))[0].iteration_seconds
+    return out
 
 
 def _kind_betas(b: np.ndarray, k: int, nk: int) -> list[np.ndarray]:
@@ -394,19 +438,27 @@ def _status(std: Optional[float]) -> str:
     return "fitted"
 
 
-def _unseen_bound(J: np.ndarray, y: np.ndarray, kind_idx: np.ndarray, nk: int, k: int, lam0: float) -> float:
-    """The log half-width of a kind with no runs: each kind's runs predicted by the partition's
-    factors fitted on the other kinds' runs (with one kind, by the models as they are), their largest
-    |residual|, and never below the shipped runs' largest (SHIPPED_PRIOR.maximum)."""
-    worst = 0.0
-    P = lam0 * np.eye(k)
+def _unseen_residuals(J: np.ndarray, y: np.ndarray, kind_idx: np.ndarray, nk: int, k: int,
+                      lam0: float) -> list[np.ndarray]:
+    """Per kind: its runs' log residuals at the partition's factors fitted on the other kinds' runs
+    (with one kind, at the models as they are): each kind as a kind never seen."""
     if nk == 1:
-        # No other kind to fit on: the kind's runs against the models as they are.
-        worst = float(np.max(np.abs(y)))
-    else:
-        for c in range(nk):
-            m = kind_idx == c
-            b = np.linalg.pinv(J[~m].T @ J[~m] + P) @ (J[~m].T @ y[~m])
-            worst = max(worst, float(np.max(np.abs(y[m] - J[m] @ b))))
-    return max(SHIPPED_PRIOR.maximum, worst)
+        return [y]
+    P = lam0 * np.eye(k)
+    out = []
+    for c in range(nk):
+        m = kind_idx == c
+        b = np.linalg.pinv(J[~m].T @ J[~m] + P) @ (J[~m].T @ y[~m])
+        out.append(y[m] - J[m] @ b)
+    return out
 
+
+def kind_spreads(platform: Platform, runs: Sequence[MeasuredRun], dataset: str) -> list[KindSpread]:
+    """Each kind of ``runs`` predicted by ``platform``'s measured models (no ``[fitted]`` factors):
+    :data:`predictor.interval.SHIPPED_KIND_SPREADS`' rows, ``dataset`` naming where the runs are."""
+    from predictor.estimate import predict_many
+    by: dict[str, list[float]] = {}
+    preds = predict_many([r.job for r in runs], dataclasses.replace(platform, fitted=None))
+    for r, p in zip(runs, preds):
+        by.setdefault(kind_of(r.job).key, []).append(math.log(r.measured_iteration_seconds / p.iteration_seconds))
+    return [KindSpread(dataset, key, kind_score(v), len(v)) for key, v in sorted(by.items())]

@@ -197,3 +197,94 @@ def test_validate_fit_on_a_shipped_platform_installs_a_site_overlay(tmp_path, ca
     assert main(["validate", "dgx-a100", "--runs", str(f), "--root", str(root)]) == 0
     assert "installed" in capsys.readouterr().out
     assert len([p for p in (root / "dgx-a100" / "versions").iterdir() if not p.name.startswith(".")]) == 2
+
+
+def _slow_stack_runs(d, n=10):
+    base = load_platform(d)
+    slow = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.35))
+    jobs = [_with(_job(**s), framework="megatron") for s in A100_SHAPES[:n]]
+    return base, _runs(jobs, slow, "new", noise=True)
+
+
+def test_interval_scores_come_from_whole_refits_without_each_run(tmp_path):
+    """A kind's interval scores: each run predicted as a new job of its kind would be, by the whole
+    fit redone on the other runs (not the first fit's leave-one-out with its choices kept)."""
+    base, runs = _slow_stack_runs(_copy(tmp_path, "dgx-a100"))
+    res = fit_hierarchical(base, runs)
+    (k,) = res.kinds
+    for i in (0, 7):
+        others = runs[:i] + runs[i + 1:]
+        refit = fit_hierarchical(base, others, factors_only=True)
+        p = predict(runs[i].job, dataclasses.replace(base, fitted=refit.terms())).iteration_seconds
+        assert k.scores[i] == pytest.approx(math.log(runs[i].measured_iteration_seconds / p), abs=1e-12)
+    # Not the first fit's leave-one-out (the accept decision's, its pooling and linearisation kept).
+    cheap = [math.log(r.measured_iteration_seconds / p) for r, p in zip(runs, res.loo_predictions)]
+    assert max(abs(a - b) for a, b in zip(cheap, k.scores)) > 1e-6
+
+
+def test_unseen_kind_bound_pools_the_site_kinds_with_the_shipped_ones(tmp_path):
+    from predictor.interval import KindSpread, kind_score
+    base, runs = _slow_stack_runs(_copy(tmp_path, "dgx-a100"))
+    alone = fit_hierarchical(base, runs, spreads=())
+    # One kind at the site: its runs against the models as they are (log 1.35 off), floored at the
+    # shipped runs' largest residual.
+    site = kind_score([math.log(r.measured_iteration_seconds / p.iteration_seconds)
+                       for r, p in zip(runs, predict_many([r.job for r in runs], base))])
+    assert site == pytest.approx(math.log(1.35), abs=0.04)
+    assert alone.unseen_kind_bound == pytest.approx(max(site, SHIPPED_PRIOR.maximum))
+    wide = fit_hierarchical(base, runs, spreads=(KindSpread("elsewhere", "-/flash/bf16/none", 0.9, 12),))
+    assert wide.unseen_kind_bound == 0.9
+    assert "×0.41–×2.46" in wide.report()
+    # The shipped kinds by default.
+    from predictor.interval import SHIPPED_KIND_SPREADS
+    assert fit_hierarchical(base, runs, factors_only=True).unseen_kind_bound == pytest.approx(
+        max([site, SHIPPED_PRIOR.maximum] + [s.score for s in SHIPPED_KIND_SPREADS]))
+
+
+def test_the_shipped_h100_kind_spreads_match_their_runs_file():
+    """predictor.interval.SHIPPED_KIND_SPREADS' lent-H100 rows: each kind of
+    benchmarks/data/h100-lent/stacks/stacks-runs.toml against dgx-h100's measured models, its score
+    rounded up at the 4th decimal (recompute: benchmarks/bench_fit_transfer.py --kind-spreads)."""
+    from pathlib import Path
+
+    from calibrate.fitting.kinds import kind_spreads
+    from calibrate.validate import load_runs
+    from predictor.interval import SHIPPED_KIND_SPREADS
+    root = Path(__file__).resolve().parents[2]
+    folder = "benchmarks/data/h100-lent/stacks"
+    fresh = kind_spreads(load_platform("dgx-h100"), load_runs(root / folder / "stacks-runs.toml"), folder)
+    shipped = {s.kind: s for s in SHIPPED_KIND_SPREADS if s.dataset == folder}
+    assert set(shipped) == {s.kind for s in fresh}
+    for s in fresh:
+        assert shipped[s.kind].runs == s.runs
+        assert s.score <= shipped[s.kind].score < s.score + 1e-4, (
+            f"{s.kind}: {s.score:.5f} now, {shipped[s.kind].score} shipped: "
+            "recompute with benchmarks/bench_fit_transfer.py --kind-spreads")
+
+
+def test_a_declined_fit_keeps_the_points_and_gives_each_kind_its_interval(tmp_path):
+    """interval_terms: every factor as it was (points bit for bit), the recorded kind's residuals
+    under the platform as it is for its own interval, the across-kinds bound for a stack with none."""
+    d = _copy(tmp_path, "dgx-a100")
+    base = load_platform(d)
+    jobs = [_with(_job(**s), framework="megatron") for s in A100_SHAPES[:10]]
+    runs = _runs(jobs, base, "same", noise=True)             # as predicted: nothing to learn
+    res = fit_hierarchical(base, runs)
+    terms = res.interval_terms(base.fitted)
+    plat = dataclasses.replace(base, fitted=terms)
+    held = [_with(_job(hidden=1536, heads=12, tp=2), framework="megatron"),
+            _with(_job(hidden=1536, heads=12, tp=2), framework="nemo")]
+    a, b = predict_many(held, plat), predict_many(held, base)
+    assert [p.iteration_seconds for p in a] == [p.iteration_seconds for p in b]
+    (k,) = terms.kinds
+    assert k.scores == pytest.approx([math.log(r.measured_iteration_seconds / p.iteration_seconds)
+                                      for r, p in zip(runs, predict_many(jobs, base))], abs=1e-12)
+    assert a[0].details.interval_rule["source"] == "kind"
+    assert a[1].details.interval_rule["source"] == "unseen-kind"
+    assert math.log(a[1].details.interval_rule["factors"][1]) == pytest.approx(res.unseen_kind_bound, abs=1e-4)
+    # Over an earlier [fitted], its factors stay (a legacy host_scale folded into the host factors).
+    old = FittedTerms(compute_scale=1.2, host_scale=1.5, host_layer_scale=0.8)
+    kept = res.interval_terms(old)
+    assert kept.compute_scale == 1.2 and kept.kinds[0].scale("compute_scale") == 1.2
+    assert kept.kinds[0].scale("host_layer_scale") == pytest.approx(1.2)
+    assert kept.kinds[0].scale("host_launch_scale") == pytest.approx(1.5)

@@ -306,3 +306,37 @@ def test_predictions_take_their_interval_from_the_rule(name, job, analytic):
     assert d["interval_rule"] == rule.describe()
     if analytic:    # the ring model's ±50 % is outside every recorded run: it widens
         assert p.interval_seconds[1] > p.iteration_seconds * rule.factors[1]
+
+
+# ------------------------------------------------------------------------- kinds never seen
+def test_kind_score_is_the_kinds_conformal_quantile_or_its_largest_with_few_runs():
+    from predictor.interval import kind_score
+    many = [0.01 * i for i in range(1, 21)]                       # 20 runs: rank ceil(21 * 0.9) = 19
+    assert kind_score([-x for x in many]) == pytest.approx(0.19)
+    assert kind_score([0.1, -0.4, 0.2]) == 0.4                       # 3 runs: no quantile, the largest
+    with pytest.raises(ValueError):
+        kind_score([])
+    with pytest.raises(RunRecordError):
+        kind_score([float("nan")])
+
+
+def test_unseen_kind_bound_is_a_quantile_over_kinds_not_runs():
+    from predictor.interval import unseen_kind_bound
+    eight = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.9]
+    assert unseen_kind_bound(eight) == 0.9                            # K = 8: too few, the largest
+    assert unseen_kind_bound(eight, floor=1.2) == 1.2                 # never below the floor
+    assert unseen_kind_bound([], floor=0.47) == 0.47
+    twenty = [0.05 * i for i in range(1, 21)]                         # K = 20: rank ceil(21 * 0.9) = 19
+    assert unseen_kind_bound(twenty) == pytest.approx(0.95)
+    # One kind far out among many tight ones still sets the bound until K reaches 19.
+    assert unseen_kind_bound([0.1] * 17 + [2.0]) == 2.0
+
+
+def test_shipped_kind_spreads_are_rounded_up_scores_of_named_data():
+    from predictor.interval import SHIPPED_KIND_SPREADS
+    from predictor.kinds import JobKind
+    assert len({(s.dataset, s.kind) for s in SHIPPED_KIND_SPREADS}) == len(SHIPPED_KIND_SPREADS) >= 6
+    for s in SHIPPED_KIND_SPREADS:
+        JobKind.from_key(s.kind, "SHIPPED_KIND_SPREADS")
+        assert (ROOT / s.dataset).is_dir() and s.runs >= 1 and 0 < s.score < 2
+        assert s.score == round(s.score, 4)
