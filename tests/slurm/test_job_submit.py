@@ -278,6 +278,34 @@ def test_cli_filter_alternative(cluster, held_jobs, megatron):
     assert any("keeping --time" in l for l in lines[1:]), messages
 
 
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_cli_filter_prewarm_gives_the_cold_answer(cluster, held_jobs, megatron, user):
+    """sbatch with cli_filter.lua warming the daemon up (etc-warm/slurm.conf, prewarm = true):
+    job_submit.lua's request is answered from the warm-up, with the same limit, --time-min and
+    AdminComment record as the same job submitted without it."""
+    run_as = None if user == "root" else user
+    cold_script = megatron(iters=1700, name=f"cold-{user}.sh")
+    warm_script = megatron(iters=1700, name=f"warm-{user}.sh")
+    cold, _, _ = cluster.sbatch(cold_script, user=run_as)
+    held_jobs.append(cold)
+    log = cluster.base / "log" / "predictd.log"
+    seen = len(log.read_text(errors="replace").splitlines())
+    job, messages, _ = cluster.sbatch(warm_script, user=run_as,
+                                      conf=str(cluster.base / "etc-warm" / "slurm.conf"))
+    held_jobs.append(job)
+    a, b = cluster.show(cold), cluster.show(job)
+    assert (a["TimeLimit"], a["TimeMin"]) == (b["TimeLimit"], b["TimeMin"])
+    assert re.sub(r" rec=\w+", "", a["AdminComment"]) == re.sub(r" rec=\w+", "", b["AdminComment"])
+    assert RECORD.match(b["AdminComment"]) and " rec=" in b["AdminComment"]
+    lines = perfcast_lines(messages)
+    assert len(lines) == 1 and "time limit set to" in lines[0], messages   # nothing from cli_filter
+    new = log.read_text(errors="replace").splitlines()[seen:]
+    uid = 0 if user == "root" else 65534
+    assert any("event=warm " in l and f" peer_uid={uid} " in l for l in new), new
+    (request,) = [l for l in new if "event=request " in l]
+    assert " cached=1" in request or " joined=1" in request, request
+
+
 def test_large_script_round_trip(cluster, held_jobs):
     """A 1 MiB script (comments) still reaches the daemon whole and in time: Lua's escaping is one
     table-driven gsub."""
