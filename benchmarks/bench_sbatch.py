@@ -92,6 +92,7 @@ def main() -> int:
         sys.exit(f"{cli_link.parent}/slurm.conf missing: packaging/dev-cluster/up.sh makes it")
     text = (REPO / "tests/slurm/scripts/megatron_gpt.sh").read_text().replace("@ITERS@", args.iters)
     shapes = itertools.count()
+    run_tag = f"{os.getpid()}-{time.time_ns()}"
     lock = threading.Lock()
 
     def script_file() -> Path:
@@ -108,8 +109,10 @@ def main() -> int:
         # hidden by its 16 heads; all of the size the script trains (about 1.3B parameters).
         layers, hidden = 8 + 2 * (k % 24), 2048 + 64 * (k // 24)
         path = base / "jobs" / f"bench_megatron_{k}.sh"
+        # The run's own tag: a script the daemon may have predicted in an earlier run is not new.
         path.write_text(text.replace("--num-layers 24", f"--num-layers {layers}")
-                        .replace("--hidden-size 2048", f"--hidden-size {hidden}"))
+                        .replace("--hidden-size 2048", f"--hidden-size {hidden}")
+                        .replace("set -euo pipefail", f"# bench run {run_tag}\nset -euo pipefail"))
         path.chmod(0o644)
         return path
 

@@ -246,7 +246,8 @@ class WorkerPool:
         return n
 
     def promote(self, future: "asyncio.Future[bytes]") -> None:
-        """Somebody now waits for the queued job of ``future``: it goes ahead of the others."""
+        """Somebody now waits for the job of ``future``: queued, it goes ahead of the others;
+        running, its worker stops yielding the CPU."""
         for i, job in enumerate(self.queue):
             if job.future is future:
                 if not job.urgent:
@@ -254,9 +255,21 @@ class WorkerPool:
                     job.urgent = True
                     self.queue.insert(self._urgent_queued(), job)
                 return
+        for w in self.workers:
+            if w.job is not None and w.job.future is future and not w.job.urgent:
+                w.job.urgent = True
+                try:   # root only (as the worker's own change back to 0)
+                    os.setpriority(os.PRIO_PROCESS, w.pid, 0)
+                except OSError:
+                    pass
+                return
 
     def _pump(self) -> None:
         while self.idle and self.queue:
+            if not self.queue[0].urgent and len(self.idle) == 1 and self.size > 1:
+                # Warm-ups leave one worker free: a request slurmctld waits on (its locks held)
+                # starts at once instead of behind warm-ups nobody waits for yet.
+                return
             job = self.queue.popleft()
             if job.future.done():          # the request gave up already
                 continue
@@ -529,9 +542,8 @@ def _worker_main(sock: socket.socket, target: Target, warmup: Optional[Warmup], 
             except OSError:
                 pass
     sock.setblocking(True)
-    nice = 0
     try:
-        nice = os.nice(WORKER_NICE)
+        os.nice(WORKER_NICE)
     except OSError:
         pass
     if warmup is not None:
@@ -551,12 +563,12 @@ def _worker_main(sock: socket.socket, target: Target, warmup: Optional[Warmup], 
         if payload is None:
             return 0
         want = WORKER_NICE if payload[:1] == _WARM else 0
-        if want != nice:
-            try:   # lowering it needs root (the controller's daemon); otherwise it stays niced
+        try:   # (the daemon may have changed it meanwhile: see WorkerPool.promote)
+            if os.getpriority(os.PRIO_PROCESS, 0) != want:
+                # lowering it needs root (the controller's daemon); otherwise it stays niced
                 os.setpriority(os.PRIO_PROCESS, 0, want)
-                nice = want
-            except OSError:
-                pass
+        except OSError:
+            pass
         result = target(payload[1:])
         sock.sendall(_HEADER.pack(len(result)) + result)
 

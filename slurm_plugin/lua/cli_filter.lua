@@ -48,7 +48,6 @@ do
 end
 
 local have_socket, unix = pcall(require, "socket.unix")
-local have_core, socket_core = pcall(require, "socket")
 
 local ESC = { ['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t' }
 for i = 0, 31 do
@@ -73,6 +72,8 @@ end
 
 local function ask(payload)
     if not have_socket then return nil, "lua-socket is not installed on this node" end
+    -- (required here, not at load: the warm-up, run in every sbatch, needs no clock)
+    local have_core, socket_core = pcall(require, "socket")
     local now = have_core and socket_core.gettime or os.time
     local deadline = now() + settings.timeout_ms / 1000
     local function left()

@@ -195,3 +195,43 @@ def test_urgent_jobs_go_ahead_of_warm_ups_and_a_promoted_one_joins_them():
             await pool.close()
         assert done == ["busy", "urgent", "warm-b", "warm-a"]
     asyncio.run(go())
+
+
+def test_warm_ups_leave_a_worker_free_for_requests_slurmctld_waits_on():
+    async def go():
+        pool = await _started(size=2)
+        done: list[str] = []
+        far = time.monotonic() + 30
+        try:
+            futs = {"warm-a": pool.submit(b'{"sleep": 1.0}', far, urgent=False),
+                    "warm-b": pool.submit(b'{"sleep": 1.0}', far, urgent=False)}
+            futs["urgent"] = pool.submit(b'{"n": "u"}', far)
+            for name, fut in futs.items():
+                fut.add_done_callback(lambda f, name=name: done.append(name))
+            await asyncio.sleep(0)
+            assert len(pool.idle) == 0 and len(pool.queue) == 1    # warm-b waits, urgent runs
+            await asyncio.gather(*futs.values())
+        finally:
+            await pool.close()
+        assert done == ["urgent", "warm-a", "warm-b"]
+    asyncio.run(go())
+
+
+@ROOT_ONLY
+def test_a_running_warm_up_stops_yielding_the_cpu_once_somebody_waits_for_it():
+    from slurm_plugin.daemon.pool import WORKER_NICE
+
+    async def go():
+        pool = await _started(size=1)
+        try:
+            fut = pool.submit(b'{"sleep": 10}', time.monotonic() + 30, urgent=False)
+            (w,) = pool.workers
+            end = time.monotonic() + 10
+            while os.getpriority(os.PRIO_PROCESS, w.pid) != WORKER_NICE:   # the worker set it
+                assert time.monotonic() < end
+                await asyncio.sleep(0.01)
+            pool.promote(fut)
+            assert os.getpriority(os.PRIO_PROCESS, w.pid) == 0
+        finally:
+            await pool.close()
+    asyncio.run(go())
