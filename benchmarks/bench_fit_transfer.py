@@ -179,7 +179,7 @@ def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int
           + ", ".join(f"{k} ({len(v)})" for k, v in sorted(by_kind.items())))
     print(f"shipped kinds pooled into the unseen-kind bound: {len(spreads)} of {len(SHIPPED_KIND_SPREADS)} "
           f"(those measured on these runs left out)")
-    print(f"{'kind fitted':<34}{'N':>3}{'kept':>6}{'same kind: MAPE before':>24}{'after':>8}{'cut':>6}{'covered':>9}"
+    print(f"{'kind fitted':<34}{'N':>3}{'kept':>8}{'same kind: MAPE before':>24}{'after':>8}{'cut':>6}{'covered':>9}"
           f"{'other kinds: MAPE before':>26}{'after':>8}{'covered':>9}")
 
     def mape(rs, preds):
@@ -222,7 +222,7 @@ def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int
                     acc[cnt] += len(rs)
             cut = 1 - acc["sa"] / acc["sb"] if acc["sb"] else 0.0
             pooled[n] = [a + b for a, b in zip(pooled[n], (acc["sc"], acc["sn"], acc["oc"], acc["on"]))]
-            print(f"{key[:33]:<34}{n:>3}{acc['kept']:>3}/{draws:<2}{100 * acc['sb']:>23.1f}%{100 * acc['sa']:>7.1f}%"
+            print(f"{key[:33]:<34}{n:>3}{acc['kept']:>4}/{draws:<3}{100 * acc['sb']:>23.1f}%{100 * acc['sa']:>7.1f}%"
                   f"{100 * cut:>5.0f}%{100 * acc['sc'] / max(acc['sn'], 1):>8.0f}%"
                   f"{100 * acc['ob']:>25.1f}%{100 * acc['oa']:>7.1f}%{100 * acc['oc'] / max(acc['on'], 1):>8.0f}%")
     for n, (sc, sn, oc, on) in pooled.items():
