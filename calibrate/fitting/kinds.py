@@ -67,6 +67,9 @@ MIN_FIT_RUNS = 3
 # The pooling strengths leave-one-out chooses among (sigma^2 / tau^2; inf: no per-kind factors).
 LAMBDAS = tuple(float(x) for x in np.geomspace(1e-5, 1e3, 17)) + (math.inf,)
 _BUMP = 1.04
+# The interval scores' refits: one per run up to this many runs, then this many folds (K-fold
+# CV+, Barber et al. 2021), which bounds validate's and refit's cost at MAX_REFITS fits.
+MAX_REFITS = 20
 
 
 @dataclass(frozen=True)
@@ -411,16 +414,34 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
                            host_fitted=any(f.startswith("host_") for f in moved))
 
 
+def refit_folds(keys: Sequence[str], max_refits: int = MAX_REFITS) -> list[int]:
+    """The fold of each run: up to ``max_refits`` runs, each its own (leave-one-out); above, its
+    rank among its kind's runs modulo ``max_refits``, so that every fold holds a share of every
+    kind."""
+    if len(keys) <= max_refits:
+        return list(range(len(keys)))
+    seen: dict[str, int] = {}
+    out = []
+    for key in keys:
+        out.append(seen.get(key, 0) % max_refits)
+        seen[key] = seen.get(key, 0) + 1
+    return out
+
+
 def _refit_predictions(base: Platform, runs: Sequence[MeasuredRun], p0: np.ndarray,
                        spreads: Sequence[KindSpread]) -> np.ndarray:
-    """Each run's prediction by the terms fitted on the other runs, through the real predictor
-    (``p0``: every run predicted by ``base``)."""
+    """Each run's prediction by the terms fitted on the runs outside its fold (:func:`refit_folds`),
+    through the real predictor (``p0``: every run predicted by ``base``)."""
     from predictor.estimate import predict_many
+    fold = np.array(refit_folds([kind_of(r.job).key for r in runs]))
     out = np.zeros(len(runs))
-    for i, run in enumerate(runs):
-        fit = fit_hierarchical(base, list(runs[:i]) + list(runs[i + 1:]), current=list(np.delete(p0, i)),
-                               spreads=spreads, factors_only=True)
-        out[i] = predict_many([run.job], dataclasses.replace(base, fitted=fit.terms()))[0].iteration_seconds
+    for f in sorted(set(fold.tolist())):
+        held = np.flatnonzero(fold == f)
+        rest = np.flatnonzero(fold != f)
+        fit = fit_hierarchical(base, [runs[i] for i in rest], current=list(p0[rest]), spreads=spreads,
+                               factors_only=True)
+        preds = predict_many([runs[i].job for i in held], dataclasses.replace(base, fitted=fit.terms()))
+        out[held] = [p.iteration_seconds for p in preds]
     return out
 
 

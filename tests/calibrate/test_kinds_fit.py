@@ -288,3 +288,30 @@ def test_a_declined_fit_keeps_the_points_and_gives_each_kind_its_interval(tmp_pa
     assert kept.compute_scale == 1.2 and kept.kinds[0].scale("compute_scale") == 1.2
     assert kept.kinds[0].scale("host_layer_scale") == pytest.approx(1.2)
     assert kept.kinds[0].scale("host_launch_scale") == pytest.approx(1.5)
+
+
+def test_refit_folds_leave_one_out_up_to_the_cap_then_share_every_kind():
+    from calibrate.fitting.kinds import MAX_REFITS, refit_folds
+    assert refit_folds(["a", "b", "a", "b"]) == [0, 1, 2, 3]                # 4 runs: leave-one-out
+    keys = ["a"] * 30 + ["b"] * 12
+    folds = refit_folds(keys)
+    assert set(folds) == set(range(MAX_REFITS)) == set(folds[:30])
+    assert max(folds.count(f) for f in range(MAX_REFITS)) <= 3               # at most 2 of a and 1 of b
+    assert all(sum(1 for f, k in zip(folds, keys) if f == g and k == "b") <= 1 for g in range(MAX_REFITS))
+
+
+def test_above_the_cap_each_run_is_scored_by_the_fit_without_its_fold(tmp_path):
+    from calibrate.fitting.kinds import refit_folds
+    base, runs = _slow_stack_runs(_copy(tmp_path, "dgx-a100"), n=13)
+    known = [_job(**s) for s in A100_SHAPES[:10]]
+    runs = runs + _runs(known, base, "known", noise=True)                     # 23 runs of 2 kinds
+    res = fit_hierarchical(base, runs)
+    folds = refit_folds([kind_of(r.job).key for r in runs])
+    assert sorted(set(folds)) == list(range(13))                              # 13 of a kind: 13 refits
+    i = next(i for i, f in enumerate(folds) if folds.count(f) == 2 and kind_of(runs[i].job).framework)
+    rest = [r for r, f in zip(runs, folds) if f != folds[i]]
+    refit = fit_hierarchical(base, rest, factors_only=True)
+    p = predict(runs[i].job, dataclasses.replace(base, fitted=refit.terms())).iteration_seconds
+    kind = next(k for k in res.kinds if k.kind == kind_of(runs[i].job).key)
+    own = [j for j, r in enumerate(runs) if kind_of(r.job).key == kind.kind]
+    assert kind.scores[own.index(i)] == pytest.approx(math.log(runs[i].measured_iteration_seconds / p), abs=1e-12)
