@@ -364,7 +364,7 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
             partition[f] = FactorFit(1.0, 0.0, "not seen")
         else:
             partition[f] = FactorFit(float(np.exp(_clamp_log(b[:k])[j])), se, _status(part_std.get(f)))
-    unseen = unseen_kind_bound([kind_score(u) for u in _unseen_residuals(J, y, kind_idx, nk, k, lam0)]
+    unseen = unseen_kind_bound([kind_score(u) for u in _unseen_residuals(J, y, r, kind_idx, nk, k, lam0)]
                                + [sp.score for sp in spreads], floor=SHIPPED_PRIOR.maximum)
     kind_fits = []
     for c, key in enumerate(kinds):
@@ -459,12 +459,12 @@ def _status(std: Optional[float]) -> str:
     return "fitted"
 
 
-def _unseen_residuals(J: np.ndarray, y: np.ndarray, kind_idx: np.ndarray, nk: int, k: int,
+def _unseen_residuals(J: np.ndarray, y: np.ndarray, r: np.ndarray, kind_idx: np.ndarray, nk: int, k: int,
                       lam0: float) -> list[np.ndarray]:
     """Per kind: its runs' log residuals at the partition's factors fitted on the other kinds' runs
-    (with one kind, at the models as they are): each kind as a kind never seen."""
+    (linearised: ``y``), with one kind at the models as they are (``r``): each kind as never seen."""
     if nk == 1:
-        return [y]
+        return [r]
     P = lam0 * np.eye(k)
     out = []
     for c in range(nk):

@@ -199,9 +199,9 @@ def test_validate_fit_on_a_shipped_platform_installs_a_site_overlay(tmp_path, ca
     assert len([p for p in (root / "dgx-a100" / "versions").iterdir() if not p.name.startswith(".")]) == 2
 
 
-def _slow_stack_runs(d, n=10):
+def _slow_stack_runs(d, n=10, scale=1.35):
     base = load_platform(d)
-    slow = dataclasses.replace(base, fitted=FittedTerms(compute_scale=1.35))
+    slow = dataclasses.replace(base, fitted=FittedTerms(compute_scale=scale))
     jobs = [_with(_job(**s), framework="megatron") for s in A100_SHAPES[:n]]
     return base, _runs(jobs, slow, "new", noise=True)
 
@@ -224,14 +224,16 @@ def test_interval_scores_come_from_whole_refits_without_each_run(tmp_path):
 
 def test_unseen_kind_bound_pools_the_site_kinds_with_the_shipped_ones(tmp_path):
     from predictor.interval import KindSpread, kind_score
-    base, runs = _slow_stack_runs(_copy(tmp_path, "dgx-a100"))
-    alone = fit_hierarchical(base, runs, spreads=())
-    # One kind at the site: its runs against the models as they are (log 1.35 off), floored at the
-    # shipped runs' largest residual.
+    base, runs = _slow_stack_runs(_copy(tmp_path, "dgx-a100"), scale=1.8)
+    alone = fit_hierarchical(base, runs, spreads=(), factors_only=True)
+    # One kind at the site: its runs against the models as they are (log 1.8 off), above the
+    # shipped runs' largest residual (the floor).
     site = kind_score([math.log(r.measured_iteration_seconds / p.iteration_seconds)
                        for r, p in zip(runs, predict_many([r.job for r in runs], base))])
-    assert site == pytest.approx(math.log(1.35), abs=0.04)
-    assert alone.unseen_kind_bound == pytest.approx(max(site, SHIPPED_PRIOR.maximum))
+    assert site == pytest.approx(math.log(1.8), abs=0.04) and site > SHIPPED_PRIOR.maximum
+    assert alone.unseen_kind_bound == pytest.approx(site, rel=1e-9)
+    base, runs = _slow_stack_runs(_copy(tmp_path / "b", "dgx-a100"))
+    assert fit_hierarchical(base, runs, spreads=(), factors_only=True).unseen_kind_bound == SHIPPED_PRIOR.maximum
     wide = fit_hierarchical(base, runs, spreads=(KindSpread("elsewhere", "-/flash/bf16/none", 0.9, 12),))
     assert wide.unseen_kind_bound == 0.9
     assert "×0.41–×2.46" in wide.report()
