@@ -167,6 +167,9 @@ class Engine:
         self.outcomes = LRU(config.daemon.cache_size)          # daemon process: digest -> Outcome
         # cli_filter.lua's warm-ups that read files: digest -> (expiry, Outcome), used once
         self.warmed = LRU(config.daemon.cache_size)
+        # digest -> the worker's future, while computed (daemon process; bounded by the pool's
+        # queue): a request joins it.  Per engine, so none joins work of a replaced platform.
+        self.pending: dict[str, Any] = {}
         self._predictions = LRU(min(WORKER_CACHE, config.daemon.cache_size))  # worker: job -> facts
         self._pw = LRU(PASSWD_CACHE)
         self.loaded_at = time.time()

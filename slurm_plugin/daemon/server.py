@@ -112,7 +112,6 @@ class PredictServer:
         self.servers: list[asyncio.AbstractServer] = []
         self.stats: collections.Counter[str] = collections.Counter()
         self._reloading: Optional[asyncio.Task] = None
-        self._pending: dict[str, asyncio.Future] = {}     # cache key -> the computation in flight
         self._in_flight = 0
         self.records: Optional[Recorder] = None
         self._ticker: Optional[asyncio.TimerHandle] = None
@@ -237,7 +236,7 @@ class PredictServer:
                       fields: dict[str, Any]) -> Answer:
         routed = engine.route(req)
         if isinstance(routed, Answer):
-            return WARM if req.warm else routed
+            return _warm() if req.warm else routed
         key = engine.cache_key(routed)
         if log.isEnabledFor(logging.DEBUG):
             fields["key"] = key[:12]
@@ -245,16 +244,16 @@ class PredictServer:
         out: Optional[Outcome] = engine.outcomes.get(key) or engine.take_warmed(key)
         if out is not None:
             fields["cached"] = 1
-            return WARM if req.warm else self._finish(engine, routed, out, req)
+            return _warm() if req.warm else self._finish(engine, routed, out, req)
         if req.warm:
             # cli_filter.lua's warm-up: job_submit.lua's request for this submission, a moment
             # later, finds the outcome kept or joins the computation in flight.
-            if key not in self._pending:
+            if key not in engine.pending:
                 try:
                     self._start(engine, routed, key, deadline, warm=True)
                 except PoolBusy as exc:
                     fields["shed"] = str(exc)
-            return WARM
+            return _warm()
         try:
             out = await self._outcome(engine, routed, key, deadline, fields)
         except PoolBusy as exc:      # refused at once, or waited in the queue until too late
@@ -273,7 +272,7 @@ class PredictServer:
         """The outcome for ``key``: joining a computation already in flight (a warm-up) if there
         is one, else computed by a worker ahead of any warm-up still queued."""
         t_pool = time.monotonic()
-        fut = self._pending.get(key)
+        fut = engine.pending.get(key)
         if fut is not None:
             fields["joined"] = 1
             self.pool.promote(fut)    # a warm-up still queued: slurmctld waits for it now
@@ -304,11 +303,11 @@ class PredictServer:
                warm: bool) -> "asyncio.Future[bytes]":
         """Hand the work to the pool (raises PoolBusy); its outcome is kept when it comes."""
         fut = self.pool.submit(engine.work(routed, deadline), deadline, urgent=not warm)
-        self._pending[key] = fut
+        engine.pending[key] = fut
 
         def settled(f: "asyncio.Future[bytes]") -> None:
-            if self._pending.get(key) is f:
-                del self._pending[key]
+            if engine.pending.get(key) is f:
+                del engine.pending[key]
             if f.cancelled() or f.exception() is not None:
                 return
             out = Outcome.from_json(f.result())
@@ -411,7 +410,8 @@ class PredictServer:
         return {"served": sum(self.stats.values()), **dict(sorted(self.pool.stats.items())), **records}
 
 
-WARM = Answer("ok", reason="warm")   # cli_filter.lua does not wait for it
+def _warm() -> Answer:
+    return Answer("ok", reason="warm")   # cli_filter.lua does not wait for it
 
 
 def _cwd(pid: int) -> Optional[str]:

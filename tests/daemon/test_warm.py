@@ -39,7 +39,7 @@ def warm(running, script: str, **cli) -> dict:
 def settled(running, within: float = 30.0) -> None:
     """Until no computation is in flight."""
     end = time.monotonic() + within
-    while running.state(lambda: bool(running.server._pending)):
+    while running.state(lambda: bool(running.server.engine.pending)):
         assert time.monotonic() < end, "warm-up never finished"
         time.sleep(0.01)
 
