@@ -177,44 +177,38 @@ def test_warm_request_describes_the_job_as_sbatch_hands_it_to_job_submit():
     assert r.num_tasks is None and not r.warm
 
 
-def test_urgent_jobs_go_ahead_of_warm_ups_and_a_promoted_one_joins_them():
+def _finishing_order(size: int, jobs: list[tuple[str, bytes, bool]], promote: str = "") -> list[str]:
+    """The names of ``jobs`` (name, payload, urgent), submitted in this order to a pool of
+    ``size`` workers (``promote`` promoted after the last), in the order they finished."""
     async def go():
-        pool = await _started(size=1)
+        pool = await _started(size=size)
         done: list[str] = []
         far = time.monotonic() + 30
         try:
-            futs = {"busy": pool.submit(b'{"sleep": 0.3}', far)}   # holds the only worker
-            futs["warm-a"] = pool.submit(b'{"n": "a"}', far, urgent=False)
-            futs["warm-b"] = pool.submit(b'{"n": "b"}', far, urgent=False)
-            futs["urgent"] = pool.submit(b'{"n": "u"}', far)
-            pool.promote(futs["warm-b"])            # slurmctld now waits for b
+            futs = {name: pool.submit(payload, far, urgent=urgent) for name, payload, urgent in jobs}
+            if promote:
+                pool.promote(futs[promote])
             for name, fut in futs.items():
                 fut.add_done_callback(lambda f, name=name: done.append(name))
             await asyncio.gather(*futs.values())
         finally:
             await pool.close()
-        assert done == ["busy", "urgent", "warm-b", "warm-a"]
-    asyncio.run(go())
+        return done
+    return asyncio.run(go())
+
+
+def test_urgent_jobs_go_ahead_of_warm_ups_and_a_promoted_one_joins_them():
+    done = _finishing_order(1, [("busy", b'{"sleep": 0.3}', True),    # holds the only worker
+                                ("warm-a", b'{"n": "a"}', False), ("warm-b", b'{"n": "b"}', False),
+                                ("urgent", b'{"n": "u"}', True)], promote="warm-b")
+    assert done == ["busy", "urgent", "warm-b", "warm-a"]
 
 
 def test_warm_ups_leave_a_worker_free_for_requests_slurmctld_waits_on():
-    async def go():
-        pool = await _started(size=2)
-        done: list[str] = []
-        far = time.monotonic() + 30
-        try:
-            futs = {"warm-a": pool.submit(b'{"sleep": 1.0}', far, urgent=False),
-                    "warm-b": pool.submit(b'{"sleep": 1.0}', far, urgent=False)}
-            futs["urgent"] = pool.submit(b'{"n": "u"}', far)
-            for name, fut in futs.items():
-                fut.add_done_callback(lambda f, name=name: done.append(name))
-            await asyncio.sleep(0)
-            assert len(pool.idle) == 0 and len(pool.queue) == 1    # warm-b waits, urgent runs
-            await asyncio.gather(*futs.values())
-        finally:
-            await pool.close()
-        assert done == ["urgent", "warm-a", "warm-b"]
-    asyncio.run(go())
+    # Two workers: the warm-ups take one at a time, the urgent job starts at once beside them.
+    done = _finishing_order(2, [("warm-a", b'{"sleep": 1.0}', False),
+                                ("warm-b", b'{"sleep": 1.0}', False), ("urgent", b'{"n": "u"}', True)])
+    assert done == ["urgent", "warm-a", "warm-b"]
 
 
 @ROOT_ONLY
