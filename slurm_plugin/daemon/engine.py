@@ -255,6 +255,10 @@ class Engine:
         h.update(json.dumps(inputs, sort_keys=True, default=str).encode())
         return h.hexdigest()
 
+    def is_warmed(self, key: str) -> bool:
+        hit = self.warmed.get(key)
+        return hit is not None and hit[0] >= time.monotonic()
+
     def take_warmed(self, key: str) -> Optional[Outcome]:
         """The outcome a warm-up computed for ``key`` (files read: once, and only while fresh)."""
         hit = self.warmed.pop(key)

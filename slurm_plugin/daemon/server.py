@@ -241,14 +241,16 @@ class PredictServer:
         if log.isEnabledFor(logging.DEBUG):
             fields["key"] = key[:12]
         # repeats (arrays, resubmissions) and warmed-up submissions are answered right here
-        out: Optional[Outcome] = engine.outcomes.get(key) or engine.take_warmed(key)
+        out: Optional[Outcome] = engine.outcomes.get(key)
+        if out is None and not req.warm:
+            out = engine.take_warmed(key)
         if out is not None:
             fields["cached"] = 1
             return _warm() if req.warm else self._finish(engine, routed, out, req)
         if req.warm:
             # cli_filter.lua's warm-up: job_submit.lua's request for this submission, a moment
             # later, finds the outcome kept or joins the computation in flight.
-            if key not in engine.pending:
+            if key not in engine.pending and not engine.is_warmed(key):
                 try:
                     self._start(engine, routed, key, deadline, warm=True)
                 except PoolBusy as exc:

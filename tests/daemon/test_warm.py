@@ -121,6 +121,9 @@ def test_a_warm_up_that_read_files_serves_one_request_only(running, tmp_path):
     warm(running, script)
     settled(running)
     n = len(fakes.seen())
+    warm(running, script)                              # warmed up already: kept, not redone
+    settled(running)
+    assert len(fakes.seen()) == n
     first = submit(running, script)
     assert len(fakes.seen()) == n                      # the warm-up's outcome
     second = submit(running, script)
