@@ -16,8 +16,8 @@ cluster with both plugins trivial:
             (without --distinct: a prediction cache hit after the first)
   trivial:  a cli_filter.lua and a job_submit.lua that return slurm.SUCCESS
 
-``--no-prewarm``: the perfcast variant without the warm-up (trivial cli_filter.lua in both): what
-job_submit.lua alone costs, as at sites where sbatch cannot reach the controller's daemon.
+``--no-prewarm``: job_submit.lua alone, no cli_filter.lua in either variant (etc/slurm.conf), as
+at sites where sbatch cannot reach the controller's daemon (login nodes of their own).
 
 Switching is a symlink swap beside slurm.conf (slurmctld reloads the script when its mtime is
 newer than its last load; sbatch loads cli_filter.lua afresh each time); each switch is checked in
@@ -79,7 +79,8 @@ def main() -> int:
     if up.returncode != 0:
         sys.exit(f"up.sh failed:\n{up.stderr}")
     base = Path(args.base)
-    env["SLURM_CONF"] = str(base / "etc-warm" / "slurm.conf")   # CliFilterPlugins=lua as well
+    # etc-warm: CliFilterPlugins=lua as well
+    env["SLURM_CONF"] = str(base / ("etc" if args.no_prewarm else "etc-warm") / "slurm.conf")
     link = base / "etc" / "job_submit.lua"
     real = REPO / "slurm_plugin" / "lua" / "job_submit.lua"
     trivial = base / "etc" / "job_submit_trivial.lua"
@@ -129,7 +130,7 @@ def main() -> int:
         time.sleep(1.05)
         os.utime(target)
         point(link, target)
-        point(cli_link, cli_real if target == real and not args.no_prewarm else cli_trivial)
+        point(cli_link, cli_real if target == real else cli_trivial)   # (unused with --no-prewarm)
 
     ids: list[str] = []
     daemon_log = base / "log" / "predictd.log"
