@@ -75,7 +75,6 @@ from calibrate.cpu_family import (STACKS, THREADS_PER_RANK, compare_rows, family
 from calibrate.cpu_load import loadavg, while_measuring  # noqa: E402
 from calibrate.errors import CalibrationError  # noqa: E402
 
-# resolve_platform is also imported from here by benchmarks/bench_fit_transfer.py.
 
 DATA = ROOT / "benchmarks" / "data" / "cpu-family"
 THREADS = THREADS_PER_RANK

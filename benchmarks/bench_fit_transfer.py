@@ -19,7 +19,7 @@ recorded runs, perlmutter-a100 and vista-gh200 on the paper's runs (benchmarks/d
 (benchmarks/data/cpu-family/stacks-dp1.toml, or ``--stacks-runs .../stacks.toml`` for the mixed
 dp 1/2 family; ``bench_cpu_family.py --stacks``), on the platform fitted from the samples
 calibrated the same day on the same machine (cpu-family/samples-stacks); with ``--stacks-platform
-dgx-h100`` the lent H100's family under four stacks (benchmarks/gpu_stacks_runs.py) on the shipped
+dgx-h100`` the lent H100's family under four stacks (calibrate/stack_runs.py) on the shipped
 platform, its own recorded runs and fit dropped.  For each kind (predictor/kinds.py) and each N of ``--runs-per-fit``,
 ``--draws`` random draws of N of its runs are fitted as ``validate --fit`` does (the per-kind
 hierarchical fit, kept only when leave-one-out improves; the runs recorded with their
@@ -139,7 +139,7 @@ SPREAD_DATA = (("benchmarks/data/cpu-family/stacks-dp1.toml", "samples:benchmark
 
 def _spread_platform(spec: str, keep: list):
     if spec.startswith("samples:"):
-        from bench_cpu_family import resolve_platform
+        from calibrate.cpu_family import resolve_platform
         return resolve_platform(str(ROOT / spec.split(":", 1)[1]), keep)
     return load_platform(spec)
 
@@ -248,7 +248,7 @@ def main() -> int:
                          "and fit dropped) instead of the CPU samples' (--samples)")
     ap.add_argument("--stacks-skip", action="append", default=[], metavar="STACK",
                     help="--stacks: leave out the runs named \"STACK ...\" (e.g. ddp, whose kind is "
-                         "pytorch's: benchmarks/gpu_stacks_runs.py)")
+                         "pytorch's: calibrate/stack_runs.py)")
     ap.add_argument("--runs-per-fit", type=int, nargs="+", default=[10])
     ap.add_argument("--draws", type=int, default=20, help="--stacks: random draws per kind and N")
     ap.add_argument("--dp", type=int, default=0, help="--stacks: only the runs of this data-parallel size")
@@ -266,7 +266,7 @@ def main() -> int:
         if args.stacks_platform:
             plat = dataclasses.replace(load_platform(args.stacks_platform), fitted=None, validation=[])
         else:
-            from bench_cpu_family import resolve_platform
+            from calibrate.cpu_family import resolve_platform
             plat = dataclasses.replace(resolve_platform(args.samples, keep_), fitted=None, validation=[])
         skip = tuple(f"{s} " for s in args.stacks_skip)
         runs = [r for r in load_runs(args.stacks_runs)
@@ -274,7 +274,7 @@ def main() -> int:
         bench_stacks(plat, runs, args.runs_per_fit, args.draws, args.stacks_runs)
         return 0
     if args.cpu_family:
-        from bench_cpu_family import resolve_platform
+        from calibrate.cpu_family import resolve_platform
         keep: list = []          # the temporary platform directory lives as long as this list
         data = ROOT / "benchmarks" / "data" / "cpu-family"
         plat = dataclasses.replace(resolve_platform(str(data / "samples"), keep), fitted=None)

@@ -240,7 +240,8 @@ def compare(platform: str) -> int:
     """Each stack's committed steps against the platform's predictions (no site fit)."""
     import dataclasses
 
-    from gpu_stacks_runs import DATA, FILES, runs_from_files
+    from calibrate.stack_runs import runs_from_files
+    from gpu_stacks_runs import DATA, FILES
     from predictor import Predictor, TrainingJob, load_platform
     from predictor.recipe import total_parameters
 

@@ -5,115 +5,22 @@
                                          [--out .../stacks-runs.toml] [--stacks pytorch,sdpa_efficient,fsdp,ddp]
 
 ``bench_gpu_stacks.py`` trains the 33-job family of ``bench_train_family.py`` under several software
-stacks and writes rows (``stack``, ``name``, ``job``, ``measured_iteration_seconds``, ``error``)
-into ``stacks.json`` / ``stacks2.json``.  Each row's ``job`` is the calibration loop's job; a stack's
-run is predicted as the job its launch would reveal (:data:`STACK_JOB`):
-
-* ``pytorch``: the calibration's own loop (ZeRO-1 by hand): no framework named;
-* ``sdpa_efficient``: the same loop with SDPA pinned to its memory-efficient kernel:
-  ``model.attention_impl = "sdpa_efficient"``;
-* ``fsdp``: FSDP2 per layer, fp32 parameters, bf16 compute: what TorchTitan runs:
-  ``run.framework = "torchtitan"``, ``layout.zero_stage = 3`` (``reshard_after_forward`` and the
-  gradient reduction precision at TorchTitan's defaults, as the stack ran them);
-* ``ddp``: a one-rank DDP module with fused AdamW: a plain PyTorch launch names no framework and
-  replicates the optimizer state, so ``layout.zero_stage = 0``.  Its kind (predictor/kinds.py: framework,
-  attention, precision, recompute) is the same as ``pytorch``'s: nothing a launch shows tells a DDP
-  script from a hand-written loop.
-
-A job measured in more than one call (``fsdp``'s first 7 jobs) keeps its fastest step time: the
-later call ran after larger jobs had left memory behind, which only adds time
-(benchmarks/data/h100-lent/stacks/README.md); the source line gives every call's time.  Rows with
-an ``error`` (out of memory) are left out.  Run names are ``"<stack> <job name>"``.
+stacks and writes rows into ``stacks.json`` / ``stacks2.json``; calibrate/stack_runs.py turns each
+into the run its stack's launch would reveal (benchmarks/data/h100-lent/stacks/README.md).
 """
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from calibrate.stack_runs import STACKS, StackRowError, runs_from_files, to_toml  # noqa: E402
+
 DATA = ROOT / "benchmarks" / "data" / "h100-lent" / "stacks"
 FILES = ("stacks.json", "stacks2.json")
-
-# What the launch of each stack reveals, as (section, key) -> value over the row's job.
-STACK_JOB: dict[str, dict[tuple[str, str], Any]] = {
-    "pytorch": {},
-    "sdpa_efficient": {("model", "attention_impl"): "sdpa_efficient"},
-    "fsdp": {("run", "framework"): "torchtitan", ("layout", "zero_stage"): 3},
-    "ddp": {("layout", "zero_stage"): 0},
-}
-STACKS = tuple(STACK_JOB)
-
-
-class StackRowError(ValueError):
-    """A row of a stacks file that cannot become a run (names the file and row)."""
-
-
-def stack_job(job: dict, stack: str) -> dict:
-    """``job`` (the calibration loop's job dict) as the launch of ``stack`` would reveal it."""
-    if stack not in STACK_JOB:
-        raise StackRowError(f"stack {stack!r}: not one of {', '.join(STACKS)}")
-    out = copy.deepcopy(job)
-    for (section, key), value in STACK_JOB[stack].items():
-        out.setdefault(section, {})[key] = value
-    return out
-
-
-def _provenance_note(raw: dict, file: str) -> str:
-    prov = raw.get("provenance") or {}
-    return (f"robust step time of {raw.get('steps', '?')} steps after {raw.get('warmup', '?')} warm-ups, "
-            f"{prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, CUDA {prov.get('cuda', '?')}, "
-            f"NCCL {prov.get('nccl', '?')}, {prov.get('date', '?')} ({file})")
-
-
-def runs_from_files(files: Iterable[Path], stacks: Sequence[str] = STACKS) -> list[dict]:
-    """One ``[[run]]`` dict per (stack, job) that ran without error, in first-seen order."""
-    for s in stacks:
-        if s not in STACK_JOB:
-            raise StackRowError(f"stack {s!r}: not one of {', '.join(STACKS)}")
-    seen: dict[tuple[str, str], list[tuple[float, str, dict]]] = {}
-    for path in files:
-        path = Path(path)
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise StackRowError(f"{path}: cannot read: {exc}") from None
-        if not isinstance(raw, dict) or not isinstance(raw.get("rows"), list):
-            raise StackRowError(f"{path}: no \"rows\" list")
-        note = _provenance_note(raw, path.name)
-        for i, row in enumerate(raw["rows"]):
-            where = f"{path}: rows[{i}]"
-            if not isinstance(row, dict) or not {"stack", "name", "job"} <= set(row):
-                raise StackRowError(f"{where}: needs stack, name and job")
-            if row["stack"] not in stacks or row.get("error"):
-                continue
-            secs = row.get("measured_iteration_seconds")
-            if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not secs > 0:
-                raise StackRowError(f"{where}: measured_iteration_seconds must be > 0, got {secs!r}")
-            seen.setdefault((row["stack"], row["name"]), []).append((float(secs), note, row["job"]))
-    runs = []
-    for (stack, name), meas in seen.items():
-        best = min(meas, key=lambda m: m[0])
-        calls = " / ".join(f"{1e3 * s:.1f} ms" for s, _, _ in meas)
-        source = (f"benchmarks/bench_gpu_stacks.py, stack {stack}, "
-                  + (f"fastest of {len(meas)} calls ({calls}; a later call ran after larger jobs, "
-                     "which only adds time), " if len(meas) > 1 else "")
-                  + best[1])
-        runs.append({"name": f"{stack} {name}", "source": source, "measured_iteration_seconds": best[0],
-                     "job": stack_job(best[2], stack)})
-    return runs
-
-
-def to_toml(runs: list[dict]) -> str:
-    from predictor.samples import dump_toml
-
-    return ("# Real training steps on one lent H100 of the 33-job family under several software stacks\n"
-            "# (benchmarks/data/h100-lent/stacks/README.md), converted by benchmarks/gpu_stacks_runs.py;\n"
-            "# each job is what the stack's launch reveals (perf-calibrate validate --runs reads this)\n"
-            + dump_toml({"run": runs}))
 
 
 def main() -> int:
@@ -122,7 +29,6 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=DATA / "stacks-runs.toml")
     ap.add_argument("--stacks", default=",".join(STACKS), help="comma-separated stacks to convert")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     try:
         runs = runs_from_files([args.data / f for f in FILES if (args.data / f).exists()],
                                [s for s in args.stacks.split(",") if s])

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from . import stack_runs
 from .errors import CalibrationError
 
 # The calibration measures a "GPU" of this CPU as one rank's share of the cores (calibrate/runner.py:
@@ -21,11 +22,9 @@ from .errors import CalibrationError
 THREADS_PER_RANK = max(1, (os.cpu_count() or 2) // 2)
 
 #: The software stacks the family trains under (:func:`calibrate.stacks.measure_stack`).
+#: The stacks the CPU family is trained under; each job is predicted as its launch reveals it
+#: (calibrate/stack_runs.py: TorchTitan's data parallelism is FSDP2, ZeRO-3).
 STACKS = ("pytorch", "deepspeed", "fsdp")
-# What the launch of each stack reveals (run.framework; the layout's ZeRO stage follows the stack):
-# TorchTitan's data parallelism is FSDP2.
-STACK_FRAMEWORK = {"pytorch": "", "deepspeed": "deepspeed", "fsdp": "torchtitan"}
-STACK_ZERO = {"pytorch": 1, "deepspeed": 1, "fsdp": 3}
 
 
 def job(layers: int, hidden: int, mb: int, *, dp: int = 1, m: int = 2, recompute: str = "none",
@@ -96,12 +95,9 @@ def job_named(name: str) -> dict:
 
 def stack_job(j: dict, stack: str) -> dict:
     """The job dict ``j`` as ``stack`` (one of :data:`STACKS`) runs it, and is predicted."""
-    if stack not in STACK_FRAMEWORK:
+    if stack not in STACKS:
         raise CalibrationError(f"stack {stack!r}: one of {', '.join(STACKS)}")
-    out = {k: dict(v) for k, v in j.items()}
-    out["run"]["framework"] = STACK_FRAMEWORK[stack]
-    out["layout"]["zero_stage"] = STACK_ZERO[stack]
-    return out
+    return stack_runs.stack_job(j, stack)
 
 
 # ----------------------------------------------------------------------------- runs files

@@ -2,7 +2,7 @@
 
 A row is what ``benchmarks/bench_gpu_stacks.py`` writes per trained job: ``stack``, ``name``,
 ``job`` (a job dict) and ``peak_allocated_bytes`` (``torch.cuda.max_memory_allocated`` over the
-job's steps).  The model is asked about the job *as the stack ran it* (:data:`STACK_JOBS`): the
+job's steps).  The model is asked about the job *as the stack ran it* (:data:`MEMORY_STACKS`, calibrate/stack_runs.py): the
 calibration's own loop and SDPA's memory-efficient kernel run the recorded job; ``fsdp`` is
 FSDP2 ``fully_shard`` as TorchTitan runs it (ZeRO-3, fp32 reduction).
 
@@ -15,35 +15,23 @@ Nothing here imports torch: the comparison runs wherever the rows are.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from statistics import mean
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from predictor.errors import JobError
 from predictor.job import TrainingJob
 from predictor.memory import GIB, MemoryEstimate, estimate_job
 
 from .errors import CalibrationError
+from .stack_runs import stack_job
 
 
-def _as_recorded(job: TrainingJob) -> TrainingJob:
-    return job
-
-
-def _fsdp2(job: TrainingJob) -> TrainingJob:
-    # calibrate/stacks.py: fully_shard per layer and root, fp32 sharded parameters, bf16 compute,
-    # fp32 gradient reduction (TorchTitan's mixed precision), fused AdamW.
-    return dataclasses.replace(job, layout=dataclasses.replace(job.layout, zero_stage=3),
-                               run=dataclasses.replace(job.run, framework="torchtitan"))
-
-
-#: How each measured stack's job is described to the memory model.
-STACK_JOBS: dict[str, Callable[[TrainingJob], TrainingJob]] = {
-    "pytorch": _as_recorded,
-    "sdpa_efficient": _as_recorded,
-    "fsdp": _fsdp2,
-}
+#: Stacks whose peaks the model is asked about, each job as its launch reveals it
+#: (calibrate/stack_runs.py: SDPA's memory-efficient kernel keeps what flash attention keeps;
+#: FSDP2 is ZeRO-3 under TorchTitan).  The one-rank DDP module is left out: its rows' peaks hold
+#: earlier jobs' memory (benchmarks/data/h100-lent/stacks/README.md).
+MEMORY_STACKS = ("pytorch", "sdpa_efficient", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -93,7 +81,7 @@ class PeakSummary:
 def compare_peaks(rows: Iterable[Mapping[str, Any]],
                   stacks: Optional[Iterable[str]] = None) -> list[PeakComparison]:
     """The model against every row that measured a peak (rows that failed carry none and are
-    left out); ``stacks`` keeps only those stacks.  A row of a stack not in :data:`STACK_JOBS`,
+    left out); ``stacks`` keeps only those stacks.  A row of a stack not in :data:`MEMORY_STACKS`,
     a bad job or a peak that is not a positive byte count raises :class:`CalibrationError`
     naming the row."""
     keep = None if stacks is None else set(stacks)
@@ -105,15 +93,14 @@ def compare_peaks(rows: Iterable[Mapping[str, Any]],
         if "peak_allocated_bytes" not in row:
             continue
         where = f"row {i} ({stack} {name!r})"
-        describe = STACK_JOBS.get(stack)
-        if describe is None:
+        if stack not in MEMORY_STACKS:
             raise CalibrationError(f"{where}: stack {stack!r} has no memory description "
-                                   f"(known: {', '.join(STACK_JOBS)})")
+                                   f"(known: {', '.join(MEMORY_STACKS)})")
         peak = row["peak_allocated_bytes"]
         if isinstance(peak, bool) or not isinstance(peak, int) or peak <= 0:
             raise CalibrationError(f"{where}: peak_allocated_bytes must be a positive integer, got {peak!r}")
         try:
-            job = describe(TrainingJob.from_dict(row["job"]))
+            job = TrainingJob.from_dict(stack_job(row["job"], stack))
             est = estimate_job(job)
         except (JobError, KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"{where}: job: {exc}") from exc

@@ -5,24 +5,12 @@ needs a store or a platform shares these; tests that modify one work on a copy.
 """
 from __future__ import annotations
 
-import importlib
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def benchmark_module(name: str):
-    """A script of benchmarks/ imported by name from a path that spawned ranks also get
-    (multiprocessing passes sys.path on), so that its workers pickle by reference."""
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))
-    return importlib.import_module(name)
-
 
 # LightGBM only: the library choice is calibrate.fitting's business and tested there; here it
 # keeps the fit to seconds on a 2-core CI machine.

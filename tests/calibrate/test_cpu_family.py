@@ -47,10 +47,11 @@ def test_a_job_is_found_by_its_name_and_an_unknown_name_lists_them():
 
 def test_stack_jobs_are_predicted_as_their_stack_runs():
     base = cf.stack_family()[0]
-    for stack in cf.STACKS:
+    launched = {"pytorch": ("", 1), "deepspeed": ("deepspeed", 1), "fsdp": ("torchtitan", 3)}
+    assert set(cf.STACKS) == set(launched)
+    for stack, (framework, zero) in launched.items():
         sj = TrainingJob.from_dict(cf.stack_job(base, stack))
-        assert sj.run.framework == cf.STACK_FRAMEWORK[stack]
-        assert sj.layout.zero_stage == cf.STACK_ZERO[stack]
+        assert (sj.run.framework, sj.layout.zero_stage) == (framework, zero)
     assert base["layout"]["zero_stage"] == 1 and "framework" not in base["run"]     # a copy
     with pytest.raises(CalibrationError, match="stack 'jax'"):
         cf.stack_job(base, "jax")

@@ -1,14 +1,14 @@
-"""benchmarks/gpu_stacks_runs.py: the lent H100's stack rows as a runs file (no torch needed)."""
+"""calibrate/stack_runs.py: the lent H100's stack rows as a runs file (no torch needed)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from calibrate import stack_runs as mod
 from calibrate.validate import load_runs
 from predictor.kinds import kind_of
-
-from .conftest import benchmark_module
 
 JOB = {"model": {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 512, "vocab": 1024, "attention": "flash"},
        "layout": {"pp": 1, "tp": 1, "dp": 1, "micro_batch": 1, "micro_batches": 2, "zero_stage": 1,
@@ -28,7 +28,6 @@ def _row(stack, secs, name="L2 h256", **extra):
 
 
 def test_each_stack_is_the_job_its_launch_reveals_and_its_kind(tmp_path):
-    mod = benchmark_module("gpu_stacks_runs")
     f = _write(tmp_path / "a.json", [_row(s, 0.01 * (i + 1)) for i, s in enumerate(mod.STACKS)])
     runs = mod.runs_from_files([f])
     out = tmp_path / "runs.toml"
@@ -37,7 +36,8 @@ def test_each_stack_is_the_job_its_launch_reveals_and_its_kind(tmp_path):
     assert set(loaded) == {f"{s} L2 h256" for s in mod.STACKS}
     keys = {n.split()[0]: kind_of(r.job).key for n, r in loaded.items()}
     assert keys == {"pytorch": "-/flash/bf16/none", "sdpa_efficient": "-/flash:sdpa_efficient/bf16/none",
-                    "fsdp": "torchtitan/flash/bf16/none", "ddp": "-/flash/bf16/none"}
+                    "fsdp": "torchtitan/flash/bf16/none", "ddp": "-/flash/bf16/none",
+                    "deepspeed": "deepspeed/flash/bf16/none"}
     assert loaded["fsdp L2 h256"].job.layout.zero_stage == 3
     assert loaded["ddp L2 h256"].job.layout.zero_stage == 0
     assert loaded["pytorch L2 h256"].job.layout.zero_stage == 1
@@ -46,7 +46,6 @@ def test_each_stack_is_the_job_its_launch_reveals_and_its_kind(tmp_path):
 
 
 def test_repeats_keep_the_fastest_errors_and_other_stacks_are_left_out(tmp_path):
-    mod = benchmark_module("gpu_stacks_runs")
     a = _write(tmp_path / "a.json", [_row("fsdp", 0.030), _row("pytorch", 0.02, name="big"),
                                      _row("compile", 0.01)])
     b = _write(tmp_path / "b.json", [_row("fsdp", 0.036), _row("ddp", 0.0, name="big", error="OutOfMemoryError: x")])
@@ -63,7 +62,6 @@ def test_repeats_keep_the_fastest_errors_and_other_stacks_are_left_out(tmp_path)
     ([_row("fsdp", -1.0)], r"rows\[0\]: measured_iteration_seconds must be > 0"),
 ])
 def test_bad_rows_name_the_file_and_row(tmp_path, rows, match):
-    mod = benchmark_module("gpu_stacks_runs")
     f = _write(tmp_path / "bad.json", rows)
     with pytest.raises(mod.StackRowError, match=match) as e:
         mod.runs_from_files([f])
@@ -73,6 +71,6 @@ def test_bad_rows_name_the_file_and_row(tmp_path, rows, match):
 
 
 def test_the_committed_runs_file_is_what_the_converter_makes():
-    mod = benchmark_module("gpu_stacks_runs")
-    files = [mod.DATA / f for f in mod.FILES]
-    assert (mod.DATA / "stacks-runs.toml").read_text() == mod.to_toml(mod.runs_from_files(files))
+    data = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h100-lent" / "stacks"
+    files = [data / f for f in ("stacks.json", "stacks2.json")]
+    assert (data / "stacks-runs.toml").read_text() == mod.to_toml(mod.runs_from_files(files))
