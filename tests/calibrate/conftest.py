@@ -58,3 +58,17 @@ def store_copy(tiny_store, tmp_path) -> Path:
     dst = tmp_path / "samples"
     shutil.copytree(tiny_store, dst)
     return dst
+
+
+@pytest.fixture
+def one_rank():
+    """A one-process gloo group for the test (calibrate.stack_host.one_rank_group), torn down after."""
+    pytest.importorskip("torch", reason="a process group needs torch (the calibrate extra)")
+    import torch.distributed as dist
+
+    from calibrate import stack_host
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this session")
+    stack_host.one_rank_group()
+    yield
+    dist.destroy_process_group()

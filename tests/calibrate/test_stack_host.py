@@ -11,15 +11,6 @@ import torch.distributed as dist  # noqa: E402
 from calibrate import stack_host  # noqa: E402
 
 
-@pytest.fixture
-def one_rank():
-    if dist.is_initialized():
-        pytest.skip("a process group is already up in this session")
-    stack_host.one_rank_group()
-    yield
-    dist.destroy_process_group()
-
-
 def test_tp_layer_is_the_plain_layer_plus_its_collectives(one_rank):
     torch.manual_seed(0)
     plain, tp = stack_host.TpBlock(False), stack_host.TpBlock(True)

@@ -4,9 +4,8 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 
-from calibrate import stack_host, stacks  # noqa: E402
+from calibrate import stacks  # noqa: E402
 from calibrate.errors import CalibrationError  # noqa: E402
 from calibrate.gpt_model import FlatGPT  # noqa: E402
 from predictor.job import TrainingJob  # noqa: E402
@@ -15,15 +14,6 @@ JOB = {"model": {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 
                  "activation": "gelu", "norm": "layernorm", "pos_emb": "rotary", "tied_embeddings": True},
        "layout": {"micro_batch": 2, "micro_batches": 2, "zero_stage": 1, "recompute": "none"},
        "run": {"precision": "fp32"}}
-
-
-@pytest.fixture
-def one_rank():
-    if dist.is_initialized():
-        pytest.skip("a process group is already up in this session")
-    stack_host.one_rank_group()
-    yield
-    dist.destroy_process_group()
 
 
 def _batches(job: TrainingJob) -> list:
