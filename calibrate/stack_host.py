@@ -251,17 +251,10 @@ def fsdp1_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
             "per_config": {f"{k}_{n}": s for (k, n), s in per.items()}}
 
 
-def gpu_fsdp_layer_seconds(rows: Sequence[dict], bytes_per_second: float) -> dict:
-    """FSDP2's per-layer, per-micro-batch cost on a GPU node, from real training steps
-    (benchmarks/bench_gpu_stacks.py's rows): the same model at several depths under FSDP2 and under
-    DDP; the difference of the per-layer slopes, over the micro-batches, less FSDP2's own copies
-    (predictor.recipe.fsdp2_shard_copies, at ``bytes_per_second``), is what its hooks, kernel
-    launches and stream waits add per layer.  The series is the widest set of rows (``fsdp`` and
-    ``ddp``) that differ in ``model.layers`` only; raises ValueError without two depths of each."""
-    from predictor.job import TrainingJob
-    from predictor.operators import BYTES_PER_ELEMENT
-    from predictor.recipe import fsdp2_shard_copies, layer_parameters
-
+def _depth_series(rows: Sequence[dict], stacks: tuple[str, str]) -> tuple[dict, list[int], dict[str, float]]:
+    """The widest set of rows of both ``stacks`` that differ in ``model.layers`` only: its job,
+    the depths both measured, and each stack's seconds per layer (the slope over those depths).
+    Raises ValueError without two depths of each."""
     def shape(job: dict) -> str:
         rest = {k: dict(v) for k, v in job.items()}
         rest["model"].pop("layers", None)
@@ -270,22 +263,44 @@ def gpu_fsdp_layer_seconds(rows: Sequence[dict], bytes_per_second: float) -> dic
     series: dict[str, dict[str, dict[int, float]]] = {}
     jobs: dict[str, dict] = {}
     for r in rows:
-        if "error" in r or r.get("stack") not in ("fsdp", "ddp"):
+        if "error" in r or r.get("stack") not in stacks:
             continue
         key = shape(r["job"])
         jobs[key] = r["job"]
         series.setdefault(key, {}).setdefault(r["stack"], {})[int(r["job"]["model"]["layers"])] = \
             float(r["measured_iteration_seconds"])
-    usable = {k: v for k, v in series.items() if len(v.get("fsdp", {})) >= 2 and len(v.get("ddp", {})) >= 2}
+    usable = {k: v for k, v in series.items() if all(len(v.get(s, {})) >= 2 for s in stacks)}
     if not usable:
-        raise ValueError("no model measured at two or more depths under both fsdp and ddp")
-    key = max(usable, key=lambda k: min(len(usable[k]["fsdp"]), len(usable[k]["ddp"])))
-    depths = sorted(set(usable[key]["fsdp"]) & set(usable[key]["ddp"]))
-    slope = {s: _slope(depths, [usable[key][s][n] for n in depths]) for s in ("fsdp", "ddp")}
-    job = TrainingJob.from_dict(jobs[key]).replace(layout={"zero_stage": 3}, run={"framework": "torchtitan"})
+        raise ValueError(f"no model measured at two or more depths under both {stacks[0]} and {stacks[1]}")
+    key = max(usable, key=lambda k: min(len(usable[k][s]) for s in stacks))
+    depths = sorted(set(usable[key][stacks[0]]) & set(usable[key][stacks[1]]))
+    return jobs[key], depths, {s: _slope(depths, [usable[key][s][n] for n in depths]) for s in stacks}
+
+
+def gpu_fsdp_layer_seconds(rows: Sequence[dict], bytes_per_second: float) -> dict:
+    """FSDP2's per-layer, per-micro-batch cost on a GPU node, from real training steps
+    (benchmarks/bench_gpu_stacks.py's rows): the same model at several depths under FSDP2 and under
+    DDP (:func:`_depth_series`); the difference of the per-layer slopes, over the micro-batches,
+    less FSDP2's own copies (predictor.recipe.fsdp2_shard_copies, at ``bytes_per_second``), is what
+    its hooks, kernel launches and stream waits add per layer."""
+    from predictor.job import TrainingJob
+    from predictor.operators import BYTES_PER_ELEMENT
+    from predictor.recipe import fsdp2_shard_copies, layer_parameters
+
+    job_dict, depths, slope = _depth_series(rows, ("fsdp", "ddp"))
+    job = TrainingJob.from_dict(job_dict).replace(layout={"zero_stage": 3}, run={"framework": "torchtitan"})
     micro_batches = job.layout.micro_batches
     copies = fsdp2_shard_copies(job.layout, "torchtitan", job.run.precision, "fp32", BYTES_PER_ELEMENT)
     copy_seconds = layer_parameters(job.model, 1) * (copies.forward_bytes + copies.backward_bytes) / bytes_per_second
     per_micro_batch = (slope["fsdp"] - slope["ddp"]) / micro_batches
     return {"fsdp_layer_seconds": per_micro_batch - copy_seconds, "slope_seconds": slope,
             "copies_seconds": copy_seconds, "depths": depths, "micro_batches": micro_batches}
+
+
+def gpu_compiled_layer_ratio(rows: Sequence[dict]) -> dict:
+    """A compiled layer's cost over an eager one's when the host issues the step (``torch.compile``
+    of the module against the same module eager, :func:`_depth_series` of ``compile`` and ``ddp``
+    rows): the ratio of the per-layer slopes, on a model small enough that the host is the slower."""
+    job_dict, depths, slope = _depth_series(rows, ("compile", "ddp"))
+    return {"ratio": slope["compile"] / slope["ddp"], "slope_seconds": slope, "depths": depths,
+            "micro_batches": int(job_dict["layout"]["micro_batches"])}

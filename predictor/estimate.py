@@ -914,7 +914,7 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
                                           engine=engine,
                                           collective_calls=n * layer_calls + len(pipeline.p2p[i][0].parts)
                                           + len(pipeline.p2p[i][1].parts),
-                                          fsdp_layers=n if fsdp else 0)
+                                          fsdp_layers=n if fsdp else 0, compiled=job.run.compile)
                   for i, n in enumerate(sizes)]
     return stage_host, plat.host.engine_step_seconds(engine, plat.fitted)
 

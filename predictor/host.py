@@ -72,6 +72,12 @@ _OPTIONAL = {"launch_seconds": 0.0, "layer_forward_seconds": -1.0, "collective_s
 #: ``fsdp_layer_seconds`` measures; llm-foundry's FSDP1 hooks cost 0.96-0.98 of FSDP2's
 #: (benchmarks/bench_fsdp1_host.py).  DeepSpeed's ZeRO-3 hooks are another mechanism, not measured.
 FSDP_FRAMEWORKS = ("torchtitan", "llm-foundry")
+#: A layer under ``torch.compile`` costs the host this share of the eager layer's issue time
+#: (``run.compile``): the lent H100's per-layer slopes of the same module compiled and eager,
+#: host-bound (benchmarks/data/h100-lent/stacks/compile.json; calibrate.stack_host.
+#: gpu_compiled_layer_ratio).  That module's graph breaks at every layer, so a fully compiled
+#: layer launches fewer kernels still: an upper bound on the saving's complement.
+COMPILED_LAYER_HOST_RATIO = 0.635
 # Host costs are per-call overheads of microseconds to milliseconds; a value past this is a unit
 # mistake (µs written as seconds), not a slow CPU.
 _MAX_SECONDS = 1.0
@@ -193,13 +199,14 @@ class HostCosts:
 
     def stage_seconds(self, layers: int, collectives: float, recompute: str,
                       fitted: "HostScales | None" = None, engine: str = "",
-                      collective_calls: float = 0.0, fsdp_layers: int = 0) -> float:
+                      collective_calls: float = 0.0, fsdp_layers: int = 0, compiled: bool = False) -> float:
         """Host time to issue one micro-batch's forward and backward on a stage of ``layers``.
 
         ``collectives`` counts the kernel launches beyond a plain layer's kernels (FP8 casts,
         userbuffer chunks), ``collective_calls`` the collectives issued through c10d (TP
         all-reduces, pipeline and context-parallel sends), ``fsdp_layers`` the layers FSDP wraps
-        (each paying its hooks);
+        (each paying its hooks), ``compiled`` a model under torch.compile (each layer's issue
+        time :data:`COMPILED_LAYER_HOST_RATIO` of eager's);
         full recomputation issues every layer's forward a second time, in the backward.
         ``engine`` (:func:`engine_for`): the framework engine's own work per micro-batch and per
         layer is added where the platform measured it.
@@ -210,6 +217,8 @@ class HostCosts:
         if recompute == "full":
             # Without a forward figure of its own, the whole layer bounds what the repeat adds.
             layer += self.layer_forward_seconds if self.layer_forward_seconds >= 0 else self.layer_seconds
+        if compiled:
+            layer *= COMPILED_LAYER_HOST_RATIO
         micro_batch = self.micro_batch_seconds
         e = self.engines.get(engine) if engine else None
         if e is not None:
@@ -236,4 +245,4 @@ class HostCosts:
         return e.step_seconds * (fitted.host_scale if fitted is not None else 1.0)
 
 
-__all__ = ["ENGINES", "FSDP_FRAMEWORKS", "EngineCosts", "HostCosts", "engine_for"]
+__all__ = ["COMPILED_LAYER_HOST_RATIO", "ENGINES", "FSDP_FRAMEWORKS", "EngineCosts", "HostCosts", "engine_for"]

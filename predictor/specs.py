@@ -133,6 +133,7 @@ class RunSpec:
     framework: str = ""        # FRAMEWORKS; "" = not said
     fp8: str = ""              # FP8_RECIPES: the layers' linear GEMMs in FP8; "" = off
     grad_reduce_precision: str = ""   # GRAD_PRECISIONS; "" = the framework's default
+    compile: bool = False      # the model runs under torch.compile (TorchTitan's compile)
     train_iters: int = 0
     train_samples: int = 0
     train_tokens: int = 0

@@ -400,6 +400,7 @@ def _precision(d: Derived, f: Facts, framework: str) -> None:
     _copy(d, f, "precision", "run.precision")
     _copy(d, f, "fp8_recipe", "run.fp8")
     _copy(d, f, "grad_reduce_precision", "run.grad_reduce_precision")
+    _copy(d, f, "compile", "run.compile")
 
 
 def _iterations(d: Derived, f: Facts, micro: Optional[int], mbs: Optional[int], dp: Optional[int]) -> None:

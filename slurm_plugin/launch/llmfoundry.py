@@ -438,6 +438,7 @@ def _run(v: View, f: Facts) -> None:
                                 f"data set, whose size perfcast does not know; give it in batches (ba) or "
                                 f"tokens (tok)", md_origin)
     _precision(v, f)
+    _compile(v, f)
     _evaluation(v, f)
     folder, fo_origin, fo_found = _str(v, "save_folder")
     if not fo_found or not folder:
@@ -450,6 +451,14 @@ def _run(v: View, f: Facts) -> None:
         else:
             w.append(f"save_interval {si!r} is not in batches ({si_origin}); checkpoints are not modelled")
             f.set("save_interval", 0, si_origin)
+
+
+def _compile(v: View, f: Facts) -> None:
+    # Composer compiles the model when compile_config is a mapping ({} for torch.compile's
+    # defaults); None, its default, leaves it eager.
+    value, origin, found = _value(v, "compile_config")
+    if found and not isinstance(value, _Unknown):
+        f.set("compile", isinstance(value, dict), origin)
 
 
 def _precision(v: View, f: Facts) -> None:

@@ -76,6 +76,8 @@ _SPELLINGS = {
     "flavor": [("model", "flavor")],
     "flex": [("model", "use_flex_attn")],
     "attn_type": [("model", "attn_type")],
+    "compile": [("compile", "enable"), ("training", "compile")],
+    "compile_components": [("compile", "components")],
     "tokenizer": [("model", "tokenizer_path"), ("model", "hf_assets_path")],
 }
 
@@ -119,6 +121,7 @@ _JOB_CONFIG = {
                     "context_parallel_degree pipeline_parallel_split_points pipeline_parallel_schedule "
                     "enable_async_tensor_parallel",
     "validation": "enabled enable dataset dataset_path local_batch_size seq_len freq steps",
+    "compile": "enable components backend",
 }
 JOB_CONFIG_KEYS = {sect: frozenset(keys.split()) for sect, keys in _JOB_CONFIG.items()}
 _READ_KEYS = frozenset(pair for pairs in _SPELLINGS.values() for pair in pairs)
@@ -349,6 +352,13 @@ def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
     prec = str(prec or "bfloat16").lower()
     f.set("precision", "fp32" if prec in ("float32", "fp32") else "bf16",
           origin if found else "TorchTitan default (mixed_precision_param bfloat16)")
+    comp, origin, found = t.get("compile")
+    if found:
+        parts, p_origin, p_found = t.get("compile_components")
+        # Newer TorchTitan compiles the listed components ("model", "loss"); the layers only when
+        # "model" is one of them.
+        model_compiled = bool(to_bool(comp)) and (not p_found or "model" in str(parts))
+        f.set("compile", model_compiled, p_origin if p_found and not model_compiled else origin)
     fp8, origin, _ = t.get("fp8_linear")
     conv, c_origin, _ = t.get("converters")
     if to_bool(fp8) or (isinstance(conv, (list, str)) and "float8" in str(conv)):

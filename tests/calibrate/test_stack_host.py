@@ -84,3 +84,24 @@ def test_gpu_fsdp_layer_cost_is_the_slope_difference_less_the_copies():
     assert out["fsdp_layer_seconds"] == pytest.approx(0.001 - copies)
     with pytest.raises(ValueError, match="two or more depths"):
         stack_host.gpu_fsdp_layer_seconds(rows[:3], 3.0e12)
+
+
+def test_the_compiled_layer_ratio_is_the_committed_measurement():
+    import json
+    from pathlib import Path
+
+    from predictor.host import COMPILED_LAYER_HOST_RATIO
+    rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h100-lent" / "stacks"
+                       / "compile.json").read_text())["rows"]
+    out = stack_host.gpu_compiled_layer_ratio(rows)
+    assert out["depths"] == [2, 8]
+    assert COMPILED_LAYER_HOST_RATIO == pytest.approx(out["ratio"], abs=5e-4)
+    # Synthetic: 3 ms per layer compiled against 6 eager is a ratio of one half.
+    job = rows[0]["job"]
+
+    def row(stack: str, layers: int, seconds: float) -> dict:
+        j = {k: dict(v) for k, v in job.items()}
+        j["model"]["layers"] = layers
+        return {"stack": stack, "job": j, "measured_iteration_seconds": seconds}
+    synthetic = [row("ddp", 2, 0.02), row("ddp", 6, 0.044), row("compile", 2, 0.01), row("compile", 6, 0.022)]
+    assert stack_host.gpu_compiled_layer_ratio(synthetic)["ratio"] == pytest.approx(0.5)

@@ -243,3 +243,10 @@ def test_composer_world_defaults_to_the_nodes_gpus(tmp_path):
     assert res.job is None and "composer -n not given and the GPUs per node unknown" in res.error
     res = _run(tmp_path, "srun composer -n 8 scripts/train/train.py mpt.yaml\n")     # 2 nodes, no --world_size
     assert _ok(res).layout.dp == 8 and any("on each of the 2 nodes" in w for w in res.warnings)
+
+
+def test_compile_config_compiles_the_model_and_null_does_not(tmp_path):
+    assert not _ok(_run(tmp_path, COMPOSER + "\n")).run.compile
+    res = _run(tmp_path, COMPOSER + "\n", MPT7B + "compile_config: {}\n")
+    assert _ok(res).run.compile and res.provenance["run.compile"].startswith(str(tmp_path))
+    assert not _ok(_run(tmp_path, COMPOSER + "\n", MPT7B + "compile_config: null\n")).run.compile

@@ -115,3 +115,17 @@ def test_missing_and_broken_toml_are_named(tmp_path):
     assert res.job is None and "not valid TOML" in res.error and "cfg.toml:" in res.error
     res = _run(tmp_path, LAUNCH + "\n", "x = " + "[" * 100000 + "]" * 100000 + "\n")
     assert res.job is None and res.error.startswith("cannot predict: ") and "internal" not in res.error
+
+
+def test_compile_is_read_from_the_flag_or_the_compile_section(tmp_path):
+    res = _run(tmp_path, LAUNCH + "--training.compile\n")
+    assert res.error is None, res.error
+    assert res.job.run.compile and res.provenance["run.compile"].endswith("(--training.compile)")
+    assert not _run(tmp_path, LAUNCH + "\n").job.run.compile
+    section = TOML + '\n[compile]\nenable = true\ncomponents = ["model", "loss"]\n'
+    assert _run(tmp_path, LAUNCH + "\n", section).job.run.compile
+    # The loss alone compiled: the layers run eager.
+    loss_only = TOML + '\n[compile]\nenable = true\ncomponents = ["loss"]\n'
+    res = _run(tmp_path, LAUNCH + "\n", loss_only)
+    line = 1 + next(i for i, t in enumerate(loss_only.splitlines()) if t.startswith("components"))
+    assert not res.job.run.compile and res.provenance["run.compile"].endswith(f"cfg.toml:{line}")

@@ -58,3 +58,20 @@ def test_host_keys_are_validated():
     assert HostCosts.from_dict({**good, "collective_seconds": 3e-5}, "p.toml").collective_call_seconds == 3e-5
     with pytest.raises(BundleError, match="host.fsdp_layer_seconds"):
         HostCosts.from_dict({**good, "fsdp_layer_seconds": 5.0}, "p.toml")
+
+
+def test_a_compiled_model_issues_its_layers_at_the_measured_share():
+    from predictor import predict
+    from predictor.host import COMPILED_LAYER_HOST_RATIO
+    plat = load_platform("dgx-h100")
+    eager = _job()
+    compiled = eager.replace(run={"compile": True})
+    h = plat.host
+    saved = _host_per_micro_batch(eager, plat)[0] - _host_per_micro_batch(compiled, plat)[0]
+    # Only the layers' issue time shrinks; the micro-batch's own (embedding, loss) stays.
+    assert saved == pytest.approx(4 * h.layer_seconds * (1 - COMPILED_LAYER_HOST_RATIO))
+    # A host-bound step gets faster; the device's work is costed as eager's.
+    assert predict(compiled, plat).iteration_seconds < predict(eager, plat).iteration_seconds
+    with pytest.raises(Exception, match="run.compile"):
+        TrainingJob.from_dict({"model": {"layers": 4, "hidden": 512, "heads": 8, "seq_len": 1024},
+                               "run": {"compile": "sometimes"}})
