@@ -9,7 +9,9 @@
   bare ``all_reduce(async_op=True)``;
 * per FSDP layer: FSDP2 ``fully_shard`` per block (reshard after forward) against DDP, the
   difference of the per-layer slopes of forward + backward: FSDP's unshard / reshard /
-  reduce-scatter hooks.
+  reduce-scatter hooks;
+* with ``--deepspeed`` (needs the deepspeed package) only: DeepSpeed's engine at ZeRO stage 3
+  against stage 0, the difference of the per-layer slopes: ZeRO-3's per-module hooks.
 
 One rank, so that no collective waits for a peer: what is left is the host's issuing, which a GPU
 node's CPU pays too (NCCL spends the transfers on the device).
@@ -34,15 +36,26 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from calibrate.stack_host import fsdp_costs, one_rank_group, tp_collective_costs  # noqa: E402
+from calibrate.stack_host import deepspeed_zero3_costs, fsdp_costs, one_rank_group, tp_collective_costs  # noqa: E402
 
 LAYERS = (1, 2, 4, 8)
 
 
-def measure(repeats: int, rounds: int) -> dict:
+def measure(repeats: int, rounds: int, deepspeed: bool = False) -> dict:
     torch.set_num_threads(1)
     one_rank_group()
+    if deepspeed:
+        return {"deepspeed_zero3": deepspeed_zero3_costs(LAYERS, repeats, rounds)}
     return {"tp": tp_collective_costs(LAYERS, repeats, rounds), "fsdp": fsdp_costs(LAYERS, repeats, rounds)}
+
+
+def report(r: dict) -> None:
+    tp, fs = r["tp"], r["fsdp"]
+    print(f"TP collective: {1e6 * tp['collective_seconds']:.1f} µs per collective (layer slope "
+          f"{1e6 * tp['layer_seconds_with']:.0f} µs with, {1e6 * tp['layer_seconds_without']:.0f} µs without "
+          f"4 collectives); all_reduce issue alone {1e6 * tp['issue_seconds']:.1f} µs")
+    print(f"FSDP2 hooks: {1e6 * fs['fsdp_hook_layer_seconds']:.1f} µs per layer and micro-batch (layer slope "
+          f"{1e6 * fs['fsdp_layer_seconds']:.0f} µs FSDP2, {1e6 * fs['ddp_layer_seconds']:.0f} µs DDP)")
 
 
 def main() -> int:
@@ -50,14 +63,16 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--deepspeed", action="store_true", help="DeepSpeed's ZeRO-3 hooks (only)")
     args = ap.parse_args()
-    r = measure(args.repeats, args.rounds)
-    tp, fs = r["tp"], r["fsdp"]
-    print(f"TP collective: {1e6 * tp['collective_seconds']:.1f} µs per collective (layer slope "
-          f"{1e6 * tp['layer_seconds_with']:.0f} µs with, {1e6 * tp['layer_seconds_without']:.0f} µs without "
-          f"4 collectives); all_reduce issue alone {1e6 * tp['issue_seconds']:.1f} µs")
-    print(f"FSDP2 hooks: {1e6 * fs['fsdp_hook_layer_seconds']:.1f} µs per layer and micro-batch (layer slope "
-          f"{1e6 * fs['fsdp_layer_seconds']:.0f} µs FSDP2, {1e6 * fs['ddp_layer_seconds']:.0f} µs DDP)")
+    r = measure(args.repeats, args.rounds, args.deepspeed)
+    if args.deepspeed:
+        z = r["deepspeed_zero3"]
+        print(f"DeepSpeed ZeRO-3 hooks: {1e6 * z['zero3_hook_layer_seconds']:.1f} µs per layer and micro-batch "
+              f"(layer slope {1e6 * z['zero3_layer_seconds']:.0f} µs stage 3, {1e6 * z['zero0_layer_seconds']:.0f} µs "
+              "stage 0)")
+    else:
+        report(r)
     if args.json:
         r["provenance"] = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -66,6 +81,9 @@ def main() -> int:
             "ranks": 1, "threads_per_rank": 1, "backend": "gloo", "repeats": args.repeats,
             "rounds": args.rounds, "layers": list(LAYERS),
             "load": "shared 2-core VM; other sessions' work running; fastest quarter of interleaved repeats"}
+        if args.deepspeed:
+            import deepspeed
+            r["provenance"]["deepspeed"] = deepspeed.__version__
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(r, indent=1) + "\n")
     return 0

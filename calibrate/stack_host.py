@@ -23,6 +23,7 @@ The statistic is the fastest quarter of the repeats (a shared CPU), each configu
 """
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from typing import Sequence
@@ -184,6 +185,79 @@ def fsdp_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
     ddp = _slope(ns, [per[("ddp", n)] for n in ns])
     return {"fsdp_layer_seconds": fsdp, "ddp_layer_seconds": ddp, "fsdp_hook_layer_seconds": fsdp - ddp,
             "per_config": {f"{k}_{n}": s for (k, n), s in per.items()}}
+
+
+# --- DeepSpeed's ZeRO-3 against its engine without ZeRO, on the one-rank gloo group ----------------
+
+class _Engine(nn.Module):
+    """A DeepSpeed engine timed like the other models: forward, then the engine's backward."""
+
+    def __init__(self, engine):
+        super().__init__()
+        self.engine = engine
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.engine(x)
+
+
+def _deepspeed_model(n: int, stage: int) -> nn.Module:
+    import os
+    # DeepSpeed is not a dependency of perfcast: only this measurement needs it.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    from deepspeed.utils import logger as ds_logger
+    ds_logger.setLevel(logging.ERROR)
+    model = nn.Sequential(*[Block() for _ in range(n)])
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
+           "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
+                                      config=cfg)
+    return _Engine(engine)
+
+
+def _time_engine(wrapped: nn.Module, repeats: int) -> list[float]:
+    x = torch.randn(TOKENS, HIDDEN)
+    out = []
+    for i in range(repeats + 3):
+        t0 = time.perf_counter()
+        wrapped.engine.backward(wrapped(x).float().sum())
+        dt = time.perf_counter() - t0
+        if i >= 3:
+            out.append(dt)
+    return out
+
+
+def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
+    """Per-layer forward + backward seconds of DeepSpeed's engine at ZeRO stage 3 and at stage 0,
+    and their difference: what ZeRO-3's per-module hooks (fetch and release the partitioned
+    parameters, the gradients' reduce-and-partition) add per layer and micro-batch (one gloo rank
+    up; needs the deepspeed package)."""
+    import os
+    import warnings
+
+    torch.manual_seed(0)
+    # DeepSpeed's engine reads the launcher's variables of the one rank that is up, while it runs;
+    # the process's environment is restored afterwards.
+    launcher = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    unset = [k for k in launcher if k not in os.environ]
+    os.environ.update({k: launcher[k] for k in unset})
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            models = {(stage, n): _deepspeed_model(n, stage) for n in layers for stage in (0, 3)}
+            times: dict = {k: [] for k in models}
+            for _ in range(rounds):
+                for key, model in models.items():
+                    times[key] += _time_engine(model, repeats)
+    finally:
+        for k in unset:
+            os.environ.pop(k, None)
+    per = {key: fastest_quarter(v) for key, v in times.items()}
+    ns = list(layers)
+    slope = {stage: _slope(ns, [per[(stage, n)] for n in ns]) for stage in (0, 3)}
+    return {"zero3_layer_seconds": slope[3], "zero0_layer_seconds": slope[0],
+            "zero3_hook_layer_seconds": slope[3] - slope[0],
+            "per_config": {f"zero{k}_{n}": s for (k, n), s in per.items()}}
 
 
 # --- FSDP1 (llm-foundry / Composer) against FSDP2, on a fake group --------------------------------

@@ -39,7 +39,7 @@ from .errors import BundleError, JobError
 from . import attention, fp8, memory, overlap, tp_overlap
 from .host import FSDP_FRAMEWORKS, engine_for as host_engine_for
 from .interval import IntervalRule, interval_seconds
-from .job import TrainingJob
+from .job import DEEPSPEED_PIPELINE_FRAMEWORKS, TrainingJob
 from .kinds import kind_of
 from .network import ring_seconds
 from .operators import BYTES_PER_ELEMENT, OPERATORS, log2_features
@@ -910,11 +910,14 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
     # FSDP (PyTorch's, under the frameworks that shard with it) runs its hooks around every
     # layer it wraps: unshard before forward and backward, reshard, reduce-scatter.
     fsdp = lay.zero_stage >= 2 and job.run.framework in FSDP_FRAMEWORKS
+    # DeepSpeed's ZeRO-3 fetches and releases each module's partitioned parameters in hooks of its own.
+    zero3 = lay.zero_stage == 3 and job.run.framework in DEEPSPEED_PIPELINE_FRAMEWORKS
     stage_host = [plat.host.stage_seconds(n, n * layer_launches, lay.recompute, fitted=plat.fitted,
                                           engine=engine,
                                           collective_calls=n * layer_calls + len(pipeline.p2p[i][0].parts)
                                           + len(pipeline.p2p[i][1].parts),
-                                          fsdp_layers=n if fsdp else 0, compiled=job.run.compile)
+                                          fsdp_layers=n if fsdp else 0, compiled=job.run.compile,
+                                          zero3_layers=n if zero3 else 0)
                   for i, n in enumerate(sizes)]
     return stage_host, plat.host.engine_step_seconds(engine, plat.fitted)
 

@@ -17,6 +17,8 @@ A platform carries the measured host costs in ``platform.toml``::
                                        # function + c10d + enqueue; absent: launch_seconds
     fsdp_layer_seconds = 1.9e-3        # FSDP2's per-layer hooks, launches and stream waits, per
                                        # micro-batch (zero_stage >= 2 under an FSDP framework)
+    zero3_layer_seconds = 1.0e-3       # DeepSpeed ZeRO-3's per-module hooks, per layer and
+                                       # micro-batch (zero_stage 3 under a DeepSpeed framework)
     source = "perf-calibrate host on ..., torch ..., date"
     [host.operators.linear1]           # one isolated call's host issue time, per direction
     fwd = 1.9e-5
@@ -58,7 +60,7 @@ class HostScales(Protocol):
     host_launch_scale: float
 
 _KEYS = ("layer_seconds", "layer_forward_seconds", "micro_batch_seconds", "launch_seconds",
-         "collective_seconds", "fsdp_layer_seconds")
+         "collective_seconds", "fsdp_layer_seconds", "zero3_layer_seconds")
 #: Framework engines whose own host work is measured apart (benchmarks/bench_engine_host.py):
 #: DeepSpeed's PipelineEngine (its instruction loop: GPT-NeoX at any pp, DeepSpeed and
 #: Megatron-DeepSpeed with pp > 1) and DeepSpeedEngine (forward / backward / step per micro-batch:
@@ -67,10 +69,11 @@ _KEYS = ("layer_seconds", "layer_forward_seconds", "micro_batch_seconds", "launc
 ENGINES = ("deepspeed_pipeline", "deepspeed")
 _ENGINE_KEYS = ("step_seconds", "micro_batch_seconds", "layer_seconds")
 _OPTIONAL = {"launch_seconds": 0.0, "layer_forward_seconds": -1.0, "collective_seconds": -1.0,
-             "fsdp_layer_seconds": 0.0}
+             "fsdp_layer_seconds": 0.0, "zero3_layer_seconds": 0.0}
 #: Frameworks whose ZeRO-2/3 is PyTorch FSDP (FSDP2's fully_shard per layer), whose per-layer hooks
 #: ``fsdp_layer_seconds`` measures; llm-foundry's FSDP1 hooks cost 0.96-0.98 of FSDP2's
-#: (benchmarks/bench_fsdp1_host.py).  DeepSpeed's ZeRO-3 hooks are another mechanism, not measured.
+#: (benchmarks/bench_fsdp1_host.py).  DeepSpeed's ZeRO-3 hooks are another mechanism, measured
+#: apart (``zero3_layer_seconds``: benchmarks/bench_stack_host.py --deepspeed).
 FSDP_FRAMEWORKS = ("torchtitan", "llm-foundry")
 #: A layer under ``torch.compile`` costs the host this share of the eager layer's issue time
 #: (``run.compile``): the lent H100's per-layer slopes of the same module compiled and eager,
@@ -139,6 +142,7 @@ class HostCosts:
     layer_forward_seconds: float = -1.0     # < 0: not measured apart from the whole layer
     collective_seconds: float = -1.0        # < 0: a collective call costs one launch
     fsdp_layer_seconds: float = 0.0         # FSDP's hooks per layer and micro-batch
+    zero3_layer_seconds: float = 0.0        # DeepSpeed ZeRO-3's hooks per layer and micro-batch
     source: str = ""
     operators: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # op -> direction -> s
     engines: Mapping[str, EngineCosts] = field(default_factory=dict)          # ENGINES -> costs
@@ -199,13 +203,15 @@ class HostCosts:
 
     def stage_seconds(self, layers: int, collectives: float, recompute: str,
                       fitted: "HostScales | None" = None, engine: str = "",
-                      collective_calls: float = 0.0, fsdp_layers: int = 0, compiled: bool = False) -> float:
+                      collective_calls: float = 0.0, fsdp_layers: int = 0, compiled: bool = False,
+                      zero3_layers: int = 0) -> float:
         """Host time to issue one micro-batch's forward and backward on a stage of ``layers``.
 
         ``collectives`` counts the kernel launches beyond a plain layer's kernels (FP8 casts,
         userbuffer chunks), ``collective_calls`` the collectives issued through c10d (TP
         all-reduces, pipeline and context-parallel sends), ``fsdp_layers`` the layers FSDP wraps
-        (each paying its hooks), ``compiled`` a model under torch.compile (each layer's issue
+        (each paying its hooks), ``zero3_layers`` those DeepSpeed's ZeRO-3 partitions (each paying
+        its hooks), ``compiled`` a model under torch.compile (each layer's issue
         time :data:`COMPILED_LAYER_HOST_RATIO` of eager's);
         full recomputation issues every layer's forward a second time, in the backward.
         ``engine`` (:func:`engine_for`): the framework engine's own work per micro-batch and per
@@ -225,7 +231,8 @@ class HostCosts:
             layer += e.layer_seconds
             micro_batch += e.micro_batch_seconds
         launches = collectives * self.launch_seconds + collective_calls * self.collective_call_seconds
-        layer_total = layers * layer + fsdp_layers * self.fsdp_layer_seconds
+        layer_total = layers * layer + fsdp_layers * self.fsdp_layer_seconds \
+            + zero3_layers * self.zero3_layer_seconds
         if fitted is None:
             return layer_total + micro_batch + launches
         # [fitted] (perf-calibrate validate --fit): each measured cost its own scale, and the one

@@ -105,3 +105,11 @@ def test_the_compiled_layer_ratio_is_the_committed_measurement():
         return {"stack": stack, "job": j, "measured_iteration_seconds": seconds}
     synthetic = [row("ddp", 2, 0.02), row("ddp", 6, 0.044), row("compile", 2, 0.01), row("compile", 6, 0.022)]
     assert stack_host.gpu_compiled_layer_ratio(synthetic)["ratio"] == pytest.approx(0.5)
+
+
+def test_deepspeed_zero3_hooks_are_measured_per_layer(one_rank):
+    pytest.importorskip("deepspeed", reason="DeepSpeed's ZeRO-3 is what is measured (no dependency of perfcast)")
+    r = stack_host.deepspeed_zero3_costs((1, 2), repeats=3, rounds=1)
+    assert set(r["per_config"]) == {"zero0_1", "zero0_2", "zero3_1", "zero3_2"}
+    assert all(v > 0 for v in r["per_config"].values())
+    assert r["zero3_hook_layer_seconds"] == pytest.approx(r["zero3_layer_seconds"] - r["zero0_layer_seconds"])

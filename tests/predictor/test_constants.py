@@ -123,3 +123,8 @@ def test_stack_constants_are_quoted_as_shipped():
         host = load_platform(name).host
         assert f"{1e3 * host.fsdp_layer_seconds:.2f} ms" in _row("fsdp_layer_seconds")
         assert f"{1e6 * host.collective_seconds:.1f} µs" in _row("collective_seconds")
+
+
+def test_zero3_hooks_are_quoted_as_shipped():
+    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+        assert f"{1e3 * load_platform(name).host.zero3_layer_seconds:.2f} ms" in _row("zero3_layer_seconds")

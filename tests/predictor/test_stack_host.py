@@ -44,12 +44,19 @@ def test_fsdp_hooks_paid_per_layer_under_fsdp_frameworks_only():
     fsdp = TrainingJob.from_dict({**base, "layout": {**base["layout"], "zero_stage": 3}})
     extra = _host_per_micro_batch(fsdp, plat)[0] - _host_per_micro_batch(ddp, plat)[0]
     assert extra == pytest.approx(4 * plat.host.fsdp_layer_seconds)
-    # DeepSpeed's ZeRO-3 runs other hooks, which nothing here measured: not charged FSDP's.
+    # DeepSpeed's ZeRO-3 runs hooks of its own, measured apart: its figure, not FSDP's.
+    assert plat.host.zero3_layer_seconds > 0 and plat.host.zero3_layer_seconds != plat.host.fsdp_layer_seconds
     ds = TrainingJob.from_dict({**base, "layout": {**base["layout"], "zero_stage": 3},
                                 "run": {"precision": "bf16", "framework": "deepspeed"}})
     ds1 = TrainingJob.from_dict({**base, "layout": {**base["layout"], "zero_stage": 1},
                                  "run": {"precision": "bf16", "framework": "deepspeed"}})
-    assert _host_per_micro_batch(ds, plat)[0] == pytest.approx(_host_per_micro_batch(ds1, plat)[0])
+    extra = _host_per_micro_batch(ds, plat)[0] - _host_per_micro_batch(ds1, plat)[0]
+    assert extra == pytest.approx(4 * plat.host.zero3_layer_seconds)
+    # A job that names no framework is charged neither.
+    plain = {**base, "run": {"precision": "bf16"}}
+    z3 = TrainingJob.from_dict({**plain, "layout": {**base["layout"], "zero_stage": 3}})
+    z1 = TrainingJob.from_dict({**plain, "layout": {**base["layout"], "zero_stage": 1}})
+    assert _host_per_micro_batch(z3, plat)[0] == pytest.approx(_host_per_micro_batch(z1, plat)[0])
 
 
 def test_host_keys_are_validated():
@@ -58,6 +65,8 @@ def test_host_keys_are_validated():
     assert HostCosts.from_dict({**good, "collective_seconds": 3e-5}, "p.toml").collective_call_seconds == 3e-5
     with pytest.raises(BundleError, match="host.fsdp_layer_seconds"):
         HostCosts.from_dict({**good, "fsdp_layer_seconds": 5.0}, "p.toml")
+    with pytest.raises(BundleError, match="host.zero3_layer_seconds"):
+        HostCosts.from_dict({**good, "zero3_layer_seconds": -1.0}, "p.toml")
 
 
 def test_a_compiled_model_issues_its_layers_at_the_measured_share():
