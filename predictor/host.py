@@ -79,7 +79,7 @@ FSDP_FRAMEWORKS = ("torchtitan", "llm-foundry")
 #: (``run.compile``): the lent H100's per-layer slopes of the same module compiled and eager,
 #: host-bound (benchmarks/data/h100-lent/stacks/compile.json; calibrate.stack_host.
 #: gpu_compiled_layer_ratio).  That module's graph breaks at every layer, so a fully compiled
-#: layer launches fewer kernels still: an upper bound on the saving's complement.
+#: layer launches fewer kernels still: the ratio is an upper bound.
 COMPILED_LAYER_HOST_RATIO = 0.635
 # Host costs are per-call overheads of microseconds to milliseconds; a value past this is a unit
 # mistake (µs written as seconds), not a slow CPU.
