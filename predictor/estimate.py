@@ -31,9 +31,9 @@ import numpy as np
 
 from .bundle import collective_features
 from .recipe import (Group, MicroBatchRecipe, fsdp2_shard_copies, gradient_precision, gradient_reduction,
-                     groups, input_embedding_parameters, layer_parameters, micro_batch_recipe, pipeline_sends,
-                     reshards_after_forward, shard_ranks, stage_layers, stage_parameter_counts,
-                     total_parameters)
+                     groups, input_embedding_parameters, layer_parameters, micro_batch_recipe,
+                     op_sac_recompute_share, pipeline_sends, reshards_after_forward, runs_op_sac,
+                     shard_ranks, stage_layers, stage_parameter_counts, total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import attention, fp8, memory, overlap, tp_overlap
@@ -685,6 +685,8 @@ def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBat
     tp, cp = lay.tp, lay.cp
     layer_fwd, layer_bwd, core_fwd = _Term(), _Term(), _Term()
     core_bwd = _Term()
+    op_sac = runs_op_sac(lay, job.run.framework)
+    sac_fwd = _Term()          # what TorchTitan's op-level checkpointing runs again in backward
     for c in recipe.layer:
         p_c = "fp8" if casts is not None and c.name in fp8.FP8_LINEARS else prec
         name, count_f, count_b = c.name, c.count, c.count
@@ -698,12 +700,18 @@ def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBat
         hb = q.op(name, "bwd", p_c, c.shape)
         layer_fwd.add(hf, count_f)
         layer_bwd.add(hb, count_b)
+        if op_sac:
+            share = op_sac_recompute_share(c.name, m)
+            if share:
+                sac_fwd.add(hf, count_f * share)
         if c.attention_core:
             core_fwd.add(hf, count_f)
             core_bwd.add(hb, count_b)
     if casts is not None:
         for c in casts.forward:
             layer_fwd.add(q.op(c.name, "fwd", prec, c.shape), c.count)
+            if op_sac:
+                sac_fwd.add(q.op(c.name, "fwd", prec, c.shape), c.count)
         for c in casts.backward:
             layer_bwd.add(q.op(c.name, "fwd", prec, c.shape), c.count)
     # Context parallelism: ring attention passes this rank's K and V chunk on cp − 1 times per
@@ -732,6 +740,8 @@ def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBat
     if lay.recompute == "full":
         layer_bwd.extend(layer_fwd)
         mp_bwd.extend(mp_fwd)
+    elif op_sac:
+        layer_bwd.extend(sac_fwd)
     elif lay.recompute == "selective":
         layer_bwd.extend(core_fwd)
     return _LayerTerms(layer_fwd, layer_bwd, core_fwd, core_bwd, mp_fwd, mp_bwd, cp_ring, tp_ub)

@@ -641,6 +641,37 @@ def fsdp2_shard_copies(layout: Layout, framework: str, precision: str, reduce_pr
     return ShardCopies(gather, gathers_in_backward * gather + compute + reduce + 3 * reduce / n)
 
 
+def op_sac_recompute_share(name: str, model: ModelSpec) -> float:
+    """The share of one layer operator's forward that TorchTitan's op-level selective activation
+    checkpointing (``mode = "selective"``, ``selective_ac_option = "op"``, its default) runs again in
+    the backward.  Its policy (``torchtitan/distributed/activation_checkpoint.py``, 2024-2025
+    releases) saves the outputs of matmuls, SDPA and reduce-scatters "except every second mm",
+    counting a layer's matmuls in forward order, and recomputes every other operator.  A Llama
+    layer's matmuls run wq, wk, wv, wo, then w1, w3, w2 (a GELU MLP: up, down), so the second,
+    fourth and sixth are recomputed: wk (of the fused QKV, its share of the columns), wo (all of
+    the attention output projection), w3 (half of the gated MLP's up projection) or the GELU MLP's
+    down projection.  Fused attention is saved; norms, rotary, activations, residual adds and an
+    unfused attention's score ops are recomputed whole."""
+    if name == "flash_atten":
+        return 0.0
+    gated = is_gated(model)
+    if name == "linear1":
+        return model.kv_heads / (model.heads + 2 * model.kv_heads)
+    if name == "linear2":
+        return 1.0
+    if name == "linear3":
+        return 0.5 if gated else 0.0
+    if name == "linear4":
+        return 0.0 if gated else 1.0
+    return 1.0
+
+
+def runs_op_sac(layout: Layout, framework: str) -> bool:
+    """Whether ``layout.recompute = "selective"`` is TorchTitan's op-level checkpointing
+    (:func:`op_sac_recompute_share`) rather than Megatron's (the attention core only)."""
+    return layout.recompute == "selective" and framework == "torchtitan"
+
+
 def shard_ranks(layout: Layout) -> int:
     """The ranks ZeRO shards a parameter over: dp × cp, or dp_shard × cp under hybrid sharding."""
     return (layout.dp_shard or layout.dp) * layout.cp

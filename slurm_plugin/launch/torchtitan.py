@@ -63,6 +63,7 @@ _SPELLINGS = {
     "cp": [("parallelism", "context_parallel_degree"), ("experimental", "context_parallel_degree")],
     "pp_micro": [("parallelism", "pipeline_parallel_microbatch_size")],
     "ac_mode": [("activation_checkpoint", "mode")],
+    "ac_option": [("activation_checkpoint", "selective_ac_option")],
     "precision": [("training", "mixed_precision_param")],
     "ckpt_enable": [("checkpoint", "enable_checkpoint"), ("checkpoint", "enable")],
     "ckpt_interval": [("checkpoint", "interval")],
@@ -347,7 +348,17 @@ def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
     if mode not in ("full", "selective", "none"):
         w.append(f"activation_checkpoint.mode {mode!r} is not full/selective/none ({origin}); modelled as selective")
         mode = "selective"
-    f.set("recompute", mode, origin if found else "TorchTitan default (selective)")
+    if mode == "selective":
+        option, o_origin, o_found = t.get("ac_option")
+        option = str(option if o_found else "op").strip().lower()
+        if option.isdigit() and int(option) == 1:
+            # Every layer checkpointed whole: full recomputation.
+            mode, origin, found = "full", o_origin, True
+        elif option != "op":
+            w.append(f"activation_checkpoint.selective_ac_option {option!r} ({o_origin}): one layer in "
+                     f"{option} checkpointed whole is costed as op-level selective checkpointing "
+                     "(TorchTitan's default)")
+    f.set("recompute", mode, origin if found else "TorchTitan default (selective, op-level)")
     prec, origin, found = t.get("precision")
     prec = str(prec or "bfloat16").lower()
     f.set("precision", "fp32" if prec in ("float32", "fp32") else "bf16",

@@ -129,3 +129,16 @@ def test_compile_is_read_from_the_flag_or_the_compile_section(tmp_path):
     res = _run(tmp_path, LAUNCH + "\n", loss_only)
     line = 1 + next(i for i, t in enumerate(loss_only.splitlines()) if t.startswith("components"))
     assert not res.job.run.compile and res.provenance["run.compile"].endswith(f"cfg.toml:{line}")
+
+
+def test_selective_checkpointing_is_op_level_unless_every_layer(tmp_path):
+    res = _run(tmp_path, LAUNCH + "--activation_checkpoint.mode selective\n")
+    assert res.error is None, res.error
+    assert res.job.layout.recompute == "selective" and not res.warnings
+    every = _run(tmp_path, LAUNCH + "--activation_checkpoint.mode selective "
+                                   "--activation_checkpoint.selective_ac_option 1\n")
+    assert every.job.layout.recompute == "full"
+    second = _run(tmp_path, LAUNCH + "--activation_checkpoint.mode selective "
+                                    "--activation_checkpoint.selective_ac_option 2\n")
+    assert second.job.layout.recompute == "selective"
+    assert any("one layer in 2 checkpointed whole" in w for w in second.warnings)

@@ -208,3 +208,26 @@ def test_single_node_pipeline_is_intra_node():
     g = groups(make_job(pp=4, tp=1, dp=2), 4)
     assert g["pp"].nodes == 2
     assert _group(8, 2, 8).gpus_per_node == 4
+
+
+def test_torchtitan_op_level_checkpointing_recomputes_every_second_matmul():
+    from predictor import load_platform, predict
+    from predictor.recipe import op_sac_recompute_share, runs_op_sac
+    llama = TrainingJob.from_dict({"model": {"layers": 2, "hidden": 4096, "heads": 32, "kv_heads": 8,
+                                             "ffn_hidden": 14336, "seq_len": 4096, "attention": "flash",
+                                             "activation": "swiglu", "norm": "rmsnorm"},
+                                   "layout": {"recompute": "selective", "zero_stage": 0},
+                                   "run": {"precision": "bf16", "framework": "torchtitan"}})
+    m = llama.model
+    # wq wk wv | wo | w1 w3 | w2: the 2nd (wk), 4th (wo) and 6th (w3) are run again.
+    assert op_sac_recompute_share("linear1", m) == pytest.approx(8 / 48)
+    assert (op_sac_recompute_share("linear2", m), op_sac_recompute_share("linear3", m),
+            op_sac_recompute_share("linear4", m)) == (1.0, 0.5, 0.0)
+    assert op_sac_recompute_share("flash_atten", m) == 0.0 and op_sac_recompute_share("rmsnorm", m) == 1.0
+    gelu = llama.replace(model={"activation": "gelu", "ffn_hidden": 16384}).model
+    assert (op_sac_recompute_share("linear3", gelu), op_sac_recompute_share("linear4", gelu)) == (0.0, 1.0)
+    assert runs_op_sac(llama.layout, "torchtitan") and not runs_op_sac(llama.layout, "megatron")
+    plat = load_platform("dgx-h100")
+    secs = {rc: predict(llama.replace(layout={"recompute": rc}), plat).iteration_seconds
+            for rc in ("none", "selective", "full")}
+    assert secs["none"] < secs["selective"] < secs["full"]
