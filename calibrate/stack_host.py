@@ -88,15 +88,21 @@ def fastest_quarter(values: Sequence[float]) -> float:
 
 
 def _time_micro_batches(model: nn.Module, repeats: int) -> list[float]:
-    """Seconds of one forward + backward (gradients dropped), ``repeats`` times, after warm-up."""
+    """Seconds of one forward + backward, ``repeats`` times, after warm-up: a DeepSpeed engine's
+    own backward (it keeps its gradients), else autograd's with the gradients dropped."""
+    engine = model.engine if isinstance(model, _Engine) else None
     x = torch.randn(TOKENS, HIDDEN)
     out = []
     for i in range(repeats + 3):
         t0 = time.perf_counter()
-        model(x).sum().backward()
+        if engine is not None:
+            engine.backward(model(x).float().sum())
+        else:
+            model(x).sum().backward()
         dt = time.perf_counter() - t0
-        for p in model.parameters():
-            p.grad = None
+        if engine is None:
+            for p in model.parameters():
+                p.grad = None
         if i >= 3:
             out.append(dt)
     return out
@@ -190,7 +196,7 @@ def fsdp_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
 # --- DeepSpeed's ZeRO-3 against its engine without ZeRO, on the one-rank gloo group ----------------
 
 class _Engine(nn.Module):
-    """A DeepSpeed engine timed like the other models: forward, then the engine's backward."""
+    """A DeepSpeed engine timed like the other models (:func:`_time_micro_batches`)."""
 
     def __init__(self, engine):
         super().__init__()
@@ -215,18 +221,6 @@ def _deepspeed_model(n: int, stage: int) -> nn.Module:
     return _Engine(engine)
 
 
-def _time_engine(wrapped: nn.Module, repeats: int) -> list[float]:
-    x = torch.randn(TOKENS, HIDDEN)
-    out = []
-    for i in range(repeats + 3):
-        t0 = time.perf_counter()
-        wrapped.engine.backward(wrapped(x).float().sum())
-        dt = time.perf_counter() - t0
-        if i >= 3:
-            out.append(dt)
-    return out
-
-
 def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
     """Per-layer forward + backward seconds of DeepSpeed's engine at ZeRO stage 3 and at stage 0,
     and their difference: what ZeRO-3's per-module hooks (fetch and release the partitioned
@@ -245,14 +239,10 @@ def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int) -> d
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             models = {(stage, n): _deepspeed_model(n, stage) for n in layers for stage in (0, 3)}
-            times: dict = {k: [] for k in models}
-            for _ in range(rounds):
-                for key, model in models.items():
-                    times[key] += _time_engine(model, repeats)
+            per = _interleaved(models, repeats, rounds)
     finally:
         for k in unset:
             os.environ.pop(k, None)
-    per = {key: fastest_quarter(v) for key, v in times.items()}
     ns = list(layers)
     slope = {stage: _slope(ns, [per[(stage, n)] for n in ns]) for stage in (0, 3)}
     return {"zero3_layer_seconds": slope[3], "zero0_layer_seconds": slope[0],
