@@ -157,14 +157,6 @@ def attention_part(device: str, seqs: list[int], clock: Clock, out: Path, repeat
             write(out, "attention.json", result)
 
 
-def _batches(job, device: str) -> list:
-    gen = torch.Generator().manual_seed(1234)
-    tokens = job.model.seq_len * job.layout.micro_batch
-    return [(torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(device),
-             torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(device))
-            for _ in range(job.layout.micro_batches)]
-
-
 def _time_steps(run, begin, device: str, steps: int, warmup: int) -> list[float]:
     from calibrate.timing import synchronize
     times = []
@@ -181,7 +173,7 @@ def _time_steps(run, begin, device: str, steps: int, warmup: int) -> list[float]
 
 def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int) -> dict:
     """Train ``job_dict`` under ``stack`` in this process: step seconds and peak bytes."""
-    from calibrate.gpt_model import measure_training
+    from calibrate.gpt_model import measure_training, token_batches
     from calibrate.stacks import stack_step
     from calibrate.timing import robust_seconds
     from predictor.job import TrainingJob
@@ -199,7 +191,7 @@ def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int) 
             m = measure_training(job, device=device, steps=steps, warmup=warmup)
         times, params = m.steps, m.params
     else:
-        st = stack_step(stack, job, _batches(job, device), device=device)
+        st = stack_step(stack, job, token_batches(job, device), device=device)
         times = _time_steps(st.run, st.gpt.begin_step, device, steps, warmup)
         params = st.params
         del st

@@ -252,12 +252,16 @@ def rank_state(job: TrainingJob, device: str, world: int, rank: int) -> RankStat
     lo = rank * shard if zero else 0
     hi = lo + shard if zero else model.padded
     opt = K.MasterAdam(model.flat[lo:hi], model.flat_grad[lo:hi])
+    return RankState(model, opt, token_batches(job, dev, rank), zero, lo, hi)
+
+
+def token_batches(job: TrainingJob, device: str, rank: int = 0) -> list:
+    """Each micro-batch's (token ids, targets) of ``rank``, (s·b,) each, drawn from a fixed seed."""
     gen = torch.Generator().manual_seed(1234 + rank)
-    tokens = model.seq * model.mb
-    batches = [(torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(dev),
-                torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(dev))
-               for _ in range(job.layout.micro_batches)]
-    return RankState(model, opt, batches, zero, lo, hi)
+    tokens = job.model.seq_len * job.layout.micro_batch
+    return [(torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(device),
+             torch.randint(0, job.model.vocab, (tokens,), generator=gen).to(device))
+            for _ in range(job.layout.micro_batches)]
 
 
 def _train_worker(rank: int, world: int, port: int, job_dict: dict, device: str, threads: int,

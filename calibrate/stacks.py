@@ -29,7 +29,7 @@ from predictor.job import TrainingJob
 
 from . import kernels as K
 from .errors import CalibrationError
-from .gpt_model import FlatGPT, model_class
+from .gpt_model import FlatGPT, model_class, token_batches
 
 #: The module stacks :func:`stack_step` builds.
 MODULE_STACKS = ("ddp", "fsdp", "compile")
@@ -162,22 +162,19 @@ def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, t
 
     import torch.distributed as dist
 
+    # Refused before this process's warnings and logging are turned down for the ranks' work.
+    if stack not in ("deepspeed", "fsdp"):
+        raise CalibrationError(f"stack {stack!r}: this worker runs deepspeed and fsdp")
     warnings.filterwarnings("ignore")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     logging.disable(logging.WARNING)
-    if stack not in ("deepspeed", "fsdp"):
-        raise CalibrationError(f"stack {stack!r}: this worker runs deepspeed and fsdp")
     torch.set_num_threads(threads)
     job = TrainingJob.from_dict(job_dict)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        gen = torch.Generator().manual_seed(1234 + rank)
-        tokens = job.model.seq_len * job.layout.micro_batch
-        batches = [(torch.randint(0, job.model.vocab, (tokens,), generator=gen),
-                    torch.randint(0, job.model.vocab, (tokens,), generator=gen))
-                   for _ in range(job.layout.micro_batches)]
+        batches = token_batches(job, "cpu", rank)
         if stack == "deepspeed":
             import deepspeed
             model, gpt = module_gpt(job, world)

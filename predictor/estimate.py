@@ -709,9 +709,10 @@ def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBat
             core_bwd.add(hb, count_b)
     if casts is not None:
         for c in casts.forward:
-            layer_fwd.add(q.op(c.name, "fwd", prec, c.shape), c.count)
+            h = q.op(c.name, "fwd", prec, c.shape)
+            layer_fwd.add(h, c.count)
             if op_sac:
-                sac_fwd.add(q.op(c.name, "fwd", prec, c.shape), c.count)
+                sac_fwd.add(h, c.count)
         for c in casts.backward:
             layer_bwd.add(q.op(c.name, "fwd", prec, c.shape), c.count)
     # Context parallelism: ring attention passes this rank's K and V chunk on cp − 1 times per

@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 
 from calibrate import stacks  # noqa: E402
 from calibrate.errors import CalibrationError  # noqa: E402
-from calibrate.gpt_model import FlatGPT  # noqa: E402
+from calibrate.gpt_model import FlatGPT, token_batches  # noqa: E402
 from predictor.job import TrainingJob  # noqa: E402
 
 JOB = {"model": {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256, "attention": "flash",
@@ -16,16 +16,9 @@ JOB = {"model": {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 
        "run": {"precision": "fp32"}}
 
 
-def _batches(job: TrainingJob) -> list:
-    gen = torch.Generator().manual_seed(7)
-    n = job.model.seq_len * job.layout.micro_batch
-    return [(torch.randint(0, job.model.vocab, (n,), generator=gen),
-             torch.randint(0, job.model.vocab, (n,), generator=gen)) for _ in range(job.layout.micro_batches)]
-
-
 def test_module_loss_is_the_flat_models(one_rank):
     job = TrainingJob.from_dict(JOB)
-    ids, tgt = _batches(job)[0]
+    ids, tgt = token_batches(job, "cpu")[0]
     flat = FlatGPT(job, "cpu", 1, seed=0)
     module, _ = stacks.module_gpt(job, 1)
     assert sum(p.numel() for p in module.parameters()) == flat.numel
@@ -35,7 +28,7 @@ def test_module_loss_is_the_flat_models(one_rank):
 @pytest.mark.parametrize("stack", ["ddp", "fsdp"])
 def test_a_stack_step_trains(one_rank, stack):
     job = TrainingJob.from_dict(JOB)
-    batches = _batches(job)
+    batches = token_batches(job, "cpu")
     step = stacks.stack_step(stack, job, batches, device="cpu")
     assert step.params == FlatGPT(job, "cpu", 1).numel
     module, _ = stacks.module_gpt(job, 1)
