@@ -157,25 +157,11 @@ def attention_part(device: str, seqs: list[int], clock: Clock, out: Path, repeat
             write(out, "attention.json", result)
 
 
-def _time_steps(run, begin, device: str, steps: int, warmup: int) -> list[float]:
-    from calibrate.timing import synchronize
-    times = []
-    for s in range(warmup + steps):
-        synchronize(device)
-        t0 = time.perf_counter()
-        begin()
-        run()
-        synchronize(device)
-        if s >= warmup:
-            times.append(time.perf_counter() - t0)
-    return times
-
-
 def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int) -> dict:
     """Train ``job_dict`` under ``stack`` in this process: step seconds and peak bytes."""
     from calibrate.gpt_model import measure_training, token_batches
     from calibrate.stacks import stack_step
-    from calibrate.timing import robust_seconds
+    from calibrate.timing import robust_seconds, time_steps
     from predictor.job import TrainingJob
 
     job = TrainingJob.from_dict(job_dict)
@@ -192,7 +178,11 @@ def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int) 
         times, params = m.steps, m.params
     else:
         st = stack_step(stack, job, token_batches(job, device), device=device)
-        times = _time_steps(st.run, st.gpt.begin_step, device, steps, warmup)
+
+        def step() -> None:
+            st.gpt.begin_step()
+            st.run()
+        times = time_steps(step, steps, warmup, device)
         params = st.params
         del st
     row = {"measured_iteration_seconds": robust_seconds(times, device), "steps": times, "params": int(params)}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,7 @@ from predictor.job import TrainingJob
 from . import kernels as K
 from .collectives import free_port, spawn_until_result
 from .errors import CalibrationError
-from .timing import robust_seconds, synchronize
+from .timing import robust_seconds, time_steps
 
 
 def check_supported(job: TrainingJob, recompute: tuple[str, ...] = ("none",)) -> None:
@@ -279,12 +278,8 @@ def _train_worker(rank: int, world: int, port: int, job_dict: dict, device: str,
     try:
         st = rank_state(job, device, world, rank)
         model, opt, batches, zero, lo, hi = st.model, st.optimizer, st.batches, st.zero, st.lo, st.hi
-        times: list[float] = []
-        for step in range(warmup + steps):
-            if world > 1:
-                dist.barrier()
-            synchronize(device)
-            t0 = time.perf_counter()
+
+        def step() -> None:
             model.flat_grad.zero_()
             model.begin_step()
             for ids, tgt in batches:
@@ -295,10 +290,8 @@ def _train_worker(rank: int, world: int, port: int, job_dict: dict, device: str,
             opt.step()
             if zero:
                 dist.all_gather_into_tensor(model.flat, model.flat[lo:hi].clone())
-            synchronize(device)
-            dt = time.perf_counter() - t0
-            if step >= warmup:
-                times.append(dt)
+
+        times = time_steps(step, steps, warmup, device, before=dist.barrier if world > 1 else None)
         # A step ends when its slowest rank does.
         per = torch.tensor(times, dtype=torch.float64)
         if world > 1:

@@ -30,6 +30,7 @@ from predictor.job import TrainingJob
 from . import kernels as K
 from .errors import CalibrationError
 from .gpt_model import FlatGPT, model_class, token_batches
+from .timing import time_steps
 
 #: The module stacks :func:`stack_step` builds.
 MODULE_STACKS = ("ddp", "fsdp", "compile")
@@ -157,7 +158,6 @@ def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, t
     (each step's seconds on the slowest rank, parameters)."""
     import logging
     import os
-    import time
     import warnings
 
     import torch.distributed as dist
@@ -193,16 +193,12 @@ def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, t
         else:
             wrapped = stack_step("fsdp", job, batches, device="cpu", world=world)
             step, params, gpt = wrapped.run, wrapped.params, wrapped.gpt
-        times: list[float] = []
-        for s in range(warmup + steps):
-            dist.barrier()
-            t0 = time.perf_counter()
+
+        def timed_step() -> None:
             gpt.begin_step()
             step()
-            dt = time.perf_counter() - t0
-            if s >= warmup:
-                times.append(dt)
-        per = torch.tensor(times, dtype=torch.float64)
+
+        per = torch.tensor(time_steps(timed_step, steps, warmup, before=dist.barrier), dtype=torch.float64)
         dist.all_reduce(per, op=dist.ReduceOp.MAX)
         if rank == 0:
             results.put((per.tolist(), params))

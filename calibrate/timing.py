@@ -65,6 +65,24 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def time_steps(step: Callable[[], None], steps: int, warmup: int, device: str = "cpu",
+               before: Callable[[], None] | None = None) -> list[float]:
+    """Wall seconds of ``steps`` training steps after ``warmup`` more: each begins after
+    ``before`` (the ranks' barrier) with the device's queue drained, and ends when the device is
+    done with it."""
+    times: list[float] = []
+    for s in range(warmup + steps):
+        if before is not None:
+            before()
+        synchronize(device)
+        t0 = time.perf_counter()
+        step()
+        synchronize(device)
+        if s >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
 _SLEEP_CYCLES_PER_SECOND: list[float] = []
 
 
