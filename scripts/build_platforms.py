@@ -26,6 +26,7 @@ without a refit, which would have changed them with the libraries' versions.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import shutil
@@ -154,12 +155,13 @@ def host_prior(path: Path) -> dict:
     return with_stack_prior(table)
 
 
-def with_stack_prior(table: dict, folder: Path = RUNS / "stack-host",
-                     gpu_steps: Path = RUNS / "h100-lent" / "stacks" / "stacks2.json") -> dict:
-    """``table`` with the per-collective host cost and DeepSpeed ZeRO-3's per-layer hooks of
-    benchmarks/bench_stack_host.py (the medians over the runs in ``folder``: ``cpu-*.json``,
+@functools.lru_cache(maxsize=None)
+def stack_prior() -> tuple[dict, str]:
+    """The per-collective host cost and DeepSpeed ZeRO-3's per-layer hooks of
+    benchmarks/bench_stack_host.py (the medians over ``stack-host/cpu-*.json`` and
     ``deepspeed-zero3-*.json``) and FSDP2's per-layer cost from the lent H100's real FSDP2 and DDP
-    steps (calibrate.stack_host.gpu_fsdp_layer_seconds), each with its source said."""
+    steps (calibrate.stack_host.gpu_fsdp_layer_seconds), and the source that says so; read once."""
+    folder, gpu_steps = RUNS / "stack-host", RUNS / "h100-lent" / "stacks" / "stacks2.json"
     runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("cpu-*.json"))]
     zero3_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("deepspeed-zero3-*.json"))]
     collective = statistics.median(r["tp"]["collective_seconds"] for r in runs)
@@ -167,11 +169,8 @@ def with_stack_prior(table: dict, folder: Path = RUNS / "stack-host",
     steps = json.loads(gpu_steps.read_text(encoding="utf-8"))
     fsdp = gpu_fsdp_layer_seconds(steps["rows"], H100.memory_gbps * 1e9)
     meta, zmeta, gpu = runs[0]["provenance"], zero3_runs[0]["provenance"], steps["provenance"]
-    out = {k: v for k, v in table.items() if k not in ("collective_seconds", "fsdp_layer_seconds",
-                                                        "zero3_layer_seconds")}
-    out["collective_seconds"] = round(collective, 8)
-    out["fsdp_layer_seconds"] = round(fsdp["fsdp_layer_seconds"], 7)
-    out["zero3_layer_seconds"] = round(zero3, 7)
+    values = {"collective_seconds": round(collective, 8), "fsdp_layer_seconds": round(fsdp["fsdp_layer_seconds"], 7),
+              "zero3_layer_seconds": round(zero3, 7)}
     note = (f"; collective_seconds: prior from benchmarks/bench_stack_host.py (median of {len(runs)} runs, "
             f"one gloo rank, {meta['cpu']}, torch {meta['torch']}); fsdp_layer_seconds: FSDP2 less DDP per "
             f"layer and micro-batch, less FSDP2's copies, on the lent {gpu['gpu']} (torch {gpu['torch']}, "
@@ -179,6 +178,14 @@ def with_stack_prior(table: dict, folder: Path = RUNS / "stack-host",
             f"zero3_layer_seconds: DeepSpeed {zmeta['deepspeed']} ZeRO-3 less stage 0 per layer, "
             f"benchmarks/bench_stack_host.py --deepspeed (median of {len(zero3_runs)} runs, one gloo rank, "
             f"{zmeta['cpu']})")
+    return values, note
+
+
+def with_stack_prior(table: dict) -> dict:
+    """``table`` with :func:`stack_prior`'s figures and its source said."""
+    values, note = stack_prior()
+    out = {k: v for k, v in table.items() if k not in values}
+    out.update(values)
     out["source"] = out.get("source", "").split("; collective_seconds")[0] + note
     return out
 
