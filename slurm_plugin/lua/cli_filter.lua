@@ -70,6 +70,18 @@ local function fail(msg)
     end
 end
 
+-- Write all of payload to c, each write within timeout() seconds; true, or nil and why.
+local function send_all(c, payload, timeout)
+    local sent = 0
+    while sent < #payload do
+        c:settimeout(timeout())
+        local n, err = c:send(payload, sent + 1)
+        if not n then return nil, err end
+        sent = n
+    end
+    return true
+end
+
 local function ask(payload)
     if not have_socket then return nil, "lua-socket is not installed on this node" end
     -- (required here, not at load: the warm-up, run in every sbatch, needs no clock)
@@ -85,13 +97,8 @@ local function ask(payload)
     c:settimeout(left())
     local ok, err = c:connect(settings.socket)
     if not ok then c:close(); return nil, "prediction daemon not reachable (" .. tostring(err) .. ")" end
-    local sent = 0
-    while sent < #payload do
-        c:settimeout(left())
-        local n, serr = c:send(payload, sent + 1)
-        if not n then c:close(); return nil, "prediction daemon error (" .. tostring(serr) .. ")" end
-        sent = n
-    end
+    local sent, serr = send_all(c, payload, left)
+    if not sent then c:close(); return nil, "prediction daemon error (" .. tostring(serr) .. ")" end
     c:settimeout(left())
     local data, rerr, partial = c:receive("*a")
     c:close()
@@ -107,15 +114,11 @@ end
 -- Hand the request over and go: the daemon computes while sbatch goes on (prewarm).
 local function send_only(payload)
     if not have_socket then return end
+    local timeout = settings.timeout_ms / 1000
     local c = (unix.stream or unix)()
-    c:settimeout(settings.timeout_ms / 1000)
+    c:settimeout(timeout)
     if c:connect(settings.socket) then
-        local sent = 0
-        while sent < #payload do
-            local n = c:send(payload, sent + 1)
-            if not n then break end
-            sent = n
-        end
+        send_all(c, payload, function() return timeout end)
     end
     c:close()
 end
