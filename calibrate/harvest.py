@@ -42,12 +42,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from predictor.errors import JobError, PerfcastError, RunRecordError
 from predictor.job import TrainingJob
 from predictor.validation import MAX_RUNS, MeasuredRun
+from slurm_plugin.policy import plural
 from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, JobOutcome, PredictionRecord, RecordStore,
                                   is_record_id, parse_admin_comment)
 from slurm_plugin.slurm_client import SlurmClient, SlurmError, name_and_id, scontrol_job_lines
 
 from .install import DEFAULT_REFIT_MIN_RUNS, RefitResult, refit_partition
 from .joblogs import IterationTimes, iteration_times
+from .runs_files import PARTITION_RE, RunsFileError, merge_runs, runs_file
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,6 @@ FINISHED = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL"
                       "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 # Slurm's NO_VAL / INFINITE markers in 32-bit fields (slurm_plugin.policy).
 _NO_VAL32 = 0xFFFFFFFE
-_PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Unlikely in any field and plain ASCII (sacct --delimiter takes characters): with AdminComment
 # last, a delimiter inside a user-controlled field shows up as a wrong field count and the line is
 # refused (see parse_sacct_parsable).
@@ -459,11 +460,12 @@ class HarvestResult:
     skipped: list[tuple[int, str]] = field(default_factory=list)                 # (job id, why)
     refits: list[RefitResult] = field(default_factory=list)                      # with --refit
     users: dict[int, str] = field(default_factory=dict)      # job id -> user (accounting, else the record)
+    errors: list[str] = field(default_factory=list)          # runs files that could not be written
 
     @property
     def ok(self) -> bool:
-        """False when a refit failed or the daemon did not reload after one."""
-        return all(r.ok for r in self.refits)
+        """False when a runs file was not written, a refit failed or the daemon did not reload after one."""
+        return not self.errors and all(r.ok for r in self.refits)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source,
@@ -471,16 +473,16 @@ class HarvestResult:
                 "runs_files": {p: {"path": str(f), "added": a, "total": t}
                                for p, (f, a, t) in self.runs_files.items()},
                 "skipped": [{"job_id": j, "reason": r} for j, r in self.skipped],
-                "refits": [r.to_dict() for r in self.refits]}
+                "refits": [r.to_dict() for r in self.refits], "errors": list(self.errors)}
 
     def summary(self) -> str:
         """One line per job harvested now and per job skipped for a reason worth reading; the
         jobs harvested on earlier runs (every hourly run sees its window's again) in one line."""
         measured = sum(1 for o in self.outcomes if o.measured_iteration_seconds is not None)
-        lines = [f"harvested {_count(len(self.outcomes), 'finished perfcast job')} from {self.source or '-'} "
+        lines = [f"harvested {plural(len(self.outcomes), 'finished perfcast job')} from {self.source or '-'} "
                  f"({measured} with iteration times from their logs)"]
         for o in self.outcomes:
-            it = (f"{o.measured_iteration_seconds:.4g} s/iter ({o.log_format}, {_count(o.log_samples, 'sample')})"
+            it = (f"{o.measured_iteration_seconds:.4g} s/iter ({o.log_format}, {plural(o.log_samples, 'sample')})"
                   if o.measured_iteration_seconds is not None else f"no iteration time: {o.note}")
             user = self.users.get(o.slurm_job_id)
             lines.append(f"  job {o.slurm_job_id}{f' ({user})' if user else ''}: {o.state}, elapsed "
@@ -492,17 +494,14 @@ class HarvestResult:
             if why != HARVESTED_BEFORE:
                 lines.append(f"  skipped job {jid}: {why}")
         if before:
-            lines.append(f"{_count(len(before), 'job')} harvested before (--rescan reads them again)")
+            lines.append(f"{plural(len(before), 'job')} harvested before (--rescan reads them again)")
         for r in self.refits:
             lines.append(f"refit of {r.partition}: {r.status}: {r.message}")
+        lines.extend(f"error: {e}" for e in self.errors)
         return "\n".join(lines)
 
 
 HARVESTED_BEFORE = "harvested before (--rescan reads it again)"
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def parse_since(text: Optional[str], now: Optional[float] = None) -> float:
@@ -523,7 +522,7 @@ def parse_since(text: Optional[str], now: Optional[float] = None) -> float:
 
 def harvest(opts: HarvestOptions, client: Optional[AccountingClient] = None) -> HarvestResult:
     """Collect the finished perfcast jobs since ``opts.since`` (see the module docstring)."""
-    if opts.partition is not None and not _PARTITION_RE.match(opts.partition):
+    if opts.partition is not None and not PARTITION_RE.match(opts.partition):
         raise HarvestError(f"--partition: bad partition name {opts.partition!r}")
     store = RecordStore(opts.records, create=False)
     store.count()                 # a missing or broken store says so before Slurm is asked anything
@@ -541,6 +540,7 @@ def harvest(opts: HarvestOptions, client: Optional[AccountingClient] = None) -> 
         else:
             matched.append((job, record))
     timings = _measure_all(matched, opts)
+    done: list[tuple[JobOutcome, Optional[str]]] = []
     for job, record in matched:
         got = timings.get(job.job_id)
         if got is None:
@@ -548,18 +548,32 @@ def harvest(opts: HarvestOptions, client: Optional[AccountingClient] = None) -> 
                                              "logs was spent (the next harvest reads it)"))
             continue
         outcome, run = _outcome(job, record, *got)
-        res.outcomes.append(outcome)
         user = job.user or record.user
         if user:
             res.users[job.job_id] = user
-        if not opts.dry_run:
-            store.put_outcome(outcome)
+        done.append((outcome, run[0] if run is not None else None))
         if run is not None:
             new_runs.setdefault(run[0], []).append(run[1])
-    res.skipped.sort(key=lambda s: s[0])
+    # Runs first, outcomes after: a job whose run could not be written (the file broken, or held
+    # by another writer too long) is not stored as harvested, so the next harvest takes it again.
+    unwritten: dict[str, str] = {}
     for part, runs in sorted(new_runs.items()):
-        path, added, total, merged[part] = _append_runs(opts.out_dir, part, runs, dry_run=opts.dry_run)
+        try:
+            path, added, total, merged[part] = merge_runs(opts.out_dir, part, runs, dry_run=opts.dry_run)
+        except RunsFileError as exc:
+            unwritten[part] = str(exc)
+            res.errors.append(f"runs of {part} not written: {exc}")
+            continue
         res.runs_files[part] = (path, added, total)
+    for outcome, part in done:
+        if part in unwritten:
+            res.skipped.append((outcome.slurm_job_id, f"its run was not written ({unwritten[part]}); the next "
+                                                      "harvest takes it again"))
+            continue
+        res.outcomes.append(outcome)
+        if not opts.dry_run:
+            store.put_outcome(outcome)
+    res.skipped.sort(key=lambda s: s[0])
     if opts.refit:
         res.refits = refit_partitions(opts, merged)
     return res
@@ -595,7 +609,7 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
     else:
         on_disk = []
         if opts.out_dir.is_dir():
-            on_disk = [f.stem for f in opts.out_dir.glob("*.toml") if _PARTITION_RE.match(f.stem)]
+            on_disk = [f.stem for f in opts.out_dir.glob("*.toml") if PARTITION_RE.match(f.stem)]
         parts = sorted(set(on_disk) | set(harvested))
     out = []
     for part in parts:
@@ -734,49 +748,14 @@ def _measure(job: AccountingJob, record: PredictionRecord, opts: HarvestOptions
 
 
 # --------------------------------------------------------------------------------------------
-# the runs files
-
-def runs_file(out_dir: "str | os.PathLike[str]", partition: str) -> Path:
-    if not _PARTITION_RE.match(partition or ""):
-        raise HarvestError(f"bad partition name {partition!r} for a runs file")
-    return Path(out_dir) / f"{partition}.toml"
-
+# the runs files (calibrate.runs_files: one locked, atomic writer for the harvest and the watch)
 
 def append_runs(out_dir: "str | os.PathLike[str]", partition: str, runs: Sequence[MeasuredRun], *,
                 dry_run: bool = False) -> tuple[Path, int, int]:
     """Merge ``runs`` into ``<out_dir>/<partition>.toml`` (by name: one run per job id, the newer
     wins), keep the newest :data:`MAX_RUNS`; (file, runs added, runs in the file)."""
-    path, added, total, _ = _append_runs(out_dir, partition, runs, dry_run=dry_run)
+    path, added, total, _ = merge_runs(out_dir, partition, runs, dry_run=dry_run)
     return path, added, total
-
-
-def _append_runs(out_dir: "str | os.PathLike[str]", partition: str, runs: Sequence[MeasuredRun], *,
-                 dry_run: bool = False) -> tuple[Path, int, int, list[MeasuredRun]]:
-    """:func:`append_runs`, plus the runs the file holds afterwards (or would, in a dry run)."""
-    from predictor.samples import atomic_write, dump_toml
-
-    from .validate import load_runs
-    path = runs_file(out_dir, partition)
-    existing: list[MeasuredRun] = []
-    if path.exists():
-        try:
-            existing = load_runs(path)
-        except RunRecordError as exc:
-            raise HarvestError(f"{exc} (the harvest's own runs file: fix it or move it aside)") from None
-    names = {r.name for r in runs}
-    kept = [r for r in existing if r.name not in names]
-    added = sum(1 for r in runs if r.name not in {e.name for e in existing})
-    merged = (kept + list(runs))[-MAX_RUNS:]
-    if not dry_run:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            text = (f"# Measured runs of partition {partition}, harvested from finished jobs by "
-                    "perf-calibrate harvest.\n# Input to: perf-calibrate validate PLATFORM --runs "
-                    f"{path} [--fit]\n\n" + dump_toml({"run": [r.to_dict() for r in merged]}))
-            atomic_write(path, text)
-        except OSError as exc:
-            raise HarvestError(f"{path}: cannot write: {exc.strerror or exc}") from None
-    return path, added, len(merged), merged
 
 
 __all__ = ["AccountingClient", "AccountingJob", "HarvestError", "HarvestOptions", "HarvestResult",

@@ -50,9 +50,9 @@ from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, PredictionRecord, Reco
 from slurm_plugin.siteconfig import WatchPolicy
 from slurm_plugin.slurm_client import PlannedStart, RunningJob, SlurmClient, SlurmError, expand_hostlist
 
-from .harvest import (DEFAULT_OUT, MAX_LOG_BYTES, AccountingJob, HarvestError, LogReadError,
-                      append_runs, output_path, read_tail_as)
+from .harvest import DEFAULT_OUT, MAX_LOG_BYTES, AccountingJob, LogReadError, output_path, read_tail_as
 from .joblogs import IterationTimes, iteration_times
+from .runs_files import RunsFileError, merge_runs
 from .watch_log import JobState, WatchAction, WatchLog
 
 log = logging.getLogger(__name__)
@@ -571,8 +571,8 @@ def _write_run(out_dir: Path, job: RunningJob, record: PredictionRecord, progres
                 f"iteration {progress.iteration}, {progress.log_format} log, median of {progress.samples} "
                 f"steady-state samples, platform {record.platform} bundle {record.bundle}")[:1000])
     try:
-        append_runs(out_dir, record.partition, [run])
-    except HarvestError as exc:
+        merge_runs(out_dir, record.partition, [run])
+    except RunsFileError as exc:
         log.warning("job %d: run not written: %s", job.job_id, exc)
         return False
     return True

@@ -515,3 +515,26 @@ def test_logs_not_read_within_the_budget_are_left_for_the_next_run(tmp_path, clu
     for j in (101, 102):        # the writers the reads wait for, so their threads end now
         with open(d / f"train-{j}.out", "w") as fh:
             fh.write("")
+
+
+def test_a_runs_file_held_by_another_writer_leaves_its_jobs_for_the_next_run(tmp_path, cluster, monkeypatch):
+    """The watch (or another harvest) holds the partition's runs file: the jobs with runs are not
+    stored as harvested, the run says why and fails (a timer shows it), and the next run takes them."""
+    from calibrate import runs_files
+    store, ids, doc, *_ = cluster
+    monkeypatch.setattr(runs_files, "LOCK_WAIT_S", 0.2)
+    out = tmp_path / "runs"
+    out.mkdir()
+    opts = HarvestOptions(records=store.path, out_dir=out, since=T0 - 3600)
+    with runs_files.runs_lock(runs_files.runs_file(out, "gpu")):
+        res = harvest(opts, AccountingClient(runner=FakeSlurm(sacct_json=doc)))
+    assert not res.ok and len(res.errors) == 1
+    assert str(out / ".gpu.toml.lock") in res.errors[0] and f"held by pid {os.getpid()}" in res.errors[0]
+    assert sorted(o.slurm_job_id for o in res.outcomes) == [103, 104]       # no runs of theirs to write
+    skipped = dict(res.skipped)
+    assert "its run was not written" in skipped[101] and "next harvest" in skipped[102]
+    assert "error: runs of gpu not written" in res.summary()
+    assert not (out / "gpu.toml").exists()
+    again = harvest(opts, AccountingClient(runner=FakeSlurm(sacct_json=doc)))
+    assert again.ok and sorted(o.slurm_job_id for o in again.outcomes) == [101, 102]
+    assert [r.name for r in load_runs(out / "gpu.toml")] == ["slurm job 101", "slurm job 102"]
