@@ -444,18 +444,19 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
         else:
             progress_at = state.progress_at
         first_limit = state.first_limit_seconds if state is not None else limit
+        pol = policy.for_partition(job.partition)
         if not opts.dry_run:
             wlog.put_job(JobState(job.job_id, record.record_id, first_limit, progress.iteration, progress_at,
                                   state.last_code if state else "",
                                   state.run_iteration_seconds if state else None, t))
-        if t - progress_at > policy.stall_minutes * 60.0:
+        if t - progress_at > pol.stall_minutes * 60.0:
             _finish(res, wlog, job, record, _none("stalled", f"no new iteration for {(t - progress_at) / 60:.0f} "
-                                                  f"min (stall_minutes {policy.stall_minutes:g}): not "
+                                                  f"min (stall_minutes {pol.stall_minutes:g}): not "
                                                   "progressing", limit), progress, opts, client)
             continue
-        limits = _limits(job, policy, max_time, qos, planned, wlog, first_limit, limit, t)
+        limits = _limits(job, pol, max_time, qos, planned, wlog, first_limit, limit, t)
         decision = decide(now=t, start=job.start or t - elapsed, limit_seconds=limit, record=record,
-                          progress=progress, policy=policy, limits=limits,
+                          progress=progress, policy=pol, limits=limits,
                           perfcast_limit=record.action == "set")
         if decision.action == "extend" and doubt:
             decision = _none("doubt", f"{doubt}: not extending ({decision.reason})", limit)

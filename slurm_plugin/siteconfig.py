@@ -41,6 +41,10 @@ partition's ``platform``)::
     shrink = true                            # lower limits perfcast set when a job runs fast
     backfill_allowance_minutes = 0           # how far an extension may delay a planned pending job
 
+    [partitions.gpu.watch]                   # partition gpu's watch policy: [watch] with these replaced
+    max_growth = 0.5
+    extend_user_limits = true
+
 Path: ``--config`` wins, then ``$PERFCAST_CONFIG``, then ``/etc/perfcast/perfcast.toml``.
 Every error names the key at fault, so an admin can fix the file from the log line alone.
 """
@@ -124,9 +128,15 @@ class WatchPolicy:
     max_parallel_reads: int = 8
     read_timeout_seconds: float = 10.0
     pass_budget_seconds: float = 120.0       # one pass reads no longer than this in all
+    # [partitions.<name>.watch]: that partition's policy, [watch] with the table's keys replaced
+    overrides: Mapping[str, "WatchPolicy"] = field(default_factory=dict)
 
     def watches(self, partition: str) -> bool:
         return self.enabled and (not self.partitions or partition in self.partitions)
+
+    def for_partition(self, partition: str) -> "WatchPolicy":
+        """The policy for jobs of ``partition``: its ``[partitions.<name>.watch]`` overrides, else ``[watch]``."""
+        return self.overrides.get(partition, self)
 
 
 @dataclass(frozen=True)
@@ -199,9 +209,13 @@ def parse_site_config(data: Mapping[str, Any], path: str = "<config>") -> SiteCo
                       forbid=("name",))
     _check_policy(defaults, "defaults", path)
     parts: dict[str, PartitionPolicy] = {}
+    watch_tables: dict[str, Mapping[str, Any]] = {}
     for name, table in _table(data, "partitions", path).items():
         if not isinstance(table, Mapping):
             raise SiteConfigError(f"{path}: partitions.{name}: must be a table")
+        if "watch" in table:
+            watch_tables[name] = _table(table, "watch", path, f"partitions.{name}.watch")
+            table = {k: v for k, v in table.items() if k != "watch"}
         merged = {f.name: getattr(defaults, f.name) for f in fields(PartitionPolicy)}
         pol = _build(PartitionPolicy, table, f"partitions.{name}", path, forbid=("name",),
                      base=merged)
@@ -211,23 +225,43 @@ def parse_site_config(data: Mapping[str, Any], path: str = "<config>") -> SiteCo
         _check_policy(pol, f"partitions.{name}", path)
         parts[name] = pol
     watch = parse_watch_policy(_table(data, "watch", path), path)
+    overrides = {}
+    for name, table in watch_tables.items():
+        where = f"partitions.{name}.watch"
+        if watch.partitions and name not in watch.partitions:
+            raise SiteConfigError(f"{path}: {where}: partition {name} is not in watch.partitions "
+                                  f"({', '.join(watch.partitions)}), so the watch never reads this table")
+        overrides[name] = parse_watch_policy(table, path, base=watch, where=where)
+    if overrides:
+        watch = replace(watch, overrides=overrides)
     return SiteConfig(path=path, daemon=daemon, defaults=defaults, partitions=parts, watch=watch)
 
 
-def parse_watch_policy(table: Mapping[str, Any], path: str = "<config>") -> WatchPolicy:
-    """The ``[watch]`` table; every error names ``watch.<key>``."""
+# [watch] keys a partition's table cannot change: the pass's own switch, list and read bounds, and
+# the extension allowance, which is one per user across partitions.
+WATCH_PASS_KEYS = ("enabled", "partitions", "user_extra_hours", "max_parallel_reads", "read_timeout_seconds",
+                   "pass_budget_seconds")
+
+
+def parse_watch_policy(table: Mapping[str, Any], path: str = "<config>", *, base: Optional[WatchPolicy] = None,
+                       where: str = "watch") -> WatchPolicy:
+    """The ``[watch]`` table, or (with ``base``, the ``[watch]`` policy) a partition's
+    ``[partitions.<name>.watch]`` table over it; every error names ``<where>.<key>``."""
     values: dict[str, Any] = {}
-    known = {f.name: f for f in fields(WatchPolicy)}
+    known = {f.name: f for f in fields(WatchPolicy) if f.name != "overrides"}
     for key, value in table.items():
         if key not in known:
-            raise SiteConfigError(f"{path}: watch.{key}: unknown key")
+            raise SiteConfigError(f"{path}: {where}.{key}: unknown key")
+        if base is not None and key in WATCH_PASS_KEYS:
+            raise SiteConfigError(f"{path}: {where}.{key}: set in [watch] only (it applies to the whole pass "
+                                  "or, for user_extra_hours, to each user across partitions)")
         if key == "partitions":
             if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-                raise SiteConfigError(f"{path}: watch.partitions: must be a list of partition names")
+                raise SiteConfigError(f"{path}: {where}.partitions: must be a list of partition names")
             values[key] = tuple(value)
         else:
-            values[key] = _coerce(known[key], value, f"watch.{key}", path)
-    w = WatchPolicy(**values)
+            values[key] = _coerce(known[key], value, f"{where}.{key}", path)
+    w = replace(base, overrides={}, **values) if base is not None else WatchPolicy(**values)
     bounds = {"max_growth": (0, 100), "user_extra_hours": (0, 1e6), "margin": (0, 10),
               "margin_minutes": (0, 1440), "shrink_min_minutes": (0, 1e6),
               "backfill_allowance_minutes": (0, 1e6), "min_samples": (1, 10000),
@@ -235,14 +269,14 @@ def parse_watch_policy(table: Mapping[str, Any], path: str = "<config>") -> Watc
               "read_timeout_seconds": (0.1, 3600), "pass_budget_seconds": (1, 86400)}
     for key, (lo, hi) in bounds.items():
         if not lo <= getattr(w, key) <= hi:
-            raise SiteConfigError(f"{path}: watch.{key}: must be between {lo:g} and {hi:g}")
+            raise SiteConfigError(f"{path}: {where}.{key}: must be between {lo:g} and {hi:g}")
     return w
 
 
-def _table(data: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+def _table(data: Mapping[str, Any], key: str, path: str, name: str = "") -> Mapping[str, Any]:
     value = data.get(key, {})
     if not isinstance(value, Mapping):
-        raise SiteConfigError(f"{path}: [{key}] must be a table")
+        raise SiteConfigError(f"{path}: [{name or key}] must be a table")
     return value
 
 

@@ -133,6 +133,31 @@ def test_watch_section_of_the_site_config():
             parse_site_config({"watch": bad})
 
 
+def test_per_partition_watch_tables_override_the_watch_section():
+    cfg = parse_site_config({
+        "partitions": {"gpu": {"platform": "perlmutter-a100", "watch": {"max_growth": 0.5, "extend": False}},
+                       "cpu": {"platform": "perlmutter-a100"}},
+        "watch": {"enabled": True, "partitions": ["gpu", "cpu"], "margin": 0.2, "max_growth": 3.0}})
+    gpu, cpu = cfg.watch.for_partition("gpu"), cfg.watch.for_partition("cpu")
+    assert (gpu.max_growth, gpu.extend, gpu.margin) == (0.5, False, 0.2)      # the rest from [watch]
+    assert cpu == cfg.watch and (cpu.max_growth, cpu.extend) == (3.0, True)
+    assert cfg.partitions["gpu"].platform == "perlmutter-a100"                 # the fill policy unchanged
+    bad_cases = (({"max_growth": -1}, "partitions.gpu.watch.max_growth: must be between"),
+                 ({"margn": 1}, "partitions.gpu.watch.margn: unknown key"),
+                 ({"shrink": "no"}, "partitions.gpu.watch.shrink: must be true or false"),
+                 ({"enabled": False}, "partitions.gpu.watch.enabled: set in .watch. only"),
+                 ({"user_extra_hours": 2}, "partitions.gpu.watch.user_extra_hours: set in .watch. only"),
+                 ({"pass_budget_seconds": 5}, "partitions.gpu.watch.pass_budget_seconds: set in .watch. only"),
+                 ("fast", r"\[partitions.gpu.watch\] must be a table"))
+    for bad, msg in bad_cases:
+        with pytest.raises(SiteConfigError, match=f"^perfcast.toml: {msg}"):
+            parse_site_config({"partitions": {"gpu": {"platform": "perlmutter-a100", "watch": bad}},
+                               "watch": {"enabled": True}}, "perfcast.toml")
+    with pytest.raises(SiteConfigError, match="partitions.cpu.watch: partition cpu is not in watch.partitions"):
+        parse_site_config({"partitions": {"cpu": {"platform": "perlmutter-a100", "watch": {"shrink": False}}},
+                           "watch": {"enabled": True, "partitions": ["gpu"]}})
+
+
 def test_scontrol_and_squeue_listings():
     line = ("JobId=7 ArrayJobId=6 ArrayTaskId=1 JobName=x y UserId=alice(1001) GroupId=g(100) QOS=normal "
             "JobState=RUNNING Restarts=0 RunTime=00:01:05 TimeLimit=00:10:00 StartTime=2026-01-01T00:00:00 "
@@ -164,7 +189,7 @@ class FakeSlurm(SlurmClient):
     def partitions(self):
         if "partitions" in self.fail:
             raise SlurmError("scontrol: down")
-        return [PartitionInfo("gpu", self.max_time, None, 1, "dev001", 8)]
+        return [PartitionInfo(p, self.max_time, None, 1, "dev001", 8) for p in ("gpu", "debug")]
 
     def planned_starts(self):
         if "squeue" in self.fail:
@@ -377,3 +402,33 @@ def test_a_log_without_iteration_numbers_is_not_acted_on(site):
     slurm = FakeSlurm([running(rid, 91, tmp / "ds.out", limit_min=10, start=time.time() - 200)])
     d = watch_once(WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None), slurm).jobs[0].decision
     assert d.code == "no-samples" and "no iteration number" in d.reason and slurm.limits == {}
+
+
+def test_each_partition_is_watched_with_its_own_policy(site, tmp_path):
+    """[partitions.debug.watch] turns extending off and lowers max_growth there; gpu keeps [watch]."""
+    tmp, store = site
+    now = time.time()
+    cfg = tmp_path / "perfcast.toml"
+    cfg.write_text('[partitions.gpu]\nplatform = "perlmutter-a100"\n[partitions.debug]\nplatform = "perlmutter-a100"\n'
+                   '[partitions.debug.watch]\nextend = false\n[partitions.short]\nplatform = "perlmutter-a100"\n'
+                   '[partitions.short.watch]\nmax_growth = 0.2\nmargin_minutes = 1\n'
+                   '[watch]\nenabled = true\nmargin_minutes = 1\nmin_samples = 3\nmax_growth = 10\n')
+    from slurm_plugin.siteconfig import load_site_config
+    policy = load_site_config(str(cfg)).watch
+    ids = {p: store.add(record(partition=p)) for p in ("gpu", "debug", "short")}
+    for p in ids:
+        megatron_log(tmp / f"{p}.out", 1.0, 200)                    # 2x slower than predicted
+    slurm = FakeSlurm([running(ids["gpu"], 101, tmp / "gpu.out", limit_min=10, start=now - 200),
+                       running(ids["debug"], 102, tmp / "debug.out", limit_min=10, start=now - 200,
+                               partition="debug"),
+                       running(ids["short"], 103, tmp / "short.out", limit_min=10, start=now - 200,
+                               partition="short")])
+    res = watch_once(WatchOptions(records=tmp / "records.sqlite", policy=policy, out_dir=None), slurm, now=now)
+    by = {j.job_id: j.decision for j in res.jobs}
+    assert by[101].action == "extend" and slurm.limits[101] == 19
+    assert by[102].action == "none" and by[102].code == "extend-off"
+    # max_growth 0.2 of the first 10 min: at most 12 min, short of the 19 needed: to the last
+    # checkpoint that fits (iteration 600 at 200 + 440 + 60 s = 700 s -> 12 min).
+    assert by[103].code == "checkpoint" and by[103].checkpoint_iteration == 600 and slurm.limits[103] == 12
+    assert "max_growth" in by[103].reason
+    assert set(slurm.limits) == {101, 103}
