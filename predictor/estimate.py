@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from .bundle import collective_features
-from .recipe import (Group, MicroBatchRecipe, fsdp2_shard_copies, gradient_precision, gradient_reduction,
+from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gradient_precision, gradient_reduction,
                      groups, input_embedding_parameters, layer_parameters, micro_batch_recipe,
                      op_sac_recompute_share, pipeline_sends, reshards_after_forward, runs_op_sac,
                      shard_ranks, stage_layers, stage_parameter_counts, total_parameters)
@@ -648,11 +648,12 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
 
 
 def _shard_copy_terms(job: TrainingJob, plat: Platform, q: QuerySet, pipeline: "_PipelineTerms") -> None:
-    """FSDP2's copies around its collectives (recipe.fsdp2_shard_copies), each micro-batch, in
-    each stage's forward and backward: memory passes at the GPU's bandwidth."""
+    """FSDP's copies around its collectives (recipe.fsdp_shard_copies: FSDP2's under TorchTitan,
+    FSDP1's under llm-foundry), each micro-batch, in each stage's forward and backward: memory
+    passes at the GPU's bandwidth."""
     lay = job.layout
     grad = gradient_precision(job.run.precision, lay, job.run.framework, job.run.grad_reduce_precision)
-    copies = fsdp2_shard_copies(lay, job.run.framework, job.run.precision, grad, BYTES_PER_ELEMENT)
+    copies = fsdp_shard_copies(lay, job.run.framework, job.run.precision, grad, BYTES_PER_ELEMENT)
     if copies is None:
         return
     bytes_per_second = plat.gpu.memory_gbps * 1e9

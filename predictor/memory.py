@@ -88,8 +88,9 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from .job import Layout, ModelSpec
 from .specs import runs_deepspeed_engine
-from .recipe import (fused_attention, gradient_precision, layer_parameters, mlp_up_width, padded_vocab,
-                     reshards_after_forward, shard_ranks, stage_layers, stage_parameters)
+from .recipe import (FSDP1_FRAMEWORKS, fused_attention, gradient_precision, layer_parameters, micro_batch_recipe,
+                     mlp_up_width, op_sac_recompute_share, padded_vocab, reshards_after_forward, runs_op_sac,
+                     shard_ranks, stage_layers, stage_parameters)
 
 if TYPE_CHECKING:  # only for the type hint of estimate_job
     from .job import TrainingJob
@@ -175,7 +176,7 @@ class MemoryEstimate:
 # (predictor.recipe): memory sizes the same stages and parameters that timing costs.
 # --------------------------------------------------------------------------------- activations
 def layer_activation_bytes(model: ModelSpec, layout: Layout, precision: str,
-                           recompute: str | None = None) -> float:
+                           recompute: str | None = None, framework: str = "") -> float:
     """Bytes one transformer layer keeps for one micro-batch until its backward pass.
 
     Korthikanti et al. Sec. 4.1, tensor by tensor (e = bytes per element, T = s·b tokens,
@@ -186,8 +187,13 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout, precision: str,
     e·T·f (2f for SwiGLU's gate+up), MLP-down input e·T·f — the "24" for k = h, f = 4h; attention
     scores: softmax output e·b·a·s², its dropout mask b·a·s², dropout output e·b·a·s² — the
     "5·a·s/h" (flash attention keeps none of these, only an fp32 log-sum-exp per row).
+
+    TorchTitan's op-level selective checkpointing (``framework``) keeps what
+    :func:`op_sac_layer_bytes` counts instead.
     """
     recompute = recompute or layout.recompute
+    if recompute == "selective" and runs_op_sac(layout, framework):
+        return op_sac_layer_bytes(model, layout, precision)
     e = ELEMENT_BYTES[precision]
     # Context parallelism: each rank holds s / cp of every sequence (attention's K/V of the other
     # chunks stream through and are not kept).
@@ -209,6 +215,32 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout, precision: str,
     elif recompute != "selective":
         sharded += (2 * e + 1) * b * a * s * s                            # softmax out, mask, dropout out
     return (replicated + sharded) / t if sp else replicated + sharded / t
+
+
+def op_sac_layer_bytes(model: ModelSpec, layout: Layout, precision: str) -> float:
+    """Bytes one layer keeps for one micro-batch under TorchTitan's op-level selective
+    checkpointing: the layer's input (the checkpoint's argument) and the outputs its policy saves,
+    the same policy :func:`predictor.recipe.op_sac_recompute_share` costs the recomputation of
+    (``torchtitan/distributed/activation_checkpoint.py``): each matmul's output but every second
+    one's (a saved share 1 − recomputed share of its output columns: wq's and wv's of the QKV, none
+    of wo's, w1's half of a gated MLP's up projection or a GELU MLP's up projection, w2's or none),
+    each fused attention call's output and its fp32 log-sum-exp, and with sequence parallelism the
+    two reduce-scatters' outputs.  Norms, rotary, activations and residual adds are recomputed."""
+    e = ELEMENT_BYTES[precision]
+    recipe = micro_batch_recipe(model, layout)
+    t = layout.tp
+    sp = layout.sequence_parallel and t > 1
+    saved = e * recipe.tokens * model.hidden / (t if sp else 1)                    # the layer's input
+    for c in recipe.layer:
+        kept = 1.0 - op_sac_recompute_share(c.name, model)
+        if c.name.startswith("linear"):
+            saved += kept * c.count * e * c.shape["m"] * c.shape["n"]
+        elif c.name == "flash_atten" and kept:
+            rows = c.shape["b"] * c.shape["heads"] * c.shape["l"]
+            saved += c.count * rows * (e * c.shape["d"] + ELEMENT_BYTES["fp32"])   # output, log-sum-exp
+    if sp:
+        saved += 2 * e * recipe.tokens * model.hidden / t                          # reduce-scatter outputs
+    return saved
 
 
 def in_flight(layout: Layout, stage: int) -> float:
@@ -246,10 +278,14 @@ def stage_activation_bytes(model: ModelSpec, layout: Layout, precision: str, sta
     if layers is None:
         layers = stage_layers(model, layout)[stage]
     flight = in_flight(layout, stage)
-    total = flight * layers * layer_activation_bytes(model, layout, precision)
+    kept = layer_activation_bytes(model, layout, precision, framework=framework)
+    total = flight * layers * kept
     if layout.recompute == "full":
         # During a layer's backward its activations are rebuilt in full: one layer, one batch.
         total += layer_activation_bytes(model, layout, precision, recompute="none")
+    elif layout.recompute == "selective" and runs_op_sac(layout, framework):
+        # Op-level checkpointing rebuilds, during a layer's backward, what that layer did not keep.
+        total += max(0.0, layer_activation_bytes(model, layout, precision, recompute="none") - kept)
     if stage == 0:
         total += flight * T * h / (t if sp else 1)                      # embedding dropout mask
     if stage == layout.pp - 1:
@@ -268,7 +304,9 @@ def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int
     k = OPTIMIZER_BYTES[precision]
     # Gradients are kept in the precision they are reduced in: Megatron-core's bf16 training
     # accumulates them in an fp32 buffer (predictor.recipe.gradient_precision), 18 Ψ in all.
-    g = ELEMENT_BYTES[gradient_precision or precision]
+    # Composer keeps fp32 parameters (under autocast, or as FSDP1's flat parameters, whose reduced
+    # gradient FSDP1 casts back to them: _cast_grad_to_param_dtype): fp32 gradients, reduced in any.
+    g = ELEMENT_BYTES["fp32" if framework in FSDP1_FRAMEWORKS else gradient_precision or precision]
     # Gradients are reduced, and ZeRO shards, over dp × cp ranks (Megatron's data-parallel group
     # with context parallelism).
     nd, z = layout.dp * layout.cp, layout.zero_stage

@@ -603,42 +603,134 @@ def reshards_after_forward(layout: Layout, framework: str = "") -> bool:
 #: Frameworks whose ZeRO-3 is FSDP2 (``fully_shard``: each parameter its own sharded tensor,
 #: gathered through one flat buffer and copied out to per-parameter tensors).
 FSDP2_FRAMEWORKS = ("torchtitan",)
-#: Bytes per element of the sharded (master) parameters FSDP2 keeps under mixed precision:
-#: TorchTitan builds the model in fp32 and computes in ``mixed_precision_param`` (bf16).
+#: Frameworks whose ZeRO-2/3 is FSDP1 (``FullyShardedDataParallel``: one FlatParameter per wrapped
+#: unit, gathered in place and used through views): Composer, which runs llm-foundry.
+FSDP1_FRAMEWORKS = ("llm-foundry",)
+#: Bytes per element of the sharded (master) parameters FSDP keeps under mixed precision:
+#: TorchTitan builds the model in fp32 and computes in ``mixed_precision_param`` (bf16); Composer
+#: builds llm-foundry's in fp32 and computes in ``MixedPrecision.param_dtype``.
 FSDP2_MASTER_BYTES = 4
 
 
 @dataclass(frozen=True)
 class ShardCopies:
-    """Device-memory bytes FSDP2 moves per parameter per micro-batch besides its collectives, in
-    the forward and the backward (``torch.distributed.fsdp._fully_shard._fsdp_collectives``):
-
-    * each all-gather: the copy-in casts the local shard to the compute dtype into the flat
-      all-gather buffer (read master/N, write compute/N), and the copy-out splits the gathered
-      buffer into the per-parameter tensors (read and write the full parameter);
-    * each reduce-scatter: the copy-in writes the full gradient into the flat buffer in the
-      reduce dtype (read compute, write reduce), and the result is accumulated into the sharded
-      gradient (read two shards, write one).
+    """Device-memory bytes FSDP moves per parameter per micro-batch besides its collectives, in
+    the forward and the backward (:func:`fsdp2_shard_copies`, :func:`fsdp1_shard_copies`).
 
     The lent H100's one-rank FSDP2 steps (benchmarks/data/h100-lent/stacks) spend 32-40 bytes per
-    parameter per micro-batch at 3 TB/s more than the same model unwrapped; this count gives 38."""
+    parameter per micro-batch at 3 TB/s more than the same model unwrapped; FSDP2's count gives 38."""
 
     forward_bytes: float
     backward_bytes: float
 
 
+@dataclass(frozen=True)
+class _ShardDtypes:
+    """Bytes per element of what FSDP's copies move: the sharded master parameter, the parameter
+    as computed on, the gradient as reduced; and the ranks a parameter is sharded over."""
+
+    ranks: int
+    master: int
+    compute: int
+    reduce: int
+
+    @property
+    def shard_cast(self) -> float:
+        """Casting the local shard to the compute dtype before its all-gather (read master/N,
+        write compute/N)."""
+        return (self.master + self.compute) / self.ranks
+
+
+def _shard_dtypes(layout: Layout, compute_precision: str, reduce_precision: str,
+                  bytes_per_element: Mapping[str, int]) -> _ShardDtypes:
+    compute = bytes_per_element[compute_precision]
+    return _ShardDtypes(shard_ranks(layout), max(compute, FSDP2_MASTER_BYTES), compute,
+                        bytes_per_element[reduce_precision])
+
+
 def fsdp2_shard_copies(layout: Layout, framework: str, precision: str, reduce_precision: str,
                        bytes_per_element: Mapping[str, int]) -> Optional[ShardCopies]:
-    """:class:`ShardCopies` of a ZeRO-3 job under an FSDP2 framework, else None."""
+    """:class:`ShardCopies` of a ZeRO-3 job under an FSDP2 framework, else None.
+
+    Counted from ``torch.distributed.fsdp._fully_shard._fsdp_collectives``: each all-gather's
+    copy-in casts the local shard into the flat all-gather buffer (:attr:`_ShardDtypes.shard_cast`)
+    and its copy-out splits the gathered buffer into the per-parameter tensors (read and write the
+    full parameter); each reduce-scatter's copy-in writes the full gradient into the flat buffer in
+    the reduce dtype (read compute, write reduce), and the result is accumulated into the sharded
+    gradient (read two shards, write one)."""
     if layout.zero_stage != 3 or framework not in FSDP2_FRAMEWORKS:
         return None
-    n = shard_ranks(layout)
-    compute = bytes_per_element[precision]
-    master = max(compute, FSDP2_MASTER_BYTES)
-    reduce = bytes_per_element[reduce_precision]
-    gather = (master + compute) / n + 2 * compute
+    d = _shard_dtypes(layout, precision, reduce_precision, bytes_per_element)
+    n, compute, reduce = d.ranks, d.compute, d.reduce
+    gather = d.shard_cast + 2 * compute
     gathers_in_backward = 1 if reshards_after_forward(layout, framework) else 0
     return ShardCopies(gather, gathers_in_backward * gather + compute + reduce + 3 * reduce / n)
+
+
+def gradient_divide_factors(ranks: int) -> tuple[float, float]:
+    """The factors FSDP1 divides a gradient by before and after its reduction over ``ranks``
+    data-parallel ranks (``_init_utils``: the largest power of two f with ranks % f == 0 and
+    f ≤ ranks / f before, ranks / f after), so that low-precision sums neither overflow nor
+    underflow."""
+    before = 1
+    while ranks % before == 0 and ranks / before > before:
+        before *= 2
+    return float(before), ranks / before
+
+
+def fsdp1_shard_copies(layout: Layout, framework: str, precision: str, reduce_precision: str,
+                       bytes_per_element: Mapping[str, int], param_precision: str = "") -> Optional[ShardCopies]:
+    """:class:`ShardCopies` of a ZeRO-2/3 job under an FSDP1 framework (Composer's
+    ``FullyShardedDataParallel``, ``use_orig_params``), else None.  ``param_precision``: FSDP1's
+    ``MixedPrecision.param_dtype`` ("" = ``precision``, Composer's DEFAULT and PURE; its FULL keeps
+    fp32 parameters, and autocast casts them inside the operators as it would without FSDP).
+
+    Counted from torch.distributed.fsdp (``_flat_param``, ``_runtime_utils``), per parameter:
+
+    * each unshard with a low-precision ``param_dtype`` casts the fp32 local shard into ``_mp_shard``
+      (``_use_low_precision_shard``: read 4/N, write 2/N), then all-gathers straight into the padded
+      flat parameter, which the modules use through views: no copy-out.  FULL_SHARD (and hybrid
+      sharding) gathers again, and casts again, for the backward; SHARD_GRAD_OP keeps the gathered
+      parameter to the end of the backward, then frees it (Composer syncs every micro-batch).
+    * the backward of the views' ``split`` concatenates the per-parameter gradients into the flat
+      gradient (read and write compute); ``_post_backward_hook`` casts it to ``reduce_dtype`` where
+      the two differ; ``_reduce_grad`` divides the padded gradient by the pre-divide factor, and the
+      reduced shard by the post-divide factor (:func:`gradient_divide_factors`), casts the shard back
+      to the parameter dtype (``_cast_grad_to_param_dtype``) and adds it to the shard the earlier
+      micro-batches of the step left (``_saved_grad_shard``: every micro-batch but the first).
+    * on one rank FSDP1 runs NO_SHARD instead: the cast covers the whole parameter and is redone for
+      the backward (``post_reshard`` frees ``_mp_shard``); the flat gradient is cast to the reduce
+      dtype and back, and from the second micro-batch on autograd adds the new gradient into the
+      kept fp32 one, which the hook then casts to the reduce dtype and back.
+    """
+    if layout.zero_stage < 2 or framework not in FSDP1_FRAMEWORKS:
+        return None
+    d = _shard_dtypes(layout, param_precision or precision, reduce_precision, bytes_per_element)
+    n, master, compute, reduce = d.ranks, d.master, d.compute, d.reduce
+    cast = d.shard_cast if compute != master else 0.0
+    to_reduce = compute + reduce if compute != reduce else 0.0
+    to_master = reduce + master if reduce != master else 0.0
+    later = (layout.micro_batches - 1) / layout.micro_batches    # micro-batches that accumulate
+    flat_grad = 2 * compute
+    if n == 1:
+        round_trip = master + reduce + reduce + master if master != reduce else 0.0
+        first = to_reduce + to_master
+        accumulate = 2 * master + compute + round_trip
+        return ShardCopies(cast, cast + flat_grad + (1 - later) * first + later * accumulate)
+    before, after = gradient_divide_factors(layout.dp * layout.cp)
+    gathers_in_backward = layout.zero_stage == 3 and reshards_after_forward(layout, framework)
+    backward = (cast * gathers_in_backward + flat_grad + to_reduce
+                + (2 * reduce if before > 1 else 0.0) + (2 * reduce / n if after > 1 else 0.0)
+                + to_master / n + later * 3 * master / n)
+    return ShardCopies(cast, backward)
+
+
+def fsdp_shard_copies(layout: Layout, framework: str, precision: str, reduce_precision: str,
+                      bytes_per_element: Mapping[str, int]) -> Optional[ShardCopies]:
+    """The job's FSDP copies (FSDP2's or FSDP1's, by framework), or None."""
+    if framework in FSDP1_FRAMEWORKS:
+        return fsdp1_shard_copies(layout, framework, precision, reduce_precision, bytes_per_element)
+    return fsdp2_shard_copies(layout, framework, precision, reduce_precision, bytes_per_element)
 
 
 def op_sac_recompute_share(name: str, model: ModelSpec) -> float:

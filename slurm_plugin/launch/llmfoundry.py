@@ -38,9 +38,13 @@ _MPT_DEFAULTS = {"d_model": 2048, "n_heads": 16, "n_layers": 24, "expansion_rati
 DEFAULT_ATTN_IMPL = "flash"
 _DURATION = re.compile(r"\s*(\d[\d_]*)\s*(ba|tok|sp|ep|dur)?\s*")
 _ZERO = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0, "HYBRID_SHARD": 3, "_HYBRID_SHARD_ZERO2": 2}
-# Composer's FSDP mixed_precision: DEFAULT reduces gradients in fp32, PURE in the autocast dtype,
-# FULL keeps everything in fp32
+# Composer's FSDP mixed_precision (composer/distributed/mosaic_parallelism.py, get_mixed_precision):
+# DEFAULT reduces gradients in fp32, PURE in the autocast dtype ("" here), FULL keeps everything in
+# fp32; a mapping names reduce_dtype itself, in the spellings of _DTYPES
 _REDUCE = {"DEFAULT": "fp32", "PURE": "", "FULL": "fp32"}
+_DTYPES = {"fp32": ("float32", "torch.float32", "fp32"),
+           "fp16": ("float16", "torch.float16", "half", "fp16", "amp", "amp_fp16"),
+           "bf16": ("bfloat16", "bfloat", "torch.bfloat16", "bf16", "amp_bf16", "amp_fp8")}
 
 
 def is_llmfoundry(launcher: str, module: Optional[str], script: Tok, args: list) -> bool:
@@ -329,16 +333,42 @@ def _layout(v: View, f: Facts, world: Optional[int], world_origin: str, gpn: Opt
         f.set("zero_stage", _ZERO[strategy], s_origin if found else "Composer default (FULL_SHARD)")
         _hybrid(v, f, strategy, s_origin, world, gpn)
         ac, origin, _ = _bool(v, "fsdp_config.activation_checkpointing", False)
-        mp, m_origin, m_found = _str(v, "fsdp_config.mixed_precision", "DEFAULT")
-        reduce = _REDUCE.get(mp.upper())
-        if reduce is None:
-            w.append(f"fsdp_config.mixed_precision {mp!r} is not DEFAULT, PURE or FULL ({m_origin}); "
-                     f"gradients modelled as reduced in fp32")
-            reduce = "fp32"
-        if reduce:
-            f.set("grad_reduce_precision", reduce, m_origin if m_found else "Composer default (DEFAULT: fp32)")
     # Composer wraps each MPT block in a checkpoint wrapper: full recompute
     f.set("recompute", "full" if ac else "none", origin or "Composer default (no activation checkpointing)")
+
+
+def _mixed_precision(v: View, f: Facts) -> None:
+    """FSDP's gradient reduction dtype (``fsdp_config.mixed_precision``), once the training precision
+    is known: PURE reduces in it (FSDP1's ``reduce_dtype`` = ``param_dtype``)."""
+    if not _section(v, "fsdp_config"):
+        return
+    mp, origin, found = _value(v, "fsdp_config.mixed_precision")
+    if not found or mp is None or isinstance(mp, _Unknown):
+        f.set("grad_reduce_precision", "fp32", "Composer default (mixed_precision DEFAULT: reduced in fp32)")
+        return
+    if isinstance(mp, dict):
+        # FSDP1's MixedPrecision: no reduce_dtype reduces in param_dtype, neither in the fp32 parameters'
+        key = "reduce_dtype" if mp.get("reduce_dtype") else "param_dtype"
+        name = str(mp.get(key) or "")
+        reduce = next((p for p, spellings in _DTYPES.items() if name in spellings), None) if name else "fp32"
+        why = f"{key} {name!r}" if name else "neither reduce_dtype nor param_dtype: fp32"
+        if reduce is None:
+            f.warnings.append(f"fsdp_config.mixed_precision.{key} {name!r} is not a dtype Composer reads "
+                              f"({origin}); gradients modelled as reduced in fp32")
+            reduce = "fp32"
+        f.set("grad_reduce_precision", reduce, f"{origin} ({why})")
+        return
+    word = str(mp).upper()
+    reduce = _REDUCE.get(word)
+    if reduce is None:
+        f.warnings.append(f"fsdp_config.mixed_precision {mp!r} is not DEFAULT, PURE or FULL ({origin}); "
+                          f"gradients modelled as reduced in fp32")
+        reduce = "fp32"
+    if word == "FULL" and f.val("precision") in ("bf16", "fp16"):
+        f.warnings.append(f"fsdp_config.mixed_precision FULL keeps FSDP's parameters in fp32 ({origin}): their "
+                          f"all-gathers move fp32 and FSDP casts none, which perfcast does not model; costed "
+                          f"as DEFAULT (gathered in {f.val('precision')}, reduced in fp32)")
+    f.set("grad_reduce_precision", reduce or f.val("precision"), origin)
 
 
 def _hybrid(v: View, f: Facts, strategy: str, s_origin: str, world: Optional[int], gpn: Optional[int]) -> None:
@@ -438,6 +468,7 @@ def _run(v: View, f: Facts) -> None:
                                 f"data set, whose size perfcast does not know; give it in batches (ba) or "
                                 f"tokens (tok)", md_origin)
     _precision(v, f)
+    _mixed_precision(v, f)
     _compile(v, f)
     _evaluation(v, f)
     folder, fo_origin, fo_found = _str(v, "save_folder")

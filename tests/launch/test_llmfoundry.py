@@ -37,7 +37,7 @@ def test_mpt7b_under_composer_launcher(tmp_path):
     assert (lay.dp, lay.tp, lay.pp, lay.zero_stage, lay.recompute) == (16, 1, 1, 3, "full")
     assert (lay.micro_batch, lay.micro_batches) == (4, 4)      # 256 / 16 GPUs = 16 per GPU in 4s
     assert (run.framework, run.train_iters, run.precision, run.grad_reduce_precision) == \
-        ("llm-foundry", 20000, "bf16", "")                      # PURE: reduced in bf16 (the default)
+        ("llm-foundry", 20000, "bf16", "bf16")                  # PURE: reduced in the training precision
     assert (run.eval_interval, run.eval_iters, run.save_interval) == (2000, 20, 5000)
     assert res.provenance["model.seq_len"].endswith("mpt.yaml:5")
     assert res.provenance["model.attention_impl"].endswith("mpt.yaml:22")
@@ -83,6 +83,24 @@ def test_default_attention_is_llmfoundrys_current_default(tmp_path):
     j = _ok(res)
     assert DEFAULT_ATTN_IMPL == "flash" and j.model.attention_impl == "flash2"
     assert "llm-foundry default" in res.provenance["model.attention_impl"]
+
+
+@pytest.mark.parametrize("mixed, words, reduce", [
+    ("PURE", "", "bf16"),
+    ("PURE", "precision=amp_fp16", "fp16"),
+    ("DEFAULT", "", "fp32"),
+    ("FULL", "", "fp32"),
+    (None, "", "fp32"),                                             # Composer's default: DEFAULT
+    ("\n    param_dtype: bf16", "", "bf16"),                        # no reduce_dtype: param_dtype's
+    ("\n    param_dtype: bf16\n    reduce_dtype: float32", "", "fp32"),
+])
+def test_fsdp_mixed_precision_names_the_reduction_dtype(tmp_path, mixed, words, reduce):
+    line = "" if mixed is None else f"  mixed_precision: {mixed}\n".replace(": \n", ":\n")
+    res = _run(tmp_path, COMPOSER + words + "\n", MPT7B.replace("  mixed_precision: PURE\n", line))
+    j = _ok(res)
+    # PyTorch FSDP1 reduces in MixedPrecision.reduce_dtype (Composer: PURE = the autocast dtype).
+    assert j.run.grad_reduce_precision == reduce
+    assert any("FULL keeps FSDP's parameters in fp32" in w for w in res.warnings) == (mixed == "FULL")
 
 
 def test_no_fsdp_config_is_ddp_and_micro_batch_capped(tmp_path):
