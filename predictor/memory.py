@@ -40,7 +40,9 @@ The estimate is the worst pipeline stage's peak, in bytes, as the sum of
   module generalises it to GQA (narrower K, V), SwiGLU and any ``ffn_hidden`` (wider MLP
   tensors), fp32 (4-byte tensors, masks stay 1 byte) and flash attention (no s² scores are
   kept, so selective recompute has nothing left to save).  With full recompute one layer's full
-  activations are rebuilt during its backward pass: that working set is added once.
+  activations are rebuilt during its backward pass: that working set is added once.  TorchTitan's
+  op-level selective checkpointing keeps the layer's input and the outputs its save policy names
+  (:func:`op_sac_layer_bytes`), and rebuilds the rest of one layer during its backward.
 
 * **in-flight micro-batches** (Korthikanti Sec. 4.2.3; Narayanan et al. SC 2021 for the
   schedules): under 1F1B stage r holds min(p − r, m) micro-batches' activations, so the first
