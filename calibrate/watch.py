@@ -3,7 +3,8 @@
 One pass (``--every SECONDS`` repeats it) on the controller, as root:
 
 1. lists the RUNNING jobs that carry a perfcast record (``scontrol -o show job``) in partitions the
-   site's ``[watch]`` policy covers (:class:`slurm_plugin.siteconfig.WatchPolicy`);
+   site's ``[watch]`` policy covers (:class:`slurm_plugin.siteconfig.WatchPolicy`; a partition's
+   ``[partitions.<name>.watch]`` table replaces some of its keys for that partition's jobs);
 2. reads each one's log tail **as the job's user** with the harvest's reader
    (:func:`calibrate.harvest.read_tail_as`: bounded bytes and time), several at once, within a
    total budget, so one user's hung file system stalls neither the pass nor the other jobs;
@@ -13,7 +14,7 @@ One pass (``--every SECONDS`` repeats it) on the controller, as root:
 
    - **extend** when the rest of the run (plus a margin for a checkpoint save and the last
      evaluation) does not fit in the limit: up to the partition's MaxTime, the QOS MaxWall, the
-     policy's growth and per-user caps, and no later than any pending job planned on the job's
+     MaxWall of the job's association, the policy's growth and per-user caps, and no later than any pending job planned on the job's
      nodes may start (``squeue --start``) plus the site's backfill allowance.  When the rest cannot
      fit, only up to just after the last checkpoint that fits (never a limit that ends between
      checkpoints for nothing);
@@ -92,6 +93,7 @@ class Limits:
 
     max_time_seconds: Optional[float] = None        # partition MaxTime
     qos_max_seconds: Optional[float] = None         # QOS MaxWall
+    assoc_max_seconds: Optional[float] = None       # the job's association's MaxWall
     growth_seconds: Optional[float] = None          # first limit x (1 + max_growth)
     user_seconds: Optional[float] = None            # current limit + what the user's cap has left
     fairness_seconds: Optional[float] = None        # earliest planned start on its nodes + allowance
@@ -100,6 +102,7 @@ class Limits:
     def cap(self) -> tuple[Optional[float], str]:
         """The tightest cap and which one it is."""
         named = [(self.max_time_seconds, "the partition's MaxTime"), (self.qos_max_seconds, "the QOS MaxWall"),
+                 (self.assoc_max_seconds, "the association's MaxWall"),
                  (self.growth_seconds, "the site's max_growth"), (self.user_seconds, "the user's extension cap"),
                  (self.fairness_seconds, f"pending job {self.fairness_job}'s planned start")]
         present = [(v, n) for v, n in named if v is not None]
@@ -393,6 +396,10 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
         qos = client.qos_max_wall_minutes()
     except SlurmError as exc:
         qos, doubt = {}, doubt or f"QOS limits unreadable ({exc})"
+    try:
+        assocs = client.association_max_wall_minutes()
+    except SlurmError as exc:
+        assocs, doubt = {}, doubt or f"association limits unreadable ({exc})"
 
     todo: list[tuple[RunningJob, PredictionRecord, str]] = []
     reads = []
@@ -454,16 +461,33 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
                                                   f"min (stall_minutes {pol.stall_minutes:g}): not "
                                                   "progressing", limit), progress, opts, client)
             continue
-        limits = _limits(job, pol, max_time, qos, planned, wlog, first_limit, limit, t)
+        assoc_min, assoc_doubt = association_max_wall(job, assocs)
+        limits = dataclasses.replace(_limits(job, pol, max_time, qos, planned, wlog, first_limit, limit, t),
+                                     assoc_max_seconds=60.0 * assoc_min if assoc_min is not None else None)
         decision = decide(now=t, start=job.start or t - elapsed, limit_seconds=limit, record=record,
                           progress=progress, policy=pol, limits=limits,
                           perfcast_limit=record.action == "set")
-        if decision.action == "extend" and doubt:
-            decision = _none("doubt", f"{doubt}: not extending ({decision.reason})", limit)
+        if decision.action == "extend" and (doubt or assoc_doubt):
+            decision = _none("doubt", f"{doubt or assoc_doubt}: not extending ({decision.reason})", limit)
         if decision.action != "none" and job.qos and qos and job.qos not in qos:
             decision = _none("doubt", f"QOS {job.qos!r} unknown to sacctmgr: not changing the limit", limit)
         _finish(res, wlog, job, record, decision, progress, opts, client)
     return res
+
+
+def association_max_wall(job: RunningJob, assocs: Mapping[tuple[str, str, str], Optional[int]]
+                         ) -> tuple[Optional[int], str]:
+    """The MaxWall (minutes; None: none) of the association the job runs under -- its user,
+    account and partition, else its user and account on all partitions -- and, when the job names
+    an account that sacctmgr has no association of, why that is a doubt.  A job without an account
+    runs under no association (a cluster that does not enforce them): no limit."""
+    if not job.account:
+        return None, ""
+    for key in ((job.user, job.account, job.partition), (job.user, job.account, "")):
+        if key in assocs:
+            return assocs[key], ""
+    return None, (f"no association of user {job.user}, account {job.account} (partition {job.partition} or all) "
+                  "in sacctmgr")
 
 
 def _limit_s(job: RunningJob) -> Optional[float]:
@@ -580,4 +604,4 @@ def _write_run(out_dir: Path, job: RunningJob, record: PredictionRecord, progres
 
 
 __all__ = ["Decision", "Limits", "Progress", "WATCH_TAG", "WatchError", "WatchOptions", "WatchResult",
-           "admin_comment_with", "decide", "fairness_cap", "progress_of", "read_logs", "watch_once"]
+           "admin_comment_with", "association_max_wall", "decide", "fairness_cap", "progress_of", "read_logs", "watch_once"]

@@ -94,6 +94,7 @@ class RunningJob:
     array_task_id: Optional[int] = None
     het_job_id: Optional[int] = None
     time_min_minutes: Optional[int] = None  # --time-min (None: not set)
+    account: str = ""                       # "" = none (a cluster without associations)
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,22 @@ def parse_running_jobs(text: str) -> list[RunningJob]:
             work_dir=kv.get("WorkDir", ""), admin_comment=kv.get("AdminComment", ""),
             restarts=_int(kv.get("Restarts"), 0) or 0, array_job_id=_int(kv.get("ArrayJobId")),
             array_task_id=_int(kv.get("ArrayTaskId")), het_job_id=_int(kv.get("HetJobId")),
-            time_min_minutes=_time_or_none(kv.get("TimeMin", ""))))
+            time_min_minutes=_time_or_none(kv.get("TimeMin", "")),
+            account="" if kv.get("Account", "") in ("", "(null)") else kv.get("Account", "")))
+    return out
+
+
+def parse_associations(text: str) -> dict[tuple[str, str, str], Optional[int]]:
+    """``sacctmgr -n -P show assoc format=User,Account,Partition,MaxWall`` lines: (user, account,
+    partition) -> MaxWall in minutes (None: no limit).  Account rows (no user) are left out:
+    sacctmgr already shows each user row with the limits it inherits from its accounts."""
+    out: dict[tuple[str, str, str], Optional[int]] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 4 or not parts[0].strip():
+            continue
+        user, account, partition, wall = (p.strip() for p in parts[:4])
+        out[(user, account, partition)] = parse_slurm_time(wall) if wall else None
     return out
 
 
@@ -490,6 +506,18 @@ class SlurmClient:
             if name.strip():
                 out[name.strip()] = parse_slurm_time(wall) if wall.strip() else None
         return out
+
+    def association_max_wall_minutes(self) -> dict[tuple[str, str, str], Optional[int]]:
+        """Each user association's MaxWall in minutes (None: no limit), keyed (user, account,
+        partition; "" for all partitions), of this cluster (``sacctmgr show assoc`` lists every
+        cluster of the slurmdbd otherwise); from ``sacctmgr`` (accounting only)."""
+        proc = self._cmd(["scontrol", "show", "config"])
+        m = re.search(r"^ClusterName\s*=\s*(\S+)", proc.stdout.decode("utf-8", "replace"), re.M)
+        if not m:
+            raise SlurmError("scontrol show config: no ClusterName")
+        proc = self._cmd(["sacctmgr", "-n", "-P", "show", "assoc", f"cluster={m.group(1)}",
+                          "format=User,Account,Partition,MaxWall"])
+        return parse_associations(proc.stdout.decode("utf-8", "replace"))
 
     def set_time_limit(self, job_id: int, minutes: int, *, time_min: Optional[int] = None) -> None:
         """``scontrol update JobId=N TimeLimit=M`` (root or the SlurmUser may raise it).  Slurm

@@ -176,9 +176,10 @@ def test_scontrol_and_squeue_listings():
 # ------------------------------------------------------------------------------ whole passes
 
 class FakeSlurm(SlurmClient):
-    def __init__(self, jobs, *, max_time=60, plans=(), fail=()):
+    def __init__(self, jobs, *, max_time=60, plans=(), fail=(), assocs=None):
         super().__init__(runner=lambda *a, **k: None)
         self.jobs, self.max_time, self.plans, self.fail = list(jobs), max_time, list(plans), set(fail)
+        self.assocs = assocs or {}
         self.limits: dict[int, int] = {}
         self.time_mins: dict[int, object] = {}
         self.comments: dict[int, str] = {}
@@ -198,6 +199,11 @@ class FakeSlurm(SlurmClient):
 
     def qos_max_wall_minutes(self):
         return {"normal": None}
+
+    def association_max_wall_minutes(self):
+        if "assoc" in self.fail:
+            raise SlurmError("sacctmgr: Problem talking to the database: Connection refused")
+        return dict(self.assocs)
 
     def set_time_limit(self, job_id, minutes, time_min=None):
         self.time_mins[job_id] = time_min
@@ -432,3 +438,44 @@ def test_each_partition_is_watched_with_its_own_policy(site, tmp_path):
     assert by[103].code == "checkpoint" and by[103].checkpoint_iteration == 600 and slurm.limits[103] == 12
     assert "max_growth" in by[103].reason
     assert set(slurm.limits) == {101, 103}
+
+
+def test_the_associations_maxwall_caps_an_extension(site):
+    """A 2x slow job under account proj: its association's MaxWall (12 min on partition gpu, 30 min
+    on all partitions) is the tightest cap, named in the reason; an account sacctmgr does not know,
+    or associations that cannot be read, extend nothing."""
+    tmp, store = site
+    now = time.time()
+    rid = store.add(record())
+    megatron_log(tmp / "slow.out", 1.0, 200)
+    opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None)
+    job = running(rid, 131, tmp / "slow.out", limit_min=10, start=now - 200, account="proj")
+    assocs = {("alice", "proj", "gpu"): 12, ("alice", "proj", ""): 30, ("bob", "proj", ""): 5}
+    slurm = FakeSlurm([job], assocs=assocs)
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    # the checkpoint at 600 is reached at 200 + 400 x 1.1 + 60 = 700 s: 12 min
+    assert d.code == "checkpoint" and d.checkpoint_iteration == 600 and slurm.limits == {131: 12}
+    assert "the association's MaxWall allows (00:12:00)" in d.reason
+    # Without a partition row, the user's row for all partitions (30 min: the whole 19 min fit).
+    slurm = FakeSlurm([dataclasses.replace(job, job_id=132)], assocs={("alice", "proj", ""): 30})
+    assert watch_once(opts, slurm, now=now).jobs[0].decision.to_seconds == 19 * 60
+    slurm = FakeSlurm([dataclasses.replace(job, job_id=133, account="other")], assocs=assocs)
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    assert d.code == "doubt" and "no association of user alice, account other" in d.reason and not slurm.limits
+    slurm = FakeSlurm([dataclasses.replace(job, job_id=134)], assocs=assocs, fail={"assoc"})
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    assert d.code == "doubt" and "association limits unreadable" in d.reason and not slurm.limits
+    # A job without an account runs under no association: no cap of that kind.
+    slurm = FakeSlurm([dataclasses.replace(job, job_id=135, account="")], assocs=assocs)
+    assert watch_once(opts, slurm, now=now).jobs[0].decision.to_seconds == 19 * 60
+
+
+def test_association_listing_and_the_jobs_account():
+    from slurm_plugin.slurm_client import parse_associations
+    text = "|root||\nroot|root||\n|proj||00:30:00\nalice|proj||00:30:00\nalice|proj|gpu|1-00:00:00\nbob|proj|gpu|\n"
+    assert parse_associations(text) == {("root", "root", ""): None, ("alice", "proj", ""): 30,
+                                        ("alice", "proj", "gpu"): 1440, ("bob", "proj", "gpu"): None}
+    line = ("JobId=7 JobName=x UserId=alice(1001) GroupId=g(100) Account={} QOS=normal JobState=RUNNING "
+            "RunTime=00:01:05 TimeLimit=00:10:00 StartTime=2026-01-01T00:00:00 Partition=gpu NodeList=dev001")
+    assert parse_running_jobs(line.format("proj"))[0].account == "proj"
+    assert parse_running_jobs(line.format("(null)"))[0].account == ""
