@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from calibrate.validate import _MAX_STD, fit_terms, load_runs  # noqa: E402
 from predictor import load_platform, predict_many  # noqa: E402
+from predictor.kinds import kind_of  # noqa: E402
 from predictor.validation import MeasuredRun  # noqa: E402
 
 # (name, predicate): a run is on the fitted side when the predicate holds; the split is then also
@@ -167,7 +169,6 @@ def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int
 
     from calibrate.fitting.kinds import fit_hierarchical
     from predictor.interval import SHIPPED_KIND_SPREADS
-    from predictor.kinds import kind_of
 
     rel = str(Path(runs_file).resolve().relative_to(ROOT)) if runs_file else ""
     spreads = [sp for sp in SHIPPED_KIND_SPREADS if not rel.startswith(sp.dataset + "/")]
@@ -231,6 +232,78 @@ def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int
                   f"other kinds {100 * oc / max(on, 1):.1f} % of {on}")
 
 
+def _fill_kills(runs: Sequence[MeasuredRun], preds, margin: float) -> int:
+    """Runs the default fill's limit would have killed: the limit covers ``(1 + margin)`` x the
+    point and the upper bound slurm_plugin.policy fills to; its start-up allowance and the
+    rounding up to whole minutes only lengthen it and are left out, so this counts kills at least
+    as often as the real fill would."""
+    from slurm_plugin.policy import PredictionFacts, fill_upper_iteration_seconds
+    return sum(r.measured_iteration_seconds > max(
+        p.iteration_seconds * (1.0 + margin),
+        fill_upper_iteration_seconds(PredictionFacts(p.iteration_seconds, 1, p.iteration_seconds, "", "",
+                                                     interval_seconds=p.interval_seconds)))
+        for r, p in zip(runs, preds))
+
+
+def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, runs_file: str = "") -> None:
+    """A site's finished jobs of mixed kinds: fit on N of them as ``validate --fit`` does (the fit
+    and its runs written only when leave-one-out improves; otherwise the runs alone, recorded with
+    the platform's predictions), then predict the site's other jobs: MAPE, interval coverage and
+    the default fill's kills, before (the platform as it is) and after."""
+    import random
+
+    from calibrate.fitting.kinds import fit_hierarchical
+    from predictor.interval import SHIPPED_KIND_SPREADS
+    from slurm_plugin.policy import FILL_LEVEL
+    from slurm_plugin.siteconfig import PartitionPolicy
+
+    margin = PartitionPolicy().margin
+    rel = str(Path(runs_file).resolve().relative_to(ROOT)) if runs_file else ""
+    spreads = [sp for sp in SHIPPED_KIND_SPREADS if not rel.startswith(sp.dataset + "/")]
+    print(f"\nsite: {len(runs)} runs; fit on N drawn at random (all kinds mixed), predict the others; "
+          f"fill = max(point x {1 + margin:g}, the upper bound at {FILL_LEVEL:.0%}); 'upper': the median "
+          "interval's upper end / point after")
+    print(f"{'N':>3}{'draws':>6}{'kept':>6}{'MAPE before':>13}{'after':>8}{'covered before':>16}{'after':>8}"
+          f"{'fill kills before':>19}{'after':>8}{'upper':>8}{'worst kind after':>30}")
+    for n in sizes:
+        if len(runs) <= n:
+            continue
+        rng = random.Random(f"site/{n}")
+        kept = 0
+        tot = {"n": 0, "mb": 0.0, "ma": 0.0, "cb": 0, "ca": 0, "kb": 0, "ka": 0}
+        per_kind: dict[str, list[float]] = {}
+        ups: list = []
+        for _ in range(draws):
+            train = rng.sample(runs, n)
+            test = [r for r in runs if r not in train]
+            res = fit_hierarchical(plat, train, spreads=spreads)
+            recorded = [dataclasses.replace(r, predicted_iteration_seconds=p.iteration_seconds)
+                        for r, p in zip(train, predict_many([r.job for r in train], plat))]
+            site = dataclasses.replace(plat, validation=recorded)
+            if res.improves:
+                kept += 1
+                site = dataclasses.replace(plat, fitted=res.terms(), validation=[
+                    dataclasses.replace(r, predicted_iteration_seconds=p) for r, p in zip(train, res.loo_predictions)])
+            before = predict_many([r.job for r in test], plat)
+            after = predict_many([r.job for r in test], site)
+            ups.extend(p.interval_seconds[1] / p.iteration_seconds for p in after)
+            for r, p in zip(test, after):
+                per_kind.setdefault(kind_of(r.job).key, []).append(abs(p.iteration_seconds / r.measured_iteration_seconds - 1))
+            tot["n"] += len(test)
+            tot["mb"] += _mape(test, [p.iteration_seconds for p in before]) * len(test)
+            tot["ma"] += _mape(test, [p.iteration_seconds for p in after]) * len(test)
+            for key, preds in (("b", before), ("a", after)):
+                tot["c" + key] += sum(p.interval_seconds[0] <= r.measured_iteration_seconds <= p.interval_seconds[1]
+                                      for r, p in zip(test, preds))
+                tot["k" + key] += _fill_kills(test, preds, margin)
+        worst = max(per_kind.items(), key=lambda kv: sum(kv[1]) / len(kv[1]))
+        m = tot["n"]
+        print(f"{n:>3}{draws:>6}{kept:>6}{100 * tot['mb'] / m:>12.1f}%{100 * tot['ma'] / m:>7.1f}%"
+              f"{100 * tot['cb'] / m:>15.1f}%{100 * tot['ca'] / m:>7.1f}%{100 * tot['kb'] / m:>18.1f}%"
+              f"{100 * tot['ka'] / m:>7.1f}%{statistics.median(ups):>8.2f}   {worst[0][:20]} "
+              f"{100 * sum(worst[1]) / len(worst[1]):.1f}%")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--platform", action="append",
@@ -249,6 +322,9 @@ def main() -> int:
     ap.add_argument("--stacks-skip", action="append", default=[], metavar="STACK",
                     help="--stacks: leave out the runs named \"STACK ...\" (e.g. ddp, whose kind is "
                          "pytorch's: calibrate/stack_runs.py)")
+    ap.add_argument("--site", action="store_true",
+                    help="--stacks runs as one site's jobs: fit on N drawn across all kinds, predict the rest "
+                         "(MAPE, coverage, the default fill's kills)")
     ap.add_argument("--runs-per-fit", type=int, nargs="+", default=[10])
     ap.add_argument("--draws", type=int, default=20, help="--stacks: random draws per kind and N")
     ap.add_argument("--dp", type=int, default=0, help="--stacks: only the runs of this data-parallel size")
@@ -271,7 +347,10 @@ def main() -> int:
         skip = tuple(f"{s} " for s in args.stacks_skip)
         runs = [r for r in load_runs(args.stacks_runs)
                 if (not args.dp or r.job.layout.dp == args.dp) and not r.name.startswith(skip)]
-        bench_stacks(plat, runs, args.runs_per_fit, args.draws, args.stacks_runs)
+        if args.site:
+            bench_site(plat, runs, args.runs_per_fit, args.draws, args.stacks_runs)
+        else:
+            bench_stacks(plat, runs, args.runs_per_fit, args.draws, args.stacks_runs)
         return 0
     if args.cpu_family:
         from calibrate.cpu_family import resolve_platform

@@ -30,8 +30,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from .bundle import collective_features
-from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gradient_precision, gradient_reduction,
-                     groups, input_embedding_parameters, layer_parameters, micro_batch_recipe,
+from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gathers_layers, gradient_precision,
+                     gradient_reduction, groups, input_embedding_parameters, layer_parameters, micro_batch_recipe,
                      op_sac_recompute_share, pipeline_sends, reshards_after_forward, runs_op_sac,
                      shard_ranks, stage_layers, stage_parameter_counts, total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
@@ -827,21 +827,24 @@ def _data_parallel_terms(job: TrainingJob, q: QuerySet, recipe: MicroBatchRecipe
     stage_dp, stage_update, buckets, sharded = out.reduction, out.update, out.buckets, out.sharded
     # The ranks holding the same parameters: dp, times cp under context parallelism.
     dp, zero, dp_group = lay.dp * cp, lay.zero_stage, grp["dpcp"]
+    # Layer by layer, every micro-batch (ZeRO-3; FSDP1's ZeRO-2 too: recipe.gathers_layers).
+    by_layer = gathers_layers(lay, job.run.framework)
     # Hybrid sharding (ZeRO-3 only): gathers and reduce-scatters over the shard group, and each
     # gradient shard all-reduced across the replicas as its layer's reduction ends.
     replicas = grp.get("dp_replicate")
-    if zero == 3 and replicas is not None:
+    if by_layer and replicas is not None:
         dp, dp_group = shard_ranks(lay), grp["dp_shard"]
     # Gradients travel in the framework's reduction precision (fp32 for Megatron-core's bf16):
     # costed as a 16-bit collective of as many bytes.
     grad_prec = gradient_precision(prec, lay, job.run.framework, job.run.grad_reduce_precision)
     grad_scale = BYTES_PER_ELEMENT[grad_prec] / BYTES_PER_ELEMENT[prec]
     kind = gradient_reduction(lay, job.run.framework)
-    if dp > 1 and zero == 3:
+    if dp > 1 and by_layer:
         # ZeRO-3 (FSDP2, DeepSpeed stage 3) gathers each layer's parameters just before it runs,
         # the next one prefetched under the current one, in forward and again in backward, and
         # reduce-scatters each layer's gradients as its backward ends, every micro-batch (the
         # gradients are sharded, so accumulation happens on the shards): one "bucket" per layer.
+        # FSDP1's SHARD_GRAD_OP does the same but keeps the forward's gather for the backward.
         bucket = layer_parameters(m, tp)
     elif dp > 1 and lay.overlap_grad_reduce:
         bucket = overlap.bucket_entries(dp)
@@ -857,23 +860,23 @@ def _data_parallel_terms(job: TrainingJob, q: QuerySet, recipe: MicroBatchRecipe
                 terms[0].add(q.coll(kind, bucket * grad_scale, dp_group, prec))
             if rest:
                 terms[1].add(q.coll(kind, rest * grad_scale, dp_group, prec))
-            if zero == 3 and replicas is not None:
+            if by_layer and replicas is not None:
                 if full:
                     terms[0].add(q.coll("allreduce", bucket / dp * grad_scale, replicas, prec))
                 if rest:
                     terms[1].add(q.coll("allreduce", rest / dp * grad_scale, replicas, prec))
-            if zero == 3 or lay.overlap_grad_reduce:
+            if by_layer or lay.overlap_grad_reduce:
                 if zero >= 1:
                     if full:
                         terms[2].add(q.coll("allgather", bucket / dp, dp_group, prec))
                     if rest:
                         terms[3].add(q.coll("allgather", rest / dp, dp_group, prec))
-                # What is not a layer's (stage 0's embedding; under ZeRO-3 all of the stage's
+                # What is not a layer's (stage 0's embedding; layer by layer, all of the stage's
                 # parameters beyond its layers) does no work in the windows the buckets run under.
-                late = n_params - sizes[i] * bucket if zero == 3 else \
+                late = n_params - sizes[i] * bucket if by_layer else \
                     (input_embedding_parameters(m, tp) if i == 0 else 0)
-                (sharded if zero == 3 else buckets).append(_Buckets(n_params, late, bucket, terms))
-            if zero != 3:
+                (sharded if by_layer else buckets).append(_Buckets(n_params, late, bucket, terms))
+            if not by_layer:
                 red.extend(terms[0], full).extend(terms[1])
                 if zero >= 1:
                     if lay.overlap_grad_reduce:
@@ -1196,6 +1199,7 @@ class Predictor:
         self._answers: dict[tuple, tuple] = {}     # QuerySet memo key -> answer
         self._resolved: dict[tuple, tuple] = {}    # (operator, direction, precision) -> its model
         self._rule: Optional[IntervalRule] = None
+        self._kind_rules: dict[str, IntervalRule] = {}    # kind key -> its rule (kind_rule)
         # The platform without its [fitted] scales, or with one kind's: each its own Predictor.
         self._twins: dict[Any, "Predictor"] = {}
 
@@ -1231,6 +1235,23 @@ class Predictor:
         if self._rule is None:
             self._rule = IntervalRule.for_platform(self.platform)
         return self._rule
+
+    def kind_rule(self, key: str) -> IntervalRule:
+        """The interval rule of a job of kind ``key`` (Mondrian conformal: each kind's recorded
+        runs calibrate its own jobs).  With a per-kind fit the fit's kind data decide
+        (:meth:`IntervalRule.for_platform`); otherwise the platform's recorded runs of that kind,
+        with the platform's rule for a kind it has no runs of."""
+        rule = self._kind_rules.get(key)
+        if rule is None:
+            rule = self.interval_rule
+            fitted = self.platform.fitted
+            if fitted is None or not (fitted.kind or fitted.kinds or fitted.unseen_kind_bound):
+                scores = [r.log_ratio for r in self.platform.validation
+                          if r.predicted_iteration_seconds > 0 and kind_of(r.job).key == key]
+                if scores and len(scores) < len(self.platform.validation):
+                    rule = rule.for_kind(scores, 0.0)
+            self._kind_rules[key] = rule
+        return rule
 
     def _twin(self, key: Any, make: Callable[[], Platform]) -> "Predictor":
         """The Predictor of a twin of this platform (``make`` builds it), made once and kept."""
@@ -1296,7 +1317,7 @@ class Predictor:
     def _prediction(self, plan: _JobPlan, q: QuerySet, columns: np.ndarray, extra: np.ndarray) -> Prediction:
         """One job's answer from the costed terms: the timeline with every term at its value and
         at its low and high end, the interval, the whole job's time and the warnings."""
-        platform, rule = self.platform, self.interval_rule
+        platform, rule = self.platform, self.kind_rule(kind_of(plan.job).key)
         at, at_lo, at_hi = _term_values(plan, columns)
         iteration, breakdown, details = _assemble(plan, at, platform)
         spread_lo = _assemble(plan, at_lo, platform)[0]

@@ -330,8 +330,12 @@ class IntervalRule:
         q = conformal_quantile([abs(x) for x in s], self.alpha)
         if q is not None:
             return IntervalRule(q, q, "kind", len(s), self.calibrated, self.alpha)
-        low = max([self.low] + [-x for x in s])
-        high = max([self.high] + list(s))
+        # Too few runs for a quantile of their own, but enough to show the kind's offset from the
+        # models: the platform's spread around that offset, never narrower than the platform's rule
+        # or the kind's worst run (the worst run alone covers a next run only n/(n+1) of the time).
+        offset = sum(s) / len(s)
+        low = max([self.low, self.low - offset] + [-x for x in s])
+        high = max([self.high, self.high + offset] + list(s))
         return IntervalRule(low, high, "kind-pooled", len(s), self.calibrated, self.alpha)
 
     @property

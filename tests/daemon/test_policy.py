@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from slurm_plugin.policy import (NO_VAL, INFINITE, PredictionFacts, decide, iterations_within,
+from slurm_plugin.policy import (FILL_LEVEL, NO_VAL, INFINITE, PredictionFacts, decide, iterations_within,
                                  recommended_minutes)
 from slurm_plugin.siteconfig import PartitionPolicy
 
@@ -105,12 +105,14 @@ def test_never_rejects_and_message_is_one_line(limit):
 
 
 def test_limit_covers_the_interval_upper_end_when_it_is_longer():
-    # 2.4 s/iter, interval up to 3.6 s (+50 %): 1000 x 1.2 s more than the point -> 2460 + 1200 s
-    # = 61 min; + 5 startup = 66 -> 70; the 15 % margin alone would give 55.
+    # 2.4 s/iter, interval up to 3.6 s (+50 % at its 95 % one-sided level); at 98 % the log
+    # half-width grows by z(0.98) / z(0.95) = 1.249: 2.4 x 1.5^1.249 = 3.98 s, 1000 x 1.58 s more
+    # than the point -> 2460 + 1582 s = 67.4 min; + 5 startup = 72.4 -> 75; the 15 % margin alone
+    # would give 55, the 95 % upper end alone 70.
     wide = PredictionFacts(2.4, 1000, 2460.0, "vista-gh200", "b", interval_seconds=(2.3, 3.6))
     d = decide(wide, None, PART)
-    assert d.time_limit_minutes == 70
-    assert "upper end of the prediction's interval" in d.message
+    assert d.time_limit_minutes == 75
+    assert "upper bound" in d.message and f"{FILL_LEVEL:.0%}" in d.message
     from dataclasses import replace
     assert decide(wide, None, replace(PART, cover_interval=False)).time_limit_minutes == 55
     # A narrow interval changes nothing: the margin is longer.

@@ -14,8 +14,9 @@ PART = PartitionPolicy(name="gpu", platform="dgx-h100", startup_minutes=5)
 
 def test_fill_sets_time_from_the_upper_end_and_time_min_from_the_point():
     d = decide(PRED, None, PART)
-    # upper end: 40,300 + 4000 x 3 = 52,300 s = 871.7 min + 5 -> 880; point: 671.7 + 5 -> 680
-    assert d.time_limit_minutes == 880
+    # upper end 13 s at 95 %, 10 x 1.3^1.249 = 13.88 s at 98 % (z(0.98) / z(0.95) = 1.249):
+    # 40,300 + 4000 x 3.88 = 55,811 s = 930.2 min + 5 -> 940; point: 671.7 + 5 -> 680
+    assert d.time_limit_minutes == 940
     assert d.time_min_minutes == 680
     assert "--time-min 11:20:00" in d.message and "min_min=680" in d.admin_comment
 
@@ -39,4 +40,4 @@ def test_a_time_above_the_partitions_max_time_is_named_at_submission():
     assert d.time_limit_minutes is None
     assert any("exceeds" in w and "PartitionTimeLimit" in w for w in d.warnings)
     assert "warn=overmax" in d.admin_comment
-    assert "--time=14:40:00" in d.message
+    assert "--time=15:40:00" in d.message

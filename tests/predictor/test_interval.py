@@ -15,6 +15,7 @@ from predictor.interval import (ALPHA, MIN_OWN_RUNS, SHIPPED_BUNDLE_RUNS, SHIPPE
                                 IntervalRule, PooledPrior, bundle_runs,
                                 conformal_quantile, conformal_rank, interval_seconds, leave_one_out,
                                 min_runs, run_scores)
+from predictor.kinds import kind_of
 from predictor.platform import SHIPPED_DIR
 from predictor.validation import MeasuredRun
 
@@ -299,6 +300,10 @@ def test_predictions_take_their_interval_from_the_rule(name, job, analytic):
     if "operator_spread_seconds" not in d:
         pytest.skip("estimate.py does not call predictor.interval.interval_seconds yet")
     rule = IntervalRule.for_platform(plat)
+    key = kind_of(job or plat.validation[0].job).key
+    scores = [r.log_ratio for r in plat.validation if kind_of(r.job).key == key]
+    if scores and len(scores) < len(plat.validation):       # Mondrian: the kind's own runs
+        rule = rule.for_kind(scores, 0.0)
     lo_op, hi_op = d["operator_spread_seconds"]
     expect = interval_seconds(p.iteration_seconds, lo_op, hi_op, rule, extrapolated=p.extrapolated,
                               analytic_collectives=analytic)
@@ -340,3 +345,31 @@ def test_shipped_kind_spreads_are_rounded_up_scores_of_named_data():
         JobKind.from_key(s.kind, "SHIPPED_KIND_SPREADS")
         assert (ROOT / s.dataset).is_dir() and s.runs >= 1 and 0 < s.score < 2
         assert s.score == round(s.score, 4)
+
+
+def test_a_job_takes_the_rule_of_its_kinds_recorded_runs():
+    """Mondrian conformal on a platform without a per-kind fit: a job of a kind with 9 or more
+    recorded runs takes their quantile, one of a kind with fewer the platform's rule moved by
+    their mean residual, one of a kind with none the platform's rule."""
+    from collections import defaultdict
+
+    from predictor.estimate import Predictor
+    plat = load_platform("dgx-h100")
+    by_kind = defaultdict(list)
+    for r in plat.validation:
+        by_kind[kind_of(r.job).key].append(r.log_ratio)
+    many = next(k for k, v in by_kind.items() if len(v) >= MIN_OWN_RUNS)
+    few = next(k for k, v in by_kind.items() if len(v) < MIN_OWN_RUNS)
+    pred, base = Predictor(plat), IntervalRule.for_platform(plat)
+    own = pred.kind_rule(many)
+    q = conformal_quantile([abs(x) for x in by_kind[many]])
+    assert own.source == "kind" and own.runs == len(by_kind[many]) and (own.low, own.high) == (q, q)
+    pooled = pred.kind_rule(few)
+    offset = sum(by_kind[few]) / len(by_kind[few])
+    assert pooled.source == "kind-pooled"
+    assert pooled.high == pytest.approx(max([base.high, base.high + offset] + by_kind[few]))
+    assert pooled.low == pytest.approx(max([base.low, base.low - offset] + [-x for x in by_kind[few]]))
+    assert pred.kind_rule("megatron/flash/bf16/selective") == base
+    # The prediction says which rule it used.
+    job = next(r.job for r in plat.validation if kind_of(r.job).key == few)
+    assert _details(pred.predict(job))["interval_rule"]["source"] == "kind-pooled"
