@@ -14,8 +14,9 @@ One pass (``--every SECONDS`` repeats it) on the controller, as root:
 
    - **extend** when the rest of the run (plus a margin for a checkpoint save and the last
      evaluation) does not fit in the limit: up to the partition's MaxTime, the QOS MaxWall, the
-     MaxWall of the job's association, the policy's growth and per-user caps, and no later than any pending job planned on the job's
-     nodes may start (``squeue --start``) plus the site's backfill allowance.  When the rest cannot
+     MaxWall of the job's association, the policy's growth and per-user caps, and no later than
+     any pending job planned on the job's nodes may start (``squeue --start``) plus the site's
+     backfill allowance.  When the rest cannot
      fit, only up to just after the last checkpoint that fits (never a limit that ends between
      checkpoints for nothing);
    - **shrink** a limit perfcast set (site option) when the job will clearly end long before it,
@@ -181,10 +182,11 @@ def decide(*, now: float, start: float, limit_seconds: Optional[float], record: 
             f"{planned}")
     if need > limit_seconds:
         if not policy.extend:
-            return _none("extend-off", f"would need {_hm(need)}; extending is off ([watch] extend)", limit_seconds)
+            return _none("extend-off", f"would need {_hm(need)}; extending is off ([{policy.table}] extend)",
+                         limit_seconds)
         if not perfcast_limit and not policy.extend_user_limits:
             return _none("user-limit", f"would need {_hm(need)}, but the user set this limit "
-                         "([watch] extend_user_limits = false)", limit_seconds)
+                         f"([{policy.table}] extend_user_limits = false)", limit_seconds)
         cap, which = limits.cap()
         cap = _floor_minute(cap) if cap is not None else None
         if cap is None or need <= cap:
@@ -216,10 +218,11 @@ def decide(*, now: float, start: float, limit_seconds: Optional[float], record: 
     to = max(need, floor)
     if limit_seconds - to >= max(60.0, policy.shrink_min_minutes * 60.0):
         if not policy.shrink:
-            return _none("shrink-off", f"{rate}: needs {_hm(to)}; shrinking is off ([watch] shrink)", limit_seconds)
+            return _none("shrink-off", f"{rate}: needs {_hm(to)}; shrinking is off ([{policy.table}] shrink)",
+                         limit_seconds)
         if not perfcast_limit and not policy.shrink_user_limits:
             return _none("user-limit", f"{rate}: needs {_hm(to)}, but the user set this limit "
-                         "([watch] shrink_user_limits = false)", limit_seconds)
+                         f"([{policy.table}] shrink_user_limits = false)", limit_seconds)
         return Decision("shrink", "shrink", f"{rate}: needs {_hm(to)}; {_hm(limit_seconds - to)} back to "
                         "backfill", limit_seconds, to)
     return _none("on-track", f"{rate}: needs {_hm(need)} of {_hm(limit_seconds)}", limit_seconds)
@@ -604,4 +607,5 @@ def _write_run(out_dir: Path, job: RunningJob, record: PredictionRecord, progres
 
 
 __all__ = ["Decision", "Limits", "Progress", "WATCH_TAG", "WatchError", "WatchOptions", "WatchResult",
-           "admin_comment_with", "association_max_wall", "decide", "fairness_cap", "progress_of", "read_logs", "watch_once"]
+           "admin_comment_with", "association_max_wall", "decide", "fairness_cap", "progress_of", "read_logs",
+           "watch_once"]

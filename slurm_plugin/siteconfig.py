@@ -130,6 +130,7 @@ class WatchPolicy:
     pass_budget_seconds: float = 120.0       # one pass reads no longer than this in all
     # [partitions.<name>.watch]: that partition's policy, [watch] with the table's keys replaced
     overrides: Mapping[str, "WatchPolicy"] = field(default_factory=dict)
+    table: str = "watch"                     # the table this policy was read from (for messages)
 
     def watches(self, partition: str) -> bool:
         return self.enabled and (not self.partitions or partition in self.partitions)
@@ -248,7 +249,7 @@ def parse_watch_policy(table: Mapping[str, Any], path: str = "<config>", *, base
     """The ``[watch]`` table, or (with ``base``, the ``[watch]`` policy) a partition's
     ``[partitions.<name>.watch]`` table over it; every error names ``<where>.<key>``."""
     values: dict[str, Any] = {}
-    known = {f.name: f for f in fields(WatchPolicy) if f.name != "overrides"}
+    known = {f.name: f for f in fields(WatchPolicy) if f.name not in ("overrides", "table")}
     for key, value in table.items():
         if key not in known:
             raise SiteConfigError(f"{path}: {where}.{key}: unknown key")
@@ -261,7 +262,7 @@ def parse_watch_policy(table: Mapping[str, Any], path: str = "<config>", *, base
             values[key] = tuple(value)
         else:
             values[key] = _coerce(known[key], value, f"{where}.{key}", path)
-    w = replace(base, overrides={}, **values) if base is not None else WatchPolicy(**values)
+    w = replace(base, overrides={}, table=where, **values) if base is not None else WatchPolicy(**values)
     bounds = {"max_growth": (0, 100), "user_extra_hours": (0, 1e6), "margin": (0, 10),
               "margin_minutes": (0, 1440), "shrink_min_minutes": (0, 1e6),
               "backfill_allowance_minutes": (0, 1e6), "min_samples": (1, 10000),

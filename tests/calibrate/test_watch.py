@@ -433,6 +433,7 @@ def test_each_partition_is_watched_with_its_own_policy(site, tmp_path):
     by = {j.job_id: j.decision for j in res.jobs}
     assert by[101].action == "extend" and slurm.limits[101] == 19
     assert by[102].action == "none" and by[102].code == "extend-off"
+    assert "[partitions.debug.watch] extend" in by[102].reason
     # max_growth 0.2 of the first 10 min: at most 12 min, short of the 19 needed: to the last
     # checkpoint that fits (iteration 600 at 200 + 440 + 60 s = 700 s -> 12 min).
     assert by[103].code == "checkpoint" and by[103].checkpoint_iteration == 600 and slurm.limits[103] == 12
