@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from .. import policy as policy_mod
 from ..policy import PredictionFacts
@@ -155,8 +155,9 @@ class Engine:
 
     ``backends`` (for tests): ``load_platform(name)``, ``predict(job, platform)``,
     ``parse_script(path, text, *, request, read_file, env, default_gpus_per_node, work_dir,
-    deadline_s)``, ``slurm_request`` (a constructor taking keyword fields) and ``errors`` (a tuple
-    of the exception types meaning "bad job", reported to the user as one line).
+    deadline_s)``, ``slurm_request`` (a constructor taking keyword fields), ``errors`` (a tuple
+    of the exception types meaning "bad job", reported to the user as one line) and, optionally,
+    ``slurm_partitions()`` (Slurm's partitions for the user socket; default: ``scontrol``).
     """
 
     def __init__(self, config: SiteConfig, backends: Optional[Mapping[str, Any]] = None):
@@ -176,12 +177,20 @@ class Engine:
         # {partition: (MaxTime minutes or None, is default)} from Slurm itself; only filled for
         # the user socket (cli_filter.lua cannot see part_list; job_submit.lua sends it).
         self.slurm_partitions: dict[str, tuple[Optional[int], bool]] = {}
+        self._slurm_max_times: dict[str, Optional[int]] = {}
+        self._slurm_default: Optional[str] = None
+        # Set once the lookup has ended (found or failed); callbacks wait for it (the server's).
+        self._partitions_known = threading.Event()
+        self._partitions_lock = threading.Lock()
+        self._on_partitions_known: list[Callable[[], None]] = []
 
     def load(self, lookup_partitions: bool = True) -> "Engine":
         if lookup_partitions and self.config.daemon.user_socket:
             # In the background: a slow or absent controller must not delay serving.
             threading.Thread(target=self._load_slurm_partitions, daemon=True,
                              name="slurm-partitions").start()
+        else:
+            self._partitions_known.set()
         for name in self.config.platforms():
             t0 = time.monotonic()
             try:
@@ -197,13 +206,36 @@ class Engine:
 
     def _load_slurm_partitions(self) -> None:
         from ..slurm_client import SlurmClient, SlurmError
+        lookup = self.backends.get("slurm_partitions") or SlurmClient(timeout=10).partitions
         try:
-            parts = SlurmClient(timeout=10).partitions()
+            parts = lookup()
         except SlurmError as exc:
             log_event("slurm_partitions_failed", level=logging.WARNING, error=str(exc))
-            return
-        self.slurm_partitions = {p.name: (p.max_time_minutes, p.is_default) for p in parts}
-        log_event("slurm_partitions", count=len(parts))
+        else:
+            found = {p.name: (p.max_time_minutes, p.is_default) for p in parts}
+            self._slurm_max_times = {k: v[0] for k, v in found.items()}
+            self._slurm_default = next((k for k, v in found.items() if v[1]), None)
+            self.slurm_partitions = found
+            log_event("slurm_partitions", count=len(parts))
+        finally:
+            with self._partitions_lock:
+                self._partitions_known.set()
+                waiting, self._on_partitions_known = self._on_partitions_known, []
+            for callback in waiting:
+                callback()
+
+    def partitions_looked_up(self) -> bool:
+        """Whether the lookup of Slurm's partitions has ended (found or failed), or never runs."""
+        return self._partitions_known.is_set()
+
+    def when_partitions_known(self, callback: Callable[[], None]) -> bool:
+        """Have ``callback`` called (from the lookup's thread) once Slurm's partitions are looked
+        up; False, and nothing registered, when they are already (or never will be)."""
+        with self._partitions_lock:
+            if self._partitions_known.is_set():
+                return False
+            self._on_partitions_known.append(callback)
+            return True
 
     def warm_up(self) -> None:
         """Predict :data:`WARMUP_SCRIPT` once per platform (results are not kept)."""
@@ -220,9 +252,8 @@ class Engine:
     def route(self, req: PredictRequest) -> "Route | Answer":
         """The partition and policy of a request, or the answer when there is nothing to do."""
         if not req.partition_max_time and self.slurm_partitions:
-            req = dataclasses.replace(
-                req, partition_max_time={k: v[0] for k, v in self.slurm_partitions.items()},
-                default_partition=next((k for k, v in self.slurm_partitions.items() if v[1]), None))
+            req = dataclasses.replace(req, partition_max_time=self._slurm_max_times,
+                                      default_partition=self._slurm_default)
         candidates = req.candidate_partitions()
         name = next((p for p in candidates if p in self.config.partitions),
                     candidates[0] if candidates else None)

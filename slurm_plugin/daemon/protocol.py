@@ -28,7 +28,6 @@
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import re
@@ -345,22 +344,26 @@ def decode_lines(raw: bytes) -> dict[str, str]:
     return out
 
 
-async def read_request(reader: asyncio.StreamReader, limit: int) -> bytes:
-    """One line (or everything up to EOF), never more than ``limit`` bytes kept in memory."""
-    buf = bytearray()
-    while True:
-        chunk = await reader.read(256 * 1024)
-        if not chunk:
-            return bytes(buf)
-        nl = chunk.find(b"\n")
-        if nl >= 0:
-            buf += chunk[:nl]
-            if len(buf) > limit:
-                raise RequestTooLarge()
-            return bytes(buf)
-        buf += chunk
-        if len(buf) > limit:
+class RequestBuffer:
+    """One request as its bytes arrive: a line (or everything up to EOF), never more than
+    ``limit`` bytes kept in memory.  Fed by the server's connection as data comes in."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> Optional[bytes]:
+        """The whole request once its newline arrived, else None; raises :class:`RequestTooLarge`."""
+        nl = data.find(b"\n")
+        self._buf += data if nl < 0 else data[:nl]
+        if len(self._buf) > self.limit:
+            self._buf = bytearray()
             raise RequestTooLarge()
+        return bytes(self._buf) if nl >= 0 else None
+
+    def end(self) -> bytes:
+        """What arrived before EOF (a request need not end with a newline)."""
+        return bytes(self._buf)
 
 
 _LINES_RE = re.compile(rb'^\s*\{\s*"format"\s*:\s*"lines"')

@@ -22,7 +22,7 @@ import stat
 import struct
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional, Union
 
 from ..records import PredictionRecord, new_record_id, record_key
 from ..siteconfig import SiteConfig, SiteConfigError, load_site_config
@@ -31,13 +31,19 @@ from .logs import log_event, log_fds
 from .pool import PoolBusy, WorkerDied, WorkerOverrun, WorkerPool
 from .recorder import STOP_GRACE_S as RECORDS_GRACE_S
 from .recorder import Recorder
-from .protocol import (Answer, BadRequest, PredictRequest, RequestTooLarge, parse_request,
-                       read_request, request_limit, sniff_format)
+from .protocol import (Answer, BadRequest, PredictRequest, RequestBuffer, RequestTooLarge,
+                       parse_request, request_limit, sniff_format)
 
 BACKSTOP_S = 0.05      # the pool answers by the deadline itself; this only guards against bugs
 MIN_JOIN_LEFT_S = 0.01  # a failed warm-up leaves this much of the deadline: compute afresh
 WARM_KEEP_S = 60.0     # a warm-up that read files serves job_submit's request this long, once
 STOP_GRACE_S = 0.3     # SIGTERM: answers in flight may take this long to go out, then workers die
+WRITE_GRACE_S = 1.0    # an answer the client does not take (a full socket buffer) is dropped then
+# A user-socket request that comes while Slurm's partitions are still being looked up (the
+# daemon's first moments: scontrol waits for a slurmctld that is starting too) waits for the
+# lookup this long rather than being answered "partition not managed"; bounded, so that a hung
+# controller holds none of them longer.  Not counted in the request's deadline_ms.
+PARTITIONS_WAIT_S = 2.0
 
 log = logging.getLogger("perfcast.daemon")
 
@@ -113,6 +119,7 @@ class PredictServer:
         self.stats: collections.Counter[str] = collections.Counter()
         self._reloading: Optional[asyncio.Task] = None
         self._in_flight = 0
+        self._tasks: set[asyncio.Future] = set()     # answers being computed
         self.records: Optional[Recorder] = None
         self._ticker: Optional[asyncio.TimerHandle] = None
 
@@ -144,9 +151,8 @@ class PredictServer:
         prepare_socket_path(path)
         old = os.umask(0o177)  # no window in which the socket is wider than asked
         try:
-            server = await asyncio.start_unix_server(
-                lambda r, w: self._serve(r, w, user_mode), path=path,
-                limit=64 * 1024, backlog=1024)
+            server = await asyncio.get_running_loop().create_unix_server(
+                lambda: _Connection(self, user_mode), path=path, backlog=1024)
         finally:
             os.umask(old)
         os.chmod(path, mode)
@@ -159,81 +165,10 @@ class PredictServer:
                   workers=self.pool.size)
         return server
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     user_mode: bool) -> None:
-        t0 = time.monotonic()
-        engine = self.engine  # a reload mid-request must not change what this request sees
-        settings = engine.config.daemon
-        deadline = t0 + settings.deadline_ms / 1000.0
-        fmt = "lines"
-        event = "request"
-        fields: dict[str, Any] = {}
-        timing = log.isEnabledFor(logging.DEBUG)   # where the time went, per phase (debug only)
-        self._in_flight += 1
-        try:
-            try:
-                pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
-            except OSError:
-                pid, uid, gid = -1, -1, -1
-            fields.update(peer_pid=pid, peer_uid=uid)
-            if not user_mode and uid not in self.trusted:
-                answer = Answer("refused", reason="peer-not-trusted",
-                                message="perfcast: this socket serves only slurmctld")
-            else:
-                try:
-                    raw = await asyncio.wait_for(
-                        read_request(reader, request_limit(settings.max_request_bytes)),
-                        deadline - time.monotonic())
-                    if timing:
-                        fields["read_ms"] = _ms_since(t0)
-                    fmt = sniff_format(raw)
-                    # On the user socket the kernel's word replaces the request's claim.
-                    req = parse_request(raw, max_script=settings.max_request_bytes,
-                                        peer=(uid, gid) if user_mode else None,
-                                        peer_cwd=_cwd(pid) if user_mode else None)
-                    fmt = req.format
-                    fields.update(uid=req.submit_uid, bytes=len(raw))
-                    event = "warm" if req.warm else "request"
-                    del raw
-                    if timing:
-                        fields["parsed_ms"] = _ms_since(t0)
-                    answer = await self._answer(engine, req, deadline, fields)
-                    if timing:
-                        fields["answered_ms"] = _ms_since(t0)
-                except asyncio.TimeoutError:
-                    answer = _too_slow(settings.deadline_ms)
-                except RequestTooLarge as exc:
-                    fmt = exc.args[0] if exc.args else fmt
-                    answer = Answer("error", reason="too-large",
-                                    message="perfcast: script too large to predict; job submitted "
-                                            "unchanged")
-                except BadRequest as exc:
-                    answer = Answer("error", reason="bad-request",
-                                    message=f"perfcast: no prediction ({exc}); job submitted "
-                                            "unchanged")
-                except Exception:  # a bug: log it, fail open, never a traceback to the user
-                    log.exception("request failed")
-                    answer = Answer("error", reason="internal",
-                                    message="perfcast: internal error; job submitted unchanged")
-            self.stats[answer.status] += 1
-            if answer.partition:
-                fields["partition"] = answer.partition
-            try:
-                writer.write(answer.encode(fmt))
-                await asyncio.wait_for(writer.drain(), 1.0)
-            except (OSError, asyncio.TimeoutError):
-                fields["write"] = "failed"   # Lua gave up already; it let the job through
-            log_event(event, status=answer.status, reason=answer.reason,
-                      time_limit=answer.time_limit if answer.time_limit is not None else "-",
-                      ms=round((time.monotonic() - t0) * 1e3, 2),
-                      level=logging.WARNING if answer.status in ("refused", "error") else logging.INFO,
-                      **fields)
-        finally:
-            self._in_flight -= 1
-            writer.close()
-
-    async def _answer(self, engine: Engine, req: PredictRequest, deadline: float,
-                      fields: dict[str, Any]) -> Answer:
+    def _answer(self, engine: Engine, req: PredictRequest, deadline: float,
+                fields: dict[str, Any]) -> "Union[Answer, Awaitable[Answer]]":
+        """The answer, right here when no worker is needed (a cached or warmed-up outcome, a
+        warm-up handed over, nothing to do); else what to await for it."""
         routed = engine.route(req)
         if isinstance(routed, Answer):
             return _warm() if req.warm else routed
@@ -256,6 +191,30 @@ class PredictServer:
                 except PoolBusy as exc:
                     fields["shed"] = str(exc)
             return _warm()
+        return self._computed(engine, routed, key, deadline, fields, req)
+
+    async def _answer_later(self, engine: Engine, req: PredictRequest, deadline_ms: int,
+                            fields: dict[str, Any]) -> Answer:
+        """:meth:`_answer` once Slurm's partitions are known (a user-socket request in the
+        daemon's first moments); the deadline runs from then."""
+        loop = asyncio.get_running_loop()
+        known: asyncio.Future = loop.create_future()
+
+        def settle() -> None:
+            if not known.done():
+                known.set_result(None)
+        if engine.when_partitions_known(lambda: loop.call_soon_threadsafe(settle)):
+            t0 = time.monotonic()
+            try:
+                await asyncio.wait_for(known, PARTITIONS_WAIT_S)
+            except asyncio.TimeoutError:
+                fields["partitions"] = "unknown"
+            fields["partitions_ms"] = _ms_since(t0)
+        answer = self._answer(engine, req, time.monotonic() + deadline_ms / 1000.0, fields)
+        return answer if isinstance(answer, Answer) else await answer
+
+    async def _computed(self, engine: Engine, routed: Route, key: str, deadline: float,
+                        fields: dict[str, Any], req: PredictRequest) -> Answer:
         try:
             out = await self._outcome(engine, routed, key, deadline, fields)
         except PoolBusy as exc:      # refused at once, or waited in the queue until too late
@@ -410,6 +369,163 @@ class PredictServer:
     def summary(self) -> dict[str, Any]:
         records = self.records.stats() if self.records is not None else {}
         return {"served": sum(self.stats.values()), **dict(sorted(self.pool.stats.items())), **records}
+
+
+class _Connection(asyncio.Protocol):
+    """One connection: one request read (bounded, by its deadline), answered, closed.
+
+    A protocol rather than a stream reader and a task per connection: an answer that needs no
+    worker (a cache hit, a warm-up handed over, a refusal) is given in the callback that read the
+    request, which is most of the daemon's own time per request.
+    """
+
+    def __init__(self, server: PredictServer, user_mode: bool):
+        self.server = server
+        self.user_mode = user_mode
+        self.engine = server.engine   # a reload mid-request must not change what this one sees
+        self.fields: dict[str, Any] = {}
+        self.fmt = "lines"
+        self.event = "request"
+        self.buffer: Optional[RequestBuffer] = None     # while the request is being read
+        self.transport: Optional[asyncio.Transport] = None
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.answered = False
+        self.t0 = 0.0
+        self.peer = (-1, -1, -1)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport   # type: ignore[assignment]
+        self.t0 = time.monotonic()
+        self.server._in_flight += 1
+        settings = self.engine.config.daemon
+        try:
+            self.peer = peer_credentials(transport.get_extra_info("socket"))
+        except OSError:
+            pass
+        pid, uid, _ = self.peer
+        self.fields.update(peer_pid=pid, peer_uid=uid)
+        if not self.user_mode and uid not in self.server.trusted:
+            self._reply(Answer("refused", reason="peer-not-trusted",
+                               message="perfcast: this socket serves only slurmctld"))
+            return
+        self.buffer = RequestBuffer(request_limit(settings.max_request_bytes))
+        self.timer = asyncio.get_running_loop().call_at(
+            self.t0 + settings.deadline_ms / 1000.0, self._too_late)
+
+    def data_received(self, data: bytes) -> None:
+        if self.buffer is None:
+            return                     # answered already; anything after the request is ignored
+        try:
+            raw = self.buffer.feed(data)
+        except RequestTooLarge:
+            self.buffer = None
+            self._reply(_too_large())
+            return
+        if raw is not None:
+            self._received(raw)
+
+    def eof_received(self) -> bool:
+        if self.buffer is not None:
+            self._received(self.buffer.end())
+        return True                    # half-closed by the client: the answer still goes out
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self.buffer is not None:    # gone before the request was whole
+            self._received(self.buffer.end())
+
+    def _too_late(self) -> None:
+        self.timer = None
+        if self.buffer is not None:
+            self.buffer = None
+            self._reply(_too_slow(self.engine.config.daemon.deadline_ms))
+
+    def _received(self, raw: bytes) -> None:
+        self.buffer = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        engine, fields = self.engine, self.fields
+        settings = engine.config.daemon
+        timing = log.isEnabledFor(logging.DEBUG)   # where the time went, per phase (debug only)
+        if timing:
+            fields["read_ms"] = _ms_since(self.t0)
+        self.fmt = sniff_format(raw)
+        pid, uid, gid = self.peer
+        try:
+            # On the user socket the kernel's word replaces the request's claim.
+            req = parse_request(raw, max_script=settings.max_request_bytes,
+                                peer=(uid, gid) if self.user_mode else None,
+                                peer_cwd=_cwd(pid) if self.user_mode else None)
+            self.fmt = req.format
+            fields.update(uid=req.submit_uid, bytes=len(raw))
+            self.event = "warm" if req.warm else "request"
+            del raw
+            if timing:
+                fields["parsed_ms"] = _ms_since(self.t0)
+            if self.user_mode and not req.partition_max_time and not engine.partitions_looked_up():
+                answer = self.server._answer_later(engine, req, settings.deadline_ms, fields)
+            else:
+                answer = self.server._answer(engine, req, self.t0 + settings.deadline_ms / 1000.0,
+                                             fields)
+        except RequestTooLarge as exc:
+            answer = _too_large()
+            self.fmt = exc.args[0] if exc.args else self.fmt
+        except BadRequest as exc:
+            answer = Answer("error", reason="bad-request",
+                            message=f"perfcast: no prediction ({exc}); job submitted unchanged")
+        except Exception:  # a bug: log it, fail open, never a traceback to the user
+            log.exception("request failed")
+            answer = _internal()
+        if isinstance(answer, Answer):
+            self._reply(answer)
+        else:
+            task = asyncio.ensure_future(self._reply_later(answer))
+            self.server._tasks.add(task)       # (the loop itself keeps only a weak reference)
+            task.add_done_callback(self.server._tasks.discard)
+
+    async def _reply_later(self, pending: Awaitable[Answer]) -> None:
+        try:
+            answer = await pending
+        except Exception:  # a bug: log it, fail open, never a traceback to the user
+            log.exception("request failed")
+            answer = _internal()
+        self._reply(answer)
+
+    def _reply(self, answer: Answer) -> None:
+        """Send the answer, close, log: once per connection."""
+        if self.answered:
+            return
+        self.answered = True
+        fields, transport = self.fields, self.transport
+        if "parsed_ms" in fields:
+            fields["answered_ms"] = _ms_since(self.t0)
+        self.server.stats[answer.status] += 1
+        if answer.partition:
+            fields["partition"] = answer.partition
+        assert transport is not None
+        if not transport.is_closing():
+            transport.write(answer.encode(self.fmt))
+        if transport.is_closing():      # the client went: Lua gave up already, the job went on
+            fields["write"] = "failed"
+        else:
+            if transport.get_write_buffer_size():    # a client that does not read its answer
+                asyncio.get_running_loop().call_later(WRITE_GRACE_S, transport.abort)
+            transport.close()
+        self.server._in_flight -= 1
+        log_event(self.event, status=answer.status, reason=answer.reason,
+                  time_limit=answer.time_limit if answer.time_limit is not None else "-",
+                  ms=round((time.monotonic() - self.t0) * 1e3, 2),
+                  level=logging.WARNING if answer.status in ("refused", "error") else logging.INFO,
+                  **fields)
+
+
+def _too_large() -> Answer:
+    return Answer("error", reason="too-large",
+                  message="perfcast: script too large to predict; job submitted unchanged")
+
+
+def _internal() -> Answer:
+    return Answer("error", reason="internal", message="perfcast: internal error; job submitted unchanged")
 
 
 def _warm() -> Answer:

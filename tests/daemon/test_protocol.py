@@ -1,7 +1,6 @@
 """perf-predictd's protocol, security and robustness, against fake backends."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -17,6 +16,8 @@ import pytest
 
 from slurm_plugin import daemon
 from slurm_plugin.daemon import Answer, PredictRequest, decode_lines, parse_request
+from slurm_plugin.daemon import server as server_mod
+from slurm_plugin.slurm_client import PartitionInfo
 
 from . import fakes
 from .conftest import RunningDaemon
@@ -152,18 +153,18 @@ def test_garbage_script_text_is_fine(running):
 
 
 def test_oversized_request_is_refused_without_reading_it_all(running):
-    from slurm_plugin.daemon.protocol import RequestTooLarge, read_request, request_limit
+    from slurm_plugin.daemon.protocol import RequestBuffer, RequestTooLarge, request_limit
     big = json.dumps(req(script="#" * 200_000, format="lines")).encode() + b"\n"
     answer = _raw_exchange(running.socket, big, ignore_send_errors=True)
     assert decode_lines(answer)["reason"] == "too-large"
 
-    async def wire() -> int:       # past the wire limit, reading stops: nothing more is kept
-        reader = asyncio.StreamReader()
-        reader.feed_data(b"{" + b"#" * (request_limit(65536) + 300_000))
-        with pytest.raises(RequestTooLarge):
-            await read_request(reader, request_limit(65536))
-        return len(reader._buffer)
-    assert asyncio.run(wire()) > 0
+    # past the wire limit, reading stops: nothing is kept
+    buf = RequestBuffer(request_limit(65536))
+    chunk = b"#" * (256 * 1024)
+    with pytest.raises(RequestTooLarge):
+        for _ in range(request_limit(65536) // len(chunk) + 1):
+            assert buf.feed(chunk) is None
+    assert buf.end() == b""
 
 
 def test_request_size_is_the_scripts_bytes_not_its_json_escaping(running):
@@ -305,6 +306,53 @@ def test_user_socket_serves_users_as_themselves(running, tmp_path):
         assert b["status"] == "ok" and "SECRET-MARKER" not in json.dumps(b)
     finally:
         os.unlink(secret)
+
+
+def _daemon_looking_up_partitions(monkeypatch, release=None):
+    """A daemon whose lookup of Slurm's partitions (the user socket's MaxTimes and default)
+    ends only once ``release(server)`` says so; gpu is the default, with a MaxTime of 30 min."""
+    holder: dict = {}
+
+    def lookup():
+        end = time.monotonic() + 30
+        while time.monotonic() < end and not ("server" in holder and release(holder["server"])):
+            time.sleep(0.005)
+        return [PartitionInfo("gpu", max_time_minutes=30, default_time_minutes=None, nodes=1,
+                              node_list="dev001", gpus_per_node=4, is_default=True)]
+    monkeypatch.setitem(fakes.BACKENDS, "slurm_partitions", lookup)
+    running = RunningDaemon()
+    holder["server"] = running.server
+    return running
+
+
+def _seen_a_request(server) -> bool:
+    return server._in_flight > 0 or sum(server.stats.values()) > 0
+
+
+def test_a_user_socket_request_waits_for_slurms_partitions(monkeypatch):
+    # The lookup ends only once the request is in the daemon: answered before it ends, the
+    # request would find no partition ("partition-unmanaged") and sbatch would go on unfilled.
+    running = _daemon_looking_up_partitions(monkeypatch, _seen_a_request)
+    try:
+        a = daemon.ask_daemon(running.user_socket, {"script": JOB, "submit_uid": 0}, 30)
+        assert a["status"] == "ok", a
+        assert a["time_limit"] == 30            # the default partition's MaxTime, from Slurm
+    finally:
+        running.stop()
+
+
+def test_the_wait_for_slurms_partitions_is_bounded(monkeypatch):
+    monkeypatch.setattr(server_mod, "PARTITIONS_WAIT_S", 0.05)
+    gone = threading.Event()
+    running = _daemon_looking_up_partitions(monkeypatch, lambda server: gone.is_set())
+    try:
+        a = daemon.ask_daemon(running.user_socket, {"script": JOB, "submit_uid": 0}, 30)
+        assert (a["status"], a["reason"]) == ("skip", "partition-unmanaged")
+        # ... and the controller socket (partitions from job_submit.lua) never waits for it
+        assert running.ask(req())["status"] == "ok"
+    finally:
+        gone.set()
+        running.stop()
 
 
 @ROOT_ONLY
