@@ -590,11 +590,30 @@ def gradient_reduction(layout: Layout, framework: str = "") -> str:
     return "allreduce"
 
 
+def gathers_layers(layout: Layout, framework: str = "") -> bool:
+    """Whether data parallelism gathers each layer's parameters before the layer runs and
+    reduce-scatters its gradients as its backward ends, every micro-batch: ZeRO-3 under every
+    framework, and ZeRO-2 under FSDP1 (SHARD_GRAD_OP, _HYBRID_SHARD_ZERO2).
+
+    FSDP1 keeps only the shard of a unit's flat parameter between micro-batches whatever its
+    strategy: after a backward that syncs gradients it frees the gathered parameter
+    (``_runtime_utils._should_free_in_backward``) and reduce-scatters the gradient
+    (``_reduce_grad``), and Composer syncs every micro-batch under FSDP (its ``ddp_sync_context``
+    acts on DDP only).  SHARD_GRAD_OP differs from FULL_SHARD only in keeping the forward's
+    gather for the backward (:func:`reshards_after_forward`).  DeepSpeed's ZeRO-2 keeps the full
+    parameters and reduces once per step."""
+    return layout.zero_stage == 3 or (layout.zero_stage == 2 and framework in FSDP1_FRAMEWORKS)
+
+
 def reshards_after_forward(layout: Layout, framework: str = "") -> bool:
     """Whether ZeRO-3 frees each layer's gathered parameters after its forward (and gathers them
     again for its backward).  ``layout.reshard_after_forward`` "always" / "never" say so; the
     default is TorchTitan's (``fsdp_reshard_after_forward = "default"``: not under pipeline
-    parallelism, "to avoid per-microbatch all-gathers") and DeepSpeed's stage 3 (always)."""
+    parallelism, "to avoid per-microbatch all-gathers") and DeepSpeed's stage 3 (always).
+    Below stage 3 nothing is freed after the forward (FSDP1's SHARD_GRAD_OP is among its
+    ``NO_RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES``)."""
+    if layout.zero_stage < 3:
+        return False
     if layout.reshard_after_forward != "default":
         return layout.reshard_after_forward == "always"
     return not (framework == "torchtitan" and layout.pp > 1)
@@ -718,7 +737,7 @@ def fsdp1_shard_copies(layout: Layout, framework: str, precision: str, reduce_pr
         accumulate = 2 * master + compute + round_trip
         return ShardCopies(cast, cast + flat_grad + (1 - later) * first + later * accumulate)
     before, after = gradient_divide_factors(layout.dp * layout.cp)
-    gathers_in_backward = layout.zero_stage == 3 and reshards_after_forward(layout, framework)
+    gathers_in_backward = reshards_after_forward(layout, framework)
     backward = (cast * gathers_in_backward + flat_grad + to_reduce
                 + (2 * reduce if before > 1 else 0.0) + (2 * reduce / n if after > 1 else 0.0)
                 + to_master / n + later * 3 * master / n)

@@ -5,8 +5,9 @@ dotted ``key=value`` overrides after it win (OmegaConf merges them into the file
 (``model.name: mpt_causal_lm``); a Hugging Face model (``hf_causal_lm``) takes its shape from a
 checkpoint this reader does not open and is refused.  Data parallelism is Composer's PyTorch FSDP
 (FSDP1, one unit per MPT block): ``fsdp_config.sharding_strategy`` FULL_SHARD is ZeRO-3,
-SHARD_GRAD_OP ZeRO-2, NO_SHARD (or no ``fsdp_config``) DDP, HYBRID_SHARD ZeRO-3 sharded within
-each node (``layout.dp_shard``).  The keys and their sources are in :mod:`.llmfoundry_keys`;
+SHARD_GRAD_OP ZeRO-2 (which FSDP1 gathers and reduce-scatters block by block every micro-batch:
+``predictor.recipe.gathers_layers``), NO_SHARD (or no ``fsdp_config``) DDP, HYBRID_SHARD ZeRO-3
+sharded within each node (``layout.dp_shard``).  The keys and their sources are in :mod:`.llmfoundry_keys`;
 docs/launch-formats.md says what each becomes.
 """
 from __future__ import annotations
@@ -388,12 +389,11 @@ def _hybrid(v: View, f: Facts, strategy: str, s_origin: str, world: Optional[int
         if world % shard:
             raise CannotPredict(f"data_parallel_shard_degree {shard} does not divide the {world} GPUs "
                                 f"(Composer cannot build its device mesh)", origin)
-        if f.val("zero_stage") == 3 and shard < world:
-            f.set("hsdp_shard", shard, origin)
+        if shard < world:
+            _shard_group(f, shard, origin)
         return
     if rep is not None and rep > 1 and world and world % rep == 0:
-        if f.val("zero_stage") == 3:
-            f.set("hsdp_shard", world // rep, origin)
+        _shard_group(f, world // rep, origin)
         return
     if strategy == "HYBRID_SHARD":
         # Composer's hybrid default: shard within a node, replicate across nodes
@@ -401,9 +401,25 @@ def _hybrid(v: View, f: Facts, strategy: str, s_origin: str, world: Optional[int
             f.set("hsdp_shard", gpn, f"{s_origin} (HYBRID_SHARD: sharded over each node's {gpn} GPUs)")
         elif not gpn:
             f.warnings.append(f"HYBRID_SHARD: GPUs per node unknown; costed as FULL_SHARD ({s_origin})")
-    elif strategy == "_HYBRID_SHARD_ZERO2":
-        f.warnings.append(f"_HYBRID_SHARD_ZERO2 is costed as SHARD_GRAD_OP over all ranks (the hybrid groups "
-                          f"of ZeRO-2 are not modelled) ({s_origin})")
+    elif strategy == "_HYBRID_SHARD_ZERO2" and not (gpn and world and world <= gpn):
+        # Composer >= 0.24 builds a one-dimensional device mesh without a replicate degree and then
+        # runs SHARD_GRAD_OP (distributed/dist_strategy.py); earlier releases let FSDP shard within
+        # each node, as HYBRID_SHARD is read above
+        f.warnings.append(f"_HYBRID_SHARD_ZERO2 without data_parallel_replicate_degree is costed as SHARD_GRAD_OP "
+                          f"over all ranks, as Composer >= 0.24 runs it; earlier releases shard within each "
+                          f"node and all-reduce the gradient shards across nodes, which is not modelled ({s_origin})")
+
+
+def _shard_group(f: Facts, shard: int, origin: str) -> None:
+    """FSDP shards over groups of ``shard`` ranks (fewer than the world): ZeRO-3's hybrid sharding;
+    ZeRO-2's (Composer's _HYBRID_SHARD_ZERO2 on a two-dimensional mesh) is not modelled."""
+    if f.val("zero_stage") == 3:
+        f.set("hsdp_shard", shard, origin)
+    elif f.val("zero_stage") == 2:
+        f.warnings.append(f"hybrid ZeRO-2 is costed as SHARD_GRAD_OP over all ranks: each block gathered and its "
+                          f"gradients reduce-scattered every micro-batch over all the ranks, where FSDP runs "
+                          f"both within groups of {shard} ranks and all-reduces the gradient shards across "
+                          f"them ({origin})")
 
 
 def _batch(v: View, f: Facts, world: Optional[int], world_origin: str) -> None:
