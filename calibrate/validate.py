@@ -451,12 +451,13 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
                                      for f, v in stds.items()})
 
 
-def _identified(J: np.ndarray, sees: np.ndarray, resid: np.ndarray, among: Sequence[int]) -> dict[str, float]:
+def _identified(J: np.ndarray, sees: np.ndarray, resid: np.ndarray, among: Sequence[int],
+                names: Sequence[str] = FACTORS) -> dict[str, float]:
     """How well the runs pin each factor down: the standard deviation of its log fitted by least
     squares with every other candidate factor free (inf where collinear), for the candidates
     ``among`` (factor indices) that any of the runs sees.
 
-    ``resid``: the runs' log errors (predicted / measured); the scatter is what a least-squares fit
+    ``names``: the factor of each of J's columns.  ``resid``: the runs' log errors (predicted / measured); the scatter is what a least-squares fit
     of them on the candidates' elasticities leaves, per degree of freedom (never below
     :data:`_NOISE_FLOOR`); the standard deviation of factor j is that over the norm of
     the part of its elasticity column no combination of the other candidates' columns explains.
@@ -480,7 +481,7 @@ def _identified(J: np.ndarray, sees: np.ndarray, resid: np.ndarray, among: Seque
             col = col - others @ coef
         norm = float(np.linalg.norm(col))
         # Collinear to float precision (the elasticity of a factor is a cost share, exact to ~1e-6).
-        out[FACTORS[j]] = sigma / norm if norm > 1e-4 * max(float(np.linalg.norm(A[:, c])), 1e-12) else np.inf
+        out[names[j]] = sigma / norm if norm > 1e-4 * max(float(np.linalg.norm(A[:, c])), 1e-12) else np.inf
     return out
 
 

@@ -159,6 +159,7 @@ class _OperatorRows:
     gather: list[int] = field(default_factory=list)       # row -> its distinct regressor row
     distinct_rows: list[tuple[float, ...]] = field(default_factory=list)
     distinct_keys: list[str] = field(default_factory=list)
+    attention: list[bool] = field(default_factory=list)   # a fused attention kernel ([fitted] attention_scale)
 
 
 class QuerySet:
@@ -338,6 +339,7 @@ class QuerySet:
                     distinct_keys.append(model_key)
                 gather.append(at)
             handles.extend(h for h, _, _ in rows)
+            out.attention.extend([name.startswith("flash_atten")] * len(rows))
             if len(rows) <= _FLOAT_ROWS:
                 for _, shape, _ in rows:
                     roofs.append(op.roofline_seconds(shape, direction, precision, gpu))
@@ -401,6 +403,9 @@ class QuerySet:
             # [fitted] compute scale (perf-calibrate validate --fit): device time, never below the
             # roofline (no kernel beats it).
             t = np.maximum(t * plat.fitted.compute_scale, roof)
+        if plat.fitted is not None and plat.fitted.attention_scale != 1.0:
+            t = np.where(np.asarray(rows.attention, dtype=bool),
+                         np.maximum(t * plat.fitted.attention_scale, roof), t)
         return t, r, inside_a
 
     def _remember(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
@@ -1336,7 +1341,8 @@ class Predictor:
         details.interval_rule = rule.describe()
         if platform.fitted is not None:
             f = platform.fitted
-            details.fitted_scales = {"compute": f.compute_scale, "host": f.host_scale,
+            details.fitted_scales = {"compute": f.compute_scale, "attention": f.attention_scale,
+                                     "host": f.host_scale,
                                      "host_layer": f.host_layer_scale,
                                      "host_micro_batch": f.host_micro_batch_scale,
                                      "host_launch": f.host_launch_scale, "network": f.network_scale}

@@ -68,12 +68,14 @@ class Overheads:
 FITTED_SCALE_RANGE = (0.5, 2.0)
 
 
-# The scales of [fitted]: compute_scale on device time; host_scale (the one host scale of files
-# written before the host terms were split; new fits write 1) on the whole host issue time; the
-# three host terms of predictor/host.py, each on its own measured cost; and network_scale on the
-# time of communication between nodes.
-FITTED_SCALES = ("compute_scale", "host_scale", "host_layer_scale", "host_micro_batch_scale", "host_launch_scale",
-                 "network_scale")
+# The scales of [fitted]: compute_scale on device time; attention_scale on fused attention's
+# device time besides (a stack's attention kernel against the one the platform timed: its share of
+# a step grows with the sequence, so no compute scale can stand for it); host_scale (the one host
+# scale of files written before the host terms were split; new fits write 1) on the whole host
+# issue time; the three host terms of predictor/host.py, each on its own measured cost; and
+# network_scale on the time of communication between nodes.
+FITTED_SCALES = ("compute_scale", "attention_scale", "host_scale", "host_layer_scale", "host_micro_batch_scale",
+                 "host_launch_scale", "network_scale")
 
 
 # The mechanisms a job has or lacks (each "more than one": data-, tensor-, pipeline-, context-
@@ -178,9 +180,9 @@ def _check_scales(d: dict, scales: tuple[str, ...], prefix: str) -> None:
 @dataclass(frozen=True)
 class FittedTerms:
     """``[fitted]``: ``compute_scale`` multiplies every operator's device time (never below its
-    roofline); the host's issue time (:mod:`predictor.host`) is ``host_scale`` × (``host_layer_scale`` ×
-    the per-layer cost + ``host_micro_batch_scale`` × the per-micro-batch cost +
-    ``host_launch_scale`` × the launch cost); ``network_scale`` multiplies the time of every
+    roofline), ``attention_scale`` fused attention's once more; the host's issue time
+    (:mod:`predictor.host`) is ``host_scale`` × (``host_layer_scale`` × the per-layer cost +
+    ``host_micro_batch_scale`` × the per-micro-batch cost + ``host_launch_scale`` × the launch cost); ``network_scale`` multiplies the time of every
     collective and pipeline send whose ranks span nodes (the fabric under a whole job, against the
     collectives calibration timed alone); the rest says how they were fitted (the runs,
     leave-one-out MAPE before and after, when).  Every scale defaults to 1, so a file written
@@ -189,6 +191,7 @@ class FittedTerms:
     compute_scale: float = 1.0
     host_scale: float = 1.0
     runs: tuple[str, ...] = ()
+    attention_scale: float = 1.0
     loo_mape_before: float = 0.0
     loo_mape_after: float = 0.0
     fitted_at: str = ""

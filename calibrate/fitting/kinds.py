@@ -53,7 +53,7 @@ from predictor.validation import MeasuredRun
 log = logging.getLogger(__name__)
 
 FACTORS = KIND_SCALES
-LABEL = {"compute_scale": "compute", "host_layer_scale": "host per layer",
+LABEL = {"compute_scale": "compute", "attention_scale": "attention", "host_layer_scale": "host per layer",
          "host_micro_batch_scale": "host per micro-batch", "host_launch_scale": "host per launch",
          "network_scale": "network between nodes"}
 # A factor's prior: FITTED_SCALE_RANGE (a factor of 2 either way) as two standard deviations of
@@ -356,7 +356,7 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
     scores = np.log(measured / loo_int)
 
     from calibrate.validate import _identified     # the identification test validate uses
-    part_std = _identified(J, sees, y, among=active)
+    part_std = _identified(J, sees, y, among=active, names=FACTORS)
     partition = {}
     for j, f in enumerate(FACTORS):
         se = float(math.sqrt(max(cov[j, j], 0.0)))
@@ -370,7 +370,7 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
     for c, key in enumerate(kinds):
         m = kind_idx == c
         idx = np.flatnonzero(m)
-        std = _identified(J[m], sees[m], y[m], among=[j for j in active if sees[m, j].any()])
+        std = _identified(J[m], sees[m], y[m], among=[j for j in active if sees[m, j].any()], names=FACTORS)
         facs = {}
         for j, f in enumerate(FACTORS):
             if j not in active or not sees[m, j].any():

@@ -317,3 +317,29 @@ def test_above_the_cap_each_run_is_scored_by_the_fit_without_its_fold(tmp_path):
     kind = next(k for k in res.kinds if k.kind == kind_of(runs[i].job).key)
     own = [j for j, r in enumerate(runs) if kind_of(r.job).key == kind.kind]
     assert kind.scores[own.index(i)] == pytest.approx(math.log(runs[i].measured_iteration_seconds / p), abs=1e-12)
+
+
+def test_an_attention_kernel_slower_than_timed_is_learnt_apart_from_compute_and_carries_to_long_sequences(tmp_path):
+    """A stack whose fused attention runs 1.6x the platform's timed kernel (a Triton kernel on H100)
+    is off by more the longer its sequences: its runs at 2k-8k tokens give an attention scale, not a
+    compute scale, and a 32k-token job of the kind is predicted as the truth has it."""
+    d = _copy(tmp_path, "dgx-h100")
+    base = load_platform(d)
+    truth = dataclasses.replace(base, fitted=FittedTerms(attention_scale=1.6))
+    shapes = [(s, L, h) for s in (2048, 4096, 8192) for L, h in ((8, 2048), (12, 3072), (16, 4096), (8, 4096))]
+    jobs = [_with(_job(layers=L, hidden=h, heads=h // 128, seq=s, mb=1, mbs=4, recompute="none",
+                       attention="flash"), precision="bf16", framework="llm-foundry")
+            for s, L, h in shapes]
+    res = fit_hierarchical(base, _runs(jobs, truth, "att", noise=True))
+    (k,) = res.kinds
+    assert k.factors["attention_scale"].status == "fitted", k.factors["attention_scale"]
+    assert k.factors["attention_scale"].value == pytest.approx(1.6, rel=0.1)
+    assert k.factors["compute_scale"].value == pytest.approx(1.0, abs=0.05)
+    assert res.improves
+    plat = dataclasses.replace(base, fitted=res.terms())
+    long = _with(_job(layers=16, hidden=4096, heads=32, seq=32768, mb=1, mbs=4, recompute="none",
+                      attention="flash"), precision="bf16", framework="llm-foundry")
+    want = predict(long, truth).iteration_seconds
+    assert predict(long, base).iteration_seconds < 0.8 * want        # the models alone: far low
+    assert predict(long, plat).iteration_seconds == pytest.approx(want, rel=0.05)
+    assert predict(long, plat).details.fitted_scales["attention"] == pytest.approx(k.factors["attention_scale"].value, rel=1e-3)
