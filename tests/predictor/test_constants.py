@@ -118,7 +118,7 @@ def test_stack_constants_are_quoted_as_shipped():
     one = TrainingJob.from_dict({"model": {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 128},
                                  "layout": {"zero_stage": 3}, "run": {"precision": "bf16", "framework": "torchtitan"}})
     c = fsdp2_shard_copies(one.layout, "torchtitan", "bf16", "fp32", BYTES_PER_ELEMENT)
-    assert c.forward_bytes + c.backward_bytes == 38.0 and "38 counted" in _row("ShardCopies bytes")
+    assert c.forward_bytes + c.backward_bytes == 38.0 and "38 counted" in _row("ShardCopies bytes (FSDP2)")
     for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
         host = load_platform(name).host
         assert f"{1e3 * host.fsdp_layer_seconds:.2f} ms" in _row("fsdp_layer_seconds")
@@ -128,3 +128,11 @@ def test_stack_constants_are_quoted_as_shipped():
 def test_zero3_hooks_are_quoted_as_shipped():
     for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
         assert f"{1e3 * load_platform(name).host.zero3_layer_seconds:.2f} ms" in _row("zero3_layer_seconds")
+
+
+def test_the_fill_level_is_quoted_as_it_is():
+    from statistics import NormalDist
+
+    from slurm_plugin.policy import FILL_LEVEL
+    z = NormalDist().inv_cdf
+    assert f"| {FILL_LEVEL} (the 95 % upper end's log half-width × {z(FILL_LEVEL) / z(0.95):.3f})" in _row("FILL_LEVEL")
