@@ -4,8 +4,8 @@ Per partition (see :mod:`slurm_plugin.siteconfig`):
 
 - ``fill`` (default): no ``--time`` -> predicted total x (1 + margin) + startup, rounded *up* to
   ``round_minutes`` -- or, with ``cover_interval`` (default), the total at the prediction's upper
-  bound at :data:`FILL_LEVEL` (its interval's upper end, widened from 95 % to 98 %) if that is
-  longer: on a platform whose measured runs show it under-predicts (vista-gh200 by up to 37 %), a
+  bound at ``fill_level`` (default 0.98: its interval's upper end, widened from 95 % to 98 %) if
+  that is longer: on a platform whose measured runs show it under-predicts (vista-gh200 by up to 37 %), a
   15 % margin would get jobs killed -- capped at
   the partition's MaxTime (with a warning saying how many iterations fit).  With ``time_min``
   (default) ``--time-min`` is set too, to the point prediction + startup, so that backfill may
@@ -30,12 +30,9 @@ from typing import Optional
 
 from predictor.interval import ALPHA
 
-from .siteconfig import PartitionPolicy
+from .siteconfig import FILL_LEVEL, PartitionPolicy
 
 RECORD_TAG = "perfcast:v1"
-#: The share of a partition's jobs the filled limit is meant to let finish (issue 28: "the default
-#: fill kills <= 2 %"): the prediction's 90 % interval ends at its 95 % one-sided level.
-FILL_LEVEL = 0.98
 # Slurm's "no limit" markers as they reach job_submit.lua (NO_VAL, INFINITE).
 NO_VAL = 0xFFFFFFFE
 INFINITE = 0xFFFFFFFF
@@ -111,18 +108,18 @@ def fill_upper_iteration_seconds(pred: PredictionFacts, level: float = FILL_LEVE
     return point * (high / point) ** (normal.inv_cdf(level) / normal.inv_cdf(1.0 - ALPHA / 2.0))
 
 
-def upper_total_seconds(pred: PredictionFacts) -> float:
+def upper_total_seconds(pred: PredictionFacts, level: float = FILL_LEVEL) -> float:
     """The job's total with every iteration at :func:`fill_upper_iteration_seconds`."""
-    extra = max(0.0, fill_upper_iteration_seconds(pred) - pred.iteration_seconds)
+    extra = max(0.0, fill_upper_iteration_seconds(pred, level) - pred.iteration_seconds)
     return pred.total_seconds + pred.iterations * extra
 
 
 def recommended_minutes(pred: PredictionFacts, part: PartitionPolicy) -> int:
-    """max(predicted total x (1 + margin), the upper total at FILL_LEVEL if ``cover_interval``) +
+    """max(predicted total x (1 + margin), the upper total at ``fill_level`` if ``cover_interval``) +
     startup, rounded up to ``round_minutes`` (at least one step)."""
     seconds = _without_startup(pred.total_seconds, pred) * (1.0 + part.margin)
     if part.cover_interval:
-        seconds = max(seconds, _without_startup(upper_total_seconds(pred), pred))
+        seconds = max(seconds, _without_startup(upper_total_seconds(pred, part.fill_level), pred))
     return _round_up((seconds + startup_seconds(pred, part)) / 60.0, part.round_minutes)
 
 
@@ -202,8 +199,9 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
         tail = f"; time limit {_hm(user_limit)} replaced by {_hm(new_limit)} (site policy)"
     elif action == "set" and capped:
         tail = f"; time limit set to {_hm(new_limit)} (the partition's MaxTime)"
-    elif action == "set" and part.cover_interval and upper_total_seconds(pred) > pred.total_seconds * (1.0 + part.margin):
-        tail = (f"; time limit set to {_hm(new_limit)} (the prediction's {FILL_LEVEL:.0%} upper bound, "
+    elif action == "set" and part.cover_interval and \
+            upper_total_seconds(pred, part.fill_level) > pred.total_seconds * (1.0 + part.margin):
+        tail = (f"; time limit set to {_hm(new_limit)} (the prediction's {part.fill_level:.0%} upper bound, "
                 f"start-up {_hm(startup_seconds(pred, part) / 60.0)})")
     elif action == "set":
         tail = (f"; time limit set to {_hm(new_limit)} ({part.margin:.0%} margin, start-up "

@@ -20,7 +20,8 @@ partition's ``platform``)::
     [defaults]                               # every partition inherits these
     policy = "fill"                          # off | advise | fill | enforce
     margin = 0.15                            # limit = predicted total x (1 + margin) + startup
-    cover_interval = true                    # ... and at least the interval's upper end
+    cover_interval = true                    # ... and at least the prediction's upper bound
+    fill_level = 0.98                        # ... at this level (about 1 - this of jobs outrun it)
     time_min = true                          # fill/enforce also set --time-min to the point prediction
     startup_minutes = 5
     round_minutes = 5
@@ -90,6 +91,11 @@ class DaemonSettings:
     records: str = ""            # SQLite file of every prediction answered ("" = none kept)
 
 
+#: The share of a partition's jobs the filled limit is meant to let finish by default (issue 28: "the
+#: default fill kills <= 2 %"); the prediction's 90 % interval ends at its 95 % one-sided level.
+FILL_LEVEL = 0.98
+
+
 @dataclass(frozen=True)
 class PartitionPolicy:
     """How perfcast treats jobs of one partition (the defaults when ``name`` is empty)."""
@@ -98,7 +104,8 @@ class PartitionPolicy:
     platform: str = ""
     policy: str = "fill"
     margin: float = 0.15
-    cover_interval: bool = True              # the limit also covers the prediction's upper end
+    cover_interval: bool = True              # the limit also covers the prediction's upper bound
+    fill_level: float = FILL_LEVEL           # ... at this one-sided level (slurm_plugin.policy)
     time_min: bool = True                    # also set --time-min (point prediction + startup)
     startup_minutes: float = 5.0
     round_minutes: int = 5
@@ -323,6 +330,9 @@ def _check_policy(p: PartitionPolicy, where: str, path: str) -> None:
                               f"{', '.join(POLICIES)}")
     if not 0 <= p.margin <= 10:
         raise SiteConfigError(f"{path}: {where}.margin: must be between 0 and 10")
+    if not 0.95 <= p.fill_level <= 0.999:
+        # Below 0.95 the limit would cover less than the 90 % interval's own upper end.
+        raise SiteConfigError(f"{path}: {where}.fill_level: must be between 0.95 and 0.999")
     if not 0 <= p.startup_minutes <= 24 * 60:
         raise SiteConfigError(f"{path}: {where}.startup_minutes: must be between 0 and 1440")
     if not 1 <= p.round_minutes <= 24 * 60:

@@ -28,6 +28,8 @@ def test_defaults_with_platform_manage_every_partition():
     ({"partitions": {"gpu": {}}}, "partitions.gpu.platform"),
     ({"partitions": {"gpu": {"platform": "x", "policy": "reject"}}}, "partitions.gpu.policy"),
     ({"defaults": {"margin": "lots"}}, "defaults.margin"),
+    ({"defaults": {"fill_level": 0.9}}, "defaults.fill_level: must be between 0.95 and 0.999"),
+    ({"partitions": {"gpu": {"platform": "x", "fill_level": 1.0}}}, "partitions.gpu.fill_level"),
     ({"daemon": {"socket": "relative.sock"}}, "daemon.socket"),
     ({"daemon": {"sokcet": "/x"}}, "daemon.sokcet"),
     ({"extra": {}}, "unknown section"),
