@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Host costs of a framework's parallelism per layer, on this CPU (one gloo rank, one thread).
 
-    python benchmarks/bench_stack_host.py [--repeats 40] [--rounds 3] [--json OUT]
+    python benchmarks/bench_stack_host.py [--deepspeed | --checkpoint [--checkpoint-layer gpt|block]]
+                                          [--repeats 40] [--rounds 3] [--json OUT]
 
 * per tensor-parallel collective: Megatron-style layers timed with their 4 all-reduces per layer
   and micro-batch (autograd functions around ``all_reduce``) and without; the difference of the
@@ -11,13 +12,22 @@
   difference of the per-layer slopes of forward + backward: FSDP's unshard / reshard /
   reduce-scatter hooks;
 * with ``--deepspeed`` (needs the deepspeed package) only: DeepSpeed's engine at ZeRO stage 3
-  against stage 0, the difference of the per-layer slopes: ZeRO-3's per-module hooks.
+  against stage 0, the difference of the per-layer slopes: ZeRO-3's per-module hooks;
+* with ``--checkpoint`` only: each activation-checkpointing wrapper's own host work per layer
+  (Megatron-core's reentrant function with its RNG tracker, DeepSpeed's
+  ``deepspeed.checkpointing.checkpoint``, PyTorch's non-reentrant ``checkpoint_wrapper`` plain and
+  with TorchTitan's op-level selective policy, reentrant ``torch.utils.checkpoint`` for
+  reference): the per-layer slope of forward + backward with every layer wrapped, less the slope
+  without a wrapper, less the slope of one forward (charged apart as ``layer_forward_seconds``),
+  over 2, 8 and 16 layers of the GPT-shaped layer ``perf-calibrate host`` times (what ships), or
+  with ``--checkpoint-layer block`` of the tiny LayerNorm + MLP block above.
 
 One rank, so that no collective waits for a peer: what is left is the host's issuing, which a GPU
 node's CPU pays too (NCCL spends the transfers on the device).
 
 Measurement code: calibrate/stack_host.py.  Committed runs: benchmarks/data/stack-host/*.json
-(what scripts/build_platforms.py ships as the [host] prior: collective_seconds, fsdp_layer_seconds).
+(what scripts/build_platforms.py ships as the [host] prior: collective_seconds,
+zero3_layer_seconds, checkpoint_layer_seconds).
 A benchmark, not a test: the figures depend on this machine and on what else runs on it.
 """
 from __future__ import annotations
@@ -36,16 +46,21 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from calibrate.stack_host import deepspeed_zero3_costs, fsdp_costs, one_rank_group, tp_collective_costs  # noqa: E402
+from calibrate.stack_host import (checkpoint_costs, deepspeed_zero3_costs, fsdp_costs,  # noqa: E402
+                                  one_rank_group, tp_collective_costs)
 
 LAYERS = (1, 2, 4, 8)
+CHECKPOINT_LAYERS = (2, 8, 16)
 
 
-def measure(repeats: int, rounds: int, deepspeed: bool = False) -> dict:
+def measure(repeats: int, rounds: int, deepspeed: bool = False, checkpoint: bool = False,
+            checkpoint_layer: str = "gpt") -> dict:
     torch.set_num_threads(1)
     one_rank_group()
     if deepspeed:
         return {"deepspeed_zero3": deepspeed_zero3_costs(LAYERS, repeats, rounds)}
+    if checkpoint:
+        return {"checkpoint": checkpoint_costs(CHECKPOINT_LAYERS, repeats, rounds, layer=checkpoint_layer)}
     return {"tp": tp_collective_costs(LAYERS, repeats, rounds), "fsdp": fsdp_costs(LAYERS, repeats, rounds)}
 
 
@@ -63,10 +78,22 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--deepspeed", action="store_true", help="DeepSpeed's ZeRO-3 hooks (only)")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--deepspeed", action="store_true", help="DeepSpeed's ZeRO-3 hooks (only)")
+    which.add_argument("--checkpoint", action="store_true",
+                       help="the activation-checkpointing wrappers' own host work per layer (only)")
+    ap.add_argument("--checkpoint-layer", choices=("gpt", "block"), default="gpt",
+                    help="with --checkpoint: the layer wrapped (default: the GPT-shaped layer, what ships)")
     args = ap.parse_args()
-    r = measure(args.repeats, args.rounds, args.deepspeed)
-    if args.deepspeed:
+    load_at_start = os.getloadavg()[0]
+    r = measure(args.repeats, args.rounds, args.deepspeed, args.checkpoint, args.checkpoint_layer)
+    if args.checkpoint:
+        c = r["checkpoint"]
+        slopes = ", ".join(f"{k} {1e6 * v:.0f}" for k, v in c["layer_seconds"].items())
+        for wrapper, seconds in c["checkpoint_layer_seconds"].items():
+            print(f"checkpoint wrapper {wrapper}: {1e6 * seconds:.1f} µs per layer and micro-batch")
+        print(f"(layer slopes µs: {slopes})")
+    elif args.deepspeed:
         z = r["deepspeed_zero3"]
         print(f"DeepSpeed ZeRO-3 hooks: {1e6 * z['zero3_hook_layer_seconds']:.1f} µs per layer and micro-batch "
               f"(layer slope {1e6 * z['zero3_layer_seconds']:.0f} µs stage 3, {1e6 * z['zero0_layer_seconds']:.0f} µs "
@@ -79,9 +106,10 @@ def main() -> int:
             "host": platform.node(), "cpu": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
             "ranks": 1, "threads_per_rank": 1, "backend": "gloo", "repeats": args.repeats,
-            "rounds": args.rounds, "layers": list(LAYERS),
-            "load": "shared 2-core VM; other sessions' work running; fastest quarter of interleaved repeats"}
-        if args.deepspeed:
+            "rounds": args.rounds, "layers": list(CHECKPOINT_LAYERS if args.checkpoint else LAYERS),
+            "load": "shared 2-core VM; other sessions' work running; fastest quarter of interleaved repeats",
+            "load_average_1m": {"start": round(load_at_start, 2), "end": round(os.getloadavg()[0], 2)}}
+        if args.deepspeed or args.checkpoint:
             import deepspeed
             r["provenance"]["deepspeed"] = deepspeed.__version__
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -89,18 +89,24 @@ def fastest_quarter(values: Sequence[float]) -> float:
 
 def _time_micro_batches(model: nn.Module, repeats: int) -> list[float]:
     """Seconds of one forward + backward, ``repeats`` times, after warm-up: a DeepSpeed engine's
-    own backward (it keeps its gradients), else autograd's with the gradients dropped."""
+    own backward (it keeps its gradients), else autograd's with the gradients dropped; a
+    ``forward_only`` model's forward alone (autograd recording)."""
     engine = model.engine if isinstance(model, _Engine) else None
-    x = torch.randn(TOKENS, HIDDEN)
+    forward_only = getattr(model, "forward_only", False)
+    # A layer's input inside a model requires grad (a reentrant checkpoint's backward needs it).
+    x = torch.randn(TOKENS, getattr(model, "width", HIDDEN), requires_grad=isinstance(model, _Wrapped))
     out = []
     for i in range(repeats + 3):
         t0 = time.perf_counter()
         if engine is not None:
             engine.backward(model(x).float().sum())
+        elif forward_only:
+            model(x).sum()
         else:
             model(x).sum().backward()
         dt = time.perf_counter() - t0
         if engine is None:
+            x.grad = None
             for p in model.parameters():
                 p.grad = None
         if i >= 3:
@@ -263,9 +269,9 @@ def fake_group() -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=FAKE_RANKS)
 
 
-def _fsdp1_model(n: int) -> nn.Module:
-    """Composer's defaults: one unit per block, FULL_SHARD, BACKWARD_POST prefetch,
-    ``limit_all_gathers``, ``use_orig_params``."""
+def _fsdp1_model(n: int, strategy: str = "FULL_SHARD") -> nn.Module:
+    """Composer's defaults: one unit per block, ``strategy`` (FULL_SHARD; SHARD_GRAD_OP is
+    llm-foundry's ZeRO-2), BACKWARD_POST prefetch, ``limit_all_gathers``, ``use_orig_params``."""
     import warnings
 
     from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
@@ -277,7 +283,7 @@ def _fsdp1_model(n: int) -> nn.Module:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return FSDP(model, auto_wrap_policy=per_block, device_id=torch.device("cpu"),
-                    sharding_strategy=ShardingStrategy.FULL_SHARD, backward_prefetch=BackwardPrefetch.BACKWARD_POST,
+                    sharding_strategy=ShardingStrategy[strategy], backward_prefetch=BackwardPrefetch.BACKWARD_POST,
                     limit_all_gathers=True, use_orig_params=True)
 
 
@@ -297,21 +303,26 @@ def _ddp_no_comm(n: int) -> nn.Module:
 
 
 def fsdp1_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
-    """Per-layer forward + backward seconds under DDP, FSDP1 and FSDP2, each FSDP's hooks per layer
-    and micro-batch (its slope less DDP's) and their ratio (:func:`fake_group` must be up)."""
+    """Per-layer forward + backward seconds under DDP, FSDP1 (FULL_SHARD), FSDP1 SHARD_GRAD_OP
+    (``fsdp1_zero2``: no reshard after the forward, so no unshard before the backward) and FSDP2,
+    each FSDP's hooks per layer and micro-batch (its slope less DDP's) and their ratios
+    (:func:`fake_group` must be up)."""
     import warnings
+    from functools import partial
 
     torch.manual_seed(0)
-    build = {"ddp": _ddp_no_comm, "fsdp1": _fsdp1_model, "fsdp2": _fsdp_model}
+    build = {"ddp": _ddp_no_comm, "fsdp1": _fsdp1_model, "fsdp1_zero2": partial(_fsdp1_model, strategy="SHARD_GRAD_OP"),
+             "fsdp2": _fsdp_model}
     models = {(kind, n): make(n) for n in layers for kind, make in build.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         per = _interleaved(models, repeats, rounds)
     ns = list(layers)
     slope = {kind: _slope(ns, [per[(kind, n)] for n in ns]) for kind in build}
-    return {"layer_seconds": slope,
-            "hook_layer_seconds": {k: slope[k] - slope["ddp"] for k in ("fsdp1", "fsdp2")},
-            "fsdp1_over_fsdp2": (slope["fsdp1"] - slope["ddp"]) / (slope["fsdp2"] - slope["ddp"]),
+    hooks = {k: slope[k] - slope["ddp"] for k in build if k != "ddp"}
+    return {"layer_seconds": slope, "hook_layer_seconds": hooks,
+            "fsdp1_over_fsdp2": hooks["fsdp1"] / hooks["fsdp2"],
+            "fsdp1_zero2_over_fsdp1": hooks["fsdp1_zero2"] / hooks["fsdp1"],
             "per_config": {f"{k}_{n}": s for (k, n), s in per.items()}}
 
 
@@ -368,3 +379,217 @@ def gpu_compiled_layer_ratio(rows: Sequence[dict]) -> dict:
     job_dict, depths, slope = _depth_series(rows, ("compile", "ddp"))
     return {"ratio": slope["compile"] / slope["ddp"], "slope_seconds": slope, "depths": depths,
             "micro_batches": int(job_dict["layout"]["micro_batches"])}
+
+
+# --- Activation checkpointing wrappers: their own host work per layer ------------------------------
+
+#: The checkpoint wrappers measured (predictor.host.CHECKPOINT_WRAPPERS names the shipped ones):
+#: Megatron-core's reentrant CheckpointFunction with its RNG tracker (:class:`_TrackedCheckpoint`, a
+#: stand-in written for this CPU), DeepSpeed's ``deepspeed.checkpointing.checkpoint``, PyTorch's
+#: non-reentrant ``checkpoint_wrapper`` (TorchTitan's and Composer's), the same with TorchTitan's
+#: op-level selective policy, and plain reentrant ``torch.utils.checkpoint`` for reference.
+CHECKPOINT_WRAPPERS = ("megatron", "deepspeed", "torch", "torch_op_sac", "torch_reentrant")
+#: Generator states Megatron-core's tracker keeps (data-parallel, tensor-parallel, expert-parallel).
+TRACKED_RNG_STATES = 3
+
+
+class _RngTracker:
+    """Megatron-core's CUDA RNG tracker as this CPU can run it: named generators whose states the
+    checkpoint copies with the process's own generator state, and sets back around the recompute."""
+
+    def __init__(self, states: int = TRACKED_RNG_STATES):
+        self.generators = [torch.Generator().manual_seed(1234 + i) for i in range(states)]
+
+    def snapshot(self) -> tuple:
+        # CPU generator, then the "device" generator (the CPU's again here), then the tracker's.
+        return (torch.get_rng_state(), torch.get_rng_state(), [g.get_state() for g in self.generators])
+
+    def restore(self, states: tuple) -> None:
+        cpu, device, tracked = states
+        torch.set_rng_state(cpu)
+        torch.set_rng_state(device)
+        for g, s in zip(self.generators, tracked):
+            g.set_state(s)
+
+
+class _TrackedCheckpoint(torch.autograd.Function):
+    """A reentrant checkpoint as Megatron-core's ``tensor_parallel.checkpoint`` runs one: the RNG
+    states copied before a no-grad forward, the inputs saved; in the backward the states swapped
+    in, the inputs detached, the forward run again with grad and back-propagated inside this
+    function's backward, the states swapped back."""
+
+    @staticmethod
+    def forward(ctx, run, tracker: _RngTracker, *args):      # type: ignore[override]
+        ctx.run, ctx.tracker = run, tracker
+        ctx.states = tracker.snapshot()
+        with torch.no_grad():
+            out = run(*args)
+        ctx.save_for_backward(*args)
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):                                # type: ignore[override]
+        if not torch.autograd._is_checkpoint_valid():
+            raise RuntimeError("a reentrant checkpoint needs .backward(), not .grad()")
+        inputs = ctx.saved_tensors
+        now = ctx.tracker.snapshot()
+        ctx.tracker.restore(ctx.states)
+        detached = tuple(x.detach().requires_grad_(x.requires_grad) for x in inputs)
+        with torch.enable_grad():
+            out = ctx.run(*detached)
+        ctx.tracker.restore(now)
+        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        torch.autograd.backward(outs, grads)
+        return (None, None) + tuple(x.grad for x in detached)
+
+
+def _op_sac_policy():
+    """TorchTitan's op-level selective checkpointing policy in spirit: every other matmul's output
+    saved, everything else recomputed (its save list's other ops, attention and reduce-scatter, are
+    not in these blocks)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    matmuls = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+    def policy(ctx, op, *args, **kwargs) -> "CheckpointPolicy":   # noqa: ANN001
+        if op in matmuls:
+            key = "recompute_matmuls" if ctx.is_recompute else "forward_matmuls"
+            seen = ctx.__dict__.setdefault(key, 0)
+            ctx.__dict__[key] = seen + 1
+            if seen % 2 == 0:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
+
+
+class _OneRankMpu:
+    """The model-parallel unit deepspeed.checkpointing.configure asks for: one rank, no TP."""
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+    def get_model_parallel_group(self):  # noqa: ANN201
+        return dist.group.WORLD
+
+    get_data_parallel_rank = get_model_parallel_rank
+
+
+def _deepspeed_checkpoint():
+    """``deepspeed.checkpointing.checkpoint``, configured as GPT-NeoX and Megatron-DeepSpeed do at
+    one model-parallel rank (no activation partitioning), its RNG tracker seeded (a gloo group must
+    be up; needs the deepspeed package)."""
+    import os
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    from deepspeed.utils import logger as ds_logger
+    ds_logger.setLevel(logging.ERROR)
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    deepspeed.checkpointing.configure(_OneRankMpu(), partition_activations=False)
+    tracker = deepspeed.checkpointing.get_cuda_rng_tracker()
+    if not tracker.get_states():
+        deepspeed.checkpointing.model_parallel_cuda_manual_seed(1234)
+    return deepspeed.checkpointing.checkpoint
+
+
+class _GptLayer(nn.Module):
+    """Layer ``i`` of a :class:`calibrate.gpt_model.FlatGPT` as a module (what a wrapper wraps)."""
+
+    def __init__(self, gpt, i: int):  # noqa: ANN001
+        super().__init__()
+        self.gpt, self.i = gpt, i
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gpt._layer(self.i, x)
+
+
+def gpt_layers(n: int) -> list[nn.Module]:
+    """``n`` layers of the GPT-shaped model at the tiny shape ``perf-calibrate host`` times
+    ``layer_seconds`` and ``layer_forward_seconds`` at (calibrate/host.py), fp32 on the CPU."""
+    from predictor.job import TrainingJob
+
+    from .gpt_model import FlatGPT
+    from .host import _TINY
+    job = TrainingJob.from_dict({
+        "model": {"layers": n, "hidden": _TINY.hidden, "heads": _TINY.heads, "seq_len": _TINY.seq,
+                  "vocab": _TINY.vocab, "attention": "flash", "pos_emb": "rotary"},
+        "layout": {"micro_batch": 1, "micro_batches": 1, "zero_stage": 0, "recompute": "none"},
+        "run": {"precision": "fp32"}, "cluster": {"gpus_per_node": 1}})
+    gpt = FlatGPT(job, "cpu", 1)
+    return [_GptLayer(gpt, i) for i in range(n)]
+
+
+#: The layers a checkpoint wrapper is measured around: the GPT-shaped layer (what ships: the
+#: non-reentrant wrappers' hooks act per saved tensor and per op, so the layer's op count matters)
+#: and the tiny LayerNorm + MLP :class:`Block`.
+CHECKPOINT_LAYERS = ("gpt", "block")
+
+
+class _Wrapped(nn.Module):
+    """``n`` layers (``layer``: :data:`CHECKPOINT_LAYERS`), each called through ``wrapper`` (none:
+    as they are); ``forward_only``: timed without the backward (:func:`_time_micro_batches`)."""
+
+    def __init__(self, n: int, wrapper: str, forward_only: bool = False, layer: str = "gpt"):
+        super().__init__()
+        from functools import partial
+
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
+                                                                                  checkpoint_wrapper)
+        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+        self.forward_only = forward_only
+        if layer not in CHECKPOINT_LAYERS:
+            raise ValueError(f"unknown layer {layer!r} (known: {', '.join(CHECKPOINT_LAYERS)})")
+        blocks = gpt_layers(n) if layer == "gpt" else [Block() for _ in range(n)]
+        # The GPT layers take (seq · micro-batch, hidden) = (TOKENS, their hidden), as the blocks do.
+        self.width = blocks[0].gpt.h if layer == "gpt" else HIDDEN
+        self.calls = None
+        if wrapper == "torch":
+            blocks = [checkpoint_wrapper(b, checkpoint_impl=CheckpointImpl.NO_REENTRANT) for b in blocks]
+        elif wrapper == "torch_op_sac":
+            # TorchTitan's op-level SAC: its policy as a context function, no RNG state kept.
+            context = partial(create_selective_checkpoint_contexts, _op_sac_policy())
+            blocks = [checkpoint_wrapper(b, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=context,
+                                         preserve_rng_state=False) for b in blocks]
+        elif wrapper == "torch_reentrant":
+            self.calls = lambda b, x: checkpoint(b, x, use_reentrant=True)
+        elif wrapper == "megatron":
+            tracker = _RngTracker()
+            self.calls = lambda b, x: _TrackedCheckpoint.apply(b, tracker, x)
+        elif wrapper == "deepspeed":
+            ds_checkpoint = _deepspeed_checkpoint()
+            self.calls = lambda b, x: ds_checkpoint(b, x)
+        elif wrapper != "none":
+            raise ValueError(f"unknown checkpoint wrapper {wrapper!r} (known: none, {', '.join(CHECKPOINT_WRAPPERS)})")
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x) if self.calls is None else self.calls(b, x)
+        return x
+
+
+def checkpoint_costs(layers: Sequence[int], repeats: int, rounds: int,
+                     wrappers: Sequence[str] = CHECKPOINT_WRAPPERS, layer: str = "gpt") -> dict:
+    """Each checkpoint wrapper's own host work per layer and micro-batch: the per-layer slope of
+    forward + backward with every block wrapped, less the slope without a wrapper, less the slope
+    of one forward with autograd recording (what a full recomputation's repeat is charged apart as
+    ``layer_forward_seconds``), around ``layer`` (:data:`CHECKPOINT_LAYERS`).  The input requires
+    grad, as a layer's input inside a model does (a reentrant checkpoint's backward runs only
+    then).  A gloo group must be up for ``deepspeed``."""
+    torch.manual_seed(0)
+    models: dict[tuple[str, int], nn.Module] = {}
+    for n in layers:
+        models[("none", n)] = _Wrapped(n, "none", layer=layer)
+        models[("forward", n)] = _Wrapped(n, "none", forward_only=True, layer=layer)
+        for w in wrappers:
+            models[(w, n)] = _Wrapped(n, w, layer=layer)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        per = _interleaved(models, repeats, rounds)
+    ns = list(layers)
+    slope = {k: _slope(ns, [per[(k, n)] for n in ns]) for k in ("none", "forward", *wrappers)}
+    return {"layer": layer, "layer_seconds": slope,
+            "checkpoint_layer_seconds": {w: slope[w] - slope["none"] - slope["forward"] for w in wrappers},
+            "per_config": {f"{k}_{n}": s for (k, n), s in per.items()}}

@@ -37,7 +37,7 @@ from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gathers_layers,
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import attention, fp8, memory, overlap, tp_overlap
-from .host import FSDP_FRAMEWORKS, engine_for as host_engine_for
+from .host import FSDP_FRAMEWORKS, checkpoint_wrapper_for, engine_for as host_engine_for, fsdp_hook_share
 from .interval import IntervalRule, interval_seconds
 from .job import DEEPSPEED_PIPELINE_FRAMEWORKS, TrainingJob
 from .kinds import kind_of
@@ -937,7 +937,9 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
                                           collective_calls=n * layer_calls + len(pipeline.p2p[i][0].parts)
                                           + len(pipeline.p2p[i][1].parts),
                                           fsdp_layers=n if fsdp else 0, compiled=job.run.compile,
-                                          zero3_layers=n if zero3 else 0)
+                                          zero3_layers=n if zero3 else 0,
+                                          checkpoint=checkpoint_wrapper_for(job.run.framework, lay.recompute),
+                                          fsdp_share=fsdp_hook_share(job.run.framework, lay.zero_stage))
                   for i, n in enumerate(sizes)]
     return stage_host, plat.host.engine_step_seconds(engine, plat.fitted)
 

@@ -20,6 +20,11 @@ A platform carries the measured host costs in ``platform.toml``::
     zero3_layer_seconds = 1.0e-3       # DeepSpeed ZeRO-3's per-module hooks, per layer and
                                        # micro-batch (zero_stage 3 under a DeepSpeed framework)
     source = "perf-calibrate host on ..., torch ..., date"
+    [host.checkpoint_layer_seconds]    # an activation-checkpointing wrapper's own work per layer
+    megatron = 8.7e-5                  # and micro-batch, beyond the repeated forward (see
+    deepspeed = 1.3e-4                 # CHECKPOINT_WRAPPERS); a wrapper not named costs nothing
+    torch = 3.3e-4
+    torch_op_sac = 5.4e-4
     [host.operators.linear1]           # one isolated call's host issue time, per direction
     fwd = 1.9e-5
     bwd = 1.2e-4
@@ -70,6 +75,13 @@ ENGINES = ("deepspeed_pipeline", "deepspeed")
 _ENGINE_KEYS = ("step_seconds", "micro_batch_seconds", "layer_seconds")
 _OPTIONAL = {"launch_seconds": 0.0, "layer_forward_seconds": -1.0, "collective_seconds": -1.0,
              "fsdp_layer_seconds": 0.0, "zero3_layer_seconds": 0.0}
+#: Activation-checkpointing wrappers whose own host work per layer and micro-batch ``[host.
+#: checkpoint_layer_seconds]`` carries (benchmarks/bench_stack_host.py --checkpoint): Megatron-
+#: core's reentrant ``tensor_parallel.checkpoint`` (its RNG tracker's states copied and swapped),
+#: DeepSpeed's ``deepspeed.checkpointing.checkpoint``, PyTorch's non-reentrant
+#: ``checkpoint_wrapper`` (saved-tensor hooks), and that wrapper with TorchTitan's op-level
+#: selective policy (a dispatch mode over every op, forward and recompute).
+CHECKPOINT_WRAPPERS = ("megatron", "deepspeed", "torch", "torch_op_sac")
 #: Frameworks whose ZeRO-2/3 is PyTorch FSDP (FSDP2's fully_shard per layer), whose per-layer hooks
 #: ``fsdp_layer_seconds`` measures; llm-foundry's FSDP1 hooks cost 0.96-0.98 of FSDP2's
 #: (benchmarks/bench_fsdp1_host.py).  DeepSpeed's ZeRO-3 hooks are another mechanism, measured
@@ -81,6 +93,11 @@ FSDP_FRAMEWORKS = ("torchtitan", "llm-foundry")
 #: gpu_compiled_layer_ratio).  That module's graph breaks at every layer, so a fully compiled
 #: layer launches fewer kernels still: the ratio is an upper bound.
 COMPILED_LAYER_HOST_RATIO = 0.635
+#: llm-foundry's ZeRO-2 is FSDP1 SHARD_GRAD_OP: no reshard after the forward, so no unshard
+#: before the backward; its hooks cost this share of FULL_SHARD's per layer (benchmarks/
+#: bench_fsdp1_host.py on a fake 2-rank group: the median of the three runs that measured it,
+#: benchmarks/data/fsdp1-host/cpu-{4,5,6}.json, 0.68-0.73).
+FSDP1_SHARD_GRAD_OP_HOOK_RATIO = 0.699
 # Host costs are per-call overheads of microseconds to milliseconds; a value past this is a unit
 # mistake (µs written as seconds), not a slow CPU.
 _MAX_SECONDS = 1.0
@@ -121,6 +138,38 @@ class EngineCosts:
         return cls(source=source, **{k: _seconds(d[k], where, f"{key}.{k}") for k in _ENGINE_KEYS})
 
 
+def checkpoint_wrapper_for(framework: str, recompute: str) -> str:
+    """The :data:`CHECKPOINT_WRAPPERS` entry that checkpoints a job's layers, once per layer and
+    micro-batch, or "" without recomputation.  Full and selective recomputation wrap each layer
+    once: Megatron's selective recomputation checkpoints the attention core through the same
+    function as its full one (Megatron-DeepSpeed's through DeepSpeed's once configured), and
+    TorchTitan's selective one is op-level SAC around the whole layer."""
+    if recompute not in ("full", "selective"):
+        return ""
+    # GPT-NeoX, DeepSpeed and Megatron-DeepSpeed configure deepspeed.checkpointing (mpu, RNG
+    # tracker) and route their layers' checkpoints through it.
+    if framework in DEEPSPEED_PIPELINE_FRAMEWORKS:
+        return "deepspeed"
+    if framework in ("megatron", "nemo"):
+        return "megatron"
+    if framework == "torchtitan" and recompute == "selective":
+        return "torch_op_sac"
+    if not framework and recompute == "selective":
+        # perfcast's selective recomputation is Megatron's (the attention core); PyTorch's
+        # non-reentrant hooks, measured around a whole layer, would overstate a wrap of the core.
+        return "megatron"
+    # TorchTitan's full AC and Composer's (llm-foundry) wrap blocks in PyTorch's non-reentrant
+    # checkpoint_wrapper; a job that names no framework is costed as perfcast's own training
+    # step runs full recomputation (calibrate/gpt_model.py: torch.utils.checkpoint, non-reentrant).
+    return "torch"
+
+
+def fsdp_hook_share(framework: str, zero_stage: int) -> float:
+    """The share of ``fsdp_layer_seconds`` (FULL_SHARD's hooks) a layer pays under ``framework``'s
+    FSDP at ``zero_stage``: :data:`FSDP1_SHARD_GRAD_OP_HOOK_RATIO` for llm-foundry's ZeRO-2."""
+    return FSDP1_SHARD_GRAD_OP_HOOK_RATIO if framework == "llm-foundry" and zero_stage == 2 else 1.0
+
+
 def engine_for(framework: str, pp: int) -> str:
     """The engine of :data:`ENGINES` that runs a job of ``framework`` with ``pp`` stages, or ""
     (a job that names no framework is not assumed to run one: the paper's runs and perfcast's own
@@ -144,6 +193,8 @@ class HostCosts:
     fsdp_layer_seconds: float = 0.0         # FSDP's hooks per layer and micro-batch
     zero3_layer_seconds: float = 0.0        # DeepSpeed ZeRO-3's hooks per layer and micro-batch
     source: str = ""
+    # CHECKPOINT_WRAPPERS -> its own host work per layer and micro-batch (absent: none)
+    checkpoint_layer_seconds: Mapping[str, float] = field(default_factory=dict)
     operators: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # op -> direction -> s
     engines: Mapping[str, EngineCosts] = field(default_factory=dict)          # ENGINES -> costs
 
@@ -151,10 +202,10 @@ class HostCosts:
     def from_dict(cls, d: Mapping[str, Any], where: str) -> "HostCosts":
         if not isinstance(d, Mapping):
             raise BundleError(f"{where}: [host] must be a table")
-        unknown = set(d) - set(_KEYS) - {"source", "operators", "engines"}
+        unknown = set(d) - set(_KEYS) - {"source", "operators", "engines", "checkpoint_layer_seconds"}
         if unknown:
             raise BundleError(f"{where}: unknown [host] keys {sorted(unknown)} (known: {', '.join(_KEYS)}, "
-                              f"source, operators, engines)")
+                              f"source, operators, engines, checkpoint_layer_seconds)")
         values = {}
         for key in _KEYS:
             v = d.get(key, _OPTIONAL.get(key))
@@ -182,7 +233,16 @@ class HostCosts:
         if bad:
             raise BundleError(f"{where}: unknown [host.engines] {bad} (known: {', '.join(ENGINES)})")
         per_engine = {name: EngineCosts.from_dict(t, where, name) for name, t in engines.items()}
-        return cls(source=source, operators=per_op, engines=per_engine, **values)
+        wrappers = d.get("checkpoint_layer_seconds", {})
+        if not isinstance(wrappers, Mapping):
+            raise BundleError(f"{where}: [host.checkpoint_layer_seconds] must be a table of seconds per wrapper")
+        bad = sorted(set(wrappers) - set(CHECKPOINT_WRAPPERS))
+        if bad:
+            raise BundleError(f"{where}: unknown [host.checkpoint_layer_seconds] wrappers {bad} "
+                              f"(known: {', '.join(CHECKPOINT_WRAPPERS)})")
+        checkpoint = {w: _seconds(v, where, f"host.checkpoint_layer_seconds.{w}") for w, v in wrappers.items()}
+        return cls(source=source, operators=per_op, engines=per_engine, checkpoint_layer_seconds=checkpoint,
+                   **values)
 
     def call_seconds(self, op: str, direction: str, precision: str = "") -> float:
         """Host time of one isolated call of ``op`` (0 when not measured).  FP8 GEMM samples are
@@ -194,6 +254,7 @@ class HostCosts:
         d = asdict(self)
         d["operators"] = {op: dict(dirs) for op, dirs in self.operators.items()}
         d["engines"] = {name: asdict(e) for name, e in self.engines.items()}
+        d["checkpoint_layer_seconds"] = dict(self.checkpoint_layer_seconds)
         return d
 
     @property
@@ -204,25 +265,31 @@ class HostCosts:
     def stage_seconds(self, layers: int, collectives: float, recompute: str,
                       fitted: "HostScales | None" = None, engine: str = "",
                       collective_calls: float = 0.0, fsdp_layers: int = 0, compiled: bool = False,
-                      zero3_layers: int = 0) -> float:
+                      zero3_layers: int = 0, checkpoint: str = "", fsdp_share: float = 1.0) -> float:
         """Host time to issue one micro-batch's forward and backward on a stage of ``layers``.
 
         ``collectives`` counts the kernel launches beyond a plain layer's kernels (FP8 casts,
         userbuffer chunks), ``collective_calls`` the collectives issued through c10d (TP
         all-reduces, pipeline and context-parallel sends), ``fsdp_layers`` the layers FSDP wraps
         (each paying its hooks), ``zero3_layers`` those DeepSpeed's ZeRO-3 partitions (each paying
-        its hooks), ``compiled`` a model under torch.compile (each layer's issue
-        time :data:`COMPILED_LAYER_HOST_RATIO` of eager's);
-        full recomputation issues every layer's forward a second time, in the backward.
+        its hooks, ``fsdp_share`` of ``fsdp_layer_seconds`` each: :func:`fsdp_hook_share`),
+        ``compiled`` a model under torch.compile (each layer's issue time
+        :data:`COMPILED_LAYER_HOST_RATIO` of eager's);
+        full recomputation issues every layer's forward a second time, in the backward, and so does
+        op-level SAC (``torch_op_sac``: its policy serves the saved ops from a cache, but the
+        layer's code runs again); ``checkpoint`` (:func:`checkpoint_wrapper_for`) is the wrapper
+        around each recomputed layer, whose own work ``checkpoint_layer_seconds`` adds per layer.
         ``engine`` (:func:`engine_for`): the framework engine's own work per micro-batch and per
         layer is added where the platform measured it.
         ``fitted``: the platform's ``[fitted]`` terms (perf-calibrate validate --fit), if any: the
         per-layer, per-micro-batch and launch costs each times its own scale, all times ``host_scale``.
         """
         layer = self.layer_seconds
-        if recompute == "full":
+        if recompute == "full" or (recompute == "selective" and checkpoint == "torch_op_sac"):
             # Without a forward figure of its own, the whole layer bounds what the repeat adds.
             layer += self.layer_forward_seconds if self.layer_forward_seconds >= 0 else self.layer_seconds
+        if recompute in ("full", "selective") and checkpoint:
+            layer += self.checkpoint_layer_seconds.get(checkpoint, 0.0)
         if compiled:
             layer *= COMPILED_LAYER_HOST_RATIO
         micro_batch = self.micro_batch_seconds
@@ -231,7 +298,7 @@ class HostCosts:
             layer += e.layer_seconds
             micro_batch += e.micro_batch_seconds
         launches = collectives * self.launch_seconds + collective_calls * self.collective_call_seconds
-        layer_total = layers * layer + fsdp_layers * self.fsdp_layer_seconds \
+        layer_total = layers * layer + fsdp_layers * fsdp_share * self.fsdp_layer_seconds \
             + zero3_layers * self.zero3_layer_seconds
         if fitted is None:
             return layer_total + micro_batch + launches
@@ -252,4 +319,6 @@ class HostCosts:
         return e.step_seconds * (fitted.host_scale if fitted is not None else 1.0)
 
 
-__all__ = ["COMPILED_LAYER_HOST_RATIO", "ENGINES", "FSDP_FRAMEWORKS", "EngineCosts", "HostCosts", "engine_for"]
+__all__ = ["CHECKPOINT_WRAPPERS", "COMPILED_LAYER_HOST_RATIO", "ENGINES", "FSDP1_SHARD_GRAD_OP_HOOK_RATIO",
+           "FSDP_FRAMEWORKS", "EngineCosts", "HostCosts", "checkpoint_wrapper_for", "engine_for",
+           "fsdp_hook_share"]

@@ -46,6 +46,7 @@ from calibrate.importers import import_estimate_train_time  # noqa: E402
 from calibrate.stack_host import gpu_fsdp_layer_seconds  # noqa: E402
 from calibrate.validate import load_runs, validate_platform  # noqa: E402
 from predictor.bundle import MANIFEST, load_bundle  # noqa: E402
+from predictor.host import CHECKPOINT_WRAPPERS  # noqa: E402
 from predictor.operators import GpuSpec  # noqa: E402
 from predictor.platform import PLATFORM_FILE, pin_platform_bundles, write_platform  # noqa: E402
 from predictor.job import TrainingJob  # noqa: E402
@@ -157,27 +158,36 @@ def host_prior(path: Path) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def stack_prior() -> tuple[dict, str]:
-    """The per-collective host cost and DeepSpeed ZeRO-3's per-layer hooks of
-    benchmarks/bench_stack_host.py (the medians over ``stack-host/cpu-*.json`` and
-    ``deepspeed-zero3-*.json``) and FSDP2's per-layer cost from the lent H100's real FSDP2 and DDP
-    steps (calibrate.stack_host.gpu_fsdp_layer_seconds), and the source that says so; read once."""
+    """The per-collective host cost, DeepSpeed ZeRO-3's per-layer hooks and each activation-
+    checkpointing wrapper's own per-layer work of benchmarks/bench_stack_host.py (the medians over
+    ``stack-host/cpu-*.json``, ``deepspeed-zero3-*.json`` and ``checkpoint-N.json``) and FSDP2's
+    per-layer cost from the lent H100's real FSDP2 and DDP steps
+    (calibrate.stack_host.gpu_fsdp_layer_seconds), and the source that says so; read once."""
     folder, gpu_steps = RUNS / "stack-host", RUNS / "h100-lent" / "stacks" / "stacks2.json"
     runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("cpu-*.json"))]
     zero3_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("deepspeed-zero3-*.json"))]
+    # checkpoint-N.json wrap the GPT-shaped layer (what ships); checkpoint-block-N.json the tiny block.
+    ckpt_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("checkpoint-[0-9]*.json"))]
     collective = statistics.median(r["tp"]["collective_seconds"] for r in runs)
     zero3 = statistics.median(r["deepspeed_zero3"]["zero3_hook_layer_seconds"] for r in zero3_runs)
+    # A wrapper's figure is a difference of slopes: one below zero would be noise, shipped as none.
+    checkpoint = {w: round(max(0.0, statistics.median(r["checkpoint"]["checkpoint_layer_seconds"][w]
+                                                      for r in ckpt_runs)), 8) for w in CHECKPOINT_WRAPPERS}
     steps = json.loads(gpu_steps.read_text(encoding="utf-8"))
     fsdp = gpu_fsdp_layer_seconds(steps["rows"], H100.memory_gbps * 1e9)
     meta, zmeta, gpu = runs[0]["provenance"], zero3_runs[0]["provenance"], steps["provenance"]
+    cmeta = ckpt_runs[0]["provenance"]
     values = {"collective_seconds": round(collective, 8), "fsdp_layer_seconds": round(fsdp["fsdp_layer_seconds"], 7),
-              "zero3_layer_seconds": round(zero3, 7)}
+              "zero3_layer_seconds": round(zero3, 7), "checkpoint_layer_seconds": checkpoint}
     note = (f"; collective_seconds: prior from benchmarks/bench_stack_host.py (median of {len(runs)} runs, "
             f"one gloo rank, {meta['cpu']}, torch {meta['torch']}); fsdp_layer_seconds: FSDP2 less DDP per "
             f"layer and micro-batch, less FSDP2's copies, on the lent {gpu['gpu']} (torch {gpu['torch']}, "
             f"{gpu['date'][:10]}, depths {'/'.join(map(str, fsdp['depths']))}: benchmarks/data/h100-lent/stacks); "
             f"zero3_layer_seconds: DeepSpeed {zmeta['deepspeed']} ZeRO-3 less stage 0 per layer, "
             f"benchmarks/bench_stack_host.py --deepspeed (median of {len(zero3_runs)} runs, one gloo rank, "
-            f"{zmeta['cpu']})")
+            f"{zmeta['cpu']}); checkpoint_layer_seconds: each wrapper's fwd+bwd less the plain layer's less one "
+            f"forward, per GPT-shaped layer, benchmarks/bench_stack_host.py --checkpoint (median of {len(ckpt_runs)} runs, "
+            f"{cmeta['cpu']}, torch {cmeta['torch']}, deepspeed {cmeta['deepspeed']})")
     return values, note
 
 
@@ -192,8 +202,8 @@ def with_stack_prior(table: dict) -> dict:
 
 def apply_host_priors() -> None:
     """Write the host prior into the platforms built from the paper's samples (and dgx-a100), and
-    the engines' and the per-collective / per-FSDP-layer priors into every shipped platform's
-    [host] (dgx-h100 keeps its measured costs)."""
+    the engines' and the per-collective / per-FSDP-layer / per-checkpoint-wrapper priors into every
+    shipped platform's [host] (dgx-h100 keeps its measured costs)."""
     prior = host_prior(RUNS / "h100-lent" / "host.toml")
     for plat in ("perlmutter-a100", "vista-gh200", "dgx-a100", "dgx-h100"):
         path = OUT / plat / "platform.toml"

@@ -50,12 +50,15 @@ def test_fsdp1_fsdp2_and_ddp_slopes_are_measured(fake_two_ranks):
     from torch.distributed.fsdp import ShardingStrategy
     units = [m for m in stack_host._fsdp1_model(2).modules() if isinstance(m, FSDP)]
     assert len(units) == 3 and all(u.sharding_strategy == ShardingStrategy.FULL_SHARD for u in units)
+    units = [m for m in stack_host._fsdp1_model(2, "SHARD_GRAD_OP").modules() if isinstance(m, FSDP)]
+    assert len(units) == 3 and all(u.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP for u in units)
     r = stack_host.fsdp1_costs((1, 2), repeats=3, rounds=1)
     slope, hooks = r["layer_seconds"], r["hook_layer_seconds"]
-    for kind in ("fsdp1", "fsdp2"):
+    for kind in ("fsdp1", "fsdp1_zero2", "fsdp2"):
         assert hooks[kind] == pytest.approx(slope[kind] - slope["ddp"])
     assert r["fsdp1_over_fsdp2"] == pytest.approx(hooks["fsdp1"] / hooks["fsdp2"])
-    assert set(r["per_config"]) == {f"{k}_{n}" for k in ("ddp", "fsdp1", "fsdp2") for n in (1, 2)}
+    assert r["fsdp1_zero2_over_fsdp1"] == pytest.approx(hooks["fsdp1_zero2"] / hooks["fsdp1"])
+    assert set(r["per_config"]) == {f"{k}_{n}" for k in ("ddp", "fsdp1", "fsdp1_zero2", "fsdp2") for n in (1, 2)}
     assert all(v > 0 for v in r["per_config"].values())
 
 
@@ -113,3 +116,57 @@ def test_deepspeed_zero3_hooks_are_measured_per_layer(one_rank):
     assert set(r["per_config"]) == {"zero0_1", "zero0_2", "zero3_1", "zero3_2"}
     assert all(v > 0 for v in r["per_config"].values())
     assert r["zero3_hook_layer_seconds"] == pytest.approx(r["zero3_layer_seconds"] - r["zero0_layer_seconds"])
+
+
+def test_the_shard_grad_op_ratio_is_the_committed_measurement():
+    import json
+    import statistics
+    from pathlib import Path
+
+    from predictor.host import FSDP1_SHARD_GRAD_OP_HOOK_RATIO
+    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "fsdp1-host"
+    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("cpu-*.json"))]
+    ratios = [r["fsdp1_zero2_over_fsdp1"] for r in runs if "fsdp1_zero2_over_fsdp1" in r]
+    assert len(ratios) >= 3
+    assert FSDP1_SHARD_GRAD_OP_HOOK_RATIO == pytest.approx(statistics.median(ratios), abs=5e-4)
+
+
+@pytest.mark.parametrize("layer", stack_host.CHECKPOINT_LAYERS)
+def test_checkpoint_wrappers_compute_what_the_bare_layers_do(one_rank, layer):
+    """Each wrapper's layers give the unwrapped layers' output and input gradient (the same
+    weights), so what the timing compares is the wrapper's own work, not other arithmetic."""
+    wrappers = [w for w in stack_host.CHECKPOINT_WRAPPERS if w != "deepspeed"]
+    try:
+        import deepspeed  # noqa: F401
+        wrappers.append("deepspeed")
+    except ImportError:
+        pass
+    torch.manual_seed(0)
+    bare = stack_host._Wrapped(2, "none", layer=layer)
+    x = torch.randn(stack_host.TOKENS, bare.width, requires_grad=True)
+    want = bare(x)
+    (want_grad,) = torch.autograd.grad(want.sum(), x)
+    for w in wrappers:
+        torch.manual_seed(0)
+        model = stack_host._Wrapped(2, w, layer=layer)
+        for mine, theirs in zip(model.parameters(), bare.parameters(), strict=True):
+            assert torch.equal(mine, theirs)
+        xw = x.detach().requires_grad_(True)
+        out = model(xw)
+        assert torch.allclose(out, want, atol=1e-6), w
+        out.sum().backward()
+        assert torch.allclose(xw.grad, want_grad, atol=1e-6), w
+
+
+def test_checkpoint_costs_are_the_slopes_less_the_plain_layer_and_one_forward(one_rank):
+    r = stack_host.checkpoint_costs((1, 2), repeats=3, rounds=1, wrappers=("megatron", "torch", "torch_op_sac"),
+                                    layer="block")
+    slope = r["layer_seconds"]
+    assert r["layer"] == "block"
+    for w in ("megatron", "torch", "torch_op_sac"):
+        assert r["checkpoint_layer_seconds"][w] == pytest.approx(slope[w] - slope["none"] - slope["forward"])
+    assert set(r["per_config"]) == {f"{k}_{n}" for k in ("none", "forward", "megatron", "torch", "torch_op_sac")
+                                    for n in (1, 2)}
+    assert all(v > 0 for v in r["per_config"].values())
+    with pytest.raises(ValueError, match="unknown checkpoint wrapper 'apex'"):
+        stack_host._Wrapped(1, "apex")

@@ -84,3 +84,97 @@ def test_a_compiled_model_issues_its_layers_at_the_measured_share():
     with pytest.raises(Exception, match="run.compile"):
         TrainingJob.from_dict({"model": {"layers": 4, "hidden": 512, "heads": 8, "seq_len": 1024},
                                "run": {"compile": "sometimes"}})
+
+
+def _recompute_job(recompute: str, framework: str, layers: int = 4) -> TrainingJob:
+    return TrainingJob.from_dict({"model": {"layers": layers, "hidden": 512, "heads": 8, "seq_len": 1024},
+                                  "layout": {"micro_batch": 1, "micro_batches": 2, "recompute": recompute,
+                                             "zero_stage": 0},
+                                  "run": {"precision": "bf16", **({"framework": framework} if framework else {})}})
+
+
+@pytest.mark.parametrize("framework,wrapper", [("", "torch"), ("megatron", "megatron"), ("nemo", "megatron"),
+                                               ("neox", "deepspeed"), ("megatron-deepspeed", "deepspeed"),
+                                               ("torchtitan", "torch"), ("llm-foundry", "torch")])
+def test_full_recomputation_pays_the_forward_and_its_frameworks_wrapper_per_layer(framework, wrapper):
+    from predictor.host import checkpoint_wrapper_for
+    plat = load_platform("dgx-h100")
+    h = plat.host
+    assert checkpoint_wrapper_for(framework, "full") == wrapper
+    assert checkpoint_wrapper_for(framework, "none") == ""
+    assert h.checkpoint_layer_seconds[wrapper] > 0
+    none = _host_per_micro_batch(_recompute_job("none", framework), plat)[0]
+    full = _host_per_micro_batch(_recompute_job("full", framework), plat)[0]
+    assert full - none == pytest.approx(4 * (h.layer_forward_seconds + h.checkpoint_layer_seconds[wrapper]))
+    # A platform file written before the wrappers were measured charges the forward alone, as before.
+    old = dataclasses.replace(plat, host=dataclasses.replace(h, checkpoint_layer_seconds={}))
+    assert _host_per_micro_batch(_recompute_job("full", framework), old)[0] - none == \
+        pytest.approx(4 * h.layer_forward_seconds)
+
+
+def test_selective_recomputation_pays_one_wrapper_per_layer():
+    plat = load_platform("dgx-h100")
+    h = plat.host
+    # Megatron checkpoints the attention core once per layer (its recomputed kernels are few).
+    none = _host_per_micro_batch(_recompute_job("none", "megatron"), plat)[0]
+    sel = _host_per_micro_batch(_recompute_job("selective", "megatron"), plat)[0]
+    assert sel - none == pytest.approx(4 * h.checkpoint_layer_seconds["megatron"])
+    # TorchTitan's op-level SAC wraps the whole layer: its code runs again in the backward.
+    none = _host_per_micro_batch(_recompute_job("none", "torchtitan"), plat)[0]
+    sac = _host_per_micro_batch(_recompute_job("selective", "torchtitan"), plat)[0]
+    assert sac - none == pytest.approx(4 * (h.layer_forward_seconds + h.checkpoint_layer_seconds["torch_op_sac"]))
+    # A job that names no framework recomputes selectively as Megatron does (the attention core).
+    none = _host_per_micro_batch(_recompute_job("none", ""), plat)[0]
+    sel = _host_per_micro_batch(_recompute_job("selective", ""), plat)[0]
+    assert sel - none == pytest.approx(4 * h.checkpoint_layer_seconds["megatron"])
+
+
+def test_llm_foundry_zero2_pays_the_measured_share_of_the_fsdp_hooks():
+    from predictor.host import FSDP1_SHARD_GRAD_OP_HOOK_RATIO
+    plat = load_platform("dgx-h100")
+    base = {"model": {"layers": 4, "hidden": 512, "heads": 8, "seq_len": 1024},
+            "layout": {"dp": 8, "micro_batch": 1, "micro_batches": 1, "recompute": "none"},
+            "run": {"precision": "bf16", "framework": "llm-foundry"}}
+
+    def host(stage: int, framework: str = "llm-foundry") -> float:
+        job = TrainingJob.from_dict({**base, "layout": {**base["layout"], "zero_stage": stage},
+                                     "run": {**base["run"], "framework": framework}})
+        return _host_per_micro_batch(job, plat)[0]
+    assert 0 < FSDP1_SHARD_GRAD_OP_HOOK_RATIO < 1
+    assert host(2) - host(1) == pytest.approx(4 * FSDP1_SHARD_GRAD_OP_HOOK_RATIO * plat.host.fsdp_layer_seconds)
+    assert host(3) - host(1) == pytest.approx(4 * plat.host.fsdp_layer_seconds)
+    # TorchTitan's FSDP2 was not measured without its reshard: its ZeRO-2 pays the whole figure.
+    assert host(2, "torchtitan") - host(1, "torchtitan") == pytest.approx(4 * plat.host.fsdp_layer_seconds)
+
+
+def test_checkpoint_table_is_validated():
+    good = {"layer_seconds": 1e-3, "micro_batch_seconds": 1e-3}
+    h = HostCosts.from_dict({**good, "checkpoint_layer_seconds": {"megatron": 2e-4}}, "p.toml")
+    assert h.checkpoint_layer_seconds == {"megatron": 2e-4}
+    assert h.to_dict()["checkpoint_layer_seconds"] == {"megatron": 2e-4}
+    assert HostCosts.from_dict(good, "p.toml").checkpoint_layer_seconds == {}
+    with pytest.raises(BundleError, match=r"unknown \[host.checkpoint_layer_seconds\] wrappers \['apex'\]"):
+        HostCosts.from_dict({**good, "checkpoint_layer_seconds": {"apex": 1e-4}}, "p.toml")
+    with pytest.raises(BundleError, match="host.checkpoint_layer_seconds.torch must be"):
+        HostCosts.from_dict({**good, "checkpoint_layer_seconds": {"torch": 250.0}}, "p.toml")
+    with pytest.raises(BundleError, match=r"\[host.checkpoint_layer_seconds\] must be a table"):
+        HostCosts.from_dict({**good, "checkpoint_layer_seconds": 1e-4}, "p.toml")
+
+
+def test_shipped_platforms_carry_the_measured_checkpoint_wrappers():
+    # Each shipped [host] carries the median of the committed --checkpoint runs per wrapper: a
+    # measurement that was not written back (build_platforms.py --only host-priors) fails here.
+    import json
+    import statistics
+    from pathlib import Path
+
+    from predictor.host import CHECKPOINT_WRAPPERS
+    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "stack-host"
+    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("checkpoint-[0-9]*.json"))]
+    assert len(runs) >= 3 and all(r["checkpoint"]["layer"] == "gpt" for r in runs)
+    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+        host = load_platform(name).host
+        assert set(host.checkpoint_layer_seconds) == set(CHECKPOINT_WRAPPERS), name
+        for w in CHECKPOINT_WRAPPERS:
+            median = statistics.median(r["checkpoint"]["checkpoint_layer_seconds"][w] for r in runs)
+            assert host.checkpoint_layer_seconds[w] == pytest.approx(max(0.0, median), rel=1e-4), (name, w)
