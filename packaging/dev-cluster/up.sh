@@ -420,6 +420,18 @@ for _ in $(seq 1 100); do
 done
 case "$st" in idle|mix|alloc|comp) ;; *) die "node dev001 is '$st' (see $BASE/log/slurmd-dev001.log)";; esac
 
+# ---- perf-predictd's lookup of Slurm's partitions (for its user socket: cli_filter.lua's
+# requests name none), which could only succeed once slurmctld answered: "up" means it is done,
+# so that the first submission through cli_filter.lua finds the partitions known.
+if [ "${PERFCAST_DEV_NO_DAEMON:-0}" != 1 ] && [ -s "$BASE/run/predictd.pid" ]; then
+  dpid="$(cat "$BASE/run/predictd.pid")"
+  for _ in $(seq 1 150); do
+    awk -v ready="event=ready pid=$dpid " 'index($0, ready) {seen = 1}
+      seen && /event=slurm_partitions/ {found = 1} END {exit !found}' "$BASE/log/predictd.log" && break
+    sleep 0.1
+  done
+fi
+
 # ---- perf-calibrate watch, every 15 s (after slurmctld: it asks it for the running jobs)
 if [ "${PERFCAST_DEV_NO_WATCH:-0}" != 1 ] && ! alive "$BASE/run/watch.pid" "$(basename "$PY")" \
    && ! alive "$BASE/run/watch.pid" python3; then

@@ -22,6 +22,7 @@ import stat
 import struct
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Optional, Union
 
 from ..records import PredictionRecord, new_record_id, record_key
@@ -95,6 +96,15 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await fut
 
 
+@dataclass(eq=False)
+class _Computation:
+    """A prediction in a worker: the pool's job (promoted when a request starts waiting for it)
+    and its outcome, decoded once for every request that joins it."""
+
+    job: "asyncio.Future[bytes]"
+    outcome: "asyncio.Future[Outcome]"
+
+
 class PredictServer:
     """The asyncio Unix-socket server; ``engine`` is swapped whole on reload.
 
@@ -115,7 +125,7 @@ class PredictServer:
         self.freeze_gc = freeze_gc
         self.pool = WorkerPool(engine.run_work, worker_count(self.settings),
                                max_queue=self.settings.max_queue, warmup=engine.warm_up)
-        self.servers: list[asyncio.AbstractServer] = []
+        self.servers: list[_Listener] = []
         self.stats: collections.Counter[str] = collections.Counter()
         self._reloading: Optional[asyncio.Task] = None
         self._in_flight = 0
@@ -147,23 +157,29 @@ class PredictServer:
             self.records.tick()
             self._ticker = asyncio.get_running_loop().call_later(0.5, self._tick)
 
-    async def _listen(self, path: str, mode: int, user_mode: bool) -> asyncio.AbstractServer:
+    async def _listen(self, path: str, mode: int, user_mode: bool) -> "_Listener":
         prepare_socket_path(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # no window in which the socket is wider than asked
         try:
-            server = await asyncio.get_running_loop().create_unix_server(
-                lambda: _Connection(self, user_mode), path=path, backlog=1024)
+            sock.bind(path)
+        except OSError:
+            sock.close()
+            raise
         finally:
             os.umask(old)
+        sock.listen(1024)
+        sock.setblocking(False)
         os.chmod(path, mode)
         if os.geteuid() == 0 and not user_mode:
             try:
                 os.chown(path, 0, pwd.getpwnam(self.settings.slurm_user).pw_gid)
             except KeyError:
                 pass
+        listener = _Listener(self, sock, user_mode)
         log_event("listening", socket=path, mode=oct(mode), user_mode=user_mode,
                   workers=self.pool.size)
-        return server
+        return listener
 
     def _answer(self, engine: Engine, req: PredictRequest, deadline: float,
                 fields: dict[str, Any]) -> "Union[Answer, Awaitable[Answer]]":
@@ -233,43 +249,48 @@ class PredictServer:
         """The outcome for ``key``: joining a computation already in flight (a warm-up) if there
         is one, else computed by a worker ahead of any warm-up still queued."""
         t_pool = time.monotonic()
-        fut = engine.pending.get(key)
-        if fut is not None:
+        comp: Optional[_Computation] = engine.pending.get(key)
+        if comp is not None:
             fields["joined"] = 1
-            self.pool.promote(fut)    # a warm-up still queued: slurmctld waits for it now
+            self.pool.promote(comp.job)    # a warm-up still queued: slurmctld waits for it now
             try:
-                raw = await asyncio.wait_for(asyncio.shield(fut),
+                out = await asyncio.wait_for(asyncio.shield(comp.outcome),
                                              max(0.001, deadline - time.monotonic()) + BACKSTOP_S)
             except (PoolBusy, WorkerOverrun, WorkerDied):
                 # The warm-up failed (its own deadline, a crash): compute as if it never ran.
                 if deadline - time.monotonic() <= MIN_JOIN_LEFT_S:
                     raise
-                fut = None
+                comp = None
             else:
-                out = Outcome.from_json(raw)
                 engine.take_warmed(key)     # kept for this request only
                 if not out.timely and deadline - time.monotonic() > MIN_JOIN_LEFT_S:
-                    fut = None              # cut short by the warm-up's clock, not by ours
-        if fut is None:
-            fut = self._start(engine, routed, key, deadline, warm=False)
-            raw = await asyncio.wait_for(asyncio.shield(fut),
+                    comp = None             # cut short by the warm-up's clock, not by ours
+        if comp is None:
+            comp = self._start(engine, routed, key, deadline, warm=False)
+            out = await asyncio.wait_for(asyncio.shield(comp.outcome),
                                          max(0.001, deadline - time.monotonic()) + BACKSTOP_S)
-            out = Outcome.from_json(raw)
         if log.isEnabledFor(logging.DEBUG):
             fields["worker_ms"] = out.compute_ms
             fields["pool_ms"] = round((time.monotonic() - t_pool) * 1e3, 3)
         return out
 
     def _start(self, engine: Engine, routed: Route, key: str, deadline: float,
-               warm: bool) -> "asyncio.Future[bytes]":
+               warm: bool) -> "_Computation":
         """Hand the work to the pool (raises PoolBusy); its outcome is kept when it comes."""
-        fut = self.pool.submit(engine.work(routed, deadline), deadline, urgent=not warm)
-        engine.pending[key] = fut
+        job = self.pool.submit(engine.work(routed, deadline), deadline, urgent=not warm)
+        comp = _Computation(job, job.get_loop().create_future())
+        engine.pending[key] = comp
 
         def settled(f: "asyncio.Future[bytes]") -> None:
-            if engine.pending.get(key) is f:
+            if engine.pending.get(key) is comp:
                 del engine.pending[key]
-            if f.cancelled() or f.exception() is not None:
+            if f.cancelled():
+                comp.outcome.cancel()
+                return
+            exc = f.exception()
+            if exc is not None:
+                comp.outcome.set_exception(exc)
+                comp.outcome.exception()   # seen here: a warm-up nobody joined fails quietly
                 return
             out = Outcome.from_json(f.result())
             if out.cacheable:
@@ -277,8 +298,9 @@ class PredictServer:
             elif warm and out.timely:
                 # Read files: kept only for the one request it was computed ahead of.
                 engine.warmed.put(key, (time.monotonic() + WARM_KEEP_S, out))
-        fut.add_done_callback(settled)
-        return fut
+            comp.outcome.set_result(out)
+        job.add_done_callback(settled)
+        return comp
 
     def _finish(self, engine: Engine, routed: Route, out: Outcome, req: PredictRequest) -> Answer:
         """The policy's answer; a prediction is also recorded (off the loop, by the writer's
@@ -371,35 +393,73 @@ class PredictServer:
         return {"served": sum(self.stats.values()), **dict(sorted(self.pool.stats.items())), **records}
 
 
-class _Connection(asyncio.Protocol):
+ACCEPT_BATCH = 64          # connections accepted per wake-up, so other events are served too
+ACCEPT_RETRY_S = 1.0       # out of file descriptors: stop accepting this long (as asyncio does)
+READ_BYTES = 256 * 1024
+
+
+class _Listener:
+    """A listening socket: each connection is read and answered on the event loop's thread."""
+
+    def __init__(self, server: PredictServer, sock: socket.socket, user_mode: bool):
+        self.server, self.sock, self.user_mode = server, sock, user_mode
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(sock.fileno(), self._accept)
+        self.closed = False
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:   # EMFILE and the like: pause rather than spin
+                log_event("accept_failed", level=logging.ERROR, error=exc.strerror or str(exc))
+                self.loop.remove_reader(self.sock.fileno())
+                self.loop.call_later(ACCEPT_RETRY_S, self._resume)
+                return
+            conn.setblocking(False)
+            _Connection(self.server, conn, self.user_mode, self.loop).start()
+
+    def _resume(self) -> None:
+        if not self.closed:
+            self.loop.add_reader(self.sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+
+class _Connection:
     """One connection: one request read (bounded, by its deadline), answered, closed.
 
-    A protocol rather than a stream reader and a task per connection: an answer that needs no
-    worker (a cache hit, a warm-up handed over, a refusal) is given in the callback that read the
-    request, which is most of the daemon's own time per request.
+    Plain non-blocking socket calls on the loop's thread rather than a transport, a stream reader
+    and a task per connection: job_submit.lua has usually sent its request by the time it is
+    accepted, so an answer that needs no worker (a cache hit, a warm-up handed over, a refusal)
+    is read, decided and written in the one callback -- most of the daemon's own time per request.
     """
 
-    def __init__(self, server: PredictServer, user_mode: bool):
-        self.server = server
-        self.user_mode = user_mode
+    def __init__(self, server: PredictServer, sock: socket.socket, user_mode: bool,
+                 loop: asyncio.AbstractEventLoop):
+        self.server, self.sock, self.user_mode, self.loop = server, sock, user_mode, loop
         self.engine = server.engine   # a reload mid-request must not change what this one sees
         self.fields: dict[str, Any] = {}
         self.fmt = "lines"
         self.event = "request"
         self.buffer: Optional[RequestBuffer] = None     # while the request is being read
-        self.transport: Optional[asyncio.Transport] = None
+        self.reading = False                            # a reader is registered for the socket
         self.timer: Optional[asyncio.TimerHandle] = None
         self.answered = False
-        self.t0 = 0.0
+        self.t0 = time.monotonic()
         self.peer = (-1, -1, -1)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport   # type: ignore[assignment]
-        self.t0 = time.monotonic()
+    def start(self) -> None:
         self.server._in_flight += 1
         settings = self.engine.config.daemon
         try:
-            self.peer = peer_credentials(transport.get_extra_info("socket"))
+            self.peer = peer_credentials(self.sock)
         except OSError:
             pass
         pid, uid, _ = self.peer
@@ -409,38 +469,46 @@ class _Connection(asyncio.Protocol):
                                message="perfcast: this socket serves only slurmctld"))
             return
         self.buffer = RequestBuffer(request_limit(settings.max_request_bytes))
-        self.timer = asyncio.get_running_loop().call_at(
-            self.t0 + settings.deadline_ms / 1000.0, self._too_late)
+        self.timer = self.loop.call_at(self.t0 + settings.deadline_ms / 1000.0, self._too_late)
+        self._read()
 
-    def data_received(self, data: bytes) -> None:
-        if self.buffer is None:
-            return                     # answered already; anything after the request is ignored
-        try:
-            raw = self.buffer.feed(data)
-        except RequestTooLarge:
-            self.buffer = None
-            self._reply(_too_large())
-            return
-        if raw is not None:
-            self._received(raw)
+    def _read(self) -> None:
+        while self.buffer is not None:
+            try:
+                data = self.sock.recv(READ_BYTES)
+            except (BlockingIOError, InterruptedError):
+                if not self.reading:
+                    self.loop.add_reader(self.sock.fileno(), self._read)
+                    self.reading = True
+                return
+            except OSError:
+                data = b""             # reset by the client: whatever came is all there is
+            if not data:               # EOF: a request need not end with a newline
+                self._received(self.buffer.end())
+                return
+            try:
+                raw = self.buffer.feed(data)
+            except RequestTooLarge:
+                self.buffer = None
+                self._reply(_too_large())
+                return
+            if raw is not None:
+                self._received(raw)
 
-    def eof_received(self) -> bool:
-        if self.buffer is not None:
-            self._received(self.buffer.end())
-        return True                    # half-closed by the client: the answer still goes out
-
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        if self.buffer is not None:    # gone before the request was whole
-            self._received(self.buffer.end())
+    def _stop_reading(self) -> None:
+        self.buffer = None
+        if self.reading:
+            self.loop.remove_reader(self.sock.fileno())
+            self.reading = False
 
     def _too_late(self) -> None:
         self.timer = None
         if self.buffer is not None:
-            self.buffer = None
+            self._stop_reading()
             self._reply(_too_slow(self.engine.config.daemon.deadline_ms))
 
     def _received(self, raw: bytes) -> None:
-        self.buffer = None
+        self._stop_reading()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -462,7 +530,9 @@ class _Connection(asyncio.Protocol):
             del raw
             if timing:
                 fields["parsed_ms"] = _ms_since(self.t0)
-            if self.user_mode and not req.partition_max_time and not engine.partitions_looked_up():
+            # (a warm-up does not wait: one that starts late helps nobody)
+            if (self.user_mode and not req.warm and not req.partition_max_time
+                    and not engine.partitions_looked_up()):
                 answer = self.server._answer_later(engine, req, settings.deadline_ms, fields)
             else:
                 answer = self.server._answer(engine, req, self.t0 + settings.deadline_ms / 1000.0,
@@ -496,27 +566,55 @@ class _Connection(asyncio.Protocol):
         if self.answered:
             return
         self.answered = True
-        fields, transport = self.fields, self.transport
+        self._stop_reading()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        fields = self.fields
         if "parsed_ms" in fields:
             fields["answered_ms"] = _ms_since(self.t0)
         self.server.stats[answer.status] += 1
         if answer.partition:
             fields["partition"] = answer.partition
-        assert transport is not None
-        if not transport.is_closing():
-            transport.write(answer.encode(self.fmt))
-        if transport.is_closing():      # the client went: Lua gave up already, the job went on
+        data = answer.encode(self.fmt)
+        try:
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:                 # the client went: Lua gave up already, the job went on
+            sent = -1
             fields["write"] = "failed"
+        if 0 <= sent < len(data):       # a client that does not take its answer: briefly
+            self._send_rest(memoryview(data)[sent:], time.monotonic() + WRITE_GRACE_S)
         else:
-            if transport.get_write_buffer_size():    # a client that does not read its answer
-                asyncio.get_running_loop().call_later(WRITE_GRACE_S, transport.abort)
-            transport.close()
+            self.sock.close()
         self.server._in_flight -= 1
         log_event(self.event, status=answer.status, reason=answer.reason,
                   time_limit=answer.time_limit if answer.time_limit is not None else "-",
                   ms=round((time.monotonic() - self.t0) * 1e3, 2),
                   level=logging.WARNING if answer.status in ("refused", "error") else logging.INFO,
                   **fields)
+
+    def _send_rest(self, rest: memoryview, until: float) -> None:
+        fd = self.sock.fileno()
+
+        def more() -> None:
+            nonlocal rest
+            try:
+                rest = rest[self.sock.send(rest):]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                rest = rest[:0]
+            if not rest or time.monotonic() >= until:
+                done()
+
+        def done() -> None:
+            self.loop.remove_writer(fd)
+            timer.cancel()
+            self.sock.close()
+        self.loop.add_writer(fd, more)
+        timer = self.loop.call_at(until, done)
 
 
 def _too_large() -> Answer:
