@@ -394,22 +394,23 @@ TRACKED_RNG_STATES = 3
 
 
 class _RngTracker:
-    """Megatron-core's CUDA RNG tracker as this CPU can run it: named generators whose states the
-    checkpoint copies with the process's own generator state, and sets back around the recompute."""
+    """Megatron-core's CUDA RNG tracker as this CPU can run it: named generator states (tensors)
+    the checkpoint keeps references to, with copies of the process's own generator states, and
+    sets back around the recompute (Megatron's ``get_states`` copies the dictionary, not the
+    states)."""
 
     def __init__(self, states: int = TRACKED_RNG_STATES):
-        self.generators = [torch.Generator().manual_seed(1234 + i) for i in range(states)]
+        self.states = {f"rng-{i}": torch.Generator().manual_seed(1234 + i).get_state() for i in range(states)}
 
     def snapshot(self) -> tuple:
-        # CPU generator, then the "device" generator (the CPU's again here), then the tracker's.
-        return (torch.get_rng_state(), torch.get_rng_state(), [g.get_state() for g in self.generators])
+        # The CPU generator's state, the device generator's (the CPU's again here), the tracker's.
+        return torch.get_rng_state(), torch.get_rng_state(), dict(self.states)
 
     def restore(self, states: tuple) -> None:
         cpu, device, tracked = states
         torch.set_rng_state(cpu)
         torch.set_rng_state(device)
-        for g, s in zip(self.generators, tracked):
-            g.set_state(s)
+        self.states = tracked
 
 
 class _TrackedCheckpoint(torch.autograd.Function):

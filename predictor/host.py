@@ -21,10 +21,10 @@ A platform carries the measured host costs in ``platform.toml``::
                                        # micro-batch (zero_stage 3 under a DeepSpeed framework)
     source = "perf-calibrate host on ..., torch ..., date"
     [host.checkpoint_layer_seconds]    # an activation-checkpointing wrapper's own work per layer
-    megatron = 8.7e-5                  # and micro-batch, beyond the repeated forward (see
-    deepspeed = 1.3e-4                 # CHECKPOINT_WRAPPERS); a wrapper not named costs nothing
-    torch = 3.3e-4
-    torch_op_sac = 5.4e-4
+    megatron = 2.1e-4                  # and micro-batch, beyond the repeated forward (see
+    deepspeed = 2.5e-4                 # CHECKPOINT_WRAPPERS); a wrapper not named costs nothing
+    torch = 7.3e-4
+    torch_op_sac = 1.8e-3
     [host.operators.linear1]           # one isolated call's host issue time, per direction
     fwd = 1.9e-5
     bwd = 1.2e-4
