@@ -1,4 +1,5 @@
-"""Host costs a framework's parallelism adds per layer: tensor-parallel collectives and FSDP hooks.
+"""Host costs a framework adds per layer: tensor-parallel collectives, FSDP / ZeRO-3 hooks and
+activation-checkpointing wrappers.
 
 Measured in one process on a one-rank gloo group at tiny shapes (the work itself microseconds,
 and no peer to wait for), so that what grows with the layer count is the host's issuing, the part
@@ -17,7 +18,11 @@ a GPU spends on the device, not the host:
 * **FSDP** (:func:`fsdp_task`): the same blocks under FSDP2 ``fully_shard`` (one unit per block
   and the root, ``reshard_after_forward=True``) against DDP; the difference of the per-layer
   slopes is what FSDP's per-layer pre/post forward and backward hooks (unshard, reshard,
-  reduce-scatter) add to a micro-batch's forward + backward.
+  reduce-scatter) add to a micro-batch's forward + backward.  FSDP1 (Composer's, FULL_SHARD and
+  SHARD_GRAD_OP) against FSDP2 on a fake 2-rank group: :func:`fsdp1_costs`.
+* **Checkpoint wrappers** (:func:`checkpoint_costs`): each framework's activation-checkpointing
+  wrapper around every layer against the bare layers; the difference of the per-layer slopes,
+  less one forward's (full recomputation's repeat, costed apart), is the wrapper's own work.
 
 The statistic is the fastest quarter of the repeats (a shared CPU), each configuration interleaved.
 """
@@ -311,8 +316,8 @@ def fsdp1_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
     from functools import partial
 
     torch.manual_seed(0)
-    build = {"ddp": _ddp_no_comm, "fsdp1": _fsdp1_model, "fsdp1_zero2": partial(_fsdp1_model, strategy="SHARD_GRAD_OP"),
-             "fsdp2": _fsdp_model}
+    build = {"ddp": _ddp_no_comm, "fsdp1": _fsdp1_model,
+             "fsdp1_zero2": partial(_fsdp1_model, strategy="SHARD_GRAD_OP"), "fsdp2": _fsdp_model}
     models = {(kind, n): make(n) for n in layers for kind, make in build.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -561,7 +566,8 @@ class _Wrapped(nn.Module):
             ds_checkpoint = _deepspeed_checkpoint()
             self.calls = lambda b, x: ds_checkpoint(b, x)
         elif wrapper != "none":
-            raise ValueError(f"unknown checkpoint wrapper {wrapper!r} (known: none, {', '.join(CHECKPOINT_WRAPPERS)})")
+            raise ValueError(f"unknown checkpoint wrapper {wrapper!r} "
+                             f"(known: none, {', '.join(CHECKPOINT_WRAPPERS)})")
         self.blocks = nn.ModuleList(blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

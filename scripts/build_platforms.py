@@ -186,8 +186,8 @@ def stack_prior() -> tuple[dict, str]:
             f"zero3_layer_seconds: DeepSpeed {zmeta['deepspeed']} ZeRO-3 less stage 0 per layer, "
             f"benchmarks/bench_stack_host.py --deepspeed (median of {len(zero3_runs)} runs, one gloo rank, "
             f"{zmeta['cpu']}); checkpoint_layer_seconds: each wrapper's fwd+bwd less the plain layer's less one "
-            f"forward, per GPT-shaped layer, benchmarks/bench_stack_host.py --checkpoint (median of {len(ckpt_runs)} runs, "
-            f"{cmeta['cpu']}, torch {cmeta['torch']}, deepspeed {cmeta['deepspeed']})")
+            f"forward, per GPT-shaped layer, benchmarks/bench_stack_host.py --checkpoint (median of "
+            f"{len(ckpt_runs)} runs, {cmeta['cpu']}, torch {cmeta['torch']}, deepspeed {cmeta['deepspeed']})")
     return values, note
 
 
