@@ -136,3 +136,13 @@ def test_the_fill_level_is_quoted_as_it_is():
     from slurm_plugin.policy import FILL_LEVEL
     z = NormalDist().inv_cdf
     assert f"| {FILL_LEVEL} (the 95 % upper end's log half-width × {z(FILL_LEVEL) / z(0.95):.3f})" in _row("FILL_LEVEL")
+
+
+def test_checkpoint_wrapper_costs_are_quoted_as_shipped():
+    from predictor import host
+    for name in ("dgx-a100", "dgx-h100", "perlmutter-a100", "vista-gh200"):
+        costs = load_platform(name).host.checkpoint_layer_seconds
+        row = _row("checkpoint_layer_seconds")
+        for wrapper, seconds in costs.items():
+            assert f"{wrapper} {1e3 * seconds:.3g}" in row, (name, wrapper, seconds)
+    assert f"| {host.FSDP1_SHARD_GRAD_OP_HOOK_RATIO} |" in _row("FSDP1_SHARD_GRAD_OP_HOOK_RATIO")
