@@ -42,6 +42,7 @@ import numpy as np
 
 from predictor.errors import JobError, RunRecordError
 from predictor.job import TrainingJob
+from predictor.kinds import kind_of
 from predictor.platform import (FITTED_SCALE_RANGE, PLATFORM_FILE, FitDomain, FittedTerms, Platform,
                                 load_platform, resolve_platform, write_platform)
 from predictor import interval
@@ -259,8 +260,15 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
             if fitted.kinds:
                 raw["fitted_kind"] = fitted.kinds_to_toml()
         write_platform(d, raw)
-    # Each run judged by the interval rule the *other* runs give (predictor/interval.py).
+    # Each run judged by the interval rule the *other* runs give (predictor/interval.py), of its
+    # own kind where the runs are of several (Predictor.kind_rule: the rule a new job of it gets).
     rules = interval.leave_one_out([r.log_ratio for r in recorded], calibrated=plat.calibrated)
+    keys = [kind_of(r.job).key for r in recorded]
+    if len(set(keys)) > 1:
+        for i, key in enumerate(keys):
+            others = [r.log_ratio for j, r in enumerate(recorded) if j != i and keys[j] == key]
+            if others:
+                rules[i] = rules[i].for_kind(others, 0.0)
     inside = []
     for r, p, rule in zip(recorded, preds, rules):
         lo, hi = interval.interval_seconds(r.predicted_iteration_seconds, *_spread(p, r), rule,

@@ -38,7 +38,7 @@ from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import attention, fp8, memory, overlap, tp_overlap
 from .host import FSDP_FRAMEWORKS, checkpoint_wrapper_for, engine_for as host_engine_for, fsdp_hook_share
-from .interval import IntervalRule, interval_seconds
+from .interval import IntervalRule, interval_seconds, run_scores
 from .job import DEEPSPEED_PIPELINE_FRAMEWORKS, TrainingJob
 from .kinds import kind_of
 from .network import ring_seconds
@@ -1253,10 +1253,10 @@ class Predictor:
             rule = self.interval_rule
             fitted = self.platform.fitted
             if fitted is None or not (fitted.kind or fitted.kinds or fitted.unseen_kind_bound):
-                scores = [r.log_ratio for r in self.platform.validation
-                          if r.predicted_iteration_seconds > 0 and kind_of(r.job).key == key]
-                if scores and len(scores) < len(self.platform.validation):
-                    rule = rule.for_kind(scores, 0.0)
+                runs = self.platform.validation
+                own = [r for r in runs if kind_of(r.job).key == key]
+                if own and len(own) < len(runs):      # all of one kind: the platform's rule is theirs
+                    rule = rule.for_kind(run_scores(own), 0.0)
             self._kind_rules[key] = rule
         return rule
 

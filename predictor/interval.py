@@ -234,7 +234,8 @@ SHIPPED_KIND_SPREADS: tuple[KindSpread, ...] = (
 
 # Where a rule's half-widths came from (IntervalRule.source): the four of a platform's runs, and the
 # three of a per-kind fit ([[fitted_kind]]): "kind" (the kind's own runs, n >= MIN_OWN_RUNS),
-# "kind-pooled" (the platform's rule widened to the kind's worst runs), "unseen-kind" (a kind with
+# "kind-pooled" (the platform's rule widened by the kind's mean residual on its side, and to the
+# kind's worst runs), "unseen-kind" (a kind with
 # no runs: no narrower than the spread measured across kinds).
 SOURCES = ("own", "pooled", "bundle", "prior", "kind", "kind-pooled", "unseen-kind")
 
@@ -320,7 +321,8 @@ class IntervalRule:
         leave-one-out ``log(measured / predicted)`` of the kind's runs (None: a kind with no runs).
 
         A kind with :data:`MIN_OWN_RUNS` runs or more gets its own conformal quantile; one with
-        fewer, this rule widened on each side to its worst run; a kind with none, this rule
+        fewer, this rule widened on the side of the runs' mean residual by that residual, and on
+        each side to its worst run; a kind with none, this rule
         widened to ``unseen_bound`` (the spread measured across kinds): a stack never seen gets a
         safe limit, a well-known one a tight limit."""
         if scores is None:

@@ -600,9 +600,10 @@ def gathers_layers(layout: Layout, framework: str = "") -> bool:
     (``_runtime_utils._should_free_in_backward``) and reduce-scatters the gradient
     (``_reduce_grad``), and Composer syncs every micro-batch under FSDP (its ``ddp_sync_context``
     acts on DDP only).  SHARD_GRAD_OP differs from FULL_SHARD only in keeping the forward's
-    gather for the backward (:func:`reshards_after_forward`).  DeepSpeed's ZeRO-2 keeps the full
-    parameters and reduces once per step."""
-    return layout.zero_stage == 3 or (layout.zero_stage == 2 and framework in FSDP1_FRAMEWORKS)
+    gather for the backward (:func:`reshards_after_forward`); FSDP2 at stage 2 is the same (its
+    ``reshard_after_forward = False``).  DeepSpeed's ZeRO-2 keeps the full parameters and reduces
+    once per step."""
+    return layout.zero_stage == 3 or (layout.zero_stage == 2 and framework in FSDP1_FRAMEWORKS + FSDP2_FRAMEWORKS)
 
 
 def reshards_after_forward(layout: Layout, framework: str = "") -> bool:

@@ -78,11 +78,15 @@ def render(pred: Any, parsed: Any = None, gpu_memory_gib: float = 0.0) -> str:
         r_lo, r_hi = d.timeline_ratio
         n = d.timeline_runs
         source = (d.interval_rule or {}).get("source", "")
+        k = int((d.interval_rule or {}).get("runs", 0))
         whence = {"own": f"residuals of {n} runs measured here",
                   "pooled": f"residuals of {n} runs here and of the shipped platforms'",
                   "bundle": "no run measured here: runs of its compute bundle on "
                             f"{(d.interval_rule or {}).get('evidence', 'another platform')}",
                   "prior": "no run measured here: the shipped platforms' largest residual",
+                  "kind": f"residuals of the {k} runs of this job's kind measured here",
+                  "kind-pooled": f"this platform's rule widened by the {plural(k, 'run')} of this job's kind",
+                  "unseen-kind": "no run of this job's kind here: no narrower than the spread across kinds",
                   }.get(source, f"{n} measured runs")
         widened = "; widened by operator spread" if (pred.extrapolated or d.analytic_collectives) else ""
         lines.append(f"{'':<26}(90 % interval × {r_lo:.2f}–{r_hi:.2f}: {whence}{widened})")

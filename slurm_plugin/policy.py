@@ -201,7 +201,7 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
         tail = f"; time limit set to {_hm(new_limit)} (the partition's MaxTime)"
     elif action == "set" and part.cover_interval and \
             upper_total_seconds(pred, part.fill_level) > pred.total_seconds * (1.0 + part.margin):
-        tail = (f"; time limit set to {_hm(new_limit)} (the prediction's {part.fill_level:.0%} upper bound, "
+        tail = (f"; time limit set to {_hm(new_limit)} (the prediction's {100 * part.fill_level:g} % upper bound, "
                 f"start-up {_hm(startup_seconds(pred, part) / 60.0)})")
     elif action == "set":
         tail = (f"; time limit set to {_hm(new_limit)} ({part.margin:.0%} margin, start-up "

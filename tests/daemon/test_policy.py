@@ -112,12 +112,13 @@ def test_limit_covers_the_interval_upper_end_when_it_is_longer():
     wide = PredictionFacts(2.4, 1000, 2460.0, "vista-gh200", "b", interval_seconds=(2.3, 3.6))
     d = decide(wide, None, PART)
     assert d.time_limit_minutes == 75
-    assert "upper bound" in d.message and f"{FILL_LEVEL:.0%}" in d.message
+    assert f"the prediction's {100 * FILL_LEVEL:g} % upper bound" in d.message
     from dataclasses import replace
     assert decide(wide, None, replace(PART, cover_interval=False)).time_limit_minutes == 55
     # A site's fill_level: 0.95 is the interval's own upper end; a level outside 0.95-0.999 is refused.
     assert decide(wide, None, replace(PART, fill_level=0.95)).time_limit_minutes == 70
-    assert "95% upper bound" in decide(wide, None, replace(PART, fill_level=0.95)).message
+    assert "95 % upper bound" in decide(wide, None, replace(PART, fill_level=0.95)).message
+    assert "99.9 % upper bound" in decide(wide, None, replace(PART, fill_level=0.999)).message
     # A narrow interval changes nothing: the margin is longer.
     narrow = PredictionFacts(2.4, 1000, 2460.0, "p", "b", interval_seconds=(2.3, 2.5))
     assert decide(narrow, None, PART).time_limit_minutes == 55
