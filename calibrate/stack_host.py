@@ -217,13 +217,25 @@ class _Engine(nn.Module):
         return self.engine(x)
 
 
-def _deepspeed_model(n: int, stage: int) -> nn.Module:
+def _import_deepspeed():  # noqa: ANN202 - the deepspeed module
+    """``deepspeed``, its accelerator chosen as the CPU while it is first imported (the variable is
+    set back afterwards) and its logger quietened.  DeepSpeed is no dependency of perfcast: only
+    these measurements need it."""
     import os
-    # DeepSpeed is not a dependency of perfcast: only this measurement needs it.
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
+    before = os.environ.get("DS_ACCELERATOR")
+    os.environ["DS_ACCELERATOR"] = "cpu" if before is None else before
+    try:
+        import deepspeed
+    finally:
+        if before is None:
+            os.environ.pop("DS_ACCELERATOR", None)
     from deepspeed.utils import logger as ds_logger
     ds_logger.setLevel(logging.ERROR)
+    return deepspeed
+
+
+def _deepspeed_model(n: int, stage: int) -> nn.Module:
+    deepspeed = _import_deepspeed()
     model = nn.Sequential(*[Block() for _ in range(n)])
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
            "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
@@ -449,24 +461,6 @@ class _TrackedCheckpoint(torch.autograd.Function):
         return (None, None) + tuple(x.grad for x in detached)
 
 
-def _op_sac_policy():
-    """TorchTitan's op-level selective checkpointing policy in spirit: every other matmul's output
-    saved, everything else recomputed (its save list's other ops, attention and reduce-scatter, are
-    not in these blocks)."""
-    from torch.utils.checkpoint import CheckpointPolicy
-    matmuls = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
-
-    def policy(ctx, op, *args, **kwargs) -> "CheckpointPolicy":   # noqa: ANN001
-        if op in matmuls:
-            key = "recompute_matmuls" if ctx.is_recompute else "forward_matmuls"
-            seen = ctx.__dict__.setdefault(key, 0)
-            ctx.__dict__[key] = seen + 1
-            if seen % 2 == 0:
-                return CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.PREFER_RECOMPUTE
-    return policy
-
-
 class _OneRankMpu:
     """The model-parallel unit deepspeed.checkpointing.configure asks for: one rank, no TP."""
 
@@ -486,11 +480,7 @@ def _deepspeed_checkpoint():
     """``deepspeed.checkpointing.checkpoint``, configured as GPT-NeoX and Megatron-DeepSpeed do at
     one model-parallel rank (no activation partitioning), its RNG tracker seeded (a gloo group must
     be up; needs the deepspeed package)."""
-    import os
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
-    from deepspeed.utils import logger as ds_logger
-    ds_logger.setLevel(logging.ERROR)
+    deepspeed = _import_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     deepspeed.checkpointing.configure(_OneRankMpu(), partition_activations=False)
     tracker = deepspeed.checkpointing.get_cuda_rng_tracker()
@@ -538,11 +528,11 @@ class _Wrapped(nn.Module):
 
     def __init__(self, n: int, wrapper: str, forward_only: bool = False, layer: str = "gpt"):
         super().__init__()
-        from functools import partial
-
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
                                                                                   checkpoint_wrapper)
-        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+        from torch.utils.checkpoint import checkpoint
+
+        from .op_sac import op_sac_context
         self.forward_only = forward_only
         if layer not in CHECKPOINT_LAYERS:
             raise ValueError(f"unknown layer {layer!r} (known: {', '.join(CHECKPOINT_LAYERS)})")
@@ -553,9 +543,8 @@ class _Wrapped(nn.Module):
         if wrapper == "torch":
             blocks = [checkpoint_wrapper(b, checkpoint_impl=CheckpointImpl.NO_REENTRANT) for b in blocks]
         elif wrapper == "torch_op_sac":
-            # TorchTitan's op-level SAC: its policy as a context function, no RNG state kept.
-            context = partial(create_selective_checkpoint_contexts, _op_sac_policy())
-            blocks = [checkpoint_wrapper(b, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=context,
+            # TorchTitan's op-level SAC: its policy, counted afresh per call, and no RNG state kept.
+            blocks = [checkpoint_wrapper(b, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=op_sac_context,
                                          preserve_rng_state=False) for b in blocks]
         elif wrapper == "torch_reentrant":
             self.calls = lambda b, x: checkpoint(b, x, use_reentrant=True)

@@ -53,6 +53,7 @@ from typing import Any, Mapping, Protocol
 
 from .errors import BundleError
 from .job import DEEPSPEED_PIPELINE_FRAMEWORKS
+from .recipe import FSDP1_FRAMEWORKS
 
 
 class HostScales(Protocol):
@@ -166,8 +167,9 @@ def checkpoint_wrapper_for(framework: str, recompute: str) -> str:
 
 def fsdp_hook_share(framework: str, zero_stage: int) -> float:
     """The share of ``fsdp_layer_seconds`` (FULL_SHARD's hooks) a layer pays under ``framework``'s
-    FSDP at ``zero_stage``: :data:`FSDP1_SHARD_GRAD_OP_HOOK_RATIO` for llm-foundry's ZeRO-2."""
-    return FSDP1_SHARD_GRAD_OP_HOOK_RATIO if framework == "llm-foundry" and zero_stage == 2 else 1.0
+    FSDP at ``zero_stage``: :data:`FSDP1_SHARD_GRAD_OP_HOOK_RATIO` for an FSDP1 framework's ZeRO-2
+    (llm-foundry's SHARD_GRAD_OP)."""
+    return FSDP1_SHARD_GRAD_OP_HOOK_RATIO if framework in FSDP1_FRAMEWORKS and zero_stage == 2 else 1.0
 
 
 def engine_for(framework: str, pp: int) -> str:

@@ -1,17 +1,23 @@
-"""calibrate/stack_host.py: the TP-collective and FSDP host measurements run and measure what they say."""
+"""calibrate/stack_host.py: the TP-collective, FSDP and checkpoint-wrapper host measurements run and
+measure what they say."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 
-from calibrate import stack_host  # noqa: E402
+def _stack_host():
+    """calibrate.stack_host, skipping the test (alone) where torch is absent."""
+    pytest.importorskip("torch", reason="the host measurements run torch (the calibrate extra)")
+    from calibrate import stack_host
+    return stack_host
 
 
 def test_tp_layer_is_the_plain_layer_plus_its_collectives(one_rank):
+    import torch
+
+    stack_host = _stack_host()
     torch.manual_seed(0)
     plain, tp = stack_host.TpBlock(False), stack_host.TpBlock(True)
     tp.load_state_dict(plain.state_dict())
@@ -28,6 +34,7 @@ def test_tp_layer_is_the_plain_layer_plus_its_collectives(one_rank):
 
 
 def test_fsdp_and_ddp_slopes_are_measured(one_rank):
+    stack_host = _stack_host()
     r = stack_host.fsdp_costs((1, 2), repeats=3, rounds=1)
     assert r["fsdp_hook_layer_seconds"] == pytest.approx(r["fsdp_layer_seconds"] - r["ddp_layer_seconds"])
     assert set(r["per_config"]) == {"ddp_1", "ddp_2", "fsdp_1", "fsdp_2"}
@@ -36,6 +43,8 @@ def test_fsdp_and_ddp_slopes_are_measured(one_rank):
 
 @pytest.fixture
 def fake_two_ranks():
+    stack_host = _stack_host()
+    import torch.distributed as dist
     if dist.is_initialized():
         pytest.skip("a process group is already up in this session")
     stack_host.fake_group()
@@ -46,6 +55,7 @@ def fake_two_ranks():
 def test_fsdp1_fsdp2_and_ddp_slopes_are_measured(fake_two_ranks):
     """FSDP1 really shards on the fake 2-rank group (a FULL_SHARD unit per block), and each hook
     figure is its slope less DDP's."""
+    stack_host = _stack_host()
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
     units = [m for m in stack_host._fsdp1_model(2).modules() if isinstance(m, FSDP)]
@@ -63,6 +73,7 @@ def test_fsdp1_fsdp2_and_ddp_slopes_are_measured(fake_two_ranks):
 
 
 def test_gpu_fsdp_layer_cost_is_the_slope_difference_less_the_copies():
+    stack_host = _stack_host()
     from predictor.operators import BYTES_PER_ELEMENT
     from predictor.recipe import fsdp2_shard_copies, layer_parameters
     from predictor.job import TrainingJob
@@ -90,6 +101,7 @@ def test_gpu_fsdp_layer_cost_is_the_slope_difference_less_the_copies():
 
 
 def test_the_compiled_layer_ratio_is_the_committed_measurement():
+    stack_host = _stack_host()
     import json
     from pathlib import Path
 
@@ -111,6 +123,7 @@ def test_the_compiled_layer_ratio_is_the_committed_measurement():
 
 
 def test_deepspeed_zero3_hooks_are_measured_per_layer(one_rank):
+    stack_host = _stack_host()
     pytest.importorskip("deepspeed", reason="DeepSpeed's ZeRO-3 is what is measured (no dependency of perfcast)")
     r = stack_host.deepspeed_zero3_costs((1, 2), repeats=3, rounds=1)
     assert set(r["per_config"]) == {"zero0_1", "zero0_2", "zero3_1", "zero3_2"}
@@ -131,34 +144,92 @@ def test_the_shard_grad_op_ratio_is_the_committed_measurement():
     assert FSDP1_SHARD_GRAD_OP_HOOK_RATIO == pytest.approx(statistics.median(ratios), abs=5e-4)
 
 
-@pytest.mark.parametrize("layer", stack_host.CHECKPOINT_LAYERS)
-def test_checkpoint_wrappers_compute_what_the_bare_layers_do(one_rank, layer):
+# calibrate.stack_host's CHECKPOINT_WRAPPERS and CHECKPOINT_LAYERS, named here so that the cases
+# are listed (and skipped one by one) without torch.
+WRAPPERS = ("megatron", "deepspeed", "torch", "torch_op_sac", "torch_reentrant")
+LAYERS = ("gpt", "block")
+
+
+def test_the_cases_are_the_measured_wrappers_and_layers():
+    stack_host = _stack_host()
+    assert WRAPPERS == stack_host.CHECKPOINT_WRAPPERS and LAYERS == stack_host.CHECKPOINT_LAYERS
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+def test_checkpoint_wrappers_compute_what_the_bare_layers_do(one_rank, wrapper, layer):
     """Each wrapper's layers give the unwrapped layers' output and input gradient (the same
     weights), so what the timing compares is the wrapper's own work, not other arithmetic."""
-    wrappers = [w for w in stack_host.CHECKPOINT_WRAPPERS if w != "deepspeed"]
-    try:
-        import deepspeed  # noqa: F401
-        wrappers.append("deepspeed")
-    except ImportError:
-        pass
+    import torch
+
+    stack_host = _stack_host()
+    if wrapper == "deepspeed":
+        pytest.importorskip("deepspeed", reason="DeepSpeed's checkpoint is what is run (no dependency of perfcast)")
     torch.manual_seed(0)
     bare = stack_host._Wrapped(2, "none", layer=layer)
     x = torch.randn(stack_host.TOKENS, bare.width, requires_grad=True)
     want = bare(x)
     (want_grad,) = torch.autograd.grad(want.sum(), x)
-    for w in wrappers:
-        torch.manual_seed(0)
-        model = stack_host._Wrapped(2, w, layer=layer)
-        for mine, theirs in zip(model.parameters(), bare.parameters(), strict=True):
-            assert torch.equal(mine, theirs)
-        xw = x.detach().requires_grad_(True)
-        out = model(xw)
-        assert torch.allclose(out, want, atol=1e-6), w
+    torch.manual_seed(0)
+    model = stack_host._Wrapped(2, wrapper, layer=layer)
+    for mine, theirs in zip(model.parameters(), bare.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+    xw = x.detach().requires_grad_(True)
+    out = model(xw)
+    assert torch.allclose(out, want, atol=1e-6)
+    out.sum().backward()
+    assert torch.allclose(xw.grad, want_grad, atol=1e-6)
+
+
+def test_the_op_sac_wrapper_recomputes_every_second_matmul_of_each_layer(one_rank):
+    """TorchTitan's policy (calibrate.op_sac) around each GPT-shaped layer: of its four matmuls
+    (QKV, projection, MLP up, MLP down) the projection and the MLP's down are run again in the
+    backward, in every layer; the rest come from the checkpoint's cache."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    stack_host = _stack_host()
+
+    class Addmms(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.widths: list[tuple[int, int]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            # The layers' linears have biases: their forward is addmm, the backward's matmuls mm.
+            if func == torch.ops.aten.addmm.default:
+                self.widths.append((args[1].shape[1], args[2].shape[1]))
+            return func(*args, **(kwargs or {}))
+
+    model = stack_host._Wrapped(2, "torch_op_sac", layer="gpt")
+    h = model.width
+    x = torch.randn(stack_host.TOKENS, h, requires_grad=True)
+    forward = Addmms()
+    with forward:
+        out = model(x)
+    assert len(forward.widths) == 8
+    backward = Addmms()
+    with backward:
         out.sum().backward()
-        assert torch.allclose(xw.grad, want_grad, atol=1e-6), w
+    # (in, out) widths: the projection (h -> h) and the MLP's down (ffn -> h), once per layer.
+    second, fourth = forward.widths[1], forward.widths[3]
+    assert second[1] == fourth[1] == h and fourth[0] > h
+    assert backward.widths == [second, fourth, second, fourth]     # each layer rerun in forward order
+
+
+def test_deepspeed_is_imported_on_the_cpu_without_leaving_its_accelerator_variable(monkeypatch):
+    import os
+
+    stack_host = _stack_host()
+    pytest.importorskip("deepspeed", reason="DeepSpeed's import is what is checked (no dependency of perfcast)")
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    deepspeed = stack_host._import_deepspeed()
+    assert "DS_ACCELERATOR" not in os.environ
+    assert deepspeed.accelerator.get_accelerator().device_name() == "cpu"
 
 
 def test_checkpoint_costs_are_the_slopes_less_the_plain_layer_and_one_forward(one_rank):
+    stack_host = _stack_host()
     r = stack_host.checkpoint_costs((1, 2), repeats=3, rounds=1, wrappers=("megatron", "torch", "torch_op_sac"),
                                     layer="block")
     slope = r["layer_seconds"]
