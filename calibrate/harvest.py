@@ -623,8 +623,8 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
             try:
                 runs = load_runs(path)
             except RunRecordError as exc:
-                out.append(RefitResult(part, "failed", f"{exc} (the harvest's own runs file: fix it or "
-                                                       "move it aside)"))
+                out.append(RefitResult(part, "failed", f"{exc} (the partition's runs file, which the harvest "
+                                                       "and the watch write: fix it or move it aside)"))
                 continue
         res = refit_partition(part, runs, root=opts.platforms_root, min_runs=opts.refit_min_runs,
                               pid_file=opts.pid_file, dry_run=opts.dry_run, runs_file=str(path),

@@ -154,7 +154,7 @@ def _merged(path: Path, partition: str, runs: Sequence[MeasuredRun]
         try:
             existing = load_runs(path)
         except RunRecordError as exc:
-            raise RunsFileError(f"{exc} (the harvest's own runs file: fix it or move it aside)") from None
+            raise RunsFileError(f"{exc} (the partition's runs file, which the harvest and the watch write: fix it or move it aside)") from None
     names = {r.name for r in runs}
     had = {e.name for e in existing}
     merged = ([r for r in existing if r.name not in names] + list(runs))[-MAX_RUNS:]
