@@ -45,6 +45,9 @@ WRITE_GRACE_S = 1.0    # an answer the client does not take (a full socket buffe
 # lookup this long rather than being answered "partition not managed"; bounded, so that a hung
 # controller holds none of them longer.  Not counted in the request's deadline_ms.
 PARTITIONS_WAIT_S = 2.0
+ACCEPT_BATCH = 64      # connections accepted per wake-up, so that other events are served too
+ACCEPT_RETRY_S = 1.0   # out of file descriptors: stop accepting this long (as asyncio does)
+READ_BYTES = 256 * 1024
 
 log = logging.getLogger("perfcast.daemon")
 
@@ -391,11 +394,6 @@ class PredictServer:
     def summary(self) -> dict[str, Any]:
         records = self.records.stats() if self.records is not None else {}
         return {"served": sum(self.stats.values()), **dict(sorted(self.pool.stats.items())), **records}
-
-
-ACCEPT_BATCH = 64          # connections accepted per wake-up, so other events are served too
-ACCEPT_RETRY_S = 1.0       # out of file descriptors: stop accepting this long (as asyncio does)
-READ_BYTES = 256 * 1024
 
 
 class _Listener:
