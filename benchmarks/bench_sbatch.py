@@ -23,7 +23,9 @@ Switching is a symlink swap beside slurm.conf (slurmctld reloads the script when
 newer than its last load; sbatch loads cli_filter.lua afresh each time); each switch is checked in
 the logs: the trivial block must not reach the daemon.  The perfcast links are restored at the
 end.  Prints median/p90 per variant, how many perfcast requests found their prediction ready or in
-flight, and the ratio of medians (target <= 1.5; with --concurrent, <= 2).  Jobs are cancelled
+flight, perf-predictd's CPU time per perfcast submission (its own process; its workers and record
+writer: from the kernel's scheduler statistics, so other load on the machine does not inflate it),
+and the ratio of medians (target <= 1.5; with --concurrent, <= 2).  Jobs are cancelled
 afterwards.
 
 ``--distinct``: each submission is a job of its own shape (``--num-layers`` counts up), so every
@@ -146,6 +148,25 @@ def main() -> int:
                     ready += " cached=1" in line or " joined=1" in line
         return n, ready
 
+    def daemon_cpu_ns() -> tuple[int, int]:
+        """CPU time so far of perf-predictd's own process and of its children (workers, record
+        writer), all threads, from the kernel's scheduler statistics (ns): where the plugin's
+        cost lands, whatever the machine's other load does to wall times."""
+        def run_ns(pid: str) -> int:
+            total = 0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+                except (OSError, ValueError, IndexError):
+                    pass      # a thread or a worker that went meanwhile
+            return total
+        try:
+            pid = (base / "run" / "predictd.pid").read_text().strip()
+            kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            return run_ns(pid), sum(run_ns(k) for k in kids if Path(f"/proc/{k}").exists())
+        except OSError:
+            return 0, 0
+
     def submit_one(script: Path, out: list) -> None:
         t0 = time.perf_counter()
         p = subprocess.run(["sbatch", "--parsable", "--hold", str(script)], env=env,
@@ -168,6 +189,7 @@ def main() -> int:
         return [(dt, p.stderr) for dt, p in out]
 
     times = {"perfcast": [], "trivial": []}
+    cpu_ns = [0, 0]     # perf-predictd's CPU during the timed perfcast blocks: daemon, children
     ready = 0
     sample = {}
     try:
@@ -182,9 +204,14 @@ def main() -> int:
                 use(target)
                 submit()   # the first call after a switch reloads the script: not timed
                 before, ready_before = served()
+                cpu_before = daemon_cpu_ns()
                 for _ in range(k):
                     times[name].extend(dt for dt, _ in submit())
+                cpu_after = daemon_cpu_ns()
                 after, ready_after = served()
+                if name == "perfcast":
+                    cpu_ns[0] += cpu_after[0] - cpu_before[0]
+                    cpu_ns[1] += cpu_after[1] - cpu_before[1]
                 reached = after - before
                 if name == "perfcast":
                     ready += ready_after - ready_before
@@ -209,6 +236,9 @@ def main() -> int:
     ratio = statistics.median(times["perfcast"]) / statistics.median(times["trivial"])
     print(f"perfcast requests answered from a ready or in-flight prediction: {ready} of "
           f"{len(times['perfcast'])}")
+    n = max(1, len(times["perfcast"]))
+    print(f"perf-predictd CPU per perfcast submission: daemon {cpu_ns[0] / n / 1e6:.2f} ms, "
+          f"its workers and record writer {cpu_ns[1] / n / 1e6:.2f} ms")
     print(f"({'new job shapes' if args.distinct else 'one job shape'}, {args.concurrent} at once, "
           f"{'no warm-up' if args.no_prewarm else 'cli_filter.lua warm-up'})")
     print(f"median ratio perfcast/trivial = {ratio:.2f} (target <= {1.5 if args.concurrent == 1 else 2})")
