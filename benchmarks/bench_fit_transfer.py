@@ -232,7 +232,7 @@ def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int
                   f"other kinds {100 * oc / max(on, 1):.1f} % of {on}")
 
 
-def _fill_kills(runs: Sequence[MeasuredRun], preds, margin: float) -> int:
+def _fill_kills(runs: Sequence[MeasuredRun], preds, margin: float, level: float) -> int:
     """Runs the default fill's limit would have killed: the limit covers ``(1 + margin)`` x the
     point and the upper bound slurm_plugin.policy fills to; its start-up allowance and the
     rounding up to whole minutes only lengthen it and are left out, so this counts kills at least
@@ -241,15 +241,18 @@ def _fill_kills(runs: Sequence[MeasuredRun], preds, margin: float) -> int:
     return sum(r.measured_iteration_seconds > max(
         p.iteration_seconds * (1.0 + margin),
         fill_upper_iteration_seconds(PredictionFacts(p.iteration_seconds, 1, p.iteration_seconds, "", "",
-                                                     interval_seconds=p.interval_seconds)))
+                                                     interval_seconds=p.interval_seconds), level))
         for r, p in zip(runs, preds))
 
 
-def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, runs_file: str = "") -> None:
-    """A site's finished jobs of mixed kinds: fit on N of them as ``validate --fit`` does (the fit
-    and its runs written only when leave-one-out improves; otherwise the runs alone, recorded with
-    the platform's predictions), then predict the site's other jobs: MAPE, interval coverage and
-    the default fill's kills, before (the platform as it is) and after."""
+def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, runs_file: str = "",
+               level: float = 0.0) -> None:
+    """A site's finished jobs of mixed kinds: fit on N of them with the platform's recorded runs as
+    ``validate --fit`` does (the fit and the runs' leave-one-out predictions written only when
+    leave-one-out improves; otherwise the runs, recorded with the platform's predictions, and
+    their kinds' intervals),
+    then predict the site's other jobs: MAPE, interval coverage and the default fill's kills,
+    before (the platform as it is) and after."""
     import random
 
     from calibrate.fitting.kinds import fit_hierarchical
@@ -257,11 +260,11 @@ def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, 
     from slurm_plugin.policy import FILL_LEVEL
     from slurm_plugin.siteconfig import PartitionPolicy
 
-    margin = PartitionPolicy().margin
+    margin, level = PartitionPolicy().margin, level or FILL_LEVEL
     rel = str(Path(runs_file).resolve().relative_to(ROOT)) if runs_file else ""
     spreads = [sp for sp in SHIPPED_KIND_SPREADS if not rel.startswith(sp.dataset + "/")]
     print(f"\nsite: {len(runs)} runs; fit on N drawn at random (all kinds mixed), predict the others; "
-          f"fill = max(point x {1 + margin:g}, the upper bound at {FILL_LEVEL:.0%}); 'upper': the median "
+          f"fill = max(point x {1 + margin:g}, the upper bound at {100 * level:g} %); 'upper': the median "
           "interval's upper end / point after")
     print(f"{'N':>3}{'draws':>6}{'kept':>6}{'MAPE before':>13}{'after':>8}{'covered before':>16}{'after':>8}"
           f"{'fill kills before':>19}{'after':>8}{'upper':>8}{'worst kind after':>30}")
@@ -276,14 +279,17 @@ def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, 
         for _ in range(draws):
             train = rng.sample(runs, n)
             test = [r for r in runs if r not in train]
-            res = fit_hierarchical(plat, train, spreads=spreads)
+            # As validate --fit: the platform's recorded runs and the site's, fitted and recorded together.
+            fit_runs = list(plat.validation) + train
+            res = fit_hierarchical(plat, fit_runs, spreads=spreads)
             recorded = [dataclasses.replace(r, predicted_iteration_seconds=p.iteration_seconds)
-                        for r, p in zip(train, predict_many([r.job for r in train], plat))]
-            site = dataclasses.replace(plat, validation=recorded)
+                        for r, p in zip(fit_runs, predict_many([r.job for r in fit_runs], plat))]
+            # Declined: the runs recorded with their kinds' intervals, every factor as it was.
+            site = dataclasses.replace(plat, validation=recorded, fitted=res.interval_terms(plat.fitted))
             if res.improves:
                 kept += 1
                 site = dataclasses.replace(plat, fitted=res.terms(), validation=[
-                    dataclasses.replace(r, predicted_iteration_seconds=p) for r, p in zip(train, res.loo_predictions)])
+                    dataclasses.replace(r, predicted_iteration_seconds=p) for r, p in zip(fit_runs, res.loo_predictions)])
             before = predict_many([r.job for r in test], plat)
             after = predict_many([r.job for r in test], site)
             ups.extend(p.interval_seconds[1] / p.iteration_seconds for p in after)
@@ -295,7 +301,7 @@ def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, 
             for key, preds in (("b", before), ("a", after)):
                 tot["c" + key] += sum(p.interval_seconds[0] <= r.measured_iteration_seconds <= p.interval_seconds[1]
                                       for r, p in zip(test, preds))
-                tot["k" + key] += _fill_kills(test, preds, margin)
+                tot["k" + key] += _fill_kills(test, preds, margin, level)
         worst = max(per_kind.items(), key=lambda kv: sum(kv[1]) / len(kv[1]))
         m = tot["n"]
         print(f"{n:>3}{draws:>6}{kept:>6}{100 * tot['mb'] / m:>12.1f}%{100 * tot['ma'] / m:>7.1f}%"
@@ -325,6 +331,8 @@ def main() -> int:
     ap.add_argument("--site", action="store_true",
                     help="--stacks runs as one site's jobs: fit on N drawn across all kinds, predict the rest "
                          "(MAPE, coverage, the default fill's kills)")
+    ap.add_argument("--fill-level", type=float, default=0.0,
+                    help="--site: the fill's level (perfcast.toml fill_level; default the shipped default)")
     ap.add_argument("--runs-per-fit", type=int, nargs="+", default=[10])
     ap.add_argument("--draws", type=int, default=20, help="--stacks: random draws per kind and N")
     ap.add_argument("--dp", type=int, default=0, help="--stacks: only the runs of this data-parallel size")
@@ -340,7 +348,10 @@ def main() -> int:
     if args.stacks:
         keep_: list = []
         if args.stacks_platform:
-            plat = dataclasses.replace(load_platform(args.stacks_platform), fitted=None, validation=[])
+            # --site: the shipped platform as a site has it, its recorded runs kept (validate --fit
+            # fits them with the site's); otherwise dropped, so that only the stacks' runs are fitted.
+            plat = load_platform(args.stacks_platform)
+            plat = dataclasses.replace(plat, fitted=None, validation=plat.validation if args.site else [])
         else:
             from calibrate.cpu_family import resolve_platform
             plat = dataclasses.replace(resolve_platform(args.samples, keep_), fitted=None, validation=[])
@@ -348,7 +359,7 @@ def main() -> int:
         runs = [r for r in load_runs(args.stacks_runs)
                 if (not args.dp or r.job.layout.dp == args.dp) and not r.name.startswith(skip)]
         if args.site:
-            bench_site(plat, runs, args.runs_per_fit, args.draws, args.stacks_runs)
+            bench_site(plat, runs, args.runs_per_fit, args.draws, args.stacks_runs, args.fill_level)
         else:
             bench_stacks(plat, runs, args.runs_per_fit, args.draws, args.stacks_runs)
         return 0

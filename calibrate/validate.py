@@ -235,6 +235,7 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
                 for r, p in zip(all_runs, preds)]
     fit_res: Any = None
     fitted: Optional[FittedTerms] = None
+    intervals: Optional[FittedTerms] = None
     if fit:
         from .fitting.kinds import fit_hierarchical
         fit_res = fit_hierarchical(plat, all_runs, [p.iteration_seconds for p in preds])
@@ -248,17 +249,23 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
             preds = predict_many([r.job for r in all_runs], fplat)
             recorded = [dataclasses.replace(r, predicted_iteration_seconds=p)
                         for r, p in zip(all_runs, fit_res.loo_predictions)]
+        elif getattr(fit_res, "kinds", None):
+            # The factors are declined but the runs are recorded all the same: their kinds'
+            # intervals go with them (every factor as it was), so that a stack the runs never
+            # showed gets the spread across kinds, not the recorded stacks' quantile.
+            intervals = fit_res.interval_terms(plat.fitted)
         fit_res = dataclasses.replace(fit_res, written=fitted is not None and not dry_run,
                                       reason=_fit_reason(fit_res, fitted is not None, dry_run))
     fpath = d / PLATFORM_FILE
     if not dry_run:
         raw = tomllib.loads(fpath.read_text(encoding="utf-8"))
         raw["validation"] = runs_to_toml(recorded)
-        if fitted is not None:
-            raw["fitted"] = fitted.to_dict()
+        written = fitted if fitted is not None else intervals
+        if written is not None:
+            raw["fitted"] = written.to_dict()
             raw.pop("fitted_kind", None)
-            if fitted.kinds:
-                raw["fitted_kind"] = fitted.kinds_to_toml()
+            if written.kinds:
+                raw["fitted_kind"] = written.kinds_to_toml()
         write_platform(d, raw)
     # Each run judged by the interval rule the *other* runs give (predictor/interval.py), of its
     # own kind where the runs are of several (Predictor.kind_rule: the rule a new job of it gets).
@@ -290,8 +297,9 @@ def _fit_reason(res: "FitResult", improves: bool, dry_run: bool) -> str:
     if res.reason:
         return res.reason
     if not improves:
-        return ("not written: leave-one-out does not improve on the platform as it is by more than "
-                f"one standard error of the run-by-run change ({100 * res.loo_change_se:.2f} points)")
+        return ("factors not written: leave-one-out does not improve on the platform as it is by more "
+                f"than one standard error of the run-by-run change ({100 * res.loo_change_se:.2f} points)"
+                + ("; the runs' per-kind intervals recorded with them" if getattr(res, "kinds", None) else ""))
     return "would write [fitted] (dry run)" if dry_run else "written to [fitted]"
 
 

@@ -138,7 +138,14 @@ def test_nothing_written_when_leave_one_out_does_not_improve(tmp_path, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert rep["fit"]["written"] is False and "does not improve" in rep["fit"]["reason"]
     raw = tomllib.loads((d / "platform.toml").read_text())
-    assert "fitted" not in raw and len(raw["validation"]) == len(A100_JOBS)     # the runs are still recorded
+    assert len(raw["validation"]) == len(A100_JOBS)     # the runs are still recorded
+    # ... with their kinds' intervals, every factor left at 1: no prediction moves.
+    from predictor.platform import FITTED_SCALES
+    assert all(raw["fitted"].get(k, 1.0) == 1.0 for k in FITTED_SCALES)
+    assert raw["fitted"]["unseen_kind_bound"] > 0 and raw["fitted_kind"]
+    after = predict_many(A100_JOBS, load_platform(d, reload=True))
+    assert [p.iteration_seconds for p in after] == [p.iteration_seconds for p in predict_many(A100_JOBS, base)]
+    assert "per-kind intervals recorded" in rep["fit"]["reason"]
 
 
 def test_scattered_runs_no_single_scale_explains_are_not_fitted(tmp_path):
