@@ -254,16 +254,19 @@ def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int) -> d
 
     torch.manual_seed(0)
     # DeepSpeed's engine reads the launcher's variables of the one rank that is up, while it runs;
-    # the process's environment is restored afterwards.
+    # the process's environment is restored afterwards, and so is F.linear, which ZeRO-3's engine
+    # replaces for the whole process.
     launcher = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     unset = [k for k in launcher if k not in os.environ]
     os.environ.update({k: launcher[k] for k in unset})
+    linear = torch.nn.functional.linear
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             models = {(stage, n): _deepspeed_model(n, stage) for n in layers for stage in (0, 3)}
             per = _interleaved(models, repeats, rounds)
     finally:
+        torch.nn.functional.linear = linear
         for k in unset:
             os.environ.pop(k, None)
     ns = list(layers)

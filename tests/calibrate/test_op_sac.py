@@ -53,16 +53,23 @@ def _recomputed_matmuls(run_backward) -> list[int]:
     return mode.seen
 
 
-def test_the_policy_saves_the_first_and_third_of_four_matmuls_in_every_call():
-    torch = _torch()
-    from torch.utils.checkpoint import checkpoint
+def _checkpointed(module, x):  # noqa: ANN001, ANN202
+    """``module(x)`` under op-level SAC, with the whole forward rerun in the backward (no early
+    stop), so that what is not run again was saved."""
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
     from calibrate.op_sac import op_sac_context
+    with set_checkpoint_early_stop(False):
+        return checkpoint(module, x, use_reentrant=False, context_fn=op_sac_context)
+
+
+def test_the_policy_saves_the_first_and_third_of_four_matmuls_in_every_call():
+    torch = _torch()
     module = _four_matmuls()
     x = torch.randn(TOKENS, WIDTHS[0], requires_grad=True)
     # Twice: the count starts afresh for each checkpointed call.
     for _ in range(2):
-        out = checkpoint(module, x, use_reentrant=False, context_fn=op_sac_context)
+        out = _checkpointed(module, x)
         assert _recomputed_matmuls(lambda: out.sum().backward()) == [2, 4]
 
 
@@ -70,6 +77,7 @@ def test_each_checkpointed_layer_counts_its_own_matmuls():
     torch = _torch()
     from torch import nn
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.utils.checkpoint import set_checkpoint_early_stop
 
     from calibrate.op_sac import op_sac_context
 
@@ -82,7 +90,8 @@ def test_each_checkpointed_layer_counts_its_own_matmuls():
                                   preserve_rng_state=False)
     layers = nn.Sequential(wrapped(_four_matmuls()), Narrow(), wrapped(_four_matmuls()))
     x = torch.randn(TOKENS, WIDTHS[0], requires_grad=True)
-    out = layers(x)
+    with set_checkpoint_early_stop(False):
+        out = layers(x)
     # Counted across the two layers, the second layer would recompute its first and third.
     assert sorted(_recomputed_matmuls(lambda: out.sum().backward())) == [2, 2, 4, 4]
 
