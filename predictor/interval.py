@@ -235,8 +235,8 @@ SHIPPED_KIND_SPREADS: tuple[KindSpread, ...] = (
 # Where a rule's half-widths came from (IntervalRule.source): the four of a platform's runs, and the
 # three of a per-kind fit ([[fitted_kind]]): "kind" (the kind's own runs, n >= MIN_OWN_RUNS),
 # "kind-pooled" (the platform's rule widened by the kind's mean residual on its side, and to the
-# kind's worst runs), "unseen-kind" (a kind with
-# no runs: no narrower than the spread measured across kinds).
+# kind's worst runs), "unseen-kind" (a kind with no runs: no narrower than the spread measured
+# across kinds).
 SOURCES = ("own", "pooled", "bundle", "prior", "kind", "kind-pooled", "unseen-kind")
 
 

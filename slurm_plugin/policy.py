@@ -5,9 +5,9 @@ Per partition (see :mod:`slurm_plugin.siteconfig`):
 - ``fill`` (default): no ``--time`` -> predicted total x (1 + margin) + startup, rounded *up* to
   ``round_minutes`` -- or, with ``cover_interval`` (default), the total at the prediction's upper
   bound at ``fill_level`` (default 0.98: its interval's upper end, widened from 95 % to 98 %) if
-  that is longer: on a platform whose measured runs show it under-predicts (vista-gh200 by up to 37 %), a
-  15 % margin would get jobs killed -- capped at
-  the partition's MaxTime (with a warning saying how many iterations fit).  With ``time_min``
+  that is longer: on a platform whose measured runs show it under-predicts (vista-gh200 by up to
+  37 %), a 15 % margin would get jobs killed -- capped at the partition's MaxTime (with a warning
+  saying how many iterations fit).  With ``time_min``
   (default) ``--time-min`` is set too, to the point prediction + startup, so that backfill may
   start the job in a shorter hole (Slurm lowers the limit no further than that).  ``--time``
   given -> kept, with a warning when the job would be killed before it finishes (at which
