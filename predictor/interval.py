@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from .errors import RunRecordError
@@ -180,6 +181,16 @@ def bundle_runs(platforms: Iterable["Platform"]) -> dict[str, BundleRuns]:
         out[sha] = BundleRuns(plat.name, low=max(0.0, -min(scores)), high=max(0.0, max(scores)),
                               runs=len(scores))
     return out
+
+
+def upper_at_level(point: float, high: float, level: float, alpha: float = ALPHA) -> float:
+    """The upper bound at one-sided ``level`` from the upper end ``high`` of a (1 − α) interval
+    around ``point``: its log half-width scaled by z(level) / z(1 − α/2), a normal tail assumed
+    beyond the measured quantile (the filled time limit's bound, slurm_plugin.policy)."""
+    if point <= 0 or high <= point:
+        return max(point, high)
+    normal = NormalDist()
+    return point * (high / point) ** (normal.inv_cdf(level) / normal.inv_cdf(1.0 - alpha / 2.0))
 
 
 def kind_score(scores: Sequence[float], alpha: float = ALPHA) -> float:

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from statistics import NormalDist
 from typing import Optional
 
-from predictor.interval import ALPHA
+from predictor.interval import upper_at_level
 
 from .siteconfig import FILL_LEVEL, PartitionPolicy
 
@@ -101,11 +100,7 @@ def fill_upper_iteration_seconds(pred: PredictionFacts, level: float = FILL_LEVE
     level it has (1 − α/2) to ``level``, its log half-width scaled by the ratio of the normal
     quantiles (an assumption about the tail beyond the measured quantile, which the runs are too
     few to measure; benchmarks/bench_fit_transfer.py --site counts the kills it leaves)."""
-    point, high = pred.iteration_seconds, pred.interval_seconds[1]
-    if point <= 0 or high <= point:
-        return max(point, high)
-    normal = NormalDist()
-    return point * (high / point) ** (normal.inv_cdf(level) / normal.inv_cdf(1.0 - ALPHA / 2.0))
+    return upper_at_level(pred.iteration_seconds, pred.interval_seconds[1], level)
 
 
 def upper_total_seconds(pred: PredictionFacts, level: float = FILL_LEVEL) -> float:

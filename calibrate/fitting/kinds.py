@@ -44,11 +44,12 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from predictor.interval import (SHIPPED_KIND_SPREADS, SHIPPED_PRIOR, IntervalRule, KindSpread, kind_score,
-                                unseen_kind_bound)
+                                unseen_kind_bound, upper_at_level)
 from predictor.kinds import kind_of
 from predictor.platform import (FITTED_SCALE_RANGE, KIND_SCALES, FitDomain, FittedTerms, KindTerms,
                                 Platform)
 from predictor.validation import MeasuredRun
+from slurm_plugin.siteconfig import PartitionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class KindFit:
     scores: tuple[float, ...]              # leave-one-out log(measured / predicted)
     coverage_before: float                 # share of its runs inside the interval, before / after
     coverage_after: float
-    killed_before: int                     # runs above the interval's upper end (a limit too short)
+    killed_before: int                     # runs a default filled limit would have killed (_filled)
     killed_after: int
     domain: Optional[FitDomain] = None
     scores_before: tuple[float, ...] = ()  # log(measured / predicted by the platform as it is)
@@ -205,6 +206,15 @@ class HierarchicalFit:
 # (NOISE_FLOOR), so no measurement can tell it from 1, and a compute scale other than 1 puts every
 # operator's floor at its roofline, which moved CPU jobs of other kinds by up to 4 % for a 0.9999.
 SNAP = 0.005
+
+
+def _filled(point_seconds: float, high_factor: float) -> float:
+    """The iteration time a limit filled by the default policy covers (slurm_plugin.policy: the
+    point with its margin, or the upper bound at the default fill level if longer; its start-up
+    allowance and rounding only lengthen it)."""
+    default = PartitionPolicy()
+    return max(point_seconds * (1.0 + default.margin),
+               upper_at_level(point_seconds, point_seconds * high_factor, default.fill_level))
 
 
 def _snap(value: float) -> float:
@@ -391,14 +401,14 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
             lo, hi = rule0.factors
             inside = cur[i] * lo <= measured[i] <= cur[i] * hi
             cov_b += inside
-            kill_b += measured[i] > cur[i] * hi
+            kill_b += measured[i] > _filled(cur[i], hi)
             others = np.delete(kind_scores, t)
             rest = np.delete(scores, idx)
             rule = IntervalRule.from_scores(list(rest) if len(rest) else [], calibrated=platform.calibrated)
             rule = rule.for_kind(list(others), unseen) if len(others) else rule.for_kind(None, unseen)
             lo, hi = rule.factors
             cov_a += loo_int[i] * lo <= measured[i] <= loo_int[i] * hi
-            kill_a += measured[i] > loo_int[i] * hi
+            kill_a += measured[i] > _filled(loo_int[i], hi)
         kind_fits.append(KindFit(key, int(m.sum()), float(np.mean(err_before[m])), float(np.mean(err_after[m])),
                                  facs, tuple(float(x) for x in kind_scores), cov_b / len(idx), cov_a / len(idx),
                                  int(kill_b), int(kill_a),
