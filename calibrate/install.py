@@ -54,6 +54,7 @@ from predictor.validation import MAX_RUNS, MeasuredRun
 
 from .errors import CalibrationError, InstallRefused
 from .fitting import read_calibration
+from .runs_files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -413,13 +414,7 @@ JOURNAL = "switch.journal"
 
 def _write_journal(pdir: Path, data: dict[str, Any]) -> None:
     import json
-    tmp = pdir / f".{JOURNAL}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(data))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, pdir / JOURNAL)
-    _fsync_dir(pdir)
+    write_atomically(pdir / JOURNAL, json.dumps(data))
 
 
 def _commit_switch(base: Path, partition: str, *, current: "str | None", previous: "str | None", history: str,
