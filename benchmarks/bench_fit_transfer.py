@@ -170,8 +170,7 @@ def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int
     from calibrate.fitting.kinds import fit_hierarchical
     from predictor.interval import SHIPPED_KIND_SPREADS
 
-    rel = str(Path(runs_file).resolve().relative_to(ROOT)) if runs_file else ""
-    spreads = [sp for sp in SHIPPED_KIND_SPREADS if not rel.startswith(sp.dataset + "/")]
+    spreads = _other_spreads(runs_file)
 
     by_kind: dict[str, list[MeasuredRun]] = {}
     for r in runs:
@@ -234,15 +233,21 @@ def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int
 
 def _fill_kills(runs: Sequence[MeasuredRun], preds, margin: float, level: float) -> int:
     """Runs the default fill's limit would have killed: the limit covers ``(1 + margin)`` x the
-    point and the upper bound slurm_plugin.policy fills to; its start-up allowance and the
+    point and the upper bound at ``level`` (slurm_plugin.policy); its start-up allowance and the
     rounding up to whole minutes only lengthen it and are left out, so this counts kills at least
     as often as the real fill would."""
-    from slurm_plugin.policy import PredictionFacts, fill_upper_iteration_seconds
-    return sum(r.measured_iteration_seconds > max(
-        p.iteration_seconds * (1.0 + margin),
-        fill_upper_iteration_seconds(PredictionFacts(p.iteration_seconds, 1, p.iteration_seconds, "", "",
-                                                     interval_seconds=p.interval_seconds), level))
-        for r, p in zip(runs, preds))
+    from predictor.interval import upper_at_level
+    return sum(r.measured_iteration_seconds > max(p.iteration_seconds * (1.0 + margin),
+                                                  upper_at_level(p.iteration_seconds, p.interval_seconds[1], level))
+               for r, p in zip(runs, preds))
+
+
+def _other_spreads(runs_file: str) -> list:
+    """The shipped kinds' spreads measured on other data than ``runs_file``'s folder (so that no
+    interval is judged on its own data)."""
+    from predictor.interval import SHIPPED_KIND_SPREADS
+    rel = str(Path(runs_file).resolve().relative_to(ROOT)) if runs_file else ""
+    return [sp for sp in SHIPPED_KIND_SPREADS if not rel.startswith(sp.dataset + "/")]
 
 
 def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, runs_file: str = "",
@@ -256,13 +261,11 @@ def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, 
     import random
 
     from calibrate.fitting.kinds import fit_hierarchical
-    from predictor.interval import SHIPPED_KIND_SPREADS
-    from slurm_plugin.policy import FILL_LEVEL
     from slurm_plugin.siteconfig import PartitionPolicy
 
-    margin, level = PartitionPolicy().margin, level or FILL_LEVEL
-    rel = str(Path(runs_file).resolve().relative_to(ROOT)) if runs_file else ""
-    spreads = [sp for sp in SHIPPED_KIND_SPREADS if not rel.startswith(sp.dataset + "/")]
+    default = PartitionPolicy()
+    margin, level = default.margin, level or default.fill_level
+    spreads = _other_spreads(runs_file)
     print(f"\nsite: {len(runs)} runs; fit on N drawn at random (all kinds mixed), predict the others; "
           f"fill = max(point x {1 + margin:g}, the upper bound at {100 * level:g} %); 'upper': the median "
           "interval's upper end / point after")

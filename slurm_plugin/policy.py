@@ -95,17 +95,13 @@ def _without_startup(total_seconds: float, pred: PredictionFacts) -> float:
     return max(0.0, total_seconds - pred.startup_seconds)
 
 
-def fill_upper_iteration_seconds(pred: PredictionFacts, level: float = FILL_LEVEL) -> float:
-    """The iteration time the filled limit covers: the interval's upper end moved from the one-sided
-    level it has (1 − α/2) to ``level``, its log half-width scaled by the ratio of the normal
-    quantiles (an assumption about the tail beyond the measured quantile, which the runs are too
-    few to measure; benchmarks/bench_fit_transfer.py --site counts the kills it leaves)."""
-    return upper_at_level(pred.iteration_seconds, pred.interval_seconds[1], level)
-
-
 def upper_total_seconds(pred: PredictionFacts, level: float = FILL_LEVEL) -> float:
-    """The job's total with every iteration at :func:`fill_upper_iteration_seconds`."""
-    extra = max(0.0, fill_upper_iteration_seconds(pred, level) - pred.iteration_seconds)
+    """The job's total with every iteration at the upper bound at one-sided ``level``: the
+    interval's upper end with its log half-width scaled from its own level (1 − α/2) to ``level``
+    (:func:`predictor.interval.upper_at_level`; benchmarks/bench_fit_transfer.py --site counts the
+    kills it leaves)."""
+    upper = upper_at_level(pred.iteration_seconds, pred.interval_seconds[1], level)
+    extra = max(0.0, upper - pred.iteration_seconds)
     return pred.total_seconds + pred.iterations * extra
 
 

@@ -208,13 +208,15 @@ class HierarchicalFit:
 SNAP = 0.005
 
 
+_DEFAULT_POLICY = PartitionPolicy()
+
+
 def _filled(point_seconds: float, high_factor: float) -> float:
     """The iteration time a limit filled by the default policy covers (slurm_plugin.policy: the
     point with its margin, or the upper bound at the default fill level if longer; its start-up
     allowance and rounding only lengthen it)."""
-    default = PartitionPolicy()
-    return max(point_seconds * (1.0 + default.margin),
-               upper_at_level(point_seconds, point_seconds * high_factor, default.fill_level))
+    return max(point_seconds * (1.0 + _DEFAULT_POLICY.margin),
+               upper_at_level(point_seconds, point_seconds * high_factor, _DEFAULT_POLICY.fill_level))
 
 
 def _snap(value: float) -> float:

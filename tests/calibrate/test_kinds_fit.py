@@ -120,12 +120,12 @@ def test_a_kinds_offset_is_learnt_from_its_runs_and_other_kinds_keep_theirs(tmp_
     # Kills: runs above what the default fill covers (policy: the point x 1.15, or the upper bound
     # at the fill level if longer), before with the platform's rule, after with the interval the
     # kind's other 9 give (the largest of their 9 scores).
-    from slurm_plugin.policy import PredictionFacts, fill_upper_iteration_seconds
+    from predictor.interval import upper_at_level
+    from slurm_plugin.siteconfig import FILL_LEVEL
     _, hi0 = IntervalRule.for_platform(base).factors
     new_runs = [x for x in runs if x.name.startswith("new")]
     before = [p.iteration_seconds for p in predict_many([x.job for x in new_runs], base)]
-    filled = [max(1.15 * c, fill_upper_iteration_seconds(PredictionFacts(c, 1, c, "", "", interval_seconds=(c, c * hi0))))
-              for c in before]
+    filled = [max(1.15 * c, upper_at_level(c, c * hi0, FILL_LEVEL)) for c in before]
     assert r.killed_before == sum(x.measured_iteration_seconds > f for x, f in zip(new_runs, filled)) >= 5
     assert r.killed_after <= 1 and r.coverage_after >= 0.8
     assert k_new.kind in summary.table() and "killed" in summary.table()
