@@ -241,7 +241,9 @@ def main() -> int:
           f"its workers and record writer {cpu_ns[1] / n / 1e6:.2f} ms")
     print(f"({'new job shapes' if args.distinct else 'one job shape'}, {args.concurrent} at once, "
           f"{'no warm-up' if args.no_prewarm else 'cli_filter.lua warm-up'})")
-    print(f"median ratio perfcast/trivial = {ratio:.2f} (target <= {1.5 if args.concurrent == 1 else 2})")
+    print(f"target: median ratio <= {1.5 if args.concurrent == 1 else 2}")
+    # The last line as issue 33 names it (scripts read the ratio from it).
+    print(f"median ratio perfcast/trivial = {ratio:.2f}")
     return 0
 
 
