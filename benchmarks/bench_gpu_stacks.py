@@ -4,6 +4,8 @@
     python benchmarks/bench_gpu_stacks.py --device cuda --out DIR [--budget-s 420]
     python benchmarks/bench_gpu_stacks.py --device cpu --out DIR --quick          # smoke run
     python benchmarks/bench_gpu_stacks.py --compare [--platform dgx-h100]         # predicted vs measured
+    python benchmarks/bench_gpu_stacks.py --device cuda --out DIR --parts stacks \
+        --stacks fsdp1,fsdp+selective --largest-first --name stacks4                # chosen stacks only
 
 Writes, as each part ends (a killed run keeps the finished parts):
 
@@ -16,7 +18,10 @@ Writes, as each part ends (a killed run keeps the finished parts):
   ``pytorch`` (calibrate.gpt_model's own loop, as train-family.json measured it), ``sdpa_efficient``
   (the same loop with SDPA pinned to its memory-efficient kernel: flash-attention jobs only),
   ``ddp`` and ``fsdp`` (calibrate/stacks.py on a one-rank NCCL group), each with its step seconds
-  and peak allocated bytes (``torch.cuda.max_memory_allocated``);
+  and peak allocated bytes (``torch.cuda.max_memory_allocated``) and what earlier jobs had left
+  allocated when it started (``start_allocated_bytes``); ``--stacks`` picks others, ``fsdp1``
+  (Composer's FSDP1) among them, and ``STACK+RECOMPUTE`` runs every job with that
+  ``layout.recompute`` (``fsdp+selective``: TorchTitan's op-level checkpointing);
 * ``compile.json``: eager against ``torch.compile`` of the same module for a few small jobs.
 
 Every file carries the device, date and software.  A benchmark: its figures depend on the machine.
@@ -28,6 +33,7 @@ each stack's error, and FSDP2's on its device-bound steps (models of 0.75 B para
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -165,9 +171,15 @@ def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int) 
     from predictor.job import TrainingJob
 
     job = TrainingJob.from_dict(job_dict)
+    # Earlier jobs' modules sit in reference cycles until the collector runs: collect them, so
+    # that the peak below is this job's alone.
+    gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        # What earlier jobs left allocated (FSDP1's hooks keep its modules alive past the
+        # collector): the job's own peak is the peak less this.
+        start_allocated = int(torch.cuda.memory_allocated())
     if stack in ("pytorch", "sdpa_efficient"):
         if stack == "sdpa_efficient":
             from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -184,10 +196,11 @@ def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int) 
             st.run()
         times = time_steps(step, steps, warmup, device)
         params = st.params
-        del st
+        del st, step
     row = {"measured_iteration_seconds": robust_seconds(times, device), "steps": times, "params": int(params)}
     if device == "cuda":
         row["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+        row["start_allocated_bytes"] = start_allocated
     return row
 
 
@@ -195,10 +208,14 @@ def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: P
                 steps: int, warmup: int) -> None:
     rows: list[dict] = []
     result = {"provenance": provenance(device), "steps": steps, "warmup": warmup, "rows": rows}
-    for stack in stacks:
+    for wanted in stacks:
+        # "fsdp+selective": the stack with every job's layout.recompute set so (the row keeps it).
+        stack, _, recompute = wanted.partition("+")
         for job_name, job in jobs:
             if stack == "sdpa_efficient" and job["model"]["attention"] != "flash":
                 continue
+            if recompute:
+                job = {**job, "layout": {**job["layout"], "recompute": recompute}}
             if clock.left() < 15:
                 rows.append({"stack": stack, "name": job_name, "job": job, "error": "out of time"})
                 continue
@@ -256,6 +273,12 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--parts", default="attention,stacks,compile")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a CPU smoke run)")
+    ap.add_argument("--stacks", default="pytorch,sdpa_efficient,fsdp,ddp",
+                    help="the stacks part's stacks, in order; STACK+RECOMPUTE sets layout.recompute "
+                         "(fsdp+selective: TorchTitan's op-level checkpointing)")
+    ap.add_argument("--name", default="stacks", help="the stacks part's file: NAME.json")
+    ap.add_argument("--largest-first", action="store_true",
+                    help="the stacks part runs the family's jobs largest first")
     args = ap.parse_args()
     if args.compare:
         return compare(args.platform)
@@ -290,9 +313,18 @@ def main() -> int:
         attention_part(args.device, seqs, Clock(min(clock.left(), 0.30 * args.budget_s)), args.out,
                        repeats=3 if args.quick else 10)
     if "stacks" in parts:
-        stacks_part(args.device, jobs, ["pytorch", "sdpa_efficient", "fsdp", "ddp"],
+        if args.largest_first:
+            from predictor import TrainingJob
+            from predictor.recipe import total_parameters
+
+            def size(item: tuple) -> float:
+                m = TrainingJob.from_dict(item[1]).model
+                lay = item[1]["layout"]
+                return total_parameters(m) * m.seq_len * lay["micro_batch"] * lay["micro_batches"]
+            jobs = sorted(jobs, key=size, reverse=True)
+        stacks_part(args.device, jobs, args.stacks.split(","),
                     Clock(clock.left() - (0.2 * args.budget_s if "compile" in parts else 0)),
-                    args.out, "stacks", steps=4, warmup=2)
+                    args.out, args.name, steps=4, warmup=2)
     if "compile" in parts:
         small = [j for j in jobs if j[0] in ("L2 h1024 s1024 mb1 flash", "h1024 s2048 mb4 flash",
                                              "h2048 s2048 mb4 flash", "L8 h1024 s1024 mb1 flash")] or jobs[:1]

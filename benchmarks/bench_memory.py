@@ -106,8 +106,9 @@ def clean_rows(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     """(rows whose peak is their own job's, module-stack rows after the first of their stack).
 
     The module stacks (calibrate/stacks.py) leave each job's optimizer in a reference cycle
-    until Python's collector runs, so only the first job of such a stack in a file, run after
-    the freeing stacks, starts on an empty GPU; :func:`leaked` shows what the later ones carry.
+    until Python's collector runs, so in files written before bench_gpu_stacks.py collected it
+    and recorded ``start_allocated_bytes`` (what earlier jobs left, which calibrate.memory_peaks
+    takes off the peak) only the first job of such a stack starts on an empty GPU.
     """
     clean, later = [], []
     seen: set[str] = set()
@@ -115,7 +116,7 @@ def clean_rows(rows: list[dict]) -> tuple[list[dict], list[dict]]:
         if "peak_allocated_bytes" not in row:
             continue
         stack = row.get("stack", "")
-        if stack in FREEING_STACKS or stack not in seen:
+        if stack in FREEING_STACKS or stack not in seen or "start_allocated_bytes" in row:
             clean.append(row)
         else:
             later.append(row)

@@ -24,14 +24,14 @@ from predictor.job import TrainingJob
 from predictor.memory import GIB, MemoryEstimate, estimate_job
 
 from .errors import CalibrationError
-from .stack_runs import stack_job
+from .stack_runs import row_label, stack_job
 
 
 #: Stacks whose peaks the model is asked about, each job as its launch reveals it
 #: (calibrate/stack_runs.py: SDPA's memory-efficient kernel keeps what flash attention keeps;
-#: FSDP2 is ZeRO-3 under TorchTitan).  The one-rank DDP module is left out: its rows' peaks hold
+#: FSDP2 is ZeRO-3 under TorchTitan, FSDP1 under llm-foundry).  The one-rank DDP module is left out: its rows' peaks hold
 #: earlier jobs' memory (benchmarks/data/h100-lent/stacks/README.md).
-MEMORY_STACKS = ("pytorch", "sdpa_efficient", "fsdp")
+MEMORY_STACKS = ("pytorch", "sdpa_efficient", "fsdp", "fsdp1")
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,17 @@ def compare_peaks(rows: Iterable[Mapping[str, Any]],
         peak = row["peak_allocated_bytes"]
         if isinstance(peak, bool) or not isinstance(peak, int) or peak <= 0:
             raise CalibrationError(f"{where}: peak_allocated_bytes must be a positive integer, got {peak!r}")
+        # What earlier jobs left allocated stays so through this job: its own peak is the rest.
+        start = row.get("start_allocated_bytes", 0)
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < peak:
+            raise CalibrationError(f"{where}: start_allocated_bytes must be an integer in [0, peak), got {start!r}")
+        peak -= start
         try:
             job = TrainingJob.from_dict(stack_job(row["job"], stack))
             est = estimate_job(job)
         except (JobError, KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"{where}: job: {exc}") from exc
-        out.append(PeakComparison(stack, name, peak, est))
+        out.append(PeakComparison(row_label(row), name, peak, est))
     return out
 
 

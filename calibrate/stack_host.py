@@ -392,6 +392,26 @@ def gpu_fsdp_layer_seconds(rows: Sequence[dict], bytes_per_second: float) -> dic
             "copies_seconds": copy_seconds, "depths": depths, "micro_batches": micro_batches}
 
 
+def gpu_op_sac_layer_seconds(rows: Sequence[dict], layer_forward_seconds: float) -> dict:
+    """TorchTitan's op-level selective checkpointing's own host work per layer and micro-batch on a
+    GPU node, from real training steps (benchmarks/bench_gpu_stacks.py's rows): the same model at
+    several depths under FSDP2 with ``layout.recompute = "selective"`` and without
+    (:func:`_depth_series`); the difference of the per-layer slopes, over the micro-batches, less
+    the repeated forward's issue (``layer_forward_seconds``, which predictor.host adds apart), is
+    the wrapper's: its policy called on every operator, the cache, the recompute's bookkeeping."""
+    def relabel(r: dict) -> dict:
+        layout = r.get("job", {}).get("layout", {})
+        if r.get("stack") != "fsdp" or layout.get("recompute", "none") != "selective":
+            return r
+        return {**r, "stack": "fsdp+selective", "job": {**r["job"], "layout": {**layout, "recompute": "none"}}}
+
+    job_dict, depths, slope = _depth_series([relabel(r) for r in rows], ("fsdp+selective", "fsdp"))
+    micro_batches = int(job_dict["layout"]["micro_batches"])
+    per_micro_batch = (slope["fsdp+selective"] - slope["fsdp"]) / micro_batches
+    return {"torch_op_sac": per_micro_batch - layer_forward_seconds, "slope_seconds": slope,
+            "depths": depths, "micro_batches": micro_batches}
+
+
 def gpu_compiled_layer_ratio(rows: Sequence[dict]) -> dict:
     """A compiled layer's cost over an eager one's when the host issues the step (``torch.compile``
     of the module against the same module eager, :func:`_depth_series` of ``compile`` and ``ddp``

@@ -9,12 +9,16 @@ would reveal (:data:`STACK_JOB`):
 * ``fsdp``: FSDP2 per layer, fp32 parameters, bf16 compute: what TorchTitan runs:
   ``run.framework = "torchtitan"``, ``layout.zero_stage = 3`` (``reshard_after_forward`` and the
   gradient reduction precision at TorchTitan's defaults, as the stack ran them);
+* ``fsdp1``: FSDP1 per layer (Composer's ``FullyShardedDataParallel``, ``FULL_SHARD``, PURE mixed
+  precision: bf16 compute and reduction over fp32 parameters): what llm-foundry runs:
+  ``run.framework = "llm-foundry"``, ``layout.zero_stage = 3``, ``run.grad_reduce_precision = "bf16"``;
 * ``ddp``: a one-rank DDP module with fused AdamW: a plain PyTorch launch names no framework and
   replicates the optimizer state, so ``layout.zero_stage = 0``.  Its kind (predictor/kinds.py:
   framework, attention, precision, recompute) is the same as ``pytorch``'s: nothing a launch shows
   tells a DDP script from a hand-written loop.
 
-A job measured in more than one call keeps its fastest step time (a later call ran after larger
+A row whose job sets ``layout.recompute`` (``bench_gpu_stacks.py --stacks fsdp+selective``) keeps
+it, and its run is named ``"<stack>+<recompute> <job name>"``.  A job measured in more than one call keeps its fastest step time (a later call ran after larger
 jobs had left memory behind, which only adds time); the source line gives every call's time.  Rows
 with an ``error`` (out of memory) are left out.  Run names are ``"<stack> <job name>"``.  No torch.
 """
@@ -32,6 +36,8 @@ STACK_JOB: dict[str, dict[tuple[str, str], Any]] = {
     "pytorch": {},
     "sdpa_efficient": {("model", "attention_impl"): "sdpa_efficient"},
     "fsdp": {("run", "framework"): "torchtitan", ("layout", "zero_stage"): 3},
+    "fsdp1": {("run", "framework"): "llm-foundry", ("layout", "zero_stage"): 3,
+              ("run", "grad_reduce_precision"): "bf16"},
     "ddp": {("layout", "zero_stage"): 0},
     # The CPU family's third stack (calibrate/cpu_family.py): DeepSpeed's engine at ZeRO-1.
     "deepspeed": {("run", "framework"): "deepspeed", ("layout", "zero_stage"): 1},
@@ -51,6 +57,13 @@ def stack_job(job: dict, stack: str) -> dict:
     for (section, key), value in STACK_JOB[stack].items():
         out.setdefault(section, {})[key] = value
     return out
+
+
+def row_label(row: dict) -> str:
+    """A row's stack as runs name it: ``"fsdp"``, or ``"fsdp+selective"`` where its job sets
+    ``layout.recompute``."""
+    recompute = (row.get("job", {}).get("layout") or {}).get("recompute", "none")
+    return row["stack"] if recompute == "none" else f"{row['stack']}+{recompute}"
 
 
 def _provenance_note(raw: dict, file: str) -> str:
@@ -84,16 +97,17 @@ def runs_from_files(files: Iterable[Path], stacks: Sequence[str] = STACKS) -> li
             secs = row.get("measured_iteration_seconds")
             if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not secs > 0:
                 raise StackRowError(f"{where}: measured_iteration_seconds must be > 0, got {secs!r}")
-            seen.setdefault((row["stack"], row["name"]), []).append((float(secs), note, row["job"]))
+            seen.setdefault((row_label(row), row["name"]), []).append((float(secs), note, row["job"]))
     runs = []
-    for (stack, name), meas in seen.items():
+    for (label, name), meas in seen.items():
+        stack = label.split("+", 1)[0]
         best = min(meas, key=lambda m: m[0])
         calls = " / ".join(f"{1e3 * s:.1f} ms" for s, _, _ in meas)
-        source = (f"benchmarks/bench_gpu_stacks.py, stack {stack}, "
+        source = (f"benchmarks/bench_gpu_stacks.py, stack {label}, "
                   + (f"fastest of {len(meas)} calls ({calls}; a later call ran after larger jobs, "
                      "which only adds time), " if len(meas) > 1 else "")
                   + best[1])
-        runs.append({"name": f"{stack} {name}", "source": source, "measured_iteration_seconds": best[0],
+        runs.append({"name": f"{label} {name}", "source": source, "measured_iteration_seconds": best[0],
                      "job": stack_job(best[2], stack)})
     return runs
 

@@ -10,8 +10,15 @@ wraps it as a stack does, returning one training step:
 * ``fsdp``: FSDP2 ``fully_shard`` on each layer and on the root (TorchTitan's data parallelism),
   fp32 sharded parameters computed in bf16 (``MixedPrecisionPolicy(param_dtype=bfloat16,
   reduce_dtype=float32)``, TorchTitan's default) on CUDA; on a CPU the job's own dtype;
+* ``fsdp1``: FSDP1 ``FullyShardedDataParallel`` wrapping each layer and the root (Composer's, which
+  runs llm-foundry): ``FULL_SHARD``, ``use_orig_params``, ``limit_all_gathers``, fp32 flat
+  parameters computed, reduced and buffered in bf16 on CUDA (Composer's ``PURE`` mixed precision,
+  llm-foundry's usual); on one rank FSDP1 itself switches to ``NO_SHARD``;
 * ``compile``: the module under ``torch.compile`` (what TorchTitan's ``compile`` turns on), no
   data-parallel wrapper, ``torch.optim.AdamW``.
+
+``layout.recompute`` is applied per layer as the frameworks do: ``full`` checkpoints each layer,
+``selective`` checkpoints each layer under TorchTitan's op-level policy (calibrate/op_sac.py).
 
 A process group must be initialised before ``ddp`` and ``fsdp`` (one rank is enough: the hooks,
 collectives and copies run all the same).  :func:`measure_stack` below (gloo ranks on a CPU) and
@@ -33,7 +40,7 @@ from .gpt_model import FlatGPT, model_class, token_batches
 from .timing import time_steps
 
 #: The module stacks :func:`stack_step` builds.
-MODULE_STACKS = ("ddp", "fsdp", "compile")
+MODULE_STACKS = ("ddp", "fsdp", "fsdp1", "compile")
 
 
 def module_gpt(job: TrainingJob, world: int, device: str = "cpu", fsdp_mesh: Any = None,
@@ -43,8 +50,12 @@ def module_gpt(job: TrainingJob, world: int, device: str = "cpu", fsdp_mesh: Any
     ``param_dtype`` stores the parameters in another dtype than the job's (FSDP's fp32 master
     parameters); ``fsdp_mesh`` shards each layer and the root with FSDP2 ``fully_shard``."""
     # FlatGPT checks the layouts its own loop runs (ZeRO 0/1); the arithmetic is the same here.
-    flat_job = dataclasses.replace(job, layout=dataclasses.replace(job.layout,
-                                                                   zero_stage=min(job.layout.zero_stage, 1)))
+    # The module applies the recomputation itself (below), so FlatGPT builds the plain layer.
+    recompute = job.layout.recompute
+    if recompute not in ("none", "full", "selective"):
+        raise CalibrationError(f"layout.recompute = {recompute!r}: the module stacks run none, full or selective")
+    flat_job = dataclasses.replace(job, layout=dataclasses.replace(
+        job.layout, zero_stage=min(job.layout.zero_stage, 1), recompute="none"))
     gpt = model_class(job)(flat_job, device, world, seed=0)
     names = list(gpt.params)
 
@@ -59,28 +70,35 @@ def module_gpt(job: TrainingJob, world: int, device: str = "cpu", fsdp_mesh: Any
         def __init__(self, i: int):
             super().__init__()
             self.i = i
-            for n in names:
-                if n.startswith(f"{i}."):
-                    self.register_parameter(key(n), own(gpt.params[n]))
+            self.own_names = [key(n) for n in names if n.startswith(f"{i}.")]
+            for n in self.own_names:
+                self.register_parameter(n, own(gpt.params[f"{i}.{n}"]))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            gpt.params.update({f"{self.i}.{k}": p for k, p in self.named_parameters()})
+            # getattr, not named_parameters(): FSDP1 (use_orig_params) swaps the parameters for
+            # plain tensor views of its gathered flat parameter while the forward runs.
+            gpt.params.update({f"{self.i}.{k}": getattr(self, k) for k in self.own_names})
             return gpt._layer(self.i, x)
 
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.layers = torch.nn.ModuleList(Layer(i) for i in range(job.model.layers))
-            for n in names:
-                if "." not in n:
-                    self.register_parameter(n, own(gpt.params[n]))
+            self.own_names = [n for n in names if "." not in n]
+            for n in self.own_names:
+                self.register_parameter(n, own(gpt.params[n]))
 
         def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            gpt.params.update({n: p for n, p in self.named_parameters(recurse=False)})
+            gpt.params.update({n: getattr(self, n) for n in self.own_names})
             x = K.embedding(ids, gpt.params["emb"])
-            full = job.layout.recompute == "full"
             for layer in self.layers:
-                x = checkpoint(layer, x, use_reentrant=False) if full else layer(x)
+                if recompute == "full":
+                    x = checkpoint(layer, x, use_reentrant=False)
+                elif recompute == "selective":
+                    from .op_sac import op_sac_context
+                    x = checkpoint(layer, x, use_reentrant=False, context_fn=op_sac_context)
+                else:
+                    x = layer(x)
             x = gpt._norm(x, gpt.params["lnf_w"], gpt._p("lnf_b"))
             logits = K.linear(x, gpt.params["emb"], None)
             return K.vocab_parallel_cross_entropy(logits, targets).mean()
@@ -128,6 +146,19 @@ def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, worl
             mp = MixedPrecisionPolicy(param_dtype=K.DTYPES[job.run.precision], reduce_dtype=torch.float32)
         model, gpt = module_gpt(job, world, device, fsdp_mesh=mesh, param_dtype=pdtype, mp_policy=mp)
         forward: Callable[..., torch.Tensor] = model
+    elif stack == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        pdtype = torch.float32 if device == "cuda" else None
+        model, gpt = module_gpt(job, world, device, param_dtype=pdtype)
+        low = K.DTYPES[job.run.precision]
+        mp1 = MixedPrecision(param_dtype=low, reduce_dtype=low, buffer_dtype=low) if device == "cuda" else None
+        layer_type = type(model.layers[0])
+        forward = FullyShardedDataParallel(
+            model, auto_wrap_policy=ModuleWrapPolicy({layer_type}), sharding_strategy=ShardingStrategy.FULL_SHARD,
+            mixed_precision=mp1, use_orig_params=True, limit_all_gathers=True,
+            device_id=torch.cuda.current_device() if device == "cuda" else torch.device("cpu"))
+        model = forward
     else:
         model, gpt = module_gpt(job, world, device)
         if stack == "ddp":

@@ -238,8 +238,12 @@ SHIPPED_KIND_SPREADS: tuple[KindSpread, ...] = (
     KindSpread('benchmarks/data/h100-lent/stacks', '-/flash/bf16/none', 0.2956, 49),
     KindSpread('benchmarks/data/h100-lent/stacks', '-/flash:sdpa_efficient/bf16/none', 0.4779, 28),
     KindSpread('benchmarks/data/h100-lent/stacks', '-/fused_softmax/bf16/none', 0.2705, 10),
+    KindSpread('benchmarks/data/h100-lent/stacks', 'llm-foundry/flash/bf16/none', 0.4251, 26),
+    KindSpread('benchmarks/data/h100-lent/stacks', 'llm-foundry/fused_softmax/bf16/none', 0.5109, 4),
     KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/flash/bf16/none', 0.1009, 27),
+    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/flash/bf16/selective', 0.3969, 21),
     KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/fused_softmax/bf16/none', 0.5844, 5),
+    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/fused_softmax/bf16/selective', 0.3376, 2),
 )
 
 

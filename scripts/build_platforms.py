@@ -43,7 +43,7 @@ from calibrate.env import KNOWN_GPUS  # noqa: E402
 from calibrate.fitting import BundleFitter, convert_bundle  # noqa: E402
 from calibrate.fitting.host import platform_host_table  # noqa: E402
 from calibrate.importers import import_estimate_train_time  # noqa: E402
-from calibrate.stack_host import gpu_fsdp_layer_seconds  # noqa: E402
+from calibrate.stack_host import gpu_fsdp_layer_seconds, gpu_op_sac_layer_seconds  # noqa: E402
 from calibrate.validate import load_runs, validate_platform  # noqa: E402
 from predictor.bundle import MANIFEST, load_bundle  # noqa: E402
 from predictor.host import CHECKPOINT_WRAPPERS  # noqa: E402
@@ -164,6 +164,7 @@ def stack_prior() -> tuple[dict, str]:
     per-layer cost from the lent H100's real FSDP2 and DDP steps
     (calibrate.stack_host.gpu_fsdp_layer_seconds), and the source that says so; read once."""
     folder, gpu_steps = RUNS / "stack-host", RUNS / "h100-lent" / "stacks" / "stacks2.json"
+    sac_steps = RUNS / "h100-lent" / "stacks" / "stacks4.json"
     runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("cpu-*.json"))]
     zero3_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("deepspeed-zero3-*.json"))]
     # checkpoint-N.json wrap the GPT-shaped layer (what ships); checkpoint-block-N.json the tiny block.
@@ -175,6 +176,12 @@ def stack_prior() -> tuple[dict, str]:
                                                       for r in ckpt_runs)), 8) for w in CHECKPOINT_WRAPPERS}
     steps = json.loads(gpu_steps.read_text(encoding="utf-8"))
     fsdp = gpu_fsdp_layer_seconds(steps["rows"], H100.memory_gbps * 1e9)
+    # TorchTitan's op-level SAC as the GPU node's host runs it (its policy is Python called per
+    # operator, 1.6x what the CPU benchmark's wrapper measured): FSDP2 with it against without.
+    sac_rows = json.loads(sac_steps.read_text(encoding="utf-8"))
+    sac = gpu_op_sac_layer_seconds(steps["rows"] + sac_rows["rows"],
+                                   host_costs(RUNS / "h100-lent" / "host.toml")["layer_forward_seconds"])
+    checkpoint["torch_op_sac"] = round(sac["torch_op_sac"], 8)
     meta, zmeta, gpu = runs[0]["provenance"], zero3_runs[0]["provenance"], steps["provenance"]
     cmeta = ckpt_runs[0]["provenance"]
     values = {"collective_seconds": round(collective, 8), "fsdp_layer_seconds": round(fsdp["fsdp_layer_seconds"], 7),
@@ -187,7 +194,11 @@ def stack_prior() -> tuple[dict, str]:
             f"benchmarks/bench_stack_host.py --deepspeed (median of {len(zero3_runs)} runs, one gloo rank, "
             f"{zmeta['cpu']}); checkpoint_layer_seconds: each wrapper's fwd+bwd less the plain layer's less one "
             f"forward, per GPT-shaped layer, benchmarks/bench_stack_host.py --checkpoint (median of "
-            f"{len(ckpt_runs)} runs, {cmeta['cpu']}, torch {cmeta['torch']}, deepspeed {cmeta['deepspeed']})")
+            f"{len(ckpt_runs)} runs, {cmeta['cpu']}, torch {cmeta['torch']}, deepspeed {cmeta['deepspeed']}), "
+            f"but torch_op_sac: FSDP2 with op-level SAC less FSDP2 per layer and micro-batch, less one "
+            f"forward's issue, on the lent {sac_rows['provenance']['gpu']} (torch {sac_rows['provenance']['torch']}, "
+            f"{sac_rows['provenance']['date'][:10]}, depths {'/'.join(map(str, sac['depths']))}: "
+            f"benchmarks/data/h100-lent/stacks)")
     return values, note
 
 

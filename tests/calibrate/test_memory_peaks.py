@@ -103,3 +103,28 @@ def test_the_lent_h100_flat_loop_peaks_are_the_model_plus_its_persistent_fp32_gr
     for c in comps:
         held = c.predicted_bytes + min(c.estimate.activations, c.estimate.optimizer_step)
         assert 0.0 <= (c.measured_bytes - held) / c.measured_bytes < 0.08, c.name
+
+
+def test_what_earlier_jobs_left_is_taken_off_the_peak_and_fsdp1_is_llm_foundrys():
+    from calibrate.stack_runs import stack_job
+    model = estimate_job(TrainingJob.from_dict(stack_job(JOB, "fsdp1"))).formula_bytes
+    left = 5 * 2**30
+    row = {**_row("fsdp1", "a", round(model) + left), "start_allocated_bytes": left}
+    (c,) = compare_peaks([row])
+    assert c.stack == "fsdp1" and c.measured_bytes == round(model)
+    assert c.error == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(CalibrationError, match=r"row 0 \(fsdp1 'a'\): start_allocated_bytes"):
+        compare_peaks([{**row, "start_allocated_bytes": row["peak_allocated_bytes"]}])
+
+
+def test_a_selective_row_is_compared_as_op_level_checkpointing():
+    selective = {**JOB, "layout": {**JOB["layout"], "recompute": "selective"}}
+    from calibrate.stack_runs import stack_job
+    model = estimate_job(TrainingJob.from_dict(stack_job(selective, "fsdp"))).formula_bytes
+    (c,) = compare_peaks([{"stack": "fsdp", "name": "s", "job": selective, "peak_allocated_bytes": round(model)}])
+    assert c.stack == "fsdp+selective"
+    assert c.error == pytest.approx(0.0, abs=1e-9)
+    # TorchTitan's op-level policy keeps more than full recomputation, less than none.
+    full = {**JOB, "layout": {**JOB["layout"], "recompute": "full"}}
+    none = estimate_job(TrainingJob.from_dict(stack_job(JOB, "fsdp"))).formula_bytes
+    assert estimate_job(TrainingJob.from_dict(stack_job(full, "fsdp"))).formula_bytes < model < none

@@ -100,6 +100,45 @@ def test_gpu_fsdp_layer_cost_is_the_slope_difference_less_the_copies():
         stack_host.gpu_fsdp_layer_seconds(rows[:3], 3.0e12)
 
 
+def test_gpu_op_sac_cost_is_the_slope_difference_less_one_forward():
+    stack_host = _stack_host()
+    job = {"model": {"layers": 2, "hidden": 1024, "heads": 8, "seq_len": 1024, "attention": "flash"},
+           "layout": {"micro_batch": 1, "micro_batches": 4, "zero_stage": 1, "recompute": "none"},
+           "run": {"precision": "bf16"}}
+
+    def row(recompute: str, layers: int, seconds: float) -> dict:
+        j = {k: dict(v) for k, v in job.items()}
+        j["model"]["layers"], j["layout"]["recompute"] = layers, recompute
+        return {"stack": "fsdp", "job": j, "measured_iteration_seconds": seconds}
+
+    # With op-level SAC 26 ms per layer per step, without 13 ms: 3.25 ms per layer and micro-batch.
+    rows = [row("selective", n, 0.09 + 0.026 * n) for n in (8, 16)]
+    rows += [row("none", n, 0.03 + 0.013 * n) for n in (2, 8, 16)] + [row("full", 8, 1.0), row("full", 16, 2.0)]
+    out = stack_host.gpu_op_sac_layer_seconds(rows, layer_forward_seconds=0.00025)
+    assert out["depths"] == [8, 16] and out["micro_batches"] == 4
+    assert out["torch_op_sac"] == pytest.approx(0.00325 - 0.00025)
+    with pytest.raises(ValueError, match="two or more depths"):
+        stack_host.gpu_op_sac_layer_seconds(rows[:1] + rows[2:], layer_forward_seconds=0.0)
+
+
+def test_the_shipped_op_sac_wrapper_cost_is_the_lent_gpus_measurement():
+    """Every shipped platform's torch_op_sac is the lent H100's steps with and without it
+    (scripts/build_platforms.py), not the CPU benchmark's figure."""
+    import json
+    from pathlib import Path
+
+    from predictor import load_platform
+    stack_host = _stack_host()
+    data = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h100-lent"
+    rows = [r for f in ("stacks2.json", "stacks4.json")
+            for r in json.loads((data / "stacks" / f).read_text())["rows"]]
+    forward = load_platform("dgx-h100").host.layer_forward_seconds
+    out = stack_host.gpu_op_sac_layer_seconds(rows, forward)
+    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+        assert load_platform(name).host.checkpoint_layer_seconds["torch_op_sac"] == pytest.approx(
+            out["torch_op_sac"], abs=1e-8)
+
+
 def test_the_compiled_layer_ratio_is_the_committed_measurement():
     stack_host = _stack_host()
     import json

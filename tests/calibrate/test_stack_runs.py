@@ -36,13 +36,29 @@ def test_each_stack_is_the_job_its_launch_reveals_and_its_kind(tmp_path):
     assert set(loaded) == {f"{s} L2 h256" for s in mod.STACKS}
     keys = {n.split()[0]: kind_of(r.job).key for n, r in loaded.items()}
     assert keys == {"pytorch": "-/flash/bf16/none", "sdpa_efficient": "-/flash:sdpa_efficient/bf16/none",
-                    "fsdp": "torchtitan/flash/bf16/none", "ddp": "-/flash/bf16/none",
-                    "deepspeed": "deepspeed/flash/bf16/none"}
+                    "fsdp": "torchtitan/flash/bf16/none", "fsdp1": "llm-foundry/flash/bf16/none",
+                    "ddp": "-/flash/bf16/none", "deepspeed": "deepspeed/flash/bf16/none"}
+    # Composer's PURE mixed precision reduces in bf16, not the fp32 a bf16 job defaults to.
+    assert loaded["fsdp1 L2 h256"].job.run.grad_reduce_precision == "bf16"
+    assert loaded["fsdp1 L2 h256"].job.layout.zero_stage == 3
     assert loaded["fsdp L2 h256"].job.layout.zero_stage == 3
     assert loaded["ddp L2 h256"].job.layout.zero_stage == 0
     assert loaded["pytorch L2 h256"].job.layout.zero_stage == 1
     assert JOB["layout"]["zero_stage"] == 1 and "framework" not in JOB["run"]    # the input is not changed
     assert "NVIDIA H100" in loaded["fsdp L2 h256"].source and "4 steps after 2 warm-ups" in loaded["fsdp L2 h256"].source
+
+
+def test_a_recompute_row_is_its_own_run_named_by_its_recompute(tmp_path):
+    selective = {**JOB, "layout": {**JOB["layout"], "recompute": "selective"}}
+    f = _write(tmp_path / "a.json", [_row("fsdp", 0.030), _row("fsdp", 0.050, job=selective)])
+    runs = {r["name"]: r for r in mod.runs_from_files([f])}
+    assert set(runs) == {"fsdp L2 h256", "fsdp+selective L2 h256"}
+    assert runs["fsdp+selective L2 h256"]["measured_iteration_seconds"] == 0.050
+    assert runs["fsdp+selective L2 h256"]["job"]["layout"]["recompute"] == "selective"
+    assert runs["fsdp+selective L2 h256"]["job"]["run"]["framework"] == "torchtitan"
+    assert "stack fsdp+selective" in runs["fsdp+selective L2 h256"]["source"]
+    assert mod.row_label(_row("fsdp", 0.03, job=selective)) == "fsdp+selective"
+    assert mod.row_label(_row("fsdp", 0.03)) == "fsdp"
 
 
 def test_repeats_keep_the_fastest_errors_and_other_stacks_are_left_out(tmp_path):
@@ -72,5 +88,5 @@ def test_bad_rows_name_the_file_and_row(tmp_path, rows, match):
 
 def test_the_committed_runs_file_is_what_the_converter_makes():
     data = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h100-lent" / "stacks"
-    files = [data / f for f in ("stacks.json", "stacks2.json")]
+    files = [data / f for f in ("stacks.json", "stacks2.json", "stacks3.json", "stacks4.json", "stacks5.json")]
     assert (data / "stacks-runs.toml").read_text() == mod.to_toml(mod.runs_from_files(files))

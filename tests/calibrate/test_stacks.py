@@ -1,6 +1,8 @@
 """calibrate/stacks.py: the GPT module under DDP and FSDP2 computes what calibrate.gpt_model's loop does."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -25,7 +27,7 @@ def test_module_loss_is_the_flat_models(one_rank):
     assert torch.allclose(module(ids, tgt), flat.loss(ids, tgt), rtol=1e-5)
 
 
-@pytest.mark.parametrize("stack", ["ddp", "fsdp"])
+@pytest.mark.parametrize("stack", ["ddp", "fsdp", "fsdp1"])
 def test_a_stack_step_trains(one_rank, stack):
     job = TrainingJob.from_dict(JOB)
     batches = token_batches(job, "cpu")
@@ -41,6 +43,33 @@ def test_a_stack_step_trains(one_rank, stack):
     # The same batches again: the wrapped model learned them (its loss went down from the start's).
     with torch.no_grad():
         assert sum(float(step.forward(i, t)) for i, t in batches) < start
+
+
+@pytest.mark.parametrize("stack, recompute", [("ddp", "none"), ("fsdp1", "none"), ("fsdp", "selective"),
+                                               ("fsdp", "full")])
+def test_the_wrappers_and_recomputation_keep_the_loss_and_gradients(one_rank, stack, recompute):
+    """FSDP1 (its parameters swapped for views of the gathered flat parameter during the
+    forward) and op-level or full recomputation give the plain module's loss and gradients."""
+    job = TrainingJob.from_dict({**JOB, "layout": {**JOB["layout"], "recompute": recompute}})
+    ids, tgt = token_batches(job, "cpu")[0]
+    plain, _ = stacks.module_gpt(TrainingJob.from_dict(JOB), 1)
+    loss = plain(ids, tgt)
+    loss.backward()
+    want = sum(float(p.grad.abs().sum()) for p in plain.parameters())
+    step = stacks.stack_step(stack, job, [(ids, tgt)], device="cpu")
+    step.gpt.begin_step()
+    got = step.forward(ids, tgt)
+    got.backward()
+    assert float(got) == pytest.approx(float(loss), rel=1e-6)
+    assert sum(float(p.grad.abs().sum()) for p in step.forward.parameters() if p.grad is not None) == \
+        pytest.approx(want, rel=1e-5)
+
+
+def test_a_recomputation_the_modules_do_not_run_is_refused():
+    job = TrainingJob.from_dict(JOB)
+    bad = dataclasses.replace(job, layout=dataclasses.replace(job.layout, recompute="block"))
+    with pytest.raises(CalibrationError, match="layout.recompute = 'block'"):
+        stacks.module_gpt(bad, 1)
 
 
 def test_unknown_stack_is_refused():
