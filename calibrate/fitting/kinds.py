@@ -47,7 +47,7 @@ from predictor.interval import (SHIPPED_KIND_SPREADS, SHIPPED_PRIOR, IntervalRul
                                 unseen_kind_bound, upper_at_level)
 from predictor.kinds import kind_of
 from predictor.platform import (FITTED_SCALE_RANGE, KIND_SCALES, FitDomain, FittedTerms, KindTerms,
-                                Platform)
+                                Platform, scale_range)
 from predictor.validation import MeasuredRun
 from slurm_plugin.siteconfig import PartitionPolicy
 
@@ -61,6 +61,11 @@ LABEL = {"compute_scale": "compute", "attention_scale": "attention", "host_layer
 # its log; a factor is "identified" by a kind's runs when they pin its log to half that.
 TAU0 = math.log(FITTED_SCALE_RANGE[1]) / 2
 MAX_STD = TAU0 / 2
+# Each factor's log bounds, and its prior's weight against TAU0's: a factor with a wider range
+# (the attention scale, predictor.platform.scale_range) has a wider prior, its range as 2 sd too.
+_LOG_LO = np.array([math.log(scale_range(f)[0]) for f in KIND_SCALES])
+_LOG_HI = np.array([math.log(scale_range(f)[1]) for f in KIND_SCALES])
+_PRIOR_WEIGHT = (TAU0 / (_LOG_HI / 2)) ** 2
 # The spread of repeated steps of one run (calibrate/validate.py _NOISE_FLOOR): no fit is tighter.
 NOISE_FLOOR = 0.03
 MIN_ELASTICITY = NOISE_FLOOR / math.log(2.0)
@@ -230,8 +235,8 @@ def _predict(platform: Platform, jobs: Sequence[Any], scales: Optional[dict[str,
 
 
 def _clamp_log(b: np.ndarray) -> np.ndarray:
-    lo, hi = (math.log(x) for x in FITTED_SCALE_RANGE)
-    return np.clip(b, lo, hi)
+    """A factor vector's logs (one per FACTORS), each within its scale range."""
+    return np.clip(b, _LOG_LO, _LOG_HI)
 
 
 def _design(J: np.ndarray, kind_idx: np.ndarray, nk: int) -> np.ndarray:
@@ -247,7 +252,7 @@ def _design(J: np.ndarray, kind_idx: np.ndarray, nk: int) -> np.ndarray:
 
 def _penalty(k: int, nk: int, lam0: float, lam: float) -> np.ndarray:
     P = np.zeros(k * (nk + 1))
-    P[:k] = lam0
+    P[:k] = lam0 * _PRIOR_WEIGHT
     P[k:] = lam if math.isfinite(lam) else 1e12
     return np.diag(P)
 

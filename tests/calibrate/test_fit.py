@@ -185,10 +185,17 @@ def test_plain_validate_keeps_the_fitted_table(tmp_path):
     assert load_platform(d).fitted == base.fitted
 
 
+def test_an_attention_scale_beyond_the_others_range_is_accepted(tmp_path):
+    # Attention kernels on one GPU differ by up to 4x (predictor.platform.ATTENTION_SCALE_RANGE).
+    d = _copy(tmp_path, "dgx-a100", fitted={"attention_scale": 3.5})
+    assert load_platform(d).fitted.attention_scale == 3.5
+
+
 @pytest.mark.parametrize("table, needle", [
     ({"compute_scale": 3.0}, "fitted.compute_scale must be a number in [0.5, 2.0]"),
     ({"host_scale": "fast"}, "fitted.host_scale"),
     ({"host_layer_scale": 0.1}, "fitted.host_layer_scale must be a number in [0.5, 2.0]"),
+    ({"attention_scale": 4.5}, "fitted.attention_scale must be a number in [0.25, 4.0]"),
     ({"host_micro_batch_scale": True}, "fitted.host_micro_batch_scale"),
     ({"host_launch_scale": "x"}, "fitted.host_launch_scale"),
     ("compute_scale = nan", "fitted.compute_scale"),

@@ -328,13 +328,16 @@ def test_above_the_cap_each_run_is_scored_by_the_fit_without_its_fold(tmp_path):
     assert kind.scores[own.index(i)] == pytest.approx(math.log(runs[i].measured_iteration_seconds / p), abs=1e-12)
 
 
-def test_an_attention_kernel_slower_than_timed_is_learnt_apart_from_compute_and_carries_to_long_sequences(tmp_path):
-    """A stack whose fused attention runs 1.6x the platform's timed kernel (a Triton kernel on H100)
+@pytest.mark.parametrize("slower", [1.6, 3.0])
+def test_an_attention_kernel_slower_than_timed_is_learnt_apart_from_compute_and_carries_to_long_sequences(
+        tmp_path, slower):
+    """A stack whose fused attention runs 1.6x the platform's timed kernel (a Triton kernel on H100),
+    or 3x (SDPA's memory-efficient kernel against cuDNN's at 8k+, beyond the other factors' x2 range)
     is off by more the longer its sequences: its runs at 2k-8k tokens give an attention scale, not a
     compute scale, and a 32k-token job of the kind is predicted as the truth has it."""
     d = _copy(tmp_path, "dgx-h100")
     base = load_platform(d)
-    truth = dataclasses.replace(base, fitted=FittedTerms(attention_scale=1.6))
+    truth = dataclasses.replace(base, fitted=FittedTerms(attention_scale=slower))
     shapes = [(s, L, h) for s in (2048, 4096, 8192) for L, h in ((8, 2048), (12, 3072), (16, 4096), (8, 4096))]
     jobs = [_with(_job(layers=L, hidden=h, heads=h // 128, seq=s, mb=1, mbs=4, recompute="none",
                        attention="flash"), precision="bf16", framework="llm-foundry")
@@ -342,13 +345,18 @@ def test_an_attention_kernel_slower_than_timed_is_learnt_apart_from_compute_and_
     res = fit_hierarchical(base, _runs(jobs, truth, "att", noise=True))
     (k,) = res.kinds
     assert k.factors["attention_scale"].status == "fitted", k.factors["attention_scale"]
-    assert k.factors["attention_scale"].value == pytest.approx(1.6, rel=0.1)
+    assert k.factors["attention_scale"].value == pytest.approx(slower, rel=0.1)
     assert k.factors["compute_scale"].value == pytest.approx(1.0, abs=0.05)
     assert res.improves
     plat = dataclasses.replace(base, fitted=res.terms())
     long = _with(_job(layers=16, hidden=4096, heads=32, seq=32768, mb=1, mbs=4, recompute="none",
                       attention="flash"), precision="bf16", framework="llm-foundry")
     want = predict(long, truth).iteration_seconds
-    assert predict(long, base).iteration_seconds < 0.8 * want        # the models alone: far low
-    assert predict(long, plat).iteration_seconds == pytest.approx(want, rel=0.05)
+    assert predict(long, base).iteration_seconds < (0.8 if slower < 2 else 0.6) * want   # the models alone: far low
+    # The fitted scale's own error (10 %) carries into a 32k job, whose time is mostly attention.
+    assert predict(long, plat).iteration_seconds == pytest.approx(want, rel=0.05 if slower < 2 else 0.1)
+    if slower > 2:
+        # The other factors' x2 bound would have left it far low.
+        capped = dataclasses.replace(base, fitted=FittedTerms(attention_scale=2.0))
+        assert predict(long, capped).iteration_seconds < 0.8 * want
     assert predict(long, plat).details.fitted_scales["attention"] == pytest.approx(k.factors["attention_scale"].value, rel=1e-3)
