@@ -77,9 +77,13 @@ def test_fsdp2_copies_follow_its_collectives_bytes():
     never = fsdp2_shard_copies(_job(reshard_after_forward="never").layout, "torchtitan", "bf16", "fp32",
                                BYTES_PER_ELEMENT)
     assert never.backward_bytes == pytest.approx(6 + 12 / 16)
+    # ZeRO-2 (TorchTitan's reshard_after_forward = False): gathered once per micro-batch, as "never".
+    two = fsdp2_shard_copies(_job(zero_stage=2).layout, "torchtitan", "bf16", "fp32", BYTES_PER_ELEMENT)
+    assert (two.forward_bytes, two.backward_bytes) == (never.forward_bytes, never.backward_bytes)
     # Not FSDP2, or not sharded: no such copies.
     assert fsdp2_shard_copies(_job().layout, "deepspeed", "bf16", "bf16", BYTES_PER_ELEMENT) is None
     assert fsdp2_shard_copies(_job(zero_stage=0).layout, "torchtitan", "bf16", "fp32", BYTES_PER_ELEMENT) is None
+    assert fsdp2_shard_copies(_job(zero_stage=1).layout, "torchtitan", "bf16", "fp32", BYTES_PER_ELEMENT) is None
 
 
 def test_fsdp2_copies_cost_memory_passes_each_micro_batch():
