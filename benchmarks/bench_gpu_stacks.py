@@ -177,8 +177,8 @@ def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int) 
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        # What earlier jobs left allocated (FSDP1's hooks keep its modules alive past the
-        # collector): the job's own peak is the peak less this.
+        # What earlier jobs left allocated (FSDP1's modules outlive the collector: their
+        # memory stays allocated): the job's own peak is the peak less this.
         start_allocated = int(torch.cuda.memory_allocated())
     if stack in ("pytorch", "sdpa_efficient"):
         if stack == "sdpa_efficient":

@@ -29,8 +29,8 @@ from .stack_runs import row_label, stack_job
 
 #: Stacks whose peaks the model is asked about, each job as its launch reveals it
 #: (calibrate/stack_runs.py: SDPA's memory-efficient kernel keeps what flash attention keeps;
-#: FSDP2 is ZeRO-3 under TorchTitan, FSDP1 under llm-foundry).  The one-rank DDP module is left out: its rows' peaks hold
-#: earlier jobs' memory (benchmarks/data/h100-lent/stacks/README.md).
+#: FSDP2 is ZeRO-3 under TorchTitan, FSDP1 under llm-foundry).  The one-rank DDP module is left
+#: out: its rows' peaks hold earlier jobs' memory (benchmarks/data/h100-lent/stacks/README.md).
 MEMORY_STACKS = ("pytorch", "sdpa_efficient", "fsdp", "fsdp1")
 
 

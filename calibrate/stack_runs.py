@@ -18,9 +18,10 @@ would reveal (:data:`STACK_JOB`):
   tells a DDP script from a hand-written loop.
 
 A row whose job sets ``layout.recompute`` (``bench_gpu_stacks.py --stacks fsdp+selective``) keeps
-it, and its run is named ``"<stack>+<recompute> <job name>"``.  A job measured in more than one call keeps its fastest step time (a later call ran after larger
+it, and its run is named ``"<stack>+<recompute> <job name>"``; other runs ``"<stack> <job name>"``.
+A job measured in more than one call keeps its fastest step time (a later call ran after larger
 jobs had left memory behind, which only adds time); the source line gives every call's time.  Rows
-with an ``error`` (out of memory) are left out.  Run names are ``"<stack> <job name>"``.  No torch.
+with an ``error`` (out of memory) are left out.  No torch.
 """
 from __future__ import annotations
 
