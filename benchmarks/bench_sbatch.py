@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -96,6 +97,7 @@ def main() -> int:
     text = (REPO / "tests/slurm/scripts/megatron_gpt.sh").read_text().replace("@ITERS@", args.iters)
     shapes = itertools.count()
     run_tag = f"{os.getpid()}-{time.time_ns()}"
+    vocab = 50257 + 256 * random.randrange(1, 4096)
     lock = threading.Lock()
 
     def script_file() -> Path:
@@ -108,13 +110,15 @@ def main() -> int:
             return path
         with lock:
             k = next(shapes)
-        # (layers, hidden) never seen before; layers divisible by the script's pipeline size (2),
-        # hidden by its 16 heads; all of the size the script trains (about 1.3B parameters).
+        # (layers, hidden) never seen in this run; layers divisible by the script's pipeline size
+        # (2), hidden by its 16 heads; all of the size the script trains (about 1.3B parameters).
         layers, hidden = 8 + 2 * (k % 24), 2048 + 64 * (k // 24)
         path = base / "jobs" / f"bench_megatron_{k}.sh"
-        # The run's own tag: a script the daemon may have predicted in an earlier run is not new.
+        # The run's own vocabulary size (a step of 256 moves the padded vocabulary too) and tag:
+        # a shape or a script the daemon met in an earlier run is not new.
         path.write_text(text.replace("--num-layers 24", f"--num-layers {layers}")
                         .replace("--hidden-size 2048", f"--hidden-size {hidden}")
+                        .replace("--vocab-size 50257", f"--vocab-size {vocab}")
                         .replace("set -euo pipefail", f"# bench run {run_tag}\nset -euo pipefail"))
         path.chmod(0o644)
         return path
@@ -140,6 +144,9 @@ def main() -> int:
     def served() -> tuple[int, int]:
         """Requests from job_submit.lua so far, and how many of them found their outcome ready
         (cached) or in flight (joined: the warm-up still computing)."""
+        # perf-predictd logs a request after answering it: sbatch may return before the line is
+        # written, so let the last one land first (untimed).
+        time.sleep(0.05)
         n = ready = 0
         with open(daemon_log, errors="replace") as fh:
             for line in fh:

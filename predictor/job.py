@@ -158,11 +158,15 @@ class TrainingJob:
 
         Lists come out as lists (``layout.stage_layers``), as a TOML or JSON reader gives them back.
         """
-        out = {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
-        for section in out.values():
-            for key, value in section.items():
-                if isinstance(value, tuple):
-                    section[key] = list(value)
+        # The sections hold scalars and tuples of numbers only: read field by field (what
+        # dataclasses.asdict gives, without its deep copies; the daemon does this per job).
+        out: dict[str, dict[str, Any]] = {}
+        for name in _SECTIONS:
+            part = getattr(self, name)
+            section = out[name] = {}
+            for f in dataclasses.fields(part):
+                value = getattr(part, f.name)
+                section[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
     # ----------------------------------------------------------------------------- derived

@@ -24,6 +24,7 @@ compared with actual run times later; its first five keys are fixed, more may fo
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -243,5 +244,10 @@ _hm = _slurm_time
 
 def _token(text: str) -> str:
     """One whitespace-free token for the record (platform names and bundle ids normally are)."""
-    out = "".join(c if c.isprintable() and not c.isspace() else "_" for c in str(text))
-    return out[:80] or "-"
+    text = str(text)
+    if not (text.isprintable() and _SPACE.search(text) is None):   # (the rare case: char by char)
+        text = "".join(c if c.isprintable() and not c.isspace() else "_" for c in text)
+    return text[:80] or "-"
+
+
+_SPACE = re.compile(r"\s")

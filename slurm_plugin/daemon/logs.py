@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 import traceback
@@ -38,16 +39,23 @@ def exception_summary(exc: Optional[BaseException]) -> str:
     return f"{type(exc).__name__} at {where}" if where else type(exc).__name__
 
 
+_QUOTE = re.compile(r'[ "=\\]')    # (tabs and newlines: not printable)
+
+
 def kv(value: Any) -> str:
-    text = str(value)
-    if text and not any(c in text for c in ' "=\n\t\\') and text.isprintable():
+    text = value if type(value) is str else str(value)
+    if text and text.isprintable() and _QUOTE.search(text) is None:
         return text
     return json.dumps(text)
 
 
 def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
     if log.isEnabledFor(level):
-        log.log(level, "event=%s %s", event, " ".join(f"{k}={kv(v)}" for k, v in fields.items()))
+        # Handed to the handlers directly: no search of the call stack for the caller's file and
+        # line, which no line shows (this runs twice per submission).
+        log.handle(log.makeRecord(log.name, level, "", 0, "event=%s %s",
+                                  (event, " ".join([f"{k}={kv(v)}" for k, v in fields.items()])),
+                                  None))
 
 
 def setup_logging(level: str = "info", log_file: Optional[str] = None) -> None:

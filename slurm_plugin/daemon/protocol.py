@@ -263,6 +263,8 @@ def _from_cli_options(data: Mapping[str, Any], cli: Mapping[str, Any]) -> dict[s
 
 def _opt_int(data: Mapping[str, Any], key: str) -> Optional[int]:
     value = data.get(key)
+    if type(value) is int:   # what job_submit.lua sends: no more to check than the markers
+        return None if value < 0 or value in (_NO_VALS16 if key in _U16_FIELDS else _NO_VALS) else value
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, float) and value.is_integer():
