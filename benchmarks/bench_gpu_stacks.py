@@ -50,14 +50,28 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
+from calibrate.stacks import MODULE_STACKS  # noqa: E402
+
 SEQS = (2048, 4096, 8192, 16384, 32768)
 MATH_MAX_SEQ = 8192
 HEADS, HEAD_DIM = 32, 128
 
 
+def _cpu_model() -> str:
+    """The host CPU's model name (host-bound steps depend on it; two leases may differ)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def provenance(device: str) -> dict:
     info = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
-            "python": platform.python_version(), "host_threads": os.cpu_count(), "device": device}
+            "python": platform.python_version(), "host_threads": os.cpu_count(), "device": device,
+            "host_cpu": _cpu_model()}
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         nccl = torch.cuda.nccl.version()
@@ -218,6 +232,7 @@ def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: P
                 job = {**job, "layout": {**job["layout"], "recompute": recompute}}
             if clock.left() < 15:
                 rows.append({"stack": stack, "name": job_name, "job": job, "error": "out of time"})
+                write(out, f"{name}.json", result)
                 continue
             t0 = time.perf_counter()
             try:
@@ -280,6 +295,15 @@ def main() -> int:
     ap.add_argument("--largest-first", action="store_true",
                     help="the stacks part runs the family's jobs largest first")
     args = ap.parse_args()
+    wanted = [w for w in args.stacks.split(",") if w]
+    for w in wanted:
+        # Checked before any device time is spent: a typo would cost every job an error row.
+        stack, _, recompute = w.partition("+")
+        if stack not in ("pytorch", "sdpa_efficient", *MODULE_STACKS):
+            ap.error(f"--stacks {w}: {stack!r} is not one of pytorch, sdpa_efficient, {', '.join(MODULE_STACKS)}")
+        if recompute and (recompute not in ("full", "selective") or stack not in MODULE_STACKS
+                          or (recompute == "selective" and stack != "fsdp") or stack == "fsdp1"):
+            ap.error(f"--stacks {w}: +full runs on ddp, fsdp or compile, +selective (TorchTitan's) on fsdp only")
     if args.compare:
         return compare(args.platform)
     if args.out is None:
@@ -317,12 +341,13 @@ def main() -> int:
             from predictor import TrainingJob
             from predictor.recipe import total_parameters
 
-            def size(item: tuple) -> float:
+            def parameter_tokens(item: tuple) -> float:
+                # parameters x tokens per step: what a step's work grows with
                 m = TrainingJob.from_dict(item[1]).model
                 lay = item[1]["layout"]
                 return total_parameters(m) * m.seq_len * lay["micro_batch"] * lay["micro_batches"]
-            jobs = sorted(jobs, key=size, reverse=True)
-        stacks_part(args.device, jobs, args.stacks.split(","),
+            jobs = sorted(jobs, key=parameter_tokens, reverse=True)
+        stacks_part(args.device, jobs, wanted,
                     Clock(clock.left() - (0.2 * args.budget_s if "compile" in parts else 0)),
                     args.out, args.name, steps=4, warmup=2)
     if "compile" in parts:

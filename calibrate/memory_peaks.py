@@ -81,14 +81,19 @@ class PeakSummary:
 def compare_peaks(rows: Iterable[Mapping[str, Any]],
                   stacks: Optional[Iterable[str]] = None) -> list[PeakComparison]:
     """The model against every row that measured a peak (rows that failed carry none and are
-    left out); ``stacks`` keeps only those stacks.  A row of a stack not in :data:`MEMORY_STACKS`,
+    left out); ``stacks`` keeps only those stacks (as :func:`calibrate.stack_runs.row_label` names
+    them: ``"fsdp+selective"`` apart from ``"fsdp"``).  A row of a stack not in :data:`MEMORY_STACKS`,
     a bad job or a peak that is not a positive byte count raises :class:`CalibrationError`
     naming the row."""
     keep = None if stacks is None else set(stacks)
     out: list[PeakComparison] = []
     for i, row in enumerate(rows):
         stack, name = str(row.get("stack", "")), str(row.get("name", f"row {i}"))
-        if keep is not None and stack not in keep:
+        try:
+            label = row_label(row) if "stack" in row else stack
+        except CalibrationError as exc:
+            raise CalibrationError(f"row {i} ({stack} {name!r}): {exc}") from None
+        if keep is not None and label not in keep:
             continue
         if "peak_allocated_bytes" not in row:
             continue
@@ -109,7 +114,7 @@ def compare_peaks(rows: Iterable[Mapping[str, Any]],
             est = estimate_job(job)
         except (JobError, KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"{where}: job: {exc}") from exc
-        out.append(PeakComparison(row_label(row), name, peak, est))
+        out.append(PeakComparison(label, name, peak, est))
     return out
 
 

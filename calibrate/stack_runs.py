@@ -62,8 +62,12 @@ def stack_job(job: dict, stack: str) -> dict:
 
 def row_label(row: dict) -> str:
     """A row's stack as runs name it: ``"fsdp"``, or ``"fsdp+selective"`` where its job sets
-    ``layout.recompute``."""
-    recompute = (row.get("job", {}).get("layout") or {}).get("recompute", "none")
+    ``layout.recompute``.  Raises :class:`StackRowError` for a job or layout that is not a table."""
+    job = row.get("job", {})
+    layout = job.get("layout", {}) if isinstance(job, dict) else None
+    if not isinstance(layout, dict):
+        raise StackRowError(f"row {row.get('name', '?')!r}: job and job.layout must be tables")
+    recompute = layout.get("recompute", "none")
     return row["stack"] if recompute == "none" else f"{row['stack']}+{recompute}"
 
 
@@ -98,7 +102,11 @@ def runs_from_files(files: Iterable[Path], stacks: Sequence[str] = STACKS) -> li
             secs = row.get("measured_iteration_seconds")
             if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not secs > 0:
                 raise StackRowError(f"{where}: measured_iteration_seconds must be > 0, got {secs!r}")
-            seen.setdefault((row_label(row), row["name"]), []).append((float(secs), note, row["job"]))
+            try:
+                label = row_label(row)
+            except StackRowError as exc:
+                raise StackRowError(f"{where}: {exc}") from None
+            seen.setdefault((label, row["name"]), []).append((float(secs), note, row["job"]))
     runs = []
     for (label, name), meas in seen.items():
         stack = label.split("+", 1)[0]

@@ -17,8 +17,11 @@ wraps it as a stack does, returning one training step:
 * ``compile``: the module under ``torch.compile`` (what TorchTitan's ``compile`` turns on), no
   data-parallel wrapper, ``torch.optim.AdamW``.
 
-``layout.recompute`` is applied per layer as the frameworks do: ``full`` checkpoints each layer,
-``selective`` checkpoints each layer under TorchTitan's op-level policy (calibrate/op_sac.py).
+``layout.recompute`` wraps each layer as TorchTitan does, before FSDP wraps it (so FSDP's hooks
+run outside the checkpoint): ``full`` in PyTorch's non-reentrant ``checkpoint_wrapper``,
+``selective`` in the same with TorchTitan's op-level policy (calibrate/op_sac.py) and no RNG state
+kept; ``selective`` on the ``fsdp`` stack only (it is TorchTitan's), and none under ``fsdp1``
+(Composer checkpoints inside its FSDP units, which this module does not build).
 
 A process group must be initialised before ``ddp`` and ``fsdp`` (one rank is enough: the hooks,
 collectives and copies run all the same).  :func:`measure_stack` below (gloo ranks on a CPU) and
@@ -30,7 +33,6 @@ import dataclasses
 from typing import Any, Callable
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from predictor.job import TrainingJob
 
@@ -80,10 +82,20 @@ def module_gpt(job: TrainingJob, world: int, device: str = "cpu", fsdp_mesh: Any
             gpt.params.update({f"{self.i}.{k}": getattr(self, k) for k in self.own_names})
             return gpt._layer(self.i, x)
 
+    def wrapped(layer: torch.nn.Module) -> torch.nn.Module:
+        if recompute == "none":
+            return layer
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+        if recompute == "full":
+            return checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        from .op_sac import op_sac_context
+        return checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=op_sac_context,
+                                  preserve_rng_state=False)
+
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.layers = torch.nn.ModuleList(Layer(i) for i in range(job.model.layers))
+            self.layers = torch.nn.ModuleList(wrapped(Layer(i)) for i in range(job.model.layers))
             self.own_names = [n for n in names if "." not in n]
             for n in self.own_names:
                 self.register_parameter(n, own(gpt.params[n]))
@@ -92,13 +104,7 @@ def module_gpt(job: TrainingJob, world: int, device: str = "cpu", fsdp_mesh: Any
             gpt.params.update({n: getattr(self, n) for n in self.own_names})
             x = K.embedding(ids, gpt.params["emb"])
             for layer in self.layers:
-                if recompute == "full":
-                    x = checkpoint(layer, x, use_reentrant=False)
-                elif recompute == "selective":
-                    from .op_sac import op_sac_context
-                    x = checkpoint(layer, x, use_reentrant=False, context_fn=op_sac_context)
-                else:
-                    x = layer(x)
+                x = layer(x)
             x = gpt._norm(x, gpt.params["lnf_w"], gpt._p("lnf_b"))
             logits = K.linear(x, gpt.params["emb"], None)
             return K.vocab_parallel_cross_entropy(logits, targets).mean()
@@ -135,6 +141,13 @@ def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, worl
     """``job`` wrapped as ``stack`` trains it (see the module docstring), over ``batches``."""
     if stack not in MODULE_STACKS:
         raise CalibrationError(f"stack {stack!r}: one of {', '.join(MODULE_STACKS)}")
+    recompute = job.layout.recompute
+    if recompute == "selective" and stack != "fsdp":
+        raise CalibrationError(f"stack {stack!r}: layout.recompute = 'selective' is TorchTitan's op-level "
+                               "checkpointing, built on the fsdp stack only")
+    if stack == "fsdp1" and recompute != "none":
+        raise CalibrationError(f"stack 'fsdp1': layout.recompute = {recompute!r} is not built (Composer "
+                               "checkpoints inside its FSDP units)")
     if stack == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(device, (world,))

@@ -670,7 +670,7 @@ def _shard_dtypes(layout: Layout, compute_precision: str, reduce_precision: str,
 
 def fsdp2_shard_copies(layout: Layout, framework: str, precision: str, reduce_precision: str,
                        bytes_per_element: Mapping[str, int]) -> Optional[ShardCopies]:
-    """:class:`ShardCopies` of a ZeRO-3 job under an FSDP2 framework, else None.
+    """:class:`ShardCopies` of a ZeRO-2/3 job under an FSDP2 framework, else None.
 
     Counted from ``torch.distributed.fsdp._fully_shard._fsdp_collectives``: each all-gather's
     copy-in casts the local shard into the flat all-gather buffer (:attr:`_ShardDtypes.shard_cast`)

@@ -176,8 +176,8 @@ def stack_prior() -> tuple[dict, str]:
                                                       for r in ckpt_runs)), 8) for w in CHECKPOINT_WRAPPERS}
     steps = json.loads(gpu_steps.read_text(encoding="utf-8"))
     fsdp = gpu_fsdp_layer_seconds(steps["rows"], H100.memory_gbps * 1e9)
-    # TorchTitan's op-level SAC as the GPU node's host runs it (its policy is Python called per
-    # operator, 1.6x what the CPU benchmark's wrapper measured): FSDP2 with it against without.
+    # TorchTitan's op-level SAC as a GPU node's host runs it (1.6x the CPU benchmark's wrapper):
+    # FSDP2 with it against without (two leases: docs/modelling.md §2 gives the uncertainty).
     sac_rows = json.loads(sac_steps.read_text(encoding="utf-8"))
     sac = gpu_op_sac_layer_seconds(steps["rows"] + sac_rows["rows"],
                                    host_costs(RUNS / "h100-lent" / "host.toml")["layer_forward_seconds"])
@@ -195,10 +195,10 @@ def stack_prior() -> tuple[dict, str]:
             f"{zmeta['cpu']}); checkpoint_layer_seconds: each wrapper's fwd+bwd less the plain layer's less one "
             f"forward, per GPT-shaped layer, benchmarks/bench_stack_host.py --checkpoint (median of "
             f"{len(ckpt_runs)} runs, {cmeta['cpu']}, torch {cmeta['torch']}, deepspeed {cmeta['deepspeed']}), "
-            f"but torch_op_sac: FSDP2 with op-level SAC less FSDP2 per layer and micro-batch, less one "
-            f"forward's issue, on the lent {sac_rows['provenance']['gpu']} (torch {sac_rows['provenance']['torch']}, "
-            f"{sac_rows['provenance']['date'][:10]}, depths {'/'.join(map(str, sac['depths']))}: "
-            f"benchmarks/data/h100-lent/stacks)")
+            f"but torch_op_sac: FSDP2 with op-level SAC ({sac_rows['provenance']['date'][:16]}) less FSDP2 "
+            f"({gpu['date'][:16]}, another lease) per layer and micro-batch, less one forward's issue, on the "
+            f"lent {sac_rows['provenance']['gpu']} (torch {sac_rows['provenance']['torch']}, depths "
+            f"{'/'.join(map(str, sac['depths']))}: benchmarks/data/h100-lent/stacks)")
     return values, note
 
 

@@ -11,7 +11,7 @@ kind, partially pooled:
 on the linearised model ``log(measured / predicted at factors 1) = J_i . (beta_P + delta_c(i)) +
 noise`` (J: each run's elasticity of its prediction to each factor, measured by moving the factor
 4 % through the real predictor).  tau_0 is the bound of a factor (ln 2 / 2: a factor of 2 is two
-standard deviations); the pooling strength ``lambda = sigma^2 / tau^2`` (how far a kind may stray
+standard deviations; the attention scale's ln 4 / 2, predictor.platform.scale_range); the pooling strength ``lambda = sigma^2 / tau^2`` (how far a kind may stray
 from the partition, given its run count and scatter) is chosen by leave-one-out over a grid, never
 by hand: each run is predicted by the fit on the others (exact for a penalised least-squares fit,
 through its hat matrix).  lambda = inf is "one factor set for every kind", the fit of earlier
@@ -60,12 +60,13 @@ LABEL = {"compute_scale": "compute", "attention_scale": "attention", "host_layer
 # A factor's prior: FITTED_SCALE_RANGE (a factor of 2 either way) as two standard deviations of
 # its log; a factor is "identified" by a kind's runs when they pin its log to half that.
 TAU0 = math.log(FITTED_SCALE_RANGE[1]) / 2
-MAX_STD = TAU0 / 2
 # Each factor's log bounds, and its prior's weight against TAU0's: a factor with a wider range
 # (the attention scale, predictor.platform.scale_range) has a wider prior, its range as 2 sd too.
 _LOG_LO = np.array([math.log(scale_range(f)[0]) for f in KIND_SCALES])
 _LOG_HI = np.array([math.log(scale_range(f)[1]) for f in KIND_SCALES])
 _PRIOR_WEIGHT = (TAU0 / (_LOG_HI / 2)) ** 2
+# Identified: the runs pin the factor's log to half its prior's width (TAU0 / 2 for most).
+_MAX_STD = _LOG_HI / 4
 # The spread of repeated steps of one run (calibrate/validate.py _NOISE_FLOOR): no fit is tighter.
 NOISE_FLOOR = 0.03
 MIN_ELASTICITY = NOISE_FLOOR / math.log(2.0)
@@ -380,7 +381,7 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
         if j not in active:
             partition[f] = FactorFit(1.0, 0.0, "not seen")
         else:
-            partition[f] = FactorFit(float(np.exp(_clamp_log(b[:k])[j])), se, _status(part_std.get(f)))
+            partition[f] = FactorFit(float(np.exp(_clamp_log(b[:k])[j])), se, _status(part_std.get(f), j))
     unseen = unseen_kind_bound([kind_score(u) for u in _unseen_residuals(J, y, r, kind_idx, nk, k, lam0)]
                                + [sp.score for sp in spreads], floor=SHIPPED_PRIOR.maximum)
     kind_fits = []
@@ -399,7 +400,7 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
             if math.isfinite(lam):
                 g[k * (c + 1) + j] = 1.0
             se = float(math.sqrt(max(g @ cov @ g, 0.0)))
-            st = _status(std.get(f))
+            st = _status(std.get(f), j)
             facs[f] = FactorFit(float(np.exp(_clamp_log(betas[c])[j])), se,
                                 st if st == "fitted" else f"pooled to the partition's: {st}")
         kind_scores = scores[m]
@@ -466,13 +467,14 @@ def _kind_betas(b: np.ndarray, k: int, nk: int) -> list[np.ndarray]:
     return [_clamp_log(b[:k] + b[k * (c + 1):k * (c + 2)]) for c in range(nk)]
 
 
-def _status(std: Optional[float]) -> str:
+def _status(std: Optional[float], j: int) -> str:
+    """Factor ``j``'s status given the log standard deviation its runs identify it to."""
     if std is None:
         return "not seen"
     if not np.isfinite(std):
         return "not identified: collinear with another factor on these runs"
-    if std > MAX_STD:
-        return f"not identified: log std {std:.2f} > {MAX_STD:.2f}"
+    if std > _MAX_STD[j]:
+        return f"not identified: log std {std:.2f} > {_MAX_STD[j]:.2f}"
     return "fitted"
 
 
@@ -482,7 +484,7 @@ def _unseen_residuals(J: np.ndarray, y: np.ndarray, r: np.ndarray, kind_idx: np.
     (linearised: ``y``), with one kind at the models as they are (``r``): each kind as never seen."""
     if nk == 1:
         return [r]
-    P = lam0 * np.eye(k)
+    P = lam0 * np.diag(_PRIOR_WEIGHT[:k])
     out = []
     for c in range(nk):
         m = kind_idx == c

@@ -121,8 +121,10 @@ def test_a_selective_row_is_compared_as_op_level_checkpointing():
     selective = {**JOB, "layout": {**JOB["layout"], "recompute": "selective"}}
     from calibrate.stack_runs import stack_job
     model = estimate_job(TrainingJob.from_dict(stack_job(selective, "fsdp"))).formula_bytes
-    (c,) = compare_peaks([{"stack": "fsdp", "name": "s", "job": selective, "peak_allocated_bytes": round(model)}])
+    row = {"stack": "fsdp", "name": "s", "job": selective, "peak_allocated_bytes": round(model)}
+    (c,) = compare_peaks([row])
     assert c.stack == "fsdp+selective"
+    assert compare_peaks([row], stacks=["fsdp"]) == [] and len(compare_peaks([row], stacks=["fsdp+selective"])) == 1
     assert c.error == pytest.approx(0.0, abs=1e-9)
     # TorchTitan's op-level policy keeps more than full recomputation, less than none.
     full = {**JOB, "layout": {**JOB["layout"], "recompute": "full"}}

@@ -75,6 +75,8 @@ def test_repeats_keep_the_fastest_errors_and_other_stacks_are_left_out(tmp_path)
 
 @pytest.mark.parametrize("rows, match", [
     ([{"stack": "fsdp", "name": "x"}], r"rows\[0\]: needs stack, name and job"),
+    ([{"stack": "fsdp", "name": "x", "job": "L2", "measured_iteration_seconds": 0.1}],
+     r"rows\[0\]: row 'x': job and job.layout must be tables"),
     ([_row("fsdp", -1.0)], r"rows\[0\]: measured_iteration_seconds must be > 0"),
 ])
 def test_bad_rows_name_the_file_and_row(tmp_path, rows, match):

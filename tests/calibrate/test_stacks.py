@@ -46,10 +46,11 @@ def test_a_stack_step_trains(one_rank, stack):
 
 
 @pytest.mark.parametrize("stack, recompute", [("ddp", "none"), ("fsdp1", "none"), ("fsdp", "selective"),
-                                               ("fsdp", "full")])
+                                               ("fsdp", "full"), ("ddp", "full")])
 def test_the_wrappers_and_recomputation_keep_the_loss_and_gradients(one_rank, stack, recompute):
     """FSDP1 (its parameters swapped for views of the gathered flat parameter during the
-    forward) and op-level or full recomputation give the plain module's loss and gradients."""
+    forward) and op-level or full recomputation give the plain module's loss and gradients, and
+    the recomputation does run: each layer's forward twice per micro-batch."""
     job = TrainingJob.from_dict({**JOB, "layout": {**JOB["layout"], "recompute": recompute}})
     ids, tgt = token_batches(job, "cpu")[0]
     plain, _ = stacks.module_gpt(TrainingJob.from_dict(JOB), 1)
@@ -58,11 +59,26 @@ def test_the_wrappers_and_recomputation_keep_the_loss_and_gradients(one_rank, st
     want = sum(float(p.grad.abs().sum()) for p in plain.parameters())
     step = stacks.stack_step(stack, job, [(ids, tgt)], device="cpu")
     step.gpt.begin_step()
+    calls = []
+    layer = step.gpt._layer
+    step.gpt._layer = lambda i, x: calls.append(i) or layer(i, x)
     got = step.forward(ids, tgt)
     got.backward()
-    assert float(got) == pytest.approx(float(loss), rel=1e-6)
+    assert float(got.detach()) == pytest.approx(float(loss.detach()), rel=1e-6)
     assert sum(float(p.grad.abs().sum()) for p in step.forward.parameters() if p.grad is not None) == \
         pytest.approx(want, rel=1e-5)
+    layers = JOB["model"]["layers"]
+    assert len(calls) == (layers if recompute == "none" else 2 * layers)
+
+
+@pytest.mark.parametrize("stack, recompute, match", [
+    ("ddp", "selective", "'selective' is TorchTitan's op-level checkpointing"),
+    ("fsdp1", "full", "'fsdp1': layout.recompute = 'full' is not built"),
+])
+def test_recomputation_a_stack_does_not_run_is_refused(one_rank, stack, recompute, match):
+    job = TrainingJob.from_dict({**JOB, "layout": {**JOB["layout"], "recompute": recompute}})
+    with pytest.raises(CalibrationError, match=match):
+        stacks.stack_step(stack, job, [], device="cpu")
 
 
 def test_a_recomputation_the_modules_do_not_run_is_refused():
