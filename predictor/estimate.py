@@ -834,7 +834,7 @@ def _data_parallel_terms(job: TrainingJob, q: QuerySet, recipe: MicroBatchRecipe
     dp, zero, dp_group = lay.dp * cp, lay.zero_stage, grp["dpcp"]
     # Layer by layer, every micro-batch (ZeRO-3; FSDP1's ZeRO-2 too: recipe.gathers_layers).
     by_layer = gathers_layers(lay, job.run.framework)
-    # Hybrid sharding (ZeRO-3 only): gathers and reduce-scatters over the shard group, and each
+    # Hybrid sharding (FSDP's ZeRO-2 and 3): gathers and reduce-scatters over the shard group, and each
     # gradient shard all-reduced across the replicas as its layer's reduction ends.
     replicas = grp.get("dp_replicate")
     if by_layer and replicas is not None:

@@ -36,7 +36,8 @@ from typing import Any, Mapping, Optional
 from .errors import JobError
 # The job's parts and key names, re-exported: predictor.job is where callers find them.
 from .specs import (ACTIVATIONS, ATTENTION_IMPLS, ATTENTIONS, DEEPSPEED_PIPELINE_FRAMEWORKS,  # noqa: F401
-                    EVEN_SPLIT_FRAMEWORKS, FP8_RECIPES, FRAMEWORKS, GRAD_PRECISIONS, NORMS, PIPE_SPLITS,
+                    EVEN_SPLIT_FRAMEWORKS, FP8_RECIPES, FRAMEWORKS, FSDP1_FRAMEWORKS, FSDP2_FRAMEWORKS,
+                    GRAD_PRECISIONS, NORMS, PIPE_SPLITS,
                     POS_EMBS, PRECISIONS, RECOMPUTES, RESHARD_POLICIES, ClusterSpec, Layout, ModelSpec,
                     RunSpec, runs_deepspeed_engine)
 
@@ -315,7 +316,7 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
                        f"names the kernel of fused attention ({m.attention_impl!r}); model.attention is "
                        f"{m.attention!r}, not \"flash\" (leave attention_impl empty, or set attention = \"flash\")")
     if lay.dp_shard or lay.reshard_after_forward != "default":
-        _check_fsdp(lay)
+        _check_fsdp(lay, framework)
     if lay.overlap_grad_reduce or lay.overlap_param_gather:
         _check_overlaps(lay, framework)
     if lay.tp_comm_overlap:
@@ -332,12 +333,17 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
                                         "kernels: model.attention must be \"flash\"")
 
 
-def _check_fsdp(lay: Layout) -> None:
-    """Hybrid sharding and the reshard policy are ZeRO-3's (FSDP's FULL_SHARD / HYBRID_SHARD)."""
-    key = "layout.dp_shard" if lay.dp_shard else "layout.reshard_after_forward"
-    if lay.zero_stage != 3:
-        raise JobError(key, f"shapes ZeRO-3's parameter sharding (FSDP): needs layout.zero_stage = 3, "
-                            f"not {lay.zero_stage}")
+def _check_fsdp(lay: Layout, framework: str) -> None:
+    """Hybrid sharding is FSDP's ZeRO-3 (FULL_SHARD / HYBRID_SHARD) and ZeRO-2 (Composer's
+    _HYBRID_SHARD_ZERO2, TorchTitan's never-resharding mesh); the reshard policy is ZeRO-3's."""
+    fsdp = FSDP1_FRAMEWORKS + FSDP2_FRAMEWORKS
+    if lay.dp_shard and lay.zero_stage != 3 and not (lay.zero_stage == 2 and framework in fsdp):
+        under = f" under {framework!r}" if framework else ""
+        raise JobError("layout.dp_shard", f"shapes FSDP's parameter sharding: needs layout.zero_stage = 3 "
+                                          f"(or 2 under {' or '.join(fsdp)}), not {lay.zero_stage}{under}")
+    if lay.reshard_after_forward != "default" and lay.zero_stage != 3:
+        raise JobError("layout.reshard_after_forward", f"shapes ZeRO-3's parameter sharding (FSDP): needs "
+                                                       f"layout.zero_stage = 3, not {lay.zero_stage}")
     if lay.dp_shard and (lay.dp_shard > lay.dp or lay.dp % lay.dp_shard):
         raise JobError("layout.dp_shard", f"shards each parameter over dp_shard of the dp = {lay.dp} "
                                           f"data-parallel ranks: must divide dp, got {lay.dp_shard}")

@@ -312,8 +312,8 @@ def _stage_estimate(model: ModelSpec, layout: Layout, precision: str, stage: int
     # Gradients are reduced, and ZeRO shards, over dp × cp ranks (Megatron's data-parallel group
     # with context parallelism).
     nd, z = layout.dp * layout.cp, layout.zero_stage
-    if z >= 3:
-        nd = shard_ranks(layout)        # hybrid sharding: over the shard group only
+    if z >= 2:
+        nd = shard_ranks(layout)        # hybrid sharding (FSDP's ZeRO-2 and 3): over the shard group only
     weights = e * psi / (nd if z >= 3 else 1)
     gradients = g * psi / (nd if z >= 2 else 1)
     optimizer = k * psi / (nd if z >= 1 else 1)

@@ -66,7 +66,8 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Union
 
 from .errors import JobError
-from .specs import PIPE_SPLITS, JobParts, Layout, ModelSpec, runs_deepspeed_engine  # noqa: F401 (re-exported)
+from .specs import (FSDP1_FRAMEWORKS, FSDP2_FRAMEWORKS, PIPE_SPLITS, JobParts, Layout, ModelSpec,  # noqa: F401 (re-exported)
+                    runs_deepspeed_engine)
 
 log = logging.getLogger(__name__)
 
@@ -620,12 +621,6 @@ def reshards_after_forward(layout: Layout, framework: str = "") -> bool:
     return not (framework == "torchtitan" and layout.pp > 1)
 
 
-#: Frameworks whose ZeRO-3 is FSDP2 (``fully_shard``: each parameter its own sharded tensor,
-#: gathered through one flat buffer and copied out to per-parameter tensors).
-FSDP2_FRAMEWORKS = ("torchtitan",)
-#: Frameworks whose ZeRO-2/3 is FSDP1 (``FullyShardedDataParallel``: one FlatParameter per wrapped
-#: unit, gathered in place and used through views): Composer, which runs llm-foundry.
-FSDP1_FRAMEWORKS = ("llm-foundry",)
 #: Bytes per element of the sharded (master) parameters FSDP keeps under mixed precision:
 #: TorchTitan builds the model in fp32 and computes in ``mixed_precision_param`` (bf16); Composer
 #: builds llm-foundry's in fp32 and computes in ``MixedPrecision.param_dtype``.

@@ -37,6 +37,12 @@ PIPE_SPLITS = ("neox", "deepspeed_parameters", "deepspeed_uniform", "megatron")
 # The training framework, where the launch says which ("" = not said): it decides what a layout
 # may combine (TorchTitan's FSDP2 shards parameters, ZeRO-3 style, under pipeline parallelism).
 FRAMEWORKS = ("", "neox", "deepspeed", "megatron", "megatron-deepspeed", "nemo", "torchtitan", "llm-foundry")
+#: Frameworks whose ZeRO-3 (and ZeRO-2) is FSDP2 (``fully_shard``: each parameter its own sharded
+#: tensor, gathered through one flat buffer and copied out to per-parameter tensors).
+FSDP2_FRAMEWORKS = ("torchtitan",)
+#: Frameworks whose ZeRO-2/3 is FSDP1 (``FullyShardedDataParallel``: one FlatParameter per wrapped
+#: unit, gathered in place and used through views): Composer, which runs llm-foundry.
+FSDP1_FRAMEWORKS = ("llm-foundry",)
 # Frameworks whose pipeline runs on DeepSpeed's PipelineEngine (predictor.recipe.pipeline_sends).
 DEEPSPEED_PIPELINE_FRAMEWORKS = ("neox", "deepspeed", "megatron-deepspeed")
 # The others (Megatron-core, TorchTitan) split layers evenly over the stages (pipe_split

@@ -7,7 +7,8 @@ checkpoint this reader does not open and is refused.  Data parallelism is Compos
 (FSDP1, one unit per MPT block): ``fsdp_config.sharding_strategy`` FULL_SHARD is ZeRO-3,
 SHARD_GRAD_OP ZeRO-2 (which FSDP1 gathers and reduce-scatters block by block every micro-batch:
 ``predictor.recipe.gathers_layers``), NO_SHARD (or no ``fsdp_config``) DDP, HYBRID_SHARD ZeRO-3
-sharded within each node (``layout.dp_shard``).  The keys and their sources are in :mod:`.llmfoundry_keys`;
+sharded within each node (``layout.dp_shard``), a replicate degree (or _HYBRID_SHARD_ZERO2 on a
+two-dimensional mesh) ZeRO-2 or 3 sharded within the groups.  The keys and their sources are in :mod:`.llmfoundry_keys`;
 docs/launch-formats.md says what each becomes.
 """
 from __future__ import annotations
@@ -411,15 +412,12 @@ def _hybrid(v: View, f: Facts, strategy: str, s_origin: str, world: Optional[int
 
 
 def _shard_group(f: Facts, shard: int, origin: str) -> None:
-    """FSDP shards over groups of ``shard`` ranks (fewer than the world): ZeRO-3's hybrid sharding;
-    ZeRO-2's (Composer's _HYBRID_SHARD_ZERO2 on a two-dimensional mesh) is not modelled."""
-    if f.val("zero_stage") == 3:
+    """FSDP shards over groups of ``shard`` ranks (fewer than the world): ZeRO-3's hybrid sharding,
+    or ZeRO-2's (Composer's _HYBRID_SHARD_ZERO2 on a two-dimensional mesh: each block gathered and
+    its gradients reduce-scattered within the group every micro-batch, the gradient shards
+    all-reduced across the groups)."""
+    if f.val("zero_stage") in (2, 3):
         f.set("hsdp_shard", shard, origin)
-    elif f.val("zero_stage") == 2:
-        f.warnings.append(f"hybrid ZeRO-2 is costed as SHARD_GRAD_OP over all ranks: each block gathered and its "
-                          f"gradients reduce-scattered every micro-batch over all the ranks, where FSDP runs "
-                          f"both within groups of {shard} ranks and all-reduces the gradient shards across "
-                          f"them ({origin})")
 
 
 def _batch(v: View, f: Facts, world: Optional[int], world_origin: str) -> None:

@@ -20,6 +20,16 @@ def _job(**layout) -> TrainingJob:
     return TrainingJob.from_dict(d, source="job.toml")
 
 
+def test_hybrid_sharding_at_zero2_is_fsdps_only():
+    ok = TrainingJob.from_dict({**BASE, "layout": {**BASE["layout"], "zero_stage": 2, "dp_shard": 8},
+                                "run": {"precision": "bf16", "framework": "llm-foundry"}})
+    assert ok.layout.dp_shard == 8
+    with pytest.raises(JobError, match=r"layout.dp_shard: .*\(or 2 under llm-foundry or torchtitan\), "
+                                       r"not 2 under 'deepspeed'"):
+        TrainingJob.from_dict({**BASE, "layout": {**BASE["layout"], "zero_stage": 2, "dp_shard": 8},
+                               "run": {"precision": "bf16", "framework": "deepspeed"}})
+
+
 def test_keys_are_zero3_only_and_checked():
     with pytest.raises(JobError, match="layout.dp_shard: .*zero_stage = 3"):
         _job(zero_stage=1, dp_shard=8)
