@@ -66,8 +66,8 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Union
 
 from .errors import JobError
-from .specs import (FSDP1_FRAMEWORKS, FSDP2_FRAMEWORKS, PIPE_SPLITS, JobParts, Layout, ModelSpec,  # noqa: F401 (re-exported)
-                    runs_deepspeed_engine)
+from .specs import (FSDP1_FRAMEWORKS, FSDP2_FRAMEWORKS, PIPE_SPLITS, JobParts, Layout,  # noqa: F401
+                    ModelSpec, runs_deepspeed_engine)                                       # (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -672,8 +672,9 @@ def fsdp2_shard_copies(layout: Layout, framework: str, precision: str, reduce_pr
     and its copy-out splits the gathered buffer into the per-parameter tensors (read and write the
     full parameter); each reduce-scatter's copy-in writes the full gradient into the flat buffer in
     the reduce dtype (read compute, write reduce), and the result is accumulated into the sharded
-    gradient (read two shards, write one).  At ZeRO-2 (``reshard_after_forward = False``) the layer
-    is gathered once per micro-batch, for its forward, and kept for its backward (:func:`gathers_layers`)."""
+    gradient (read two shards, write one).  At ZeRO-2 (``reshard_after_forward = False``) the
+    layer is gathered once per micro-batch, for its forward, and kept for its backward
+    (:func:`gathers_layers`)."""
     if layout.zero_stage < 2 or framework not in FSDP2_FRAMEWORKS:
         return None
     d = _shard_dtypes(layout, precision, reduce_precision, bytes_per_element)

@@ -11,8 +11,9 @@ kind, partially pooled:
 on the linearised model ``log(measured / predicted at factors 1) = J_i . (beta_P + delta_c(i)) +
 noise`` (J: each run's elasticity of its prediction to each factor, measured by moving the factor
 4 % through the real predictor).  tau_0 is the bound of a factor (ln 2 / 2: a factor of 2 is two
-standard deviations; the attention scale's ln 4 / 2, predictor.platform.scale_range); the pooling strength ``lambda = sigma^2 / tau^2`` (how far a kind may stray
-from the partition, given its run count and scatter) is chosen by leave-one-out over a grid, never
+standard deviations; the attention scale's ln 4 / 2, predictor.platform.scale_range); the pooling
+strength ``lambda = sigma^2 / tau^2`` (how far a kind may stray from the partition, given its run
+count and scatter) is chosen by leave-one-out over a grid, never
 by hand: each run is predicted by the fit on the others (exact for a penalised least-squares fit,
 through its hat matrix).  lambda = inf is "one factor set for every kind", the fit of earlier
 versions; a kind with few runs or much scatter stays near the partition's factors, one with many

@@ -8,8 +8,8 @@ checkpoint this reader does not open and is refused.  Data parallelism is Compos
 SHARD_GRAD_OP ZeRO-2 (which FSDP1 gathers and reduce-scatters block by block every micro-batch:
 ``predictor.recipe.gathers_layers``), NO_SHARD (or no ``fsdp_config``) DDP, HYBRID_SHARD ZeRO-3
 sharded within each node (``layout.dp_shard``), a replicate degree (or _HYBRID_SHARD_ZERO2 on a
-two-dimensional mesh) ZeRO-2 or 3 sharded within the groups.  The keys and their sources are in :mod:`.llmfoundry_keys`;
-docs/launch-formats.md says what each becomes.
+two-dimensional mesh) ZeRO-2 or 3 sharded within the groups.  The keys and their sources are in
+:mod:`.llmfoundry_keys`; docs/launch-formats.md says what each becomes.
 """
 from __future__ import annotations
 
