@@ -319,7 +319,6 @@ def _attention(v: View, f: Facts) -> None:
 
 
 def _layout(v: View, f: Facts, world: Optional[int], world_origin: str, gpn: Optional[int]) -> None:
-    w = f.warnings
     has_fsdp = bool(_section(v, "fsdp_config"))
     strategy, s_origin, found = _str(v, "fsdp_config.sharding_strategy", "FULL_SHARD")
     if not has_fsdp:
