@@ -2,7 +2,7 @@
 
     python benchmarks/bench_sbatch.py [--n 200] [--base .dev-cluster]
     python benchmarks/bench_sbatch.py --distinct               # every submission a new job shape
-    python benchmarks/bench_sbatch.py --distinct --concurrent 50 --n 100   # 50 sbatch at once
+    python benchmarks/bench_sbatch.py --distinct --concurrent 50 --n 10 --block 5   # 50 sbatch at once
 
 Brings the dev cluster up (packaging/dev-cluster/up.sh; idempotent; stopped again afterwards if
 it was not running before), then times ``--n`` held
