@@ -165,6 +165,7 @@ socket_mode = "0666"        # so the refusal of untrusted peers is testable (SO_
 slurm_user = "root"
 deadline_ms = 250
 user_socket = "$BASE/run/predictd-user.sock"   # for etc-cli (cli_filter.lua)
+workers = $(( $(nproc) < 16 ? $(nproc) + 1 : 17 ))   # cores + 1, as INSTALL.md §5 advises with the warm-up
 log_level = "${PERFCAST_DEV_LOG_LEVEL:-info}"   # debug: per-phase timings of each request
 records = "$BASE/var/records.sqlite"           # for perf-calibrate harvest / report
 
