@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
+from calibrate.engine_host import cpu_name  # noqa: E402
 from calibrate.stacks import MODULE_STACKS  # noqa: E402
 
 SEQS = (2048, 4096, 8192, 16384, 32768)
@@ -57,21 +58,11 @@ MATH_MAX_SEQ = 8192
 HEADS, HEAD_DIM = 32, 128
 
 
-def _cpu_model() -> str:
-    """The host CPU's model name (host-bound steps depend on it; two leases may differ)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def provenance(device: str) -> dict:
     info = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
             "python": platform.python_version(), "host_threads": os.cpu_count(), "device": device,
-            "host_cpu": _cpu_model()}
+            # host-bound steps depend on the host CPU, and two leases may differ
+            "host_cpu": cpu_name()}
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         nccl = torch.cuda.nccl.version()
