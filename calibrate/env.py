@@ -180,8 +180,10 @@ def probe_spec(device: str, precisions: tuple[str, ...]) -> DeviceSpec:
     dst = torch.empty_like(src)
     t = measure(lambda: dst.copy_(src), device, warmup=1, repeats=5)
     gbps = 2.0 * elems * 4 / t.seconds / 1e9
-    return DeviceSpec(name, device, round(mem, 2), {k: round(v, 4) for k, v in tflops.items()},
-                      round(gbps, 2), source="probe")
+    # Four significant figures, not decimals: a slow CPU's emulated FP8 GEMM (~1e-4 TFLOP/s, less
+    # under load) would otherwise round to a peak of 0, and every roofline would divide by it.
+    return DeviceSpec(name, device, round(mem, 2), {k: float(f"{v:.4g}") for k, v in tflops.items()},
+                      float(f"{gbps:.4g}"), source="probe")
 
 
 def device_spec(device: str, precisions: tuple[str, ...]) -> DeviceSpec:
