@@ -232,13 +232,11 @@ def bench_stacks(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int
 
 
 def _fill_kills(runs: Sequence[MeasuredRun], preds, margin: float, level: float) -> int:
-    """Runs the default fill's limit would have killed: the limit covers ``(1 + margin)`` x the
-    point and the upper bound at ``level`` (slurm_plugin.policy); its start-up allowance and the
-    rounding up to whole minutes only lengthen it and are left out, so this counts kills at least
-    as often as the real fill would."""
-    from predictor.interval import upper_at_level
-    return sum(r.measured_iteration_seconds > max(p.iteration_seconds * (1.0 + margin),
-                                                  upper_at_level(p.iteration_seconds, p.interval_seconds[1], level))
+    """Runs the fill's limit would have killed (calibrate.fitting.kinds.filled_iteration_seconds:
+    its start-up allowance and rounding left out, so at least as many kills as the real fill)."""
+    from calibrate.fitting.kinds import filled_iteration_seconds
+    return sum(r.measured_iteration_seconds > filled_iteration_seconds(p.iteration_seconds, p.interval_seconds[1],
+                                                                       margin, level)
                for r, p in zip(runs, preds))
 
 

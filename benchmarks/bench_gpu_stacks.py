@@ -51,7 +51,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 
 from calibrate.engine_host import cpu_name  # noqa: E402
-from calibrate.stacks import MODULE_STACKS  # noqa: E402
+from calibrate.errors import CalibrationError  # noqa: E402
+from calibrate.stacks import MODULE_STACKS, check_recompute  # noqa: E402
 
 SEQS = (2048, 4096, 8192, 16384, 32768)
 MATH_MAX_SEQ = 8192
@@ -292,9 +293,12 @@ def main() -> int:
         stack, _, recompute = w.partition("+")
         if stack not in ("pytorch", "sdpa_efficient", *MODULE_STACKS):
             ap.error(f"--stacks {w}: {stack!r} is not one of pytorch, sdpa_efficient, {', '.join(MODULE_STACKS)}")
-        if recompute and (recompute not in ("full", "selective") or stack not in MODULE_STACKS
-                          or (recompute == "selective" and stack != "fsdp") or stack == "fsdp1"):
-            ap.error(f"--stacks {w}: +full runs on ddp, fsdp or compile, +selective (TorchTitan's) on fsdp only")
+        if recompute and stack not in MODULE_STACKS:
+            ap.error(f"--stacks {w}: +RECOMPUTE runs on the module stacks ({', '.join(MODULE_STACKS)}) only")
+        try:
+            check_recompute(stack, recompute or "none")
+        except CalibrationError as exc:
+            ap.error(f"--stacks {w}: {exc}")
     if args.compare:
         return compare(args.platform)
     if args.out is None:

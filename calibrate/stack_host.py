@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .stack_runs import row_label
 
 HIDDEN, TOKENS = 64, 32
 COLLECTIVES_PER_LAYER = 4      # Megatron's TP layer: 2 all-reduces in forward, 2 in backward
@@ -400,12 +401,12 @@ def gpu_op_sac_layer_seconds(rows: Sequence[dict], layer_forward_seconds: float)
     the repeated forward's issue (``layer_forward_seconds``, which predictor.host adds apart), is
     the wrapper's: its policy called on every operator, the cache, the recompute's bookkeeping."""
     def relabel(r: dict) -> dict:
-        layout = r.get("job", {}).get("layout", {})
-        if r.get("stack") != "fsdp" or layout.get("recompute", "none") != "selective":
-            return r
-        return {**r, "stack": "fsdp+selective", "job": {**r["job"], "layout": {**layout, "recompute": "none"}}}
+        # Named by its recomputation ("fsdp+selective"), which leaves the job's shape for the series.
+        job = r["job"]
+        return {**r, "stack": row_label(r), "job": {**job, "layout": {**job["layout"], "recompute": "none"}}}
 
-    job_dict, depths, slope = _depth_series([relabel(r) for r in rows], ("fsdp+selective", "fsdp"))
+    job_dict, depths, slope = _depth_series([relabel(r) for r in rows if "error" not in r],
+                                            ("fsdp+selective", "fsdp"))
     micro_batches = int(job_dict["layout"]["micro_batches"])
     per_micro_batch = (slope["fsdp+selective"] - slope["fsdp"]) / micro_batches
     return {"torch_op_sac": per_micro_batch - layer_forward_seconds, "slope_seconds": slope,

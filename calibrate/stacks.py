@@ -45,6 +45,11 @@ from .timing import time_steps
 MODULE_STACKS = ("ddp", "fsdp", "fsdp1", "compile")
 
 
+def _check_known_recompute(recompute: str) -> None:
+    if recompute not in ("none", "full", "selective"):
+        raise CalibrationError(f"layout.recompute = {recompute!r}: the module stacks run none, full or selective")
+
+
 def module_gpt(job: TrainingJob, world: int, device: str = "cpu", fsdp_mesh: Any = None,
                param_dtype: torch.dtype | None = None, mp_policy: Any = None) -> tuple[torch.nn.Module, FlatGPT]:
     """The FlatGPT model of ``job`` as an ``nn.Module`` on ``device``; the arithmetic is FlatGPT's.
@@ -54,8 +59,7 @@ def module_gpt(job: TrainingJob, world: int, device: str = "cpu", fsdp_mesh: Any
     # FlatGPT checks the layouts its own loop runs (ZeRO 0/1); the arithmetic is the same here.
     # The module applies the recomputation itself (below), so FlatGPT builds the plain layer.
     recompute = job.layout.recompute
-    if recompute not in ("none", "full", "selective"):
-        raise CalibrationError(f"layout.recompute = {recompute!r}: the module stacks run none, full or selective")
+    _check_known_recompute(recompute)
     flat_job = dataclasses.replace(job, layout=dataclasses.replace(
         job.layout, zero_stage=min(job.layout.zero_stage, 1), recompute="none"))
     gpt = model_class(job)(flat_job, device, world, seed=0)
@@ -137,17 +141,22 @@ def _optimizer(params: Any, device: str) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-4, fused=(device == "cuda"))
 
 
-def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, world: int = 1) -> StackStep:
-    """``job`` wrapped as ``stack`` trains it (see the module docstring), over ``batches``."""
-    if stack not in MODULE_STACKS:
-        raise CalibrationError(f"stack {stack!r}: one of {', '.join(MODULE_STACKS)}")
-    recompute = job.layout.recompute
+def check_recompute(stack: str, recompute: str) -> None:
+    """Refuse a recomputation ``stack`` does not run (the module docstring), naming both."""
+    _check_known_recompute(recompute)
     if recompute == "selective" and stack != "fsdp":
         raise CalibrationError(f"stack {stack!r}: layout.recompute = 'selective' is TorchTitan's op-level "
                                "checkpointing, built on the fsdp stack only")
     if stack == "fsdp1" and recompute != "none":
         raise CalibrationError(f"stack 'fsdp1': layout.recompute = {recompute!r} is not built (Composer "
                                "checkpoints inside its FSDP units)")
+
+
+def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, world: int = 1) -> StackStep:
+    """``job`` wrapped as ``stack`` trains it (see the module docstring), over ``batches``."""
+    if stack not in MODULE_STACKS:
+        raise CalibrationError(f"stack {stack!r}: one of {', '.join(MODULE_STACKS)}")
+    check_recompute(stack, job.layout.recompute)
     if stack == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(device, (world,))

@@ -99,7 +99,7 @@ class KindFit:
     scores: tuple[float, ...]              # leave-one-out log(measured / predicted)
     coverage_before: float                 # share of its runs inside the interval, before / after
     coverage_after: float
-    killed_before: int                     # runs a default filled limit would have killed (_filled)
+    killed_before: int                     # runs a default filled limit would have killed
     killed_after: int
     domain: Optional[FitDomain] = None
     scores_before: tuple[float, ...] = ()  # log(measured / predicted by the platform as it is)
@@ -218,12 +218,13 @@ SNAP = 0.005
 _DEFAULT_POLICY = PartitionPolicy()
 
 
-def _filled(point_seconds: float, high_factor: float) -> float:
-    """The iteration time a limit filled by the default policy covers (slurm_plugin.policy: the
-    point with its margin, or the upper bound at the default fill level if longer; its start-up
-    allowance and rounding only lengthen it)."""
-    return max(point_seconds * (1.0 + _DEFAULT_POLICY.margin),
-               upper_at_level(point_seconds, point_seconds * high_factor, _DEFAULT_POLICY.fill_level))
+def filled_iteration_seconds(point_seconds: float, high_seconds: float, margin: float = _DEFAULT_POLICY.margin,
+                             level: float = _DEFAULT_POLICY.fill_level) -> float:
+    """The iteration time a filled limit covers (slurm_plugin.policy, the default policy's margin
+    and level unless given): the point with its margin, or the upper bound at ``level`` from the
+    interval's upper end ``high_seconds`` if longer; its start-up allowance and rounding only
+    lengthen it, so a run above this one would have been killed."""
+    return max(point_seconds * (1.0 + margin), upper_at_level(point_seconds, high_seconds, level))
 
 
 def _snap(value: float) -> float:
@@ -410,14 +411,14 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
             lo, hi = rule0.factors
             inside = cur[i] * lo <= measured[i] <= cur[i] * hi
             cov_b += inside
-            kill_b += measured[i] > _filled(cur[i], hi)
+            kill_b += measured[i] > filled_iteration_seconds(cur[i], cur[i] * hi)
             others = np.delete(kind_scores, t)
             rest = np.delete(scores, idx)
             rule = IntervalRule.from_scores(list(rest) if len(rest) else [], calibrated=platform.calibrated)
             rule = rule.for_kind(list(others), unseen) if len(others) else rule.for_kind(None, unseen)
             lo, hi = rule.factors
             cov_a += loo_int[i] * lo <= measured[i] <= loo_int[i] * hi
-            kill_a += measured[i] > _filled(loo_int[i], hi)
+            kill_a += measured[i] > filled_iteration_seconds(loo_int[i], loo_int[i] * hi)
         kind_fits.append(KindFit(key, int(m.sum()), float(np.mean(err_before[m])), float(np.mean(err_after[m])),
                                  facs, tuple(float(x) for x in kind_scores), cov_b / len(idx), cov_a / len(idx),
                                  int(kill_b), int(kill_a),
