@@ -49,7 +49,7 @@ from slurm_plugin.slurm_client import SlurmClient, SlurmError, name_and_id, scon
 
 from .install import DEFAULT_REFIT_MIN_RUNS, RefitResult, refit_partition
 from .joblogs import IterationTimes, iteration_times
-from .runs_files import PARTITION_RE, RunsFileError, merge_runs, runs_file
+from .runs_files import BAD_RUNS_FILE_HINT, PARTITION_RE, RunsFileError, merge_runs, runs_file
 
 log = logging.getLogger(__name__)
 
@@ -623,8 +623,7 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
             try:
                 runs = load_runs(path)
             except RunRecordError as exc:
-                out.append(RefitResult(part, "failed", f"{exc} (the partition's runs file, which the harvest "
-                                                       "and the watch write: fix it or move it aside)"))
+                out.append(RefitResult(part, "failed", f"{exc} ({BAD_RUNS_FILE_HINT})"))
                 continue
         res = refit_partition(part, runs, root=opts.platforms_root, min_runs=opts.refit_min_runs,
                               pid_file=opts.pid_file, dry_run=opts.dry_run, runs_file=str(path),

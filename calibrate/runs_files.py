@@ -33,6 +33,10 @@ _POLL_S = 0.05
 PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
+#: What an unreadable runs file's error adds (the harvest's refit says the same).
+BAD_RUNS_FILE_HINT = "the partition's runs file, which the harvest and the watch write: fix it or move it aside"
+
+
 class RunsFileError(PerfcastError):
     """A runs file cannot be read, locked or written (one line naming the file)."""
 
@@ -154,7 +158,7 @@ def _merged(path: Path, partition: str, runs: Sequence[MeasuredRun]
         try:
             existing = load_runs(path)
         except RunRecordError as exc:
-            raise RunsFileError(f"{exc} (the partition's runs file, which the harvest and the watch write: fix it or move it aside)") from None
+            raise RunsFileError(f"{exc} ({BAD_RUNS_FILE_HINT})") from None
     names = {r.name for r in runs}
     had = {e.name for e in existing}
     merged = ([r for r in existing if r.name not in names] + list(runs))[-MAX_RUNS:]
