@@ -6,6 +6,8 @@
     python benchmarks/bench_gpu_stacks.py --compare [--platform dgx-h100]         # predicted vs measured
     python benchmarks/bench_gpu_stacks.py --device cuda --out DIR --parts stacks \
         --stacks fsdp1,fsdp+selective --largest-first --name stacks4                # chosen stacks only
+    python benchmarks/bench_gpu_stacks.py --device cuda --out DIR --parts stacks --jobs host-series \
+        --stacks fsdp,fsdp+full,ddp --rounds 2 --interleave --sdpa-backend flash     # other jobs, pinned SDPA
 
 Writes, as each part ends (a killed run keeps the finished parts):
 
@@ -64,6 +66,12 @@ def provenance(device: str) -> dict:
             "python": platform.python_version(), "host_threads": os.cpu_count(), "device": device,
             # host-bound steps depend on the host CPU, and two leases may differ
             "host_cpu": cpu_name()}
+    try:
+        # the kernel an unpinned flash-attention job runs (torch's own choice at a small causal shape)
+        from calibrate.attention import survey
+        info["sdpa_default"] = survey(device, torch.bfloat16).default
+    except Exception:  # noqa: BLE001 - provenance only; a survey that fails says nothing
+        info["sdpa_default"] = ""
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         nccl = torch.cuda.nccl.version()
@@ -169,8 +177,18 @@ def attention_part(device: str, seqs: list[int], clock: Clock, out: Path, repeat
             write(out, "attention.json", result)
 
 
-def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int) -> dict:
+#: ``--sdpa-backend``: the SDPA backend a call pins, as ``model.attention_impl`` names its kernel.
+SDPA_BACKENDS = {"flash": ("FLASH_ATTENTION", "sdpa_flash"), "cudnn": ("CUDNN_ATTENTION", "cudnn"),
+                 "efficient": ("EFFICIENT_ATTENTION", "sdpa_efficient")}
+
+
+def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int, sdpa_backend: str = "") -> dict:
     """Train ``job_dict`` under ``stack`` in this process: step seconds and peak bytes."""
+    if sdpa_backend:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[sdpa_backend][0])):
+            row = one_stack(stack, job_dict, device, steps, warmup)
+        return {**row, "sdpa_backend": SDPA_BACKENDS[sdpa_backend][1]}
     from calibrate.gpt_model import measure_training, token_batches
     from calibrate.stacks import stack_step
     from calibrate.timing import robust_seconds, time_steps
@@ -210,36 +228,62 @@ def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int) 
     return row
 
 
+JOB_SETS = ("family", "host-series", "long-seq")
+
+
+def job_set(which: str, device: str) -> list[tuple[str, dict]]:
+    """The stacks part's jobs (``--jobs``)."""
+    from bench_train_family import _job, family
+    if which == "family":
+        return family(device)
+    if which == "host-series":
+        # Host-bound: the step's slope in depth is the per-layer cost, its slope in micro-batches
+        # at fixed depth the per-micro-batch cost, what is left the per-step cost.
+        return [(f"L{layers} h1024 s1024 mb1 m{m} flash", _job(layers, 1024, 16, 1024, 1, m))
+                for layers in (2, 8, 16) for m in (1, 4)]
+    # Long sequences, where attention's s^2 dominates: one shape at 2k-32k, a wider one at 8k-16k.
+    return ([(f"L4 h2048 s{seq} mb1 m2 flash", _job(4, 2048, 16, seq, 1, 2))
+             for seq in (2048, 8192, 16384, 32768)]
+            + [(f"L2 h4096 s{seq} mb1 m2 flash", _job(2, 4096, 32, seq, 1, 2)) for seq in (8192, 16384)])
+
+
 def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: Path, name: str,
-                steps: int, warmup: int) -> None:
+                steps: int, warmup: int, rounds: int = 1, interleave: bool = False,
+                sdpa_backend: str = "") -> None:
     rows: list[dict] = []
     result = {"provenance": provenance(device), "steps": steps, "warmup": warmup, "rows": rows}
-    for wanted in stacks:
+    # Interleaved (each job under every stack in turn, round after round) so that a drift of the
+    # host or device across the call falls on every stack alike.
+    if interleave:
+        order = [(r, w, j) for r in range(rounds) for j in jobs for w in stacks]
+    else:
+        order = [(r, w, j) for r in range(rounds) for w in stacks for j in jobs]
+    for round_index, wanted, (job_name, job) in order:
         # "fsdp+selective": the stack with every job's layout.recompute set so (the row keeps it).
         stack, _, recompute = wanted.partition("+")
-        for job_name, job in jobs:
-            if stack == "sdpa_efficient" and job["model"]["attention"] != "flash":
-                continue
-            if recompute:
-                job = {**job, "layout": {**job["layout"], "recompute": recompute}}
-            if clock.left() < 15:
-                rows.append({"stack": stack, "name": job_name, "job": job, "error": "out of time"})
-                write(out, f"{name}.json", result)
-                continue
-            t0 = time.perf_counter()
-            try:
-                row = one_stack(stack, job, device, steps, warmup)
-                rows.append({"stack": stack, "name": job_name, "job": job, **row,
-                             "wall_s": time.perf_counter() - t0})
-                print(f"{name} {stack:15} {job_name:36} {1e3 * row['measured_iteration_seconds']:9.2f} ms "
-                      f"peak {row.get('peak_allocated_bytes', 0) / 2**30:6.2f} GiB "
-                      f"({time.perf_counter() - t0:.1f} s)", flush=True)
-            except Exception as exc:  # noqa: BLE001 - recorded; the next job goes on
-                rows.append({"stack": stack, "name": job_name, "job": job,
-                             "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-                print(f"{name} {stack} {job_name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                traceback.print_exc(limit=3)
+        if stack == "sdpa_efficient" and job["model"]["attention"] != "flash":
+            continue
+        if recompute:
+            job = {**job, "layout": {**job["layout"], "recompute": recompute}}
+        tag = {"round": round_index} if rounds > 1 else {}
+        if clock.left() < 15:
+            rows.append({"stack": stack, "name": job_name, "job": job, **tag, "error": "out of time"})
             write(out, f"{name}.json", result)
+            continue
+        t0 = time.perf_counter()
+        try:
+            row = one_stack(stack, job, device, steps, warmup, sdpa_backend)
+            rows.append({"stack": stack, "name": job_name, "job": job, **tag, **row,
+                         "wall_s": time.perf_counter() - t0})
+            print(f"{name} {wanted:15} {job_name:36} {1e3 * row['measured_iteration_seconds']:9.2f} ms "
+                  f"peak {row.get('peak_allocated_bytes', 0) / 2**30:6.2f} GiB "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        except Exception as exc:  # noqa: BLE001 - recorded; the next job goes on
+            rows.append({"stack": stack, "name": job_name, "job": job, **tag,
+                         "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            print(f"{name} {wanted} {job_name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            traceback.print_exc(limit=3)
+        write(out, f"{name}.json", result)
 
 
 def compare(platform: str) -> int:
@@ -286,7 +330,19 @@ def main() -> int:
     ap.add_argument("--name", default="stacks", help="the stacks part's file: NAME.json")
     ap.add_argument("--largest-first", action="store_true",
                     help="the stacks part runs the family's jobs largest first")
+    ap.add_argument("--jobs", choices=JOB_SETS, default="family",
+                    help="the stacks part's jobs: the 33-job family; host-series (hidden 1,024 at 2, 8 "
+                         "and 16 layers, 1 and 4 micro-batches: per-layer and per-micro-batch host "
+                         "costs); long-seq (8k-32k tokens)")
+    ap.add_argument("--sdpa-backend", choices=tuple(SDPA_BACKENDS), default="",
+                    help="pin SDPA to this backend for every job of the stacks part (rows say "
+                         "sdpa_backend); unpinned, SDPA picks (provenance's sdpa_default)")
+    ap.add_argument("--rounds", type=int, default=1, help="run every job under every stack this many times")
+    ap.add_argument("--interleave", action="store_true",
+                    help="each job under every stack in turn (a drift falls on all stacks alike)")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: at least 1")
     wanted = [w for w in args.stacks.split(",") if w]
     for w in wanted:
         # Checked before any device time is spent: a typo would cost every job an error row.
@@ -309,7 +365,7 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     import logging
     logging.disable(logging.WARNING)
-    from bench_train_family import _job, family
+    from bench_train_family import _job
 
     parts = args.parts.split(",")
     if args.quick:
@@ -319,7 +375,7 @@ def main() -> int:
                                             attention="fused_softmax"))]
     else:
         seqs = list(SEQS)
-        jobs = family(args.device)
+        jobs = job_set(args.jobs, args.device)
     if "stacks" in parts or "compile" in parts:
         import torch.distributed as dist
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -344,7 +400,8 @@ def main() -> int:
             jobs = sorted(jobs, key=parameter_tokens, reverse=True)
         stacks_part(args.device, jobs, wanted,
                     Clock(clock.left() - (0.2 * args.budget_s if "compile" in parts else 0)),
-                    args.out, args.name, steps=4, warmup=2)
+                    args.out, args.name, steps=4, warmup=2, rounds=args.rounds, interleave=args.interleave,
+                    sdpa_backend=args.sdpa_backend)
     if "compile" in parts:
         small = [j for j in jobs if j[0] in ("L2 h1024 s1024 mb1 flash", "h1024 s2048 mb4 flash",
                                              "h2048 s2048 mb4 flash", "L8 h1024 s1024 mb1 flash")] or jobs[:1]

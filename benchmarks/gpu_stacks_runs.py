@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT))
 from calibrate.stack_runs import STACKS, StackRowError, runs_from_files, to_toml  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "h100-lent" / "stacks"
-FILES = ("stacks.json", "stacks2.json", "stacks3.json", "stacks4.json", "stacks5.json")
+FILES = ("stacks.json", "stacks2.json", "stacks3.json", "stacks4.json", "stacks5.json", "stacks6.json",
+         "hseries.json", "longseq.json", "longseq-flash.json")
 
 
 def main() -> int:

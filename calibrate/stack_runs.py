@@ -17,10 +17,18 @@ would reveal (:data:`STACK_JOB`):
   framework, attention, precision, recompute) is the same as ``pytorch``'s: nothing a launch shows
   tells a DDP script from a hand-written loop.
 
+A flash-attention job runs whichever kernel SDPA picked: the row's ``sdpa_backend`` where the call
+pinned one (``bench_gpu_stacks.py --sdpa-backend``), else the file's ``provenance.sdpa_default``
+(torch's own choice), else :data:`KNOWN_SDPA_DEFAULT` for files that predate that key.  The run
+names that kernel (``model.attention_impl``) where the stack's launch would not: where it differs
+from the framework's default kernel, and, for the stacks that name no framework, where the call
+pinned it (unpinned, they ran SDPA's choice, which is what a bundle's ``flash_atten`` samples time).
+A pinned run's name ends with its kernel (``... flash sdpa_flash``).
+
 A row whose job sets ``layout.recompute`` (``bench_gpu_stacks.py --stacks fsdp+selective``) keeps
 it, and its run is named ``"<stack>+<recompute> <job name>"``; other runs ``"<stack> <job name>"``.
-A job measured in more than one call keeps its fastest step time (a later call ran after larger
-jobs had left memory behind, which only adds time); the source line gives every call's time.  Rows
+A job measured more than once keeps its fastest step time (a later call ran after larger jobs had
+left memory behind, which only adds time); the source line gives every measurement.  Rows
 with an ``error`` (out of memory) are left out.  No torch.
 """
 from __future__ import annotations
@@ -44,6 +52,13 @@ STACK_JOB: dict[str, dict[tuple[str, str], Any]] = {
     "deepspeed": {("run", "framework"): "deepspeed", ("layout", "zero_stage"): 1},
 }
 STACKS = tuple(STACK_JOB)
+
+#: SDPA's own choice of kernel for the files whose provenance predates ``sdpa_default``, by (GPU,
+#: torch): the lent H100's attention survey recorded it (stacks/attention.json, 2026-11-26 01:37)
+#: and the later files of the same software confirm it (their ``provenance.sdpa_default``).
+KNOWN_SDPA_DEFAULT = {("NVIDIA H100 80GB HBM3", "2.11.0+cu130"): "cudnn"}
+# The stacks that name no framework: their unpinned flash jobs run what a bundle's samples time.
+_NO_FRAMEWORK = ("pytorch", "ddp")
 
 
 class StackRowError(CalibrationError):
@@ -71,6 +86,40 @@ def row_label(row: dict) -> str:
     return row["stack"] if recompute == "none" else f"{row['stack']}+{recompute}"
 
 
+def attention_ran(row: dict, provenance: dict) -> tuple[str, bool]:
+    """The kernel a row's flash-attention job ran and whether the call pinned it ("" where the row
+    is not a flash-attention job on a GPU).  Raises :class:`StackRowError` where nobody recorded it."""
+    model = row["job"].get("model", {}) if isinstance(row["job"], dict) else {}
+    if not isinstance(model, dict) or model.get("attention") != "flash" or "attention_impl" in model:
+        return "", False
+    pinned = row.get("sdpa_backend")
+    if isinstance(pinned, str) and pinned:
+        return pinned, True
+    if provenance.get("device") != "cuda":
+        return "", False
+    chosen = provenance.get("sdpa_default") or KNOWN_SDPA_DEFAULT.get(
+        (provenance.get("gpu"), provenance.get("torch")))
+    if not chosen:
+        raise StackRowError(f"row {row.get('name', '?')!r}: a GPU file without provenance.sdpa_default "
+                            f"({provenance.get('gpu')!r}, torch {provenance.get('torch')!r}): which "
+                            "attention kernel SDPA ran is not recorded")
+    return chosen, False
+
+
+def _named_kernel(stack: str, job: dict, kernel: str, pinned: bool, provenance: dict) -> str:
+    """The ``model.attention_impl`` the run states ("" = the launch's default is what ran)."""
+    from predictor.attention import SAME_KERNEL, default_impl
+
+    if not kernel:
+        return ""
+    if stack in _NO_FRAMEWORK:
+        return kernel if pinned else ""
+    framework = stack_job(job, stack).get("run", {}).get("framework", "")
+    gpu = str(provenance.get("gpu", ""))
+    default = default_impl(framework, hopper=any(g in gpu for g in ("H100", "H200", "GH200", "B200")))
+    return "" if SAME_KERNEL.get(kernel, kernel) == SAME_KERNEL.get(default, default) else kernel
+
+
 def _provenance_note(raw: dict, file: str) -> str:
     prov = raw.get("provenance") or {}
     return (f"robust step time of {raw.get('steps', '?')} steps after {raw.get('warmup', '?')} warm-ups, "
@@ -93,6 +142,7 @@ def runs_from_files(files: Iterable[Path], stacks: Sequence[str] = STACKS) -> li
         if not isinstance(raw, dict) or not isinstance(raw.get("rows"), list):
             raise StackRowError(f"{path}: no \"rows\" list")
         note = _provenance_note(raw, path.name)
+        provenance = raw.get("provenance") if isinstance(raw.get("provenance"), dict) else {}
         for i, row in enumerate(raw["rows"]):
             where = f"{path}: rows[{i}]"
             if not isinstance(row, dict) or not {"stack", "name", "job"} <= set(row):
@@ -104,17 +154,23 @@ def runs_from_files(files: Iterable[Path], stacks: Sequence[str] = STACKS) -> li
                 raise StackRowError(f"{where}: measured_iteration_seconds must be > 0, got {secs!r}")
             try:
                 label = row_label(row)
+                kernel, pinned = attention_ran(row, provenance)
             except StackRowError as exc:
                 raise StackRowError(f"{where}: {exc}") from None
-            seen.setdefault((label, row["name"]), []).append((float(secs), note, row["job"]))
+            job = row["job"]
+            impl = _named_kernel(row["stack"], job, kernel, pinned, provenance)
+            if impl:
+                job = {**job, "model": {**job["model"], "attention_impl": impl}}
+            name = f"{row['name']} {kernel}" if pinned else row["name"]
+            seen.setdefault((label, name), []).append((float(secs), note, job))
     runs = []
     for (label, name), meas in seen.items():
         stack = label.split("+", 1)[0]
         best = min(meas, key=lambda m: m[0])
         calls = " / ".join(f"{1e3 * s:.1f} ms" for s, _, _ in meas)
         source = (f"benchmarks/bench_gpu_stacks.py, stack {label}, "
-                  + (f"fastest of {len(meas)} calls ({calls}; a later call ran after larger jobs, "
-                     "which only adds time), " if len(meas) > 1 else "")
+                  + (f"fastest of {len(meas)} measurements ({calls}; a later one ran after larger "
+                     "jobs, which only adds time), " if len(meas) > 1 else "")
                   + best[1])
         runs.append({"name": f"{label} {name}", "source": source, "measured_iteration_seconds": best[0],
                      "job": stack_job(best[2], stack)})

@@ -246,10 +246,15 @@ def test_unseen_kind_bound_pools_the_site_kinds_with_the_shipped_ones(tmp_path):
     wide = fit_hierarchical(base, runs, spreads=(KindSpread("elsewhere", "-/flash/bf16/none", 0.9, 12),))
     assert wide.unseen_kind_bound == 0.9
     assert "×0.41–×2.46" in wide.report()
-    # The shipped kinds by default.
-    from predictor.interval import SHIPPED_KIND_SPREADS
-    assert fit_hierarchical(base, runs, factors_only=True).unseen_kind_bound == pytest.approx(
-        max([site, SHIPPED_PRIOR.maximum] + [s.score for s in SHIPPED_KIND_SPREADS]))
+    # The shipped kinds by default, with the site's: their conformal quantile over kinds (from 19
+    # kinds on, no longer their largest), never below the floor.
+    from predictor.interval import SHIPPED_KIND_SPREADS, unseen_kind_bound
+    own = kind_score([math.log(r.measured_iteration_seconds / p.iteration_seconds)
+                      for r, p in zip(runs, predict_many([r.job for r in runs], base))])
+    scores = [own] + [s.score for s in SHIPPED_KIND_SPREADS]
+    bound = fit_hierarchical(base, runs, factors_only=True).unseen_kind_bound
+    assert bound == pytest.approx(unseen_kind_bound(scores, floor=SHIPPED_PRIOR.maximum))
+    assert len(scores) >= 19 and bound < max(scores)
 
 
 def test_the_shipped_h100_kind_spreads_match_their_runs_file():

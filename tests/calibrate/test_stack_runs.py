@@ -68,9 +68,44 @@ def test_repeats_keep_the_fastest_errors_and_other_stacks_are_left_out(tmp_path)
     runs = mod.runs_from_files([a, b])
     assert [r["name"] for r in runs] == ["fsdp L2 h256", "pytorch big"]
     assert runs[0]["measured_iteration_seconds"] == 0.030
-    assert "fastest of 2 calls (30.0 ms / 36.0 ms" in runs[0]["source"]
+    assert "fastest of 2 measurements (30.0 ms / 36.0 ms" in runs[0]["source"]
     only = mod.runs_from_files([a, b], ["pytorch"])
     assert [r["name"] for r in only] == ["pytorch big"]
+
+
+def _gpu_file(path, rows, **prov):
+    path.write_text(json.dumps({"provenance": {**PROV, "device": "cuda", **prov}, "steps": 4, "warmup": 2,
+                                "rows": rows}))
+    return path
+
+
+def test_a_gpu_row_names_the_kernel_sdpa_ran_where_its_launch_would_not(tmp_path):
+    softmax = {**JOB, "model": {**JOB["model"], "attention": "fused_softmax"}}
+    f = _gpu_file(tmp_path / "a.json", [_row("fsdp", 0.03), _row("fsdp1", 0.03), _row("pytorch", 0.02),
+                                        _row("ddp", 0.02, name="sm", job=softmax)], sdpa_default="cudnn")
+    runs = {r["name"]: r["job"]["model"].get("attention_impl", "") for r in mod.runs_from_files([f])}
+    # TorchTitan's and llm-foundry's launches imply FlashAttention-2; these ran SDPA's cuDNN kernel.
+    # A plain loop ran what a bundle's samples time (SDPA's choice): nothing to name.
+    assert runs == {"fsdp L2 h256": "cudnn", "fsdp1 L2 h256": "cudnn", "pytorch L2 h256": "", "ddp sm": ""}
+
+
+def test_a_pinned_row_is_its_own_run_and_names_its_kernel_unless_the_launch_implies_it(tmp_path):
+    f = _gpu_file(tmp_path / "a.json", [_row(s, 0.04, sdpa_backend="sdpa_flash") for s in ("fsdp", "fsdp1", "pytorch")]
+                  + [_row("fsdp", 0.03), _row("fsdp1", 0.05, sdpa_backend="sdpa_efficient")], sdpa_default="cudnn")
+    runs = {r["name"]: r for r in mod.runs_from_files([f])}
+    impl = {n: r["job"]["model"].get("attention_impl", "") for n, r in runs.items()}
+    assert impl == {"fsdp L2 h256 sdpa_flash": "", "fsdp1 L2 h256 sdpa_flash": "",
+                    "pytorch L2 h256 sdpa_flash": "sdpa_flash", "fsdp L2 h256": "cudnn",
+                    "fsdp1 L2 h256 sdpa_efficient": "sdpa_efficient"}
+    assert runs["fsdp L2 h256 sdpa_flash"]["measured_iteration_seconds"] == 0.04      # not merged with the cuDNN run
+
+
+def test_an_older_gpu_file_takes_sdpa_s_recorded_choice_or_is_refused(tmp_path):
+    known = _gpu_file(tmp_path / "old.json", [_row("fsdp", 0.03)])
+    assert mod.runs_from_files([known])[0]["job"]["model"]["attention_impl"] == "cudnn"
+    unknown = _gpu_file(tmp_path / "other.json", [_row("fsdp", 0.03)], gpu="NVIDIA A100-SXM4-80GB")
+    with pytest.raises(mod.StackRowError, match=r"other.json: rows\[0\]: .*sdpa_default"):
+        mod.runs_from_files([unknown])
 
 
 @pytest.mark.parametrize("rows, match", [
@@ -90,5 +125,6 @@ def test_bad_rows_name_the_file_and_row(tmp_path, rows, match):
 
 def test_the_committed_runs_file_is_what_the_converter_makes():
     data = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h100-lent" / "stacks"
-    files = [data / f for f in ("stacks.json", "stacks2.json", "stacks3.json", "stacks4.json", "stacks5.json")]
+    files = [data / f for f in ("stacks.json", "stacks2.json", "stacks3.json", "stacks4.json", "stacks5.json",
+                                "stacks6.json", "hseries.json", "longseq.json", "longseq-flash.json")]
     assert (data / "stacks-runs.toml").read_text() == mod.to_toml(mod.runs_from_files(files))
