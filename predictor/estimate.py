@@ -36,7 +36,7 @@ from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gathers_layers,
                      shard_ranks, stage_layers, stage_parameter_counts, total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
-from . import attention, fp8, memory, overlap, tp_overlap
+from . import attention, checkpointing, fp8, memory, overlap, tp_overlap
 from .host import FSDP_FRAMEWORKS, checkpoint_wrapper_for, engine_for as host_engine_for, fsdp_hook_share
 from .interval import IntervalRule, interval_seconds, run_scores
 from .job import DEEPSPEED_PIPELINE_FRAMEWORKS, TrainingJob
@@ -751,7 +751,51 @@ def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBat
         layer_bwd.extend(sac_fwd)
     elif lay.recompute == "selective":
         layer_bwd.extend(core_fwd)
+    # After the recompute is folded in: the checkpoint function's own work is not recomputed.
+    _checkpoint_option_terms(job, plat, q, grp, layer_fwd, layer_bwd, mp_bwd, warnings)
     return _LayerTerms(layer_fwd, layer_bwd, core_fwd, core_bwd, mp_fwd, mp_bwd, cp_ring, tp_ub)
+
+
+def _checkpoint_option_terms(job: TrainingJob, plat: Platform, q: QuerySet, grp: Mapping[str, Group],
+                             layer_fwd: _Term, layer_bwd: _Term, mp_bwd: _Term, warnings: list[str]) -> None:
+    """DeepSpeed's activation-checkpointing options on one checkpointed layer (predictor/checkpointing.py):
+    the partitioned input's all-gather over the TP group before the recompute (a TP collective on the
+    critical path), the slice's copies, the copies to and from host memory, and the device's idle
+    time after each synchronisation (a round trip and one launch)."""
+    lay, prec = job.layout, job.run.precision
+    costs = checkpointing.layer_costs(job.model, lay, BYTES_PER_ELEMENT[prec])
+    if costs is None:
+        note = checkpointing.without_recompute_warning(lay)
+        if note:
+            warnings.append(note)
+        return
+    if costs.gather_shard_entries:
+        gather = _Term().add(q.coll("allgather", costs.gather_shard_entries, grp["tp"], prec))
+        layer_bwd.extend(gather)
+        mp_bwd.extend(gather)
+    hbm = plat.gpu.memory_gbps * 1e9
+    if costs.copy_bytes_forward:
+        layer_fwd.add(q.seconds("checkpoint_partition", costs.copy_bytes_forward / hbm))
+        layer_bwd.add(q.seconds("checkpoint_partition", costs.copy_bytes_backward / hbm))
+    if costs.offload_bytes:
+        gbps, known = checkpointing.host_link_gbps(plat.gpu.name)
+        if not known:
+            warnings.append(f"layout.checkpoint_in_cpu: the host link of {plat.gpu.name} is not known; "
+                            f"costed at PCIe Gen4 x16's {gbps:g} GB/s each way")
+        offload = q.seconds("checkpoint_offload", costs.offload_bytes / (gbps * 1e9))
+        layer_fwd.add(offload)
+        layer_bwd.add(offload)
+    if costs.syncs_forward or costs.syncs_backward:
+        wait = _sync_wait_seconds(plat)
+        layer_fwd.add(q.seconds("checkpoint_sync", wait), costs.syncs_forward)
+        layer_bwd.add(q.seconds("checkpoint_sync", wait), costs.syncs_backward)
+
+
+def _sync_wait_seconds(plat: Platform) -> float:
+    """What the device idles after the host waited for it: the synchronize round trip and the next
+    kernel's launch (the platform's measured launch, where it has a [host] table)."""
+    launch = plat.host.launch_seconds if plat.host is not None else 0.0
+    return checkpointing.SYNC_ROUND_TRIP_SECONDS + launch
 
 
 def _pipeline_terms(job: TrainingJob, q: QuerySet, recipe: MicroBatchRecipe, layer: _LayerTerms,
@@ -927,6 +971,14 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
         # recomputed; each a send and a receive.
         passes = (lay.cp - 1) * (3 + (1 if lay.recompute == "full" else 0))
         layer_calls += 2 * passes
+    # DeepSpeed's checkpointing options: the partition's all-gather is one more collective call, its
+    # copies and the host copies more launches; each synchronisation the host waits out too.
+    ckpt = checkpointing.layer_costs(job.model, lay, BYTES_PER_ELEMENT[job.run.precision])
+    layer_sync_seconds = 0.0
+    if ckpt is not None:
+        layer_calls += 1 if ckpt.gather_shard_entries else 0
+        layer_launches += ckpt.launches
+        layer_sync_seconds = (ckpt.syncs_forward + ckpt.syncs_backward) * _sync_wait_seconds(plat)
     # FSDP (PyTorch's, under the frameworks that shard with it) runs its hooks around every
     # layer it wraps: unshard before forward and backward, reshard, reduce-scatter.
     fsdp = lay.zero_stage >= 2 and job.run.framework in FSDP_FRAMEWORKS
@@ -940,6 +992,7 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
                                           zero3_layers=n if zero3 else 0,
                                           checkpoint=checkpoint_wrapper_for(job.run.framework, lay.recompute),
                                           fsdp_share=fsdp_hook_share(job.run.framework, lay.zero_stage))
+                  + n * layer_sync_seconds
                   for i, n in enumerate(sizes)]
     return stage_host, plat.host.engine_step_seconds(engine, plat.fitted)
 

@@ -321,6 +321,8 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
         _check_overlaps(lay, framework)
     if lay.tp_comm_overlap:
         _check_tp_overlap(m, lay, framework)
+    if lay.partition_activations or lay.checkpoint_in_cpu or lay.checkpoint_sync_each_layer:
+        _check_ds_checkpointing(lay, framework)
     if lay.cp > 1:
         # Megatron splits each sequence into 2·cp chunks (load-balanced causal attention).
         if m.seq_len % (2 * lay.cp):
@@ -380,6 +382,19 @@ def _check_tp_overlap(m: ModelSpec, lay: Layout, framework: str) -> None:
     if lay.tp > 1 and not lay.sequence_parallel:
         raise JobError(key, "overlaps sequence parallelism's all-gathers and reduce-scatters: needs "
                             "layout.sequence_parallel = true (as Megatron-LM requires)")
+
+
+def _check_ds_checkpointing(lay: Layout, framework: str) -> None:
+    """DeepSpeed's activation-checkpointing options exist where DeepSpeed's checkpoint function
+    wraps the layers (GPT-NeoX, DeepSpeed, Megatron-DeepSpeed, or a job that names no framework).
+    Without recomputation they do nothing, which the answer says (not an error: perf-advise tries
+    a job's layout without recomputation too)."""
+    if framework and framework not in DEEPSPEED_PIPELINE_FRAMEWORKS:
+        key = next(k for k in ("partition_activations", "checkpoint_in_cpu", "checkpoint_sync_each_layer")
+                   if getattr(lay, k))
+        raise JobError(f"layout.{key}", f"is an option of DeepSpeed's activation checkpointing (run.framework "
+                                        f"{', '.join(repr(f) for f in DEEPSPEED_PIPELINE_FRAMEWORKS)}); "
+                                        f"{framework} checkpoints its layers with its own function")
 
 
 def _validate(job: TrainingJob) -> None:

@@ -43,6 +43,8 @@ The estimate is the worst pipeline stage's peak, in bytes, as the sum of
   activations are rebuilt during its backward pass: that working set is added once.  TorchTitan's
   op-level selective checkpointing keeps the layer's input and the outputs its save policy names
   (:func:`op_sac_layer_bytes`), and rebuilds the rest of one layer during its backward.
+  DeepSpeed's checkpoint function keeps 1/t of its inputs per GPU with partitioned activations
+  and none of them with CPU checkpointing (:func:`predictor.checkpointing.kept_share`).
 
 * **in-flight micro-batches** (Korthikanti Sec. 4.2.3; Narayanan et al. SC 2021 for the
   schedules): under 1F1B stage r holds min(p − r, m) micro-batches' activations, so the first
@@ -85,13 +87,15 @@ middle stage is outdone by one of those.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from .checkpointing import kept_share
 from .job import Layout, ModelSpec
 from .specs import runs_deepspeed_engine
-from .recipe import (FSDP1_FRAMEWORKS, fused_attention, gradient_precision, layer_parameters, micro_batch_recipe,
-                     mlp_up_width, op_sac_recompute_share, padded_vocab, reshards_after_forward, runs_op_sac,
+from .recipe import (FSDP1_FRAMEWORKS, checkpoint_input_entries, fused_attention, gradient_precision,
+                     layer_parameters, micro_batch_recipe, mlp_up_width, op_sac_recompute_share, padded_vocab, reshards_after_forward, runs_op_sac,
                      shard_ranks, stage_layers, stage_parameters)
 
 if TYPE_CHECKING:  # only for the type hint of estimate_job
@@ -203,9 +207,12 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout, precision: str,
     t = layout.tp
     sp = layout.sequence_parallel and t > 1
     T = s * b
+    # DeepSpeed's partitioned / CPU checkpointing keeps this share of the checkpoint's inputs on
+    # the GPU (predictor/checkpointing.py).
+    kept = kept_share(layout, recompute)
     if recompute == "full":
         # Only the layer's input survives the forward pass.
-        return e * T * h / (t if sp else 1)
+        return kept * e * T * h / (t if sp else 1)
     k = model.kv_heads * model.head_dim
     f = model.ffn_hidden
     act_in = mlp_up_width(model)
@@ -216,7 +223,11 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout, precision: str,
         sharded += 4 * b * a * s                                          # fp32 log-sum-exp
     elif recompute != "selective":
         sharded += (2 * e + 1) * b * a * s * s                            # softmax out, mask, dropout out
-    return (replicated + sharded) / t if sp else replicated + sharded / t
+    total = (replicated + sharded) / t if sp else replicated + sharded / t
+    if recompute == "selective" and kept < 1.0:
+        # The attention core's checkpoint keeps Q, K and V, partitioned or in host memory.
+        total -= (1.0 - kept) * e * checkpoint_input_entries(model, dataclasses.replace(layout, recompute=recompute))
+    return total
 
 
 def op_sac_layer_bytes(model: ModelSpec, layout: Layout, precision: str) -> float:

@@ -781,6 +781,21 @@ def runs_op_sac(layout: Layout, framework: str) -> bool:
     return layout.recompute == "selective" and framework == "torchtitan"
 
 
+def checkpoint_input_entries(model: ModelSpec, layout: Layout) -> float:
+    """Elements one rank's checkpoint of one layer keeps for one micro-batch, its floating-point
+    inputs: the layer's input under full recomputation (tokens × hidden, 1/tp of it under sequence
+    parallelism), the attention core's query, key and value under Megatron-style selective
+    recomputation (tokens × the QKV width / tp); none without recomputation.  What DeepSpeed's
+    partitioned and CPU checkpointing act on (predictor/checkpointing.py)."""
+    tokens = layout.micro_batch * model.seq_len // layout.cp
+    if layout.recompute == "full":
+        sp = layout.sequence_parallel and layout.tp > 1
+        return tokens * model.hidden / (layout.tp if sp else 1)
+    if layout.recompute == "selective":
+        return tokens * qkv_width(model) / layout.tp
+    return 0.0
+
+
 def shard_ranks(layout: Layout) -> int:
     """The ranks ZeRO shards a parameter over: dp × cp, or dp_shard × cp under hybrid sharding."""
     return (layout.dp_shard or layout.dp) * layout.cp

@@ -114,6 +114,13 @@ class Layout:
     # layer's parameters are freed after its forward (RESHARD_POLICIES).
     dp_shard: int = 0
     reshard_after_forward: str = "default"
+    # DeepSpeed's activation-checkpointing options (deepspeed.checkpointing.configure), which act
+    # on checkpointed layers only (recompute full or selective): keep 1/tp of each checkpoint's
+    # inputs per TP rank and all-gather them before the recompute; keep them in host memory;
+    # synchronise the device at each checkpoint's start and end (predictor/checkpointing.py).
+    partition_activations: bool = False
+    checkpoint_in_cpu: bool = False
+    checkpoint_sync_each_layer: bool = False
 
     def __post_init__(self) -> None:
         # A list from a TOML/JSON file or a caller becomes a tuple: layouts stay hashable (the

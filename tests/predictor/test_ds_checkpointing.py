@@ -1,0 +1,144 @@
+"""DeepSpeed's activation-checkpointing options (layout.partition_activations, checkpoint_in_cpu,
+checkpoint_sync_each_layer): validation, memory, and the time each adds, against figures computed
+here from DeepSpeed's mechanism (predictor/checkpointing.py)."""
+from __future__ import annotations
+
+import pytest
+
+from predictor import JobError, TrainingJob, load_platform, predict
+from predictor import checkpointing, memory
+from predictor.network import ring_seconds
+
+# A GPT-NeoX 20B-shaped job inside one 8-GPU node: tp 4, pp 2, device-bound.
+_MODEL = {"layers": 44, "hidden": 6144, "heads": 64, "seq_len": 2048}
+_LAYOUT = {"pp": 2, "tp": 4, "dp": 1, "micro_batch": 4, "micro_batches": 8, "recompute": "full"}
+
+
+def _job(run=None, **layout):
+    return TrainingJob.from_dict({"model": dict(_MODEL), "layout": {**_LAYOUT, **layout},
+                                  "run": {"framework": "neox", "train_iters": 10, **(run or {})}})
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_platform("dgx-h100")
+
+
+def test_a_misspelt_key_is_refused_with_a_suggestion():
+    with pytest.raises(JobError) as exc:
+        _job(partition_activation=True)
+    assert exc.value.key == "layout.partition_activation"
+    assert "partition_activations" in str(exc.value)
+
+
+def test_a_non_boolean_value_names_the_key():
+    with pytest.raises(JobError) as exc:
+        _job(checkpoint_in_cpu="yes")
+    assert exc.value.key == "layout.checkpoint_in_cpu"
+
+
+@pytest.mark.parametrize("framework", ["megatron", "nemo", "torchtitan", "llm-foundry"])
+def test_frameworks_without_deepspeed_checkpointing_refuse_the_keys(framework):
+    with pytest.raises(JobError) as exc:
+        TrainingJob.from_dict({"model": dict(_MODEL), "layout": {**_LAYOUT, "pp": 1, "dp": 2,
+                                                                  "checkpoint_sync_each_layer": True},
+                               "run": {"framework": framework}})
+    assert exc.value.key == "layout.checkpoint_sync_each_layer"
+
+
+def test_defaults_are_off_and_round_trip():
+    job = _job()
+    d = job.to_dict()["layout"]
+    assert (d["partition_activations"], d["checkpoint_in_cpu"], d["checkpoint_sync_each_layer"]) == (False,) * 3
+    on = _job(partition_activations=True, checkpoint_in_cpu=True, checkpoint_sync_each_layer=True)
+    assert TrainingJob.from_dict(on.to_dict()) == on
+
+
+def _layer_input_bytes(job):
+    return 2 * job.layout.micro_batch * job.model.seq_len * job.model.hidden    # fp16, no SP
+
+
+def test_memory_keeps_a_tp_slice_or_nothing_of_each_checkpoint():
+    plain, part, cpu = _job(), _job(partition_activations=True), _job(checkpoint_in_cpu=True)
+    est = [memory.stage_estimates(j.model, j.layout, "fp16", framework="neox") for j in (plain, part, cpu)]
+    x = _layer_input_bytes(plain)
+    for stage, layers in enumerate(predict_layers(plain)):
+        held = memory.in_flight(plain.layout, stage) * layers * x
+        a0, a1, a2 = (e[stage].activations for e in est)
+        assert a0 - a1 == pytest.approx(held * (1 - 1 / 4), rel=1e-12)
+        assert a0 - a2 == pytest.approx(held, rel=1e-12)
+    # (this job's peak is its optimizer step's fp32 gradient copy, which the options do not touch)
+    assert memory.estimate_job(part).activations < memory.estimate_job(plain).activations
+
+
+def predict_layers(job):
+    from predictor.recipe import stage_layers
+    return stage_layers(job.model, job.layout)
+
+
+def test_selective_partition_keeps_a_slice_of_q_k_v():
+    job = _job(recompute="selective", run={"framework": "megatron-deepspeed"})
+    part = _job(recompute="selective", partition_activations=True, run={"framework": "megatron-deepspeed"})
+    qkv = 2 * 4 * 2048 * (64 + 2 * 64) * 96 / 4          # fp16 Q, K, V per TP rank
+    got = memory.layer_activation_bytes(job.model, job.layout, "fp16") \
+        - memory.layer_activation_bytes(part.model, part.layout, "fp16")
+    assert got == pytest.approx(qkv * (1 - 1 / 4), rel=1e-12)
+
+
+def _stage0(job, plat):
+    p = predict(job, plat)
+    st = p.details.stages
+    assert st.host_wait_seconds[0] == 0.0          # device-bound: the device path is what moves
+    return p, st.forward_seconds[0], st.backward_seconds[0], st.layers[0]
+
+
+def test_partition_adds_the_tp_all_gather_and_the_slice_copies(h100):
+    p0, f0, b0, n = _stage0(_job(), h100)
+    p1, f1, b1, _ = _stage0(_job(partition_activations=True), h100)
+    shard = 4 * 2048 * 6144 / 4
+    gather = ring_seconds(h100.links, "allgather", shard, 1, 4)       # one node, the TP group of 4
+    hbm = h100.gpu.memory_gbps * 1e9
+    assert f1 - f0 == pytest.approx(n * 2 * 2 * shard / hbm, rel=1e-9)
+    assert b1 - b0 == pytest.approx(n * (gather + 2 * (4 * shard + 2 * shard) / hbm), rel=1e-9)
+    assert p1.breakdown.tp_allreduce_seconds > p0.breakdown.tp_allreduce_seconds
+    assert p1.iteration_seconds > p0.iteration_seconds
+
+
+def test_cpu_checkpointing_pays_the_host_link_both_ways(h100):
+    _, f0, b0, n = _stage0(_job(), h100)
+    _, f1, b1, _ = _stage0(_job(checkpoint_in_cpu=True), h100)
+    gbps, known = checkpointing.host_link_gbps(h100.gpu.name)
+    assert known and gbps == 64.0
+    copy = 2 * 4 * 2048 * 6144 / (gbps * 1e9)
+    wait = checkpointing.SYNC_ROUND_TRIP_SECONDS + h100.host.launch_seconds
+    assert f1 - f0 == pytest.approx(n * (copy + wait), rel=1e-9)
+    assert b1 - b0 == pytest.approx(n * (copy + wait), rel=1e-9)
+
+
+def test_sync_each_layer_costs_four_waits_per_layer(h100):
+    p0, f0, b0, n = _stage0(_job(), h100)
+    p1, f1, b1, _ = _stage0(_job(checkpoint_sync_each_layer=True), h100)
+    wait = checkpointing.SYNC_ROUND_TRIP_SECONDS + h100.host.launch_seconds
+    assert (f1 - f0) + (b1 - b0) == pytest.approx(n * 4 * wait, rel=1e-9)
+    assert p1.iteration_seconds > p0.iteration_seconds
+
+
+def test_options_without_recompute_cost_nothing_and_say_so(h100):
+    plain = predict(_job(recompute="none"), h100)
+    both = predict(_job(recompute="none", partition_activations=True, checkpoint_sync_each_layer=True), h100)
+    assert both.iteration_seconds == plain.iteration_seconds
+    note = [w for w in both.warnings if "layout.partition_activations" in w]
+    assert note and "layout.checkpoint_sync_each_layer" in note[0] and "recompute" in note[0]
+    assert not any("checkpointed layers only" in w for w in plain.warnings)
+
+
+def test_partition_at_tp_1_changes_nothing(h100):
+    one = {"tp": 1, "dp": 4}
+    assert predict(_job(**one, partition_activations=True), h100).iteration_seconds == \
+        predict(_job(**one), h100).iteration_seconds
+
+
+def test_an_unknown_gpu_gets_pcie_gen4_and_a_warning():
+    assert checkpointing.host_link_gbps("Some Future GPU") == (checkpointing.DEFAULT_HOST_LINK_GBPS, False)
+    assert checkpointing.host_link_gbps("NVIDIA GH200 480GB")[0] == 450.0
+    assert checkpointing.host_link_gbps("NVIDIA A100-SXM4-80GB")[0] == 32.0
