@@ -9,8 +9,18 @@ from typing import Any, Optional
 
 from .configs import Config, to_bool, to_int
 from .facts import Facts
-from .neox_keys import DEEPSPEED_KEYS, DEEPSPEED_SHAPE_KEYS, check_keys, check_zero_keys
+from .neox_keys import (DEEPSPEED_KEYS, DEEPSPEED_SHAPE_KEYS, check_activation_checkpointing_keys, check_keys,
+                        check_zero_keys)
 from .values import MARK_OPEN
+
+
+# The activation_checkpointing options the predictor costs -> their facts.  The section applies
+# where the training script passes the JSON to deepspeed.checkpointing.configure; Megatron-DeepSpeed
+# passes its own flags after it, which win (megatron.py).
+ACTIVATION_CHECKPOINTING_FACTS = (("partition_activations", "ds_partition_activations"),
+                                  ("cpu_checkpointing", "ds_cpu_checkpointing"),
+                                  ("synchronize_checkpoint_boundary", "ds_synchronize_checkpoint_boundary"),
+                                  ("contiguous_memory_optimization", "ds_contiguous_checkpointing"))
 
 
 def _num(facts: Facts, key: str, cfg: Config, path: tuple, value: Any) -> None:
@@ -72,8 +82,12 @@ def read_config(cfg: Config, facts: Facts) -> None:
     else:
         facts.set("ds_zero_stage", 0, f"{cfg.label} (no zero_optimization)")
     ac = d.get("activation_checkpointing")
-    if isinstance(ac, dict) and to_bool(ac.get("partition_activations")):
-        facts.set("ds_partition_activations", True, cfg.origin(("activation_checkpointing",)))
+    if isinstance(ac, dict):
+        check_activation_checkpointing_keys(ac, lambda k: cfg.origin(("activation_checkpointing", k)),
+                                            f"{cfg.label} activation_checkpointing", facts.warnings)
+        for key, fact in ACTIVATION_CHECKPOINTING_FACTS:
+            if to_bool(ac.get(key)):
+                facts.set(fact, True, cfg.origin(("activation_checkpointing", key)))
 
 
 def resolve_batch(facts: Facts, dp: int) -> Optional[tuple[int, int, int]]:

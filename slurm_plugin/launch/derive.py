@@ -206,7 +206,9 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
                 "pipe_split", "first_stage_layers", "last_stage_layers",
                 "account_for_embedding", "account_for_loss",
                 # Megatron-core's overlapped communication (overlap.py)
-                "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"):
+                "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+                # DeepSpeed's activation-checkpointing options (neox.py, megatron.py)
+                "partition_activations", "checkpoint_in_cpu", "checkpoint_sync_each_layer"):
         _copy(d, f, key, f"layout.{key}")
     _copy(d, f, "hsdp_shard", "layout.dp_shard")      # hybrid sharding's group (llmfoundry.py)
     # ---------------------------------------------------------------- run

@@ -65,6 +65,9 @@ _FLAGS = {
     "--tp-comm-overlap": "tp_comm_raw", "--overlap-grad-reduce": "overlap_grad_raw",
     "--overlap-param-gather": "overlap_param_raw", "--grad-reduce-in-bf16": "grad_reduce_bf16",
     "--accumulate-allreduce-grads-in-fp32": "grad_reduce_fp32",
+    "--partition-activations": "cli_partition_activations", "--checkpoint-in-cpu": "cli_checkpoint_in_cpu",
+    "--synchronize-each-layer": "cli_synchronize_each_layer",
+    "--contigious-checkpointing": "cli_contiguous_checkpointing",
 }
 _NARGS = {"--rampup-batch-size": ("rampup", 3)}
 
@@ -328,6 +331,8 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         f.set("recompute", "selective", f.origin("recompute_activations"))
     else:
         f.set("recompute", "none", "Megatron default")
+    if deepspeed:
+        _checkpoint_options(f)
     # pipeline
     if f.val("no_pp"):
         f.set("pp", 1, f.origin("no_pp"))
@@ -406,6 +411,55 @@ def env_facts(f: Facts, env: dict, where: str) -> None:
         v = env.get(name)
         if isinstance(v, str) and v.strip() in ("0", "1") and MARK_OPEN not in v:
             f.set(key, v.strip(), f"{where} (environment {name})")
+
+
+# Megatron-DeepSpeed's flags to deepspeed.checkpointing.configure (setup_deepspeed_random_and_
+# activation_checkpointing), the DeepSpeed JSON's option each overrides, and the layout key.
+_CHECKPOINT_FLAGS = (("--partition-activations", "cli_partition_activations", "partition_activations",
+                      "ds_partition_activations", "partition_activations"),
+                     ("--checkpoint-in-cpu", "cli_checkpoint_in_cpu", "cpu_checkpointing",
+                      "ds_cpu_checkpointing", "checkpoint_in_cpu"),
+                     ("--synchronize-each-layer", "cli_synchronize_each_layer", "synchronize_checkpoint_boundary",
+                      "ds_synchronize_checkpoint_boundary", "checkpoint_sync_each_layer"))
+
+
+def _checkpoint_options(f: Facts) -> None:
+    """DeepSpeed's activation-checkpointing options under Megatron-DeepSpeed.
+
+    Only with ``--deepspeed-activation-checkpointing`` do the layers go through DeepSpeed's
+    checkpoint function, configured from the flags; each flag is passed as a bool, so an absent
+    one overrides the DeepSpeed JSON's ``activation_checkpointing`` option (said when the JSON sets
+    it).  They act on checkpointed layers only (a recompute granularity, or the older
+    ``--checkpoint-activations``)."""
+    w = f.warnings
+    on = [(flag, fact, key) for flag, fact, _, _, key in _CHECKPOINT_FLAGS if f.val(fact)]
+    overridden = [f"activation_checkpointing.{opt} ({f.origin(ds_fact)})"
+                  for flag, fact, opt, ds_fact, _ in _CHECKPOINT_FLAGS if f.val(ds_fact) and not f.val(fact)]
+    if f.val("ds_contiguous_checkpointing") and not f.val("cli_contiguous_checkpointing"):
+        overridden.append(f"activation_checkpointing.contiguous_memory_optimization "
+                          f"({f.origin('ds_contiguous_checkpointing')})")
+    if overridden:
+        w.append(f"{', '.join(overridden)}: Megatron-DeepSpeed configures DeepSpeed's checkpointing from its "
+                 f"flags (--partition-activations, --checkpoint-in-cpu, --synchronize-each-layer, "
+                 f"--contigious-checkpointing), absent ones as false, which override the config; not costed")
+    if f.val("cli_contiguous_checkpointing") and not f.val("cli_partition_activations"):
+        w.append(f"--contigious-checkpointing without --partition-activations: DeepSpeed stops at start-up "
+                 f"(\"Contiguous Checkpointing is only available with partitioned activations\") "
+                 f"({f.origin('cli_contiguous_checkpointing')})")
+    if not on:
+        return
+    flags = ", ".join(flag for flag, _, _ in on)
+    where = f.origin(on[0][1])
+    if f.val("recompute") not in ("full", "selective"):
+        w.append(f"{flags} without activation recomputation: DeepSpeed applies "
+                 f"{'them' if len(on) > 1 else 'it'} to checkpointed layers only; not costed ({where})")
+        return
+    if not f.val("ds_act_ckpt"):
+        w.append(f"{flags} without --deepspeed-activation-checkpointing: Megatron-DeepSpeed then checkpoints "
+                 f"with its own function, which ignores {'them' if len(on) > 1 else 'it'}; not costed ({where})")
+        return
+    for _, fact, key in on:
+        f.set(key, True, f.origin(fact))
 
 
 def _partial_recompute(f: Facts) -> None:

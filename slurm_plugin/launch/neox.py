@@ -225,6 +225,7 @@ def read_merged(m: Merged, facts: Facts) -> None:
     _pipe_partition(m, f)
     ca = to_bool(m.raw("checkpoint_activations", False))
     f.set("recompute", "full" if ca else "none", m.origin("checkpoint_activations") or "NeoX default")
+    _checkpoint_options(m, f, bool(ca))
     # vocabulary
     tok = _str(m, "tokenizer_type") or "GPT2BPETokenizer"
     f.set("tokenizer", tok, m.origin("tokenizer_type") or "NeoX default")
@@ -238,6 +239,49 @@ def read_merged(m: Merged, facts: Facts) -> None:
             f.set(f"neox_{key}", v, m.origin(key))
     if to_bool(m.raw("deepspeed_slurm", False)):
         f.set("neox_deepspeed_slurm", True, m.origin("deepspeed_slurm"))
+
+
+# GPT-NeoX's arguments to deepspeed.checkpointing.configure (megatron/initialize.py) -> layout keys
+_CHECKPOINT_OPTIONS = (("partition_activations", "partition_activations"),
+                       ("checkpoint_in_cpu", "checkpoint_in_cpu"),
+                       ("synchronize_each_layer", "checkpoint_sync_each_layer"))
+
+
+def _checkpoint_options(m: Merged, f: Facts, checkpointed: bool) -> None:
+    """DeepSpeed's activation-checkpointing options, which act on checkpointed layers only.
+
+    NeoX passes its own keys to ``deepspeed.checkpointing.configure`` (each a bool, so each
+    overrides a DeepSpeed ``activation_checkpointing`` section in the YAML, which is said);
+    ``contiguous_checkpointing`` copies the partitions into one preallocated buffer (allocator
+    fragmentation: the framework reserve) and needs ``partition_activations``, or DeepSpeed stops."""
+    w = f.warnings
+    on = []
+    for key, fact in _CHECKPOINT_OPTIONS:
+        v = m.raw(key, False)
+        if isinstance(v, str) and MARK_OPEN in v:
+            if checkpointed:
+                f.set_unknown(fact, f.u.reason(v) or "unknown", m.origin(key))
+            continue
+        if to_bool(v):
+            on.append((key, fact))
+    if to_bool(m.raw("contiguous_checkpointing", False)) and not to_bool(m.raw("partition_activations", False)):
+        w.append(f"contiguous_checkpointing without partition_activations: DeepSpeed stops at start-up "
+                 f"(\"Contiguous Checkpointing is only available with partitioned activations\") "
+                 f"({m.origin('contiguous_checkpointing')})")
+    section = m.raw("activation_checkpointing")
+    if isinstance(section, dict) and any(to_bool(v) for k, v in section.items() if k != "number_checkpoints"):
+        w.append(f"activation_checkpointing: GPT-NeoX configures DeepSpeed's checkpointing from its own keys "
+                 f"(partition_activations, checkpoint_in_cpu, synchronize_each_layer), which override this "
+                 f"section ({m.origin('activation_checkpointing')})")
+    if not on:
+        return
+    if not checkpointed:
+        w.append(f"{', '.join(k for k, _ in on)} without checkpoint_activations: DeepSpeed applies "
+                 f"{'them' if len(on) > 1 else 'it'} to checkpointed layers only; not costed "
+                 f"({m.origin(on[0][0])})")
+        return
+    for key, fact in on:
+        f.set(fact, True, m.origin(key))
 
 
 def _type_matches(pattern: str, tied: bool) -> Optional[tuple]:

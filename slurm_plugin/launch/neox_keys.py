@@ -100,7 +100,8 @@ NEOX_SHAPE_KEYS = frozenset("""
 pipe_parallel_size model_parallel_size num_layers hidden_size num_attention_heads num_kv_heads
 seq_length max_position_embeddings intermediate_size train_micro_batch_size_per_gpu
 gradient_accumulation_steps train_batch_size train_iters zero_optimization precision
-global_num_gpus sequence_parallel checkpoint_activations
+global_num_gpus sequence_parallel checkpoint_activations partition_activations checkpoint_in_cpu
+synchronize_each_layer
 """.split())
 DEEPSPEED_SHAPE_KEYS = frozenset("""
 train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps zero_optimization fp16 bf16
@@ -123,6 +124,12 @@ stage3_param_persistence_threshold stage3_model_persistence_threshold stage3_gat
 stage3_module_granularity_threshold stage3_use_all_reduce_for_fetch_params cpu_offload_params
 """.split())
 ZERO_SHAPE_KEYS = frozenset({"stage"})
+# Keys of DeepSpeed's activation_checkpointing section (runtime/activation_checkpointing/config.py);
+# DeepSpeed reads them with defaults, so a misspelt one is silently off there: warned here.
+ACTIVATION_CHECKPOINTING_KEYS = frozenset("""
+partition_activations contiguous_memory_optimization cpu_checkpointing number_checkpoints
+synchronize_checkpoint_boundary profile
+""".split())
 
 _MAX_KEY_LEN = 80     # longer names are no misspelling of ours; difflib's cost grows with length
 
@@ -179,6 +186,13 @@ def check_keys(keys: Iterable[tuple[str, str]], known: frozenset, shape: frozens
         warnings.append(f"{raw!r} is not a {what} key and is ignored ({origin}){hint}")
     if unknown > MAX_KEY_SUGGESTIONS:
         warnings.append(f"{label}: {unknown - MAX_KEY_SUGGESTIONS} more keys that are not {what} keys")
+
+
+def check_activation_checkpointing_keys(block: dict, origin: Callable[[str], str], label: str,
+                                        warnings: list) -> None:
+    """The keys of a DeepSpeed ``activation_checkpointing`` block: each unknown one warned."""
+    check_keys(((k, origin(k)) for k in block if isinstance(k, str)), ACTIVATION_CHECKPOINTING_KEYS,
+               frozenset(), "DeepSpeed activation_checkpointing", label, warnings)
 
 
 def check_zero_keys(block: dict, origin: Callable[[str], str], label: str, warnings: list) -> None:
