@@ -130,3 +130,9 @@ def test_megatron_deepspeed_prediction_moves_with_partitioning(tmp_path):
     p0, p1 = predict(plain, plat), predict(part, plat)
     assert p1.breakdown.tp_allreduce_seconds > p0.breakdown.tp_allreduce_seconds
     assert estimate_job(part).activations < estimate_job(plain).activations
+
+
+def test_megatron_deepspeed_misspelt_flag_stops_with_a_suggestion(tmp_path):
+    res = parse_in(tmp_path, MDS.format(extra="--checkpoint-activations --partition-activation"),
+                   {"ds.json": json.dumps(DS_JSON)})
+    assert res.error and "did you mean --partition-activations" in res.error
