@@ -136,3 +136,10 @@ def test_megatron_deepspeed_misspelt_flag_stops_with_a_suggestion(tmp_path):
     res = parse_in(tmp_path, MDS.format(extra="--checkpoint-activations --partition-activation"),
                    {"ds.json": json.dumps(DS_JSON)})
     assert res.error and "did you mean --partition-activations" in res.error
+
+
+def test_neox_says_a_deepspeed_section_is_overridden_by_its_own_keys(tmp_path):
+    res = _neox(tmp_path, '"checkpoint_activations": true,\n'
+                          '  "activation_checkpointing": {"partition_activations": true},')
+    assert not res.job.layout.partition_activations
+    assert any(w.startswith("activation_checkpointing: GPT-NeoX configures") for w in res.warnings), res.warnings
