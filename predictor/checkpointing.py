@@ -22,6 +22,13 @@ What the checkpoint keeps is the layer's input under full recomputation and the 
 query, key and value under Megatron-style selective recomputation
 (:func:`predictor.recipe.checkpoint_input_entries`); without recomputation nothing is
 checkpointed and the options do nothing (DeepSpeed only acts inside its checkpoint function).
+
+Megatron-LM's ``--distribute-saved-activations`` is the same partitioning in Megatron-core's own
+``CheckpointFunction`` (``tensor_parallel/random.py``): the layer's first input split into a new
+1/tp buffer in the forward and all-gathered into a new (uninitialised) one before the recompute,
+for full recomputation only, and turned off under sequence parallelism
+(``distribute_saved_activations and not sequence_parallel``); it is ``partition_activations``
+under ``run.framework = "megatron"``.
 docs/modelling.md §3 and §5 give the figures and their sources.
 """
 from __future__ import annotations
@@ -61,25 +68,39 @@ def host_link_gbps(gpu_name: str) -> tuple[float, bool]:
     return DEFAULT_HOST_LINK_GBPS, False
 
 
+#: Frameworks whose own checkpoint function partitions (Megatron-core's distribute_saved_activations).
+MEGATRON_CORE_FRAMEWORKS = ("megatron",)
+
+
 def options_set(layout: Layout) -> tuple[str, ...]:
     """The checkpointing keys ``layout`` turns on (:data:`KEYS` order)."""
     return tuple(k for k in KEYS if getattr(layout, k))
 
 
-def checkpointed(layout: Layout) -> bool:
-    """Whether the layout's layers run through a checkpoint function (full or selective recompute)."""
-    return layout.recompute in ("full", "selective")
+def options_in_effect(layout: Layout, framework: str = "", recompute: str = "") -> tuple[str, ...]:
+    """The keys of :func:`options_set` that act on ``layout``'s checkpointed layers under
+    ``recompute`` (default the layout's): all of them under DeepSpeed's checkpoint function with
+    recomputation; under Megatron-core only the partitioning, with full recomputation and without
+    sequence parallelism; none without recomputation."""
+    recompute = recompute or layout.recompute
+    if recompute not in ("full", "selective"):
+        return ()
+    keys = options_set(layout)
+    if framework in MEGATRON_CORE_FRAMEWORKS:
+        sp = layout.sequence_parallel and layout.tp > 1
+        return ("partition_activations",) if "partition_activations" in keys and recompute == "full" \
+            and not sp else ()
+    return keys
 
 
-def kept_share(layout: Layout, recompute: str = "") -> float:
+def kept_share(layout: Layout, recompute: str = "", framework: str = "") -> float:
     """The share of a checkpoint's inputs that stays in GPU memory under ``recompute`` (default the
     layout's): none with CPU checkpointing, 1/tp with partitioned activations (tp > 1), all
     otherwise."""
-    if (recompute or layout.recompute) not in ("full", "selective"):
-        return 1.0
-    if layout.checkpoint_in_cpu:
+    on = options_in_effect(layout, framework, recompute)
+    if "checkpoint_in_cpu" in on:
         return 0.0
-    if layout.partition_activations and layout.tp > 1:
+    if "partition_activations" in on and layout.tp > 1:
         return 1.0 / layout.tp
     return 1.0
 
@@ -97,30 +118,38 @@ class LayerCheckpointCosts:
     launches: int                   # kernels and copies the host issues beyond the layer's own
 
 
-def layer_costs(model: ModelSpec, layout: Layout, element_bytes: float) -> Optional[LayerCheckpointCosts]:
+def layer_costs(model: ModelSpec, layout: Layout, element_bytes: float,
+                framework: str = "") -> Optional[LayerCheckpointCosts]:
     """The options' additions per checkpointed layer and micro-batch, or None where they add
-    nothing (no option set, or no recomputation)."""
-    if not options_set(layout) or not checkpointed(layout):
+    nothing (no option in effect: :func:`options_in_effect`)."""
+    on = options_in_effect(layout, framework)
+    if not on:
         return None
     entries = checkpoint_input_entries(model, layout)
     t = layout.tp
-    partitioned = layout.partition_activations and t > 1
+    partitioned = "partition_activations" in on and t > 1
+    megatron = framework in MEGATRON_CORE_FRAMEWORKS
     shard = entries / t if partitioned else entries
     gather = shard if partitioned else 0.0
     copy_f = 2 * element_bytes * shard if partitioned else 0.0
-    copy_b = element_bytes * (entries + 2 * shard) if partitioned else 0.0
-    offload = element_bytes * shard if layout.checkpoint_in_cpu else 0.0
-    syncs = SYNCS_PER_LAYER // 2 if layout.checkpoint_sync_each_layer else 0
-    blocking = 1 if layout.checkpoint_in_cpu else 0
-    launches = (3 if partitioned else 0) + 2 * blocking
+    # DeepSpeed gathers into a zero-filled tensor after copying its slice in; Megatron-core
+    # all-gathers into an empty one.
+    copy_b = element_bytes * (entries + 2 * shard) if partitioned and not megatron else 0.0
+    offload = element_bytes * shard if "checkpoint_in_cpu" in on else 0.0
+    syncs = SYNCS_PER_LAYER // 2 if "checkpoint_sync_each_layer" in on else 0
+    blocking = 1 if "checkpoint_in_cpu" in on else 0
+    launches = ((1 if megatron else 3) if partitioned else 0) + 2 * blocking
     return LayerCheckpointCosts(gather, copy_f, copy_b, offload, syncs + blocking, syncs + blocking, launches)
 
 
-def without_recompute_warning(layout: Layout) -> str:
-    """The answer's warning when the options are set on a layout that checkpoints nothing ("" if
-    not)."""
-    keys = options_set(layout)
-    if not keys or checkpointed(layout):
+def unapplied_warning(layout: Layout, framework: str = "") -> str:
+    """The answer's warning when options are set that act on nothing ("" if none)."""
+    unused = [k for k in options_set(layout) if k not in options_in_effect(layout, framework)]
+    if not unused:
         return ""
-    return (f"{', '.join('layout.' + k for k in keys)} set with layout.recompute = \"none\": DeepSpeed "
-            f"applies {'them' if len(keys) > 1 else 'it'} to checkpointed layers only, so nothing is costed")
+    keys = ", ".join("layout." + k for k in unused)
+    if layout.recompute not in ("full", "selective"):
+        return (f"{keys} set with layout.recompute = \"none\": the checkpoint function applies "
+                f"{'them' if len(unused) > 1 else 'it'} to checkpointed layers only, so nothing is costed")
+    return (f"{keys}: Megatron-core distributes the saved inputs of full recomputation only, and not "
+            f"under sequence parallelism; nothing is costed")

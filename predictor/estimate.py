@@ -758,16 +758,16 @@ def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBat
 
 def _checkpoint_option_terms(job: TrainingJob, plat: Platform, q: QuerySet, grp: Mapping[str, Group],
                              layer_fwd: _Term, layer_bwd: _Term, mp_bwd: _Term, warnings: list[str]) -> None:
-    """DeepSpeed's activation-checkpointing options on one checkpointed layer (predictor/checkpointing.py):
+    """The checkpoint function's options on one checkpointed layer (predictor/checkpointing.py):
     the partitioned input's all-gather over the TP group before the recompute (a TP collective on the
     critical path), the slice's copies, the copies to and from host memory, and the device's idle
     time after each synchronisation (a round trip and one launch)."""
     lay, prec = job.layout, job.run.precision
-    costs = checkpointing.layer_costs(job.model, lay, BYTES_PER_ELEMENT[prec])
+    note = checkpointing.unapplied_warning(lay, job.run.framework)
+    if note:
+        warnings.append(note)
+    costs = checkpointing.layer_costs(job.model, lay, BYTES_PER_ELEMENT[prec], job.run.framework)
     if costs is None:
-        note = checkpointing.without_recompute_warning(lay)
-        if note:
-            warnings.append(note)
         return
     if costs.gather_shard_entries:
         gather = _Term().add(q.coll("allgather", costs.gather_shard_entries, grp["tp"], prec))
@@ -973,7 +973,7 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
         layer_calls += 2 * passes
     # DeepSpeed's checkpointing options: the partition's all-gather is one more collective call, its
     # copies and the host copies more launches; each synchronisation the host waits out too.
-    ckpt = checkpointing.layer_costs(job.model, lay, BYTES_PER_ELEMENT[job.run.precision])
+    ckpt = checkpointing.layer_costs(job.model, lay, BYTES_PER_ELEMENT[job.run.precision], job.run.framework)
     layer_sync_seconds = 0.0
     if ckpt is not None:
         layer_calls += 1 if ckpt.gather_shard_entries else 0

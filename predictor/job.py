@@ -386,15 +386,20 @@ def _check_tp_overlap(m: ModelSpec, lay: Layout, framework: str) -> None:
 
 def _check_ds_checkpointing(lay: Layout, framework: str) -> None:
     """DeepSpeed's activation-checkpointing options exist where DeepSpeed's checkpoint function
-    wraps the layers (GPT-NeoX, DeepSpeed, Megatron-DeepSpeed, or a job that names no framework).
-    Without recomputation they do nothing, which the answer says (not an error: perf-advise tries
-    a job's layout without recomputation too)."""
-    if framework and framework not in DEEPSPEED_PIPELINE_FRAMEWORKS:
-        key = next(k for k in ("partition_activations", "checkpoint_in_cpu", "checkpoint_sync_each_layer")
-                   if getattr(lay, k))
-        raise JobError(f"layout.{key}", f"is an option of DeepSpeed's activation checkpointing (run.framework "
-                                        f"{', '.join(repr(f) for f in DEEPSPEED_PIPELINE_FRAMEWORKS)}); "
-                                        f"{framework} checkpoints its layers with its own function")
+    wraps the layers (GPT-NeoX, DeepSpeed, Megatron-DeepSpeed, or a job that names no framework);
+    Megatron-LM's own function has the partitioning (--distribute-saved-activations).  Where they
+    act on nothing (no recomputation; Megatron-core's selective recomputation or sequence
+    parallelism) the answer says so: not an error, since perf-advise tries a job's layout with other
+    recomputation too."""
+    if not framework or framework in DEEPSPEED_PIPELINE_FRAMEWORKS:
+        return
+    allowed = ("partition_activations",) if framework == "megatron" else ()
+    for key in ("partition_activations", "checkpoint_in_cpu", "checkpoint_sync_each_layer"):
+        if getattr(lay, key) and key not in allowed:
+            raise JobError(f"layout.{key}", f"is an option of DeepSpeed's activation checkpointing (run.framework "
+                                            f"{', '.join(repr(f) for f in DEEPSPEED_PIPELINE_FRAMEWORKS)}"
+                                            f"{'; Megatron-LM has partition_activations only' if allowed else ''}); "
+                                            f"{framework} checkpoints its layers with its own function")
 
 
 def _validate(job: TrainingJob) -> None:

@@ -209,7 +209,7 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout, precision: str,
     T = s * b
     # DeepSpeed's partitioned / CPU checkpointing keeps this share of the checkpoint's inputs on
     # the GPU (predictor/checkpointing.py).
-    kept = kept_share(layout, recompute)
+    kept = kept_share(layout, recompute, framework)
     if recompute == "full":
         # Only the layer's input survives the forward pass.
         return kept * e * T * h / (t if sp else 1)

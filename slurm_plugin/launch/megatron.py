@@ -68,6 +68,7 @@ _FLAGS = {
     "--partition-activations": "cli_partition_activations", "--checkpoint-in-cpu": "cli_checkpoint_in_cpu",
     "--synchronize-each-layer": "cli_synchronize_each_layer",
     "--contigious-checkpointing": "cli_contiguous_checkpointing",
+    "--distribute-saved-activations": "distribute_saved",
 }
 _NARGS = {"--rampup-batch-size": ("rampup", 3)}
 
@@ -333,6 +334,8 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         f.set("recompute", "none", "Megatron default")
     if deepspeed:
         _checkpoint_options(f)
+    elif f.val("distribute_saved"):
+        _distribute_saved(f)
     # pipeline
     if f.val("no_pp"):
         f.set("pp", 1, f.origin("no_pp"))
@@ -460,6 +463,24 @@ def _checkpoint_options(f: Facts) -> None:
         return
     for _, fact, key in on:
         f.set(key, True, f.origin(fact))
+
+
+def _distribute_saved(f: Facts) -> None:
+    """Megatron-LM's ``--distribute-saved-activations``: each TP rank keeps 1/tp of a recomputed
+    layer's input (``partition_activations`` under Megatron-core).  Megatron-LM refuses it at
+    start-up without tp > 1 and full granularity, and Megatron-core turns it off under sequence
+    parallelism."""
+    where = f.origin("distribute_saved")
+    tp = f.val("tp", 1) or 1
+    if f.val("recompute") != "full" or tp <= 1:
+        why = "tp > 1" if tp <= 1 else "--recompute-granularity full"
+        f.warnings.append(f"--distribute-saved-activations needs {why}: Megatron-LM stops at start-up "
+                          f"({where}); not costed")
+    elif f.val("sequence_parallel"):
+        f.warnings.append(f"--distribute-saved-activations with --sequence-parallel: Megatron-core turns it "
+                          f"off ({where}); not costed")
+    else:
+        f.set("partition_activations", True, where)
 
 
 def _partial_recompute(f: Facts) -> None:

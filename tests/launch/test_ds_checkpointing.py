@@ -143,3 +143,23 @@ def test_neox_says_a_deepspeed_section_is_overridden_by_its_own_keys(tmp_path):
                           '  "activation_checkpointing": {"partition_activations": true},')
     assert not res.job.layout.partition_activations
     assert any(w.startswith("activation_checkpointing: GPT-NeoX configures") for w in res.warnings), res.warnings
+
+
+MEGATRON_LM = ("#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=8 --gpus-per-node=8\n"
+               "srun python pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 \\\n"
+               "  --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 512 \\\n"
+               "  --tensor-model-parallel-size 4 --train-iters 1000 --bf16 \\\n"
+               "  --recompute-granularity full --recompute-method uniform {extra}\n")
+
+
+def test_megatron_lm_distribute_saved_activations_is_partitioning(tmp_path):
+    res = parse_in(tmp_path, MEGATRON_LM.format(extra="--distribute-saved-activations"))
+    assert res.error is None and res.framework == "megatron"
+    assert res.job.layout.partition_activations
+    assert res.provenance["layout.partition_activations"].endswith("job.sbatch:6")
+
+
+def test_megatron_lm_distribute_saved_activations_is_off_under_sequence_parallelism(tmp_path):
+    res = parse_in(tmp_path, MEGATRON_LM.format(extra="--distribute-saved-activations --sequence-parallel"))
+    assert res.error is None and not res.job.layout.partition_activations
+    assert any("Megatron-core turns it off" in w for w in res.warnings), res.warnings

@@ -142,3 +142,33 @@ def test_an_unknown_gpu_gets_pcie_gen4_and_a_warning():
     assert checkpointing.host_link_gbps("Some Future GPU") == (checkpointing.DEFAULT_HOST_LINK_GBPS, False)
     assert checkpointing.host_link_gbps("NVIDIA GH200 480GB")[0] == 450.0
     assert checkpointing.host_link_gbps("NVIDIA A100-SXM4-80GB")[0] == 32.0
+
+
+def _megatron(**layout):
+    return TrainingJob.from_dict({"model": dict(_MODEL), "layout": {**_LAYOUT, "pp": 2, **layout},
+                                  "run": {"framework": "megatron", "train_iters": 10}})
+
+
+def test_megatron_distributes_full_recomputes_input_without_deepspeeds_copies(h100):
+    _, f0, b0, n = _stage0(_megatron(), h100)
+    _, f1, b1, _ = _stage0(_megatron(partition_activations=True), h100)
+    shard = 4 * 2048 * 6144 / 4
+    hbm = h100.gpu.memory_gbps * 1e9
+    assert f1 - f0 == pytest.approx(n * 2 * 2 * shard / hbm, rel=1e-9)
+    # all-gathered into an empty buffer: the collective alone
+    assert b1 - b0 == pytest.approx(n * ring_seconds(h100.links, "allgather", shard, 1, 4), rel=1e-9)
+
+
+@pytest.mark.parametrize("layout", [{"recompute": "selective"}, {"sequence_parallel": True}])
+def test_megatron_partitioning_outside_full_recompute_without_sp_is_said_not_costed(h100, layout):
+    plain, part = _megatron(**layout), _megatron(partition_activations=True, **layout)
+    p0, p1 = predict(plain, h100), predict(part, h100)
+    assert p1.iteration_seconds == p0.iteration_seconds
+    assert memory.estimate_job(part).total == memory.estimate_job(plain).total
+    assert any("layout.partition_activations: Megatron-core distributes" in w for w in p1.warnings)
+
+
+def test_megatron_has_no_cpu_checkpointing_key():
+    with pytest.raises(JobError) as exc:
+        _megatron(checkpoint_in_cpu=True)
+    assert exc.value.key == "layout.checkpoint_in_cpu" and "partition_activations only" in str(exc.value)
