@@ -95,8 +95,8 @@ from .checkpointing import kept_share
 from .job import Layout, ModelSpec
 from .specs import runs_deepspeed_engine
 from .recipe import (FSDP1_FRAMEWORKS, checkpoint_input_entries, fused_attention, gradient_precision,
-                     layer_parameters, micro_batch_recipe, mlp_up_width, op_sac_recompute_share, padded_vocab, reshards_after_forward, runs_op_sac,
-                     shard_ranks, stage_layers, stage_parameters)
+                     layer_parameters, micro_batch_recipe, mlp_up_width, op_sac_recompute_share, padded_vocab,
+                     reshards_after_forward, runs_op_sac, shard_ranks, stage_layers, stage_parameters)
 
 if TYPE_CHECKING:  # only for the type hint of estimate_job
     from .job import TrainingJob
