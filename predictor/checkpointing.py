@@ -127,18 +127,20 @@ def layer_costs(model: ModelSpec, layout: Layout, element_bytes: float,
         return None
     entries = checkpoint_input_entries(model, layout)
     t = layout.tp
-    partitioned = "partition_activations" in on and t > 1
+    # The slice is cloned whatever tp is (the whole input at tp = 1, with nothing to gather).
+    cloned = "partition_activations" in on
+    partitioned = cloned and t > 1
     megatron = framework in MEGATRON_CORE_FRAMEWORKS
     shard = entries / t if partitioned else entries
     gather = shard if partitioned else 0.0
-    copy_f = 2 * element_bytes * shard if partitioned else 0.0
+    copy_f = 2 * element_bytes * shard if cloned else 0.0
     # DeepSpeed gathers into a zero-filled tensor after copying its slice in; Megatron-core
     # all-gathers into an empty one.
     copy_b = element_bytes * (entries + 2 * shard) if partitioned and not megatron else 0.0
     offload = element_bytes * shard if "checkpoint_in_cpu" in on else 0.0
     syncs = SYNCS_PER_LAYER // 2 if "checkpoint_sync_each_layer" in on else 0
     blocking = 1 if "checkpoint_in_cpu" in on else 0
-    launches = ((1 if megatron else 3) if partitioned else 0) + 2 * blocking
+    launches = ((1 if megatron else 3) if partitioned else (1 if cloned else 0)) + 2 * blocking
     return LayerCheckpointCosts(gather, copy_f, copy_b, offload, syncs + blocking, syncs + blocking, launches)
 
 

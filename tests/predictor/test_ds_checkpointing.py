@@ -132,10 +132,13 @@ def test_options_without_recompute_cost_nothing_and_say_so(h100):
     assert not any("checkpointed layers only" in w for w in plain.warnings)
 
 
-def test_partition_at_tp_1_changes_nothing(h100):
+def test_partition_at_tp_1_only_clones_the_input(h100):
     one = {"tp": 1, "dp": 4}
-    assert predict(_job(**one, partition_activations=True), h100).iteration_seconds == \
-        predict(_job(**one), h100).iteration_seconds
+    _, f0, b0, n = _stage0(_job(**one), h100)
+    _, f1, b1, _ = _stage0(_job(**one, partition_activations=True), h100)
+    assert f1 - f0 == pytest.approx(n * 2 * 2 * 4 * 2048 * 6144 / (h100.gpu.memory_gbps * 1e9), rel=1e-9)
+    assert b1 == b0
+    assert memory.estimate_job(_job(**one, partition_activations=True)).total == memory.estimate_job(_job(**one)).total
 
 
 def test_an_unknown_gpu_gets_pcie_gen4_and_a_warning():
