@@ -350,6 +350,8 @@ def fsdp1_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
 def _depth_series(rows: Sequence[dict], stacks: tuple[str, str]) -> tuple[dict, list[int], dict[str, float]]:
     """The widest set of rows of both ``stacks`` that differ in ``model.layers`` only: its job,
     the depths both measured, and each stack's seconds per layer (the slope over those depths).
+    A step measured more than once counts at its fastest (what a repeat adds is the machine's);
+    between series of as many depths, the one of more micro-batches (more host work per step).
     Raises ValueError without two depths of each."""
     def shape(job: dict) -> str:
         rest = {k: dict(v) for k, v in job.items()}
@@ -363,12 +365,14 @@ def _depth_series(rows: Sequence[dict], stacks: tuple[str, str]) -> tuple[dict, 
             continue
         key = shape(r["job"])
         jobs[key] = r["job"]
-        series.setdefault(key, {}).setdefault(r["stack"], {})[int(r["job"]["model"]["layers"])] = \
-            float(r["measured_iteration_seconds"])
+        depth = series.setdefault(key, {}).setdefault(r["stack"], {})
+        layers, seconds = int(r["job"]["model"]["layers"]), float(r["measured_iteration_seconds"])
+        depth[layers] = min(seconds, depth.get(layers, seconds))
     usable = {k: v for k, v in series.items() if all(len(v.get(s, {})) >= 2 for s in stacks)}
     if not usable:
         raise ValueError(f"no model measured at two or more depths under both {stacks[0]} and {stacks[1]}")
-    key = max(usable, key=lambda k: min(len(usable[k][s]) for s in stacks))
+    key = max(usable, key=lambda k: (min(len(usable[k][s]) for s in stacks),
+                                     int(jobs[k]["layout"].get("micro_batches", 1))))
     depths = sorted(set(usable[key][stacks[0]]) & set(usable[key][stacks[1]]))
     return jobs[key], depths, {s: _slope(depths, [usable[key][s][n] for n in depths]) for s in stacks}
 
@@ -393,23 +397,32 @@ def gpu_fsdp_layer_seconds(rows: Sequence[dict], bytes_per_second: float) -> dic
             "copies_seconds": copy_seconds, "depths": depths, "micro_batches": micro_batches}
 
 
-def gpu_op_sac_layer_seconds(rows: Sequence[dict], layer_forward_seconds: float) -> dict:
-    """TorchTitan's op-level selective checkpointing's own host work per layer and micro-batch on a
-    GPU node, from real training steps (benchmarks/bench_gpu_stacks.py's rows): the same model at
-    several depths under FSDP2 with ``layout.recompute = "selective"`` and without
-    (:func:`_depth_series`); the difference of the per-layer slopes, over the micro-batches, less
-    the repeated forward's issue (``layer_forward_seconds``, which predictor.host adds apart), is
-    the wrapper's: its policy called on every operator, the cache, the recompute's bookkeeping."""
+#: layout.recompute -> the checkpoint wrapper (predictor.host) FSDP2's stack runs it with.
+GPU_CHECKPOINT_WRAPPERS = {"selective": "torch_op_sac", "full": "torch_fsdp"}
+
+
+def gpu_checkpoint_layer_seconds(rows: Sequence[dict], recompute: str, layer_forward_seconds: float) -> dict:
+    """An activation-checkpointing wrapper's own host work per layer and micro-batch on a GPU node,
+    from real training steps (benchmarks/bench_gpu_stacks.py's rows): the same model at several
+    depths under FSDP2 with ``layout.recompute = recompute`` and without (:func:`_depth_series`); the
+    difference of the per-layer slopes, over the micro-batches, less the repeated forward's issue
+    (``layer_forward_seconds``, which predictor.host adds apart), is the wrapper's: for TorchTitan's
+    op-level SAC (``selective``) its policy called on every operator and its cache, for the
+    non-reentrant ``checkpoint_wrapper`` (``full``) its saved-tensor hooks and the recompute's
+    bookkeeping.  Keyed by the wrapper's name (:data:`GPU_CHECKPOINT_WRAPPERS`)."""
+    if recompute not in GPU_CHECKPOINT_WRAPPERS:
+        raise ValueError(f"recompute {recompute!r}: one of {', '.join(GPU_CHECKPOINT_WRAPPERS)}")
+    label = f"fsdp+{recompute}"
+
     def relabel(r: dict) -> dict:
         # Named by its recomputation ("fsdp+selective"), which leaves the job's shape for the series.
         job = r["job"]
         return {**r, "stack": row_label(r), "job": {**job, "layout": {**job["layout"], "recompute": "none"}}}
 
-    job_dict, depths, slope = _depth_series([relabel(r) for r in rows if "error" not in r],
-                                            ("fsdp+selective", "fsdp"))
+    job_dict, depths, slope = _depth_series([relabel(r) for r in rows if "error" not in r], (label, "fsdp"))
     micro_batches = int(job_dict["layout"]["micro_batches"])
-    per_micro_batch = (slope["fsdp+selective"] - slope["fsdp"]) / micro_batches
-    return {"torch_op_sac": per_micro_batch - layer_forward_seconds, "slope_seconds": slope,
+    per_micro_batch = (slope[label] - slope["fsdp"]) / micro_batches
+    return {GPU_CHECKPOINT_WRAPPERS[recompute]: per_micro_batch - layer_forward_seconds, "slope_seconds": slope,
             "depths": depths, "micro_batches": micro_batches}
 
 

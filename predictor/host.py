@@ -80,9 +80,14 @@ _OPTIONAL = {"launch_seconds": 0.0, "layer_forward_seconds": -1.0, "collective_s
 #: checkpoint_layer_seconds]`` carries (benchmarks/bench_stack_host.py --checkpoint): Megatron-
 #: core's reentrant ``tensor_parallel.checkpoint`` (its RNG tracker's states copied and swapped),
 #: DeepSpeed's ``deepspeed.checkpointing.checkpoint``, PyTorch's non-reentrant
-#: ``checkpoint_wrapper`` (saved-tensor hooks), and that wrapper with TorchTitan's op-level
-#: selective policy (a dispatch mode over every op, forward and recompute).
-CHECKPOINT_WRAPPERS = ("megatron", "deepspeed", "torch", "torch_op_sac")
+#: ``checkpoint_wrapper`` (saved-tensor hooks), that wrapper with TorchTitan's op-level
+#: selective policy (a dispatch mode over every op, forward and recompute), and that wrapper
+#: around an FSDP-sharded block as TorchTitan's and Composer's full AC run it (``torch_fsdp``:
+#: measured on a GPU node, where the recompute also passes FSDP's hooks).
+CHECKPOINT_WRAPPERS = ("megatron", "deepspeed", "torch", "torch_op_sac", "torch_fsdp")
+#: A wrapper a host table lacks is costed as the one it refines (a site's ``perf-calibrate host``
+#: measures the CPU-side wrappers only).
+CHECKPOINT_WRAPPER_FALLBACK = {"torch_fsdp": "torch"}
 #: Frameworks whose ZeRO-2/3 is PyTorch FSDP (FSDP2's fully_shard per layer), whose per-layer hooks
 #: ``fsdp_layer_seconds`` measures; llm-foundry's FSDP1 hooks cost 0.96-0.98 of FSDP2's
 #: (benchmarks/bench_fsdp1_host.py).  DeepSpeed's ZeRO-3 hooks are another mechanism, measured
@@ -155,13 +160,14 @@ def checkpoint_wrapper_for(framework: str, recompute: str) -> str:
         return "megatron"
     if framework == "torchtitan" and recompute == "selective":
         return "torch_op_sac"
+    if framework in FSDP_FRAMEWORKS and recompute == "full":
+        return "torch_fsdp"
     if not framework and recompute == "selective":
         # perfcast's selective recomputation is Megatron's (the attention core); PyTorch's
         # non-reentrant hooks, measured around a whole layer, would overstate a wrap of the core.
         return "megatron"
-    # TorchTitan's full AC and Composer's (llm-foundry) wrap blocks in PyTorch's non-reentrant
-    # checkpoint_wrapper; a job that names no framework is costed as perfcast's own training
-    # step runs full recomputation (calibrate/gpt_model.py: torch.utils.checkpoint, non-reentrant).
+    # A job that names no framework is costed as perfcast's own training step runs full
+    # recomputation (calibrate/gpt_model.py: torch.utils.checkpoint, non-reentrant).
     return "torch"
 
 
@@ -291,7 +297,8 @@ class HostCosts:
             # Without a forward figure of its own, the whole layer bounds what the repeat adds.
             layer += self.layer_forward_seconds if self.layer_forward_seconds >= 0 else self.layer_seconds
         if recompute in ("full", "selective") and checkpoint:
-            layer += self.checkpoint_layer_seconds.get(checkpoint, 0.0)
+            own = self.checkpoint_layer_seconds
+            layer += own.get(checkpoint, own.get(CHECKPOINT_WRAPPER_FALLBACK.get(checkpoint, ""), 0.0))
         if compiled:
             layer *= COMPILED_LAYER_HOST_RATIO
         micro_batch = self.micro_batch_seconds
@@ -321,6 +328,6 @@ class HostCosts:
         return e.step_seconds * (fitted.host_scale if fitted is not None else 1.0)
 
 
-__all__ = ["CHECKPOINT_WRAPPERS", "COMPILED_LAYER_HOST_RATIO", "ENGINES", "FSDP1_SHARD_GRAD_OP_HOOK_RATIO",
+__all__ = ["CHECKPOINT_WRAPPERS", "CHECKPOINT_WRAPPER_FALLBACK", "COMPILED_LAYER_HOST_RATIO", "ENGINES", "FSDP1_SHARD_GRAD_OP_HOOK_RATIO",
            "FSDP_FRAMEWORKS", "EngineCosts", "HostCosts", "checkpoint_wrapper_for", "engine_for",
            "fsdp_hook_share"]

@@ -242,14 +242,14 @@ SHIPPED_KIND_SPREADS: tuple[KindSpread, ...] = (
     KindSpread('benchmarks/data/h100-lent/stacks', 'llm-foundry/flash/bf16/none', 0.4335, 6),
     KindSpread('benchmarks/data/h100-lent/stacks', 'llm-foundry/flash:cudnn/bf16/none', 0.4045, 38),
     KindSpread('benchmarks/data/h100-lent/stacks', 'llm-foundry/fused_softmax/bf16/none', 0.5109, 4),
-    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/flash/bf16/full', 0.624, 17),
+    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/flash/bf16/full', 0.4427, 17),
     KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/flash/bf16/none', 0.462, 6),
-    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/flash:cudnn/bf16/full', 0.2975, 12),
+    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/flash:cudnn/bf16/full', 0.1161, 12),
     KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/flash:cudnn/bf16/none', 0.1009, 39),
-    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/flash:cudnn/bf16/selective', 0.3969, 27),
+    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/flash:cudnn/bf16/selective', 0.4077, 27),
     KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/fused_softmax/bf16/full', 0.0184, 1),
     KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/fused_softmax/bf16/none', 0.5844, 5),
-    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/fused_softmax/bf16/selective', 0.3376, 2),
+    KindSpread('benchmarks/data/h100-lent/stacks', 'torchtitan/fused_softmax/bf16/selective', 0.3484, 2),
 )
 
 

@@ -43,7 +43,7 @@ from calibrate.env import KNOWN_GPUS  # noqa: E402
 from calibrate.fitting import BundleFitter, convert_bundle  # noqa: E402
 from calibrate.fitting.host import platform_host_table  # noqa: E402
 from calibrate.importers import import_estimate_train_time  # noqa: E402
-from calibrate.stack_host import gpu_fsdp_layer_seconds, gpu_op_sac_layer_seconds  # noqa: E402
+from calibrate.stack_host import gpu_checkpoint_layer_seconds, gpu_fsdp_layer_seconds  # noqa: E402
 from calibrate.validate import load_runs, validate_platform  # noqa: E402
 from predictor.bundle import MANIFEST, load_bundle  # noqa: E402
 from predictor.host import CHECKPOINT_WRAPPERS  # noqa: E402
@@ -164,7 +164,7 @@ def stack_prior() -> tuple[dict, str]:
     per-layer cost from the lent H100's real FSDP2 and DDP steps
     (calibrate.stack_host.gpu_fsdp_layer_seconds), and the source that says so; read once."""
     folder, gpu_steps = RUNS / "stack-host", RUNS / "h100-lent" / "stacks" / "stacks2.json"
-    sac_steps = RUNS / "h100-lent" / "stacks" / "stacks4.json"
+    ckpt_steps = RUNS / "h100-lent" / "stacks" / "hseries.json"
     runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("cpu-*.json"))]
     zero3_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("deepspeed-zero3-*.json"))]
     # checkpoint-N.json wrap the GPT-shaped layer (what ships); checkpoint-block-N.json the tiny block.
@@ -173,15 +173,19 @@ def stack_prior() -> tuple[dict, str]:
     zero3 = statistics.median(r["deepspeed_zero3"]["zero3_hook_layer_seconds"] for r in zero3_runs)
     # A wrapper's figure is a difference of slopes: one below zero would be noise, shipped as none.
     checkpoint = {w: round(max(0.0, statistics.median(r["checkpoint"]["checkpoint_layer_seconds"][w]
-                                                      for r in ckpt_runs)), 8) for w in CHECKPOINT_WRAPPERS}
+                                                      for r in ckpt_runs)), 8)
+                  for w in CHECKPOINT_WRAPPERS if w in ckpt_runs[0]["checkpoint"]["checkpoint_layer_seconds"]}
     steps = json.loads(gpu_steps.read_text(encoding="utf-8"))
     fsdp = gpu_fsdp_layer_seconds(steps["rows"], H100.memory_gbps * 1e9)
-    # TorchTitan's op-level SAC as a GPU node's host runs it (1.6x the CPU benchmark's wrapper):
-    # FSDP2 with it against without (two leases: docs/modelling.md §2 gives the uncertainty).
-    sac_rows = json.loads(sac_steps.read_text(encoding="utf-8"))
-    sac = gpu_op_sac_layer_seconds(steps["rows"] + sac_rows["rows"],
-                                   host_costs(RUNS / "h100-lent" / "host.toml")["layer_forward_seconds"])
-    checkpoint["torch_op_sac"] = round(sac["torch_op_sac"], 8)
+    # TorchTitan's op-level SAC and full AC as a GPU node's host runs them around FSDP2 blocks:
+    # FSDP2 with each against without, interleaved in one call.
+    ckpt = json.loads(ckpt_steps.read_text(encoding="utf-8"))
+    forward = host_costs(RUNS / "h100-lent" / "host.toml")["layer_forward_seconds"]
+    gpu_ckpt = {r: gpu_checkpoint_layer_seconds(ckpt["rows"], r, forward) for r in ("selective", "full")}
+    for measured in gpu_ckpt.values():
+        wrapper = next(k for k in measured if k in CHECKPOINT_WRAPPERS)
+        checkpoint[wrapper] = round(measured[wrapper], 8)
+    depths = gpu_ckpt["selective"]["depths"]
     meta, zmeta, gpu = runs[0]["provenance"], zero3_runs[0]["provenance"], steps["provenance"]
     cmeta = ckpt_runs[0]["provenance"]
     values = {"collective_seconds": round(collective, 8), "fsdp_layer_seconds": round(fsdp["fsdp_layer_seconds"], 7),
@@ -195,10 +199,10 @@ def stack_prior() -> tuple[dict, str]:
             f"{zmeta['cpu']}); checkpoint_layer_seconds: each wrapper's fwd+bwd less the plain layer's less one "
             f"forward, per GPT-shaped layer, benchmarks/bench_stack_host.py --checkpoint (median of "
             f"{len(ckpt_runs)} runs, {cmeta['cpu']}, torch {cmeta['torch']}, deepspeed {cmeta['deepspeed']}), "
-            f"but torch_op_sac: FSDP2 with op-level SAC ({sac_rows['provenance']['date'][:16]}) less FSDP2 "
-            f"({gpu['date'][:16]}, another lease) per layer and micro-batch, less one forward's issue, on the "
-            f"lent {sac_rows['provenance']['gpu']} (torch {sac_rows['provenance']['torch']}, depths "
-            f"{'/'.join(map(str, sac['depths']))}: benchmarks/data/h100-lent/stacks)")
+            f"but torch_op_sac and torch_fsdp: FSDP2 with op-level SAC and with full AC less FSDP2, interleaved "
+            f"({ckpt['provenance']['date'][:16]}), per layer and micro-batch, less one forward's issue, on the "
+            f"lent {ckpt['provenance']['gpu']} (torch {ckpt['provenance']['torch']}, depths "
+            f"{'/'.join(map(str, depths))}: benchmarks/data/h100-lent/stacks/hseries.json)")
     return values, note
 
 

@@ -100,43 +100,56 @@ def test_gpu_fsdp_layer_cost_is_the_slope_difference_less_the_copies():
         stack_host.gpu_fsdp_layer_seconds(rows[:3], 3.0e12)
 
 
-def test_gpu_op_sac_cost_is_the_slope_difference_less_one_forward():
+def test_gpu_checkpoint_cost_is_the_slope_difference_less_one_forward():
     stack_host = _stack_host()
     job = {"model": {"layers": 2, "hidden": 1024, "heads": 8, "seq_len": 1024, "attention": "flash"},
            "layout": {"micro_batch": 1, "micro_batches": 4, "zero_stage": 1, "recompute": "none"},
            "run": {"precision": "bf16"}}
 
-    def row(recompute: str, layers: int, seconds: float) -> dict:
+    def row(recompute: str, layers: int, seconds: float, micro_batches: int = 4) -> dict:
         j = {k: dict(v) for k, v in job.items()}
         j["model"]["layers"], j["layout"]["recompute"] = layers, recompute
+        j["layout"]["micro_batches"] = micro_batches
         return {"stack": "fsdp", "job": j, "measured_iteration_seconds": seconds}
 
     # With op-level SAC 26 ms per layer per step, without 13 ms: 3.25 ms per layer and micro-batch.
     rows = [row("selective", n, 0.09 + 0.026 * n) for n in (8, 16)]
     rows += [row("none", n, 0.03 + 0.013 * n) for n in (2, 8, 16)] + [row("full", 8, 1.0), row("full", 16, 2.0)]
-    out = stack_host.gpu_op_sac_layer_seconds(rows, layer_forward_seconds=0.00025)
+    # A repeat counts at its fastest; a 1-micro-batch series as deep loses to the 4-micro-batch one.
+    rows += [row("selective", 8, 0.5), row("none", 8, 0.03 + 0.013 * 8 + 0.004)]
+    rows += [row(r, n, 0.01 * n, micro_batches=1) for r in ("none", "selective") for n in (8, 16)]
+    out = stack_host.gpu_checkpoint_layer_seconds(rows, "selective", layer_forward_seconds=0.00025)
     assert out["depths"] == [8, 16] and out["micro_batches"] == 4
     assert out["torch_op_sac"] == pytest.approx(0.00325 - 0.00025)
+    # Full AC around the FSDP2 block: (1.0 s per 8 layers) / 8 / 4 micro-batches.
+    full = stack_host.gpu_checkpoint_layer_seconds(rows, "full", layer_forward_seconds=0.0)
+    assert full["torch_fsdp"] == pytest.approx((1.0 / 8 - 0.013) / 4)
     with pytest.raises(ValueError, match="two or more depths"):
-        stack_host.gpu_op_sac_layer_seconds(rows[:1] + rows[2:], layer_forward_seconds=0.0)
+        stack_host.gpu_checkpoint_layer_seconds(rows[:1] + rows[2:7], "selective", layer_forward_seconds=0.0)
+    with pytest.raises(ValueError, match="recompute 'offload'"):
+        stack_host.gpu_checkpoint_layer_seconds(rows, "offload", layer_forward_seconds=0.0)
 
 
-def test_the_shipped_op_sac_wrapper_cost_is_the_lent_gpus_measurement():
-    """Every shipped platform's torch_op_sac is the lent H100's steps with and without it
-    (scripts/build_platforms.py), not the CPU benchmark's figure."""
+def test_the_shipped_gpu_wrapper_costs_are_the_lent_gpus_measurement():
+    """Every shipped platform's torch_op_sac and torch_fsdp are the lent H100's interleaved steps
+    with and without them (scripts/build_platforms.py), not the CPU benchmark's figures."""
     import json
     from pathlib import Path
 
     from predictor import load_platform
     stack_host = _stack_host()
     data = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h100-lent"
-    rows = [r for f in ("stacks2.json", "stacks4.json")
-            for r in json.loads((data / "stacks" / f).read_text())["rows"]]
+    rows = json.loads((data / "stacks" / "hseries.json").read_text())["rows"]
     forward = load_platform("dgx-h100").host.layer_forward_seconds
-    out = stack_host.gpu_op_sac_layer_seconds(rows, forward)
+    measured = {}
+    for recompute, wrapper in stack_host.GPU_CHECKPOINT_WRAPPERS.items():
+        measured[wrapper] = stack_host.gpu_checkpoint_layer_seconds(rows, recompute, forward)[wrapper]
     for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
-        assert load_platform(name).host.checkpoint_layer_seconds["torch_op_sac"] == pytest.approx(
-            out["torch_op_sac"], abs=1e-8)
+        costs = load_platform(name).host.checkpoint_layer_seconds
+        for wrapper, seconds in measured.items():
+            assert costs[wrapper] == pytest.approx(seconds, abs=1e-8), (name, wrapper)
+        # The GPU node's wrappers cost more than the CPU benchmark's plain one.
+        assert costs["torch_fsdp"] > costs["torch"]
 
 
 def test_the_compiled_layer_ratio_is_the_committed_measurement():

@@ -95,7 +95,7 @@ def _recompute_job(recompute: str, framework: str, layers: int = 4) -> TrainingJ
 
 @pytest.mark.parametrize("framework,wrapper", [("", "torch"), ("megatron", "megatron"), ("nemo", "megatron"),
                                                ("neox", "deepspeed"), ("megatron-deepspeed", "deepspeed"),
-                                               ("torchtitan", "torch"), ("llm-foundry", "torch")])
+                                               ("torchtitan", "torch_fsdp"), ("llm-foundry", "torch_fsdp")])
 def test_full_recomputation_pays_the_forward_and_its_frameworks_wrapper_per_layer(framework, wrapper):
     from predictor.host import checkpoint_wrapper_for
     plat = load_platform("dgx-h100")
@@ -147,6 +147,18 @@ def test_llm_foundry_zero2_pays_the_measured_share_of_the_fsdp_hooks():
     assert host(2, "torchtitan") - host(1, "torchtitan") == pytest.approx(4 * plat.host.fsdp_layer_seconds)
 
 
+def test_a_host_table_without_the_fsdp_wrapper_costs_it_as_torch_s():
+    # A site's perf-calibrate host measures the CPU-side wrappers only: TorchTitan's full AC is then
+    # costed as PyTorch's plain non-reentrant wrapper, not as nothing.
+    plat = load_platform("dgx-h100")
+    h = plat.host
+    cpu_only = {w: v for w, v in h.checkpoint_layer_seconds.items() if w != "torch_fsdp"}
+    site = dataclasses.replace(plat, host=dataclasses.replace(h, checkpoint_layer_seconds=cpu_only))
+    none = _host_per_micro_batch(_recompute_job("none", "torchtitan"), site)[0]
+    full = _host_per_micro_batch(_recompute_job("full", "torchtitan"), site)[0]
+    assert full - none == pytest.approx(4 * (h.layer_forward_seconds + h.checkpoint_layer_seconds["torch"]))
+
+
 def test_checkpoint_table_is_validated():
     good = {"layer_seconds": 1e-3, "micro_batch_seconds": 1e-3}
     h = HostCosts.from_dict({**good, "checkpoint_layer_seconds": {"megatron": 2e-4}}, "p.toml")
@@ -164,7 +176,8 @@ def test_checkpoint_table_is_validated():
 def test_shipped_platforms_carry_the_measured_checkpoint_wrappers():
     # Each shipped [host] carries the median of the committed --checkpoint runs per wrapper: a
     # measurement that was not written back (build_platforms.py --only host-priors) fails here.
-    # Op-level SAC's is the lent GPU's instead (tests/calibrate/test_stack_host.py checks it).
+    # Op-level SAC's and full AC around FSDP blocks are the lent GPU's instead
+    # (tests/calibrate/test_stack_host.py checks them).
     import json
     import statistics
     from pathlib import Path
@@ -177,7 +190,7 @@ def test_shipped_platforms_carry_the_measured_checkpoint_wrappers():
         host = load_platform(name).host
         assert set(host.checkpoint_layer_seconds) == set(CHECKPOINT_WRAPPERS), name
         for w in CHECKPOINT_WRAPPERS:
-            if w == "torch_op_sac":
+            if w in ("torch_op_sac", "torch_fsdp"):
                 continue
             median = statistics.median(r["checkpoint"]["checkpoint_layer_seconds"][w] for r in runs)
             assert host.checkpoint_layer_seconds[w] == pytest.approx(max(0.0, median), rel=1e-4), (name, w)
