@@ -12,8 +12,9 @@ GPT-NeoX and Megatron-DeepSpeed route their checkpointed layers through
   in and the rest all-gathered over the tensor-parallel group (``gather_partitioned_activations``),
   on the critical path: the recompute needs the gathered input;
 * CPU checkpointing: the kept inputs (their slices, when partitioned) are copied to host memory in
-  the forward (a blocking ``.cpu()``) and back in the backward (``.to(device)``), each copy on the
-  compute stream over the GPU's host link, each one waiting for the device like a synchronisation;
+  the forward (a blocking ``.cpu()`` into new pageable memory) and back in the backward
+  (``.to(device)``), each copy on the compute stream at the measured pageable rates
+  (:func:`offload_gbps`), each one waiting for the device like a synchronisation;
 * synchronisation at each checkpoint boundary: ``synchronize()`` at the start and end of the
   forward and of the backward, four per layer: the host waits for the device, and the device then
   idles until the host has issued the next kernel.
@@ -52,10 +53,18 @@ SYNC_ROUND_TRIP_SECONDS = 7.256e-6
 #: NVLink-C2C on GH200 ("900 GB/s" both ways, NVIDIA GH200 Grace Hopper Superchip data sheet);
 #: PCIe Gen5 x16 on H100 / H200 SXM ("128 GB/s" both ways, NVIDIA H100 Tensor Core GPU data
 #: sheet); PCIe Gen4 x16 on A100 ("64 GB/s" both ways, NVIDIA A100 Tensor Core GPU data sheet).
-#: Peaks: a pageable ``.cpu()`` copy reaches less, which no measurement here has sized.
+#: Peaks of the link; DeepSpeed's copies are pageable and reach far less (below).
 HOST_LINK_GBPS = (("gh200", 450.0), ("h200", 64.0), ("h100", 64.0), ("a100", 32.0))
 #: An unnamed GPU's link: PCIe Gen4 x16, the slowest above (the answer warns).
 DEFAULT_HOST_LINK_GBPS = 32.0
+#: DeepSpeed's copies as it makes them: a blocking ``.cpu()`` into fresh pageable memory in the
+#: forward and ``.to(device)`` from it in the backward, GB/s, on the lent H100's host
+#: (benchmarks/bench_host_link.py, benchmarks/data/h100-lent/host-link: 64 and 256 MiB of bf16,
+#: 1.77-1.78 and 10.2-11.4 GB/s, the slower kept, where pinned copies ran 54-55 GB/s over the
+#: same PCIe Gen5 link): the host's page handling, not the link, sets them, so every GPU pays
+#: them, capped by its link.
+PAGEABLE_D2H_GBPS = 1.77
+PAGEABLE_H2D_GBPS = 10.2
 
 
 def host_link_gbps(gpu_name: str) -> tuple[float, bool]:
@@ -66,6 +75,13 @@ def host_link_gbps(gpu_name: str) -> tuple[float, bool]:
         if key in name:
             return gbps, True
     return DEFAULT_HOST_LINK_GBPS, False
+
+
+def offload_gbps(gpu_name: str) -> tuple[float, float, bool]:
+    """CPU checkpointing's copy rates in GB/s, (to the host, back to the device), and whether the
+    GPU's link was known: the measured pageable rates, capped by :func:`host_link_gbps`."""
+    link, known = host_link_gbps(gpu_name)
+    return min(link, PAGEABLE_D2H_GBPS), min(link, PAGEABLE_H2D_GBPS), known
 
 
 #: Frameworks whose own checkpoint function partitions (Megatron-core's distribute_saved_activations).

@@ -778,13 +778,14 @@ def _checkpoint_option_terms(job: TrainingJob, plat: Platform, q: QuerySet, grp:
         layer_fwd.add(q.seconds("checkpoint_partition", costs.copy_bytes_forward / hbm))
         layer_bwd.add(q.seconds("checkpoint_partition", costs.copy_bytes_backward / hbm))
     if costs.offload_bytes:
-        gbps, known = checkpointing.host_link_gbps(plat.gpu.name)
+        to_host, to_device, known = checkpointing.offload_gbps(plat.gpu.name)
         if not known:
             warnings.append(f"layout.checkpoint_in_cpu: the host link of {plat.gpu.name} is not known; "
-                            f"costed at PCIe Gen4 x16's {gbps:g} GB/s each way")
-        offload = q.seconds("checkpoint_offload", costs.offload_bytes / (gbps * 1e9))
-        layer_fwd.add(offload)
-        layer_bwd.add(offload)
+                            f"its copies are costed at a pageable copy's measured {to_host:g} GB/s to the "
+                            f"host and {to_device:g} GB/s back, within PCIe Gen4 x16's "
+                            f"{checkpointing.DEFAULT_HOST_LINK_GBPS:g} GB/s")
+        layer_fwd.add(q.seconds("checkpoint_offload", costs.offload_bytes / (to_host * 1e9)))
+        layer_bwd.add(q.seconds("checkpoint_offload", costs.offload_bytes / (to_device * 1e9)))
     if costs.syncs_forward or costs.syncs_backward:
         wait = _sync_wait_seconds(plat)
         layer_fwd.add(q.seconds("checkpoint_sync", wait), costs.syncs_forward)

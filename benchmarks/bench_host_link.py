@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""The GPU's link to host memory as DeepSpeed's CPU checkpointing uses it, and a synchronize round trip.
+
+    python benchmarks/bench_host_link.py --device cuda --out DIR [--mib 64 256] [--repeats 10]
+
+DeepSpeed's ``cpu_checkpointing`` copies each kept checkpoint to the host with a blocking
+``tensor.cpu()`` (pageable memory) in the forward and back with ``.to(device)`` in the backward
+(predictor/checkpointing.py).  This times exactly those two calls on bf16 tensors of each size,
+and, for reference, the same copies into and out of pinned host memory (``copy_(non_blocking)``
+then a synchronize), and ``torch.cuda.synchronize()`` with an empty queue.  Prints GB/s per
+direction (the median of the repeats after one warm-up) and writes ``host-link.json`` with the
+device, date and software.  A benchmark: its figures depend on the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+
+def _timed(fn, device: str, repeats: int) -> float:
+    fn()                                    # warm-up: first-touch of host pages, allocator
+    if device == "cuda":
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(device: str, mib_sizes: list[int], repeats: int) -> dict:
+    rows = []
+    for mib in mib_sizes:
+        elements = mib * 2**20 // 2
+        x = torch.randn(elements, device=device, dtype=torch.bfloat16)
+        host = x.cpu()
+        nbytes = x.numel() * x.element_size()
+        pinned = torch.empty_like(host).pin_memory() if device == "cuda" else host
+        for name, fn in (("d2h_pageable", lambda: x.cpu()),
+                         ("h2d_pageable", lambda: host.to(device)),
+                         ("d2h_pinned", lambda: pinned.copy_(x, non_blocking=True)),
+                         ("h2d_pinned", lambda: x.copy_(pinned, non_blocking=True))):
+            seconds = _timed(fn, device, repeats)
+            rows.append({"copy": name, "bytes": nbytes, "seconds": seconds, "gbps": nbytes / seconds / 1e9})
+            print(f"{name:13} {mib:5} MiB {1e3 * seconds:8.3f} ms {nbytes / seconds / 1e9:7.2f} GB/s", flush=True)
+        del x, host, pinned
+    sync = _timed(lambda: torch.cuda.synchronize() if device == "cuda" else None, device, 200)
+    print(f"synchronize round trip (empty queue) {1e6 * sync:.2f} us", flush=True)
+    return {"rows": rows, "sync_round_trip_seconds": sync}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--mib", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args()
+    if args.repeats < 1 or any(m < 1 for m in args.mib):
+        ap.error("--repeats and --mib must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_host_link: no CUDA device here", file=sys.stderr)
+        return 2
+    prov = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+            "python": platform.python_version(), "host_threads": os.cpu_count(), "device": args.device}
+    if args.device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        prov.update(gpu=p.name, cuda=torch.version.cuda)
+    result = {"provenance": prov, "repeats": args.repeats, **measure(args.device, args.mib, args.repeats)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "host-link.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
