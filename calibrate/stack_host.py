@@ -397,6 +397,34 @@ def gpu_fsdp_layer_seconds(rows: Sequence[dict], bytes_per_second: float) -> dic
             "copies_seconds": copy_seconds, "depths": depths, "micro_batches": micro_batches}
 
 
+def gpu_fsdp1_accumulation_ratio(rows: Sequence[dict], bytes_per_second: float) -> dict:
+    """What FSDP1 (Composer's ``fsdp1`` stack) costs the host beyond FSDP2 per wrapped layer on each
+    micro-batch after a step's first, as a share of FSDP2's per-layer figure measured in the same
+    rows (:func:`gpu_fsdp_layer_seconds`): from interleaved steps of one model at several depths and
+    micro-batch counts under both, the least-squares slope through the origin of the step-time
+    difference against layers x (micro-batches - 1).  A step measured more than once counts at its
+    fastest.  Raises ValueError without a job measured under both at 2+ micro-batches."""
+    fastest: dict[tuple[str, str], tuple[float, dict]] = {}
+    for r in rows:
+        if "error" in r or r.get("stack") not in ("fsdp", "fsdp1") or row_label(r) != r["stack"]:
+            continue
+        key = (r["stack"], repr(sorted((k, sorted(v.items())) for k, v in r["job"].items())))
+        seconds = float(r["measured_iteration_seconds"])
+        if key not in fastest or seconds < fastest[key][0]:
+            fastest[key] = (seconds, r["job"])
+    xs, ys = [], []
+    for (stack, shape), (seconds, job) in fastest.items():
+        if stack == "fsdp1" and ("fsdp", shape) in fastest:
+            xs.append(int(job["model"]["layers"]) * (int(job["layout"]["micro_batches"]) - 1))
+            ys.append(seconds - fastest[("fsdp", shape)][0])
+    if not any(xs):
+        raise ValueError("no job measured under both fsdp and fsdp1 with 2 or more micro-batches")
+    per_layer = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    fsdp = gpu_fsdp_layer_seconds(rows, bytes_per_second)["fsdp_layer_seconds"]
+    return {"ratio": per_layer / fsdp, "accumulation_layer_seconds": per_layer, "fsdp_layer_seconds": fsdp,
+            "pairs": len(xs)}
+
+
 #: layout.recompute -> the checkpoint wrapper (predictor.host) FSDP2's stack runs it with.
 GPU_CHECKPOINT_WRAPPERS = {"selective": "torch_op_sac", "full": "torch_fsdp"}
 

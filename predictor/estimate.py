@@ -992,7 +992,8 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
                                           fsdp_layers=n if fsdp else 0, compiled=job.run.compile,
                                           zero3_layers=n if zero3 else 0,
                                           checkpoint=checkpoint_wrapper_for(job.run.framework, lay.recompute),
-                                          fsdp_share=fsdp_hook_share(job.run.framework, lay.zero_stage))
+                                          fsdp_share=fsdp_hook_share(job.run.framework, lay.zero_stage,
+                                                                     lay.micro_batches))
                   + n * layer_sync_seconds
                   for i, n in enumerate(sizes)]
     return stage_host, plat.host.engine_step_seconds(engine, plat.fitted)

@@ -104,6 +104,12 @@ COMPILED_LAYER_HOST_RATIO = 0.635
 #: bench_fsdp1_host.py on a fake 2-rank group: the median of the three runs that measured it,
 #: benchmarks/data/fsdp1-host/cpu-{4,5,6}.json, 0.68-0.73).
 FSDP1_SHARD_GRAD_OP_HOOK_RATIO = 0.699
+#: FSDP1 (llm-foundry's Composer) costs the host more than FSDP2 on each micro-batch after a
+#: step's first, per wrapped layer: this share of ``fsdp_layer_seconds`` (the lent H100, FSDP1 and
+#: FSDP2 steps interleaved at 2/8/16 layers and 1/4 micro-batches, the same call's FSDP2 figure:
+#: benchmarks/data/h100-lent/stacks/hseries.json, calibrate.stack_host.gpu_fsdp1_accumulation_ratio;
+#: one rank, where FSDP1 runs NO_SHARD).
+FSDP1_ACCUMULATION_HOOK_RATIO = 0.635
 # Host costs are per-call overheads of microseconds to milliseconds; a value past this is a unit
 # mistake (µs written as seconds), not a slow CPU.
 _MAX_SECONDS = 1.0
@@ -171,11 +177,15 @@ def checkpoint_wrapper_for(framework: str, recompute: str) -> str:
     return "torch"
 
 
-def fsdp_hook_share(framework: str, zero_stage: int) -> float:
-    """The share of ``fsdp_layer_seconds`` (FULL_SHARD's hooks) a layer pays under ``framework``'s
-    FSDP at ``zero_stage``: :data:`FSDP1_SHARD_GRAD_OP_HOOK_RATIO` for an FSDP1 framework's ZeRO-2
-    (llm-foundry's SHARD_GRAD_OP)."""
-    return FSDP1_SHARD_GRAD_OP_HOOK_RATIO if framework in FSDP1_FRAMEWORKS and zero_stage == 2 else 1.0
+def fsdp_hook_share(framework: str, zero_stage: int, micro_batches: int = 1) -> float:
+    """The share of ``fsdp_layer_seconds`` (FULL_SHARD's hooks) a layer pays per micro-batch under
+    ``framework``'s FSDP at ``zero_stage``: :data:`FSDP1_SHARD_GRAD_OP_HOOK_RATIO` for an FSDP1
+    framework's ZeRO-2 (llm-foundry's SHARD_GRAD_OP), and for FSDP1 beyond that
+    :data:`FSDP1_ACCUMULATION_HOOK_RATIO` on each of a step's ``micro_batches`` after the first."""
+    if framework not in FSDP1_FRAMEWORKS:
+        return 1.0
+    share = FSDP1_SHARD_GRAD_OP_HOOK_RATIO if zero_stage == 2 else 1.0
+    return share + FSDP1_ACCUMULATION_HOOK_RATIO * (micro_batches - 1) / max(micro_batches, 1)
 
 
 def engine_for(framework: str, pp: int) -> str:
@@ -328,6 +338,7 @@ class HostCosts:
         return e.step_seconds * (fitted.host_scale if fitted is not None else 1.0)
 
 
-__all__ = ["CHECKPOINT_WRAPPERS", "CHECKPOINT_WRAPPER_FALLBACK", "COMPILED_LAYER_HOST_RATIO", "ENGINES", "FSDP1_SHARD_GRAD_OP_HOOK_RATIO",
+__all__ = ["CHECKPOINT_WRAPPERS", "CHECKPOINT_WRAPPER_FALLBACK", "COMPILED_LAYER_HOST_RATIO", "ENGINES",
+           "FSDP1_ACCUMULATION_HOOK_RATIO", "FSDP1_SHARD_GRAD_OP_HOOK_RATIO",
            "FSDP_FRAMEWORKS", "EngineCosts", "HostCosts", "checkpoint_wrapper_for", "engine_for",
            "fsdp_hook_share"]

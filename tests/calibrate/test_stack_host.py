@@ -152,6 +152,44 @@ def test_the_shipped_gpu_wrapper_costs_are_the_lent_gpus_measurement():
         assert costs["torch_fsdp"] > costs["torch"]
 
 
+def test_fsdp1_accumulation_ratio_is_the_slope_over_layers_times_later_micro_batches():
+    stack_host = _stack_host()
+    job = {"model": {"layers": 2, "hidden": 1024, "heads": 8, "seq_len": 1024, "attention": "flash"},
+           "layout": {"micro_batch": 1, "micro_batches": 4, "zero_stage": 1, "recompute": "none"},
+           "run": {"precision": "bf16"}}
+
+    def row(stack: str, layers: int, micro_batches: int, seconds: float) -> dict:
+        j = {k: dict(v) for k, v in job.items()}
+        j["model"]["layers"], j["layout"]["micro_batches"] = layers, micro_batches
+        return {"stack": stack, "job": j, "measured_iteration_seconds": seconds}
+
+    rows = []
+    for n in (2, 8, 16):
+        for m in (1, 4):
+            fsdp = 0.01 + m * (0.002 + 0.004 * n)
+            rows += [row("fsdp", n, m, fsdp), row("ddp", n, m, 0.01 + m * (0.002 + 0.002 * n)),
+                     row("fsdp1", n, m, fsdp + 0.001 * n * (m - 1))]
+    rows.append(row("fsdp1", 16, 4, 9.0))           # a slower repeat: the faster counts
+    out = stack_host.gpu_fsdp1_accumulation_ratio(rows, 1e18)
+    assert out["pairs"] == 6 and out["accumulation_layer_seconds"] == pytest.approx(0.001)
+    assert out["ratio"] == pytest.approx(0.001 / out["fsdp_layer_seconds"])
+    with pytest.raises(ValueError, match="2 or more micro-batches"):
+        stack_host.gpu_fsdp1_accumulation_ratio([r for r in rows if r["job"]["layout"]["micro_batches"] == 1], 1e18)
+
+
+def test_the_shipped_fsdp1_accumulation_ratio_is_the_committed_measurement():
+    import json
+    from pathlib import Path
+
+    from predictor import load_platform
+    from predictor.host import FSDP1_ACCUMULATION_HOOK_RATIO
+    stack_host = _stack_host()
+    rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h100-lent" / "stacks"
+                       / "hseries.json").read_text())["rows"]
+    out = stack_host.gpu_fsdp1_accumulation_ratio(rows, load_platform("dgx-h100").gpu.memory_gbps * 1e9)
+    assert FSDP1_ACCUMULATION_HOOK_RATIO == pytest.approx(out["ratio"], abs=5e-4)
+
+
 def test_the_compiled_layer_ratio_is_the_committed_measurement():
     stack_host = _stack_host()
     import json

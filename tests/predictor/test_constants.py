@@ -146,3 +146,4 @@ def test_checkpoint_wrapper_costs_are_quoted_as_shipped():
         for wrapper, seconds in costs.items():
             assert f"{wrapper} {1e3 * seconds:.3g}" in row, (name, wrapper, seconds)
     assert f"| {host.FSDP1_SHARD_GRAD_OP_HOOK_RATIO} |" in _row("FSDP1_SHARD_GRAD_OP_HOOK_RATIO")
+    assert f"| {host.FSDP1_ACCUMULATION_HOOK_RATIO} |" in _row("FSDP1_ACCUMULATION_HOOK_RATIO")

@@ -159,6 +159,27 @@ def test_a_host_table_without_the_fsdp_wrapper_costs_it_as_torch_s():
     assert full - none == pytest.approx(4 * (h.layer_forward_seconds + h.checkpoint_layer_seconds["torch"]))
 
 
+def test_fsdp1_pays_its_accumulation_share_on_each_micro_batch_after_the_first():
+    from predictor.host import FSDP1_ACCUMULATION_HOOK_RATIO, fsdp_hook_share
+    plat = load_platform("dgx-h100")
+    base = {"model": {"layers": 4, "hidden": 512, "heads": 8, "seq_len": 1024},
+            "layout": {"dp": 8, "micro_batch": 1, "zero_stage": 3, "recompute": "none"},
+            "run": {"precision": "bf16"}}
+
+    def host(framework: str, micro_batches: int) -> float:
+        job = TrainingJob.from_dict({**base, "layout": {**base["layout"], "micro_batches": micro_batches},
+                                     "run": {**base["run"], "framework": framework}})
+        return _host_per_micro_batch(job, plat)[0]
+    assert 0 < FSDP1_ACCUMULATION_HOOK_RATIO < 1
+    assert fsdp_hook_share("llm-foundry", 3, 1) == 1.0
+    assert fsdp_hook_share("llm-foundry", 3, 4) == pytest.approx(1 + 0.75 * FSDP1_ACCUMULATION_HOOK_RATIO)
+    assert fsdp_hook_share("torchtitan", 3, 4) == 1.0
+    # Per micro-batch, averaged over the step: 3 of 4 micro-batches pay it on each of 4 layers.
+    extra = host("llm-foundry", 4) - host("llm-foundry", 1)
+    assert extra == pytest.approx(4 * 0.75 * FSDP1_ACCUMULATION_HOOK_RATIO * plat.host.fsdp_layer_seconds)
+    assert host("torchtitan", 4) == pytest.approx(host("torchtitan", 1))
+
+
 def test_checkpoint_table_is_validated():
     good = {"layer_seconds": 1e-3, "micro_batch_seconds": 1e-3}
     h = HostCosts.from_dict({**good, "checkpoint_layer_seconds": {"megatron": 2e-4}}, "p.toml")
