@@ -232,50 +232,65 @@ class PredictServer:
         answer = self._answer(engine, req, time.monotonic() + deadline_ms / 1000.0, fields)
         return answer if isinstance(answer, Answer) else await answer
 
-    async def _computed(self, engine: Engine, routed: Route, key: str, deadline: float,
-                        fields: dict[str, Any], req: PredictRequest) -> Answer:
-        try:
-            out = await self._outcome(engine, routed, key, deadline, fields)
-        except PoolBusy as exc:      # refused at once, or waited in the queue until too late
-            fields["shed"] = str(exc)
-            return engine.skip(routed.part, "busy", "the prediction service is busy")
-        except (WorkerOverrun, asyncio.TimeoutError):
-            fields["worker"] = "killed"
-            return _too_slow(engine.config.daemon.deadline_ms, engine, routed)
-        except WorkerDied:
-            fields["worker"] = "died"
-            return engine.skip(routed.part, "internal", "internal error")
-        return self._finish(engine, routed, out, req)
+    def _computed(self, engine: Engine, routed: Route, key: str, deadline: float,
+                  fields: dict[str, Any], req: PredictRequest) -> "asyncio.Future[Answer]":
+        """The answer once the outcome is in: joining a computation already in flight (a warm-up)
+        if there is one, else computed by a worker ahead of any warm-up still queued.
 
-    async def _outcome(self, engine: Engine, routed: Route, key: str, deadline: float,
-                       fields: dict[str, Any]) -> Outcome:
-        """The outcome for ``key``: joining a computation already in flight (a warm-up) if there
-        is one, else computed by a worker ahead of any warm-up still queued."""
+        Callbacks on the outcome's future rather than a task awaiting it: no task, no wait_for
+        and no shield per request, so an answer goes out one loop pass after its outcome."""
+        loop = asyncio.get_running_loop()
+        answer: "asyncio.Future[Answer]" = loop.create_future()
         t_pool = time.monotonic()
+
+        def give(out: Optional[Outcome], exc: Optional[BaseException]) -> None:
+            if answer.done():
+                return
+            if exc is not None:
+                a = _failed(engine, routed, exc, fields)
+            else:
+                assert out is not None
+                if log.isEnabledFor(logging.DEBUG):
+                    fields["worker_ms"] = out.compute_ms
+                    fields["pool_ms"] = round((time.monotonic() - t_pool) * 1e3, 3)
+                try:
+                    a = self._finish(engine, routed, out, req)
+                except Exception:  # a bug: log it, fail open
+                    log.exception("request failed")
+                    a = _internal()
+            answer.set_result(a)
+
+        def compute() -> None:
+            try:
+                comp = self._start(engine, routed, key, deadline, warm=False)
+            except PoolBusy as exc:      # refused at once
+                give(None, exc)
+                return
+            _settle(comp.outcome, deadline, give)
+
+        def joined(out: Optional[Outcome], exc: Optional[BaseException]) -> None:
+            if exc is not None:
+                if isinstance(exc, (PoolBusy, WorkerOverrun, WorkerDied)) \
+                        and deadline - time.monotonic() > MIN_JOIN_LEFT_S:
+                    compute()   # the warm-up failed (its own deadline, a crash): as if it never ran
+                    return
+                give(None, exc)
+                return
+            engine.take_warmed(key)      # kept for this request only
+            assert out is not None
+            if not out.timely and deadline - time.monotonic() > MIN_JOIN_LEFT_S:
+                compute()                # cut short by the warm-up's clock, not by ours
+                return
+            give(out, None)
+
         comp: Optional[_Computation] = engine.pending.get(key)
         if comp is not None:
             fields["joined"] = 1
             self.pool.promote(comp.job)    # a warm-up still queued: slurmctld waits for it now
-            try:
-                out = await asyncio.wait_for(asyncio.shield(comp.outcome),
-                                             max(0.001, deadline - time.monotonic()) + BACKSTOP_S)
-            except (PoolBusy, WorkerOverrun, WorkerDied):
-                # The warm-up failed (its own deadline, a crash): compute as if it never ran.
-                if deadline - time.monotonic() <= MIN_JOIN_LEFT_S:
-                    raise
-                comp = None
-            else:
-                engine.take_warmed(key)     # kept for this request only
-                if not out.timely and deadline - time.monotonic() > MIN_JOIN_LEFT_S:
-                    comp = None             # cut short by the warm-up's clock, not by ours
-        if comp is None:
-            comp = self._start(engine, routed, key, deadline, warm=False)
-            out = await asyncio.wait_for(asyncio.shield(comp.outcome),
-                                         max(0.001, deadline - time.monotonic()) + BACKSTOP_S)
-        if log.isEnabledFor(logging.DEBUG):
-            fields["worker_ms"] = out.compute_ms
-            fields["pool_ms"] = round((time.monotonic() - t_pool) * 1e3, 3)
-        return out
+            _settle(comp.outcome, deadline, joined)
+        else:
+            compute()
+        return answer
 
     def _start(self, engine: Engine, routed: Route, key: str, deadline: float,
                warm: bool) -> "_Computation":
@@ -546,10 +561,20 @@ class _Connection:
             answer = _internal()
         if isinstance(answer, Answer):
             self._reply(answer)
+        elif isinstance(answer, asyncio.Future):
+            answer.add_done_callback(self._reply_done)
         else:
             task = asyncio.ensure_future(self._reply_later(answer))
             self.server._tasks.add(task)       # (the loop itself keeps only a weak reference)
             task.add_done_callback(self.server._tasks.discard)
+
+    def _reply_done(self, pending: "asyncio.Future[Answer]") -> None:
+        try:
+            answer = pending.result()
+        except BaseException:  # a bug: log it, fail open, never a traceback to the user
+            log.exception("request failed")
+            answer = _internal()
+        self._reply(answer)
 
     async def _reply_later(self, pending: Awaitable[Answer]) -> None:
         try:
@@ -613,6 +638,47 @@ class _Connection:
             self.sock.close()
         self.loop.add_writer(fd, more)
         timer = self.loop.call_at(until, done)
+
+
+def _settle(fut: "asyncio.Future[Outcome]", deadline: float,
+            then: Callable[[Optional[Outcome], Optional[BaseException]], None]) -> None:
+    """Call ``then(outcome, None)`` or ``then(None, exception)`` once: when ``fut`` is done, or
+    (a TimeoutError) at the deadline plus :data:`BACKSTOP_S` should the pool not have answered."""
+    loop = fut.get_loop()
+    timer: Optional[asyncio.TimerHandle] = None
+
+    def done(f: "asyncio.Future[Outcome]") -> None:
+        if timer is not None:
+            timer.cancel()
+        if f.cancelled():
+            then(None, asyncio.CancelledError())
+        elif f.exception() is not None:
+            then(None, f.exception())
+        else:
+            then(f.result(), None)
+
+    def late() -> None:
+        if fut.remove_done_callback(done):
+            then(None, TimeoutError())
+
+    fut.add_done_callback(done)
+    if not fut.done():
+        timer = loop.call_later(max(0.001, deadline - time.monotonic()) + BACKSTOP_S, late)
+
+
+def _failed(engine: Engine, routed: Route, exc: BaseException, fields: dict[str, Any]) -> Answer:
+    """The answer when no outcome came: busy, too slow, a worker lost, or a bug."""
+    if isinstance(exc, PoolBusy):       # refused at once, or waited in the queue until too late
+        fields["shed"] = str(exc)
+        return engine.skip(routed.part, "busy", "the prediction service is busy")
+    if isinstance(exc, (WorkerOverrun, TimeoutError)):
+        fields["worker"] = "killed"
+        return _too_slow(engine.config.daemon.deadline_ms, engine, routed)
+    if isinstance(exc, WorkerDied):
+        fields["worker"] = "died"
+        return engine.skip(routed.part, "internal", "internal error")
+    log.error("request failed", exc_info=exc)   # a bug: logged, failing open
+    return _internal()
 
 
 def _too_large() -> Answer:

@@ -100,6 +100,20 @@ def test_pool_runs_work_in_another_process():
     asyncio.run(go())
 
 
+def test_one_job_at_a_time_goes_to_the_worker_that_finished_last():
+    """Submissions one after another keep landing on one worker (its caches stay warm), not
+    round-robin over the idle ones."""
+    async def go():
+        pool = await _started(size=3)
+        try:
+            pids = {json.loads(await pool.submit(b'{"x": %d}' % i, time.monotonic() + 30))["pid"]
+                    for i in range(6)}
+            assert len(pids) == 1 and pids <= set(pool.pids())
+        finally:
+            await pool.close()
+    asyncio.run(go())
+
+
 def test_overrunning_worker_is_killed_and_replaced():
     async def go():
         pool = await _started()
