@@ -22,9 +22,7 @@ class KVFormatter(logging.Formatter):
     """``2024-05-01T12:00:00.123Z level=info event=request status=ok ms=3.2 ...``"""
 
     def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        ts += f".{int(record.msecs):03d}Z"
-        line = f"{ts} level={record.levelname.lower()} {record.getMessage()}"
+        line = f"{_stamp(record.created, record.msecs)} level={record.levelname.lower()} {record.getMessage()}"
         if record.exc_info and record.exc_info[0] is not None:
             line += " exc=" + kv(exception_summary(record.exc_info[1]))
         return line
@@ -49,13 +47,49 @@ def kv(value: Any) -> str:
     return json.dumps(text)
 
 
+def _stamp(created: float, msecs: float) -> str:
+    """``2024-05-01T12:00:00.123Z`` (UTC)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(msecs):03d}Z"
+
+
 def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
     if log.isEnabledFor(level):
+        body = " ".join([f"{k}={kv(v)}" for k, v in fields.items()])
+        handler = _own_handler(level)
+        if handler is not None:
+            # The daemon's own log (setup_logging): the line written straight to its stream, as
+            # KVFormatter would write it -- no LogRecord, no filter or handler chain (this runs
+            # twice per submission, on the path slurmctld waits on).
+            now = time.time()
+            line = (f"{_stamp(now, (now - int(now)) * 1000)} level={logging.getLevelName(level).lower()}"
+                    f" event={event} {body}{handler.terminator}")
+            handler.acquire()
+            try:
+                handler.stream.write(line)
+                handler.flush()
+            except Exception:  # noqa: BLE001 - as logging does: a full disk must not stop answers
+                pass
+            finally:
+                handler.release()
+            return
         # Handed to the handlers directly: no search of the call stack for the caller's file and
-        # line, which no line shows (this runs twice per submission).
-        log.handle(log.makeRecord(log.name, level, "", 0, "event=%s %s",
-                                  (event, " ".join([f"{k}={kv(v)}" for k, v in fields.items()])),
-                                  None))
+        # line, which no line shows.
+        log.handle(log.makeRecord(log.name, level, "", 0, "event=%s %s", (event, body), None))
+
+
+def _own_handler(level: int) -> Optional[logging.StreamHandler]:
+    """The handler setup_logging installed, when it alone takes this logger's lines unfiltered."""
+    if log.handlers or log.filters or not log.propagate:
+        return None
+    parent = log.parent
+    if parent is None or parent.propagate or parent.filters or len(parent.handlers) != 1:
+        return None
+    handler = parent.handlers[0]
+    if (type(handler) not in (logging.FileHandler, logging.StreamHandler) or handler.filters
+            or type(handler.formatter) is not KVFormatter or level < handler.level
+            or getattr(handler, "stream", None) is None):
+        return None
+    return handler  # type: ignore[return-value]
 
 
 def setup_logging(level: str = "info", log_file: Optional[str] = None) -> None:
