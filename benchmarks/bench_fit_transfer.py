@@ -276,6 +276,7 @@ def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, 
         kept = 0
         tot = {"n": 0, "mb": 0.0, "ma": 0.0, "cb": 0, "ca": 0, "kb": 0, "ka": 0}
         per_kind: dict[str, list[float]] = {}
+        killed: dict[str, int] = {}
         ups: list = []
         for _ in range(draws):
             train = rng.sample(runs, n)
@@ -296,6 +297,8 @@ def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, 
             ups.extend(p.interval_seconds[1] / p.iteration_seconds for p in after)
             for r, p in zip(test, after):
                 per_kind.setdefault(kind_of(r.job).key, []).append(abs(p.iteration_seconds / r.measured_iteration_seconds - 1))
+                if _fill_kills([r], [p], margin, level):
+                    killed[kind_of(r.job).key] = killed.get(kind_of(r.job).key, 0) + 1
             tot["n"] += len(test)
             tot["mb"] += _mape(test, [p.iteration_seconds for p in before]) * len(test)
             tot["ma"] += _mape(test, [p.iteration_seconds for p in after]) * len(test)
@@ -309,6 +312,11 @@ def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, 
               f"{100 * tot['cb'] / m:>15.1f}%{100 * tot['ca'] / m:>7.1f}%{100 * tot['kb'] / m:>18.1f}%"
               f"{100 * tot['ka'] / m:>7.1f}%{statistics.median(ups):>8.2f}   {worst[0][:20]} "
               f"{100 * sum(worst[1]) / len(worst[1]):.1f}%")
+        if killed:
+            # where the fill's kills after the fit fall: kind, kills, and that kind's share killed
+            top = sorted(killed.items(), key=lambda kv: -kv[1])[:4]
+            print("      kills after by kind: " + ", ".join(
+                f"{k} {c} ({100 * c / len(per_kind[k]):.0f} %)" for k, c in top))
 
 
 def main() -> int:
