@@ -21,7 +21,7 @@ from calibrate.stack_runs import STACKS, StackRowError, runs_from_files, to_toml
 
 DATA = ROOT / "benchmarks" / "data" / "h100-lent" / "stacks"
 FILES = ("stacks.json", "stacks2.json", "stacks3.json", "stacks4.json", "stacks5.json", "stacks6.json",
-         "hseries.json", "longseq.json", "longseq-flash.json")
+         "hseries.json", "longseq.json", "longseq-flash.json", "stacks7.json")
 
 
 def main() -> int:

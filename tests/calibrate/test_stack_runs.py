@@ -126,5 +126,5 @@ def test_bad_rows_name_the_file_and_row(tmp_path, rows, match):
 def test_the_committed_runs_file_is_what_the_converter_makes():
     data = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h100-lent" / "stacks"
     files = [data / f for f in ("stacks.json", "stacks2.json", "stacks3.json", "stacks4.json", "stacks5.json",
-                                "stacks6.json", "hseries.json", "longseq.json", "longseq-flash.json")]
+                                "stacks6.json", "hseries.json", "longseq.json", "longseq-flash.json", "stacks7.json")]
     assert (data / "stacks-runs.toml").read_text() == mod.to_toml(mod.runs_from_files(files))
