@@ -333,7 +333,7 @@ def main() -> int:
     ap.add_argument("--jobs", choices=JOB_SETS, default="family",
                     help="the stacks part's jobs: the 33-job family; host-series (hidden 1,024 at 2, 8 "
                          "and 16 layers, 1 and 4 micro-batches: per-layer and per-micro-batch host "
-                         "costs); long-seq (8k-32k tokens)")
+                         "costs); long-seq (2k-32k tokens)")
     ap.add_argument("--sdpa-backend", choices=tuple(SDPA_BACKENDS), default="",
                     help="pin SDPA to this backend for every job of the stacks part (rows say "
                          "sdpa_backend); unpinned, SDPA picks (provenance's sdpa_default)")
