@@ -76,6 +76,19 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
+def _kind(f: dataclasses.Field) -> str:
+    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+
+
+# Read once, not per job (the daemon builds a job per new shape): per section, each key's type
+# name; the required keys in _REQUIRED's own order (so the same one is named first).
+_KINDS: dict[str, dict[str, str]] = {
+    section: {name: _kind(f) for name, f in _field_types(cls).items()} for section, cls in _SECTIONS.items()}
+_REQUIRED_BY_SECTION: dict[str, tuple[tuple[str, str], ...]] = {
+    section: tuple((req, req.split(".")[1]) for req in _REQUIRED if req.split(".")[0] == section)
+    for section in _SECTIONS}
+
+
 @dataclass(frozen=True)
 class TrainingJob:
     """A whole training job: model, layout, run and cluster, validated on construction.
@@ -162,12 +175,12 @@ class TrainingJob:
         # The sections hold scalars and tuples of numbers only: read field by field (what
         # dataclasses.asdict gives, without its deep copies; the daemon does this per job).
         out: dict[str, dict[str, Any]] = {}
-        for name in _SECTIONS:
+        for name, kinds in _KINDS.items():
             part = getattr(self, name)
             section = out[name] = {}
-            for f in dataclasses.fields(part):
-                value = getattr(part, f.name)
-                section[f.name] = list(value) if isinstance(value, tuple) else value
+            for key in kinds:
+                value = getattr(part, key)
+                section[key] = list(value) if isinstance(value, tuple) else value
         return out
 
     # ----------------------------------------------------------------------------- derived
@@ -202,22 +215,21 @@ def _did_you_mean(name: str, options: Any) -> str:
 
 def _build_section(section: str, values: Mapping[str, Any], source: str) -> Any:
     cls = _SECTIONS[section]
-    fields = _field_types(cls)
+    kinds = _KINDS[section]
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         dotted = f"{section}.{key}"
-        if key not in fields:
-            raise JobError(dotted, "unknown key" + _did_you_mean(str(key), fields), source)
-        kwargs[key] = _coerce(dotted, fields[key], value, source)
-    for req in _REQUIRED:
-        sec, key = req.split(".")
-        if sec == section and key not in kwargs:
+        kind = kinds.get(key) if isinstance(key, str) else None
+        if kind is None:
+            raise JobError(dotted, "unknown key" + _did_you_mean(str(key), kinds), source)
+        kwargs[key] = _coerce(dotted, kind, value, source)
+    for req, key in _REQUIRED_BY_SECTION[section]:
+        if key not in kwargs:
             raise JobError(req, "required key is missing", source)
     return cls(**kwargs)
 
 
-def _coerce(dotted: str, f: dataclasses.Field, value: Any, source: str) -> Any:
-    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+def _coerce(dotted: str, kind: str, value: Any, source: str) -> Any:
     if kind == "bool":
         if isinstance(value, bool):
             return value

@@ -82,6 +82,9 @@ class Route:
         return self.part.platform
 
 
+_FACT_FIELDS = tuple(f.name for f in dataclasses.fields(PredictionFacts))
+
+
 @dataclass
 class Outcome:
     """What a worker found: the prediction's numbers, or a skip with its one-line reason."""
@@ -96,7 +99,9 @@ class Outcome:
     compute_ms: float = 0.0           # the worker's own time on it (logged at debug level)
 
     def to_json(self) -> bytes:
-        body = {"facts": dataclasses.asdict(self.facts) if self.facts else None,
+        # Field by field: the facts are scalars and one tuple, which JSON writes as asdict's copy.
+        facts = self.facts
+        body = {"facts": {k: getattr(facts, k) for k in _FACT_FIELDS} if facts else None,
                 "warnings": self.warnings, "skip_reason": self.skip_reason,
                 "skip_why": self.skip_why, "cacheable": self.cacheable, "timely": self.timely,
                 "job": self.job,

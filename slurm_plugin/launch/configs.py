@@ -22,6 +22,7 @@ from .values import MARK_OPEN
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _MARK = re.compile("\ue000\\d+\ue001")
 _BARE_MARK = re.compile(r'(?<!["\w])(\ue000\d+\ue001)(?!["\w])')
+_INTEGRAL = re.compile(r"[+-]?\d+(\.0*)?([eE]\+?\d+)?")
 _SC = yaml.constructor.SafeConstructor()
 
 
@@ -161,7 +162,7 @@ def to_number(value: Any) -> Optional[float]:
             return None
         if f != f or f in (float("inf"), float("-inf")):
             return None
-        return int(f) if f.is_integer() and re.fullmatch(r"[+-]?\d+(\.0*)?([eE]\+?\d+)?", s) else f
+        return int(f) if f.is_integer() and _INTEGRAL.fullmatch(s) else f
     return None
 
 

@@ -24,6 +24,9 @@ from .torchtitan import is_torchtitan
 from .sbatch import split_options
 from .values import MARK_OPEN, Tok
 
+_PYTHON = re.compile(r"python[0-9.]*|pypy[0-9.]*")
+_HYDRA_OVERRIDE = re.compile(r"[+~]{0,2}(trainer|model|exp_manager)\.[A-Za-z_.]+=")
+
 MEGATRON_FLAGS = {
     "--num-layers", "--hidden-size", "--num-attention-heads", "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--seq-length",
@@ -83,7 +86,7 @@ def _base(text: str) -> str:
 
 
 def _is_python(base: str) -> bool:
-    return bool(re.fullmatch(r"python[0-9.]*|pypy[0-9.]*", base))
+    return bool(_PYTHON.fullmatch(base))
 
 
 def classify(toks: list, where: str = "") -> Classified:
@@ -223,7 +226,7 @@ def _entry(c: Classified, script: Tok, args: list) -> Classified:
         c.kind, c.launcher, c.script, c.args, c.framework_hint = "launch", "deepy", script, args, "neox"
         return c
     hydra = any(a.text.startswith(("--config-path", "--config-name")) for a in args) or \
-        any(re.match(r"[+~]{0,2}(trainer|model|exp_manager)\.[A-Za-z_.]+=", a.text) for a in args)
+        any(_HYDRA_OVERRIDE.match(a.text) for a in args)
     if is_torchtitan(c.python_module, script, args):
         hint = "torchtitan"
     elif is_llmfoundry(c.launcher, c.python_module, script, args):

@@ -23,6 +23,7 @@ from .shell import Launch, Shell
 from .values import MARK_OPEN, Tok, Unknowns, sanitize_text
 
 log = logging.getLogger(__name__)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def parse_script(path: Optional[str], text: Optional[str] = None, *, request: Optional[SlurmRequest] = None,
@@ -106,7 +107,7 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
     u = Unknowns()
     shell_env: dict = {}
     for k, v in (env or {}).items():
-        if isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+        if isinstance(k, str) and isinstance(v, str) and _ENV_NAME.fullmatch(k):
             shell_env[k] = (sanitize_text(v)[:65536], "environment")
     origin_of = {"SLURM_NNODES": "request.nodes", "SLURM_JOB_NUM_NODES": "request.nodes",
                  "SLURM_NTASKS": "request.ntasks", "SLURM_NPROCS": "request.ntasks",
