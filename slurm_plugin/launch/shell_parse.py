@@ -34,6 +34,7 @@ _REDIR = re.compile(r"(\d{0,2})(>>|>&|>\||<<<|<<-|<<|<&|<>|>|<)|&>>|&>")
 _PLAIN_WORD = re.compile(r"[^\s'\"\\$`;&|<>()]+")
 _BLANK = re.compile(r"(?:[ \t\r\f\v]|\\\n)*")
 _SPECIAL_PARAMS = set("@*#?$!-0123456789")
+_RUNS = {"cmd": _CMD_RUN, "cond": _COND_RUN, "brace": _BRACE_RUN, "dq": _DQ_RUN, "heredoc": _HD_RUN}
 _ANSI = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f",
          "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
 
@@ -466,6 +467,7 @@ class Parser:
         assigns: list = []
         words: list = []
         redirs: list = []
+        decl = None     # whether words[0] declares (export, local ...): read once it is there
         while True:
             self._skip_blanks()
             if self.pos >= self.n:
@@ -488,7 +490,8 @@ class Parser:
             if c == "#":
                 self._skip_comment()
                 continue
-            m = _REDIR.match(self.text, self.pos)
+            # Only a (Unicode) digit or '<' / '>' can start a redirection here ('&' is above).
+            m = _REDIR.match(self.text, self.pos) if c in "<>" or c.isdecimal() else None
             if m and (m.group(1) or c in "<>"):
                 if c == "<" and self.text.startswith("<(", self.pos) or c == ">" and self.text.startswith(">(", self.pos):
                     words.append(self._word("cmd"))
@@ -507,7 +510,7 @@ class Parser:
                 if am:
                     assigns.append(self._assignment(am))
                     continue
-            elif words and _is_decl(words[0]):
+            elif decl if decl is not None else (decl := _is_decl(words[0])):
                 am = _ASSIGN.match(self.text, self.pos)
                 if am:
                     words.append(self._assignment(am))
@@ -653,7 +656,7 @@ class Parser:
         parts: list = []
         text, n = self.text, self.n
         quoted_ctx = ctx in ("dq", "heredoc")
-        run = {"cmd": _CMD_RUN, "cond": _COND_RUN, "brace": _BRACE_RUN, "dq": _DQ_RUN, "heredoc": _HD_RUN}[ctx]
+        run = _RUNS[ctx]
         size = 0
         while self.pos < n:
             c = text[self.pos]
@@ -954,6 +957,8 @@ _PAREN_OR_NL = re.compile(r"[()\n]")
 
 def _merge_literals(parts: list) -> list:
     """Join neighbouring literals of the same quoting and line into one (linear time)."""
+    if len(parts) < 2:
+        return parts
     out: list = []
     run: list = []
     for p in parts:
