@@ -156,6 +156,8 @@ def to_number(value: Any) -> Optional[float]:
         s = value.strip().replace("_", "")
         if MARK_OPEN in s:
             return None
+        if len(s) <= 15 and s.isdigit() and s.isascii():
+            return int(s)     # what float() then the integral pattern give, exact below 1e15
         try:
             f = float(s)
         except ValueError:

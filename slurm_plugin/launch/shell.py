@@ -196,13 +196,13 @@ class Shell:
 
     def text_of(self, name: str) -> Optional[str]:
         v = self.get_var(name)
-        return None if v is None else "".join(s[0] for s in v)
+        return None if v is None else "".join([s[0] for s in v])
 
     def snapshot_env(self) -> dict:
         out = {}
         for k, v in self.vars.items():
             val = v.value if v.value is not None else (v.array.get("0") if v.array else [])
-            out[k] = "".join(s[0] for s in (val or []))
+            out[k] = "".join([s[0] for s in (val or [])])
         return out
 
     # ================================================================== execution
@@ -1779,7 +1779,7 @@ def _join_star(elems: "_Multi") -> list:
 
 
 def _flat(val: list) -> str:
-    return "".join(s[0] for s in val)
+    return "".join([s[0] for s in val])
 
 
 def _short(argv: list) -> str:

@@ -89,7 +89,7 @@ class Tok:
 
     @classmethod
     def of(cls, segs: list) -> "Tok":
-        return cls("".join(s[0] for s in segs), segs)
+        return cls("".join([s[0] for s in segs]), segs)
 
     def origin_at(self, offset: int = 0) -> str:
         """Origin of the character at ``offset`` (the first non-empty piece at or after it)."""
