@@ -222,14 +222,14 @@ def _build_section(section: str, values: Mapping[str, Any], source: str) -> Any:
         kind = kinds.get(key) if isinstance(key, str) else None
         if kind is None:
             raise JobError(dotted, "unknown key" + _did_you_mean(str(key), kinds), source)
-        kwargs[key] = _coerce(dotted, kind, value, source)
+        kwargs[key] = _coerce(dotted, key, kind, value, source)
     for req, key in _REQUIRED_BY_SECTION[section]:
         if key not in kwargs:
             raise JobError(req, "required key is missing", source)
     return cls(**kwargs)
 
 
-def _coerce(dotted: str, kind: str, value: Any, source: str) -> Any:
+def _coerce(dotted: str, key: str, kind: str, value: Any, source: str) -> Any:
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -244,7 +244,7 @@ def _coerce(dotted: str, kind: str, value: Any, source: str) -> Any:
             value = int(value)
         if value < 0:
             raise JobError(dotted, f"must not be negative, got {value}", source)
-        limit = _MAX.get(dotted.split(".")[1])
+        limit = _MAX.get(key)
         if limit is not None and value > limit:
             raise JobError(dotted, f"{value} is beyond any sane size (at most {limit})", source)
         return value
@@ -265,7 +265,7 @@ def _coerce(dotted: str, kind: str, value: Any, source: str) -> Any:
             raise JobError(dotted, f"must be a list of integers, got {value!r}", source)
         if len(value) > _MAX_SPLIT_ENTRIES:
             raise JobError(dotted, f"has {len(value)} entries, beyond any sane pipeline", source)
-        limit = _MAX.get(dotted.split(".")[1], 0)
+        limit = _MAX.get(key, 0)
         out = []
         for i, v in enumerate(value):
             if isinstance(v, bool) or not isinstance(v, (int, float)) \
