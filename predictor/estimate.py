@@ -204,7 +204,7 @@ class QuerySet:
         return h, new
 
     def op(self, name: str, direction: str, precision: str, shape: Mapping[str, float]) -> int:
-        key = ("op", name, direction, precision, tuple(float(shape[f]) for f in OPERATORS[name].features))
+        key = ("op", name, direction, precision, tuple([float(shape[f]) for f in OPERATORS[name].features]))
         h, new = self._ask(key)
         if not new:               # asked before in this set (another stage, another candidate)
             return h
@@ -338,7 +338,7 @@ class QuerySet:
                     distinct_rows.append(r + _PAD[len(r):])
                     distinct_keys.append(model_key)
                 gather.append(at)
-            handles.extend(h for h, _, _ in rows)
+            handles.extend([h for h, _, _ in rows])
             out.attention.extend([name.startswith("flash_atten")] * len(rows))
             if len(rows) <= _FLOAT_ROWS:
                 for _, shape, _ in rows:
