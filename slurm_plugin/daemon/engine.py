@@ -178,6 +178,7 @@ class Engine:
         self.pending: dict[str, Any] = {}
         self._predictions = LRU(min(WORKER_CACHE, config.daemon.cache_size))  # worker: job -> facts
         self._pw = LRU(PASSWD_CACHE)
+        self._request_fields: dict[Any, set[str]] = {}     # slurm_request's field names, read once
         self.loaded_at = time.time()
         # {partition: (MaxTime minutes or None, is default)} from Slurm itself; only filled for
         # the user socket (cli_filter.lua cannot see part_list; job_submit.lua sends it).
@@ -401,7 +402,9 @@ class Engine:
         if ctor is None:
             return values
         if dataclasses.is_dataclass(ctor):
-            names = {f.name for f in dataclasses.fields(ctor)}
+            names = self._request_fields.get(ctor)
+            if names is None:
+                names = self._request_fields[ctor] = {f.name for f in dataclasses.fields(ctor)}
             values = {k: v for k, v in values.items() if k in names}
         return ctor(**values)
 

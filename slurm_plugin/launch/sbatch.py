@@ -293,18 +293,21 @@ def read_directives(text: str, label: str, budget: Optional[Budget] = None) -> D
     return d
 
 
+_REQUEST_FIELDS = tuple(f.name for f in fields(SlurmRequest))
+
+
 def merge_request(script: Directives, caller: Optional[SlurmRequest]) -> tuple[SlurmRequest, dict[str, str]]:
     """Caller's (command line) values win over the script's."""
-    out = SlurmRequest(**{f.name: getattr(script.request, f.name) for f in fields(SlurmRequest)})
+    out = SlurmRequest(**{name: getattr(script.request, name) for name in _REQUEST_FIELDS})
     prov = {k: v for k, v in script.provenance.items()}
     if caller is not None:
-        for f in fields(SlurmRequest):
-            v = getattr(caller, f.name)
+        for name in _REQUEST_FIELDS:
+            v = getattr(caller, name)
             if v is not None:
-                setattr(out, f.name, v)
-                prov[f"request.{f.name}"] = "request"
-                prov.pop(f"request.{f.name}.invalid", None)
-                if f.name == "gpus_per_node":
+                setattr(out, name, v)
+                prov[f"request.{name}"] = "request"
+                prov.pop(f"request.{name}.invalid", None)
+                if name == "gpus_per_node":
                     script.gpus_total = None
                     script.gpus_per_task = None
     return out, prov
