@@ -34,6 +34,7 @@ _REDIR = re.compile(r"(\d{0,2})(>>|>&|>\||<<<|<<-|<<|<&|<>|>|<)|&>>|&>")
 _PLAIN_WORD = re.compile(r"[^\s'\"\\$`;&|<>()]+")
 _BLANK = re.compile(r"(?:[ \t\r\f\v]|\\\n)*")
 _SPECIAL_PARAMS = set("@*#?$!-0123456789")
+_CMD_BREAK = frozenset(" \t\r\n;&|<>()\f\v")    # what ends a word in a command (see _parts)
 _RUNS = {"cmd": _CMD_RUN, "cond": _COND_RUN, "brace": _BRACE_RUN, "dq": _DQ_RUN, "heredoc": _HD_RUN}
 _ANSI = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f",
          "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
@@ -653,8 +654,17 @@ class Parser:
 
     def _parts(self, ctx: str, stop: str = "") -> list:
         """Word parts in context ``ctx``: cmd | cond | brace | dq | heredoc."""
-        parts: list = []
         text, n = self.text, self.n
+        if ctx == "cmd":
+            # Most command words are one plain run up to a word break: one literal, as below.
+            m = _CMD_RUN.match(text, self.pos)
+            if m is not None:
+                end = m.end()
+                if (end >= n or text[end] in _CMD_BREAK) and end - self.pos <= MAX_VALUE_CHARS * 4:
+                    word = [Lit(m.group(0), self.line_at(self.pos), False)]
+                    self.pos = end
+                    return word
+        parts: list = []
         quoted_ctx = ctx in ("dq", "heredoc")
         run = _RUNS[ctx]
         size = 0
