@@ -721,6 +721,8 @@ class Shell:
     # ================================================================== expansion
     def expand(self, word: list) -> list:
         """A word -> fields (each a list of segments), with field splitting of unquoted expansions."""
+        if len(word) == 1 and type(word[0]) is Lit and not word[0].text.startswith("~"):
+            return [[(word[0].text, self.where(word[0].line))]]   # most words: one literal, as below
         fields: list = []
         cur: Optional[list] = None
         for p in word:
