@@ -183,7 +183,8 @@ def test_key_lists():
 
 def test_predictor_costs_llmfoundry_as_it_runs(tmp_path):
     """FlashAttention-2 when a job file names the framework and no kernel; FSDP1's per-layer hooks
-    (ZeRO-3) costed like FSDP2's (benchmarks/bench_fsdp1_host.py), where a host-bound job shows them."""
+    (ZeRO-3) costed like FSDP2's (benchmarks/bench_fsdp1_host.py), where a host-bound job shows them,
+    and, from a step's second micro-batch on, FSDP1's accumulation share more (predictor.host)."""
     import dataclasses
 
     from predictor.attention import default_impl
@@ -196,9 +197,14 @@ def test_predictor_costs_llmfoundry_as_it_runs(tmp_path):
     job = _ok(_run(tmp_path, COMPOSER + "\n", tiny))
     named = {fw: dataclasses.replace(job, run=dataclasses.replace(job.run, framework=fw))
              for fw in ("llm-foundry", "", "torchtitan")}
+    one = {f"{fw} m1": dataclasses.replace(j, layout=dataclasses.replace(j.layout, micro_batches=1))
+           for fw, j in named.items()}
+    named.update(one)
     got = dict(zip(named, (p.iteration_seconds for p in predict_many(list(named.values()),
                                                                     load_platform("dgx-h100")))))
-    assert got["llm-foundry"] > got[""] and got["llm-foundry"] == pytest.approx(got["torchtitan"])
+    assert job.layout.micro_batches > 1
+    assert got["llm-foundry"] > got["torchtitan"] > got[""]
+    assert got["llm-foundry m1"] > got[" m1"] and got["llm-foundry m1"] == pytest.approx(got["torchtitan m1"])
 
 
 @pytest.mark.parametrize("edit, words", [
