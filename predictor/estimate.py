@@ -991,7 +991,7 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
                                           + len(pipeline.p2p[i][1].parts),
                                           fsdp_layers=n if fsdp else 0, compiled=job.run.compile,
                                           zero3_layers=n if zero3 else 0,
-                                          checkpoint=checkpoint_wrapper_for(job.run.framework, lay.recompute),
+                                          checkpoint=checkpoint_wrapper_for(job.run.framework, lay.recompute, fsdp),
                                           fsdp_share=fsdp_hook_share(job.run.framework, lay.zero_stage,
                                                                      lay.micro_batches))
                   + n * layer_sync_seconds

@@ -150,12 +150,13 @@ class EngineCosts:
         return cls(source=source, **{k: _seconds(d[k], where, f"{key}.{k}") for k in _ENGINE_KEYS})
 
 
-def checkpoint_wrapper_for(framework: str, recompute: str) -> str:
+def checkpoint_wrapper_for(framework: str, recompute: str, fsdp: bool = True) -> str:
     """The :data:`CHECKPOINT_WRAPPERS` entry that checkpoints a job's layers, once per layer and
     micro-batch, or "" without recomputation.  Full and selective recomputation wrap each layer
     once: Megatron's selective recomputation checkpoints the attention core through the same
     function as its full one (Megatron-DeepSpeed's through DeepSpeed's once configured), and
-    TorchTitan's selective one is op-level SAC around the whole layer."""
+    TorchTitan's selective one is op-level SAC around the whole layer.  ``fsdp``: the job's layers
+    are FSDP-sharded (TorchTitan's and llm-foundry's full AC then pays ``torch_fsdp``)."""
     if recompute not in ("full", "selective"):
         return ""
     # GPT-NeoX, DeepSpeed and Megatron-DeepSpeed configure deepspeed.checkpointing (mpu, RNG
@@ -167,7 +168,9 @@ def checkpoint_wrapper_for(framework: str, recompute: str) -> str:
     if framework == "torchtitan" and recompute == "selective":
         return "torch_op_sac"
     if framework in FSDP_FRAMEWORKS and recompute == "full":
-        return "torch_fsdp"
+        # The GPU figure holds FSDP's hooks passed again in the recompute; without FSDP
+        # (``fsdp`` False: ZeRO below 2) the block's wrapper is PyTorch's plain one.
+        return "torch_fsdp" if fsdp else "torch"
     if not framework and recompute == "selective":
         # perfcast's selective recomputation is Megatron's (the attention core); PyTorch's
         # non-reentrant hooks, measured around a whole layer, would overstate a wrap of the core.

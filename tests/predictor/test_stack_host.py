@@ -86,10 +86,10 @@ def test_a_compiled_model_issues_its_layers_at_the_measured_share():
                                "run": {"compile": "sometimes"}})
 
 
-def _recompute_job(recompute: str, framework: str, layers: int = 4) -> TrainingJob:
+def _recompute_job(recompute: str, framework: str, layers: int = 4, zero_stage: int = 0) -> TrainingJob:
     return TrainingJob.from_dict({"model": {"layers": layers, "hidden": 512, "heads": 8, "seq_len": 1024},
                                   "layout": {"micro_batch": 1, "micro_batches": 2, "recompute": recompute,
-                                             "zero_stage": 0},
+                                             "zero_stage": zero_stage},
                                   "run": {"precision": "bf16", **({"framework": framework} if framework else {})}})
 
 
@@ -102,13 +102,18 @@ def test_full_recomputation_pays_the_forward_and_its_frameworks_wrapper_per_laye
     h = plat.host
     assert checkpoint_wrapper_for(framework, "full") == wrapper
     assert checkpoint_wrapper_for(framework, "none") == ""
+    # Without FSDP a block's full AC is PyTorch's plain wrapper: no FSDP hooks in its recompute.
+    assert checkpoint_wrapper_for(framework, "full", fsdp=False) == ("torch" if wrapper == "torch_fsdp" else wrapper)
     assert h.checkpoint_layer_seconds[wrapper] > 0
-    none = _host_per_micro_batch(_recompute_job("none", framework), plat)[0]
-    full = _host_per_micro_batch(_recompute_job("full", framework), plat)[0]
+    # TorchTitan's and llm-foundry's blocks are FSDP-sharded (ZeRO-3) as they run; their hooks
+    # cost the same with and without recomputation.
+    zero = 3 if wrapper == "torch_fsdp" else 0
+    none = _host_per_micro_batch(_recompute_job("none", framework, zero_stage=zero), plat)[0]
+    full = _host_per_micro_batch(_recompute_job("full", framework, zero_stage=zero), plat)[0]
     assert full - none == pytest.approx(4 * (h.layer_forward_seconds + h.checkpoint_layer_seconds[wrapper]))
     # A platform file written before the wrappers were measured charges the forward alone, as before.
     old = dataclasses.replace(plat, host=dataclasses.replace(h, checkpoint_layer_seconds={}))
-    assert _host_per_micro_batch(_recompute_job("full", framework), old)[0] - none == \
+    assert _host_per_micro_batch(_recompute_job("full", framework, zero_stage=zero), old)[0] - none == \
         pytest.approx(4 * h.layer_forward_seconds)
 
 
@@ -154,9 +159,12 @@ def test_a_host_table_without_the_fsdp_wrapper_costs_it_as_torch_s():
     h = plat.host
     cpu_only = {w: v for w, v in h.checkpoint_layer_seconds.items() if w != "torch_fsdp"}
     site = dataclasses.replace(plat, host=dataclasses.replace(h, checkpoint_layer_seconds=cpu_only))
-    none = _host_per_micro_batch(_recompute_job("none", "torchtitan"), site)[0]
-    full = _host_per_micro_batch(_recompute_job("full", "torchtitan"), site)[0]
+    none = _host_per_micro_batch(_recompute_job("none", "torchtitan", zero_stage=3), site)[0]
+    full = _host_per_micro_batch(_recompute_job("full", "torchtitan", zero_stage=3), site)[0]
     assert full - none == pytest.approx(4 * (h.layer_forward_seconds + h.checkpoint_layer_seconds["torch"]))
+    # ... where the shipped table has it, FSDP-sharded full AC pays the GPU's figure.
+    shipped = _host_per_micro_batch(_recompute_job("full", "torchtitan", zero_stage=3), plat)[0]
+    assert shipped - none == pytest.approx(4 * (h.layer_forward_seconds + h.checkpoint_layer_seconds["torch_fsdp"]))
 
 
 def test_fsdp1_pays_its_accumulation_share_on_each_micro_batch_after_the_first():
