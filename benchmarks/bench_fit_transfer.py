@@ -296,9 +296,10 @@ def bench_site(plat, runs: list[MeasuredRun], sizes: Sequence[int], draws: int, 
             after = predict_many([r.job for r in test], site)
             ups.extend(p.interval_seconds[1] / p.iteration_seconds for p in after)
             for r, p in zip(test, after):
-                per_kind.setdefault(kind_of(r.job).key, []).append(abs(p.iteration_seconds / r.measured_iteration_seconds - 1))
+                kind = kind_of(r.job).key
+                per_kind.setdefault(kind, []).append(abs(p.iteration_seconds / r.measured_iteration_seconds - 1))
                 if _fill_kills([r], [p], margin, level):
-                    killed[kind_of(r.job).key] = killed.get(kind_of(r.job).key, 0) + 1
+                    killed[kind] = killed.get(kind, 0) + 1
             tot["n"] += len(test)
             tot["mb"] += _mape(test, [p.iteration_seconds for p in before]) * len(test)
             tot["ma"] += _mape(test, [p.iteration_seconds for p in after]) * len(test)

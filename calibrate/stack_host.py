@@ -347,23 +347,25 @@ def fsdp1_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
             "per_config": {f"{k}_{n}": s for (k, n), s in per.items()}}
 
 
+def _job_key(job: dict, drop_model_key: str = "") -> str:
+    """A job dict's shape as a hashable key (sections and keys sorted), ``drop_model_key`` left out."""
+    rest = {k: dict(v) for k, v in job.items()}
+    rest.get("model", {}).pop(drop_model_key, None)
+    return repr(sorted((k, sorted(v.items())) for k, v in rest.items()))
+
+
 def _depth_series(rows: Sequence[dict], stacks: tuple[str, str]) -> tuple[dict, list[int], dict[str, float]]:
     """The widest set of rows of both ``stacks`` that differ in ``model.layers`` only: its job,
     the depths both measured, and each stack's seconds per layer (the slope over those depths).
     A step measured more than once counts at its fastest (what a repeat adds is the machine's);
     between series of as many depths, the one of more micro-batches (more host work per step).
     Raises ValueError without two depths of each."""
-    def shape(job: dict) -> str:
-        rest = {k: dict(v) for k, v in job.items()}
-        rest["model"].pop("layers", None)
-        return repr(sorted((k, sorted(v.items())) for k, v in rest.items()))
-
     series: dict[str, dict[str, dict[int, float]]] = {}
     jobs: dict[str, dict] = {}
     for r in rows:
         if "error" in r or r.get("stack") not in stacks:
             continue
-        key = shape(r["job"])
+        key = _job_key(r["job"], "layers")
         jobs[key] = r["job"]
         depth = series.setdefault(key, {}).setdefault(r["stack"], {})
         layers, seconds = int(r["job"]["model"]["layers"]), float(r["measured_iteration_seconds"])
@@ -408,7 +410,7 @@ def gpu_fsdp1_accumulation_ratio(rows: Sequence[dict], bytes_per_second: float) 
     for r in rows:
         if "error" in r or r.get("stack") not in ("fsdp", "fsdp1") or row_label(r) != r["stack"]:
             continue
-        key = (r["stack"], repr(sorted((k, sorted(v.items())) for k, v in r["job"].items())))
+        key = (r["stack"], _job_key(r["job"]))
         seconds = float(r["measured_iteration_seconds"])
         if key not in fastest or seconds < fastest[key][0]:
             fastest[key] = (seconds, r["job"])

@@ -108,15 +108,17 @@ def attention_ran(row: dict, provenance: dict) -> tuple[str, bool]:
 
 def _named_kernel(stack: str, job: dict, kernel: str, pinned: bool, provenance: dict) -> str:
     """The ``model.attention_impl`` the run states ("" = the launch's default is what ran)."""
-    from predictor.attention import SAME_KERNEL, default_impl
+    from predictor.attention import SAME_KERNEL, default_impl, is_hopper_or_newer
+
+    from .env import published_spec
 
     if not kernel:
         return ""
     if stack in _NO_FRAMEWORK:
         return kernel if pinned else ""
     framework = stack_job(job, stack).get("run", {}).get("framework", "")
-    gpu = str(provenance.get("gpu", ""))
-    default = default_impl(framework, hopper=any(g in gpu for g in ("H100", "H200", "GH200", "B200")))
+    spec = published_spec(str(provenance.get("gpu", "")))
+    default = default_impl(framework, hopper=spec is not None and is_hopper_or_newer(spec.tflops))
     return "" if SAME_KERNEL.get(kernel, kernel) == SAME_KERNEL.get(default, default) else kernel
 
 

@@ -599,6 +599,8 @@ class _LayerTerms:
     # Context parallelism: (K/V passes fwd, attention fwd, passes bwd, attention bwd).
     cp_ring: Optional[tuple[_Term, _Term, _Term, _Term]] = None
     tp_ub: Optional[list[_Term]] = None     # --tp-comm-overlap (_tp_overlap_terms)
+    # DeepSpeed's checkpointing options on the layer (None: none in effect); the host pays them too.
+    checkpoint_costs: Optional[checkpointing.LayerCheckpointCosts] = None
 
 
 @dataclass
@@ -752,23 +754,25 @@ def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBat
     elif lay.recompute == "selective":
         layer_bwd.extend(core_fwd)
     # After the recompute is folded in: the checkpoint function's own work is not recomputed.
-    _checkpoint_option_terms(job, plat, q, grp, layer_fwd, layer_bwd, mp_bwd, warnings)
-    return _LayerTerms(layer_fwd, layer_bwd, core_fwd, core_bwd, mp_fwd, mp_bwd, cp_ring, tp_ub)
+    ckpt = _checkpoint_option_terms(job, plat, q, grp, layer_fwd, layer_bwd, mp_bwd, warnings)
+    return _LayerTerms(layer_fwd, layer_bwd, core_fwd, core_bwd, mp_fwd, mp_bwd, cp_ring, tp_ub, ckpt)
 
 
 def _checkpoint_option_terms(job: TrainingJob, plat: Platform, q: QuerySet, grp: Mapping[str, Group],
-                             layer_fwd: _Term, layer_bwd: _Term, mp_bwd: _Term, warnings: list[str]) -> None:
+                             layer_fwd: _Term, layer_bwd: _Term, mp_bwd: _Term,
+                             warnings: list[str]) -> Optional[checkpointing.LayerCheckpointCosts]:
     """The checkpoint function's options on one checkpointed layer (predictor/checkpointing.py):
     the partitioned input's all-gather over the TP group before the recompute (a TP collective on the
     critical path), the slice's copies, the copies to and from host memory, and the device's idle
-    time after each synchronisation (a round trip and one launch)."""
+    time after each synchronisation (a round trip and one launch).  Returns the costs (None where
+    no option is in effect), which the host's terms read too."""
     lay, prec = job.layout, job.run.precision
     note = checkpointing.unapplied_warning(lay, job.run.framework)
     if note:
         warnings.append(note)
     costs = checkpointing.layer_costs(job.model, lay, BYTES_PER_ELEMENT[prec], job.run.framework)
     if costs is None:
-        return
+        return None
     if costs.gather_shard_entries:
         gather = _Term().add(q.coll("allgather", costs.gather_shard_entries, grp["tp"], prec))
         layer_bwd.extend(gather)
@@ -790,6 +794,7 @@ def _checkpoint_option_terms(job: TrainingJob, plat: Platform, q: QuerySet, grp:
         wait = _sync_wait_seconds(plat)
         layer_fwd.add(q.seconds("checkpoint_sync", wait), costs.syncs_forward)
         layer_bwd.add(q.seconds("checkpoint_sync", wait), costs.syncs_backward)
+    return costs
 
 
 def _sync_wait_seconds(plat: Platform) -> float:
@@ -974,7 +979,7 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
         layer_calls += 2 * passes
     # DeepSpeed's checkpointing options: the partition's all-gather is one more collective call, its
     # copies and the host copies more launches; each synchronisation the host waits out too.
-    ckpt = checkpointing.layer_costs(job.model, lay, BYTES_PER_ELEMENT[job.run.precision], job.run.framework)
+    ckpt = layer.checkpoint_costs
     layer_sync_seconds = 0.0
     if ckpt is not None:
         layer_calls += 1 if ckpt.gather_shard_entries else 0

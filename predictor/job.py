@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from .checkpointing import MEGATRON_CORE_FRAMEWORKS, options_set
 from .errors import JobError
 # The job's parts and key names, re-exported: predictor.job is where callers find them.
 from .specs import (ACTIVATIONS, ATTENTION_IMPLS, ATTENTIONS, DEEPSPEED_PIPELINE_FRAMEWORKS,  # noqa: F401
@@ -333,8 +334,9 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
         _check_overlaps(lay, framework)
     if lay.tp_comm_overlap:
         _check_tp_overlap(m, lay, framework)
-    if lay.partition_activations or lay.checkpoint_in_cpu or lay.checkpoint_sync_each_layer:
-        _check_ds_checkpointing(lay, framework)
+    on = options_set(lay)
+    if on:
+        _check_ds_checkpointing(on, framework)
     if lay.cp > 1:
         # Megatron splits each sequence into 2·cp chunks (load-balanced causal attention).
         if m.seq_len % (2 * lay.cp):
@@ -396,7 +398,7 @@ def _check_tp_overlap(m: ModelSpec, lay: Layout, framework: str) -> None:
                             "layout.sequence_parallel = true (as Megatron-LM requires)")
 
 
-def _check_ds_checkpointing(lay: Layout, framework: str) -> None:
+def _check_ds_checkpointing(on: tuple[str, ...], framework: str) -> None:
     """DeepSpeed's activation-checkpointing options exist where DeepSpeed's checkpoint function
     wraps the layers (GPT-NeoX, DeepSpeed, Megatron-DeepSpeed, or a job that names no framework);
     Megatron-LM's own function has the partitioning (--distribute-saved-activations).  Where they
@@ -405,9 +407,9 @@ def _check_ds_checkpointing(lay: Layout, framework: str) -> None:
     recomputation too."""
     if not framework or framework in DEEPSPEED_PIPELINE_FRAMEWORKS:
         return
-    allowed = ("partition_activations",) if framework == "megatron" else ()
-    for key in ("partition_activations", "checkpoint_in_cpu", "checkpoint_sync_each_layer"):
-        if getattr(lay, key) and key not in allowed:
+    allowed = ("partition_activations",) if framework in MEGATRON_CORE_FRAMEWORKS else ()
+    for key in on:
+        if key not in allowed:
             raise JobError(f"layout.{key}", f"is an option of DeepSpeed's activation checkpointing (run.framework "
                                             f"{', '.join(repr(f) for f in DEEPSPEED_PIPELINE_FRAMEWORKS)}"
                                             f"{'; Megatron-LM has partition_activations only' if allowed else ''}); "

@@ -43,7 +43,8 @@ from calibrate.env import KNOWN_GPUS  # noqa: E402
 from calibrate.fitting import BundleFitter, convert_bundle  # noqa: E402
 from calibrate.fitting.host import platform_host_table  # noqa: E402
 from calibrate.importers import import_estimate_train_time  # noqa: E402
-from calibrate.stack_host import gpu_checkpoint_layer_seconds, gpu_fsdp_layer_seconds  # noqa: E402
+from calibrate.stack_host import (GPU_CHECKPOINT_WRAPPERS, gpu_checkpoint_layer_seconds,  # noqa: E402
+                                  gpu_fsdp_layer_seconds)
 from calibrate.validate import load_runs, validate_platform  # noqa: E402
 from predictor.bundle import MANIFEST, load_bundle  # noqa: E402
 from predictor.host import CHECKPOINT_WRAPPERS  # noqa: E402
@@ -181,11 +182,11 @@ def stack_prior() -> tuple[dict, str]:
     # FSDP2 with each against without, interleaved in one call.
     ckpt = json.loads(ckpt_steps.read_text(encoding="utf-8"))
     forward = host_costs(RUNS / "h100-lent" / "host.toml")["layer_forward_seconds"]
-    gpu_ckpt = {r: gpu_checkpoint_layer_seconds(ckpt["rows"], r, forward) for r in ("selective", "full")}
-    for measured in gpu_ckpt.values():
-        wrapper = next(k for k in measured if k in CHECKPOINT_WRAPPERS)
+    gpu_ckpt = {w: gpu_checkpoint_layer_seconds(ckpt["rows"], r, forward)
+                for r, w in GPU_CHECKPOINT_WRAPPERS.items()}
+    for wrapper, measured in gpu_ckpt.items():
         checkpoint[wrapper] = round(measured[wrapper], 8)
-    depths = gpu_ckpt["selective"]["depths"]
+    depths = gpu_ckpt["torch_op_sac"]["depths"]
     meta, zmeta, gpu = runs[0]["provenance"], zero3_runs[0]["provenance"], steps["provenance"]
     cmeta = ckpt_runs[0]["provenance"]
     values = {"collective_seconds": round(collective, 8), "fsdp_layer_seconds": round(fsdp["fsdp_layer_seconds"], 7),
