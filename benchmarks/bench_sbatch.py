@@ -174,6 +174,13 @@ def main() -> int:
         except OSError:
             return 0, 0
 
+    def machine_cpu_ns() -> int:
+        """CPU time so far of the whole machine (every process: sbatch, munged, slurmctld, the
+        daemon, this script), from /proc/stat: what a submission costs all told."""
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
+        return (user + nice + system + irq + softirq) * 10**9 // os.sysconf("SC_CLK_TCK")
+
     def submit_one(script: Path, out: list) -> None:
         t0 = time.perf_counter()
         p = subprocess.run(["sbatch", "--parsable", "--hold", str(script)], env=env,
@@ -197,6 +204,7 @@ def main() -> int:
 
     times = {"perfcast": [], "trivial": []}
     cpu_ns = [0, 0]     # perf-predictd's CPU during the timed perfcast blocks: daemon, children
+    machine_ns = {"perfcast": 0, "trivial": 0}    # the whole machine's CPU in each variant's blocks
     ready = 0
     sample = {}
     try:
@@ -212,8 +220,10 @@ def main() -> int:
                 submit()   # the first call after a switch reloads the script: not timed
                 before, ready_before = served()
                 cpu_before = daemon_cpu_ns()
+                machine_before = machine_cpu_ns()
                 for _ in range(k):
                     times[name].extend(dt for dt, _ in submit())
+                machine_ns[name] += machine_cpu_ns() - machine_before
                 cpu_after = daemon_cpu_ns()
                 after, ready_after = served()
                 if name == "perfcast":
@@ -246,6 +256,9 @@ def main() -> int:
     n = max(1, len(times["perfcast"]))
     print(f"perf-predictd CPU per perfcast submission: daemon {cpu_ns[0] / n / 1e6:.2f} ms, "
           f"its workers and record writer {cpu_ns[1] / n / 1e6:.2f} ms")
+    print("the machine's CPU per submission (every process, its other load included): "
+          + ", ".join(f"{name} {machine_ns[name] / max(1, len(times[name])) / 1e6:.2f} ms"
+                      for name in times))
     print(f"({'new job shapes' if args.distinct else 'one job shape'}, {args.concurrent} at once, "
           f"{'no warm-up' if args.no_prewarm else 'cli_filter.lua warm-up'})")
     print(f"target: median ratio <= {1.5 if args.concurrent == 1 else 2}")
