@@ -255,8 +255,8 @@ SHIPPED_KIND_SPREADS: tuple[KindSpread, ...] = (
 
 # Where a rule's half-widths came from (IntervalRule.source): the four of a platform's runs, and the
 # three of a per-kind fit ([[fitted_kind]]): "kind" (the kind's own runs, n >= MIN_OWN_RUNS),
-# "kind-pooled" (the platform's rule widened by the kind's mean residual on its side, and to the
-# kind's worst runs), "unseen-kind" (a kind with no runs: no narrower than the spread measured
+# "kind-pooled" (the platform's rule times sqrt(1 + 1/n) around the kind's mean residual, and to
+# the kind's worst runs), "unseen-kind" (a kind with no runs: no narrower than the spread measured
 # across kinds).
 SOURCES = ("own", "pooled", "bundle", "prior", "kind", "kind-pooled", "unseen-kind")
 
@@ -342,8 +342,8 @@ class IntervalRule:
         leave-one-out ``log(measured / predicted)`` of the kind's runs (None: a kind with no runs).
 
         A kind with :data:`MIN_OWN_RUNS` runs or more gets its own conformal quantile; one with
-        fewer, this rule widened on the side of the runs' mean residual by that residual, and on
-        each side to its worst run; a kind with none, this rule
+        fewer, this rule's half-widths times sqrt(1 + 1/n) around the runs' mean residual, never
+        narrower than this rule and reaching its worst run on each side; a kind with none, this rule
         widened to ``unseen_bound`` (the spread measured across kinds): a stack never seen gets a
         safe limit, a well-known one a tight limit."""
         if scores is None:
@@ -356,9 +356,12 @@ class IntervalRule:
         # Too few runs for a quantile of their own, but enough to show the kind's offset from the
         # models: the platform's spread around that offset, never narrower than the platform's rule
         # or the kind's worst run (the worst run alone covers a next run only n/(n+1) of the time).
+        # The offset is the mean of n runs, so a next run's distance from it has the variance of
+        # one run's and the mean's together: (1 + 1/n) times one run's.
         offset = sum(s) / len(s)
-        low = max([self.low, self.low - offset] + [-x for x in s])
-        high = max([self.high, self.high + offset] + list(s))
+        widen = math.sqrt(1.0 + 1.0 / len(s))
+        low = max([self.low, widen * self.low - offset] + [-x for x in s])
+        high = max([self.high, widen * self.high + offset] + list(s))
         return IntervalRule(low, high, "kind-pooled", len(s), self.calibrated, self.alpha)
 
     @property
