@@ -26,7 +26,10 @@ end.  Prints median/p90 per variant, how many perfcast requests found their pred
 flight, perf-predictd's CPU time per perfcast submission (its own process; its workers and record
 writer: from the kernel's scheduler statistics, so other load on the machine does not inflate it),
 and the ratio of medians (target <= 1.5; with --concurrent, <= 2).  Jobs are cancelled
-afterwards.
+afterwards.  With ``PERFCAST_DEV_TIMING=true`` (given to the dev cluster when it is brought up,
+here or by hand) it also prints how long slurmctld spent in job_submit.lua per perfcast
+submission and how much of it was waiting for the daemon's answer: slurmctld runs the plugin
+one job at a time, so in a burst that time adds up across the queue of submissions.
 
 ``--distinct``: each submission is a job of its own shape (``--num-layers`` counts up), so every
 perfcast submission is a new prediction (no cache hit, no memoised shape).  ``--concurrent N``:
@@ -174,6 +177,31 @@ def main() -> int:
         except OSError:
             return 0, 0
 
+    ctld_log = base / "log" / "slurmctld.log"
+    lua_ms: list[dict[str, float]] = []   # job_submit.lua's phases per perfcast submission
+
+    def ctld_log_size() -> int:
+        try:
+            return ctld_log.stat().st_size
+        except OSError:
+            return 0
+
+    def lua_timings(start: int) -> list[dict[str, float]]:
+        """job_submit.lua's own timing lines written since ``start`` (PERFCAST_DEV_TIMING=true):
+        how long slurmctld held its job_submit lock per submission, and where it went."""
+        out = []
+        try:
+            with open(ctld_log, "rb") as fh:
+                fh.seek(start)
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            return out
+        for line in text.splitlines():
+            if "perfcast: timing_ms " in line:
+                pairs = line.split("timing_ms ", 1)[1].split()
+                out.append({k: float(v) for k, v in (p.split("=", 1) for p in pairs if "=" in p)})
+        return out
+
     def machine_cpu_ns() -> int:
         """CPU time so far of the whole machine (every process: sbatch, munged, slurmctld, the
         daemon, this script), from /proc/stat: what a submission costs all told."""
@@ -220,6 +248,7 @@ def main() -> int:
                 submit()   # the first call after a switch reloads the script: not timed
                 before, ready_before = served()
                 cpu_before = daemon_cpu_ns()
+                log_before = ctld_log_size()
                 machine_before = machine_cpu_ns()
                 for _ in range(k):
                     times[name].extend(dt for dt, _ in submit())
@@ -227,6 +256,7 @@ def main() -> int:
                 cpu_after = daemon_cpu_ns()
                 after, ready_after = served()
                 if name == "perfcast":
+                    lua_ms.extend(lua_timings(log_before))
                     cpu_ns[0] += cpu_after[0] - cpu_before[0]
                     cpu_ns[1] += cpu_after[1] - cpu_before[1]
                 reached = after - before
@@ -256,6 +286,16 @@ def main() -> int:
     n = max(1, len(times["perfcast"]))
     print(f"perf-predictd CPU per perfcast submission: daemon {cpu_ns[0] / n / 1e6:.2f} ms, "
           f"its workers and record writer {cpu_ns[1] / n / 1e6:.2f} ms")
+    if lua_ms:
+        total = [t.get("total", 0.0) for t in lua_ms]
+        answer = [t.get("answer", 0.0) for t in lua_ms]
+        print(f"job_submit.lua per perfcast submission (slurmctld runs it one job at a time): "
+              f"median {statistics.median(total):.2f} ms, mean {statistics.fmean(total):.2f} ms, "
+              f"of which waiting for the answer: median {statistics.median(answer):.2f} ms, "
+              f"mean {statistics.fmean(answer):.2f} ms")
+    else:
+        print("job_submit.lua's own timing: not logged (bring the dev cluster up with "
+              "PERFCAST_DEV_TIMING=true to see it)")
     print("the machine's CPU per submission (every process, its other load included): "
           + ", ".join(f"{name} {machine_ns[name] / max(1, len(times[name])) / 1e6:.2f} ms"
                       for name in times))
