@@ -702,8 +702,7 @@ def _predict_plans(job: TrainingJob, platform: Any, plans: Sequence[_Plan], opts
 
 
 def _with_note(c: Candidate, note: str) -> Candidate:
-    from dataclasses import replace
-    return replace(c, note=note)
+    return dataclasses.replace(c, note=note)
 
 
 def advise(job: TrainingJob, platform: Any, options: Optional[SearchOptions] = None,

@@ -24,18 +24,23 @@ roots); ``/var/lib/perfcast/platforms`` (what ``perf-calibrate schedule`` instal
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import logging
 import os
+import re
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .bundle import Bundle, check_manifest_pin, load_bundle
+from .bundle import MANIFEST, Bundle, check_manifest_pin, load_bundle, manifest_sha256
 from .errors import BundleError, PlatformNotFound, RunRecordError
 from .host import HostCosts
+from .kinds import JobKind
 from .network import FabricSharing, Links
 from .operators import GpuSpec
+from .samples import atomic_write, dump_toml
 from .validation import MeasuredRun, parse_runs
 
 if sys.version_info >= (3, 11):
@@ -323,7 +328,6 @@ class KindTerms:
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "KindTerms":
-        from .kinds import JobKind
         if not isinstance(d, dict):
             raise BundleError(f"{where}: must be a table")
         known = {"kind", "runs", "std_errors", "scores", "loo_mape_before", "loo_mape_after", "domain",
@@ -411,7 +415,6 @@ BUNDLE_PINS = {"compute_bundle": "compute_bundle_sha256",
 def bundle_pins(directory: "str | os.PathLike[str]", data: dict[str, Any]) -> dict[str, str]:
     """The manifest pins of the bundles ``data`` names, computed from the bundles on disk
     (a bundle that is not there yet gets no pin)."""
-    from .bundle import MANIFEST, manifest_sha256
     pins: dict[str, str] = {}
     for key, pin in BUNDLE_PINS.items():
         rel = data.get(key)
@@ -426,7 +429,6 @@ def write_platform(directory: "str | os.PathLike[str]", data: dict[str, Any]) ->
     The bundles' manifest pins are (re)computed from the bundles on disk: whoever writes a
     platform file (fit, validate, the build script) vouches for the bundles it names.
     """
-    from .samples import atomic_write, dump_toml
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     pins = bundle_pins(d, data)
@@ -461,9 +463,6 @@ def pin_platform_bundles(directory: "str | os.PathLike[str]", only_missing: bool
     ``only_missing``: keep pins already there (perf-calibrate install on an older platform).
     Returns the pins written (empty if there was nothing to do).
     """
-    import re
-
-    from .samples import atomic_write
     d = Path(directory)
     path = d / PLATFORM_FILE
     text = path.read_text(encoding="utf-8")
@@ -569,7 +568,6 @@ OVERLAY_KEYS = frozenset({"name", "overlay_of", "overlay_of_sha256", "descriptio
 
 def shipped_platform_sha256(name: str) -> str:
     """The sha256 of a shipped platform's platform.toml (what an overlay of it pins)."""
-    import hashlib
     return hashlib.sha256((SHIPPED_DIR / name / PLATFORM_FILE).read_bytes()).hexdigest()
 
 
@@ -594,7 +592,6 @@ def _load_overlay(d: Path, raw: dict[str, Any], reload: bool) -> Platform:
     if pin != shipped_platform_sha256(name):
         # Its runs' residuals and factors were measured against other models: the shipped
         # platform as it is now, and say so (a site keeps predicting; a refit makes a new overlay).
-        import logging
         why = (f"site overlay {d} is not applied: it was fitted on another version of the shipped platform "
                f"{name} (overlay_of_sha256 differs); refit it (perf-calibrate harvest --refit)")
         logging.getLogger(__name__).warning("%s", why)
