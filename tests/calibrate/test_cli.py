@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from calibrate.cli import main
+from calibrate.cli import build_parser, main
+from predictor.errors import UsageError
 
 
 def _run(capsys, *argv):
@@ -109,3 +110,10 @@ def test_host_costs_via_cli(capsys, tmp_path):
         assert set(dirs) == set(OPERATORS[op].directions), op
         assert all(us > 0 for us in dirs.values()), op
     assert host["layer_us"] > 0 and host["layer_forward_us"] > 0
+
+
+def test_cli_takes_fp8_for_run_but_not_for_host():
+    ap = build_parser()
+    assert ap.parse_args(["run", "--out", "x", "--precision", "fp16,fp8"]).precision == ("fp16", "fp8")
+    with pytest.raises(UsageError, match=r"precisions are fp16, bf16, fp32 \(comma-separated\), got 'fp8'"):
+        ap.parse_args(["host", "--out", "x", "--precision", "fp8"])

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="the whole loop measures and trains with torch (the calibrate extra)")
 
 from calibrate.runner import RunOptions, run_calibration  # noqa: E402
 from predictor import TrainingJob, load_platform  # noqa: E402

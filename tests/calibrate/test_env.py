@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason="probing a device times it with torch (the calibrate extra)")
 
 from calibrate import env, timing  # noqa: E402
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+from calibrate.cli import main
+from calibrate.errors import CalibrationError
+from calibrate.fitting.fabric import platform_fabric_table
+from predictor import BundleError, load_platform, predict
+from predictor.samples import dump_toml
+from tests.predictor.conftest import copy_shipped_platform, make_job
 
-from calibrate.cli import main  # noqa: E402
-from calibrate.errors import CalibrationError  # noqa: E402
-from calibrate.fabric import default_shapes, tiles  # noqa: E402
-from calibrate.fitting.fabric import platform_fabric_table  # noqa: E402
-from predictor import BundleError, load_platform, predict  # noqa: E402
-from predictor.samples import dump_toml  # noqa: E402
-from tests.predictor.conftest import copy_shipped_platform, make_job  # noqa: E402
+from .test_fit_host_table import _fit, _gpu_store
 
-from .test_fit_host_table import _fit, _gpu_store  # noqa: E402
+# Only the measurement needs torch (the calibrate extra); the fit and the predictor read its file.
+NEEDS_TORCH = "calibrate.fabric measures with torch.distributed (the calibrate extra)"
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,6 +31,8 @@ else:  # pragma: no cover
 
 
 def test_tiles_cover_the_allocation_as_layouts_place_groups():
+    pytest.importorskip("torch", reason=NEEDS_TORCH)
+    from calibrate.fabric import tiles
     places = [(node, local) for node in range(4) for local in range(2)]      # rank = 2·node + local
     assert tiles(places, 2, 1) == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert tiles(places, 2, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -40,6 +42,8 @@ def test_tiles_cover_the_allocation_as_layouts_place_groups():
 
 
 def test_default_shapes_leave_room_for_two_groups():
+    pytest.importorskip("torch", reason=NEEDS_TORCH)
+    from calibrate.fabric import default_shapes
     assert default_shapes(4, 2) == [(1, 2), (2, 1), (2, 2), (4, 1)]
     assert default_shapes(1, 4) == [(1, 2)]
     assert default_shapes(1, 2) == []
@@ -47,6 +51,7 @@ def test_default_shapes_leave_room_for_two_groups():
 
 
 def test_fabric_on_local_ranks_writes_both_timings(tmp_path, capsys):
+    pytest.importorskip("torch", reason=NEEDS_TORCH)
     out = tmp_path / "fabric.toml"
     assert main(["fabric", "--device", "cpu", "--ranks", "4", "--shapes", "1x2", "--entries", "4096",
                  "--out", str(out)]) == 0
@@ -59,6 +64,7 @@ def test_fabric_on_local_ranks_writes_both_timings(tmp_path, capsys):
 
 
 def test_fabric_refuses_what_it_cannot_measure(tmp_path, capsys):
+    pytest.importorskip("torch", reason=NEEDS_TORCH)
     out = tmp_path / "fabric.toml"
     # Two ranks hold one group of two: nothing beside it.
     assert main(["fabric", "--device", "cpu", "--ranks", "2", "--out", str(out)]) == 2

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="calibrate.kernels are torch implementations (the calibrate extra)")
 import torch.nn.functional as F  # noqa: E402
 
 from calibrate import kernels as K  # noqa: E402

@@ -6,6 +6,7 @@ import pytest
 from calibrate.errors import CalibrationError
 from calibrate.plans import (GRIDS, PLANS, Allocation, ModelPoint, OperatorPoint, collective_groups,
                              estimate_cost, halton, make_plan, operator_shapes, _nominal_spec)
+from predictor import fp8
 from predictor.operators import CALIBRATED, COLLECTIVES, OPERATORS
 
 
@@ -126,3 +127,16 @@ def test_a_plan_files_precisions_are_kept_unless_others_are_asked_for(tmp_path):
     assert plan_precisions(str(f), "cuda", ("fp16",)) == ("fp16",)
     assert plan_precisions("smoke", "cuda") == ("fp16",)
     assert plan_precisions("smoke", "cpu") == ("fp32",)
+
+
+def test_fp8_plan_measures_linears_and_no_collectives():
+    plan = make_plan("tiny", device="cpu", precisions=("fp32", "fp8"))
+    in_fp8 = {p.op for p in plan.operators if p.precision == "fp8"}
+    assert in_fp8 == set(fp8.FP8_LINEARS)
+    assert {p.op for p in plan.operators if p.precision == "fp32"} > in_fp8
+    assert all(c.precision != "fp8" for c in plan.collectives)
+
+
+def test_plan_costs_fp8_on_a_gpu_without_a_published_fp8_peak():
+    plan = make_plan("tiny", device="cuda", precisions=("fp8",))
+    assert estimate_cost(plan, _nominal_spec("cuda"), "cuda").wall_minutes > 0

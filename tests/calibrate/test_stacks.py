@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="the stacks train with torch (the calibrate extra)")
 
 from calibrate import stacks  # noqa: E402
 from calibrate.errors import CalibrationError  # noqa: E402
