@@ -147,3 +147,28 @@ def test_checkpoint_wrapper_costs_are_quoted_as_shipped():
             assert f"{wrapper} {1e3 * seconds:.3g}" in row, (name, wrapper, seconds)
     assert f"| {host.FSDP1_SHARD_GRAD_OP_HOOK_RATIO} |" in _row("FSDP1_SHARD_GRAD_OP_HOOK_RATIO")
     assert f"| {host.FSDP1_ACCUMULATION_HOOK_RATIO} |" in _row("FSDP1_ACCUMULATION_HOOK_RATIO")
+
+
+def test_framework_spec_and_measured_constants_are_quoted_as_they_are():
+    from predictor import advise, attention, fp8, network, overlap, recipe, tp_overlap
+    assert f"| {fp8.ACHIEVABLE_TENSOR_FRACTION} of the tensor cores' peak |" in _row("ACHIEVABLE_TENSOR_FRACTION")
+    assert (overlap.BUCKET_MIN_ENTRIES, overlap.BUCKET_ENTRIES_PER_RANK) == (4 * 10 ** 7, 10 ** 6)
+    assert "| max(4 × 10⁷, 10⁶ × dp) parameters per bucket |" in _row("BUCKET_MIN_ENTRIES")
+    assert f"| {tp_overlap.PIPELINE_SPLITS} chunks; {tp_overlap.COMM_SMS} SMs" in _row("PIPELINE_SPLITS")
+    (sms, margin), slowdown = next(iter(tp_overlap.MEASURED_MARGIN_SLOWDOWN.items()))
+    assert f"| × {slowdown} with {margin} of {sms} SMs kept;" in _row("MEASURED_MARGIN_SLOWDOWN")
+    sm_row = _row("SM_COUNTS")
+    assert all(f"{tp_overlap.SM_COUNTS[g]} ({label})" in sm_row for g, label in (("h100 pcie", "H100 PCIe"),
+                                                                                  ("a100", "A100")))
+    assert f"{tp_overlap.DEFAULT_SMS} when the GPU is not named" in sm_row
+    assert f"a multiple of {recipe.VOCAB_MULTIPLE} × tp" in _row("VOCAB_MULTIPLE")
+    assert f"| {recipe.FIRST_STAGE_ITEMS}, {recipe.LAST_STAGE_ITEMS} |" in _row("FIRST_STAGE_ITEMS")
+    lo, hi = attention._H100_FLASH2_NONCAUSAL_FWD[0], attention._H100_FLASH2_NONCAUSAL_FWD[-1]
+    assert f"| {lo}–{hi} TFLOP/s" in _row("_H100_FLASH2_NONCAUSAL_FWD")
+    assert f"| {attention._A100_CUDNN_SPEED_VS_FLASH2} |" in _row("_A100_CUDNN_SPEED_VS_FLASH2")
+    assert network.SMALL_MESSAGE_BYTES == 4 << 20 and "| 4 MiB |" in _row("SMALL_MESSAGE_BYTES")
+    assert f"| {advise.CP_MIN_TOKENS_PER_RANK:,} tokens |" in _row("CP_MIN_TOKENS_PER_RANK")
+    row = _row("ELEMENT_BYTES")
+    assert (memory.ELEMENT_BYTES, memory.OPTIMIZER_BYTES) == ({"fp16": 2, "bf16": 2, "fp32": 4},
+                                                             {"fp16": 12, "bf16": 12, "fp32": 8})
+    assert "optimizer 12 bytes per parameter with 16-bit training, 8 in fp32" in row
