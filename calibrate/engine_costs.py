@@ -4,7 +4,7 @@
 {1, 2, 4} × micro-batches {2, 4, 8}; here each is fitted as step time = step + micro-batches ×
 (micro_batch + layers per stage × layer), and the engine's share is the difference of the two fits
 (``benchmarks/bench_engine_host.py`` prints it; ``scripts/build_platforms.py`` ships the pooled
-fit of the committed runs as every platform's ``[host.engines]`` prior).  numpy only: the fit runs
+fit of the committed runs, :func:`engine_prior`, as every platform's ``[host.engines]`` prior).  numpy only: the fit runs
 without torch or DeepSpeed.
 """
 from __future__ import annotations
@@ -43,4 +43,28 @@ def pooled_costs(paths: list[Path]) -> dict[str, dict[str, float]]:
         out[mode] = {k: ds[k] - plain[k] for k in ("step_ms", "micro_batch_ms", "layer_ms")}
         out[mode]["runs"] = len(paths)
         out[mode]["residual_rms_ms"] = max(ds["residual_rms_ms"], plain["residual_rms_ms"])
+    return out
+
+
+# calibrate.engine_host's modes, as the engines of predictor.host.ENGINES: the pipeline engine as
+# measured with two stages (what it is for; one stage measured within 0.1 ms of it per micro-batch).
+ENGINE_MODES = {"deepspeed_pipeline": "pipe2", "deepspeed": "engine"}
+
+
+def engine_prior(folder: Path) -> dict:
+    """[host.engines]: what DeepSpeed's engines add to the host's work per step, micro-batch and
+    layer, fitted over every ``benchmarks/bench_engine_host.py --json`` run in ``folder`` (ms; a
+    negative difference, within the measurement's noise, is taken as none)."""
+    paths = sorted(folder.glob("*.json"))
+    meta = json.loads(paths[0].read_text(encoding="utf-8"))
+    pooled = pooled_costs(paths)
+    out = {}
+    for engine, mode in ENGINE_MODES.items():
+        adds = pooled[mode]
+        out[engine] = {k: round(max(0.0, adds[k.replace("_seconds", "_ms")]) * 1e-3, 7)
+                       for k in ("step_seconds", "micro_batch_seconds", "layer_seconds")}
+        out[engine]["source"] = (f"prior: benchmarks/bench_engine_host.py --pool ({mode}, {len(paths)} runs) "
+                                 f"on {meta['cpu']} (deepspeed {meta['deepspeed']}, torch {meta['torch']}): "
+                                 f"DeepSpeed less a plain PyTorch loop at tiny shapes; this platform's own "
+                                 f"CPU was not measured")
     return out

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from calibrate.engine_costs import pooled_costs  # noqa: E402
+from calibrate.engine_costs import engine_prior  # noqa: E402
 from calibrate.env import KNOWN_GPUS  # noqa: E402
 from calibrate.fitting import BundleFitter, convert_bundle  # noqa: E402
 from calibrate.fitting.host import platform_host_table  # noqa: E402
@@ -124,7 +124,8 @@ def build_h100() -> None:
                        "costs measured by perfcast on one H100 80GB HBM3, network from published specs",
         "compute_bundle": "../_bundles/h100-80gb-hbm3",
         "links": DGX_H100_LINKS,
-        "host": with_stack_prior({**host_costs(src / "host.toml"), "engines": engine_prior()}),
+        "host": with_stack_prior({**host_costs(src / "host.toml"),
+                                  "engines": engine_prior(RUNS / "engine-host")}),
         "notes": [H100_NOTICE]})
     summary = validate_platform(OUT / "dgx-h100", family_runs(src / "train-family.json"), replace=True)
     print(f"== dgx-h100 end-to-end runs (one GPU)\n{summary.table()}")
@@ -151,7 +152,7 @@ def host_prior(path: Path) -> dict:
     """
     table = host_costs(path)
     table.pop("operators")
-    table["engines"] = engine_prior()
+    table["engines"] = engine_prior(RUNS / "engine-host")
     table["source"] = ("prior: " + table["source"].replace("; the lent machine's CPU, not a DGX's", "")
                        + "; this platform's own CPU was not measured (perf-calibrate host replaces it)")
     return with_stack_prior(table)
@@ -231,30 +232,6 @@ def apply_host_priors() -> None:
             raw["host"] = prior
         write_platform(OUT / plat, raw)
         print(f"== {plat}: host prior written")
-
-
-# bench_engine_host.py's modes, as the engines of predictor.host.ENGINES: the pipeline engine as
-# measured with two stages (what it is for; one stage measured within 0.1 ms of it per micro-batch).
-ENGINE_MODES = {"deepspeed_pipeline": "pipe2", "deepspeed": "engine"}
-
-
-def engine_prior(folder: Path = RUNS / "engine-host") -> dict:
-    """[host.engines]: what DeepSpeed's engines add to the host's work per step, micro-batch and
-    layer, fitted over every ``benchmarks/bench_engine_host.py --json`` run in ``folder`` (ms; a
-    negative difference, within the measurement's noise, is taken as none)."""
-    paths = sorted(folder.glob("*.json"))
-    meta = json.loads(paths[0].read_text(encoding="utf-8"))
-    pooled = pooled_costs(paths)
-    out = {}
-    for engine, mode in ENGINE_MODES.items():
-        adds = pooled[mode]
-        out[engine] = {k: round(max(0.0, adds[k.replace("_seconds", "_ms")]) * 1e-3, 7)
-                       for k in ("step_seconds", "micro_batch_seconds", "layer_seconds")}
-        out[engine]["source"] = (f"prior: benchmarks/bench_engine_host.py --pool ({mode}, {len(paths)} runs) "
-                                 f"on {meta['cpu']} (deepspeed {meta['deepspeed']}, torch {meta['torch']}): "
-                                 f"DeepSpeed less a plain PyTorch loop at tiny shapes; this platform's own "
-                                 f"CPU was not measured")
-    return out
 
 
 def host_costs(path: Path) -> dict:

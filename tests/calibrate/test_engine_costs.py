@@ -15,10 +15,6 @@ from calibrate import engine_costs
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench():
-    return engine_costs
-
-
 def _rows(step, micro_batch, layer, noise=None):
     noise = noise or {}
     return [[layers, m, step + m * (micro_batch + layers * layer) + noise.get((layers, m), 0.0)]
@@ -26,7 +22,7 @@ def _rows(step, micro_batch, layer, noise=None):
 
 
 def test_fit_recovers_the_three_costs():
-    fit = _bench().fit_costs(_rows(1.5, 0.2, 0.3))
+    fit = engine_costs.fit_costs(_rows(1.5, 0.2, 0.3))
     assert fit["step_ms"] == pytest.approx(1.5)
     assert fit["micro_batch_ms"] == pytest.approx(0.2)
     assert fit["layer_ms"] == pytest.approx(0.3)
@@ -44,24 +40,35 @@ def test_pooled_runs_keep_each_configuration_at_its_fastest(tmp_path):
         p = tmp_path / f"run{i}.json"
         p.write_text(json.dumps({"modes": {"pipe2": {"rows": rows}}}))
         paths.append(p)
-    adds = _bench().pooled_costs(paths)["pipe2"]
+    adds = engine_costs.pooled_costs(paths)["pipe2"]
     assert adds["step_ms"] == pytest.approx(1.5)
     assert adds["micro_batch_ms"] == pytest.approx(0.3)
     assert adds["layer_ms"] == pytest.approx(0.05)
     assert adds["runs"] == 2
     # The disturbed run alone would not give them.
-    alone = _bench().pooled_costs(paths[:1])["pipe2"]
+    alone = engine_costs.pooled_costs(paths[:1])["pipe2"]
     assert alone["micro_batch_ms"] != pytest.approx(0.3, abs=1e-3)
 
 
-def test_the_committed_runs_give_the_shipped_engine_tables():
-    # scripts/build_platforms.py ships this fit of benchmarks/data/engine-host as [host.engines].
+def test_shipped_platforms_carry_the_fit_of_the_committed_runs():
+    # Every platform with a [host] table carries both engines' costs as scripts/build_platforms.py
+    # fits them from the committed measurements (benchmarks/data/engine-host), with their source: a
+    # refit that was not written back, or a hand edit, fails here.
     from predictor import load_platform
-    paths = sorted((ROOT / "benchmarks" / "data" / "engine-host").glob("*.json"))
-    assert paths
-    pooled = engine_costs.pooled_costs(paths)
-    shipped = load_platform("dgx-h100").host.engines
-    for engine, mode in (("deepspeed_pipeline", "pipe2"), ("deepspeed", "engine")):
+    from predictor.host import ENGINES
+    assert set(engine_costs.ENGINE_MODES) == set(ENGINES)
+    runs = ROOT / "benchmarks" / "data" / "engine-host"
+    expected = engine_costs.engine_prior(runs)
+    pooled = engine_costs.pooled_costs(sorted(runs.glob("*.json")))
+    for engine, mode in engine_costs.ENGINE_MODES.items():      # the pooled fit, in seconds, none below 0
         for key in ("step", "micro_batch", "layer"):
-            want = round(max(0.0, pooled[mode][f"{key}_ms"]) * 1e-3, 7)
-            assert getattr(shipped[engine], f"{key}_seconds") == pytest.approx(want, abs=1e-12)
+            want = max(0.0, pooled[mode][f"{key}_ms"]) * 1e-3
+            assert expected[engine][f"{key}_seconds"] == pytest.approx(want, abs=5e-8)
+    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+        host = load_platform(name).host
+        assert set(host.engines) == set(ENGINES), name
+        for engine, e in host.engines.items():
+            assert e.source == expected[engine]["source"]
+            for key in ("step_seconds", "micro_batch_seconds", "layer_seconds"):
+                assert getattr(e, key) == pytest.approx(expected[engine][key], rel=1e-9, abs=1e-12), (name, key)
+            assert 0 < e.micro_batch_seconds < 5e-3 and 0 < e.step_seconds < 20e-3
