@@ -172,3 +172,9 @@ def test_framework_spec_and_measured_constants_are_quoted_as_they_are():
     assert (memory.ELEMENT_BYTES, memory.OPTIMIZER_BYTES) == ({"fp16": 2, "bf16": 2, "fp32": 4},
                                                              {"fp16": 12, "bf16": 12, "fp32": 8})
     assert "optimizer 12 bytes per parameter with 16-bit training, 8 in fp32" in row
+
+
+def test_the_install_verdict_is_quoted_as_it_is():
+    from calibrate import install
+    assert f"× {1 + install.DEFAULT_TOLERANCE:.2f} + {100 * install._ABS_SLACK:g} points" in _row("DEFAULT_TOLERANCE")
+    assert f"| {install.DEFAULT_REFIT_MIN_RUNS} harvested runs |" in _row("DEFAULT_REFIT_MIN_RUNS")
