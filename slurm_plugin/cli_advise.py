@@ -12,8 +12,8 @@ Bad input: one line ``perf-advise: ...`` on stderr and exit code 2.
 Columns: s/step (predicted seconds per optimizer step; every layout keeps the job's global
 batch, so this ranks them), tokens/s, TFLOP/s/GPU and MFU (model FLOPs, recomputation not
 counted; formula in predictor.advise), GiB/GPU (predictor.memory's peak of the worst stage, ✗ =
-does not fit), bubble (pipeline fill/drain share of the step), comm (TP all-reduce, pipeline
-send and DP all-reduce share outside the bubble).  ``--json`` prints
+does not fit), bubble (pipeline fill/drain share of the step), comm (the share of TP allreduce,
+PP p2p, DP exposed and gradient reduce outside the bubble: perf-predict's words).  ``--json`` prints
 ``{"candidates": [...], "current": {..., "rank": K}, ...}`` fastest first; a sweep prints
 ``{"platform": ..., "sweep": [{"gpus", "nodes", "best", "iteration_seconds", "train_seconds",
 "gpu_hours"}, ...]}``.
