@@ -121,7 +121,7 @@ class Candidate:
     layout: Layout
     memory: mem.MemoryEstimate
     fits: bool
-    prediction: Any = None                     # predictor.predict.Prediction, or None
+    prediction: Any = None                     # predictor.Prediction, or None
     flops_per_step: float = 0.0
     gpus: int = 0
     tokens_per_step: int = 0
@@ -710,7 +710,7 @@ def advise(job: TrainingJob, platform: Any, options: Optional[SearchOptions] = N
     """Rank the layouts of ``options.gpus`` GPUs (default: the job's) for ``job`` on ``platform``.
 
     ``predict_many(jobs, platform) -> list[Prediction]`` defaults to
-    :func:`predictor.predict.predict_many`; tests inject a fake.
+    :func:`predictor.predict_many`; tests inject a fake.
     """
     opts = options or SearchOptions()
     gpus = opts.gpus or job.layout.gpus
