@@ -523,6 +523,9 @@ def resolve_platform(name_or_path: "str | os.PathLike[str]") -> Path:
     raise PlatformNotFound(f"no platform {name!r} (known: {known})")
 
 
+# Loaded files, keyed by (directory, file mtime): a platform or bundle is read once per version
+# and shared (dgx-a100 and perlmutter-a100 share a compute bundle), never mutated after loading,
+# and only the latest version of each directory is kept.
 _cache: dict[tuple, Platform] = {}
 _bundles: dict[tuple, Bundle] = {}
 _lock = threading.Lock()
@@ -542,8 +545,16 @@ def _bundle(path: Path, reload: bool, pin: str = "", pinned_by: str = "") -> Bun
         return cached
     b = load_bundle(d, pin, pinned_by)
     with _lock:
-        _bundles[stamp] = b
+        _keep_latest(_bundles, stamp, b)
     return b
+
+
+def _keep_latest(cache: dict, stamp: tuple, value: object) -> None:
+    """Cache ``value`` under (directory, mtime), dropping that directory's older versions: a
+    daemon that reloads after every refit must not keep each superseded platform in memory."""
+    for old in [k for k in cache if k[0] == stamp[0] and k != stamp]:
+        del cache[old]
+    cache[stamp] = value
 
 
 def load_platform(name_or_path: "str | os.PathLike[str]", *, reload: bool = False) -> Platform:
@@ -555,7 +566,7 @@ def load_platform(name_or_path: "str | os.PathLike[str]", *, reload: bool = Fals
             return _cache[stamp]
     plat = _load(d, reload)
     with _lock:
-        _cache[stamp] = plat
+        _keep_latest(_cache, stamp, plat)
     return plat
 
 
