@@ -12,7 +12,7 @@ import pytest
 
 from slurm_plugin import cli_advise
 
-from .fakes import FakePlatform, FakePredictMany
+from tests.predictor.advise_fakes import FakePlatform, FakePredictMany
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from predictor.advise import (AdviseError, SearchOptions, advise, enumerate_layo
 from predictor.recipe import stage_layers
 from predictor.job import PIPE_SPLITS, Layout, ModelSpec, TrainingJob
 
-from .fakes import FakePlatform, FakePredictMany
+from .advise_fakes import FakePlatform, FakePredictMany
 
 PLAT = FakePlatform()
 
