@@ -48,6 +48,9 @@ from predictor.platform import (FITTED_SCALE_RANGE, PLATFORM_FILE, FitDomain, Fi
 from predictor import interval
 from predictor.validation import MeasuredRun, parse_runs, ratio_range, runs_to_toml
 
+from .fitting.identification import NOISE_FLOOR, identified
+from .fitting.kinds import fit_hierarchical
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -237,7 +240,6 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
     fitted: Optional[FittedTerms] = None
     intervals: Optional[FittedTerms] = None
     if fit:
-        from .fitting.kinds import fit_hierarchical
         fit_res = fit_hierarchical(plat, all_runs, [p.iteration_seconds for p in preds])
         if fit_res.improves:
             fitted = fit_res.terms(runs=tuple(r.name for r in all_runs),
@@ -322,15 +324,10 @@ _MAX_STD = _TAU / 2
 # A fitted factor is kept only when it differs from 1 by at least this many of its standard errors
 # (the scatter left after the fit over its elasticities): a two-sided test at ~95 %.
 _Z = 2.0
-# The scatter of a run's log ratio that the factors cannot explain is taken as what a linearised
-# least-squares fit leaves (_identified), never below the spread of repeated steps of one run: 0.03, the
-# mean standard deviation of log step time over the shipped H100 runs' five steps
-# (benchmarks/data/h100-lent/train-family.json: mean 0.028, median 0.022).
-_NOISE_FLOOR = 0.03
-# A run "sees" a factor when doubling the factor moves its prediction by more than that spread
-# (elasticity above 0.03 / ln 2 = 0.043); below, the run says nothing about the factor (a host-bound
+# A run "sees" a factor when doubling the factor moves its prediction by more than the spread of
+# repeated steps of one run (NOISE_FLOOR: elasticity above 0.03 / ln 2 = 0.043); below, the run says nothing about the factor (a host-bound
 # run about the compute scale, say) and is left out of the factor's loss and identification.
-_MIN_ELASTICITY = _NOISE_FLOOR / float(np.log(2.0))
+_MIN_ELASTICITY = NOISE_FLOOR / float(np.log(2.0))
 
 
 def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
@@ -341,7 +338,7 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
     per-layer, per-micro-batch and per-launch host costs, each its own scale, and the network
     scale (runs on one node do not see it).  They replace any
     the platform has (fitted from the unscaled models).  A factor is fitted only when at least
-    :data:`MIN_FIT_RUNS` runs see it and the runs identify it (:func:`_identified`); otherwise it
+    :data:`MIN_FIT_RUNS` runs see it and the runs identify it (:func:`calibrate.fitting.identification.identified`); otherwise it
     stays 1.  The loss is the mean squared log of predicted / measured over the runs a factor moves:
     symmetric in over- and under-prediction, and independent of a run's length.  Leave-one-out
     repeats the whole procedure (identification included) without each run.  ``current``: the
@@ -407,7 +404,7 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
 
     def fit(mask: np.ndarray) -> tuple[tuple[int, ...], dict[str, float], tuple[str, ...]]:
         # 1. Identified: the runs pin the factor down (with every other candidate free).
-        stds = _identified(J[mask], sees[mask], resid0[mask], among=cand)
+        stds = identified(J[mask], sees[mask], resid0[mask], among=cand, names=FACTORS)
         free = [j for j, name in enumerate(FACTORS) if stds.get(name, np.inf) <= _MAX_STD]
         # The host factors are shares of one host time: with one of them left at 1 for want of
         # identification, the others would absorb its part (a per-layer scale fitted on runs of
@@ -421,8 +418,8 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
         for _ in range(len(FACTORS)):
             if not free:
                 break
-            post = _identified(J[mask], sees[mask], np.log(at(idx))[mask] - logm[mask],
-                               among=free)
+            post = identified(J[mask], sees[mask], np.log(at(idx))[mask] - logm[mask],
+                              among=free, names=FACTORS)
             keep = [j for j in free if abs(np.log(_LATTICE[idx[j]])) >= _Z * post[FACTORS[j]]]
             if keep == free:
                 break
@@ -465,40 +462,6 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
                      domain=FitDomain.of_jobs(jobs, platform.gpus_per_node),
                      identification={f: (None if not np.isfinite(v) else round(float(v), 4))
                                      for f, v in stds.items()})
-
-
-def _identified(J: np.ndarray, sees: np.ndarray, resid: np.ndarray, among: Sequence[int],
-                names: Sequence[str] = FACTORS) -> dict[str, float]:
-    """How well the runs pin each factor down: the standard deviation of its log fitted by least
-    squares with every other candidate factor free (inf where collinear), for the candidates
-    ``among`` (factor indices) that any of the runs sees.
-
-    ``names``: the factor of each of J's columns.  ``resid``: the runs' log errors (predicted / measured); the scatter is what a least-squares fit
-    of them on the candidates' elasticities leaves, per degree of freedom (never below
-    :data:`_NOISE_FLOOR`); the standard deviation of factor j is that over the norm of
-    the part of its elasticity column no combination of the other candidates' columns explains.
-    """
-    cand = [j for j in among if sees[:, j].any()]
-    out: dict[str, float] = {}
-    if not cand:
-        return out
-    rows = sees[:, cand].any(axis=1)
-    A = J[rows][:, cand]
-    # The scatter the candidates cannot explain: the residual of the least-squares fit of the log
-    # errors on the elasticities (the linearised fit), per degree of freedom left.
-    coef, *_ = np.linalg.lstsq(A, resid[rows], rcond=None)
-    dof = max(int(rows.sum()) - len(cand), 1)
-    sigma = max(float(np.sqrt(np.sum((resid[rows] - A @ coef) ** 2) / dof)), _NOISE_FLOOR)
-    for c, j in enumerate(cand):
-        col = A[:, c]
-        others = np.delete(A, c, axis=1)
-        if others.shape[1]:
-            coef, *_ = np.linalg.lstsq(others, col, rcond=None)
-            col = col - others @ coef
-        norm = float(np.linalg.norm(col))
-        # Collinear to float precision (the elasticity of a factor is a cost share, exact to ~1e-6).
-        out[names[j]] = sigma / norm if norm > 1e-4 * max(float(np.linalg.norm(A[:, c])), 1e-12) else np.inf
-    return out
 
 
 def _line_search(f: Callable[[int], float]) -> int:

@@ -22,7 +22,7 @@ linearisation's remainder taken off (factors of 1.5 move a max() or an overlap).
 
 Host against device: a factor a kind's runs cannot tell from another (the runs all of one
 micro-batch size and depth: host per micro-batch and compute move every run alike) has no
-identified standard deviation on those runs (:func:`calibrate.validate._identified`); the report
+identified standard deviation on those runs (:func:`calibrate.fitting.identification.identified`); the report
 says so and the shrinkage keeps that direction at the partition's.
 
 Each kind's runs give its interval (:mod:`predictor.interval`): their scores are each run
@@ -52,6 +52,8 @@ from predictor.platform import (FITTED_SCALE_RANGE, KIND_SCALES, FitDomain, Fitt
 from predictor.validation import MeasuredRun
 from slurm_plugin.siteconfig import PartitionPolicy
 
+from .identification import NOISE_FLOOR, identified
+
 log = logging.getLogger(__name__)
 
 FACTORS = KIND_SCALES
@@ -68,8 +70,6 @@ _LOG_HI = np.array([math.log(scale_range(f)[1]) for f in KIND_SCALES])
 _PRIOR_WEIGHT = (TAU0 / (_LOG_HI / 2)) ** 2
 # Identified: the runs pin the factor's log to half its prior's width (TAU0 / 2 for most).
 _MAX_STD = _LOG_HI / 4
-# The spread of repeated steps of one run (calibrate/validate.py _NOISE_FLOOR): no fit is tighter.
-NOISE_FLOOR = 0.03
 MIN_ELASTICITY = NOISE_FLOOR / math.log(2.0)
 MIN_FIT_RUNS = 3
 # The pooling strengths leave-one-out chooses among (sigma^2 / tau^2; inf: no per-kind factors).
@@ -375,8 +375,7 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
     loo_int = loo if factors_only or n <= MIN_FIT_RUNS else _refit_predictions(base, runs, p0, spreads)
     scores = np.log(measured / loo_int)
 
-    from calibrate.validate import _identified     # the identification test validate uses
-    part_std = _identified(J, sees, y, among=active, names=FACTORS)
+    part_std = identified(J, sees, y, among=active, names=FACTORS)
     partition = {}
     for j, f in enumerate(FACTORS):
         se = float(math.sqrt(max(cov[j, j], 0.0)))
@@ -390,7 +389,7 @@ def fit_hierarchical(platform: Platform, runs: Sequence[MeasuredRun],
     for c, key in enumerate(kinds):
         m = kind_idx == c
         idx = np.flatnonzero(m)
-        std = _identified(J[m], sees[m], y[m], among=[j for j in active if sees[m, j].any()], names=FACTORS)
+        std = identified(J[m], sees[m], y[m], among=[j for j in active if sees[m, j].any()], names=FACTORS)
         facs = {}
         for j, f in enumerate(FACTORS):
             if j not in active or not sees[m, j].any():
