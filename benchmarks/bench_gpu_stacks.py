@@ -16,7 +16,7 @@ Writes, as each part ends (a killed run keeps the finished parts):
   causal block mask) timed causal, b = 1, 32 heads of 128, bf16, at 2k-32k tokens: forward and
   backward milliseconds (CUDA events, median of the repeats, fresh random inputs per length);
   ``math`` only to 8k (its score matrix grows as s²).
-* ``stacks.json``: the 33 jobs of ``bench_train_family.py``'s family trained under each stack:
+* ``stacks.json``: the 33 jobs of calibrate/train_family.py's family trained under each stack:
   ``pytorch`` (calibrate.gpt_model's own loop, as train-family.json measured it), ``sdpa_efficient``
   (the same loop with SDPA pinned to its memory-efficient kernel: flash-attention jobs only),
   ``ddp`` and ``fsdp`` (calibrate/stacks.py on a one-rank NCCL group), each with its step seconds
@@ -46,19 +46,14 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import torch
 
-import torch  # noqa: E402
+from calibrate.attention_timing import HEAD_DIM, HEADS, MATH_MAX_SEQ, SEQS, flex_kernel, time_attention
+from calibrate.engine_host import cpu_name
+from calibrate.errors import CalibrationError
+from calibrate.stacks import MODULE_STACKS, check_recompute
+from calibrate.train_family import JOB_SETS, job_set, quick_jobs
 
-from calibrate.engine_host import cpu_name  # noqa: E402
-from calibrate.errors import CalibrationError  # noqa: E402
-from calibrate.stacks import MODULE_STACKS, check_recompute  # noqa: E402
-
-SEQS = (2048, 4096, 8192, 16384, 32768)
-MATH_MAX_SEQ = 8192
-HEADS, HEAD_DIM = 32, 128
 
 
 def provenance(device: str) -> dict:
@@ -91,56 +86,6 @@ class Clock:
 
     def left(self) -> float:
         return self.end - time.monotonic()
-
-
-def _events_ms(device: str, fn) -> float:
-    if device != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t0)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
-
-
-def time_attention(fn, seq: int, device: str, dtype, repeats: int, warmup: int = 2) -> tuple[float, float]:
-    """Median forward and backward milliseconds of causal ``fn`` at (1, HEADS, seq, HEAD_DIM)."""
-    heads, d = (HEADS, HEAD_DIM) if device == "cuda" else (4, 32)
-    q, k, v = (torch.randn(1, heads, seq, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-    grad = torch.randn(1, heads, seq, d, device=device, dtype=dtype)
-    fwd, bwd = [], []
-    for r in range(warmup + repeats):
-        box = {}
-
-        def f() -> None:
-            box["o"] = fn(q, k, v)
-
-        tf = _events_ms(device, f)
-        tb = _events_ms(device, lambda: box["o"].backward(grad))
-        q.grad = k.grad = v.grad = None
-        if r >= warmup:
-            fwd.append(tf)
-            bwd.append(tb)
-    return statistics.median(fwd), statistics.median(bwd)
-
-
-def flex_kernel(device: str):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    compiled = torch.compile(flex_attention, dynamic=False)
-    masks: dict[int, object] = {}
-
-    def causal(b, h, q_idx, kv_idx):  # noqa: ANN001 - flex's mask_mod signature
-        return q_idx >= kv_idx
-
-    def run(q, k, v):
-        s = q.shape[2]
-        if s not in masks:
-            masks[s] = create_block_mask(causal, None, None, s, s, device=device)
-        return compiled(q, k, v, block_mask=masks[s])
-    return run
 
 
 def attention_part(device: str, seqs: list[int], clock: Clock, out: Path, repeats: int) -> None:
@@ -228,25 +173,6 @@ def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int, 
     return row
 
 
-JOB_SETS = ("family", "host-series", "long-seq")
-
-
-def job_set(which: str, device: str) -> list[tuple[str, dict]]:
-    """The stacks part's jobs (``--jobs``)."""
-    from bench_train_family import _job, family
-    if which == "family":
-        return family(device)
-    if which == "host-series":
-        # Host-bound: the step's slope in depth is the per-layer cost, its slope in micro-batches
-        # at fixed depth the per-micro-batch cost, what is left the per-step cost.
-        return [(f"L{layers} h1024 s1024 mb1 m{m} flash", _job(layers, 1024, 16, 1024, 1, m))
-                for layers in (2, 8, 16) for m in (1, 4)]
-    # Long sequences, where attention's s^2 dominates: one shape at 2k-32k, a wider one at 8k-16k.
-    return ([(f"L4 h2048 s{seq} mb1 m2 flash", _job(4, 2048, 16, seq, 1, 2))
-             for seq in (2048, 8192, 16384, 32768)]
-            + [(f"L2 h4096 s{seq} mb1 m2 flash", _job(2, 4096, 32, seq, 1, 2)) for seq in (8192, 16384)])
-
-
 def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: Path, name: str,
                 steps: int, warmup: int, rounds: int = 1, interleave: bool = False,
                 sdpa_backend: str = "") -> None:
@@ -290,15 +216,15 @@ def compare(platform: str) -> int:
     """Each stack's committed steps against the platform's predictions (no site fit)."""
     import dataclasses
 
+    from calibrate.stack_files import step_files
     from calibrate.stack_runs import runs_from_files
-    from gpu_stacks_runs import DATA, FILES
     from predictor import Predictor, TrainingJob, load_platform
     from predictor.recipe import total_parameters
 
     plat = dataclasses.replace(load_platform(platform), fitted=None)
     predictor = Predictor(plat)
     by_stack: dict[str, list[tuple[float, float, int]]] = {}
-    for run in runs_from_files([DATA / f for f in FILES]):
+    for run in runs_from_files(step_files()):
         job = TrainingJob.from_dict(run["job"])
         predicted = predictor.predict(job).iteration_seconds
         by_stack.setdefault(run["name"].split(" ", 1)[0], []).append(
@@ -365,14 +291,11 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     import logging
     logging.disable(logging.WARNING)
-    from bench_train_family import _job
 
     parts = args.parts.split(",")
     if args.quick:
         seqs = [128, 256]
-        jobs = [("L2 h64 s64", _job(2, 64, 4, 64, 2, 2, vocab=512, precision="fp32")),
-                ("L2 h64 s64 softmax", _job(2, 64, 4, 64, 1, 2, vocab=512, precision="fp32",
-                                            attention="fused_softmax"))]
+        jobs = quick_jobs()
     else:
         seqs = list(SEQS)
         jobs = job_set(args.jobs, args.device)

@@ -9,7 +9,8 @@ DeepSpeed's ``cpu_checkpointing`` copies each kept checkpoint to the host with a
 and, for reference, the same copies into and out of pinned host memory (``copy_(non_blocking)``
 then a synchronize), and ``torch.cuda.synchronize()`` with an empty queue.  Prints GB/s per
 direction (the median of the repeats after one warm-up) and writes ``host-link.json`` with the
-device, date and software.  A benchmark: its figures depend on the machine.
+device, date and software.  The measurement is calibrate/host_link.py's.  A benchmark: its figures
+depend on the machine.
 """
 from __future__ import annotations
 
@@ -17,48 +18,17 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-
-def _timed(fn, device: str, repeats: int) -> float:
-    fn()                                    # warm-up: first-touch of host pages, allocator
-    if device == "cuda":
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from calibrate.host_link import measure
 
 
-def measure(device: str, mib_sizes: list[int], repeats: int) -> dict:
-    rows = []
-    for mib in mib_sizes:
-        elements = mib * 2**20 // 2
-        x = torch.randn(elements, device=device, dtype=torch.bfloat16)
-        host = x.cpu()
-        nbytes = x.numel() * x.element_size()
-        pinned = torch.empty_like(host).pin_memory() if device == "cuda" else host
-        for name, fn in (("d2h_pageable", lambda: x.cpu()),
-                         ("h2d_pageable", lambda: host.to(device)),
-                         ("d2h_pinned", lambda: pinned.copy_(x, non_blocking=True)),
-                         ("h2d_pinned", lambda: x.copy_(pinned, non_blocking=True))):
-            seconds = _timed(fn, device, repeats)
-            rows.append({"copy": name, "bytes": nbytes, "seconds": seconds, "gbps": nbytes / seconds / 1e9})
-            print(f"{name:13} {mib:5} MiB {1e3 * seconds:8.3f} ms {nbytes / seconds / 1e9:7.2f} GB/s", flush=True)
-        del x, host, pinned
-    sync = _timed(lambda: torch.cuda.synchronize() if device == "cuda" else None, device, 200)
-    print(f"synchronize round trip (empty queue) {1e6 * sync:.2f} us", flush=True)
-    return {"rows": rows, "sync_round_trip_seconds": sync}
+def _print_row(row: dict, mib: int) -> None:
+    print(f"{row['copy']:13} {mib:5} MiB {1e3 * row['seconds']:8.3f} ms {row['gbps']:7.2f} GB/s", flush=True)
 
 
 def main() -> int:
@@ -78,7 +48,9 @@ def main() -> int:
     if args.device == "cuda":
         p = torch.cuda.get_device_properties(0)
         prov.update(gpu=p.name, cuda=torch.version.cuda)
-    result = {"provenance": prov, "repeats": args.repeats, **measure(args.device, args.mib, args.repeats)}
+    link = measure(args.device, args.mib, args.repeats, on_row=_print_row)
+    print(f"synchronize round trip (empty queue) {1e6 * link['sync_round_trip_seconds']:.2f} us", flush=True)
+    result = {"provenance": prov, "repeats": args.repeats, **link}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host-link.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -18,22 +18,17 @@ import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import numpy as np
+import torch
+import torch.distributed as dist
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from bench_train_family import _job  # noqa: E402
-from calibrate.collectives import free_port  # noqa: E402
-from calibrate.engine_host import cpu_name  # noqa: E402
-from calibrate.gpt_model import token_batches  # noqa: E402
-from calibrate.stacks import stack_step  # noqa: E402
-from predictor.job import TrainingJob  # noqa: E402
+from calibrate.collectives import free_port
+from calibrate.engine_host import cpu_name
+from calibrate.gpt_model import token_batches
+from calibrate.stacks import stack_step
+from calibrate.train_family import job_dict
+from predictor.job import TrainingJob
 
 DEPTHS = (2, 8)
 MICRO_BATCHES = (1, 4)
@@ -41,7 +36,7 @@ MICRO_BATCHES = (1, 4)
 
 def step_seconds(layers: int, micro_batches: int, recompute: str, steps: int) -> float:
     """Median step time of FSDP2 (with ``recompute``) over ``steps`` steps after two warm-ups."""
-    jd = _job(layers, 128, 4, 64, 1, micro_batches, vocab=512, precision="fp32")
+    jd = job_dict(layers, 128, 4, 64, 1, micro_batches, vocab=512, precision="fp32")
     jd["layout"]["recompute"] = recompute
     job = TrainingJob.from_dict(jd)
     st = stack_step("fsdp", job, token_batches(job, "cpu"), device="cpu")

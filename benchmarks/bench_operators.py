@@ -23,13 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from calibrate.importers import _OPERATORS  # noqa: E402  (their column -> our shape conversions)
-from predictor.operators import OPERATORS, regressor_features  # noqa: E402
-from calibrate.fitting import RatioRegressor  # noqa: E402
-from scripts.build_platforms import A100, GH200  # noqa: E402
+from calibrate.fitting import RatioRegressor
+from calibrate.importers import _OPERATORS  # their column -> our shape conversions
+from calibrate.shipped_gpus import A100, GH200
+from predictor.operators import OPERATORS, regressor_features
 
 GEMM = ("linear1", "linear2", "linear3", "linear4", "linear_final")
 GPU = {"Perlmutter": ("NVIDIAA100-SXM4-80GB", A100), "Vista": ("NVIDIAGH200120GB", GH200)}

@@ -7,7 +7,8 @@ predictor/tp_overlap.py costs the GEMM beside it ``S / (S - margin)`` times as l
 the layers' GEMM shapes (16-bit ``F.linear`` with a bias, which PyTorch sends to cuBLASLt, and FP8
 ``torch._scaled_mm``) with PyTorch's SM carve-out (``torch._C._set_sm_carveout_experimental``,
 the same cuBLASLt attribute) at 0 and at each margin, and prints the measured ratio beside that
-rule.  A carve-out PyTorch ignores shows as a ratio of 1.00 at every margin, and says so.
+rule.  A carve-out PyTorch ignores shows as a ratio of 1.00 at every margin, and says so.  The
+measurement and its summaries are calibrate/sm_margin.py's.
 
     python benchmarks/bench_sm_margin.py [--json OUT.json]
 """
@@ -15,20 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from calibrate.sm_margin import MARGINS, PRECISIONS, carveout_ignored, measure_rows, ratio_summary
 
-MARGINS = (8, 16, 32)
-# (m, k, n): tokens x input width x output width of the linears of Llama-3 8B (tp 1, 2) and 70B
-# (tp 4, 8) at 2,048-16,384 tokens a micro-batch: the shapes the TP overlap chunks.
-SHAPES = [(m, k, n) for m in (2048, 8192, 16384)
-          for k, n in ((4096, 6144), (4096, 4096), (4096, 7168), (7168, 4096),
-                       (8192, 2560), (2048, 8192), (8192, 7168), (3584, 8192))]
+
+def _print_row(row: dict) -> None:
+    t = {int(g): s for g, s in row["seconds"].items()}
+    print(f"{row['precision']:5} m={row['m']:6} k={row['k']:5} n={row['n']:5}  {t[0] * 1e6:9.1f} us  "
+          + "  ".join(f"margin {g}: x{t[g] / t[0]:.3f}" for g in MARGINS), flush=True)
 
 
 def main() -> int:
@@ -36,44 +34,22 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     import torch
-    import torch.nn.functional as F
 
-    from calibrate.timing import measure
     from predictor.tp_overlap import margin_slowdown
 
     if not torch.cuda.is_available():
         print("bench_sm_margin: needs a GPU", file=sys.stderr)
         return 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    one = torch.ones((), device="cuda")
-    rows = []
-    for m, k, n in SHAPES:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        b = torch.zeros(n, device="cuda", dtype=torch.bfloat16)
-        x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-        runs = {"bf16": lambda: F.linear(x, w, b),
-                "fp8": lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, bias=b,
-                                                out_dtype=torch.bfloat16)}
-        for prec, fn in runs.items():
-            t = {}
-            for margin in (0,) + MARGINS:
-                torch._C._set_sm_carveout_experimental(margin or None)
-                t[margin] = measure(fn, "cuda", warmup=3, repeats=20).seconds
-            torch._C._set_sm_carveout_experimental(None)
-            row = {"m": m, "k": k, "n": n, "precision": prec, "seconds": {str(g): s for g, s in t.items()},
-                   "ratio": {str(g): t[g] / t[0] for g in MARGINS}}
-            rows.append(row)
-            print(f"{prec:5} m={m:6} k={k:5} n={n:5}  {t[0] * 1e6:9.1f} us  " + "  ".join(
-                f"margin {g}: x{t[g] / t[0]:.3f}" for g in MARGINS), flush=True)
+    rows = measure_rows(on_row=_print_row)
     print(f"\n{sms} SMs; the rule S/(S-margin): " + ", ".join(
         f"{g}: x{sms / (sms - g):.3f}" for g in MARGINS) + f" (predictor: x{margin_slowdown(sms):.3f} at 16)")
-    for prec in ("bf16", "fp8"):
+    for prec in PRECISIONS:
         for g in MARGINS:
-            r = [row["ratio"][str(g)] for row in rows if row["precision"] == prec]
-            print(f"{prec} margin {g}: median x{statistics.median(r):.3f}, range x{min(r):.3f}-x{max(r):.3f}"
-                  f" over {len(r)} shapes")
-    if all(abs(row["ratio"][str(g)] - 1.0) < 0.01 for row in rows for g in MARGINS):
+            median, low, high, count = ratio_summary(rows, prec, g)
+            print(f"{prec} margin {g}: median x{median:.3f}, range x{low:.3f}-x{high:.3f}"
+                  f" over {count} shapes")
+    if carveout_ignored(rows):
         print("every ratio is within 1 % of 1: this PyTorch build's carve-out did not reach these GEMMs")
     if args.json:
         # Provenance in the file itself: which GPU, when, on which software.

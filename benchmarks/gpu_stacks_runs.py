@@ -4,9 +4,10 @@
     python benchmarks/gpu_stacks_runs.py [--data benchmarks/data/h100-lent/stacks]
                                          [--out .../stacks-runs.toml] [--stacks pytorch,sdpa_efficient,fsdp,ddp]
 
-``bench_gpu_stacks.py`` trains the 33-job family of ``bench_train_family.py`` under several software
-stacks and writes rows into ``stacks.json`` / ``stacks2.json``; calibrate/stack_runs.py turns each
-into the run its stack's launch would reveal (benchmarks/data/h100-lent/stacks/README.md).
+``bench_gpu_stacks.py`` trains the 33-job family of calibrate/train_family.py under several software
+stacks and writes rows into ``stacks.json`` / ``stacks2.json`` ... (calibrate/stack_files.py lists
+them); calibrate/stack_runs.py turns each into the run its stack's launch would reveal
+(benchmarks/data/h100-lent/stacks/README.md).
 """
 from __future__ import annotations
 
@@ -14,14 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from calibrate.stack_runs import STACKS, StackRowError, runs_from_files, to_toml  # noqa: E402
-
-DATA = ROOT / "benchmarks" / "data" / "h100-lent" / "stacks"
-FILES = ("stacks.json", "stacks2.json", "stacks3.json", "stacks4.json", "stacks5.json", "stacks6.json",
-         "hseries.json", "longseq.json", "longseq-flash.json", "stacks7.json")
+from calibrate.stack_files import LENT_STACKS_DIR as DATA
+from calibrate.stack_files import step_files
+from calibrate.stack_runs import STACKS, StackRowError, runs_from_files, to_toml
 
 
 def main() -> int:
@@ -31,7 +27,7 @@ def main() -> int:
     ap.add_argument("--stacks", default=",".join(STACKS), help="comma-separated stacks to convert")
     args = ap.parse_args()
     try:
-        runs = runs_from_files([args.data / f for f in FILES if (args.data / f).exists()],
+        runs = runs_from_files(step_files(args.data),
                                [s for s in args.stacks.split(",") if s])
     except StackRowError as exc:
         print(f"gpu_stacks_runs: {exc}", file=sys.stderr)

@@ -35,38 +35,28 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from calibrate.engine_costs import engine_prior  # noqa: E402
-from calibrate.env import KNOWN_GPUS  # noqa: E402
-from calibrate.fitting import BundleFitter, convert_bundle  # noqa: E402
-from calibrate.fitting.host import platform_host_table  # noqa: E402
-from calibrate.importers import import_estimate_train_time  # noqa: E402
-from calibrate.stack_host import (GPU_CHECKPOINT_WRAPPERS, gpu_checkpoint_layer_seconds,  # noqa: E402
-                                  gpu_fsdp_layer_seconds)
-from calibrate.validate import load_runs, validate_platform  # noqa: E402
-from predictor.bundle import MANIFEST, load_bundle  # noqa: E402
-from predictor.host import CHECKPOINT_WRAPPERS  # noqa: E402
-from predictor.operators import GpuSpec  # noqa: E402
-from predictor.platform import PLATFORM_FILE, pin_platform_bundles, write_platform  # noqa: E402
-from predictor.job import TrainingJob  # noqa: E402
-from predictor.samples import load_samples  # noqa: E402
-from predictor.validation import MeasuredRun  # noqa: E402
+from calibrate.engine_costs import engine_prior
+from calibrate.fitting import BundleFitter, convert_bundle
+from calibrate.fitting.host import platform_host_table
+from calibrate.importers import import_estimate_train_time
+from calibrate.shipped_gpus import A100, GH200, H100
+from calibrate.stack_host import GPU_CHECKPOINT_WRAPPERS, gpu_checkpoint_layer_seconds, gpu_fsdp_layer_seconds
+from calibrate.validate import load_runs, validate_platform
+from predictor.bundle import MANIFEST, load_bundle
+from predictor.host import CHECKPOINT_WRAPPERS
+from predictor.platform import PLATFORM_FILE, pin_platform_bundles, write_platform
+from predictor.job import TrainingJob
+from predictor.samples import load_samples
+from predictor.validation import MeasuredRun
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
+ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "predictor" / "platforms"
 RUNS = ROOT / "benchmarks" / "data"   # the paper's measured end-to-end runs, per platform
-
-# Published peaks (dense tensor-core TFLOP/s, HBM GB/s): the roofline normaliser only.
-# (memory GiB, TFLOP/s per precision, GB/s) from calibrate.env's table, which calibration uses too.
-A100 = GpuSpec("NVIDIA A100-SXM4-80GB", *KNOWN_GPUS["a100"])
-GH200 = GpuSpec("NVIDIA GH200 120GB", *KNOWN_GPUS["gh200"])
-H100 = GpuSpec("NVIDIA H100-SXM5-80GB", *KNOWN_GPUS["h100"])
 
 # The share of a link's rate NCCL's bus bandwidth reaches on large messages, for spec-only links.
 # NCCL's own tuning model caps an A100's (sm80) bus bandwidth at 235 of NVLink3's 300 GB/s (0.78,
