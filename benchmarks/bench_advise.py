@@ -89,7 +89,7 @@ def main() -> None:
         adv = advise(job, plat, opts, predict_many)
         b = adv.best
         best = (f"{b.name} mb{b.layout.micro_batch} {b.layout.recompute} z{b.layout.zero_stage} "
-                f"v{b.layout.virtual_stages}: {b.iteration_seconds:.2f} s/step, MFU {100 * b.mfu:.0f}%"
+                f"v{b.layout.virtual_stages}: {b.iteration_seconds:.2f} s/iteration, MFU {100 * b.mfu:.0f}%"
                 if b else "none fits")
         print(f"{name:34} {plan.enumerated:7d} {len(plan.fitting):5d} {t_plan:8.3f}s {t_pred:7.3f}s "
               f"{t_all:8.3f}s {t_cold:6.3f}s {t_one:10.1f}s  {best}")

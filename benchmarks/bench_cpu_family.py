@@ -259,8 +259,8 @@ def parts(args) -> int:
         plat = resolve_platform(args.platform, keep)
         pred = predict(TrainingJob.from_dict(j), plat)
     bd = pred.breakdown.to_dict() if pred else {}
-    pmap = {"forward": bd.get("stage_fwd_max"), "backward": bd.get("stage_bwd_max"),
-            "all_reduce": bd.get("dp_allreduce"), "optimizer": bd.get("max_update"),
+    pmap = {"forward": bd.get("forward_seconds"), "backward": bd.get("backward_seconds"),
+            "all_reduce": bd.get("gradient_reduce_seconds"), "optimizer": bd.get("optimizer_seconds"),
             "step": pred.iteration_seconds if pred else None}
     m = j["layout"]["micro_batches"]
     imap = {"forward": iso.forward_seconds * m, "backward": iso.backward_seconds * m,
@@ -280,7 +280,7 @@ def parts(args) -> int:
         print(f"  {op:<22} {1e3 * m * f:8.2f} {1e3 * m * b:8.2f}"
               + ("" if pf is None else f" | {1e3 * m * pf:8.2f} {1e3 * m * pb:8.2f}"))
     if pred is not None:
-        print("predicted optimizer (max_update) includes the ZeRO all-gather; breakdown (ms): "
+        print("predicted optimizer (optimizer_seconds) includes the ZeRO all-gather; breakdown (ms): "
               + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in bd.items() if v))
     return 0
 

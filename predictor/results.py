@@ -32,30 +32,25 @@ class Breakdown:
     dp_exposed_seconds: float = 0.0
 
     # One vocabulary: the JSON key of each part is its field name, and perf-predict prints the same
-    # words (acronyms in capitals, the unit in the column header).  Per field: its printed label and
-    # the key perfcast wrote before (the paper's code's name), still written beside the new one with
-    # the same value so that readers of the old JSON keep working.  The parts that add up to the
+    # words (acronyms in capitals, the unit in the column header).  The parts that add up to the
     # iteration come first, in order; then those already inside them ("of which").
-    TERMS = (("forward_seconds", "forward (slowest stage)", "stage_fwd_max"),
-             ("backward_seconds", "backward (slowest stage)", "stage_bwd_max"),
-             ("bubble_seconds", "bubble", "bubble"),
-             ("gradient_reduce_seconds", "gradient reduce", "dp_allreduce"),
-             ("optimizer_seconds", "optimizer (+ all-gather)", "max_update"),
-             ("step_overhead_seconds", "step overhead", "step_overhead"),
-             ("tp_allreduce_seconds", "TP allreduce", "mp_allreduce"),
-             ("pp_p2p_seconds", "PP p2p", "pp_p2p"),
-             ("host_wait_seconds", "host wait", "host_wait"),
-             ("cp_exposed_seconds", "CP exposed", "cp_exposed"),
-             ("dp_exposed_seconds", "DP exposed", "dp_exposed"))
+    TERMS = (("forward_seconds", "forward (slowest stage)"),
+             ("backward_seconds", "backward (slowest stage)"),
+             ("bubble_seconds", "bubble"),
+             ("gradient_reduce_seconds", "gradient reduce"),
+             ("optimizer_seconds", "optimizer (+ all-gather)"),
+             ("step_overhead_seconds", "step overhead"),
+             ("tp_allreduce_seconds", "TP allreduce"),
+             ("pp_p2p_seconds", "PP p2p"),
+             ("host_wait_seconds", "host wait"),
+             ("cp_exposed_seconds", "CP exposed"),
+             ("dp_exposed_seconds", "DP exposed"))
     PARTS = tuple(t[0] for t in TERMS[:6])
     INSIDE = tuple(t[0] for t in TERMS[6:])
-    LABELS = {name: label for name, label, _ in TERMS}
-    LEGACY_KEYS = {name: key for name, _, key in TERMS}
+    LABELS = dict(TERMS)
 
     def to_dict(self) -> dict[str, float]:
-        out = {name: float(getattr(self, name)) for name in self.PARTS + self.INSIDE}
-        out.update({key: out[name] for name, key in self.LEGACY_KEYS.items()})
-        return out
+        return {name: float(getattr(self, name)) for name in self.PARTS + self.INSIDE}
 
 
 @dataclass(frozen=True)
@@ -109,7 +104,7 @@ class Details:
     def to_dict(self) -> dict[str, Any]:
         s, t = self.stages, self.total
         d: dict[str, Any] = {
-            "stage_fwd_seconds": list(s.forward_seconds), "stage_bwd_seconds": list(s.backward_seconds),
+            "stage_forward_seconds": list(s.forward_seconds), "stage_backward_seconds": list(s.backward_seconds),
             "stage_host_wait_seconds": list(s.host_wait_seconds), "stage_layers": list(s.layers),
             "forward_pipeline_seconds": self.forward_pipeline_seconds,
             "timeline_ratio": list(self.timeline_ratio), "timeline_runs": self.timeline_runs,

@@ -9,11 +9,13 @@ JOB is a TOML job file (``*.toml``) or a batch script (parsed, never run).  ``--
 (or ``--nodes 16,32,64``) sweeps GPU counts and reports time-to-train and GPU-hours per count.
 Bad input: one line ``perf-advise: ...`` on stderr and exit code 2.
 
-Columns: s/step (predicted seconds per optimizer step; every layout keeps the job's global
-batch, so this ranks them), tokens/s, TFLOP/s/GPU and MFU (model FLOPs, recomputation not
-counted; formula in predictor.advise), GiB/GPU (predictor.memory's peak of the worst stage, ✗ =
-does not fit), bubble (pipeline fill/drain share of the step), comm (the share of TP allreduce,
-PP p2p, DP exposed and gradient reduce outside the bubble: perf-predict's words).  ``--json`` prints
+Columns, in the words of the JSON keys (``micro_batch``, ``micro_batches``, ``recompute``,
+``zero_stage``, ``virtual_stages``, ``iteration_seconds``, ``bubble_share``, ``comm_share``) and
+of perf-predict's text: s/iteration (predicted seconds per iteration, i.e. optimizer step; every
+layout keeps the job's global batch, so this ranks them), tokens/s, TFLOP/s/GPU and MFU (model
+FLOPs, recomputation not counted; formula in predictor.advise), GiB/GPU (predictor.memory's peak
+of the worst stage, ✗ = does not fit), bubble share (pipeline fill/drain share of the iteration),
+comm share (the share of TP allreduce, PP p2p, DP exposed and gradient reduce outside the bubble).  ``--json`` prints
 ``{"candidates": [...], "current": {..., "rank": K}, ...}`` fastest first; a sweep prints
 ``{"platform": ..., "sweep": [{"gpus", "nodes", "best", "iteration_seconds", "train_seconds",
 "gpu_hours"}, ...]}``.
@@ -126,8 +128,8 @@ def _hours(seconds: Optional[float]) -> str:
     return slurm_duration(seconds)
 
 
-_HEADER = ("rank", "PP-TP-DP", "mb", "m", "recompute", "ZeRO", "v", "s/step", "tokens/s",
-           "TFLOP/s/GPU", "MFU", "GiB/GPU", "bubble", "comm")
+_HEADER = ("rank", "PP-TP-DP", "micro-batch", "micro-batches", "recompute", "ZeRO", "virtual stages",
+           "s/iteration", "tokens/s", "TFLOP/s/GPU", "MFU", "GiB/GPU", "bubble share", "comm share")
 
 
 def _row(rank: str, c: Any) -> tuple[str, ...]:
@@ -200,8 +202,8 @@ def render_advice(advice: Any, top: int) -> str:
         listed = any(c.key == cur.key for c in advice.candidates)
         total = nfit if listed else nfit + 1
         where = f"ranks {advice.current_rank} of {total}" if advice.current_rank else "does not fit"
-        line = (f"your layout {cur.name} (mb {cur.layout.micro_batch}, {_recompute_words(cur.layout.recompute)}, "
-                f"ZeRO {cur.layout.zero_stage}) {where}: {cur.iteration_seconds:.3f} s/step")
+        line = (f"your layout {cur.name} (micro-batch {cur.layout.micro_batch}, {_recompute_words(cur.layout.recompute)}, "
+                f"ZeRO {cur.layout.zero_stage}) {where}: {cur.iteration_seconds:.3f} s/iteration")
         best = advice.best
         if best is not None and advice.current_rank and advice.current_rank > 1:
             gain = cur.iteration_seconds / best.iteration_seconds - 1
@@ -225,8 +227,8 @@ def render_advice(advice: Any, top: int) -> str:
 
 
 def render_sweep(points: Sequence[Any]) -> str:
-    rows = [("GPUs", "nodes", "best " + _layout_header(p.best for p in points), "mb", "recompute", "ZeRO", "v", "s/step",
-             "time to train", "GPU-hours", "efficiency")]
+    rows = [("GPUs", "nodes", "best " + _layout_header(p.best for p in points), "micro-batch", "recompute",
+             "ZeRO", "virtual stages", "s/iteration", "time to train", "GPU-hours", "efficiency")]
     base = next((p for p in points if p.best is not None), None)
     for p in points:
         if p.best is None:

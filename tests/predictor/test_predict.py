@@ -17,9 +17,11 @@ def test_prediction_shape_and_json(perlmutter):
     for key in ("forward_seconds", "backward_seconds", "bubble_seconds", "gradient_reduce_seconds",
                 "optimizer_seconds", "tp_allreduce_seconds", "pp_p2p_seconds"):
         assert d["breakdown"][key] >= 0
-    # The keys written before stay readable, with the same values.
-    for name, old in p.breakdown.LEGACY_KEYS.items():
-        assert d["breakdown"][old] == d["breakdown"][name] == getattr(p.breakdown, name)
+    # One vocabulary: the breakdown's keys are its parts' names, each printed as LABELS says.
+    assert list(d["breakdown"]) == [name for name, _ in p.breakdown.TERMS]
+    for name in d["breakdown"]:
+        assert d["breakdown"][name] == getattr(p.breakdown, name)
+    assert d["details"]["stage_forward_seconds"] == list(p.details.stages.forward_seconds)
     lo, hi = p.interval_seconds
     assert lo < p.iteration_seconds < hi
     b = p.breakdown

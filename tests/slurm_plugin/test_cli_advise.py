@@ -59,7 +59,7 @@ def run_cli(argv, capsys, platform=None):
 def test_table_output(job_file, capsys):
     code, out, _ = run_cli([job_file, "--top", "5"], capsys)
     assert code == 0
-    assert "PP-TP-DP" in out and "s/step" in out and "MFU" in out
+    assert "PP-TP-DP" in out and "s/iteration" in out and "MFU" in out
     assert "your layout 4-4-8" in out
     assert "GPU-hours over 2,000 iterations" in out or "best layout found" in out
 
@@ -289,7 +289,7 @@ def test_plot_without_matplotlib_keeps_the_answer(job_file, tmp_path, capsys, mo
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     png = tmp_path / "chart.png"
     code, out, err = run_cli([job_file, "--plot", png], capsys)
-    assert code == 0 and "s/step" in out and not png.exists()
+    assert code == 0 and "s/iteration" in out and not png.exists()
     assert "--plot needs matplotlib" in err and "no chart written" in err
 
 
