@@ -14,14 +14,10 @@ a perf-advise command pays).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from predictor import Predictor, TrainingJob, load_platform  # noqa: E402
-from predictor.advise import SearchOptions, _job_for, _plan, advise, sweep  # noqa: E402
+from predictor import Predictor, TrainingJob, load_platform
+from predictor.advise import SearchOptions, _job_for, _plan, advise, sweep
 
 MODELS = {
     # name: (model keys, global batch in sequences)

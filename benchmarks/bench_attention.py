@@ -23,16 +23,12 @@ the dgx-h100 model predicts for each: the check to run on a lent GPU (CPU: SDPA'
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from predictor import TrainingJob, load_platform  # noqa: E402
-from predictor import attention  # noqa: E402
-from predictor.estimate import QuerySet, _attention_cost  # noqa: E402
-from predictor.job import ATTENTION_IMPLS  # noqa: E402
-from predictor.operators import OPERATORS  # noqa: E402
+from predictor import TrainingJob, load_platform
+from predictor import attention
+from predictor.estimate import QuerySet, _attention_cost
+from predictor.job import ATTENTION_IMPLS
+from predictor.operators import OPERATORS
 
 A100_FLASH2_CAUSAL_FWD_TFLOPS = 156.0
 SEQS = (2048, 4096, 8192, 16384, 32768)

@@ -28,9 +28,6 @@ from pathlib import Path
 # Before xgboost/lightgbm load: their two OpenMP runtimes must not spin against each other.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from calibrate.fitting import fit_platform  # noqa: E402
 from calibrate.gpt_model import measure_training  # noqa: E402
 from calibrate.runner import RunOptions, run_calibration  # noqa: E402

@@ -66,8 +66,6 @@ from pathlib import Path
 
 # Before xgboost/lightgbm load: their two OpenMP runtimes must not spin against each other.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from calibrate.cpu_family import (STACKS, THREADS_PER_RANK, compare_rows, family, job_named,  # noqa: E402
                                   name_of, read_runs, resolve_platform, runs_toml, stack_family,
@@ -75,7 +73,7 @@ from calibrate.cpu_family import (STACKS, THREADS_PER_RANK, compare_rows, family
 from calibrate.cpu_load import loadavg, while_measuring  # noqa: E402
 from calibrate.errors import CalibrationError  # noqa: E402
 
-
+ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data" / "cpu-family"
 THREADS = THREADS_PER_RANK
 PLAN = DATA / "plan.toml"

@@ -17,10 +17,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from calibrate.validate import load_runs, validate_platform
 
-from calibrate.validate import load_runs, validate_platform  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGET = {"perlmutter-a100": 0.05, "vista-gh200": 0.09}
 

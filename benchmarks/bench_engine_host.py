@@ -27,8 +27,6 @@ from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from calibrate.engine_costs import pooled_costs  # noqa: E402
 

@@ -36,15 +36,14 @@ from typing import Optional
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from calibrate.fitting import gpu_spec_from_meta
+from calibrate.fitting.bundle import operator_training_rows
+from calibrate.fitting.ratio import RatioRegressor
+from predictor.estimate import EXTRAPOLATION_ERROR_ABOVE, EXTRAPOLATION_ERROR_BELOW
+from predictor.operators import OPERATORS
+from predictor.samples import load_samples
 
-from calibrate.fitting import gpu_spec_from_meta  # noqa: E402
-from calibrate.fitting.bundle import operator_training_rows  # noqa: E402
-from calibrate.fitting.ratio import RatioRegressor  # noqa: E402
-from predictor.estimate import EXTRAPOLATION_ERROR_ABOVE, EXTRAPOLATION_ERROR_BELOW  # noqa: E402
-from predictor.operators import OPERATORS  # noqa: E402
-from predictor.samples import load_samples  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # The share of a feature's rows held out beyond the cut, and the fewest rows either side needs.
 HELD_OUT_SHARE = 0.25

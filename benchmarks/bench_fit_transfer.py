@@ -41,13 +41,12 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from calibrate.validate import _MAX_STD, fit_terms, load_runs
+from predictor import load_platform, predict_many
+from predictor.kinds import kind_of
+from predictor.validation import MeasuredRun
 
-from calibrate.validate import _MAX_STD, fit_terms, load_runs  # noqa: E402
-from predictor import load_platform, predict_many  # noqa: E402
-from predictor.kinds import kind_of  # noqa: E402
-from predictor.validation import MeasuredRun  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # (name, predicate): a run is on the fitted side when the predicate holds; the split is then also
 # run the other way round.

@@ -22,13 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from predictor import TrainingJob, load_platform, predict  # noqa: E402
-from predictor.estimate import QuerySet  # noqa: E402
+from predictor import TrainingJob, load_platform, predict
+from predictor.estimate import QuerySet
 
 # torchao/float8/README.md: forward + backward speedup of Float8Linear over bf16 on H100.
 TORCHAO_LINEAR = [((1024, 2048, 1024), 0.80), ((4096, 8192, 16384), 1.39)]

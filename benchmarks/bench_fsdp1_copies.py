@@ -23,12 +23,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from calibrate.fsdp1_copies import BLOCKS, CONFIGS, MICRO_BATCHES, PARAMS_PER_BLOCK, count, modelled  # noqa: E402
+from calibrate.fsdp1_copies import BLOCKS, CONFIGS, MICRO_BATCHES, PARAMS_PER_BLOCK, count, modelled
 
 
 def main() -> int:

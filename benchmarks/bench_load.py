@@ -30,7 +30,6 @@ HEAVY = ("xgboost", "lightgbm", "sklearn", "scipy", "torch", "pandas", "matplotl
 
 _PROBE = r"""
 import json, sys, time
-sys.path.insert(0, {root!r})
 import predictor.platform as P
 names = {names!r}
 t = time.perf_counter()
@@ -44,7 +43,7 @@ print(json.dumps({{"ms": ms, "rss_mb": status['VmRSS'] / 1024, "hwm_mb": status[
 
 
 def probe(names: list[str]) -> dict:
-    code = _PROBE.format(root=str(ROOT), names=names, heavy=HEAVY)
+    code = _PROBE.format(names=names, heavy=HEAVY)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     if res.returncode:
         raise SystemExit(f"loading {names} failed:\n{res.stderr}")
@@ -70,7 +69,6 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--config", default=str(ROOT / "packaging" / "perfcast.toml.example"))
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     from predictor.platform import SHIPPED_DIR
     names = sorted(p.name for p in SHIPPED_DIR.iterdir() if (p / "platform.toml").is_file())
     ok = True

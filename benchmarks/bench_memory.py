@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from calibrate.memory_peaks import MEMORY_STACKS, PeakComparison, compare_peaks, summarize  # noqa: E402
-from predictor import memory as mem  # noqa: E402
-from predictor.job import Layout, ModelSpec  # noqa: E402
+from calibrate.memory_peaks import MEMORY_STACKS, PeakComparison, compare_peaks, summarize
+from predictor import memory as mem
+from predictor.job import Layout, ModelSpec
 
 STACKS_JSON = Path(__file__).resolve().parent / "data" / "h100-lent" / "stacks" / "stacks.json"
 

@@ -26,12 +26,9 @@ import sys
 from dataclasses import asdict, astuple
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from calibrate.op_sac import SHAPES, kept_bytes, modelled_bytes  # noqa: E402
+from calibrate.op_sac import SHAPES, kept_bytes, modelled_bytes
 
 
 def main() -> int:

@@ -14,14 +14,10 @@ docs/modelling.md §3).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from predictor import TrainingJob, load_platform, predict  # noqa: E402
-from predictor.overlap import bucket_entries  # noqa: E402
-from predictor.recipe import stage_parameter_counts  # noqa: E402
+from predictor import TrainingJob, load_platform, predict
+from predictor.overlap import bucket_entries
+from predictor.recipe import stage_parameter_counts
 
 LLAMA3_8B = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336}
 LLAMA3_70B = {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn_hidden": 28672}

@@ -15,10 +15,9 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from slurm_plugin.launch import parse_script
 
-from slurm_plugin.launch import parse_script  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 log = logging.getLogger("bench_parse")
 CORPUS = ROOT / "tests" / "launch" / "data" / "corpus"

@@ -30,12 +30,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from predictor import Predictor, TrainingJob, load_platform
+from predictor import trees as forest
+from predictor.bundle import Bundle
 
-from predictor import Predictor, TrainingJob, load_platform  # noqa: E402
-from predictor import trees as forest  # noqa: E402
-from predictor.bundle import Bundle  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 JOB = ROOT / "examples" / "gpt20b-perlmutter.toml"
 

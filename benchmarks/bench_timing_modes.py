@@ -17,10 +17,9 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from predictor.samples import load_samples
 
-from predictor.samples import load_samples  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 BUCKETS_US = ((0, 50), (50, 200), (200, 1000), (1000, 5000), (5000, float("inf")))
 

@@ -47,12 +47,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from calibrate.watch import Limits, Progress, decide
+from slurm_plugin.records import PredictionRecord
+from slurm_plugin.siteconfig import WatchPolicy
 
-from calibrate.watch import Limits, Progress, decide  # noqa: E402
-from slurm_plugin.records import PredictionRecord  # noqa: E402
-from slurm_plugin.siteconfig import WatchPolicy  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 if sys.version_info >= (3, 11):
     import tomllib
