@@ -35,7 +35,6 @@ each stack's error, and FSDP2's on its device-bound steps (models of 0.75 B para
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -51,6 +50,7 @@ import torch
 from calibrate.attention_timing import HEAD_DIM, HEADS, MATH_MAX_SEQ, SEQS, flex_kernel, time_attention
 from calibrate.engine_host import cpu_name
 from calibrate.errors import CalibrationError
+from calibrate.stack_steps import SDPA_BACKENDS, one_stack
 from calibrate.stacks import MODULE_STACKS, check_recompute
 from calibrate.train_family import JOB_SETS, job_set, quick_jobs
 
@@ -120,57 +120,6 @@ def attention_part(device: str, seqs: list[int], clock: Clock, out: Path, repeat
             if device == "cuda":
                 torch.cuda.empty_cache()
             write(out, "attention.json", result)
-
-
-#: ``--sdpa-backend``: the SDPA backend a call pins, as ``model.attention_impl`` names its kernel.
-SDPA_BACKENDS = {"flash": ("FLASH_ATTENTION", "sdpa_flash"), "cudnn": ("CUDNN_ATTENTION", "cudnn"),
-                 "efficient": ("EFFICIENT_ATTENTION", "sdpa_efficient")}
-
-
-def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int, sdpa_backend: str = "") -> dict:
-    """Train ``job_dict`` under ``stack`` in this process: step seconds and peak bytes."""
-    if sdpa_backend:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[sdpa_backend][0])):
-            row = one_stack(stack, job_dict, device, steps, warmup)
-        return {**row, "sdpa_backend": SDPA_BACKENDS[sdpa_backend][1]}
-    from calibrate.gpt_model import measure_training, token_batches
-    from calibrate.stacks import stack_step
-    from calibrate.timing import robust_seconds, time_steps
-    from predictor.job import TrainingJob
-
-    job = TrainingJob.from_dict(job_dict)
-    # Earlier jobs' modules sit in reference cycles until the collector runs: collect them, so
-    # that the peak below is this job's alone.
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        # What earlier jobs left allocated (FSDP1's modules outlive the collector: their
-        # memory stays allocated): the job's own peak is the peak less this.
-        start_allocated = int(torch.cuda.memory_allocated())
-    if stack in ("pytorch", "sdpa_efficient"):
-        if stack == "sdpa_efficient":
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-            with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-                m = measure_training(job, device=device, steps=steps, warmup=warmup)
-        else:
-            m = measure_training(job, device=device, steps=steps, warmup=warmup)
-        times, params = m.steps, m.params
-    else:
-        st = stack_step(stack, job, token_batches(job, device), device=device)
-
-        def step() -> None:
-            st.gpt.begin_step()
-            st.run()
-        times = time_steps(step, steps, warmup, device)
-        params = st.params
-        del st, step
-    row = {"measured_iteration_seconds": robust_seconds(times, device), "steps": times, "params": int(params)}
-    if device == "cuda":
-        row["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
-        row["start_allocated_bytes"] = start_allocated
-    return row
 
 
 def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: Path, name: str,
