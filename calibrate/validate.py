@@ -48,7 +48,7 @@ from predictor.platform import (FITTED_SCALE_RANGE, PLATFORM_FILE, FitDomain, Fi
 from predictor import interval
 from predictor.validation import MeasuredRun, parse_runs, ratio_range, runs_to_toml
 
-from .fitting.identification import NOISE_FLOOR, identified
+from .fitting.identification import MIN_FIT_RUNS, NOISE_FLOOR, identified
 from .fitting.kinds import fit_hierarchical
 
 if sys.version_info >= (3, 11):
@@ -65,9 +65,6 @@ log = logging.getLogger(__name__)
 _LATTICE = np.geomspace(FITTED_SCALE_RANGE[0], FITTED_SCALE_RANGE[1], 141)
 _ONE = 70
 _COARSE = 7        # coarse pass every 7th point (~7 %), then every point within one coarse step
-# Fewer runs than this cannot say whether a fitted scale carries to other jobs (leave-one-out
-# leaves too little to fit on).
-MIN_FIT_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -338,7 +335,8 @@ def fit_terms(platform: Platform, runs: Sequence[MeasuredRun],
     per-layer, per-micro-batch and per-launch host costs, each its own scale, and the network
     scale (runs on one node do not see it).  They replace any
     the platform has (fitted from the unscaled models).  A factor is fitted only when at least
-    :data:`MIN_FIT_RUNS` runs see it and the runs identify it (:func:`calibrate.fitting.identification.identified`); otherwise it
+    :data:`MIN_FIT_RUNS` runs see it and the runs identify it
+    (:func:`calibrate.fitting.identification.identified`); otherwise it
     stays 1.  The loss is the mean squared log of predicted / measured over the runs a factor moves:
     symmetric in over- and under-prediction, and independent of a run's length.  Leave-one-out
     repeats the whole procedure (identification included) without each run.  ``current``: the

@@ -12,6 +12,9 @@ import numpy as np
 # the mean standard deviation of log step time over the shipped H100 runs' five steps
 # (benchmarks/data/h100-lent/train-family.json: mean 0.028, median 0.022).
 NOISE_FLOOR = 0.03
+# Fewer runs than this cannot say whether a fitted scale carries to other jobs (leave-one-out
+# leaves too little to fit on): the platform-wide fit and the per-kind one alike.
+MIN_FIT_RUNS = 3
 
 
 def identified(J: np.ndarray, sees: np.ndarray, resid: np.ndarray, among: Sequence[int],

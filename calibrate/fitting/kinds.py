@@ -52,7 +52,7 @@ from predictor.platform import (FITTED_SCALE_RANGE, KIND_SCALES, FitDomain, Fitt
 from predictor.validation import MeasuredRun
 from slurm_plugin.siteconfig import PartitionPolicy
 
-from .identification import NOISE_FLOOR, identified
+from .identification import MIN_FIT_RUNS, NOISE_FLOOR, identified
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,6 @@ _PRIOR_WEIGHT = (TAU0 / (_LOG_HI / 2)) ** 2
 # Identified: the runs pin the factor's log to half its prior's width (TAU0 / 2 for most).
 _MAX_STD = _LOG_HI / 4
 MIN_ELASTICITY = NOISE_FLOOR / math.log(2.0)
-MIN_FIT_RUNS = 3
 # The pooling strengths leave-one-out chooses among (sigma^2 / tau^2; inf: no per-kind factors).
 LAMBDAS = tuple(float(x) for x in np.geomspace(1e-5, 1e3, 17)) + (math.inf,)
 _BUMP = 1.04

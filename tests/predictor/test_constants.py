@@ -4,6 +4,7 @@ predictions of the shipped platforms' recorded runs)."""
 from __future__ import annotations
 
 import ast
+import math
 import re
 from pathlib import Path
 
@@ -182,3 +183,23 @@ def test_the_install_verdict_is_quoted_as_it_is():
     from calibrate import install
     assert f"× {1 + install.DEFAULT_TOLERANCE:.2f} + {100 * install._ABS_SLACK:g} points" in _row("DEFAULT_TOLERANCE")
     assert f"| {install.DEFAULT_REFIT_MIN_RUNS} harvested runs |" in _row("DEFAULT_REFIT_MIN_RUNS")
+
+
+def test_the_interval_and_fit_constants_quoted_are_the_code_s():
+    from calibrate.fitting import identification, kinds
+    from calibrate import validate
+    from predictor import interval
+    assert f"| {interval.ALPHA:.2f} (a 90 % interval) |" in _row("ALPHA")
+    assert f"| {interval.MIN_OWN_RUNS} runs |" in _row("MIN_OWN_RUNS")
+    prior = interval.SHIPPED_PRIOR
+    assert (f"quantile {prior.quantile}, maximum {prior.maximum}, {prior.runs} runs"
+            in _row("SHIPPED_PRIOR"))
+    assert f"| {identification.NOISE_FLOOR} of log step time |" in _row("NOISE_FLOOR")
+    assert f"| {identification.MIN_FIT_RUNS} runs |" in _row("MIN_FIT_RUNS")
+    assert validate.MIN_FIT_RUNS == kinds.MIN_FIT_RUNS == identification.MIN_FIT_RUNS
+    assert f"| {validate._Z} standard errors |" in _row("_Z")
+    assert kinds.TAU0 == validate._TAU == pytest.approx(math.log(2) / 2)
+    assert kinds.LAMBDAS[0] == pytest.approx(1e-5) and kinds.LAMBDAS[-2] == pytest.approx(1e3)
+    assert len(kinds.LAMBDAS) == 18 and math.isinf(kinds.LAMBDAS[-1])
+    assert f"| {kinds.SNAP} |" in _row("SNAP")
+    assert kinds.SNAP == pytest.approx(identification.NOISE_FLOOR / 6)
