@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from slurm_plugin.daemon.protocol import ask_daemon_async
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = (REPO / "tests" / "slurm" / "scripts" / "megatron_gpt.sh").read_text()
 MIB = 1 << 20
@@ -163,19 +165,8 @@ def payload(platforms: list[str], *, iters: Optional[int] = None, extra: str = "
 
 async def one(sock: str, data: bytes, timeout: float = 10.0) -> tuple[float, dict[str, str]]:
     t0 = time.perf_counter()
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(sock), timeout)
-        writer.write(data)
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), timeout)
-        writer.close()
-    except (OSError, asyncio.TimeoutError) as exc:
-        return time.perf_counter() - t0, {"status": "client-error", "reason": type(exc).__name__}
-    out = {}
-    for line in raw.decode("utf-8", "replace").splitlines():
-        k, _, v = line.partition("=")
-        out[k] = v
-    return time.perf_counter() - t0, out
+    answer = await ask_daemon_async(sock, data, timeout)
+    return time.perf_counter() - t0, answer
 
 
 async def burst(sock: str, datas: list[bytes]) -> list[tuple[float, dict[str, str]]]:

@@ -47,7 +47,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import bench_daemon    # this folder (the script's own) is on sys.path
+from slurm_plugin.daemon.protocol import ask_daemon_async
+
 
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO
@@ -106,7 +107,7 @@ def request(script: str = JOB, **kw) -> bytes:
 
 
 async def ask(sock: str, data: bytes) -> dict[str, str]:
-    return (await bench_daemon.one(sock, data))[1]
+    return await ask_daemon_async(sock, data)
 
 
 async def closed_loop(sock: str, seconds: float, clients: int, per_s: Optional[float] = None,

@@ -28,6 +28,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import re
@@ -396,3 +397,21 @@ def ask_daemon(socket_path: str, request: Mapping[str, Any], timeout: float = 1.
         return json.loads(raw)
     except ValueError:
         return decode_lines(raw)   # "lines" answers, and refusals sent before the request was read
+
+
+async def ask_daemon_async(socket_path: str, payload: bytes, timeout: float = 10.0) -> dict[str, Any]:
+    """:func:`ask_daemon` for asyncio clients (benchmarks that send bursts), with the request
+    already encoded.  A connection that fails or times out answers
+    ``{"status": "client-error", "reason": <the exception's name>}`` instead of raising."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(socket_path), timeout)
+        writer.write(payload)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout)
+        writer.close()
+    except (OSError, asyncio.TimeoutError) as exc:
+        return {"status": "client-error", "reason": type(exc).__name__}
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return decode_lines(raw)

@@ -528,3 +528,18 @@ def test_skips_are_not_recorded(running):
     a = running.ask(req(script="#!/bin/bash\necho hello\n"))
     assert a["status"] == "skip" and "rec=" not in (a.get("admin_comment") or "")
 
+
+
+def test_the_asyncio_client_gets_what_the_plain_one_gets_and_never_raises(running, tmp_path):
+    import asyncio
+    from slurm_plugin.daemon.protocol import ask_daemon_async
+    body = req(script=JOB + "# FAKE tag=async\n")
+    payload = json.dumps(body).encode() + b"\n"
+    got = asyncio.run(ask_daemon_async(running.socket, payload))
+    plain = daemon.ask_daemon(running.socket, body)
+
+    def recless(a: dict) -> dict:
+        return dict(a, admin_comment=re.sub(r" rec=\w+", "", a["admin_comment"]))
+    assert got["status"] == "ok" and recless(got) == recless(plain)
+    nobody = asyncio.run(ask_daemon_async(str(tmp_path / "none.sock"), payload, timeout=1.0))
+    assert nobody == {"status": "client-error", "reason": "FileNotFoundError"}
