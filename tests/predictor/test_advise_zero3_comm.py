@@ -39,7 +39,7 @@ def test_zero3_communication_is_reported_as_such(tmp_path):
     b3 = z3.breakdown
     assert b3.dp_exposed_seconds > 0
     assert b3.dp_exposed_seconds <= b3.forward_seconds + b3.backward_seconds
-    assert z3.to_dict()["breakdown"]["dp_exposed"] == b3.dp_exposed_seconds
+    assert z3.to_dict()["breakdown"]["dp_exposed_seconds"] == b3.dp_exposed_seconds
     assert z2.breakdown.dp_exposed_seconds == 0.0          # only ZeRO-3 gathers per layer
     # what the layers cover is reported as hidden, the rest as exposed: together the serial cost
     assert z3.details.dp_hidden_seconds >= 0.0 and b3.dp_exposed_seconds + z3.details.dp_hidden_seconds > 0
