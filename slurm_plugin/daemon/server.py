@@ -151,12 +151,9 @@ class PredictServer:
             self.records.start()
             self._tick()
         s = self.settings
-        root = await self._listen(s.socket, s.socket_mode, user_mode=False)
-        self.servers.append(root)
+        self.servers.append(await self._listen(s.socket, s.socket_mode, user_mode=False))
         if s.user_socket:
-            users = await self._listen(s.user_socket, s.user_socket_mode, user_mode=True)
-            users.ahead = root
-            self.servers.append(users)
+            self.servers.append(await self._listen(s.user_socket, s.user_socket_mode, user_mode=True))
 
     def _tick(self) -> None:
         if self.records is not None and not self.pool.closing:
@@ -415,25 +412,16 @@ class PredictServer:
 
 
 class _Listener:
-    """A listening socket: each connection is read and answered on the event loop's thread.
-
-    ``ahead``: a listener whose connections go first.  slurmctld asks on the root socket while it
-    holds its job_submit lock, so a burst of sbatch warm-ups on the user socket must not make it
-    wait: before each warm-up is read, whatever slurmctld has sent meanwhile is answered."""
+    """A listening socket: each connection is read and answered on the event loop's thread."""
 
     def __init__(self, server: PredictServer, sock: socket.socket, user_mode: bool):
         self.server, self.sock, self.user_mode = server, sock, user_mode
         self.loop = asyncio.get_running_loop()
         self.loop.add_reader(sock.fileno(), self._accept)
         self.closed = False
-        self.paused = False          # out of file descriptors: not accepting for a while
-        self.ahead: Optional[_Listener] = None
 
     def _accept(self) -> None:
-        ahead = self.ahead
         for _ in range(ACCEPT_BATCH):
-            if ahead is not None and not (ahead.closed or ahead.paused):
-                ahead._accept()
             try:
                 conn, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -441,14 +429,12 @@ class _Listener:
             except OSError as exc:   # EMFILE and the like: pause rather than spin
                 log_event("accept_failed", level=logging.ERROR, error=exc.strerror or str(exc))
                 self.loop.remove_reader(self.sock.fileno())
-                self.paused = True
                 self.loop.call_later(ACCEPT_RETRY_S, self._resume)
                 return
             conn.setblocking(False)
             _Connection(self.server, conn, self.user_mode, self.loop).start()
 
     def _resume(self) -> None:
-        self.paused = False
         if not self.closed:
             self.loop.add_reader(self.sock.fileno(), self._accept)
 

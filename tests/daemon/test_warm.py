@@ -11,8 +11,6 @@ import asyncio
 import json
 import os
 import re
-import socket
-import threading
 import time
 
 from slurm_plugin import daemon
@@ -234,40 +232,3 @@ def test_a_running_warm_up_stops_yielding_the_cpu_once_somebody_waits_for_it():
         finally:
             await pool.close()
     asyncio.run(go())
-
-
-def test_slurmctld_is_answered_before_a_burst_of_warm_ups_queued_ahead_of_it(running, caplog):
-    """slurmctld asks while it holds its job_submit lock: warm-ups that reached the daemon first
-    are read after it, not before (each costs the loop a fraction of a millisecond)."""
-    caplog.set_level("INFO", logger="perfcast.daemon")
-    socks = []
-    go = threading.Event()
-    running.loop.call_soon_threadsafe(go.wait, 30)   # the loop is held while both sockets fill up
-    try:
-        for i in range(20):
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(running.user_socket)
-            s.sendall(json.dumps(warm_body(JOB + f"# FAKE tag=burst{i}\n")).encode() + b"\n")
-            socks.append(s)
-        root = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        root.connect(running.socket)
-        root.sendall(json.dumps(req(script=JOB, partition="cpu")).encode() + b"\n")   # unmanaged
-        socks.append(root)
-        go.set()
-        root.settimeout(30)
-        answer = b""
-        while True:                     # the daemon closes the connection after its answer
-            chunk = root.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
-        assert json.loads(answer)["reason"] == "partition-unmanaged"
-    finally:
-        go.set()
-        for s in socks:
-            s.close()
-    settled(running)
-    events = [r.getMessage() for r in caplog.records if "event=" in r.getMessage()]
-    order = [("request" if "event=request" in m else "warm") for m in events
-             if "event=request" in m or "event=warm" in m]
-    assert order and order[0] == "request", order
