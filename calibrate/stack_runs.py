@@ -38,6 +38,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from predictor.attention import SAME_KERNEL, default_impl, is_hopper_or_newer
+
+from .env import published_spec
 from .errors import CalibrationError
 
 # What the launch of each stack reveals, as (section, key) -> value over the row's job.
@@ -108,10 +111,6 @@ def attention_ran(row: dict, provenance: dict) -> tuple[str, bool]:
 
 def _named_kernel(stack: str, job: dict, kernel: str, pinned: bool, provenance: dict) -> str:
     """The ``model.attention_impl`` the run states ("" = the launch's default is what ran)."""
-    from predictor.attention import SAME_KERNEL, default_impl, is_hopper_or_newer
-
-    from .env import published_spec
-
     if not kernel:
         return ""
     if stack in _NO_FRAMEWORK:

@@ -990,15 +990,16 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
     fsdp = lay.zero_stage >= 2 and job.run.framework in FSDP_FRAMEWORKS
     # DeepSpeed's ZeRO-3 fetches and releases each module's partitioned parameters in hooks of its own.
     zero3 = lay.zero_stage == 3 and job.run.framework in DEEPSPEED_PIPELINE_FRAMEWORKS
+    # The job's, the same on every stage.
+    wrapper = checkpoint_wrapper_for(job.run.framework, lay.recompute, fsdp)
+    fsdp_share = fsdp_hook_share(job.run.framework, lay.zero_stage, lay.micro_batches)
     stage_host = [plat.host.stage_seconds(n, n * layer_launches, lay.recompute, fitted=plat.fitted,
                                           engine=engine,
                                           collective_calls=n * layer_calls + len(pipeline.p2p[i][0].parts)
                                           + len(pipeline.p2p[i][1].parts),
                                           fsdp_layers=n if fsdp else 0, compiled=job.run.compile,
                                           zero3_layers=n if zero3 else 0,
-                                          checkpoint=checkpoint_wrapper_for(job.run.framework, lay.recompute, fsdp),
-                                          fsdp_share=fsdp_hook_share(job.run.framework, lay.zero_stage,
-                                                                     lay.micro_batches))
+                                          checkpoint=wrapper, fsdp_share=fsdp_share)
                   + n * layer_sync_seconds
                   for i, n in enumerate(sizes)]
     return stage_host, plat.host.engine_step_seconds(engine, plat.fitted)

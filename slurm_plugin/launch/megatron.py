@@ -18,7 +18,7 @@ from .facts import Facts
 from .limits import MAX_KEY_SUGGESTIONS, CannotPredict
 from .megatron_flags import KNOWN as KNOWN_FLAGS
 from .megatron_flags import MEGATRON_LM_SOURCE
-from .neox_keys import suggest
+from .neox_keys import CONTIGUOUS_NEEDS_PARTITION, suggest
 from .overlap import set_overlaps, warn_overlaps
 from .values import MARK_OPEN
 
@@ -446,8 +446,7 @@ def _checkpoint_options(f: Facts) -> None:
                  f"flags (--partition-activations, --checkpoint-in-cpu, --synchronize-each-layer, "
                  f"--contigious-checkpointing), absent ones as false, which override the config; not costed")
     if f.val("cli_contiguous_checkpointing") and not f.val("cli_partition_activations"):
-        w.append(f"--contigious-checkpointing without --partition-activations: DeepSpeed stops at start-up "
-                 f"(\"Contiguous Checkpointing is only available with partitioned activations\") "
+        w.append(f"--contigious-checkpointing without --partition-activations: {CONTIGUOUS_NEEDS_PARTITION} "
                  f"({f.origin('cli_contiguous_checkpointing')})")
     if not on:
         return

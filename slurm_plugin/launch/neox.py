@@ -15,7 +15,7 @@ from typing import Any, Optional
 from . import moe
 from .configs import Config, to_bool, to_int, to_number
 from .facts import Facts
-from .neox_keys import NEOX_KEYS, NEOX_SHAPE_KEYS, check_keys, check_zero_keys
+from .neox_keys import CONTIGUOUS_NEEDS_PARTITION, NEOX_KEYS, NEOX_SHAPE_KEYS, check_keys, check_zero_keys
 from .values import MARK_OPEN, Tok
 
 GATED = {"geglu", "reglu", "swiglu", "bilinear", "glu"}
@@ -265,8 +265,7 @@ def _checkpoint_options(m: Merged, f: Facts, checkpointed: bool) -> None:
         if to_bool(v):
             on.append((key, fact))
     if to_bool(m.raw("contiguous_checkpointing", False)) and not to_bool(m.raw("partition_activations", False)):
-        w.append(f"contiguous_checkpointing without partition_activations: DeepSpeed stops at start-up "
-                 f"(\"Contiguous Checkpointing is only available with partitioned activations\") "
+        w.append(f"contiguous_checkpointing without partition_activations: {CONTIGUOUS_NEEDS_PARTITION} "
                  f"({m.origin('contiguous_checkpointing')})")
     section = m.raw("activation_checkpointing")
     if isinstance(section, dict) and any(to_bool(v) for k, v in section.items() if k != "number_checkpoints"):

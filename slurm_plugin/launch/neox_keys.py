@@ -124,6 +124,11 @@ stage3_param_persistence_threshold stage3_model_persistence_threshold stage3_gat
 stage3_module_granularity_threshold stage3_use_all_reduce_for_fetch_params cpu_offload_params
 """.split())
 ZERO_SHAPE_KEYS = frozenset({"stage"})
+# What DeepSpeed says when contiguous checkpointing is asked without partitioned activations
+# (runtime/activation_checkpointing/checkpointing.py, configure): GPT-NeoX's keys and
+# Megatron-DeepSpeed's flags reach the same check.
+CONTIGUOUS_NEEDS_PARTITION = ('DeepSpeed stops at start-up '
+                              '("Contiguous Checkpointing is only available with partitioned activations")')
 # Keys of DeepSpeed's activation_checkpointing section (runtime/activation_checkpointing/config.py);
 # DeepSpeed reads them with defaults, so a misspelt one is silently off there: warned here.
 ACTIVATION_CHECKPOINTING_KEYS = frozenset("""
