@@ -136,6 +136,7 @@ def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: P
     for round_index, wanted, (job_name, job) in order:
         # "fsdp+selective": the stack with every job's layout.recompute set so (the row keeps it).
         stack, _, recompute = wanted.partition("+")
+        recompute, _, rng = recompute.partition(":")
         if stack == "sdpa_efficient" and job["model"]["attention"] != "flash":
             continue
         if recompute:
@@ -147,7 +148,7 @@ def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: P
             continue
         t0 = time.perf_counter()
         try:
-            row = one_stack(stack, job, device, steps, warmup, sdpa_backend)
+            row = one_stack(stack, job, device, steps, warmup, sdpa_backend, preserve_rng_state=rng != "norng")
             rows.append({"stack": stack, "name": job_name, "job": job, **tag, **row,
                          "wall_s": time.perf_counter() - t0})
             print(f"{name} {wanted:15} {job_name:36} {1e3 * row['measured_iteration_seconds']:9.2f} ms "
@@ -201,7 +202,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a CPU smoke run)")
     ap.add_argument("--stacks", default="pytorch,sdpa_efficient,fsdp,ddp",
                     help="the stacks part's stacks, in order; STACK+RECOMPUTE sets layout.recompute "
-                         "(fsdp+selective: TorchTitan's op-level checkpointing)")
+                         "(fsdp+selective: TorchTitan's op-level checkpointing); STACK+full:norng "
+                         "checkpoints without keeping RNG states (TorchTitan's full AC)")
     ap.add_argument("--name", default="stacks", help="the stacks part's file: NAME.json")
     ap.add_argument("--largest-first", action="store_true",
                     help="the stacks part runs the family's jobs largest first")
@@ -222,6 +224,9 @@ def main() -> int:
     for w in wanted:
         # Checked before any device time is spent: a typo would cost every job an error row.
         stack, _, recompute = w.partition("+")
+        recompute, _, rng = recompute.partition(":")
+        if rng and (rng != "norng" or recompute != "full"):
+            ap.error(f"--stacks {w}: the only suffix is :norng, after +full")
         if stack not in ("pytorch", "sdpa_efficient", *MODULE_STACKS):
             ap.error(f"--stacks {w}: {stack!r} is not one of pytorch, sdpa_efficient, {', '.join(MODULE_STACKS)}")
         if recompute and stack not in MODULE_STACKS:

@@ -456,6 +456,37 @@ def gpu_checkpoint_layer_seconds(rows: Sequence[dict], recompute: str, layer_for
             "depths": depths, "micro_batches": micro_batches}
 
 
+def gpu_paired_checkpoint_layer_seconds(files: Sequence[Sequence[dict]], base: str,
+                                        layer_forward_seconds: float) -> dict:
+    """Full recomputation's wrapper cost per layer and micro-batch on a GPU node, from interleaved
+    steps (``bench_gpu_stacks.py --interleave``: each job under every stack in turn): each job's
+    step under ``base+full`` or ``base+full:norng`` less the same job's step under ``base`` in the
+    same file and round, over the job's layers and micro-batches; the median over those pairs,
+    less one forward's issue (``layer_forward_seconds``, which predictor.host adds apart).  Pairs
+    taken within a round cancel the host's drift across a call, which a slope over the fastest
+    steps (:func:`_depth_series`) does not on a host that drifts by 10-20 % between rounds.
+    ``files``: each file's rows.  ``rng_seconds`` is the median paired difference of the wrapper
+    without RNG-state preservation (TorchTitan's) less with it (PyTorch's default, Composer's)."""
+    steps: dict[tuple, dict[str, dict]] = {}
+    for index, rows in enumerate(files):
+        for r in rows:
+            if "error" not in r:
+                steps.setdefault((index, r.get("round", 0), r["name"]), {})[row_label(r)] = r
+
+    def per_layer(r: dict, minus: dict) -> float:
+        scale = int(r["job"]["model"]["layers"]) * int(r["job"]["layout"]["micro_batches"])
+        return (float(r["measured_iteration_seconds"]) - float(minus["measured_iteration_seconds"])) / scale
+
+    full = [per_layer(v[w], v[base]) for v in steps.values() if base in v
+            for w in (f"{base}+full", f"{base}+full:norng") if w in v]
+    rng = [per_layer(v[f"{base}+full:norng"], v[f"{base}+full"]) for v in steps.values()
+           if f"{base}+full" in v and f"{base}+full:norng" in v]
+    if not full:
+        raise ValueError(f"no job measured under both {base} and {base}+full in one round")
+    return {"seconds": statistics.median(full) - layer_forward_seconds, "pairs": len(full),
+            "rng_seconds": statistics.median(rng) if rng else None, "rng_pairs": len(rng)}
+
+
 def gpu_compiled_layer_ratio(rows: Sequence[dict]) -> dict:
     """A compiled layer's cost over an eager one's when the host issues the step (``torch.compile``
     of the module against the same module eager, :func:`_depth_series` of ``compile`` and ``ddp``

@@ -80,13 +80,16 @@ def stack_job(job: dict, stack: str) -> dict:
 
 def row_label(row: dict) -> str:
     """A row's stack as runs name it: ``"fsdp"``, or ``"fsdp+selective"`` where its job sets
-    ``layout.recompute``.  Raises :class:`StackRowError` for a job or layout that is not a table."""
+    ``layout.recompute``, and ``"fsdp+full:norng"`` where its checkpoint kept no RNG state
+    (TorchTitan's).  Raises :class:`StackRowError` for a job or layout that is not a table."""
     job = row.get("job", {})
     layout = job.get("layout", {}) if isinstance(job, dict) else None
     if not isinstance(layout, dict):
         raise StackRowError(f"row {row.get('name', '?')!r}: job and job.layout must be tables")
     recompute = layout.get("recompute", "none")
-    return row["stack"] if recompute == "none" else f"{row['stack']}+{recompute}"
+    if recompute == "none":
+        return row["stack"]
+    return f"{row['stack']}+{recompute}" + (":norng" if row.get("preserve_rng_state") is False else "")
 
 
 def attention_ran(row: dict, provenance: dict) -> tuple[str, bool]:

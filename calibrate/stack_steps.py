@@ -22,12 +22,14 @@ SDPA_BACKENDS = {"flash": ("FLASH_ATTENTION", "sdpa_flash"), "cudnn": ("CUDNN_AT
                  "efficient": ("EFFICIENT_ATTENTION", "sdpa_efficient")}
 
 
-def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int, sdpa_backend: str = "") -> dict:
-    """Train ``job_dict`` under ``stack`` in this process: step seconds and peak bytes."""
+def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int, sdpa_backend: str = "",
+              preserve_rng_state: bool = True) -> dict:
+    """Train ``job_dict`` under ``stack`` in this process: step seconds and peak bytes.
+    ``preserve_rng_state`` False (TorchTitan's full AC) is said in the row."""
     if sdpa_backend:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[sdpa_backend][0])):
-            row = one_stack(stack, job_dict, device, steps, warmup)
+            row = one_stack(stack, job_dict, device, steps, warmup, preserve_rng_state=preserve_rng_state)
         return {**row, "sdpa_backend": SDPA_BACKENDS[sdpa_backend][1]}
     job = TrainingJob.from_dict(job_dict)
     # Earlier jobs' modules sit in reference cycles until the collector runs: collect them, so
@@ -48,7 +50,8 @@ def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int, 
             m = measure_training(job, device=device, steps=steps, warmup=warmup)
         times, params = m.steps, m.params
     else:
-        st = stack_step(stack, job, token_batches(job, device), device=device)
+        st = stack_step(stack, job, token_batches(job, device), device=device,
+                        preserve_rng_state=preserve_rng_state)
 
         def step() -> None:
             st.gpt.begin_step()
@@ -57,6 +60,8 @@ def one_stack(stack: str, job_dict: dict, device: str, steps: int, warmup: int, 
         params = st.params
         del st, step
     row = {"measured_iteration_seconds": robust_seconds(times, device), "steps": times, "params": int(params)}
+    if not preserve_rng_state:
+        row["preserve_rng_state"] = False
     if device == "cuda":
         row["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
         row["start_allocated_bytes"] = start_allocated

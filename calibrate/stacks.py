@@ -51,11 +51,14 @@ def _check_known_recompute(recompute: str) -> None:
 
 
 def module_gpt(job: TrainingJob, world: int, device: str = "cpu", fsdp_mesh: Any = None,
-               param_dtype: torch.dtype | None = None, mp_policy: Any = None) -> tuple[torch.nn.Module, FlatGPT]:
+               param_dtype: torch.dtype | None = None, mp_policy: Any = None,
+               preserve_rng_state: bool = True) -> tuple[torch.nn.Module, FlatGPT]:
     """The FlatGPT model of ``job`` as an ``nn.Module`` on ``device``; the arithmetic is FlatGPT's.
 
     ``param_dtype`` stores the parameters in another dtype than the job's (FSDP's fp32 master
-    parameters); ``fsdp_mesh`` shards each layer and the root with FSDP2 ``fully_shard``."""
+    parameters); ``fsdp_mesh`` shards each layer and the root with FSDP2 ``fully_shard``;
+    ``preserve_rng_state`` is full recomputation's ``checkpoint_wrapper`` argument (PyTorch's
+    default and Composer's True, TorchTitan's False)."""
     # FlatGPT checks the layouts its own loop runs (ZeRO 0/1); the arithmetic is the same here.
     # The module applies the recomputation itself (below), so FlatGPT builds the plain layer.
     recompute = job.layout.recompute
@@ -91,7 +94,8 @@ def module_gpt(job: TrainingJob, world: int, device: str = "cpu", fsdp_mesh: Any
             return layer
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
         if recompute == "full":
-            return checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            return checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                      preserve_rng_state=preserve_rng_state)
         from .op_sac import op_sac_context
         return checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=op_sac_context,
                                   preserve_rng_state=False)
@@ -152,8 +156,10 @@ def check_recompute(stack: str, recompute: str) -> None:
                                "checkpoints inside its FSDP units)")
 
 
-def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, world: int = 1) -> StackStep:
-    """``job`` wrapped as ``stack`` trains it (see the module docstring), over ``batches``."""
+def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, world: int = 1,
+               preserve_rng_state: bool = True) -> StackStep:
+    """``job`` wrapped as ``stack`` trains it (see the module docstring), over ``batches``;
+    ``preserve_rng_state``: :func:`module_gpt`'s."""
     if stack not in MODULE_STACKS:
         raise CalibrationError(f"stack {stack!r}: one of {', '.join(MODULE_STACKS)}")
     check_recompute(stack, job.layout.recompute)
@@ -166,7 +172,8 @@ def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, worl
             from torch.distributed.fsdp import MixedPrecisionPolicy
             pdtype = torch.float32
             mp = MixedPrecisionPolicy(param_dtype=K.DTYPES[job.run.precision], reduce_dtype=torch.float32)
-        model, gpt = module_gpt(job, world, device, fsdp_mesh=mesh, param_dtype=pdtype, mp_policy=mp)
+        model, gpt = module_gpt(job, world, device, fsdp_mesh=mesh, param_dtype=pdtype, mp_policy=mp,
+                                preserve_rng_state=preserve_rng_state)
         forward: Callable[..., torch.Tensor] = model
     elif stack == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
@@ -182,7 +189,7 @@ def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, worl
             device_id=torch.cuda.current_device() if device == "cuda" else torch.device("cpu"))
         model = forward
     else:
-        model, gpt = module_gpt(job, world, device)
+        model, gpt = module_gpt(job, world, device, preserve_rng_state=preserve_rng_state)
         if stack == "ddp":
             from torch.nn.parallel import DistributedDataParallel
             forward = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()]

@@ -40,7 +40,8 @@ from calibrate.fitting import BundleFitter, convert_bundle
 from calibrate.fitting.host import platform_host_table
 from calibrate.importers import import_estimate_train_time
 from calibrate.shipped_gpus import A100, GH200, H100
-from calibrate.stack_host import GPU_CHECKPOINT_WRAPPERS, gpu_checkpoint_layer_seconds, gpu_fsdp_layer_seconds
+from calibrate.stack_host import (GPU_CHECKPOINT_WRAPPERS, gpu_checkpoint_layer_seconds, gpu_fsdp_layer_seconds,
+                                  gpu_paired_checkpoint_layer_seconds)
 from calibrate.validate import load_runs, validate_platform
 from predictor.bundle import MANIFEST, load_bundle
 from predictor.host import CHECKPOINT_WRAPPERS
@@ -154,9 +155,12 @@ def stack_prior() -> tuple[dict, str]:
     checkpointing wrapper's own per-layer work of benchmarks/bench_stack_host.py (the medians over
     ``stack-host/cpu-*.json``, ``deepspeed-zero3-*.json`` and ``checkpoint-N.json``) and FSDP2's
     per-layer cost from the lent H100's real FSDP2 and DDP steps
-    (calibrate.stack_host.gpu_fsdp_layer_seconds), and the source that says so; read once."""
+    (calibrate.stack_host.gpu_fsdp_layer_seconds), the GPU-measured wrappers (torch_op_sac,
+    torch_fsdp, and torch from DDP's steps with and without full AC), and the source that says
+    so; read once."""
     folder, gpu_steps = RUNS / "stack-host", RUNS / "h100-lent" / "stacks" / "stacks2.json"
     ckpt_steps = RUNS / "h100-lent" / "stacks" / "hseries.json"
+    plain_ckpt_steps = [RUNS / "h100-lent" / "stacks" / f"rngseries{n}.json" for n in ("", "2")]
     runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("cpu-*.json"))]
     zero3_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("deepspeed-zero3-*.json"))]
     # checkpoint-N.json wrap the GPT-shaped layer (what ships); checkpoint-block-N.json the tiny block.
@@ -177,6 +181,11 @@ def stack_prior() -> tuple[dict, str]:
                 for r, w in GPU_CHECKPOINT_WRAPPERS.items()}
     for wrapper, measured in gpu_ckpt.items():
         checkpoint[wrapper] = round(measured[wrapper], 8)
+    # PyTorch's plain wrapper (no FSDP) as the GPU node's host runs it: DDP with full AC against
+    # without, paired within each round (the lease's host drifted too much for fastest slopes).
+    plain_files = [json.loads(p.read_text(encoding="utf-8")) for p in plain_ckpt_steps]
+    plain = gpu_paired_checkpoint_layer_seconds([f["rows"] for f in plain_files], "ddp", forward)
+    checkpoint["torch"] = round(plain["seconds"], 8)
     depths = gpu_ckpt["torch_op_sac"]["depths"]
     meta, zmeta, gpu = runs[0]["provenance"], zero3_runs[0]["provenance"], steps["provenance"]
     cmeta = ckpt_runs[0]["provenance"]
@@ -194,7 +203,10 @@ def stack_prior() -> tuple[dict, str]:
             f"but torch_op_sac and torch_fsdp: FSDP2 with op-level SAC and with full AC less FSDP2, interleaved "
             f"({ckpt['provenance']['date'][:16]}), per layer and micro-batch, less one forward's issue, on the "
             f"lent {ckpt['provenance']['gpu']} (torch {ckpt['provenance']['torch']}, depths "
-            f"{'/'.join(map(str, depths))}: benchmarks/data/h100-lent/stacks/hseries.json)")
+            f"{'/'.join(map(str, depths))}: benchmarks/data/h100-lent/stacks/hseries.json), and torch: DDP with "
+            f"full AC less DDP, the median of {plain['pairs']} same-round pairs per layer and micro-batch, less one "
+            f"forward's issue, on the lent {plain_files[0]['provenance']['gpu']} "
+            f"({plain_files[0]['provenance']['date'][:16]}: benchmarks/data/h100-lent/stacks/rngseries*.json)")
     return values, note
 
 

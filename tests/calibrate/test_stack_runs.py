@@ -59,6 +59,10 @@ def test_a_recompute_row_is_its_own_run_named_by_its_recompute(tmp_path):
     assert "stack fsdp+selective" in runs["fsdp+selective L2 h256"]["source"]
     assert mod.row_label(_row("fsdp", 0.03, job=selective)) == "fsdp+selective"
     assert mod.row_label(_row("fsdp", 0.03)) == "fsdp"
+    # TorchTitan's full AC keeps no RNG state: a run apart from the default wrapper's.
+    full = {**JOB, "layout": {**JOB["layout"], "recompute": "full"}}
+    assert mod.row_label({**_row("fsdp", 0.03, job=full), "preserve_rng_state": False}) == "fsdp+full:norng"
+    assert mod.row_label(_row("fsdp", 0.03, job=full)) == "fsdp+full"
 
 
 def test_repeats_keep_the_fastest_errors_and_other_stacks_are_left_out(tmp_path):

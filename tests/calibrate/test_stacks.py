@@ -71,6 +71,18 @@ def test_the_wrappers_and_recomputation_keep_the_loss_and_gradients(one_rank, st
     assert len(calls) == (layers if recompute == "none" else 2 * layers)
 
 
+@pytest.mark.parametrize("preserve", [True, False])
+def test_full_recomputation_keeps_the_rng_state_unless_told_not_to(one_rank, preserve):
+    """TorchTitan's full AC (``bench_gpu_stacks.py --stacks fsdp+full:norng``) turns the wrapper's
+    RNG-state preservation off; PyTorch's default (Composer's) keeps it."""
+    job = TrainingJob.from_dict({**JOB, "layout": {**JOB["layout"], "recompute": "full"}})
+    module, _ = stacks.module_gpt(job, 1, preserve_rng_state=preserve)
+    assert all(layer.checkpoint_fn.keywords["preserve_rng_state"] is preserve for layer in module.layers)
+    step = stacks.stack_step("ddp", job, token_batches(job, "cpu"), device="cpu", preserve_rng_state=preserve)
+    assert all(layer.checkpoint_fn.keywords["preserve_rng_state"] is preserve
+               for layer in step.forward.module.layers)
+
+
 @pytest.mark.parametrize("stack, recompute, match", [
     ("ddp", "selective", "'selective' is TorchTitan's op-level checkpointing"),
     ("fsdp1", "full", "'fsdp1': layout.recompute = 'full' is not built"),
