@@ -366,8 +366,10 @@ class QuerySet:
         compute scale."""
         plat = self.platform
         gpu = plat.gpu
-        roof = np.asarray(rows.roofs)
         ratios = plat.compute.ratios_rows(rows.distinct_keys, log2_features(rows.distinct_rows))
+        if len(rows.handles) <= _FLOAT_ROWS and not rows.fp8_rows:
+            return self._operator_seconds_floats(rows, ratios.tolist())
+        roof = np.asarray(rows.roofs)
         t = ratios[np.asarray(rows.gather)] * roof
         side_a = np.asarray(rows.sides, dtype=int)
         inside_a = side_a == 0
@@ -407,6 +409,36 @@ class QuerySet:
             t = np.where(np.asarray(rows.attention, dtype=bool),
                          np.maximum(t * plat.fitted.attention_scale, roof), t)
         return t, r, inside_a
+
+    def _operator_seconds_floats(self, rows: "_OperatorRows",
+                                 ratios: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_operator_seconds` of a few rows without FP8 GEMMs, in plain floats (numpy's
+        per-call cost would be most of the time): the same operations in the same order, so the
+        same bits."""
+        plat = self.platform
+        base_error = TRANSFER_REL_ERROR if plat.transferred else 0.0
+        fitted = plat.fitted
+        compute_scale = fitted.compute_scale if fitted is not None else 1.0
+        attention_scale = fitted.attention_scale if fitted is not None else 1.0
+        ts, rs, inside = [], [], []
+        for g, roof, side, p90, call, attention in zip(rows.gather, rows.roofs, rows.sides, rows.p90,
+                                                        rows.calls, rows.attention):
+            t = ratios[g] * roof
+            if side != 0:
+                t = max(t, plat.compute.kernel_floor_seconds)
+            r = p90 + extrapolation_error(side) + base_error
+            if call > 0:
+                dev = max(t - 0.5 * call, roof)
+                r = r + max(min(0.5 * call, t - roof), 0.0) / dev
+                t = dev
+            if compute_scale != 1.0:
+                t = max(t * compute_scale, roof)
+            if attention_scale != 1.0 and attention:
+                t = max(t * attention_scale, roof)
+            ts.append(t)
+            rs.append(r)
+            inside.append(side == 0)
+        return np.array(ts, dtype=float), np.array(rs, dtype=float), np.array(inside, dtype=bool)
 
     def _remember(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
         """Keep what this set computed: the platform never changes once loaded (a reload is a new

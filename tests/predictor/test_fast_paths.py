@@ -103,3 +103,26 @@ def test_two_predictors_on_one_platform_share_nothing():
     a.predict(job)
     assert a._answers and not b._answers
     assert b.predict(job).to_dict() == a.predict(job).to_dict()
+
+
+@pytest.mark.parametrize("platform", ["perlmutter-a100", "vista-gh200", "dgx-h100"])
+def test_operator_seconds_of_few_rows_in_floats_equal_the_columns_bit_for_bit(platform, monkeypatch):
+    from predictor import estimate
+    plat = load_platform(platform)
+    checked = []
+
+    def both(self, rows, ratios):
+        floats = floats_path(self, rows, ratios)
+        with monkeypatch.context() as m:
+            m.setattr(estimate, "_FLOAT_ROWS", -1)       # the numpy columns, on the same rows
+            columns = estimate.QuerySet._operator_seconds(self, rows)
+        for a, b in zip(floats, columns):
+            assert a.dtype == b.dtype and a.tolist() == b.tolist()
+        checked.append(len(rows.handles))
+        return floats
+    floats_path = estimate.QuerySet._operator_seconds_floats
+    monkeypatch.setattr(estimate.QuerySet, "_operator_seconds_floats", both)
+    reused = Predictor(plat)      # later jobs ask for a few shapes the earlier ones did not
+    for job in _jobs():
+        reused.predict(job)
+    assert len(checked) > 5 and max(checked) <= _FLOAT_ROWS
