@@ -88,6 +88,8 @@ _KINDS: dict[str, dict[str, str]] = {
 _REQUIRED_BY_SECTION: dict[str, tuple[tuple[str, str], ...]] = {
     section: tuple((req, req.split(".")[1]) for req in _REQUIRED if req.split(".")[0] == section)
     for section in _SECTIONS}
+_DOTTED: dict[str, dict[str, str]] = {
+    section: {name: f"{section}.{name}" for name in kinds} for section, kinds in _KINDS.items()}
 
 
 @dataclass(frozen=True)
@@ -115,13 +117,13 @@ class TrainingJob:
         Unknown sections or keys, wrong types and missing required keys raise :class:`JobError`
         naming the dotted key (with a did-you-mean where one is close).
         """
-        if not isinstance(data, Mapping):
+        if type(data) is not dict and not isinstance(data, Mapping):    # (an ABC check is slow)
             raise JobError("", "a job must be a table of sections [model], [layout], [run], [cluster]", source)
         parts: dict[str, Any] = {}
         for section, value in data.items():
             if section not in _SECTIONS:
                 raise JobError(str(section), "unknown section" + _did_you_mean(str(section), _SECTIONS), source)
-            if not isinstance(value, Mapping):
+            if type(value) is not dict and not isinstance(value, Mapping):
                 raise JobError(section, "must be a table of keys", source)
             parts[section] = _build_section(section, value, source)
         run = parts.get("run")
@@ -217,13 +219,19 @@ def _did_you_mean(name: str, options: Any) -> str:
 def _build_section(section: str, values: Mapping[str, Any], source: str) -> Any:
     cls = _SECTIONS[section]
     kinds = _KINDS[section]
+    dotted_of = _DOTTED[section]
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
-        dotted = f"{section}.{key}"
         kind = kinds.get(key) if isinstance(key, str) else None
         if kind is None:
-            raise JobError(dotted, "unknown key" + _did_you_mean(str(key), kinds), source)
-        kwargs[key] = _coerce(dotted, key, kind, value, source)
+            raise JobError(f"{section}.{key}", "unknown key" + _did_you_mean(str(key), kinds), source)
+        if kind == "int" and type(value) is int and value >= 0:
+            # The common case, as _coerce would accept it (a plain int within its bound).
+            limit = _MAX.get(key)
+            if limit is None or value <= limit:
+                kwargs[key] = value
+                continue
+        kwargs[key] = _coerce(dotted_of[key], key, kind, value, source)
     for req, key in _REQUIRED_BY_SECTION[section]:
         if key not in kwargs:
             raise JobError(req, "required key is missing", source)

@@ -118,7 +118,7 @@ class PredictRequest:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able fields (what the daemon hands a worker process; never pickled)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {name: getattr(self, name) for name in _REQUEST_FIELDS}
         out["argv"] = list(self.argv)
         out["env"] = dict(self.env)
         out["partition_max_time"] = dict(self.partition_max_time)
@@ -127,11 +127,14 @@ class PredictRequest:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PredictRequest":
         """The inverse of :meth:`to_dict` (input from our own parent process, already validated)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in names}
+        values = {k: v for k, v in data.items() if k in _REQUEST_FIELD_SET}
         values["argv"] = tuple(values.get("argv") or ())
         return cls(**values)
 
+
+# Read once: dataclasses.fields() walks the class on every call (a request crosses twice).
+_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(PredictRequest))
+_REQUEST_FIELD_SET = frozenset(_REQUEST_FIELDS)
 
 _GPU_RE = re.compile(r"(?:^|[,;])\s*(?:gres[:/])?gpu(?::[^:,;]+)?:(\d+)\s*(?=$|[,;(])")
 
