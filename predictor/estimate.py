@@ -1136,6 +1136,11 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
     return _iteration(plan, _stage_seconds(plan, vals), vals, plat)
 
 
+def _iteration_seconds(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> float:
+    """:func:`_assemble`'s iteration alone (the interval's ends need no breakdown)."""
+    return _iteration(plan, _stage_seconds(plan, vals), vals, plat, breakdown=False)[0]
+
+
 def _stage_seconds(plan: _JobPlan, vals: Sequence[float]) -> _StageSeconds:
     """Each stage's forward and backward with what the context-parallel passes, the overlapped
     TP collectives and ZeRO-3's per-layer collectives leave exposed, and the host's wait."""
@@ -1207,8 +1212,8 @@ def _stage_seconds(plan: _JobPlan, vals: Sequence[float]) -> _StageSeconds:
                          tp_hidden, (zero3_f, zero3_b), zero3_hidden, host_wait, off)
 
 
-def _iteration(plan: _JobPlan, st: _StageSeconds, vals: Sequence[float],
-               plat: Platform) -> tuple[float, Breakdown, Details]:
+def _iteration(plan: _JobPlan, st: _StageSeconds, vals: Sequence[float], plat: Platform,
+               breakdown: bool = True) -> tuple[float, Optional[Breakdown], Optional[Details]]:
     """One iteration: the 1F1B schedule over the slowest stage, then each stage's gradient
     reduction against its drain slack, the update and the step overhead."""
     lay = plan.job.layout
@@ -1244,10 +1249,12 @@ def _iteration(plan: _JobPlan, st: _StageSeconds, vals: Sequence[float],
     bubble = (p - 1) / v * (F + B)
     step_overhead = plat.overheads.step_seconds + plan.engine_step_seconds
     iteration = mb * (F + B) + bubble + reduce_wait + update_seconds + step_overhead
+    if not breakdown:
+        return iteration, None, None
     waves = mb + (p - 1) / v
     (tp_exposed_f, tp_exposed_b), (zero3_f, zero3_b) = st.tp_exposed, st.zero3_exposed
     mp_comm, p2p = st.mp_comm, st.p2p
-    breakdown = Breakdown(
+    parts = Breakdown(
         forward_seconds=mb * F,
         backward_seconds=mb * B,
         bubble_seconds=bubble,
@@ -1266,7 +1273,7 @@ def _iteration(plan: _JobPlan, st: _StageSeconds, vals: Sequence[float],
         dp_exposed_seconds=mb * (zero3_f[crit_f] + zero3_b[crit_b]),
     )
     stages = StageTimes(tuple(plan.sizes), tuple(fwd), tuple(bwd), tuple(st.host_wait))
-    return iteration, breakdown, Details(stages, waves * F, dp_hidden_seconds=hidden,
+    return iteration, parts, Details(stages, waves * F, dp_hidden_seconds=hidden,
                                          tp_hidden_seconds=waves * st.tp_hidden)
 
 
@@ -1420,8 +1427,8 @@ class Predictor:
         platform, rule = self.platform, self.kind_rule(kind_of(plan.job).key)
         at, at_lo, at_hi = _term_values(plan, columns)
         iteration, breakdown, details = _assemble(plan, at, platform)
-        spread_lo = _assemble(plan, at_lo, platform)[0]
-        spread_hi = _assemble(plan, at_hi, platform)[0]
+        spread_lo = _iteration_seconds(plan, at_lo, platform)
+        spread_hi = _iteration_seconds(plan, at_hi, platform)
         handles = plan.handles
         extrapolated = bool(extra[handles].any()) if handles else False
         # The interval: a conformal bound on the platform's measured residuals, widened by the
