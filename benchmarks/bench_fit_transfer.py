@@ -243,7 +243,9 @@ def _other_spreads(runs_file: str) -> list:
     """The shipped kinds' spreads measured on other data than ``runs_file``'s folder (so that no
     interval is judged on its own data)."""
     from predictor.interval import SHIPPED_KIND_SPREADS
-    rel = str(Path(runs_file).resolve().relative_to(ROOT)) if runs_file else ""
+    path = Path(runs_file).resolve() if runs_file else None
+    # A runs file outside the repository is none of the shipped spreads' data.
+    rel = str(path.relative_to(ROOT)) if path is not None and path.is_relative_to(ROOT) else ""
     return [sp for sp in SHIPPED_KIND_SPREADS if not rel.startswith(sp.dataset + "/")]
 
 

@@ -3,6 +3,7 @@
 
     python benchmarks/gpu_stacks_runs.py [--data benchmarks/data/h100-lent/stacks]
                                          [--out .../stacks-runs.toml] [--stacks pytorch,sdpa_efficient,fsdp,ddp]
+                                         [--files rngseries.json rngseries2.json --what "..."]
 
 ``bench_gpu_stacks.py`` trains the 33-job family of calibrate/train_family.py under several software
 stacks and writes rows into ``stacks.json`` / ``stacks2.json`` ... (calibrate/stack_files.py lists
@@ -25,14 +26,17 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=DATA, help="the folder holding stacks.json and stacks2.json")
     ap.add_argument("--out", type=Path, default=DATA / "stacks-runs.toml")
     ap.add_argument("--stacks", default=",".join(STACKS), help="comma-separated stacks to convert")
+    ap.add_argument("--files", nargs="+", metavar="NAME",
+                    help="these files of --data instead of the family's (calibrate/stack_files.py)")
+    ap.add_argument("--what", default="of the 33-job family", help="which jobs, for the file's header")
     args = ap.parse_args()
+    files = [args.data / name for name in args.files] if args.files else step_files(args.data)
     try:
-        runs = runs_from_files(step_files(args.data),
-                               [s for s in args.stacks.split(",") if s])
+        runs = runs_from_files(files, [s for s in args.stacks.split(",") if s])
     except StackRowError as exc:
         print(f"gpu_stacks_runs: {exc}", file=sys.stderr)
         return 2
-    args.out.write_text(to_toml(runs), encoding="utf-8")
+    args.out.write_text(to_toml(runs, args.what), encoding="utf-8")
     counts: dict[str, int] = {}
     for r in runs:
         counts[r["name"].split(" ", 1)[0]] = counts.get(r["name"].split(" ", 1)[0], 0) + 1

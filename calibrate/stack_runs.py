@@ -181,10 +181,11 @@ def runs_from_files(files: Iterable[Path], stacks: Sequence[str] = STACKS) -> li
     return runs
 
 
-def to_toml(runs: list[dict]) -> str:
+def to_toml(runs: list[dict], what: str = "of the 33-job family") -> str:
+    """``runs`` as a runs file; ``what``: which jobs, for its header."""
     from predictor.samples import dump_toml
 
-    return ("# Real training steps on one lent H100 of the 33-job family under several software stacks\n"
+    return (f"# Real training steps on one lent H100 {what} under several software stacks\n"
             "# (benchmarks/data/h100-lent/stacks/README.md), converted by benchmarks/gpu_stacks_runs.py;\n"
             "# each job is what the stack's launch reveals (perf-calibrate validate --runs reads this)\n"
             + dump_toml({"run": runs}))
