@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Host costs of a framework's parallelism per layer, on this CPU (one gloo rank, one thread).
 
-    python benchmarks/bench_stack_host.py [--deepspeed | --checkpoint [--checkpoint-layer gpt|block]]
-                                          [--repeats 40] [--rounds 3] [--json OUT]
+    python benchmarks/bench_stack_host.py [--deepspeed | --checkpoint [--checkpoint-layer gpt|block]
+                                           | --device cuda] [--repeats 40] [--rounds 3] [--json OUT]
 
 * per tensor-parallel collective: Megatron-style layers timed with their 4 all-reduces per layer
   and micro-batch (autograd functions around ``all_reduce``) and without; the difference of the
@@ -23,7 +23,9 @@
   with ``--checkpoint-layer block`` of the tiny LayerNorm + MLP block above.
 
 One rank, so that no collective waits for a peer: what is left is the host's issuing, which a GPU
-node's CPU pays too (NCCL spends the transfers on the device).
+node's CPU pays too (NCCL spends the transfers on the device).  ``--device cuda`` (a GPU node)
+times the TP collectives only, on the GPU through a one-rank NCCL group: c10d's NCCL path as a
+GPU node's host issues it (the device waited for between micro-batches, outside the timed span).
 
 Measurement code: calibrate/stack_host.py.  Committed runs: benchmarks/data/stack-host/*.json
 (what scripts/build_platforms.py ships as the [host] prior: collective_seconds,
@@ -52,9 +54,11 @@ CHECKPOINT_LAYERS = (2, 8, 16)
 
 
 def measure(repeats: int, rounds: int, deepspeed: bool = False, checkpoint: bool = False,
-            checkpoint_layer: str = "gpt") -> dict:
+            checkpoint_layer: str = "gpt", device: str = "cpu") -> dict:
     torch.set_num_threads(1)
-    one_rank_group()
+    one_rank_group(device)
+    if device == "cuda":
+        return {"tp": tp_collective_costs(LAYERS, repeats, rounds, device)}
     if deepspeed:
         return {"deepspeed_zero3": deepspeed_zero3_costs(LAYERS, repeats, rounds)}
     if checkpoint:
@@ -63,10 +67,13 @@ def measure(repeats: int, rounds: int, deepspeed: bool = False, checkpoint: bool
 
 
 def report(r: dict) -> None:
-    tp, fs = r["tp"], r["fsdp"]
+    tp = r["tp"]
     print(f"TP collective: {1e6 * tp['collective_seconds']:.1f} µs per collective (layer slope "
           f"{1e6 * tp['layer_seconds_with']:.0f} µs with, {1e6 * tp['layer_seconds_without']:.0f} µs without "
           f"4 collectives); all_reduce issue alone {1e6 * tp['issue_seconds']:.1f} µs")
+    if "fsdp" not in r:
+        return
+    fs = r["fsdp"]
     print(f"FSDP2 hooks: {1e6 * fs['fsdp_hook_layer_seconds']:.1f} µs per layer and micro-batch (layer slope "
           f"{1e6 * fs['fsdp_layer_seconds']:.0f} µs FSDP2, {1e6 * fs['ddp_layer_seconds']:.0f} µs DDP)")
 
@@ -80,11 +87,17 @@ def main() -> int:
     which.add_argument("--deepspeed", action="store_true", help="DeepSpeed's ZeRO-3 hooks (only)")
     which.add_argument("--checkpoint", action="store_true",
                        help="the activation-checkpointing wrappers' own host work per layer (only)")
+    which.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                       help="cuda: the TP collectives only, through a one-rank NCCL group on the GPU")
+    ap.add_argument("--load-note", default="shared 2-core VM; other sessions' work running",
+                    help="what else ran on the machine, for the JSON's provenance")
     ap.add_argument("--checkpoint-layer", choices=("gpt", "block"), default="gpt",
                     help="with --checkpoint: the layer wrapped (default: the GPT-shaped layer, what ships)")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: this torch sees no CUDA device")
     load_at_start = os.getloadavg()[0]
-    r = measure(args.repeats, args.rounds, args.deepspeed, args.checkpoint, args.checkpoint_layer)
+    r = measure(args.repeats, args.rounds, args.deepspeed, args.checkpoint, args.checkpoint_layer, args.device)
     if args.checkpoint:
         c = r["checkpoint"]
         slopes = ", ".join(f"{k} {1e6 * v:.0f}" for k, v in c["layer_seconds"].items())
@@ -103,10 +116,14 @@ def main() -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "cpu": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "ranks": 1, "threads_per_rank": 1, "backend": "gloo", "repeats": args.repeats,
+            "ranks": 1, "threads_per_rank": 1, "backend": "nccl" if args.device == "cuda" else "gloo",
+            "repeats": args.repeats,
             "rounds": args.rounds, "layers": list(CHECKPOINT_LAYERS if args.checkpoint else LAYERS),
-            "load": "shared 2-core VM; other sessions' work running; fastest quarter of interleaved repeats",
+            "load": f"{args.load_note}; fastest quarter of interleaved repeats",
             "load_average_1m": {"start": round(load_at_start, 2), "end": round(os.getloadavg()[0], 2)}}
+        if args.device == "cuda":
+            r["provenance"].update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda,
+                                   nccl=".".join(map(str, torch.cuda.nccl.version())))
         if args.deepspeed or args.checkpoint:
             import deepspeed
             r["provenance"]["deepspeed"] = deepspeed.__version__

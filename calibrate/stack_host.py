@@ -93,14 +93,15 @@ def fastest_quarter(values: Sequence[float]) -> float:
     return statistics.fmean(s[:max(1, len(s) // 4)])
 
 
-def _time_micro_batches(model: nn.Module, repeats: int) -> list[float]:
+def _time_micro_batches(model: nn.Module, repeats: int, device: str = "cpu") -> list[float]:
     """Seconds of one forward + backward, ``repeats`` times, after warm-up: a DeepSpeed engine's
     own backward (it keeps its gradients), else autograd's with the gradients dropped; a
-    ``forward_only`` model's forward alone (autograd recording)."""
+    ``forward_only`` model's forward alone (autograd recording).  On ``cuda`` the host's issue
+    time: the device is waited for after each, outside the timed span, so each starts empty."""
     engine = model.engine if isinstance(model, _Engine) else None
     forward_only = getattr(model, "forward_only", False)
     # A layer's input inside a model requires grad (a reentrant checkpoint's backward needs it).
-    x = torch.randn(TOKENS, getattr(model, "width", HIDDEN), requires_grad=isinstance(model, _Wrapped))
+    x = torch.randn(TOKENS, getattr(model, "width", HIDDEN), device=device, requires_grad=isinstance(model, _Wrapped))
     out = []
     for i in range(repeats + 3):
         t0 = time.perf_counter()
@@ -111,6 +112,8 @@ def _time_micro_batches(model: nn.Module, repeats: int) -> list[float]:
         else:
             model(x).sum().backward()
         dt = time.perf_counter() - t0
+        if device == "cuda":
+            torch.cuda.synchronize()
         if engine is None:
             x.grad = None
             for p in model.parameters():
@@ -120,13 +123,13 @@ def _time_micro_batches(model: nn.Module, repeats: int) -> list[float]:
     return out
 
 
-def _interleaved(models: dict, repeats: int, rounds: int) -> dict:
+def _interleaved(models: dict, repeats: int, rounds: int, device: str = "cpu") -> dict:
     """Each model's fastest-quarter forward + backward seconds, the models timed in turn round
     after round, so that the machine's load falls on every configuration alike."""
     times: dict = {k: [] for k in models}
     for _ in range(rounds):
         for key, model in models.items():
-            times[key] += _time_micro_batches(model, repeats)
+            times[key] += _time_micro_batches(model, repeats, device)
     return {key: fastest_quarter(v) for key, v in times.items()}
 
 
@@ -135,22 +138,27 @@ def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def one_rank_group() -> None:
-    """A one-process gloo group (nothing to wait for), unless one is already up."""
+def one_rank_group(device: str = "cpu") -> None:
+    """A one-process group (nothing to wait for), gloo, or NCCL on ``cuda``, unless one is up."""
     if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        if device == "cuda":
+            torch.cuda.set_device(0)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
 
 
-def tp_collective_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
+def tp_collective_costs(layers: Sequence[int], repeats: int, rounds: int, device: str = "cpu") -> dict:
     """Per collective: the layer-slope difference (with − without collectives) / 4, and the issue
-    time of one ``all_reduce(async_op=True)`` (seconds; a process group must be up)."""
+    time of one ``all_reduce(async_op=True)`` (seconds; a process group must be up, NCCL's for
+    ``cuda``)."""
     torch.manual_seed(0)
-    models = {(c, n): nn.Sequential(*[TpBlock(c) for _ in range(n)]) for c in (False, True) for n in layers}
-    per = _interleaved(models, repeats, rounds)
+    models = {(c, n): nn.Sequential(*[TpBlock(c) for _ in range(n)]).to(device) for c in (False, True)
+              for n in layers}
+    per = _interleaved(models, repeats, rounds, device)
     ns = list(layers)
     with_c = _slope(ns, [per[(True, n)] for n in ns])
     without = _slope(ns, [per[(False, n)] for n in ns])
-    t = torch.randn(TOKENS, HIDDEN)
+    t = torch.randn(TOKENS, HIDDEN, device=device)
     issue = []
     for _ in range(rounds):
         works, stamps = [], []
@@ -160,6 +168,8 @@ def tp_collective_costs(layers: Sequence[int], repeats: int, rounds: int) -> dic
             stamps.append(time.perf_counter() - t0)
         for w in works:
             w.wait()
+        if device == "cuda":
+            torch.cuda.synchronize()
         issue += stamps
     return {"layer_seconds_with": with_c, "layer_seconds_without": without,
             "collective_seconds": (with_c - without) / COLLECTIVES_PER_LAYER,

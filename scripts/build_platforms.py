@@ -153,7 +153,8 @@ def host_prior(path: Path) -> dict:
 def stack_prior() -> tuple[dict, str]:
     """The per-collective host cost, DeepSpeed ZeRO-3's per-layer hooks and each activation-
     checkpointing wrapper's own per-layer work of benchmarks/bench_stack_host.py (the medians over
-    ``stack-host/cpu-*.json``, ``deepspeed-zero3-*.json`` and ``checkpoint-N.json``) and FSDP2's
+    ``stack-host/nccl-h100-*.json``: a GPU node's NCCL, ``deepspeed-zero3-*.json`` and
+    ``checkpoint-N.json``) and FSDP2's
     per-layer cost from the lent H100's real FSDP2 and DDP steps
     (calibrate.stack_host.gpu_fsdp_layer_seconds), the GPU-measured wrappers (torch_op_sac,
     torch_fsdp, and torch from DDP's steps with and without full AC), and the source that says
@@ -161,7 +162,9 @@ def stack_prior() -> tuple[dict, str]:
     folder, gpu_steps = RUNS / "stack-host", RUNS / "h100-lent" / "stacks" / "stacks2.json"
     ckpt_steps = RUNS / "h100-lent" / "stacks" / "hseries.json"
     plain_ckpt_steps = [RUNS / "h100-lent" / "stacks" / f"rngseries{n}.json" for n in ("", "2")]
-    runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("cpu-*.json"))]
+    # The TP collective as a GPU node's host issues it: c10d's NCCL path on the lent H100 (the
+    # 2-core VM's gloo runs, cpu-*.json, are kept for reference).
+    runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("nccl-h100-*.json"))]
     zero3_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("deepspeed-zero3-*.json"))]
     # checkpoint-N.json wrap the GPT-shaped layer (what ships); checkpoint-block-N.json the tiny block.
     ckpt_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("checkpoint-[0-9]*.json"))]
@@ -191,8 +194,9 @@ def stack_prior() -> tuple[dict, str]:
     cmeta = ckpt_runs[0]["provenance"]
     values = {"collective_seconds": round(collective, 8), "fsdp_layer_seconds": round(fsdp["fsdp_layer_seconds"], 7),
               "zero3_layer_seconds": round(zero3, 7), "checkpoint_layer_seconds": checkpoint}
-    note = (f"; collective_seconds: prior from benchmarks/bench_stack_host.py (median of {len(runs)} runs, "
-            f"one gloo rank, {meta['cpu']}, torch {meta['torch']}); fsdp_layer_seconds: FSDP2 less DDP per "
+    note = (f"; collective_seconds: prior from benchmarks/bench_stack_host.py --device cuda (median of "
+            f"{len(runs)} runs, one NCCL rank on the lent {meta['gpu']}, torch {meta['torch']}, NCCL "
+            f"{meta['nccl']}, {meta['date'][:16]}); fsdp_layer_seconds: FSDP2 less DDP per "
             f"layer and micro-batch, less FSDP2's copies, on the lent {gpu['gpu']} (torch {gpu['torch']}, "
             f"{gpu['date'][:10]}, depths {'/'.join(map(str, fsdp['depths']))}: benchmarks/data/h100-lent/stacks); "
             f"zero3_layer_seconds: DeepSpeed {zmeta['deepspeed']} ZeRO-3 less stage 0 per layer, "
