@@ -223,3 +223,19 @@ def test_shipped_platforms_carry_the_measured_checkpoint_wrappers():
                 continue
             median = statistics.median(r["checkpoint"]["checkpoint_layer_seconds"][w] for r in runs)
             assert host.checkpoint_layer_seconds[w] == pytest.approx(max(0.0, median), rel=1e-4), (name, w)
+
+
+def test_shipped_platforms_carry_the_gpu_nodes_measured_collective_cost():
+    # The TP collective's host cost is the lent H100 node's, through NCCL (bench_stack_host.py
+    # --device cuda): a run that was not written back (build_platforms.py --only host-priors) fails.
+    import json
+    import statistics
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "stack-host"
+    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("nccl-h100-*.json"))]
+    assert len(runs) >= 2 and all(r["provenance"]["backend"] == "nccl" and "H100" in r["provenance"]["gpu"]
+                                  for r in runs)
+    median = statistics.median(r["tp"]["collective_seconds"] for r in runs)
+    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+        assert load_platform(name).host.collective_seconds == pytest.approx(median, rel=1e-3), name
