@@ -24,8 +24,10 @@
 
 One rank, so that no collective waits for a peer: what is left is the host's issuing, which a GPU
 node's CPU pays too (NCCL spends the transfers on the device).  ``--device cuda`` (a GPU node)
-times the TP collectives only, on the GPU through a one-rank NCCL group: c10d's NCCL path as a
-GPU node's host issues it (the device waited for between micro-batches, outside the timed span).
+times the TP collectives on the GPU through a one-rank NCCL group (c10d's NCCL path as a GPU
+node's host issues it), or with ``--checkpoint`` the wrappers around the GPT-shaped layer on the
+GPU (DeepSpeed's where the package is installed); the device is waited for between micro-batches,
+outside the timed span.
 
 Measurement code: calibrate/stack_host.py.  Committed runs: benchmarks/data/stack-host/*.json
 (what scripts/build_platforms.py ships as the [host] prior: collective_seconds,
@@ -46,8 +48,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from calibrate.stack_host import (checkpoint_costs, deepspeed_zero3_costs, fsdp_costs,  # noqa: E402
-                                  one_rank_group, tp_collective_costs)
+from calibrate.stack_host import (CHECKPOINT_WRAPPERS, checkpoint_costs, deepspeed_zero3_costs,  # noqa: E402
+                                  fsdp_costs, one_rank_group, tp_collective_costs)
 
 LAYERS = (1, 2, 4, 8)
 CHECKPOINT_LAYERS = (2, 8, 16)
@@ -57,13 +59,20 @@ def measure(repeats: int, rounds: int, deepspeed: bool = False, checkpoint: bool
             checkpoint_layer: str = "gpt", device: str = "cpu") -> dict:
     torch.set_num_threads(1)
     one_rank_group(device)
+    if checkpoint:
+        wrappers = [w for w in CHECKPOINT_WRAPPERS if w != "deepspeed" or _has_deepspeed()]
+        return {"checkpoint": checkpoint_costs(CHECKPOINT_LAYERS, repeats, rounds, wrappers, checkpoint_layer,
+                                               device)}
     if device == "cuda":
         return {"tp": tp_collective_costs(LAYERS, repeats, rounds, device)}
     if deepspeed:
         return {"deepspeed_zero3": deepspeed_zero3_costs(LAYERS, repeats, rounds)}
-    if checkpoint:
-        return {"checkpoint": checkpoint_costs(CHECKPOINT_LAYERS, repeats, rounds, layer=checkpoint_layer)}
     return {"tp": tp_collective_costs(LAYERS, repeats, rounds), "fsdp": fsdp_costs(LAYERS, repeats, rounds)}
+
+
+def _has_deepspeed() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("deepspeed") is not None
 
 
 def report(r: dict) -> None:
@@ -87,8 +96,9 @@ def main() -> int:
     which.add_argument("--deepspeed", action="store_true", help="DeepSpeed's ZeRO-3 hooks (only)")
     which.add_argument("--checkpoint", action="store_true",
                        help="the activation-checkpointing wrappers' own host work per layer (only)")
-    which.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                       help="cuda: the TP collectives only, through a one-rank NCCL group on the GPU")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the TP collectives (through a one-rank NCCL group) or, with --checkpoint, "
+                         "the wrappers, on the GPU (DeepSpeed's where importable)")
     ap.add_argument("--load-note", default="shared 2-core VM; other sessions' work running",
                     help="what else ran on the machine, for the JSON's provenance")
     ap.add_argument("--checkpoint-layer", choices=("gpt", "block"), default="gpt",
@@ -96,6 +106,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: this torch sees no CUDA device")
+    if args.device == "cuda" and args.deepspeed:
+        ap.error("--device cuda: the TP collectives or --checkpoint, not --deepspeed")
     load_at_start = os.getloadavg()[0]
     r = measure(args.repeats, args.rounds, args.deepspeed, args.checkpoint, args.checkpoint_layer, args.device)
     if args.checkpoint:
@@ -124,7 +136,7 @@ def main() -> int:
         if args.device == "cuda":
             r["provenance"].update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda,
                                    nccl=".".join(map(str, torch.cuda.nccl.version())))
-        if args.deepspeed or args.checkpoint:
+        if args.deepspeed or (args.checkpoint and _has_deepspeed()):
             import deepspeed
             r["provenance"]["deepspeed"] = deepspeed.__version__
         args.json.parent.mkdir(parents=True, exist_ok=True)

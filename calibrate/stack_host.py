@@ -519,22 +519,26 @@ TRACKED_RNG_STATES = 3
 
 
 class _RngTracker:
-    """Megatron-core's CUDA RNG tracker as this CPU can run it: named generator states (tensors)
-    the checkpoint keeps references to, with copies of the process's own generator states, and
-    sets back around the recompute (Megatron's ``get_states`` copies the dictionary, not the
-    states)."""
+    """Megatron-core's CUDA RNG tracker: named generator states (tensors) the checkpoint keeps
+    references to, with copies of the process's own CPU and device generator states, set back
+    around the recompute (Megatron's ``get_states`` copies the dictionary, not the states).  On a
+    CPU the device generator is the CPU's."""
 
-    def __init__(self, states: int = TRACKED_RNG_STATES):
+    def __init__(self, states: int = TRACKED_RNG_STATES, device: str = "cpu"):
+        self.cuda = device == "cuda"
         self.states = {f"rng-{i}": torch.Generator().manual_seed(1234 + i).get_state() for i in range(states)}
 
     def snapshot(self) -> tuple:
-        # The CPU generator's state, the device generator's (the CPU's again here), the tracker's.
-        return torch.get_rng_state(), torch.get_rng_state(), dict(self.states)
+        device = torch.cuda.get_rng_state() if self.cuda else torch.get_rng_state()
+        return torch.get_rng_state(), device, dict(self.states)
 
     def restore(self, states: tuple) -> None:
         cpu, device, tracked = states
         torch.set_rng_state(cpu)
-        torch.set_rng_state(device)
+        if self.cuda:
+            torch.cuda.set_rng_state(device)
+        else:
+            torch.set_rng_state(device)
         self.states = tracked
 
 
@@ -608,9 +612,9 @@ class _GptLayer(nn.Module):
         return self.gpt._layer(self.i, x)
 
 
-def gpt_layers(n: int) -> list[nn.Module]:
+def gpt_layers(n: int, device: str = "cpu") -> list[nn.Module]:
     """``n`` layers of the GPT-shaped model at the tiny shape ``perf-calibrate host`` times
-    ``layer_seconds`` and ``layer_forward_seconds`` at (calibrate/host.py), fp32 on the CPU."""
+    ``layer_seconds`` and ``layer_forward_seconds`` at (calibrate/host.py), fp32 on ``device``."""
     from predictor.job import TrainingJob
 
     from .gpt_model import FlatGPT
@@ -620,7 +624,7 @@ def gpt_layers(n: int) -> list[nn.Module]:
                   "vocab": _TINY.vocab, "attention": "flash", "pos_emb": "rotary"},
         "layout": {"micro_batch": 1, "micro_batches": 1, "zero_stage": 0, "recompute": "none"},
         "run": {"precision": "fp32"}, "cluster": {"gpus_per_node": 1}})
-    gpt = FlatGPT(job, "cpu", 1)
+    gpt = FlatGPT(job, device, 1)
     return [_GptLayer(gpt, i) for i in range(n)]
 
 
@@ -634,7 +638,7 @@ class _Wrapped(nn.Module):
     """``n`` layers (``layer``: :data:`CHECKPOINT_LAYERS`), each called through ``wrapper`` (none:
     as they are); ``forward_only``: timed without the backward (:func:`_time_micro_batches`)."""
 
-    def __init__(self, n: int, wrapper: str, forward_only: bool = False, layer: str = "gpt"):
+    def __init__(self, n: int, wrapper: str, forward_only: bool = False, layer: str = "gpt", device: str = "cpu"):
         super().__init__()
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
                                                                                   checkpoint_wrapper)
@@ -644,7 +648,7 @@ class _Wrapped(nn.Module):
         self.forward_only = forward_only
         if layer not in CHECKPOINT_LAYERS:
             raise ValueError(f"unknown layer {layer!r} (known: {', '.join(CHECKPOINT_LAYERS)})")
-        blocks = gpt_layers(n) if layer == "gpt" else [Block() for _ in range(n)]
+        blocks = gpt_layers(n, device) if layer == "gpt" else [Block().to(device) for _ in range(n)]
         # The GPT layers take (seq · micro-batch, hidden) = (TOKENS, their hidden), as the blocks do.
         self.width = blocks[0].gpt.h if layer == "gpt" else HIDDEN
         self.calls = None
@@ -657,7 +661,7 @@ class _Wrapped(nn.Module):
         elif wrapper == "torch_reentrant":
             self.calls = lambda b, x: checkpoint(b, x, use_reentrant=True)
         elif wrapper == "megatron":
-            tracker = _RngTracker()
+            tracker = _RngTracker(device=device)
             self.calls = lambda b, x: _TrackedCheckpoint.apply(b, tracker, x)
         elif wrapper == "deepspeed":
             ds_checkpoint = _deepspeed_checkpoint()
@@ -674,24 +678,25 @@ class _Wrapped(nn.Module):
 
 
 def checkpoint_costs(layers: Sequence[int], repeats: int, rounds: int,
-                     wrappers: Sequence[str] = CHECKPOINT_WRAPPERS, layer: str = "gpt") -> dict:
+                     wrappers: Sequence[str] = CHECKPOINT_WRAPPERS, layer: str = "gpt", device: str = "cpu") -> dict:
     """Each checkpoint wrapper's own host work per layer and micro-batch: the per-layer slope of
     forward + backward with every block wrapped, less the slope without a wrapper, less the slope
     of one forward with autograd recording (what a full recomputation's repeat is charged apart as
     ``layer_forward_seconds``), around ``layer`` (:data:`CHECKPOINT_LAYERS`).  The input requires
     grad, as a layer's input inside a model does (a reentrant checkpoint's backward runs only
-    then).  A gloo group must be up for ``deepspeed``."""
+    then).  A gloo group must be up for ``deepspeed``.  On ``cuda`` the host's issue time
+    (:func:`_time_micro_batches`)."""
     torch.manual_seed(0)
     models: dict[tuple[str, int], nn.Module] = {}
     for n in layers:
-        models[("none", n)] = _Wrapped(n, "none", layer=layer)
-        models[("forward", n)] = _Wrapped(n, "none", forward_only=True, layer=layer)
+        models[("none", n)] = _Wrapped(n, "none", layer=layer, device=device)
+        models[("forward", n)] = _Wrapped(n, "none", forward_only=True, layer=layer, device=device)
         for w in wrappers:
-            models[(w, n)] = _Wrapped(n, w, layer=layer)
+            models[(w, n)] = _Wrapped(n, w, layer=layer, device=device)
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        per = _interleaved(models, repeats, rounds)
+        per = _interleaved(models, repeats, rounds, device)
     ns = list(layers)
     slope = {k: _slope(ns, [per[(k, n)] for n in ns]) for k in ("none", "forward", *wrappers)}
     return {"layer": layer, "layer_seconds": slope,

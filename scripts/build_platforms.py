@@ -189,6 +189,12 @@ def stack_prior() -> tuple[dict, str]:
     plain_files = [json.loads(p.read_text(encoding="utf-8")) for p in plain_ckpt_steps]
     plain = gpu_paired_checkpoint_layer_seconds([f["rows"] for f in plain_files], "ddp", forward)
     checkpoint["torch"] = round(plain["seconds"], 8)
+    # Megatron-core's reentrant wrapper (the stand-in) as the lent H100 node's host runs it around
+    # the GPT-shaped layer on the GPU (--device cuda --checkpoint); DeepSpeed's was not installed there.
+    gpu_bench = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("checkpoint-h100-*.json"))]
+    checkpoint["megatron"] = round(max(0.0, statistics.median(
+        r["checkpoint"]["checkpoint_layer_seconds"]["megatron"] for r in gpu_bench)), 8)
+    gmeta = gpu_bench[0]["provenance"]
     depths = gpu_ckpt["torch_op_sac"]["depths"]
     meta, zmeta, gpu = runs[0]["provenance"], zero3_runs[0]["provenance"], steps["provenance"]
     cmeta = ckpt_runs[0]["provenance"]
@@ -210,7 +216,10 @@ def stack_prior() -> tuple[dict, str]:
             f"{'/'.join(map(str, depths))}: benchmarks/data/h100-lent/stacks/hseries.json), and torch: DDP with "
             f"full AC less DDP, the median of {plain['pairs']} same-round pairs per layer and micro-batch, less one "
             f"forward's issue, on the lent {plain_files[0]['provenance']['gpu']} "
-            f"({plain_files[0]['provenance']['date'][:16]}: benchmarks/data/h100-lent/stacks/rngseries*.json)")
+            f"({plain_files[0]['provenance']['date'][:16]}: benchmarks/data/h100-lent/stacks/rngseries*.json), "
+            f"and megatron: benchmarks/bench_stack_host.py --device cuda --checkpoint on the lent {gmeta['gpu']} "
+            f"(median of {len(gpu_bench)} runs, torch {gmeta['torch']}, {gmeta['date'][:16]}: "
+            f"benchmarks/data/stack-host/checkpoint-h100-*.json)")
     return values, note
 
 

@@ -206,7 +206,8 @@ def test_shipped_platforms_carry_the_measured_checkpoint_wrappers():
     # Each shipped [host] carries the median of the committed --checkpoint runs per wrapper: a
     # measurement that was not written back (build_platforms.py --only host-priors) fails here.
     # Op-level SAC's, full AC around FSDP blocks and PyTorch's plain wrapper are the lent GPU's
-    # instead (tests/calibrate/test_stack_host.py checks them).
+    # steps' instead (tests/calibrate/test_stack_host.py checks them), Megatron's the GPU node's
+    # run of the same benchmark (below).
     import json
     import statistics
     from pathlib import Path
@@ -219,7 +220,7 @@ def test_shipped_platforms_carry_the_measured_checkpoint_wrappers():
         host = load_platform(name).host
         assert set(host.checkpoint_layer_seconds) == set(CHECKPOINT_WRAPPERS), name
         for w in CHECKPOINT_WRAPPERS:
-            if w in ("torch_op_sac", "torch_fsdp", "torch"):
+            if w in ("torch_op_sac", "torch_fsdp", "torch", "megatron"):
                 continue
             median = statistics.median(r["checkpoint"]["checkpoint_layer_seconds"][w] for r in runs)
             assert host.checkpoint_layer_seconds[w] == pytest.approx(max(0.0, median), rel=1e-4), (name, w)
@@ -239,3 +240,16 @@ def test_shipped_platforms_carry_the_gpu_nodes_measured_collective_cost():
     median = statistics.median(r["tp"]["collective_seconds"] for r in runs)
     for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
         assert load_platform(name).host.collective_seconds == pytest.approx(median, rel=1e-3), name
+
+
+def test_shipped_platforms_carry_megatrons_wrapper_as_the_gpu_node_measured_it():
+    import json
+    import statistics
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "stack-host"
+    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("checkpoint-h100-*.json"))]
+    assert len(runs) >= 2 and all("H100" in r["provenance"]["gpu"] for r in runs)
+    median = statistics.median(r["checkpoint"]["checkpoint_layer_seconds"]["megatron"] for r in runs)
+    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+        assert load_platform(name).host.checkpoint_layer_seconds["megatron"] == pytest.approx(median, rel=1e-4)
