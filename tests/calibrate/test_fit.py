@@ -13,13 +13,14 @@ import pytest
 
 from calibrate.cli import main
 from calibrate.validate import fit_terms, load_runs
-from predictor import TrainingJob, load_platform
+from predictor import load_platform
 from predictor.errors import BundleError
 from predictor.estimate import predict, predict_many
 from predictor.platform import FittedTerms
 from predictor.samples import dump_toml
 from predictor.kinds import kind_of
 from tests.predictor.conftest import copy_shipped_platform
+from tests.predictor.conftest import small_job as _job
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,14 +31,6 @@ else:  # pragma: no cover
 def _copy(tmp_path, name, **changes):
     """A shipped platform's platform.toml in tmp_path without its recorded runs, as a directory."""
     return copy_shipped_platform(tmp_path, name, validation=None, **changes)
-
-
-def _job(layers=8, hidden=4096, heads=32, seq=2048, pp=1, tp=1, dp=1, mb=2, mbs=8, recompute="full", **model):
-    return TrainingJob.from_dict({"model": {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq,
-                                            **model},
-                                  "layout": {"pp": pp, "tp": tp, "dp": dp, "micro_batch": mb,
-                                             "micro_batches": mbs, "recompute": recompute},
-                                  "run": {"precision": "fp16"}})
 
 
 # Device-bound jobs of a few shapes and layouts (the A100 platform has no host-bound regime here).

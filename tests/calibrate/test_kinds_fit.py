@@ -12,22 +12,16 @@ import pytest
 from calibrate.fitting.kinds import fit_hierarchical
 from calibrate.validate import validate_platform
 from predictor import load_platform
-from predictor.errors import BundleError
 from predictor.estimate import predict, predict_many
 from predictor.interval import SHIPPED_PRIOR, IntervalRule
-from predictor.kinds import JobKind, kind_of
+from predictor.kinds import kind_of
 from predictor.platform import FittedTerms
 from predictor.validation import MeasuredRun
+from tests.predictor.conftest import with_run as _with
 
 from .test_fit import _copy, _job
 
 SMALL = dict(seq=1024, mb=1, recompute="none", attention="flash", vocab=32000)
-
-
-def _with(job, **run):
-    d = job.to_dict()
-    d["run"].update(run)
-    return type(job).from_dict(d)
 
 
 # Repeated steps of one run scatter by a few percent (calibrate/validate.py _NOISE_FLOOR): a fixed
@@ -39,37 +33,6 @@ def _runs(jobs, truth, prefix, noise=False):
     return [MeasuredRun(f"{prefix} {i}", j, p.iteration_seconds * (NOISE[i % len(NOISE)] if noise else 1.0),
                         source="synthetic")
             for i, (j, p) in enumerate(zip(jobs, predict_many(jobs, truth)))]
-
-
-def test_a_jobs_kind_is_its_stack_as_the_launch_reveals_it():
-    j = _job(recompute="selective", attention="flash")
-    assert kind_of(j).key == "-/flash/fp16/selective"
-    k = kind_of(_with(j, framework="deepspeed"))
-    assert k.key == "deepspeed/flash/fp16/selective"
-    assert JobKind.from_key(k.key, "x") == k and JobKind.from_key("-/flash/fp16/none", "x").framework == ""
-    for bad in ("deepspeed/flash", "a//b/c", 3, "/".join(["x" * 65] * 4)):
-        with pytest.raises(BundleError, match="where: kind"):
-            JobKind.from_key(bad, "where")
-
-
-@pytest.mark.parametrize("kind, needle", [
-    ({"kind": "nope", "runs": 3}, "fitted_kind[0].kind: kind 'nope' must be"),
-    ({"kind": "-/flash/bf16/none", "runs": 3, "compute_scale": 5.0}, "fitted_kind[0].compute_scale must be"),
-    ({"kind": "-/flash/bf16/none", "runs": -1}, "fitted_kind[0].runs must be"),
-    ({"kind": "-/flash/bf16/none", "runs": 3, "speed": 1}, "fitted_kind[0].speed: unknown key"),
-    ({"kind": "-/flash/bf16/none", "runs": 3, "scores": ["a"]}, "fitted_kind[0].scores must be"),
-])
-def test_a_malformed_fitted_kind_is_refused_naming_the_file_and_key(tmp_path, kind, needle):
-    d = _copy(tmp_path, "dgx-a100", fitted={"compute_scale": 1.0}, fitted_kind=[kind])
-    with pytest.raises(BundleError, match=r"platform\.toml: " + needle.replace("[", r"\[").replace("]", r"\]")
-                       .replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
-        load_platform(d, reload=True)
-
-
-def test_fitted_kind_without_fitted_is_refused(tmp_path):
-    d = _copy(tmp_path, "dgx-a100", fitted_kind=[{"kind": "-/flash/bf16/none", "runs": 3}])
-    with pytest.raises(BundleError, match=r"\[\[fitted_kind\]\] without \[fitted\]"):
-        load_platform(d, reload=True)
 
 
 A100_SHAPES = [dict(), dict(hidden=2048, heads=16), dict(tp=2, dp=2), dict(pp=2, tp=4, mbs=16),
@@ -151,17 +114,6 @@ def test_host_is_told_from_device_where_micro_batches_differ_and_said_where_not(
     for f in ("host_layer_scale", "host_micro_batch_scale"):
         assert k.factors[f].status.startswith("pooled to the partition's: not identified"), k.factors[f]
     assert "not identified" in res.report()
-
-
-def test_interval_of_a_kind_by_its_run_count():
-    plat_rule = IntervalRule(0.2, 0.2, "own", 40)
-    own = plat_rule.for_kind([0.01 * i for i in range(-5, 6)], 0.6)            # 11 runs: its own quantile
-    assert own.source == "kind" and own.low == own.high == pytest.approx(0.05)
-    few = plat_rule.for_kind([0.3, -0.25, 0.0], 0.6)                           # 3 runs: widened to its worst
-    assert few.source == "kind-pooled" and (few.low, few.high) == (0.25, 0.3)
-    unseen = plat_rule.for_kind(None, 0.6)
-    assert unseen.source == "unseen-kind" and unseen.low == unseen.high == 0.6
-    assert plat_rule.for_kind(None, 0.1).low == 0.2                            # never below the platform's
 
 
 def test_a_platform_without_kinds_predicts_as_before(tmp_path):

@@ -23,6 +23,23 @@ def make_job(model=None, **layout):
                                   "run": {"train_iters": 100}})
 
 
+def small_job(layers=8, hidden=4096, heads=32, seq=2048, pp=1, tp=1, dp=1, mb=2, mbs=8, recompute="full",
+              **model) -> TrainingJob:
+    """A one-node fp16 job of the given shape (the fit tests' jobs); ``model`` adds model keys."""
+    return TrainingJob.from_dict({"model": {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq,
+                                            **model},
+                                  "layout": {"pp": pp, "tp": tp, "dp": dp, "micro_batch": mb,
+                                             "micro_batches": mbs, "recompute": recompute},
+                                  "run": {"precision": "fp16"}})
+
+
+def with_run(job: TrainingJob, **run) -> TrainingJob:
+    """``job`` with ``run`` keys set (its framework, say)."""
+    d = job.to_dict()
+    d["run"].update(run)
+    return type(job).from_dict(d)
+
+
 def copy_shipped_platform(dest: Path, name: str, **changes) -> Path:
     """A shipped platform's platform.toml written into ``dest``/``name`` with its bundle paths made
     absolute, each of ``changes`` set as a top-level key (None removes it); returns the directory."""
