@@ -225,13 +225,11 @@ def _entry(c: Classified, script: Tok, args: list) -> Classified:
     if b == "deepy.py":
         c.kind, c.launcher, c.script, c.args, c.framework_hint = "launch", "deepy", script, args, "neox"
         return c
-    hydra = any(a.text.startswith(("--config-path", "--config-name")) for a in args) or \
-        any(_HYDRA_OVERRIDE.match(a.text) for a in args)
     if is_torchtitan(c.python_module, script, args):
         hint = "torchtitan"
     elif is_llmfoundry(c.launcher, c.python_module, script, args):
         hint = "llm-foundry"     # before NeMo: its overrides (model.n_layers=4) look like Hydra's
-    elif b in NEMO_SCRIPTS or (hydra and not flags & MEGATRON_FLAGS):
+    elif b in NEMO_SCRIPTS or (not flags & MEGATRON_FLAGS and _hydra(args)):
         hint = "nemo"        # NeMo 1.x: Hydra config + key=value overrides
     elif flags & MEGATRON_FLAGS or b.startswith("pretrain_") or "megatron" in (c.python_module or ""):
         hint = "megatron"
@@ -243,6 +241,12 @@ def _entry(c: Classified, script: Tok, args: list) -> Classified:
         return Classified(kind="none", wrappers=c.wrappers)
     c.kind, c.script, c.args, c.framework_hint = "launch", script, args, hint
     return c
+
+
+def _hydra(args: list) -> bool:
+    """Hydra's config options or ``key=value`` overrides among a script's arguments (NeMo 1.x)."""
+    return any(a.text.startswith(("--config-path", "--config-name")) for a in args) or \
+        any(_HYDRA_OVERRIDE.match(a.text) for a in args)
 
 
 def _option(c: Classified, toks: list, i: int, key: str, flags: set) -> int:
