@@ -18,8 +18,10 @@ route, cache key, the worker's JSON, the outcome back, the policy) and the worke
   daemon   the daemon process's side of the request
 
 Each round uses shapes no earlier round met (a fresh engine per round, so nothing is remembered);
-the figure printed per stage is the median over ``--rounds`` rounds of the mean per shape.
-Only this process's CPU is counted, so other load on the machine disturbs it little.
+the figures printed per stage are the median and the least over ``--rounds`` rounds of the mean
+per shape.  Only this process's CPU is counted, but other load on the machine still slows it (a
+busy sibling core, caches): compare trees by alternating runs, e.g. the base commit's with
+``PYTHONPATH=/path/to/worktree python benchmarks/bench_new_shape_cpu.py``.
 """
 from __future__ import annotations
 
@@ -173,9 +175,10 @@ def main() -> int:
         print(f"{args.platform}: {args.shapes} new shapes x {args.rounds} rounds "
               f"(python {sys.version.split()[0]}, {os.cpu_count()} CPUs)")
         for k in STAGES:
-            print(f"  {k:8s} {med[k]:7.0f} us   (rounds: "
-                  + " ".join(f"{x[k] * 1e6:.0f}" for x in rounds) + ")")
-        print(f"CPU per new shape: median {statistics.median(total):.0f} us "
+            print(f"  {k:8s} median {med[k]:5.0f} us, least {min(x[k] for x in rounds) * 1e6:5.0f} us "
+                  "(rounds: " + " ".join(f"{x[k] * 1e6:.0f}" for x in rounds) + ")")
+        # The least round is the one other load on the machine disturbed least.
+        print(f"CPU per new shape: median {statistics.median(total):.0f} us, least {min(total):.0f} us "
               f"(rounds: {' '.join(f'{t:.0f}' for t in total)})")
     return 0
 
