@@ -15,6 +15,9 @@ LENT_STACKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / 
 #: The files of training-step rows, in the order they were recorded.
 STEP_FILES = ("stacks.json", "stacks2.json", "stacks3.json", "stacks4.json", "stacks5.json", "stacks6.json",
               "hseries.json", "longseq.json", "longseq-flash.json", "stacks7.json")
+#: Training-step rows of a later lease's machine, kept out of the family's runs: its host ran the
+#: same steps ~1.17x slower (``rngseries-runs.toml`` holds them as a site's runs of their own).
+OTHER_HOST_STEP_FILES = ("rngseries.json", "rngseries2.json")
 
 
 def step_files(folder: Path = LENT_STACKS_DIR) -> list[Path]:

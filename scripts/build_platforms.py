@@ -40,6 +40,7 @@ from calibrate.fitting import BundleFitter, convert_bundle
 from calibrate.fitting.host import platform_host_table
 from calibrate.importers import import_estimate_train_time
 from calibrate.shipped_gpus import A100, GH200, H100
+from calibrate.stack_files import LENT_STACKS_DIR, OTHER_HOST_STEP_FILES
 from calibrate.stack_host import (GPU_CHECKPOINT_WRAPPERS, gpu_checkpoint_layer_seconds, gpu_fsdp_layer_seconds,
                                   gpu_paired_checkpoint_layer_seconds)
 from calibrate.validate import load_runs, validate_platform
@@ -161,7 +162,7 @@ def stack_prior() -> tuple[dict, str]:
     so; read once."""
     folder, gpu_steps = RUNS / "stack-host", RUNS / "h100-lent" / "stacks" / "stacks2.json"
     ckpt_steps = RUNS / "h100-lent" / "stacks" / "hseries.json"
-    plain_ckpt_steps = [RUNS / "h100-lent" / "stacks" / f"rngseries{n}.json" for n in ("", "2")]
+    plain_ckpt_steps = [LENT_STACKS_DIR / name for name in OTHER_HOST_STEP_FILES]
     # The TP collective as a GPU node's host issues it: c10d's NCCL path on the lent H100 (the
     # 2-core VM's gloo runs, cpu-*.json, are kept for reference).
     runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("nccl-h100-*.json"))]

@@ -137,10 +137,10 @@ def test_the_committed_runs_file_is_what_the_converter_makes():
 def test_the_committed_runs_files_are_their_step_files_converted():
     """stacks-runs.toml (the family) and rngseries-runs.toml (another lease's host-bound series) are
     what benchmarks/gpu_stacks_runs.py makes of their files: a step file edited without them fails."""
-    from calibrate.stack_files import LENT_STACKS_DIR, step_files
+    from calibrate.stack_files import LENT_STACKS_DIR, OTHER_HOST_STEP_FILES, step_files
     family = mod.to_toml(mod.runs_from_files(step_files()))
     assert (LENT_STACKS_DIR / "stacks-runs.toml").read_text(encoding="utf-8") == family
-    series = mod.runs_from_files([LENT_STACKS_DIR / "rngseries.json", LENT_STACKS_DIR / "rngseries2.json"])
+    series = mod.runs_from_files([LENT_STACKS_DIR / name for name in OTHER_HOST_STEP_FILES])
     text = mod.to_toml(series, "of a host-bound series (another lease's machine)")
     assert (LENT_STACKS_DIR / "rngseries-runs.toml").read_text(encoding="utf-8") == text
     names = [r["name"] for r in series]
