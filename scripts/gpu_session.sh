@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measure one GPU for perfcast in a bounded time: host costs, operator samples (resumable) and
 # real training steps of a small GPT family.  Everything lands in $OUT (or ./out).
-#   OPS_SECONDS=300 FP8_SECONDS=150 FAMILY_SECONDS=150 bash scripts/gpu_session.sh [SAMPLES_DIR]
+#   OPS_SECONDS=300 FP8_SECONDS=150 STACK_HOST_SECONDS=120 FAMILY_SECONDS=150 bash scripts/gpu_session.sh [SAMPLES_DIR]
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 out=${OUT:-$PWD/out}; mkdir -p "$out"
@@ -16,6 +16,13 @@ timeout "${FP8_SECONDS:-150}" python3 -m calibrate.cli -v run --device cuda --no
     --plan benchmarks/data/plan-single-gpu-fp8.toml --out "$store" --part operators
 echo "fp8 operators: exit $?"
 [ -f "$out/host.toml" ] && cp "$out/host.toml" "$store/host.toml"
+# The stacks' host costs on this node: the TP collective through NCCL, and the checkpoint wrappers
+# around the GPT-shaped layer (DeepSpeed's where the package is installed).
+timeout "${STACK_HOST_SECONDS:-120}" python3 benchmarks/bench_stack_host.py --device cuda \
+    --load-note "a lent GPU node" --json "$store/stack-host-nccl.json"
+timeout "${STACK_HOST_SECONDS:-120}" python3 benchmarks/bench_stack_host.py --device cuda --checkpoint \
+    --repeats 20 --load-note "a lent GPU node" --json "$store/stack-host-checkpoint.json"
+echo "stack host: exit $?"
 timeout "${FAMILY_SECONDS:-150}" python3 benchmarks/bench_train_family.py --device cuda \
     --out "$store/train-family.json"
 echo "family: exit $?"
