@@ -37,9 +37,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurm_plugin.daemon.engine import Engine, Outcome, Route
-from slurm_plugin.daemon.protocol import parse_request
-from slurm_plugin.siteconfig import load_site_config
+# One thread per numerical library, as perf-predictd runs (slurm_plugin/daemon/cli.py): set before
+# numpy is imported, else BLAS threads spin beside each small matrix product and count as CPU here.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+from slurm_plugin.daemon.engine import Engine, Outcome, Route  # noqa: E402
+from slurm_plugin.daemon.protocol import parse_request  # noqa: E402
+from slurm_plugin.siteconfig import load_site_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("parse", "predict", "worker", "daemon")
