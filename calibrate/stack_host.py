@@ -474,7 +474,8 @@ def gpu_paired_checkpoint_layer_seconds(files: Sequence[Sequence[dict]], base: s
     same file and round, over the job's layers and micro-batches; the median over those pairs,
     less one forward's issue (``layer_forward_seconds``, which predictor.host adds apart).  Pairs
     taken within a round cancel the host's drift across a call, which a slope over the fastest
-    steps (:func:`_depth_series`) does not on a host that drifts by 10-20 % between rounds.
+    steps (:func:`_depth_series`) does not where the host drifts between rounds (rngseries*.json:
+    by a median 23 %).
     ``files``: each file's rows.  ``rng_seconds`` is the median paired difference of the wrapper
     without RNG-state preservation (TorchTitan's) less with it (PyTorch's default, Composer's)."""
     steps: dict[tuple, dict[str, dict]] = {}
