@@ -50,6 +50,7 @@ import torch
 from calibrate.attention_timing import HEAD_DIM, HEADS, MATH_MAX_SEQ, SEQS, flex_kernel, time_attention
 from calibrate.engine_host import cpu_name
 from calibrate.errors import CalibrationError
+from calibrate.stack_runs import split_label
 from calibrate.stack_steps import SDPA_BACKENDS, one_stack
 from calibrate.stacks import MODULE_STACKS, check_recompute
 from calibrate.train_family import JOB_SETS, job_set, quick_jobs
@@ -135,8 +136,7 @@ def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: P
         order = [(r, w, j) for r in range(rounds) for w in stacks for j in jobs]
     for round_index, wanted, (job_name, job) in order:
         # "fsdp+selective": the stack with every job's layout.recompute set so (the row keeps it).
-        stack, _, recompute = wanted.partition("+")
-        recompute, _, rng = recompute.partition(":")
+        stack, recompute, preserve_rng_state = split_label(wanted)
         if stack == "sdpa_efficient" and job["model"]["attention"] != "flash":
             continue
         if recompute:
@@ -148,7 +148,7 @@ def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: P
             continue
         t0 = time.perf_counter()
         try:
-            row = one_stack(stack, job, device, steps, warmup, sdpa_backend, preserve_rng_state=rng != "norng")
+            row = one_stack(stack, job, device, steps, warmup, sdpa_backend, preserve_rng_state=preserve_rng_state)
             rows.append({"stack": stack, "name": job_name, "job": job, **tag, **row,
                          "wall_s": time.perf_counter() - t0})
             print(f"{name} {wanted:15} {job_name:36} {1e3 * row['measured_iteration_seconds']:9.2f} ms "
@@ -223,10 +223,10 @@ def main() -> int:
     wanted = [w for w in args.stacks.split(",") if w]
     for w in wanted:
         # Checked before any device time is spent: a typo would cost every job an error row.
-        stack, _, recompute = w.partition("+")
-        recompute, _, rng = recompute.partition(":")
-        if rng and (rng != "norng" or recompute != "full"):
-            ap.error(f"--stacks {w}: the only suffix is :norng, after +full")
+        try:
+            stack, recompute, _ = split_label(w)
+        except CalibrationError as exc:
+            ap.error(f"--stacks {exc}")
         if stack not in ("pytorch", "sdpa_efficient", *MODULE_STACKS):
             ap.error(f"--stacks {w}: {stack!r} is not one of pytorch, sdpa_efficient, {', '.join(MODULE_STACKS)}")
         if recompute and stack not in MODULE_STACKS:

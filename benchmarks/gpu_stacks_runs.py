@@ -18,7 +18,7 @@ from pathlib import Path
 
 from calibrate.stack_files import LENT_STACKS_DIR as DATA
 from calibrate.stack_files import step_files
-from calibrate.stack_runs import STACKS, StackRowError, runs_from_files, to_toml
+from calibrate.stack_runs import FAMILY_RUNS, STACKS, StackRowError, runs_from_files, to_toml
 
 
 def main() -> int:
@@ -28,7 +28,7 @@ def main() -> int:
     ap.add_argument("--stacks", default=",".join(STACKS), help="comma-separated stacks to convert")
     ap.add_argument("--files", nargs="+", metavar="NAME",
                     help="these files of --data instead of the family's (calibrate/stack_files.py)")
-    ap.add_argument("--what", default="of the 33-job family", help="which jobs, for the file's header")
+    ap.add_argument("--what", default=FAMILY_RUNS, help="which jobs, for the file's header")
     args = ap.parse_args()
     files = [args.data / name for name in args.files] if args.files else step_files(args.data)
     try:

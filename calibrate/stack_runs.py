@@ -92,6 +92,17 @@ def row_label(row: dict) -> str:
     return f"{row['stack']}+{recompute}" + (":norng" if row.get("preserve_rng_state") is False else "")
 
 
+def split_label(label: str) -> tuple[str, str, bool]:
+    """:func:`row_label`'s inverse: ``"fsdp+full:norng"`` -> ``("fsdp", "full", False)`` (stack,
+    recompute or "", whether the checkpoint keeps the RNG state).  Raises :class:`StackRowError`
+    for a suffix other than ``:norng`` after ``+full``."""
+    stack, _, recompute = label.partition("+")
+    recompute, _, rng = recompute.partition(":")
+    if ":" in stack or (rng and (rng != "norng" or recompute != "full")):
+        raise StackRowError(f"{label!r}: the only suffix is :norng, after +full")
+    return stack, recompute, not rng
+
+
 def attention_ran(row: dict, provenance: dict) -> tuple[str, bool]:
     """The kernel a row's flash-attention job ran and whether the call pinned it ("" where the row
     is not a flash-attention job on a GPU).  Raises :class:`StackRowError` where nobody recorded it."""
@@ -181,7 +192,11 @@ def runs_from_files(files: Iterable[Path], stacks: Sequence[str] = STACKS) -> li
     return runs
 
 
-def to_toml(runs: list[dict], what: str = "of the 33-job family") -> str:
+#: Which jobs a runs file holds, for its header (the family's, unless a caller says otherwise).
+FAMILY_RUNS = "of the 33-job family"
+
+
+def to_toml(runs: list[dict], what: str = FAMILY_RUNS) -> str:
     """``runs`` as a runs file; ``what``: which jobs, for its header."""
     from predictor.samples import dump_toml
 

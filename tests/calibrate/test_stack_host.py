@@ -6,6 +6,9 @@ import math
 
 import pytest
 
+from calibrate.stack_files import OTHER_HOST_STEP_FILES
+from calibrate.stack_runs import split_label
+
 
 def _stack_host():
     """calibrate.stack_host, skipping the test (alone) where torch is absent."""
@@ -134,13 +137,12 @@ def test_the_paired_checkpoint_cost_is_the_median_same_round_difference_less_one
     stack_host = _stack_host()
 
     def row(label: str, layers: int, seconds: float, round_index: int, micro_batches: int = 2) -> dict:
-        stack, _, recompute = label.partition("+")
-        recompute, _, rng = recompute.partition(":")
+        stack, recompute, keeps_rng = split_label(label)
         job = {"model": {"layers": layers}, "layout": {"micro_batches": micro_batches,
                                                        "recompute": recompute or "none"}}
         r = {"stack": stack, "name": f"L{layers} m{micro_batches}", "job": job, "round": round_index,
              "measured_iteration_seconds": seconds}
-        return {**r, "preserve_rng_state": False} if rng else r
+        return r if keeps_rng else {**r, "preserve_rng_state": False}
 
     # The host drifts 1.5x between rounds; within a round full AC adds 3 ms per layer and
     # micro-batch, 2.8 ms without the RNG state.  A slope over the fastest steps would mix rounds.
@@ -178,7 +180,7 @@ def test_the_shipped_gpu_wrapper_costs_are_the_lent_gpus_measurement():
     for recompute, wrapper in stack_host.GPU_CHECKPOINT_WRAPPERS.items():
         measured[wrapper] = stack_host.gpu_checkpoint_layer_seconds(rows, recompute, forward)[wrapper]
     # PyTorch's plain wrapper: DDP's steps with and without full AC, paired within each round.
-    files = [json.loads((data / "stacks" / f"rngseries{n}.json").read_text())["rows"] for n in ("", "2")]
+    files = [json.loads((data / "stacks" / name).read_text())["rows"] for name in OTHER_HOST_STEP_FILES]
     measured["torch"] = stack_host.gpu_paired_checkpoint_layer_seconds(files, "ddp", forward)["seconds"]
     for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
         costs = load_platform(name).host.checkpoint_layer_seconds

@@ -63,6 +63,13 @@ def test_a_recompute_row_is_its_own_run_named_by_its_recompute(tmp_path):
     full = {**JOB, "layout": {**JOB["layout"], "recompute": "full"}}
     assert mod.row_label({**_row("fsdp", 0.03, job=full), "preserve_rng_state": False}) == "fsdp+full:norng"
     assert mod.row_label(_row("fsdp", 0.03, job=full)) == "fsdp+full"
+    # split_label reads back what row_label writes (bench_gpu_stacks.py --stacks takes the same).
+    assert mod.split_label("fsdp+full:norng") == ("fsdp", "full", False)
+    assert mod.split_label("fsdp+selective") == ("fsdp", "selective", True)
+    assert mod.split_label("ddp") == ("ddp", "", True)
+    for bad in ("fsdp+selective:norng", "fsdp+full:rng", "ddp:norng"):
+        with pytest.raises(mod.StackRowError, match="the only suffix is :norng, after \\+full"):
+            mod.split_label(bad)
 
 
 def test_repeats_keep_the_fastest_errors_and_other_stacks_are_left_out(tmp_path):

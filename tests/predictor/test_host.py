@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import statistics
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +12,15 @@ from predictor import TrainingJob, load_platform
 from predictor.errors import BundleError
 from predictor.estimate import QuerySet, _plan
 from predictor.host import HostCosts
+
+
+SHIPPED = ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200")
+STACK_HOST_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "stack-host"
+
+
+def _stack_host_runs(pattern: str) -> list[dict]:
+    """The committed bench_stack_host.py runs whose file names match ``pattern``, in order."""
+    return [json.loads(p.read_text()) for p in sorted(STACK_HOST_DATA.glob(pattern))]
 
 
 def _host_per_micro_batch(job: TrainingJob, plat) -> list[float]:
@@ -208,15 +220,10 @@ def test_shipped_platforms_carry_the_measured_checkpoint_wrappers():
     # Op-level SAC's, full AC around FSDP blocks and PyTorch's plain wrapper are the lent GPU's
     # steps' instead (tests/calibrate/test_stack_host.py checks them), Megatron's the GPU node's
     # run of the same benchmark (below).
-    import json
-    import statistics
-    from pathlib import Path
-
     from predictor.host import CHECKPOINT_WRAPPERS
-    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "stack-host"
-    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("checkpoint-[0-9]*.json"))]
+    runs = _stack_host_runs("checkpoint-[0-9]*.json")
     assert len(runs) >= 3 and all(r["checkpoint"]["layer"] == "gpt" for r in runs)
-    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+    for name in SHIPPED:
         host = load_platform(name).host
         assert set(host.checkpoint_layer_seconds) == set(CHECKPOINT_WRAPPERS), name
         for w in CHECKPOINT_WRAPPERS:
@@ -229,27 +236,17 @@ def test_shipped_platforms_carry_the_measured_checkpoint_wrappers():
 def test_shipped_platforms_carry_the_gpu_nodes_measured_collective_cost():
     # The TP collective's host cost is the lent H100 node's, through NCCL (bench_stack_host.py
     # --device cuda): a run that was not written back (build_platforms.py --only host-priors) fails.
-    import json
-    import statistics
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "stack-host"
-    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("nccl-h100-*.json"))]
+    runs = _stack_host_runs("nccl-h100-*.json")
     assert len(runs) >= 2 and all(r["provenance"]["backend"] == "nccl" and "H100" in r["provenance"]["gpu"]
                                   for r in runs)
     median = statistics.median(r["tp"]["collective_seconds"] for r in runs)
-    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+    for name in SHIPPED:
         assert load_platform(name).host.collective_seconds == pytest.approx(median, rel=1e-3), name
 
 
 def test_shipped_platforms_carry_megatrons_wrapper_as_the_gpu_node_measured_it():
-    import json
-    import statistics
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "stack-host"
-    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("checkpoint-h100-*.json"))]
+    runs = _stack_host_runs("checkpoint-h100-*.json")
     assert len(runs) >= 2 and all("H100" in r["provenance"]["gpu"] for r in runs)
     median = statistics.median(r["checkpoint"]["checkpoint_layer_seconds"]["megatron"] for r in runs)
-    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+    for name in SHIPPED:
         assert load_platform(name).host.checkpoint_layer_seconds["megatron"] == pytest.approx(median, rel=1e-4)
