@@ -37,7 +37,7 @@ import numpy as np
 from .errors import BundleError
 from .network import Links
 from .operators import OPERATORS, GpuSpec, log2_features
-from .trees import Forest, ForestError, TreeTable
+from .trees import Forest, ForestError, RowModels, TreeTable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,6 +54,7 @@ MAX_MODEL_BYTES = 64 << 20        # a library model file beyond this is not one 
 MAX_FOREST_BYTES = 2 << 30        # 16 bytes a node: some 130 million nodes
 _CHUNK = 1 << 20                  # hashing files that are checked but not kept
 _HASH_THREADS = 2
+ROW_MODEL_LISTS = 256             # lists of models whose forest arrays a caller keeps (ratios_rows)
 
 
 @dataclass
@@ -196,11 +197,22 @@ class Bundle:
         ratios = self.ratios_rows(keys, X)
         return float(np.min(ratios * np.asarray(roofs)))
 
-    def ratios_rows(self, keys: "Sequence[str]", X: np.ndarray) -> np.ndarray:
+    def ratios_rows(self, keys: "Sequence[str]", X: np.ndarray,
+                    known: Optional[dict[tuple[str, ...], RowModels]] = None) -> np.ndarray:
         """:meth:`ratios` of many rows at once: row i by model ``keys[i]`` on ``X[i]`` (rows ×
-        up to 7 columns; each model reads its own features' columns, the rest are ignored)."""
+        up to 7 columns; each model reads its own features' columns, the rest are ignored).
+        ``known``: the forest's arrays for lists of keys asked before (kept by the caller for
+        this bundle; bounded: cleared when full)."""
         models = self.models
-        return np.exp(self.forest.predict_rows([models[k].index for k in keys], X))
+        if known is None:
+            return np.exp(self.forest.predict_rows([models[k].index for k in keys], X))
+        keys = tuple(keys)
+        rows = known.get(keys)
+        if rows is None:
+            if len(known) >= ROW_MODEL_LISTS:
+                known.clear()
+            rows = known[keys] = self.forest.row_models([models[k].index for k in keys])
+        return np.exp(self.forest.predict_rows(rows, X))
 
 
 def manifest_sha256(path: "str | Path") -> str:

@@ -29,7 +29,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .bundle import collective_features
+from .bundle import LoadedModel, collective_features
+from .trees import RowModels
 from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gathers_layers, gradient_precision,
                      gradient_reduction, groups, input_embedding_parameters, layer_parameters, micro_batch_recipe,
                      op_sac_recompute_share, pipeline_sends, reshards_after_forward, runs_op_sac,
@@ -42,7 +43,7 @@ from .interval import IntervalRule, interval_seconds, run_scores
 from .job import DEEPSPEED_PIPELINE_FRAMEWORKS, TrainingJob
 from .kinds import kind_of
 from .network import ring_seconds
-from .operators import BYTES_PER_ELEMENT, OPERATORS, log2_features
+from .operators import BYTES_PER_ELEMENT, OPERATORS, Operator, log2_features
 from .platform import Platform
 
 # An operator without samples is costed with a physically close one (its efficiency, at the
@@ -162,23 +163,52 @@ class _OperatorRows:
     attention: list[bool] = field(default_factory=list)   # a fused attention kernel ([fitted] attention_scale)
 
 
+@dataclass(eq=False)
+class _OperatorModel:
+    """Which model costs an operator question (name, direction, precision) on the platform, and
+    what every row of it shares: worked out once per :class:`Predictor` (QuerySet._resolve_op)."""
+
+    op: "Operator"
+    direction: str
+    precision: str                # the roofline's (an FP8 GEMM without FP8 samples: its 16-bit)
+    in_fp8: bool                  # an FP8 GEMM costed from its 16-bit samples (predictor.fp8)
+    model_key: str
+    model: LoadedModel
+    model_features: tuple[str, ...]   # the features the model reads (a substitute's own)
+    call_seconds: float           # the host's time for one call (0: no [host] table)
+    note: str                     # why a substitute answers, where one does
+
+
+@dataclass
+class _PlatformMemo:
+    """What a :class:`Predictor` works out from its platform alone, for every later job."""
+
+    operators: dict[tuple[str, str, str], _OperatorModel] = field(default_factory=dict)   # (op, dir, prec)
+    # (attention kernel, framework, sequence, precision) -> how that attention is costed
+    attention_costs: dict[tuple, attention.AttentionCost] = field(default_factory=dict)
+    # the forests' arrays for the lists of models asked of each bundle (Bundle.ratios_rows)
+    compute_rows: dict[tuple[str, ...], RowModels] = field(default_factory=dict)
+    collective_rows: dict[tuple[str, ...], RowModels] = field(default_factory=dict)
+
+
 class QuerySet:
     """Operator and collective queries of many jobs, answered with one model call per model."""
 
-    def __init__(self, platform: Platform, answers: Optional[dict] = None, resolved: Optional[dict] = None,
-                 memo_entries: int = MEMO_ENTRIES):
-        """``answers`` and ``resolved``: what earlier sets on the same platform costed, and which
-        model costs each operator (a :class:`Predictor`'s memos); fresh dicts when not given."""
+    def __init__(self, platform: Platform, answers: Optional[dict] = None,
+                 known: Optional[_PlatformMemo] = None, memo_entries: int = MEMO_ENTRIES):
+        """``answers`` and ``known``: what earlier sets on the same platform costed, and what the
+        platform alone decided for them (a :class:`Predictor`'s memos); fresh when not given."""
         self.platform = platform
         self.memo_entries = memo_entries
-        # (model key, model's operator, operator, direction, precision) -> (handle, shape, its feature values)
-        self._op_rows: dict[tuple[str, str, str, str, str],
-                            list[tuple[int, Mapping[str, float], tuple[float, ...]]]] = defaultdict(list)
+        # the operator's model -> (handle, shape, its feature values)
+        self._op_rows: dict[_OperatorModel, list[tuple[int, Mapping[str, float], tuple[float, ...]]]] = \
+            defaultdict(list)
         self._coll_rows: list[tuple[int, str, str, float, Group]] = []
         self._n = 0
         self.warnings: dict[int, list[str]] = defaultdict(list)   # handle -> warnings
         self._memo = answers if answers is not None else {}
-        self._static = resolved if resolved is not None else {}
+        self.known = known if known is not None else _PlatformMemo()
+        self._static = self.known.operators
         self._known: dict[int, tuple[float, float, bool]] = {}     # handle -> memoised answer
         self._keys: dict[int, tuple] = {}                            # handle -> memo key (misses)
         self.analytic: set[int] = set()       # collectives costed by the ring model of link speeds
@@ -204,24 +234,32 @@ class QuerySet:
         return h, new
 
     def op(self, name: str, direction: str, precision: str, shape: Mapping[str, float]) -> int:
-        key = ("op", name, direction, precision, tuple([float(shape[f]) for f in OPERATORS[name].features]))
+        return self._op(name, direction, precision, shape, tuple([float(shape[f]) for f in OPERATORS[name].features]))
+
+    def op_both(self, name: str, precision: str, shape: Mapping[str, float]) -> tuple[int, int]:
+        """:meth:`op` forward, then backward, of one shape (its features read once)."""
+        values = tuple([float(shape[f]) for f in OPERATORS[name].features])
+        return self._op(name, "fwd", precision, shape, values), self._op(name, "bwd", precision, shape, values)
+
+    def _op(self, name: str, direction: str, precision: str, shape: Mapping[str, float],
+            values: tuple[float, ...]) -> int:
+        key = ("op", name, direction, precision, values)
         h, new = self._ask(key)
         if not new:               # asked before in this set (another stage, another candidate)
             return h
         self._names[h] = name
         rkey = (name, direction, precision)
-        resolved = self._static.get(rkey)
-        if resolved is None:
-            resolved = self._static[rkey] = self._resolve_op(name, direction, precision)
-        model_key, model_op, note = resolved
-        if note:
-            self.warnings[h].append(note)
+        model = self._static.get(rkey)
+        if model is None:
+            model = self._static[rkey] = self._resolve_op(name, direction, precision)
+        if model.note:
+            self.warnings[h].append(model.note)
         hit = self._memo.get(key)
         if hit is not None:
             self._known[h] = hit
         else:
             self._keys[h] = key
-            self._op_rows[(model_key, model_op, name, direction, precision)].append((h, shape, key[4]))
+            self._op_rows[model].append((h, shape, values))
         return h
 
     def seconds(self, name: str, seconds: float) -> int:
@@ -250,7 +288,7 @@ class QuerySet:
             self._coll_rows.append((h, kind, precision, float(entries), group))
         return h
 
-    def _resolve_op(self, name: str, direction: str, precision: str) -> tuple[str, str, str]:
+    def _resolve_op(self, name: str, direction: str, precision: str) -> _OperatorModel:
         bundle = self.platform.compute
         # Where a direction has no model (its samples failed), the other direction's measured
         # efficiency at this direction's FLOPs and bytes is the next best thing.
@@ -278,9 +316,20 @@ class QuerySet:
                     if prec != precision and precision != "fp8":
                         notes.append(f"{precision} costed with {prec} samples of bundle {bundle.name} "
                                      f"(against the {precision} roofline)")
-                    return key, op_name, "; ".join(notes)
+                    return self._operator_model(name, direction, precision, key, op_name, "; ".join(notes))
         raise BundleError(f"operator {name} ({direction}, {precision}) has no model in bundle "
                           f"{bundle.name} ({bundle.path}) and no substitute")
+
+    def _operator_model(self, name: str, direction: str, precision: str, model_key: str, model_op: str,
+                        note: str) -> _OperatorModel:
+        plat = self.platform
+        # An FP8 GEMM without FP8 samples: the 16-bit measurement first, against its own roofline.
+        in_fp8 = precision == "fp8" and not model_key.endswith(".fp8")
+        if in_fp8:
+            precision = fp8.BASE_PRECISION
+        call = plat.host.call_seconds(model_op, direction, precision) if plat.host is not None else 0.0
+        return _OperatorModel(OPERATORS[name], direction, precision, in_fp8, model_key,
+                              plat.compute.models[model_key], OPERATORS[model_op].features, call, note)
 
     def evaluate(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(seconds, relative error, extrapolated) per handle."""
@@ -310,24 +359,18 @@ class QuerySet:
     def _operator_rows(self) -> "_OperatorRows":
         """Every operator question as a row: its roofline, where it lies against its model's
         sampled range, the model's p90, the host's time for the call, and its regressor row."""
-        plat = self.platform
-        models, gpu, host = plat.compute.models, plat.gpu, plat.host
+        gpu = self.platform.gpu
         out = _OperatorRows()
         handles, roofs, sides, p90, calls = out.handles, out.roofs, out.sides, out.p90, out.calls
         fp8_rows, gather = out.fp8_rows, out.gather
         distinct_rows, distinct_keys = out.distinct_rows, out.distinct_keys
-        for (model_key, model_op, name, direction, precision), rows in self._op_rows.items():
-            op = OPERATORS[name]
-            # An FP8 GEMM without FP8 samples: the 16-bit measurement first, against its own roofline.
-            in_fp8 = precision == "fp8" and not model_key.endswith(".fp8")
-            if in_fp8:
-                precision = fp8.BASE_PRECISION
-            model_names = OPERATORS[model_op].features
-            lm = models[model_key]
+        for model, rows in self._op_rows.items():
+            op, direction, precision, model_key, lm = \
+                model.op, model.direction, model.precision, model.model_key, model.model
             # The memo key holds the operator's own features; a substitute model with other
             # features reads its own from the shape.
-            raws = [r for _, _, r in rows] if model_names == op.features else \
-                [tuple(float(s[f]) for f in model_names) for _, s, _ in rows]
+            raws = [r for _, _, r in rows] if model.model_features == op.features else \
+                [tuple(float(s[f]) for f in model.model_features) for _, s, _ in rows]
             # Rows repeat across jobs (advise's candidates share tp and micro-batch): each
             # distinct row goes to the regressor once.
             seen: dict[tuple[float, ...], int] = {}
@@ -339,7 +382,7 @@ class QuerySet:
                     distinct_keys.append(model_key)
                 gather.append(at)
             handles.extend([h for h, _, _ in rows])
-            out.attention.extend([name.startswith("flash_atten")] * len(rows))
+            out.attention.extend([op.name.startswith("flash_atten")] * len(rows))
             if len(rows) <= _FLOAT_ROWS:
                 for _, shape, _ in rows:
                     roofs.append(op.roofline_seconds(shape, direction, precision, gpu))
@@ -349,15 +392,14 @@ class QuerySet:
                 roofs.extend(op.roofline_seconds({f: cols[:, i] for i, f in enumerate(op.features)},
                                                  direction, precision, gpu).tolist())
                 sides.extend(lm.range_side(np.array(raws)).tolist())
-            if in_fp8:
+            if model.in_fp8:
                 scale = 1.0 if direction == "fwd" else op.bwd_factor
                 first = len(handles) - len(rows)
                 fp8_rows.extend((first + i, scale * float(op.flops(shape)),
                                  fp8.gemm_bytes(float(shape["m"]), float(shape["k"]), float(shape["n"]), direction))
                                 for i, (_, shape, _) in enumerate(rows))
             p90.extend([lm.info.validation_p90] * len(rows))
-            calls.extend([host.call_seconds(model_op, direction, precision) if host is not None else 0.0]
-                         * len(rows))
+            calls.extend([model.call_seconds] * len(rows))
         return out
 
     def _operator_seconds(self, rows: "_OperatorRows") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -366,7 +408,10 @@ class QuerySet:
         compute scale."""
         plat = self.platform
         gpu = plat.gpu
-        ratios = plat.compute.ratios_rows(rows.distinct_keys, log2_features(rows.distinct_rows))
+        # A few rows (one job's): the same few lists of models again and again, their arrays kept.
+        few = len(rows.distinct_keys) <= _FLOAT_ROWS
+        ratios = plat.compute.ratios_rows(rows.distinct_keys, log2_features(rows.distinct_rows),
+                                          self.known.compute_rows if few else None)
         if len(rows.handles) <= _FLOAT_ROWS and not rows.fp8_rows:
             return self._operator_seconds_floats(rows, ratios.tolist())
         roof = np.asarray(rows.roofs)
@@ -447,8 +492,9 @@ class QuerySet:
         memo = self._memo
         if len(memo) + len(self._keys) > self.memo_entries:
             memo.clear()
+        secs_l, rel_l, extra_l = secs.tolist(), rel.tolist(), extra.tolist()
         for h, key in self._keys.items():
-            answer = (float(secs[h]), float(rel[h]), bool(extra[h]))
+            answer = (secs_l[h], rel_l[h], extra_l[h])
             if key[0] == "coll":
                 answer += ("; ".join(self.warnings.get(h, ())), h in self.analytic)
             memo[key] = answer
@@ -508,7 +554,9 @@ class QuerySet:
         plat = self.platform
         e, nodes, gpn = np.array(rows, dtype=float).T
         ratios = plat.collectives.ratios_rows([m.info.key for _, _, m, _ in measured],
-                                              collective_features(e, nodes, gpn)).tolist()
+                                              collective_features(e, nodes, gpn),
+                                              self.known.collective_rows if len(measured) <= _FLOAT_ROWS
+                                              else None).tolist()
         for (h, entries, model, base), ratio in zip(measured, ratios):
             secs[h] = ratio * base
             side = -1 if entries < model.info.feature_min[0] * 0.99 else \
@@ -538,11 +586,16 @@ class QuerySet:
 
 
 # ------------------------------------------------------------------------------------ per job
-@dataclass
 class _Term:
     """Handles times multiplicity: the seconds of a term are Σ count · seconds[handle]."""
 
-    parts: list[tuple[int, float]] = field(default_factory=list)
+    __slots__ = ("parts",)      # a job makes dozens
+
+    def __init__(self, parts: Optional[list[tuple[int, float]]] = None):
+        self.parts: list[tuple[int, float]] = parts if parts is not None else []
+
+    def __repr__(self) -> str:
+        return f"_Term({self.parts!r})"
 
     def add(self, handle: int, count: float = 1.0) -> "_Term":
         self.parts.append((handle, count))
@@ -604,7 +657,20 @@ class _Buckets:
         return (self.parameters // self.bucket) * full_seconds + rest_seconds
 
 
-def _attention_cost(job: TrainingJob, plat: Platform, seq: float) -> attention.AttentionCost:
+def _attention_cost(job: TrainingJob, plat: Platform, seq: float,
+                    known: Optional[dict] = None) -> attention.AttentionCost:
+    """How the job's fused attention is costed; ``known``: the answers for this platform so far
+    (they depend on the platform, the kernel, the framework, the sequence and the precision alone)."""
+    key = (job.model.attention_impl, job.run.framework, seq, job.run.precision)
+    cost = known.get(key) if known is not None else None
+    if cost is None:
+        cost = _attention_cost_of(job, plat, seq)
+        if known is not None:
+            known[key] = cost
+    return cost
+
+
+def _attention_cost_of(job: TrainingJob, plat: Platform, seq: float) -> attention.AttentionCost:
     bundle = plat.compute
 
     def has_model(operator: str) -> bool:
@@ -733,11 +799,10 @@ def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBat
         if name == "flash_atten":
             # The job's attention kernel, from its own samples or the bundle's kernel's times a
             # measured kernel ratio (predictor/attention.py).
-            at = _attention_cost(job, plat, c.shape["l"])
+            at = _attention_cost(job, plat, c.shape["l"], q.known.attention_costs)
             warnings.extend(at.warnings)
             name, count_f, count_b = at.operator, c.count * at.forward_ratio, c.count * at.backward_ratio
-        hf = q.op(name, "fwd", p_c, c.shape)
-        hb = q.op(name, "bwd", p_c, c.shape)
+        hf, hb = q.op_both(name, p_c, c.shape)
         layer_fwd.add(hf, count_f)
         layer_bwd.add(hb, count_b)
         if op_sac:
@@ -842,14 +907,12 @@ def _pipeline_terms(job: TrainingJob, q: QuerySet, recipe: MicroBatchRecipe, lay
     between stages."""
     lay, prec = job.layout, job.run.precision
 
-    def op(name: str, direction: str, shape: Mapping[str, float]) -> int:
-        return q.op(name, direction, prec, shape)
-
     # First stage: vocab-parallel embedding (its output is all-reduced over TP).
     first_fwd, first_bwd = _Term(), _Term()
     for c in recipe.embedding:
-        first_fwd.add(op(c.name, "fwd", c.shape), c.count)
-        first_bwd.add(op(c.name, "bwd", c.shape), c.count)
+        hf, hb = q.op_both(c.name, prec, c.shape)
+        first_fwd.add(hf, c.count)
+        first_bwd.add(hb, c.count)
     emb_mp = _Term()
     if lay.tp > 1:
         emb_mp.add(q.coll("allreduce", recipe.tp_allreduce_entries, grp["tp"], prec))
@@ -857,8 +920,9 @@ def _pipeline_terms(job: TrainingJob, q: QuerySet, recipe: MicroBatchRecipe, lay
     # Last stage: final norm, output projection, vocab-parallel cross entropy.
     last_fwd, last_bwd = _Term(), _Term()
     for c in recipe.head:
-        last_fwd.add(op(c.name, "fwd", c.shape), c.count)
-        last_bwd.add(op(c.name, "bwd", c.shape), c.count)
+        hf, hb = q.op_both(c.name, prec, c.shape)
+        last_fwd.add(hf, c.count)
+        last_bwd.add(hb, c.count)
     p2p_h = gather_h = None
     if lay.pp > 1:
         sends = pipeline_sends(recipe, lay, job.run.framework)
@@ -1304,7 +1368,7 @@ class Predictor:
         self.platform = platform
         self.memo_entries = memo_entries
         self._answers: dict[tuple, tuple] = {}     # QuerySet memo key -> answer
-        self._resolved: dict[tuple, tuple] = {}    # (operator, direction, precision) -> its model
+        self._platform_memo = _PlatformMemo()
         self._rule: Optional[IntervalRule] = None
         self._kind_rules: dict[str, IntervalRule] = {}    # kind key -> its rule (kind_rule)
         # The platform without its [fitted] scales, or with one kind's: each its own Predictor.
@@ -1414,11 +1478,15 @@ class Predictor:
     def _predict_batch(self, jobs: Sequence[TrainingJob]) -> list[Prediction]:
         """Structure (each job's terms, :func:`_plan`), costing (one regressor call per model for
         all of them), then each job's timeline, interval and totals (:meth:`_prediction`)."""
-        q = QuerySet(self.platform, self._answers, self._resolved, self.memo_entries)
+        q = QuerySet(self.platform, self._answers, self._platform_memo, self.memo_entries)
         plans = [_plan(job, self.platform, q) for job in jobs]
         secs, rel, extra = q.evaluate()
-        lo_secs, hi_secs = secs * np.maximum(1.0 - rel, 0.05), secs * (1.0 + rel)
-        columns = np.column_stack([secs, lo_secs, hi_secs])
+        # Each term at its value, its low and its high end (filled in place: np.column_stack's
+        # own cost is most of it for one job).
+        columns = np.empty((len(secs), 3))
+        columns[:, 0] = secs
+        np.multiply(secs, np.maximum(1.0 - rel, 0.05), out=columns[:, 1])
+        np.multiply(secs, 1.0 + rel, out=columns[:, 2])
         return [self._prediction(plan, q, columns, extra) for plan in plans]
 
     def _prediction(self, plan: _JobPlan, q: QuerySet, columns: np.ndarray, extra: np.ndarray) -> Prediction:
@@ -1430,7 +1498,8 @@ class Predictor:
         spread_lo = _iteration_seconds(plan, at_lo, platform)
         spread_hi = _iteration_seconds(plan, at_hi, platform)
         handles = plan.handles
-        extrapolated = bool(extra[handles].any()) if handles else False
+        outside = [h for h, x in zip(handles, extra[handles].tolist()) if x] if handles else []
+        extrapolated = bool(outside)
         # The interval: a conformal bound on the platform's measured residuals, widened by the
         # operators' own spread only where the job leaves what those runs cover.
         analytic = any(h in q.analytic for h in handles)
@@ -1448,7 +1517,7 @@ class Predictor:
                                      "host_layer": f.host_layer_scale,
                                      "host_micro_batch": f.host_micro_batch_scale,
                                      "host_launch": f.host_launch_scale, "network": f.network_scale}
-        warnings = _warnings(plan, q, platform, [h for h in handles if extra[h]])
+        warnings = _warnings(plan, q, platform, outside)
         iters = plan.job.iterations
         total, details.total = _total(plan.job, iteration, details.forward_pipeline_seconds, platform, iters)
         if not iters:

@@ -37,7 +37,7 @@ import os
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -203,6 +203,19 @@ def _relayout(t: TreeTable) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 # ---------------------------------------------------------------------------------- the forest
+@dataclass(frozen=True)
+class RowModels:
+    """What a walk reads of each row's model, for one list of models (:meth:`Forest.row_models`):
+    a caller that asks the same list again keeps it (a Predictor: a daemon's jobs of one layout)."""
+
+    mods: np.ndarray               # model index per row
+    first_tree: np.ndarray         # int64 per row (the C walk's)
+    trees: np.ndarray
+    depth: np.ndarray
+    base: np.ndarray
+    float32: Optional[np.ndarray]  # rows × 1, compared in float32 (XGBoost's); None: no row is
+
+
 class Forest:
     """Every model of a bundle stacked so that one loop over depth evaluates any set of them."""
 
@@ -380,13 +393,21 @@ class Forest:
             a += len(X)
         return out
 
-    def predict_rows(self, model_of_row: Sequence[int], X: np.ndarray) -> np.ndarray:
+    def row_models(self, model_of_row: Sequence[int]) -> RowModels:
+        """The per-row model arrays of :meth:`predict_rows` for ``model_of_row``."""
+        mods = np.asarray(model_of_row, dtype=np.intp)
+        f32 = self._float32[mods]
+        return RowModels(mods, self._first_tree64[mods], self._trees64[mods], self._depth64[mods],
+                         self._base[mods], f32[:, None] if f32.any() else None)
+
+    def predict_rows(self, model_of_row: Union[Sequence[int], RowModels], X: np.ndarray) -> np.ndarray:
         """Raw outputs of many rows at once, in their order: row i by model ``model_of_row[i]``
         on ``X[i]`` (rows × up to :data:`MAX_FEATURES` columns; a model reads its first
         ``n_features``, the rest are ignored).  The caller gives each row the features its model
-        was fitted on (:meth:`predict` checks that for you)."""
-        mods = np.asarray(model_of_row, dtype=np.intp)
-        n_units = len(mods)
+        was fitted on (:meth:`predict` checks that for you).  ``model_of_row`` may be
+        :meth:`row_models`' answer for it, kept from an earlier call."""
+        rows = model_of_row if isinstance(model_of_row, RowModels) else self.row_models(model_of_row)
+        n_units = len(rows.mods)
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or len(X) != n_units or X.shape[1] > MAX_FEATURES:
             raise ValueError(f"rows × at most {MAX_FEATURES} features, one model per row: got "
@@ -394,8 +415,8 @@ class Forest:
         if n_units == 0:
             return np.zeros(0)
         if _FOREST_SUMS is not None:
-            return self._sums_c(mods, X)
-        return self._sums_numpy(mods, X)
+            return self._sums_c(rows, X)
+        return self._sums_numpy(rows.mods, X)
 
     def _sums_numpy(self, mods: np.ndarray, X: np.ndarray) -> np.ndarray:
         """:meth:`predict_rows` in numpy: every (row, tree) pair one level deeper per step."""
@@ -403,7 +424,8 @@ class Forest:
         # Deeper models first: step s then works on a prefix, the pairs of models deeper than s.
         order = np.argsort(-self._depth[mods], kind="stable")
         mods = mods[order]
-        X_all = self._walk_rows(mods, X[order])
+        f32 = self._float32[mods]
+        X_all = self._walk_rows(X[order], f32[:, None] if f32.any() else None)
         per_unit = self._trees[mods]
         ends = np.cumsum(per_unit)
         n_pairs = int(ends[-1])
@@ -438,25 +460,24 @@ class Forest:
         out[order] = sums
         return out
 
-    def _walk_rows(self, mods: np.ndarray, X: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def _walk_rows(X: np.ndarray, float32_rows: Optional[np.ndarray]) -> np.ndarray:
         """The rows as both walks read them: :data:`COLUMNS` wide, +inf past the features (the
-        leaf column LEAF_FEATURE among them), rounded to float32 for models compared in float32."""
-        X_all = np.full((len(mods), COLUMNS), np.inf)
-        X_all[:, :X.shape[1]] = X
-        f32 = self._float32[mods]
-        if f32.any():
+        leaf column LEAF_FEATURE among them), rounded to float32 where ``float32_rows`` (rows × 1)."""
+        X_all = np.full((len(X), COLUMNS), np.inf)
+        if float32_rows is not None:
             # XGBoost compares in float32: the row rounded to float32, then widened exactly.
-            X_all[f32] = X_all[f32].astype(np.float32)
+            X = np.where(float32_rows, X.astype(np.float32), X)
+        X_all[:, :X.shape[1]] = X
         return X_all
 
-    def _sums_c(self, mods: np.ndarray, X: np.ndarray) -> np.ndarray:
+    def _sums_c(self, rows: RowModels, X: np.ndarray) -> np.ndarray:
         """:meth:`predict_rows` by the C walk: the same comparisons and the same order of sums,
         so the same bits (tests/predictor/test_forest.py checks the two walks agree)."""
-        X_all = self._walk_rows(mods, X)
-        out = np.empty(len(mods))
-        _FOREST_SUMS(self.records, self.roots, self._first_tree64[mods], self._trees64[mods],
-                     self._depth64[mods], X_all, out)
-        out += self._base[mods]
+        X_all = self._walk_rows(X, rows.float32)
+        out = np.empty(len(rows.mods))
+        _FOREST_SUMS(self.records, self.roots, rows.first_tree, rows.trees, rows.depth, X_all, out)
+        out += rows.base
         return out
 
 

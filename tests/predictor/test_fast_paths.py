@@ -86,10 +86,12 @@ def test_forgetting_answers_keeps_the_platform_s_own_work_and_changes_nothing():
     job = _jobs()[0]
     held = Predictor(plat)
     first = held.predict(job)
-    resolved, rule = dict(held._resolved), held.interval_rule
+    memo = held._platform_memo
+    resolved, attention, rule = dict(memo.operators), dict(memo.attention_costs), held.interval_rule
     assert resolved and held._answers
     held.forget_answers()
-    assert not held._answers and held._resolved == resolved and held.interval_rule is rule
+    assert not held._answers and held.interval_rule is rule
+    assert held._platform_memo is memo and memo.operators == resolved and memo.attention_costs == attention
     again = held.predict(job)
     assert again.to_dict() == first.to_dict()
     repeat = held.predict(job)                  # every answer from the memo this time
