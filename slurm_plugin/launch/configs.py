@@ -148,11 +148,7 @@ def read_config(raw: bytes, label: str, kind: str) -> Config:
 
 def to_number(value: Any) -> Optional[float]:
     """YAML 1.1 leaves `5e8`, `1e-5` and '1_000' as strings; NeoX/DeepSpeed read them as numbers."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return value
-    if isinstance(value, str):
+    if isinstance(value, str):      # first: command-line words are the common case
         s = value.strip().replace("_", "")
         if MARK_OPEN in s:
             return None
@@ -165,6 +161,10 @@ def to_number(value: Any) -> Optional[float]:
         if f != f or f in (float("inf"), float("-inf")):
             return None
         return int(f) if f.is_integer() and _INTEGRAL.fullmatch(s) else f
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
     return None
 
 

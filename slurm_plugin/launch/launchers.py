@@ -13,10 +13,9 @@ arguments (nemo), ``nemo llm …`` (nemo2, refused), Megatron flags or ``pretrai
 """
 from __future__ import annotations
 
-import posixpath
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 from .llmfoundry import is_llmfoundry
 from .nemo import NEMO_SCRIPTS
@@ -82,7 +81,7 @@ class Classified:
 
 
 def _base(text: str) -> str:
-    return posixpath.basename(text)
+    return text[text.rfind("/") + 1:]     # posixpath.basename, without its call overhead
 
 
 def _is_python(base: str) -> bool:
@@ -103,8 +102,13 @@ def classify(toks: list, where: str = "") -> Classified:
             # Pyxis/enroot's flags without a value are unknown to the srun option table: taken out
             # first so that they do not swallow the command (`--no-container-mount-home bash -c …`).
             rest = toks[i + 1:]
-            keep = [k for k, x in enumerate(rest) if x.text not in _PYXIS_FLAGS]
-            opts, j = split_options([rest[k].text for k in keep], stop_at_command=True)
+            texts = [x.text for x in rest]
+            if _PYXIS_FLAGS.isdisjoint(texts):
+                keep: Sequence[int] = range(len(rest))
+            else:
+                keep = [k for k, x in enumerate(texts) if x not in _PYXIS_FLAGS]
+                texts = [texts[k] for k in keep]
+            opts, j = split_options(texts, stop_at_command=True)
             c.wrappers.append(Wrapper("srun", [(o[0], o[1]) for o in opts], where))
             i += 1 + (keep[j] if j < len(keep) else len(rest))
             continue
@@ -225,7 +229,7 @@ def _entry(c: Classified, script: Tok, args: list) -> Classified:
     if b == "deepy.py":
         c.kind, c.launcher, c.script, c.args, c.framework_hint = "launch", "deepy", script, args, "neox"
         return c
-    if is_torchtitan(c.python_module, script, args):
+    if is_torchtitan(c.python_module, flags):
         hint = "torchtitan"
     elif is_llmfoundry(c.launcher, c.python_module, script, args):
         hint = "llm-foundry"     # before NeMo: its overrides (model.n_layers=4) look like Hydra's

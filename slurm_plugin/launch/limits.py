@@ -76,6 +76,19 @@ class Budget:
         if self._tick & 255 == 0:
             self.check_time(where)
 
+    def tick_n(self, count: int, where: str = "") -> None:
+        """``count`` ticks at once (the clock read if they pass a multiple of 256)."""
+        before = self._tick
+        self._tick += count
+        if before >> 8 != self._tick >> 8:
+            self.check_time(where)
+
+    def tick_at(self, label: str, line: int) -> None:
+        """tick() at ``label:line``, the place formatted only when the clock is read."""
+        self._tick += 1
+        if self._tick & 255 == 0:
+            self.check_time(f"{label}:{line}")
+
 # Unknown config keys that get a "did you mean" look-up (difflib over the known names) per file
 MAX_KEY_SUGGESTIONS = 64
 # OmegaConf ${...} interpolations followed for one NeMo value (a chain longer than this is a loop)

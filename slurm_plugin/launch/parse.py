@@ -24,6 +24,15 @@ from .values import MARK_OPEN, Tok, Unknowns, sanitize_text
 
 log = logging.getLogger(__name__)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The request field each SLURM_* variable of sbatch.slurm_env comes from (its provenance)
+_SLURM_ENV_ORIGIN = {
+    "SLURM_NNODES": "request.nodes", "SLURM_JOB_NUM_NODES": "request.nodes",
+    "SLURM_NTASKS": "request.ntasks", "SLURM_NPROCS": "request.ntasks",
+    "SLURM_NTASKS_PER_NODE": "request.ntasks_per_node", "SLURM_GPUS_ON_NODE": "request.gpus_per_node",
+    "SLURM_GPUS_PER_NODE": "request.gpus_per_node", "SLURM_CPUS_PER_TASK": "request.cpus_per_task",
+    "SLURM_ARRAY_TASK_ID": "request.array"}
+_RUN_TIME_ONLY = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURMD_NODENAME",
+                  "SLURM_CLUSTER_NAME", "SLURM_JOB_USER", "SLURM_SUBMIT_HOST", "SLURM_TASK_PID")
 
 
 def parse_script(path: Optional[str], text: Optional[str] = None, *, request: Optional[SlurmRequest] = None,
@@ -109,15 +118,9 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
     for k, v in (env or {}).items():
         if isinstance(k, str) and isinstance(v, str) and _ENV_NAME.fullmatch(k):
             shell_env[k] = (sanitize_text(v)[:65536], "environment")
-    origin_of = {"SLURM_NNODES": "request.nodes", "SLURM_JOB_NUM_NODES": "request.nodes",
-                 "SLURM_NTASKS": "request.ntasks", "SLURM_NPROCS": "request.ntasks",
-                 "SLURM_NTASKS_PER_NODE": "request.ntasks_per_node", "SLURM_GPUS_ON_NODE": "request.gpus_per_node",
-                 "SLURM_GPUS_PER_NODE": "request.gpus_per_node", "SLURM_CPUS_PER_TASK": "request.cpus_per_task",
-                 "SLURM_ARRAY_TASK_ID": "request.array"}
     for k, v in slurm_env(req, work_dir, array_first).items():
-        shell_env[k] = (v, prov.get(origin_of.get(k, ""), "Slurm"))
-    for k in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURMD_NODENAME",
-              "SLURM_CLUSTER_NAME", "SLURM_JOB_USER", "SLURM_SUBMIT_HOST", "SLURM_TASK_PID"):
+        shell_env[k] = (v, prov.get(_SLURM_ENV_ORIGIN.get(k, ""), "Slurm"))
+    for k in _RUN_TIME_ONLY:
         if k not in shell_env:
             shell_env[k] = (u.new(f"{k} is only known when the job runs", nonempty=True), "Slurm")
     if work_dir:

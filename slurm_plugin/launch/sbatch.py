@@ -46,6 +46,7 @@ _PIECE = r"[^\s'\"\\#]+|\\[\s\S]|'[^']*'|" + r'"[^"\\]*(?:\\[\s\S][^"\\]*)*"'
 _WORD_RE = re.compile(rf"\s*((?:{_PIECE})+)")
 _PART_RE = re.compile(r"\\([\s\S])|'([^']*)'|" + r'"([^"\\]*(?:\\[\s\S][^"\\]*)*)"' + r"|([^'\"\\]+)")
 _DQ_ESCAPE_RE = re.compile(r'\\(["\\])')
+_QUOTING = frozenset("'\"\\#")     # without any of these a directive line is its blank-separated words
 
 
 def split_directive(text: str) -> list[str]:
@@ -54,6 +55,8 @@ def split_directive(text: str) -> list[str]:
 
     Raises ValueError for an unbalanced quote or a trailing backslash (as shlex would).
     """
+    if _QUOTING.isdisjoint(text):
+        return text.split()     # str.split's blanks are the regex's \s and str.isspace's
     words: list[str] = []
     pos, n = 0, len(text)
     while True:
@@ -131,12 +134,18 @@ def split_options(tokens: list[str], stop_at_command: bool = False) -> tuple[lis
     return out, i
 
 
+_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_PAREN_TAIL = re.compile(r"\(.*\)$")
+_COUNT_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+_LEADING_INT = re.compile(r"\s*(\d+)")
+
+
 def parse_time_minutes(text: str) -> Optional[int]:
     """Slurm time formats -> minutes (rounded up); None for unlimited or unparsable."""
     t = text.strip().lower()
     if t in ("unlimited", "infinite", "-1", ""):
         return None
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    m = _TIME_RE.fullmatch(t)
     if not m:
         return None
     days, a, b, c = m.groups()
@@ -159,7 +168,7 @@ def _count(text: Optional[str]) -> Optional[int]:
     if text is None:
         return None
     last = text.strip().split(":")[-1]
-    last = re.sub(r"\(.*\)$", "", last)
+    last = _PAREN_TAIL.sub("", last)
     return int(last) if last.isdigit() else None
 
 
@@ -167,7 +176,7 @@ def gres_gpus(text: str) -> Optional[int]:
     """--gres=gpu[:type]:N[,other...] -> N (gpu alone = 1)."""
     for item in text.split(","):
         item = item.strip()
-        item = re.sub(r"\(.*\)$", "", item)
+        item = _PAREN_TAIL.sub("", item)
         parts = item.split(":")
         if parts[0] not in ("gpu", "gres/gpu"):
             continue
@@ -183,7 +192,7 @@ def _int(text: Optional[str]) -> Optional[int]:
     if text is None:
         return None
     t = text.strip()
-    m = re.fullmatch(r"(\d+)(?:-(\d+))?", t)  # nodes may be min-max; we take min (Slurm's floor)
+    m = _COUNT_RANGE.fullmatch(t)  # nodes may be min-max; we take min (Slurm's floor)
     return int(m.group(1)) if m else None
 
 
@@ -261,7 +270,7 @@ def read_directives(text: str, label: str, budget: Optional[Budget] = None) -> D
         line = text[pos:] if nl < 0 else text[pos:nl]
         pos = len(text) + 1 if nl < 0 else nl + 1
         lineno += 1
-        budget.tick(f"{label}:{lineno}")
+        budget.tick_at(label, lineno)
         s = line.strip()
         if not s:
             continue
@@ -298,8 +307,8 @@ _REQUEST_FIELDS = tuple(f.name for f in fields(SlurmRequest))
 
 def merge_request(script: Directives, caller: Optional[SlurmRequest]) -> tuple[SlurmRequest, dict[str, str]]:
     """Caller's (command line) values win over the script's."""
-    out = SlurmRequest(**{name: getattr(script.request, name) for name in _REQUEST_FIELDS})
-    prov = {k: v for k, v in script.provenance.items()}
+    out = SlurmRequest(**script.request.__dict__)
+    prov = dict(script.provenance)
     if caller is not None:
         for name in _REQUEST_FIELDS:
             v = getattr(caller, name)
@@ -389,5 +398,5 @@ def slurm_env(req: SlurmRequest, work_dir: Optional[str], array_first: Optional[
 def array_first_index(array: Optional[str]) -> Optional[str]:
     if not array:
         return None
-    m = re.match(r"\s*(\d+)", array)
+    m = _LEADING_INT.match(array)
     return m.group(1) if m else None

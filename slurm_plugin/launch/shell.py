@@ -98,7 +98,7 @@ class Shell:
         self.warnings = warnings
         self.vars: dict[str, _Var] = {}
         for k, (v, origin) in env.items():
-            self.vars[k] = _Var([(valid_unicode(v), origin)], exported=True)
+            self.vars[k] = _Var([(v if v.isascii() else valid_unicode(v), origin)], None, True)
         self.funcs: dict[str, object] = {}
         self.positional: list = []
         self.script_name = ""
@@ -201,8 +201,10 @@ class Shell:
     def snapshot_env(self) -> dict:
         out = {}
         for k, v in self.vars.items():
-            val = v.value if v.value is not None else (v.array.get("0") if v.array else [])
-            out[k] = "".join([s[0] for s in (val or [])])
+            val = v.value
+            if val is None:
+                val = (v.array.get("0") if v.array else None) or ()
+            out[k] = val[0][0] if len(val) == 1 else "".join([s[0] for s in val])
         return out
 
     # ================================================================== execution
@@ -408,6 +410,8 @@ class Shell:
             if isinstance(w, Assign):
                 decl_assigns.append(w)
                 argv.append([(w.name, where)])
+            elif len(w) == 1 and type(w[0]) is Lit and not w[0].text.startswith("~"):
+                argv.append([(w[0].text, self.where(w[0].line))])    # expand()'s common case
             else:
                 argv.extend(self.expand(w))
         if not argv:

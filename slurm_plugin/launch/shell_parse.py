@@ -35,6 +35,11 @@ _PLAIN_WORD = re.compile(r"[^\s'\"\\$`;&|<>()]+")
 _BLANK = re.compile(r"(?:[ \t\r\f\v]|\\\n)*")
 _SPECIAL_PARAMS = set("@*#?$!-0123456789")
 _CMD_BREAK = frozenset(" \t\r\n;&|<>()\f\v")    # what ends a word in a command (see _parts)
+# A run of command arguments that _simple would read one by one as plain literals: each starts
+# where no comment or quote can and ends at a word break other than '<' or '>' (so that no word is
+# a redirection's fd, as `2>log`), blanks after it.
+_ARG_RUN = re.compile(r"(?:[^\s'\"\\$`;&|<>()#][^\s'\"\\$`;&|<>()]*(?=[ \t\r\n;&|()\f\v]|\Z)"
+                      r"(?:[ \t\r\f\v]|\\\n)*)+")
 _RUNS = {"cmd": _CMD_RUN, "cond": _COND_RUN, "brace": _BRACE_RUN, "dq": _DQ_RUN, "heredoc": _HD_RUN}
 _ANSI = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f",
          "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
@@ -89,10 +94,16 @@ class Parser:
         self.depth -= 1
 
     def _skip_blanks(self) -> None:
-        if self.pos < self.n and self.text[self.pos] not in " \t\r\f\v\\":
-            return   # the common case, without a regex call
-        m = _BLANK.match(self.text, self.pos)
-        self.pos = m.end()
+        pos = self.pos
+        if pos < self.n:
+            # the common cases, without a regex call: no blank, or one space between words
+            c = self.text[pos]
+            if c not in " \t\r\f\v\\":
+                return
+            if c == " " and pos + 1 < self.n and self.text[pos + 1] not in " \t\r\f\v\\":
+                self.pos = pos + 1
+                return
+        self.pos = _BLANK.match(self.text, pos).end()
 
     def _skip_comment(self) -> None:
         if self.pos < self.n and self.text[self.pos] == "#":
@@ -469,16 +480,26 @@ class Parser:
         words: list = []
         redirs: list = []
         decl = None     # whether words[0] declares (export, local ...): read once it is there
+        runs = self.origin_of_pos is None   # whether runs of plain arguments may be read at once
+        text, n = self.text, self.n
         while True:
             self._skip_blanks()
-            if self.pos >= self.n:
+            if self.pos >= n:
                 break
-            c = self.text[self.pos]
+            c = text[self.pos]
             if c in "\n;|)":
                 break
             self.budget.tick(self.label)
             if len(words) + len(assigns) > MAX_COMMAND_WORDS:
                 raise CannotPredict(f"a command of more than {MAX_COMMAND_WORDS} words", self.where())
+            if words and runs:
+                if decl is None:
+                    decl = _is_decl(words[0])
+                if not decl:
+                    got = self._plain_args(words, len(words) + len(assigns))
+                    if got:
+                        continue
+                    runs = got is not None
             if c == "&":
                 if _REDIR.match(self.text, self.pos):
                     m = _REDIR.match(self.text, self.pos)
@@ -522,6 +543,30 @@ class Parser:
                 return self._cond(line)
             words.append(word)
         return Simple(assigns, words, redirs, line)
+
+    def _plain_args(self, words: list, count: int) -> Optional[bool]:
+        """Read the run of plain arguments at pos (``--num-layers 24 \\``…), each as _parts would
+        read it: one unquoted literal on the line it is written on.  False (nothing read) where the
+        word-by-word loop must decide; None where the run would pass a bound that loop checks (no
+        run is tried again in this command: each try reads the rest of the run)."""
+        m = _ARG_RUN.match(self.text, self.pos)
+        if m is None:
+            return False
+        run = m.group()
+        if len(run) > MAX_VALUE_CHARS * 4:
+            return None
+        pieces = run.split("\\\n")     # a continuation is the only line break inside a run
+        new = [piece.split() for piece in pieces]
+        k = sum(map(len, new))
+        if count + k - 1 > MAX_COMMAND_WORDS:
+            return None
+        line = self.line_at(self.pos)
+        for i, piece_words in enumerate(new):
+            for w in piece_words:
+                words.append([Lit(w, line + i, False)])
+        self.budget.tick_n(k - 1, self.label)   # the word-by-word loop's ticks for the words after the first
+        self.pos = m.end()
+        return True
 
     def _redirect(self, m, line: int) -> Redir:
         op = m.group(2) if m.group(2) else m.group(0)

@@ -166,10 +166,11 @@ def check_keys(t: "Toml", warnings: list) -> None:
             warnings.append(f"{name} is not a TorchTitan config key and is ignored ({origin})")
 
 
-def is_torchtitan(module: Optional[str], script: Optional[Tok], args: list) -> bool:
+def is_torchtitan(module: Optional[str], flags: set) -> bool:
+    """``flags``: the script's ``--name`` arguments, each without its ``=value``."""
     if module and module.split(".")[0] == "torchtitan":
         return True
-    return any(a.text.split("=", 1)[0] in ("--job.config_file", "--job.config-file") for a in args)
+    return not flags.isdisjoint(("--job.config_file", "--job.config-file"))
 
 
 def read_cli(args: list) -> tuple[Optional[Tok], dict]:

@@ -89,10 +89,14 @@ class Tok:
 
     @classmethod
     def of(cls, segs: list) -> "Tok":
+        if len(segs) == 1:
+            return cls(segs[0][0], segs)
         return cls("".join([s[0] for s in segs]), segs)
 
     def origin_at(self, offset: int = 0) -> str:
         """Origin of the character at ``offset`` (the first non-empty piece at or after it)."""
+        if len(self.segs) == 1:
+            return self.segs[0][1]
         pos = 0
         last = ""
         for text, origin in self.segs:
