@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -77,6 +77,10 @@ def extrapolation_error(side: "np.ndarray | int") -> "np.ndarray | float":
 
 # A model's rows are costed in plain floats up to this many, as numpy columns beyond.
 _FLOAT_ROWS = 16
+# A query set's answers are filled as plain lists up to this many handles, as arrays beyond.
+_LIST_HANDLES = 256
+# Per handle: a list (one job's) or an array (many jobs') of seconds, errors or flags.
+_Cells = Union[list, np.ndarray]
 # Rows of every model in one matrix: padded to the widest feature list (log2(1) = 0; a model
 # never reads its padding).
 _PAD = (1.0,) * max(len(o.features) for o in OPERATORS.values())
@@ -177,6 +181,8 @@ class _OperatorModel:
     model_features: tuple[str, ...]   # the features the model reads (a substitute's own)
     call_seconds: float           # the host's time for one call (0: no [host] table)
     note: str                     # why a substitute answers, where one does
+    roofline_seconds: Callable[[Mapping[str, float]], float]    # of one row (Operator.row_roofline)
+    fused_attention: bool         # a fused attention kernel ([fitted] attention_scale)
 
 
 @dataclass
@@ -225,11 +231,11 @@ class QuerySet:
     def _ask(self, key: tuple) -> tuple[int, bool]:
         """The handle of a question (memo key), and whether this set is asked it for the first
         time; either way it counts as asked by the current job (:meth:`take_asked`)."""
-        h = self._asked.get(key)
-        new = h is None
+        n = self._n
+        h = self._asked.setdefault(key, n)      # one hash of the key, asked before or not
+        new = h == n
         if new:
-            h = self._asked[key] = self._n
-            self._n += 1
+            self._n = n + 1
         self._by_plan[h] = None
         return h, new
 
@@ -328,33 +334,54 @@ class QuerySet:
         if in_fp8:
             precision = fp8.BASE_PRECISION
         call = plat.host.call_seconds(model_op, direction, precision) if plat.host is not None else 0.0
-        return _OperatorModel(OPERATORS[name], direction, precision, in_fp8, model_key,
-                              plat.compute.models[model_key], OPERATORS[model_op].features, call, note)
+        op = OPERATORS[name]
+        return _OperatorModel(op, direction, precision, in_fp8, model_key, plat.compute.models[model_key],
+                              OPERATORS[model_op].features, call, note,
+                              op.row_roofline(direction, precision, plat.gpu), name.startswith("flash_atten"))
 
     def evaluate(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(seconds, relative error, extrapolated) per handle."""
         n = self._n
-        secs, rel, extra = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
-        if self._known:
-            known = np.array(list(self._known.values()), dtype=float).reshape(-1, 3)
-            hs = np.fromiter(self._known, dtype=int, count=len(self._known))
-            secs[hs], rel[hs], extra[hs] = known[:, 0], known[:, 1], known[:, 2] > 0.5
+        # One job's few dozen handles are filled as plain lists (numpy's per-call cost would be
+        # most of the time), perf-advise's thousands as arrays; either way each cell is written
+        # once by the same float operations, so the arrays returned are the same bits.
+        secs: _Cells
+        rel: _Cells
+        extra: _Cells
+        if n <= _LIST_HANDLES:
+            secs, rel, extra = [0.0] * n, [0.0] * n, [False] * n
+            for h, (s, r, x) in self._known.items():
+                secs[h], rel[h], extra[h] = s, r, x > 0.5
+        else:
+            secs, rel, extra = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
+            if self._known:
+                known = np.array(list(self._known.values()), dtype=float).reshape(-1, 3)
+                hs = np.fromiter(self._known, dtype=int, count=len(self._known))
+                secs[hs], rel[hs], extra[hs] = known[:, 0], known[:, 1], known[:, 2] > 0.5
         if self._op_rows:
             self._evaluate_operators(secs, rel, extra)
         if self._coll_rows:
             self._evaluate_collectives(secs, rel, extra)
         self._remember(secs, rel, extra)
+        if isinstance(secs, list):
+            return np.array(secs, dtype=float), np.array(rel, dtype=float), np.array(extra, dtype=bool)
         return secs, rel, extra
 
-    def _evaluate_operators(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
+    def _evaluate_operators(self, secs: _Cells, rel: _Cells, extra: _Cells) -> None:
         # One prediction asks for ~30 models with a row or two each, perf-advise for the same
         # models with many rows: each group's rows are costed in plain floats when few (numpy's
         # per-call cost would be most of the time) and as columns when many, and everything after
         # the regressors runs once over the rows of all groups.
         rows = self._operator_rows()
         t, r, inside = self._operator_seconds(rows)
-        hs = np.asarray(rows.handles)
-        secs[hs], rel[hs], extra[hs] = t, r, ~inside
+        if isinstance(secs, list):
+            if isinstance(t, np.ndarray):
+                t, r, inside = t.tolist(), r.tolist(), inside.tolist()
+            for h, t_h, r_h, in_h in zip(rows.handles, t, r, inside):
+                secs[h], rel[h], extra[h] = t_h, r_h, not in_h
+        else:
+            hs = np.asarray(rows.handles)
+            secs[hs], rel[hs], extra[hs] = t, r, ~np.asarray(inside, dtype=bool)
 
     def _operator_rows(self) -> "_OperatorRows":
         """Every operator question as a row: its roofline, where it lies against its model's
@@ -382,11 +409,10 @@ class QuerySet:
                     distinct_keys.append(model_key)
                 gather.append(at)
             handles.extend([h for h, _, _ in rows])
-            out.attention.extend([op.name.startswith("flash_atten")] * len(rows))
+            out.attention.extend([model.fused_attention] * len(rows))
             if len(rows) <= _FLOAT_ROWS:
-                for _, shape, _ in rows:
-                    roofs.append(op.roofline_seconds(shape, direction, precision, gpu))
-                sides.extend(lm.row_range_side(r) for r in raws)
+                roofs.extend([model.roofline_seconds(shape) for _, shape, _ in rows])
+                sides.extend([lm.row_range_side(r) for r in raws])
             else:
                 cols = np.array([r for _, _, r in rows])     # the operator's own features
                 roofs.extend(op.roofline_seconds({f: cols[:, i] for i, f in enumerate(op.features)},
@@ -402,7 +428,7 @@ class QuerySet:
             calls.extend([model.call_seconds] * len(rows))
         return out
 
-    def _operator_seconds(self, rows: "_OperatorRows") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _operator_seconds(self, rows: "_OperatorRows") -> "tuple[_Cells, _Cells, _Cells]":
         """(device seconds, relative error, inside the sampled range) of every row: the regressors'
         ratios times the rooflines, then the launch floor, the host's lead-in, FP8 and the fitted
         compute scale."""
@@ -456,7 +482,7 @@ class QuerySet:
         return t, r, inside_a
 
     def _operator_seconds_floats(self, rows: "_OperatorRows",
-                                 ratios: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                                 ratios: list[float]) -> tuple[list[float], list[float], list[bool]]:
         """:meth:`_operator_seconds` of a few rows without FP8 GEMMs, in plain floats (numpy's
         per-call cost would be most of the time): the same operations in the same order, so the
         same bits."""
@@ -483,23 +509,24 @@ class QuerySet:
             ts.append(t)
             rs.append(r)
             inside.append(side == 0)
-        return np.array(ts, dtype=float), np.array(rs, dtype=float), np.array(inside, dtype=bool)
+        return ts, rs, inside
 
-    def _remember(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
+    def _remember(self, secs: _Cells, rel: _Cells, extra: _Cells) -> None:
         """Keep what this set computed: the platform never changes once loaded (a reload is a new
         Platform), so the same shape costs the same on the next job the daemon or perf-advise asks
         about.  Bounded: cleared when full rather than grown."""
         memo = self._memo
         if len(memo) + len(self._keys) > self.memo_entries:
             memo.clear()
-        secs_l, rel_l, extra_l = secs.tolist(), rel.tolist(), extra.tolist()
+        if isinstance(secs, np.ndarray):
+            secs, rel, extra = secs.tolist(), rel.tolist(), extra.tolist()
         for h, key in self._keys.items():
-            answer = (secs_l[h], rel_l[h], extra_l[h])
+            answer = (float(secs[h]), float(rel[h]), bool(extra[h]))
             if key[0] == "coll":
                 answer += ("; ".join(self.warnings.get(h, ())), h in self.analytic)
             memo[key] = answer
 
-    def _evaluate_collectives(self, secs: np.ndarray, rel: np.ndarray, extra: np.ndarray) -> None:
+    def _evaluate_collectives(self, secs: _Cells, rel: _Cells, extra: _Cells) -> None:
         plat = self.platform
         models: dict[tuple[str, str], tuple[Any, str, set]] = {}
         # (handle, entries, model, ring-model seconds of the measured kind) for the regressors
@@ -539,16 +566,17 @@ class QuerySet:
             # [fabric] (perf-calibrate fabric): calibration timed each collective on one group with
             # the fabric to itself; in a job the other groups of its layout run theirs over the same
             # adapters and switches at the same time.
-            secs[np.asarray(between_nodes)] *= plat.fabric.between_nodes_slowdown
+            for h in between_nodes:
+                secs[h] *= plat.fabric.between_nodes_slowdown
         if between_nodes and plat.fitted is not None and plat.fitted.network_scale != 1.0:
             # [fitted] network scale (perf-calibrate validate --fit): the fabric under a whole job
             # against the collectives calibration timed alone; communication inside a node keeps
             # what was measured.
-            hs = np.asarray(between_nodes)
-            secs[hs] *= plat.fitted.network_scale
+            for h in between_nodes:
+                secs[h] *= plat.fitted.network_scale
 
-    def _measured_collectives(self, measured: list, rows: list, secs: np.ndarray, rel: np.ndarray,
-                              extra: np.ndarray) -> None:
+    def _measured_collectives(self, measured: list, rows: list, secs: _Cells, rel: _Cells,
+                              extra: _Cells) -> None:
         """The collective regressors' answers for ``measured`` (handle, entries, model, ring-model
         seconds) at ``rows`` (entries, nodes, GPUs per node)."""
         plat = self.platform

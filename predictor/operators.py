@@ -109,6 +109,18 @@ class Operator:
             return np.maximum(np.maximum(t_flops, t_bytes), 1e-7)
         return max(t_flops, t_bytes, 1e-7)    # one row of floats (see predictor.estimate)
 
+    def row_roofline(self, direction: str, precision: str, gpu: GpuSpec) -> Callable[[Mapping[str, float]], float]:
+        """:meth:`roofline_seconds` of one row of plain numbers, with what depends on the direction,
+        the precision and the GPU alone taken once (a predictor costs a few rows per job): the
+        same operations in the same order, so the same bits."""
+        scale = 1.0 if direction in ("fwd", "step") else self.bwd_factor
+        eb = self.bytes_per_element or BYTES_PER_ELEMENT[precision]
+        peak, bandwidth = gpu.peak_flops(precision), gpu.memory_gbps * 1e9
+        flops, elements, bwd_elements = self.flops, self.elements, self.bwd_elements
+        if direction == "bwd" and bwd_elements is not None:
+            return lambda s: max(scale * flops(s) / peak, bwd_elements(s) * eb / bandwidth, 1e-7)
+        return lambda s: max(scale * flops(s) / peak, scale * elements(s) * eb / bandwidth, 1e-7)
+
 
 def _ew(*cols: str, factor: float = 2.0) -> Callable[[Shape], np.ndarray]:
     """Element-wise traffic: read + write of a tensor of prod(cols) elements, times ``factor``/2."""

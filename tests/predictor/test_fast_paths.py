@@ -30,6 +30,23 @@ def test_roofline_of_one_row_equals_the_column(name):
             np.testing.assert_allclose(rows, column, rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_row_roofline_is_roofline_seconds_bit_for_bit(name):
+    """Operator.row_roofline (a job's few rows) takes its constants once: the same bits as
+    roofline_seconds, in every direction and precision, small shapes (the 1e-7 floor) and large."""
+    op = OPERATORS[name]
+    gpu = GpuSpec("Test GPU", 80, {"fp16": 312.0, "bf16": 312.0, "fp32": 19.5, "fp8": 624.0}, 2039.0)
+    rng = np.random.default_rng(len(name) + 7)
+    for direction in op.directions:
+        for precision in ("fp16", "bf16", "fp32", "fp8"):
+            row = op.row_roofline(direction, precision, gpu)
+            for top in (4, 1 << 24):
+                for values in rng.integers(1, top, size=(40, len(op.features))):
+                    shape = {f: float(v) for f, v in zip(op.features, values)}
+                    got, want = row(shape), op.roofline_seconds(shape, direction, precision, gpu)
+                    assert type(got) is type(want) and got == want
+
+
 def test_ring_model_one_collective_and_many():
     links = Links(intra_gbps=150.0, intra_latency_us=4.0, nic_gbps=22.0, nics_per_node=4,
                   inter_latency_us=9.0)
@@ -119,7 +136,8 @@ def test_operator_seconds_of_few_rows_in_floats_equal_the_columns_bit_for_bit(pl
             m.setattr(estimate, "_FLOAT_ROWS", -1)       # the numpy columns, on the same rows
             columns = estimate.QuerySet._operator_seconds(self, rows)
         for a, b in zip(floats, columns):
-            assert a.dtype == b.dtype and a.tolist() == b.tolist()
+            assert isinstance(a, list) and a == np.asarray(b).tolist()
+            assert all(type(x) is type(y) for x, y in zip(a, np.asarray(b).tolist()))
         checked.append(len(rows.handles))
         return floats
     floats_path = estimate.QuerySet._operator_seconds_floats
@@ -128,3 +146,26 @@ def test_operator_seconds_of_few_rows_in_floats_equal_the_columns_bit_for_bit(pl
     for job in _jobs():
         reused.predict(job)
     assert len(checked) > 5 and max(checked) <= _FLOAT_ROWS
+
+
+@pytest.mark.parametrize("platform", ["perlmutter-a100", "dgx-h100"])
+def test_one_job_s_answers_in_lists_equal_the_arrays_bit_for_bit(platform, monkeypatch):
+    """QuerySet.evaluate fills one job's answers as plain lists and many jobs' as arrays: the same
+    bits either way, on the shipped platform and with every [fitted] scale and [fabric] set (the
+    scales and the fabric rewrite answers in place)."""
+    import dataclasses
+
+    from predictor import estimate
+    from predictor.network import FabricSharing
+    from predictor.platform import FittedTerms
+    shipped = load_platform(platform)
+    scaled = dataclasses.replace(shipped, fitted=FittedTerms(compute_scale=1.13, attention_scale=0.91,
+                                                             network_scale=1.21, host_scale=1.05),
+                                 fabric=FabricSharing(1.3))
+    jobs = _jobs()[:40]
+    for plat in (shipped, scaled):
+        lists = [p.to_dict() for p in map(Predictor(plat).predict, jobs)]
+        with monkeypatch.context() as m:
+            m.setattr(estimate, "_LIST_HANDLES", -1)
+            arrays = [p.to_dict() for p in map(Predictor(plat).predict, jobs)]
+        assert lists == arrays
