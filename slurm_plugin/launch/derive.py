@@ -36,6 +36,24 @@ CRITICAL = {"model.layers", "model.hidden", "model.heads", "model.seq_len", "lay
             "layout.dp", "layout.micro_batch", "layout.micro_batches"}
 
 
+# sizes that every framework rejects below 1 (and that we divide by)
+_POSITIVE = ("layers", "hidden", "heads", "seq_len", "pp", "tp", "cp", "micro_batch", "global_batch",
+             "grad_accum", "ds_micro", "ds_train_batch", "ds_gas", "kv_heads", "ffn_hidden", "virtual_stages")
+# (fact, job key) copied as found
+_MODEL_REQUIRED = tuple((k, f"model.{k}") for k in ("layers", "hidden", "heads", "seq_len"))
+_MODEL_OPTIONAL = tuple((k, f"model.{k}") for k in ("norm", "activation", "attention", "pos_emb",
+                                                     "parallel_residual", "tied_embeddings"))
+_LAYOUT_OPTIONAL = tuple((k, f"layout.{k}") for k in (
+    "recompute", "sequence_parallel", "virtual_stages",
+    # the pipeline split: the framework's rule and its options (neox.py, megatron.py)
+    "pipe_split", "first_stage_layers", "last_stage_layers", "account_for_embedding", "account_for_loss",
+    # Megatron-core's overlapped communication (overlap.py)
+    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+    # DeepSpeed's activation-checkpointing options (neox.py, megatron.py)
+    "partition_activations", "checkpoint_in_cpu", "checkpoint_sync_each_layer"))
+_RUN_OPTIONAL = tuple((k, f"run.{k}") for k in ("eval_interval", "eval_iters", "save_interval"))
+
+
 @dataclass
 class World:
     gpus: Optional[int] = None
@@ -54,7 +72,7 @@ class Derived:
     exit_duration: Optional[int] = None
 
     def put(self, dotted: str, value: Any, origin: str) -> None:
-        sec, key = dotted.split(".")
+        sec, _, key = dotted.partition(".")
         self.job_dict[sec][key] = value
         if origin:
             self.provenance[dotted] = origin
@@ -145,18 +163,17 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
     d = Derived()
     f = facts
     w = d.warnings
-    # sizes that every framework rejects below 1 (and that we divide by)
-    for key in ("layers", "hidden", "heads", "seq_len", "pp", "tp", "cp", "micro_batch", "global_batch",
-                "grad_accum", "ds_micro", "ds_train_batch", "ds_gas", "kv_heads", "ffn_hidden", "virtual_stages"):
-        if f.known(key) and (not isinstance(f.val(key), int) or f.val(key) < 1):
-            d.fail(f"{key} = {f.val(key)} must be at least 1", f.origin(key))
+    for key in _POSITIVE:
+        fact = f.d.get(key)
+        if fact is not None and fact.unknown is None and fact.value is not None and \
+                (not isinstance(fact.value, int) or fact.value < 1):
+            d.fail(f"{key} = {fact.value} must be at least 1", fact.origin)
             return d
     if world.gpus is not None and world.gpus < 1:
         d.fail(f"the launch starts {world.gpus} processes", world.origin)
         return d
     # ---------------------------------------------------------------- model
-    for key, dotted in (("layers", "model.layers"), ("hidden", "model.hidden"), ("heads", "model.heads"),
-                        ("seq_len", "model.seq_len")):
+    for key, dotted in _MODEL_REQUIRED:
         _copy(d, f, key, dotted, required=True)
     if f.get("kv_heads") is not None:
         _copy(d, f, "kv_heads", "model.kv_heads")
@@ -165,8 +182,8 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
     d.put("model.vocab", vocab, vorigin)
     if vwarn:
         w.append(vwarn)
-    for key in ("norm", "activation", "attention", "pos_emb", "parallel_residual", "tied_embeddings"):
-        _copy(d, f, key, f"model.{key}")
+    for key, dotted in _MODEL_OPTIONAL:
+        _copy(d, f, key, dotted)
     if f.val("attention") == "flash" and f.known("attention_impl"):
         _copy(d, f, "attention_impl", "model.attention_impl")
     # ---------------------------------------------------------------- layout
@@ -201,15 +218,8 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
     if mbs is not None:
         d.put("layout.micro_batches", mbs[0], mbs[1])
     _zero(d, f, framework)
-    for key in ("recompute", "sequence_parallel", "virtual_stages",
-                # the pipeline split: the framework's rule and its options (neox.py, megatron.py)
-                "pipe_split", "first_stage_layers", "last_stage_layers",
-                "account_for_embedding", "account_for_loss",
-                # Megatron-core's overlapped communication (overlap.py)
-                "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-                # DeepSpeed's activation-checkpointing options (neox.py, megatron.py)
-                "partition_activations", "checkpoint_in_cpu", "checkpoint_sync_each_layer"):
-        _copy(d, f, key, f"layout.{key}")
+    for key, dotted in _LAYOUT_OPTIONAL:
+        _copy(d, f, key, dotted)
     _copy(d, f, "hsdp_shard", "layout.dp_shard")      # hybrid sharding's group (llmfoundry.py)
     # ---------------------------------------------------------------- run
     if framework in _FRAMEWORKS:
@@ -217,8 +227,8 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
     _precision(d, f, framework)
     _iterations(d, f, micro, mbs[0] if mbs else None, dp)
     ei = f.val("eval_iters")
-    for key in ("eval_interval", "eval_iters", "save_interval"):
-        _copy(d, f, key, f"run.{key}")
+    for key, dotted in _RUN_OPTIONAL:
+        _copy(d, f, key, dotted)
     if ei == 0 or d.job_dict["run"].get("eval_iters") == 0:
         d.put("run.eval_interval", 0, f.origin("eval_iters"))
     if f.known("exit_duration"):
@@ -249,7 +259,7 @@ def _fact_for(f: Facts, dotted: str):
 
 
 def _copy(d: Derived, f: Facts, key: str, dotted: str, required: bool = False) -> None:
-    fact = f.get(key)
+    fact = f.d.get(key)
     if fact is None:
         if required:
             d.unresolved.append(dotted)

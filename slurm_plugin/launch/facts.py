@@ -43,7 +43,11 @@ class Facts:
 
     # ---- conversions from command-line tokens
     def set_int(self, key: str, tok: Tok, offset: int = 0, what: str = "") -> None:
-        self.set_int_value(key, tok.text[offset:], tok.origin_at(offset), what)
+        text = tok.text[offset:]
+        if len(text) <= 15 and text.isdigit() and text.isascii():
+            self.d[key] = Fact(int(text), tok.origin_at(offset))    # set_int_value's common case
+            return
+        self.set_int_value(key, text, tok.origin_at(offset), what)
 
     def set_int_value(self, key: str, value: Any, origin: str, what: str = "") -> None:
         """A command-line word or a config value as an integer fact; an unknown or malformed

@@ -31,8 +31,9 @@ _SLURM_ENV_ORIGIN = {
     "SLURM_NTASKS_PER_NODE": "request.ntasks_per_node", "SLURM_GPUS_ON_NODE": "request.gpus_per_node",
     "SLURM_GPUS_PER_NODE": "request.gpus_per_node", "SLURM_CPUS_PER_TASK": "request.cpus_per_task",
     "SLURM_ARRAY_TASK_ID": "request.array"}
-_RUN_TIME_ONLY = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURMD_NODENAME",
-                  "SLURM_CLUSTER_NAME", "SLURM_JOB_USER", "SLURM_SUBMIT_HOST", "SLURM_TASK_PID")
+_RUN_TIME_ONLY = tuple((k, f"{k} is only known when the job runs") for k in (
+    "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURMD_NODENAME",
+    "SLURM_CLUSTER_NAME", "SLURM_JOB_USER", "SLURM_SUBMIT_HOST", "SLURM_TASK_PID"))
 
 
 def parse_script(path: Optional[str], text: Optional[str] = None, *, request: Optional[SlurmRequest] = None,
@@ -120,9 +121,9 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
             shell_env[k] = (sanitize_text(v)[:65536], "environment")
     for k, v in slurm_env(req, work_dir, array_first).items():
         shell_env[k] = (v, prov.get(_SLURM_ENV_ORIGIN.get(k, ""), "Slurm"))
-    for k in _RUN_TIME_ONLY:
+    for k, reason in _RUN_TIME_ONLY:
         if k not in shell_env:
-            shell_env[k] = (u.new(f"{k} is only known when the job runs", nonempty=True), "Slurm")
+            shell_env[k] = (u.new(reason, nonempty=True), "Slurm")
     if work_dir:
         shell_env["PWD"] = (work_dir, "submit directory")   # bash sets PWD itself
     if "SLURM_NNODES" not in shell_env:

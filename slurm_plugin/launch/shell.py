@@ -406,12 +406,14 @@ class Shell:
             return 0
         argv: list = []
         decl_assigns: list = []
+        label, where_of = self.label, self._where_cache
         for w in node.words:
             if isinstance(w, Assign):
                 decl_assigns.append(w)
                 argv.append([(w.name, where)])
             elif len(w) == 1 and type(w[0]) is Lit and not w[0].text.startswith("~"):
-                argv.append([(w[0].text, self.where(w[0].line))])    # expand()'s common case
+                lit = w[0]     # expand()'s common case
+                argv.append([(lit.text, where_of.get((label, lit.line)) or self.where(lit.line))])
             else:
                 argv.extend(self.expand(w))
         if not argv:
@@ -533,7 +535,7 @@ class Shell:
 
     # ----------------------------------------------------------------- external commands
     def _external(self, argv: list, node: Simple, where: str) -> Optional[int]:
-        toks = [Tok.of(a) for a in argv]
+        toks = [Tok(a[0][0], a) if len(a) == 1 else Tok.of(a) for a in argv]
         heredoc = self._stdin_heredoc(node)
         c = launchers.classify(toks, where)
         if c.kind in ("bash-c", "bash-file", "bash-stdin"):

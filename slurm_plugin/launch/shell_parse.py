@@ -59,6 +59,7 @@ class Parser:
         self.depth = depth
         self._lc_pos, self._lc_line = 0, 1   # line-number cache: counting is lazy (huge inputs)
         self._pending: list[tuple[Redir, str, bool, bool]] = []
+        self._peeked: tuple[int, Optional[str]] = (-1, None)
         # For text built by the shell itself (`bash -c "$CMD"`): position -> "file:line" of the
         # piece it came from. Then "lines" are origin strings instead of ints.
         self.origin_of_pos = origin_of_pos
@@ -134,8 +135,12 @@ class Parser:
 
     def _peek_word(self) -> Optional[str]:
         """The plain word at pos (for reserved-word checks), without consuming it."""
+        if self._peeked[0] == self.pos:     # a command's start is peeked at up to three times
+            return self._peeked[1]
         m = _PLAIN_WORD.match(self.text, self.pos)
-        return m.group(0) if m else None
+        w = m.group(0) if m else None
+        self._peeked = (self.pos, w)
+        return w
 
     def _at_keyword(self, words: set) -> Optional[str]:
         w = self._peek_word()
