@@ -100,6 +100,13 @@ def collective_features(entries: "np.ndarray | float", nodes: "np.ndarray | floa
     return out
 
 
+def collective_row_features(rows: "Sequence[tuple[float, float, float]]") -> np.ndarray:
+    """:func:`collective_features` of (entries, nodes, GPUs per node) rows."""
+    out = np.array(rows, dtype=float).reshape(-1, 3)
+    out[:, 0] = log2_features(out[:, 0])
+    return out
+
+
 # ------------------------------------------------------------------------------------- loading
 @dataclass
 class LoadedModel:

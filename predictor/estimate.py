@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .bundle import LoadedModel, collective_features
+from .bundle import LoadedModel, collective_row_features
 from .trees import RowModels
 from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gathers_layers, gradient_precision,
                      gradient_reduction, groups, input_embedding_parameters, layer_parameters, micro_batch_recipe,
@@ -580,9 +580,8 @@ class QuerySet:
         """The collective regressors' answers for ``measured`` (handle, entries, model, ring-model
         seconds) at ``rows`` (entries, nodes, GPUs per node)."""
         plat = self.platform
-        e, nodes, gpn = np.array(rows, dtype=float).T
         ratios = plat.collectives.ratios_rows([m.info.key for _, _, m, _ in measured],
-                                              collective_features(e, nodes, gpn),
+                                              collective_row_features(rows),
                                               self.known.collective_rows if len(measured) <= _FLOAT_ROWS
                                               else None).tolist()
         for (h, entries, model, base), ratio in zip(measured, ratios):
@@ -1230,18 +1229,22 @@ def _assemble(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> tuple[fl
 
 def _iteration_seconds(plan: _JobPlan, vals: Sequence[float], plat: Platform) -> float:
     """:func:`_assemble`'s iteration alone (the interval's ends need no breakdown)."""
-    return _iteration(plan, _stage_seconds(plan, vals), vals, plat, breakdown=False)[0]
+    return _iteration(plan, _stage_seconds(plan, vals, breakdown=False), vals, plat, breakdown=False)[0]
 
 
-def _stage_seconds(plan: _JobPlan, vals: Sequence[float]) -> _StageSeconds:
+def _stage_seconds(plan: _JobPlan, vals: Sequence[float], breakdown: bool = True) -> _StageSeconds:
     """Each stage's forward and backward with what the context-parallel passes, the overlapped
-    TP collectives and ZeRO-3's per-layer collectives leave exposed, and the host's wait."""
+    TP collectives and ZeRO-3's per-layer collectives leave exposed, and the host's wait (without
+    ``breakdown``, the TP collectives and sends inside them are not listed)."""
     lay = plan.job.layout
     p = lay.pp
     fwd, bwd = list(vals[:p]), list(vals[p:2 * p])
     dp, update = vals[2 * p:3 * p], vals[3 * p:4 * p]
-    mp_comm = [(vals[4 * p + 2 * i], vals[4 * p + 2 * i + 1]) for i in range(p)]
-    p2p = [(vals[6 * p + 2 * i], vals[6 * p + 2 * i + 1]) for i in range(p)]
+    mp_comm: list[tuple[float, float]] = []
+    p2p: list[tuple[float, float]] = []
+    if breakdown:
+        mp_comm = [(vals[4 * p + 2 * i], vals[4 * p + 2 * i + 1]) for i in range(p)]
+        p2p = [(vals[6 * p + 2 * i], vals[6 * p + 2 * i + 1]) for i in range(p)]
     cp_exposed = [0.0] * len(fwd)
     if plan.cp_ring is not None:
         # What the attention blocks do not hide of the K/V passes, per layer (the forward's again
@@ -1336,7 +1339,8 @@ def _iteration(plan: _JobPlan, st: _StageSeconds, vals: Sequence[float], plat: P
     waits = [reduce_exposed[i] - slack[i] for i in range(p)]
     reduce_wait = max(waits)                     # ≥ stage 0's exposed reduction ≥ 0
     # The gathers of stage i overlap its first forward, which starts i forward waves into the step.
-    gather_wait = max(max(0.0, gather_exposed[i] - i * F / v) for i in range(p))
+    gather_wait = max(max(0.0, gather_exposed[i] - i * F / v) for i in range(p)) \
+        if lay.overlap_param_gather else 0.0
     update_seconds = max(update) + gather_wait
     bubble = (p - 1) / v * (F + B)
     step_overhead = plat.overheads.step_seconds + plan.engine_step_seconds
@@ -1530,7 +1534,7 @@ class Predictor:
         extrapolated = bool(outside)
         # The interval: a conformal bound on the platform's measured residuals, widened by the
         # operators' own spread only where the job leaves what those runs cover.
-        analytic = any(h in q.analytic for h in handles)
+        analytic = not q.analytic.isdisjoint(handles)
         lo, hi = interval_seconds(iteration, spread_lo, spread_hi, rule, extrapolated=extrapolated,
                                   analytic_collectives=analytic)
         details.analytic_collectives = analytic

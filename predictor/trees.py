@@ -464,11 +464,13 @@ class Forest:
     def _walk_rows(X: np.ndarray, float32_rows: Optional[np.ndarray]) -> np.ndarray:
         """The rows as both walks read them: :data:`COLUMNS` wide, +inf past the features (the
         leaf column LEAF_FEATURE among them), rounded to float32 where ``float32_rows`` (rows × 1)."""
-        X_all = np.full((len(X), COLUMNS), np.inf)
+        k = X.shape[1]
+        X_all = np.empty((len(X), COLUMNS))
+        X_all[:, k:] = np.inf
+        X_all[:, :k] = X
         if float32_rows is not None:
             # XGBoost compares in float32: the row rounded to float32, then widened exactly.
-            X = np.where(float32_rows, X.astype(np.float32), X)
-        X_all[:, :X.shape[1]] = X
+            np.copyto(X_all, X_all.astype(np.float32), where=float32_rows)
         return X_all
 
     def _sums_c(self, rows: RowModels, X: np.ndarray) -> np.ndarray:

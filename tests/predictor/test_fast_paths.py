@@ -169,3 +169,15 @@ def test_one_job_s_answers_in_lists_equal_the_arrays_bit_for_bit(platform, monke
             m.setattr(estimate, "_LIST_HANDLES", -1)
             arrays = [p.to_dict() for p in map(Predictor(plat).predict, jobs)]
         assert lists == arrays
+
+
+def test_collective_features_of_rows_equal_the_columns():
+    from predictor.bundle import collective_features, collective_row_features
+    rng = np.random.default_rng(5)
+    rows = [(float(e), float(n), float(g)) for e, n, g in
+            zip(rng.integers(0, 1 << 34, size=30), rng.integers(1, 65, size=30), rng.integers(1, 9, size=30))]
+    rows.append((0.5, 1.0, 1.0))          # below one entry: read as one
+    e, nodes, gpn = (np.array(c) for c in zip(*rows))
+    want = collective_features(e, nodes, gpn)
+    got = collective_row_features(rows)
+    assert got.shape == want.shape == (31, 3) and got.tobytes() == want.tobytes()
