@@ -192,6 +192,10 @@ class _PlatformMemo:
     operators: dict[tuple[str, str, str], _OperatorModel] = field(default_factory=dict)   # (op, dir, prec)
     # (attention kernel, framework, sequence, precision) -> how that attention is costed
     attention_costs: dict[tuple, attention.AttentionCost] = field(default_factory=dict)
+    # (collective, precision) -> its measured model (None: the ring model), the kind that model
+    # measured, and the (nodes, GPUs per node) it measured
+    collectives: dict[tuple[str, str], tuple[Optional[LoadedModel], str, frozenset]] = \
+        field(default_factory=dict)
     # the forests' arrays for the lists of models asked of each bundle (Bundle.ratios_rows)
     compute_rows: dict[tuple[str, ...], RowModels] = field(default_factory=dict)
     collective_rows: dict[tuple[str, ...], RowModels] = field(default_factory=dict)
@@ -492,8 +496,8 @@ class QuerySet:
         compute_scale = fitted.compute_scale if fitted is not None else 1.0
         attention_scale = fitted.attention_scale if fitted is not None else 1.0
         ts, rs, inside = [], [], []
-        for g, roof, side, p90, call, attention in zip(rows.gather, rows.roofs, rows.sides, rows.p90,
-                                                        rows.calls, rows.attention):
+        for g, roof, side, p90, call, fused in zip(rows.gather, rows.roofs, rows.sides, rows.p90,
+                                                    rows.calls, rows.attention):
             t = ratios[g] * roof
             if side != 0:
                 t = max(t, plat.compute.kernel_floor_seconds)
@@ -504,7 +508,7 @@ class QuerySet:
                 t = dev
             if compute_scale != 1.0:
                 t = max(t * compute_scale, roof)
-            if attention_scale != 1.0 and attention:
+            if attention_scale != 1.0 and fused:
                 t = max(t * attention_scale, roof)
             ts.append(t)
             rs.append(r)
@@ -528,7 +532,7 @@ class QuerySet:
 
     def _evaluate_collectives(self, secs: _Cells, rel: _Cells, extra: _Cells) -> None:
         plat = self.platform
-        models: dict[tuple[str, str], tuple[Any, str, set]] = {}
+        models = self.known.collectives
         # (handle, entries, model, ring-model seconds of the measured kind) for the regressors
         measured: list[tuple[int, float, Any, float]] = []
         rows: list[tuple[float, int, int]] = []       # their (entries, nodes, GPUs per node)
@@ -543,7 +547,7 @@ class QuerySet:
             found = models.get((kind, precision))
             if found is None:
                 model, measured_kind = self._collective_model(kind, precision)
-                topo = {tuple(t) for t in model.info.topologies} if model is not None else set()
+                topo = frozenset(tuple(t) for t in model.info.topologies) if model is not None else frozenset()
                 found = models[(kind, precision)] = (model, measured_kind, topo)
             model, measured_kind, topo = found
             if (nodes, gpn) not in topo:
@@ -1185,20 +1189,30 @@ def _term_values(plan: _JobPlan, secs: np.ndarray) -> list[list[float]]:
         terms += b.terms
     terms += plan.tp_ub or []
     # Columns: the handles the job asked for (every term's handles are among them).
-    where = {h: j for j, h in enumerate(plan.handles)}
-    width = len(where)
+    handles = plan.handles
+    width = len(handles)
     cells: list[int] = []
     counts: list[float] = []
-    for i, t in enumerate(terms):
-        row = i * width
-        for h, c in t.parts:
-            cells.append(row + where[h])
-            counts.append(c)
+    if len(secs) == width and handles == list(range(width)):
+        # A job alone in its query set (the daemon's): its handles are the set's, in order.
+        at = secs
+        for i, t in enumerate(terms):
+            row = i * width
+            for h, c in t.parts:
+                cells.append(row + h)
+                counts.append(c)
+    else:
+        at = secs[np.asarray(handles, dtype=int)]
+        where = {h: j for j, h in enumerate(handles)}
+        for i, t in enumerate(terms):
+            row = i * width
+            for h, c in t.parts:
+                cells.append(row + where[h])
+                counts.append(c)
     # bincount adds repeated cells in order, as ``weights[i, j] += c`` one by one would.
     weights = np.bincount(np.asarray(cells, dtype=np.intp), weights=np.asarray(counts, dtype=float),
                           minlength=len(terms) * width).reshape(len(terms), width)
-    hs = np.asarray(plan.handles, dtype=int)
-    return (weights @ secs[hs]).T.tolist()
+    return (weights @ at).T.tolist()
 
 
 @dataclass
