@@ -268,7 +268,10 @@ def _copy(d: Derived, f: Facts, key: str, dotted: str, required: bool = False) -
     if fact.unknown is not None:
         _unknown(d, f, key, dotted)
         return
-    d.put(dotted, fact.value, fact.origin)
+    sec, _, name = dotted.partition(".")     # d.put, inline: the common path of every copied key
+    d.job_dict[sec][name] = fact.value
+    if fact.origin:
+        d.provenance[dotted] = fact.origin
 
 
 def _unknown(d: Derived, f: Facts, key: str, dotted: str) -> None:

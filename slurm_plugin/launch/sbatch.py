@@ -264,11 +264,12 @@ def read_directives(text: str, label: str, budget: Optional[Budget] = None) -> D
     budget = budget or Budget()
     lineno = 0
     pos = 0
-    while pos <= len(text):
+    n = len(text)
+    while pos <= n:
         # line by line without splitting the whole (maybe 4 MiB) text: the header is short
         nl = text.find("\n", pos)
         line = text[pos:] if nl < 0 else text[pos:nl]
-        pos = len(text) + 1 if nl < 0 else nl + 1
+        pos = n + 1 if nl < 0 else nl + 1
         lineno += 1
         budget.tick_at(label, lineno)
         s = line.strip()
