@@ -86,7 +86,11 @@ def valid_unicode(text: str) -> str:
     refuse them."""
     if text.isascii():
         return text
-    return _SURROGATE.sub("\ufffd", text)
+    try:
+        text.encode("utf-8")    # fails exactly on a lone surrogate; faster than the regex below
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
 
 
 def join_path(cwd: Optional[str], path: str) -> str:
