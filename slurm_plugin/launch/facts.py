@@ -45,7 +45,9 @@ class Facts:
     def set_int(self, key: str, tok: Tok, offset: int = 0, what: str = "") -> None:
         text = tok.text[offset:]
         if len(text) <= 15 and text.isdigit() and text.isascii():
-            self.d[key] = Fact(int(text), tok.origin_at(offset))    # set_int_value's common case
+            # set_int_value's common case: a plain decimal word (most often of one piece)
+            segs = tok.segs
+            self.d[key] = Fact(int(text), segs[0][1] if len(segs) == 1 else tok.origin_at(offset))
             return
         self.set_int_value(key, text, tok.origin_at(offset), what)
 
