@@ -54,7 +54,6 @@ MAX_MODEL_BYTES = 64 << 20        # a library model file beyond this is not one 
 MAX_FOREST_BYTES = 2 << 30        # 16 bytes a node: some 130 million nodes
 _CHUNK = 1 << 20                  # hashing files that are checked but not kept
 _HASH_THREADS = 2
-ROW_MODEL_LISTS = 256             # lists of models whose forest arrays a caller keeps (ratios_rows)
 
 
 @dataclass
@@ -204,22 +203,30 @@ class Bundle:
         ratios = self.ratios_rows(keys, X)
         return float(np.min(ratios * np.asarray(roofs)))
 
-    def ratios_rows(self, keys: "Sequence[str]", X: np.ndarray,
-                    known: Optional[dict[tuple[str, ...], RowModels]] = None) -> np.ndarray:
+    def model_rows(self, keys: "Sequence[str]") -> "ModelRows":
+        """``keys`` with this bundle's forest arrays for them, for a caller that asks the same list
+        again (:meth:`ratios_rows` takes it as its keys)."""
+        out = ModelRows(keys)
+        out.forest = self.forest
+        out.forest_rows = self.forest.row_models([self.models[k].index for k in out])
+        return out
+
+    def ratios_rows(self, keys: "Sequence[str]", X: np.ndarray) -> np.ndarray:
         """:meth:`ratios` of many rows at once: row i by model ``keys[i]`` on ``X[i]`` (rows ×
         up to 7 columns; each model reads its own features' columns, the rest are ignored).
-        ``known``: the forest's arrays for lists of keys asked before (kept by the caller for
-        this bundle; bounded: cleared when full)."""
-        models = self.models
-        if known is None:
-            return np.exp(self.forest.predict_rows([models[k].index for k in keys], X))
-        keys = tuple(keys)
-        rows = known.get(keys)
-        if rows is None:
-            if len(known) >= ROW_MODEL_LISTS:
-                known.clear()
-            rows = known[keys] = self.forest.row_models([models[k].index for k in keys])
+        ``keys`` may be :meth:`model_rows`' answer, kept from an earlier call."""
+        if isinstance(keys, ModelRows) and keys.forest is self.forest:
+            rows: "RowModels | list[int]" = keys.forest_rows
+        else:
+            rows = [self.models[k].index for k in keys]
         return np.exp(self.forest.predict_rows(rows, X))
+
+
+class ModelRows(tuple):
+    """Model keys, one per row, with a bundle's forest arrays for them (:meth:`Bundle.model_rows`)."""
+
+    forest: Optional[Forest]
+    forest_rows: RowModels
 
 
 def manifest_sha256(path: "str | Path") -> str:

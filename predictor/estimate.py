@@ -29,8 +29,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .bundle import LoadedModel, collective_row_features
-from .trees import RowModels
+from .bundle import Bundle, LoadedModel, ModelRows, collective_row_features
 from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gathers_layers, gradient_precision,
                      gradient_reduction, groups, input_embedding_parameters, layer_parameters, micro_batch_recipe,
                      op_sac_recompute_share, pipeline_sends, reshards_after_forward, runs_op_sac,
@@ -149,6 +148,8 @@ class Prediction:
 # Operator and collective answers a Predictor keeps for its platform (see QuerySet._remember):
 # bounded, cleared when full rather than grown.
 MEMO_ENTRIES = 200_000
+# Lists of models whose forest arrays a Predictor keeps, per bundle (QuerySet._kept_rows).
+KEPT_MODEL_LISTS = 256
 
 
 @dataclass
@@ -172,7 +173,7 @@ class _OperatorModel:
     """Which model costs an operator question (name, direction, precision) on the platform, and
     what every row of it shares: worked out once per :class:`Predictor` (QuerySet._resolve_op)."""
 
-    op: "Operator"
+    op: Operator
     direction: str
     precision: str                # the roofline's (an FP8 GEMM without FP8 samples: its 16-bit)
     in_fp8: bool                  # an FP8 GEMM costed from its 16-bit samples (predictor.fp8)
@@ -196,9 +197,9 @@ class _PlatformMemo:
     # measured, and the (nodes, GPUs per node) it measured
     collectives: dict[tuple[str, str], tuple[Optional[LoadedModel], str, frozenset]] = \
         field(default_factory=dict)
-    # the forests' arrays for the lists of models asked of each bundle (Bundle.ratios_rows)
-    compute_rows: dict[tuple[str, ...], RowModels] = field(default_factory=dict)
-    collective_rows: dict[tuple[str, ...], RowModels] = field(default_factory=dict)
+    # the forests' arrays for the lists of models asked of each bundle (Bundle.model_rows)
+    compute_rows: dict[tuple[str, ...], ModelRows] = field(default_factory=dict)
+    collective_rows: dict[tuple[str, ...], ModelRows] = field(default_factory=dict)
 
 
 class QuerySet:
@@ -244,7 +245,8 @@ class QuerySet:
         return h, new
 
     def op(self, name: str, direction: str, precision: str, shape: Mapping[str, float]) -> int:
-        return self._op(name, direction, precision, shape, tuple([float(shape[f]) for f in OPERATORS[name].features]))
+        values = tuple([float(shape[f]) for f in OPERATORS[name].features])
+        return self._op(name, direction, precision, shape, values)
 
     def op_both(self, name: str, precision: str, shape: Mapping[str, float]) -> tuple[int, int]:
         """:meth:`op` forward, then backward, of one shape (its features read once)."""
@@ -438,10 +440,10 @@ class QuerySet:
         compute scale."""
         plat = self.platform
         gpu = plat.gpu
-        # A few rows (one job's): the same few lists of models again and again, their arrays kept.
-        few = len(rows.distinct_keys) <= _FLOAT_ROWS
-        ratios = plat.compute.ratios_rows(rows.distinct_keys, log2_features(rows.distinct_rows),
-                                          self.known.compute_rows if few else None)
+        keys = rows.distinct_keys
+        if len(keys) <= _FLOAT_ROWS:
+            keys = self._kept_rows(self.known.compute_rows, plat.compute, keys)
+        ratios = plat.compute.ratios_rows(keys, log2_features(rows.distinct_rows))
         if len(rows.handles) <= _FLOAT_ROWS and not rows.fp8_rows:
             return self._operator_seconds_floats(rows, ratios.tolist())
         roof = np.asarray(rows.roofs)
@@ -584,16 +586,29 @@ class QuerySet:
         """The collective regressors' answers for ``measured`` (handle, entries, model, ring-model
         seconds) at ``rows`` (entries, nodes, GPUs per node)."""
         plat = self.platform
-        ratios = plat.collectives.ratios_rows([m.info.key for _, _, m, _ in measured],
-                                              collective_row_features(rows),
-                                              self.known.collective_rows if len(measured) <= _FLOAT_ROWS
-                                              else None).tolist()
+        keys: Sequence[str] = [m.info.key for _, _, m, _ in measured]
+        if len(keys) <= _FLOAT_ROWS:
+            keys = self._kept_rows(self.known.collective_rows, plat.collectives, keys)
+        ratios = plat.collectives.ratios_rows(keys, collective_row_features(rows)).tolist()
         for (h, entries, model, base), ratio in zip(measured, ratios):
             secs[h] = ratio * base
             side = -1 if entries < model.info.feature_min[0] * 0.99 else \
                 (1 if entries > model.info.feature_max[0] * 1.01 else 0)
             extra[h] = side != 0
             rel[h] = model.info.validation_p90 + extrapolation_error(side)
+
+    @staticmethod
+    def _kept_rows(kept: dict[tuple[str, ...], ModelRows], bundle: Bundle, keys: Sequence[str]) -> ModelRows:
+        """``keys`` with ``bundle``'s forest arrays for them (:meth:`Bundle.model_rows`), kept in
+        ``kept`` (a Predictor's, for this bundle): one job's few lists of models come back with
+        every job of its layout.  Bounded: cleared when full."""
+        key = tuple(keys)
+        rows = kept.get(key)
+        if rows is None:
+            if len(kept) >= KEPT_MODEL_LISTS:
+                kept.clear()
+            rows = kept[key] = bundle.model_rows(key)
+        return rows
 
     def _collective_model(self, kind: str, precision: str):
         """The measured-collective model for a kind (reduce-scatter falls back to all-reduce)."""

@@ -181,3 +181,22 @@ def test_collective_features_of_rows_equal_the_columns():
     want = collective_features(e, nodes, gpn)
     got = collective_row_features(rows)
     assert got.shape == want.shape == (31, 3) and got.tobytes() == want.tobytes()
+
+
+def test_kept_model_rows_give_the_ratios_of_their_keys():
+    """Bundle.model_rows (a Predictor keeps one per list of models it meets) answers as its keys
+    do, bit for bit; one made by another bundle is read as the keys it holds."""
+    from predictor.bundle import ModelRows
+    plat = load_platform("perlmutter-a100")
+    compute, colls = plat.compute, plat.collectives
+    keys = sorted(k for k in compute.models if k.startswith(("linear", "layernorm")))[:9]
+    rng = np.random.default_rng(11)
+    X = rng.uniform(0.0, 16.0, size=(len(keys), 7))
+    kept = compute.model_rows(keys)
+    assert isinstance(kept, ModelRows) and list(kept) == keys
+    assert compute.ratios_rows(kept, X).tobytes() == compute.ratios_rows(keys, X).tobytes()
+    coll_keys = sorted(colls.models)[:3]
+    coll_X = rng.uniform(0.0, 30.0, size=(3, 3))
+    mixed_up = ModelRows(coll_keys)           # the collectives' keys with the compute forest's arrays
+    mixed_up.forest, mixed_up.forest_rows = kept.forest, kept.forest_rows
+    assert colls.ratios_rows(mixed_up, coll_X).tobytes() == colls.ratios_rows(coll_keys, coll_X).tobytes()
