@@ -40,6 +40,9 @@ _CMD_BREAK = frozenset(" \t\r\n;&|<>()\f\v")    # what ends a word in a command 
 # a redirection's fd, as `2>log`), blanks after it.
 _ARG_RUN = re.compile(r"(?:[^\s'\"\\$`;&|<>()#][^\s'\"\\$`;&|<>()]*(?=[ \t\r\n;&|()\f\v]|\Z)"
                       r"(?:[ \t\r\f\v]|\\\n)*)+")
+# The words _command reads as other than a simple command's first word
+_COMPOUND_WORDS = frozenset(("if", "while", "until", "for", "select", "case", "{", "function",
+                             "then", "elif", "else", "fi", "do", "done", "esac", "}"))
 _RUNS = {"cmd": _CMD_RUN, "cond": _COND_RUN, "brace": _BRACE_RUN, "dq": _DQ_RUN, "heredoc": _HD_RUN}
 _ANSI = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f",
          "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
@@ -301,6 +304,8 @@ class Parser:
             self._compound_redirs()
             return node
         w = self._peek_word()
+        if w not in _COMPOUND_WORDS:
+            return self._simple(line)
         if w == "if":
             node = self._if(line)
         elif w in ("while", "until"):
