@@ -1419,10 +1419,12 @@ def _total(job: TrainingJob, iteration: float, fwd_pipeline: float, plat: Platfo
 class Predictor:
     """Predictions on one loaded platform (scikit-learn-like: ``Predictor(platform).predict(job)``).
 
-    It owns what it remembers: the seconds of every shape it has costed, which model costs each
-    operator and the interval rule from the platform's recorded runs.  Keep one for as long as its
-    platform is loaded (the daemon, perf-advise) so the same shape is costed once; a platform
-    changed after the Predictor was made needs a new Predictor.
+    It owns what it remembers: the seconds of every shape it has costed, what the platform alone
+    decides (which model costs each operator and collective, each fused attention's cost, the
+    forests' arrays for the lists of models a job asks: :class:`_PlatformMemo`) and the interval
+    rule from the platform's recorded runs.  Keep one for as long as its platform is loaded (the
+    daemon, perf-advise) so the same shape is costed once; a platform changed after the Predictor
+    was made needs a new Predictor.
     """
 
     def __init__(self, platform: Platform, memo_entries: int = MEMO_ENTRIES):
@@ -1454,8 +1456,8 @@ class Predictor:
         return out
 
     def forget_answers(self) -> None:
-        """Forget every shape's seconds but keep what the platform alone decides (which model
-        costs each operator, the interval rule): a job never seen, on a platform already used
+        """Forget every shape's seconds but keep what the platform alone decides (its
+        :class:`_PlatformMemo`, the interval rule): a job never seen, on a platform already used
         (benchmarks/bench_predict.py)."""
         self._answers.clear()
         for twin in self._twins.values():
