@@ -23,7 +23,6 @@ from .shell import Launch, Shell
 from .values import MARK_OPEN, Tok, Unknowns, sanitize_text
 
 log = logging.getLogger(__name__)
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The request field each SLURM_* variable of sbatch.slurm_env comes from (its provenance)
 _SLURM_ENV_ORIGIN = {
     "SLURM_NNODES": "request.nodes", "SLURM_JOB_NUM_NODES": "request.nodes",
@@ -117,7 +116,7 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
     u = Unknowns()
     shell_env: dict = {}
     for k, v in (env or {}).items():
-        if isinstance(k, str) and isinstance(v, str) and _ENV_NAME.fullmatch(k):
+        if isinstance(k, str) and isinstance(v, str) and k.isascii() and k.isidentifier():   # a shell name
             shell_env[k] = (sanitize_text(v)[:65536], "environment")
     for k, v in slurm_env(req, work_dir, array_first).items():
         shell_env[k] = (v, prov.get(_SLURM_ENV_ORIGIN.get(k, ""), "Slurm"))

@@ -168,7 +168,8 @@ def _count(text: Optional[str]) -> Optional[int]:
     if text is None:
         return None
     last = text.strip().split(":")[-1]
-    last = _PAREN_TAIL.sub("", last)
+    if "(" in last:
+        last = _PAREN_TAIL.sub("", last)
     return int(last) if last.isdigit() else None
 
 
@@ -176,7 +177,8 @@ def gres_gpus(text: str) -> Optional[int]:
     """--gres=gpu[:type]:N[,other...] -> N (gpu alone = 1)."""
     for item in text.split(","):
         item = item.strip()
-        item = _PAREN_TAIL.sub("", item)
+        if "(" in item:
+            item = _PAREN_TAIL.sub("", item)
         parts = item.split(":")
         if parts[0] not in ("gpu", "gres/gpu"):
             continue
