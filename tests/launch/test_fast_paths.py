@@ -32,7 +32,8 @@ def _dump(node) -> str:
     slots = [s for cls in type(node).__mro__ for s in getattr(cls, "__slots__", ())]
     if not slots:
         return repr(node)
-    return type(node).__name__ + "{" + ",".join(f"{s}={_dump(getattr(node, s, None))}" for s in sorted(set(slots))) + "}"
+    fields = ",".join(f"{s}={_dump(getattr(node, s, None))}" for s in sorted(set(slots)))
+    return f"{type(node).__name__}{{{fields}}}"
 
 
 def _parse(text: str) -> str:
