@@ -33,6 +33,7 @@ _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?(\+?)=")
 _REDIR = re.compile(r"(\d{0,2})(>>|>&|>\||<<<|<<-|<<|<&|<>|>|<)|&>>|&>")
 _PLAIN_WORD = re.compile(r"[^\s'\"\\$`;&|<>()]+")
 _BLANK = re.compile(r"(?:[ \t\r\f\v]|\\\n)*")
+_GAP = re.compile(r"(?:[ \t\r\f\v\n]|\\\n|#[^\n]*)*")     # blanks, newlines and comments
 _SPECIAL_PARAMS = set("@*#?$!-0123456789")
 _CMD_BREAK = frozenset(" \t\r\n;&|<>()\f\v")    # what ends a word in a command (see _parts)
 # A run of command arguments that _simple would read one by one as plain literals: each starts
@@ -164,6 +165,9 @@ class Parser:
     def parse_next(self):
         """The next top-level command (an AndOr), or None at the end of the text."""
         while True:
+            if not self._pending:
+                # the header's comment lines and blank lines at once (no heredoc body to read)
+                self.pos = _GAP.match(self.text, self.pos).end()
             self._skip_blanks()
             if self.pos >= self.n:
                 if self._pending:
