@@ -117,11 +117,12 @@ def read_args(args: list, facts: Facts) -> list[tuple[str, str]]:
         if name.startswith("--moe-") or name == "--expert-model-parallel-size":
             if facts.get("moe_flag") is None:
                 facts.set("moe_flag", name, tok.origin_at(0))
-        if name in _INT:
+        int_key = _INT.get(name)
+        if int_key is not None:
             if val_tok is None:
                 i += 1
                 continue
-            facts.set_int(_INT[name], val_tok, off, what=name)
+            facts.set_int(int_key, val_tok, off, what=name)
             i += step
         elif name in _STR:
             if val_tok is None:

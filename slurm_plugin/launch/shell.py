@@ -96,9 +96,8 @@ class Shell:
         self.read_file = read_file
         self.cwd = cwd
         self.warnings = warnings
-        self.vars: dict[str, _Var] = {}
-        for k, (v, origin) in env.items():
-            self.vars[k] = _Var([(v if v.isascii() else valid_unicode(v), origin)], None, True)
+        self.vars: dict[str, _Var] = {k: _Var([(v if v.isascii() else valid_unicode(v), origin)], None, True)
+                                      for k, (v, origin) in env.items()}
         self.funcs: dict[str, object] = {}
         self.positional: list = []
         self.script_name = ""
