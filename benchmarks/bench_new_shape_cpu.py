@@ -2,6 +2,7 @@
 
     python benchmarks/bench_new_shape_cpu.py [--shapes 200] [--rounds 5] [--platform perlmutter-a100]
     python benchmarks/bench_new_shape_cpu.py --profile parse      # cProfile of one stage's calls
+    python benchmarks/bench_new_shape_cpu.py --idle-ms 10         # each shape after 10 ms idle, as in place
 
 What one submission of a never-seen job shape costs the daemon and its worker (issue 33 item 9:
 the worker's CPU per new shape is what lets cli_filter.lua's warm-up predictions keep ahead of
@@ -90,7 +91,8 @@ class Timed:
         return timed
 
 
-def one_round(config, texts: list[str], work_dir: str, profile: str = "") -> dict[str, float]:
+def one_round(config, texts: list[str], work_dir: str, profile: str = "",
+              idle_s: float = 0.0) -> dict[str, float]:
     """Mean CPU seconds per shape of each stage, over ``texts`` on a fresh engine."""
     eng = Engine(config).load(lookup_partitions=False)
     eng.warm_up()
@@ -103,6 +105,8 @@ def one_round(config, texts: list[str], work_dir: str, profile: str = "") -> dic
     prof = cProfile.Profile() if profile else None
     settings = config.daemon
     for text in texts:
+        if idle_s:
+            time.sleep(idle_s)     # untimed: perf-predictd idles between submissions
         raw = request_bytes(text, work_dir)
         t0 = time.process_time()
         req = parse_request(raw, max_script=settings.max_request_bytes)
@@ -157,6 +161,9 @@ def main() -> int:
     ap.add_argument("--shapes", type=int, default=200, help="new shapes per round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--platform", default="perlmutter-a100")
+    ap.add_argument("--idle-ms", type=float, default=0.0,
+                    help="sleep this long before each shape (not timed), as the daemon idles between "
+                         "submissions: the same work then costs more CPU (caches, the CPU's own state)")
     ap.add_argument("--profile", choices=("parse", "predict", "worker"), default="",
                     help="one round under cProfile (its figures then include the profiler's cost)")
     args = ap.parse_args()
@@ -174,11 +181,13 @@ def main() -> int:
             return 0
         rounds = []
         for r in range(args.rounds):
-            rounds.append(one_round(config, scripts(r * args.shapes, args.shapes), tmp))
+            rounds.append(one_round(config, scripts(r * args.shapes, args.shapes), tmp,
+                                    idle_s=args.idle_ms / 1000.0))
         med = {k: statistics.median(x[k] for x in rounds) * 1e6 for k in STAGES}
         total = [sum(x.values()) * 1e6 for x in rounds]
         print(f"{args.platform}: {args.shapes} new shapes x {args.rounds} rounds "
-              f"(python {sys.version.split()[0]}, {os.cpu_count()} CPUs)")
+              f"(python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
+              + (f", {args.idle_ms:g} ms idle before each" if args.idle_ms else "") + ")")
         for k in STAGES:
             print(f"  {k:8s} median {med[k]:5.0f} us, least {min(x[k] for x in rounds) * 1e6:5.0f} us "
                   "(rounds: " + " ".join(f"{x[k] * 1e6:.0f}" for x in rounds) + ")")
