@@ -2,6 +2,7 @@
 
     python benchmarks/bench_new_shape_cpu.py [--shapes 200] [--rounds 5] [--platform perlmutter-a100]
     python benchmarks/bench_new_shape_cpu.py --profile parse      # cProfile of one stage's calls
+    (--profile: parse, predict, worker, or daemon: the daemon process's side of each request)
     python benchmarks/bench_new_shape_cpu.py --idle-ms 10         # each shape after 10 ms idle, as in place
 
 What one submission of a never-seen job shape costs the daemon and its worker (issue 33 item 9:
@@ -109,12 +110,16 @@ def one_round(config, texts: list[str], work_dir: str, profile: str = "",
             time.sleep(idle_s)     # untimed: perf-predictd idles between submissions
         raw = request_bytes(text, work_dir)
         t0 = time.process_time()
+        if prof is not None and profile == "daemon":
+            prof.enable()
         req = parse_request(raw, max_script=settings.max_request_bytes)
         routed = eng.route(req)
         if not isinstance(routed, Route):
             raise SystemExit(f"not routed: {routed}")
         eng.cache_key(routed)
         payload = eng.work(routed, time.monotonic() + 5.0)
+        if prof is not None and profile == "daemon":
+            prof.disable()
         t1 = time.process_time()
         if prof is not None and profile == "worker":
             prof.enable()
@@ -122,10 +127,14 @@ def one_round(config, texts: list[str], work_dir: str, profile: str = "",
         if prof is not None and profile == "worker":
             prof.disable()
         t2 = time.process_time()
+        if prof is not None and profile == "daemon":
+            prof.enable()
         out = Outcome.from_json(result)
         if out.facts is None:
             raise SystemExit(f"no prediction: {out.skip_reason}: {out.skip_why}")
         eng.finish(routed, out)
+        if prof is not None and profile == "daemon":
+            prof.disable()
         t3 = time.process_time()
         totals["daemon"] += (t1 - t0) + (t3 - t2)
         totals["all_worker"] += t2 - t1
@@ -164,7 +173,7 @@ def main() -> int:
     ap.add_argument("--idle-ms", type=float, default=0.0,
                     help="sleep this long before each shape (not timed), as the daemon idles between "
                          "submissions: the same work then costs more CPU (caches, the CPU's own state)")
-    ap.add_argument("--profile", choices=("parse", "predict", "worker"), default="",
+    ap.add_argument("--profile", choices=("parse", "predict", "worker", "daemon"), default="",
                     help="one round under cProfile (its figures then include the profiler's cost)")
     args = ap.parse_args()
     if args.shapes > 24 * 4095:

@@ -109,10 +109,16 @@ def upper_total_seconds(pred: PredictionFacts, level: float = FILL_LEVEL) -> flo
 def recommended_minutes(pred: PredictionFacts, part: PartitionPolicy) -> int:
     """max(predicted total x (1 + margin), the upper total at ``fill_level`` if ``cover_interval``) +
     startup, rounded up to ``round_minutes`` (at least one step)."""
+    upper = upper_total_seconds(pred, part.fill_level) if part.cover_interval else 0.0
+    return _recommended(pred, part, startup_seconds(pred, part), upper)
+
+
+def _recommended(pred: PredictionFacts, part: PartitionPolicy, startup_s: float, upper_s: float) -> int:
+    """:func:`recommended_minutes` from its start-up and upper total, computed once by the caller."""
     seconds = _without_startup(pred.total_seconds, pred) * (1.0 + part.margin)
     if part.cover_interval:
-        seconds = max(seconds, _without_startup(upper_total_seconds(pred, part.fill_level), pred))
-    return _round_up((seconds + startup_seconds(pred, part)) / 60.0, part.round_minutes)
+        seconds = max(seconds, _without_startup(upper_s, pred))
+    return _round_up((seconds + startup_s) / 60.0, part.round_minutes)
 
 
 def _round_up(minutes: float, step: int) -> int:
@@ -144,7 +150,10 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
     """Apply the partition's policy.  ``user_limit`` / ``max_time`` are minutes or None."""
     user_limit = normalize_limit(user_limit)
     cap = part.max_time_minutes if part.max_time_minutes is not None else normalize_max_time(max_time)
-    rec = recommended_minutes(pred, part)
+    # Each figure once: the upper bound costs two normal quantiles, and the message repeats some.
+    startup_s = startup_seconds(pred, part)
+    upper_s = upper_total_seconds(pred, part.fill_level) if part.cover_interval else 0.0
+    rec = _recommended(pred, part, startup_s, upper_s)
     warnings: list[str] = []
     capped = cap is not None and rec > cap
     if capped:
@@ -155,14 +164,15 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
         rec = cap
 
     # One predicted figure everywhere in the message: the total with the site's start-up allowance.
-    needed_min = needed_seconds(pred, part) / 60.0
+    needed_min = (_without_startup(pred.total_seconds, pred) + startup_s) / 60.0   # needed_seconds
+    needed_hm = _hm(needed_min)
     action = "keep"
     new_limit: Optional[int] = None
     time_min: Optional[int] = None
     if part.policy == "enforce" or (part.policy == "fill" and user_limit is None):
         new_limit, action = rec, "set"
         if part.time_min:
-            point = point_minutes(pred, part)
+            point = _round_up(needed_min, part.round_minutes)     # point_minutes
             # Only below the limit: equal, it would say nothing; a capped job gets no time-min
             # (it cannot finish anyway, and a shorter limit would lose it more iterations).
             time_min = point if point < new_limit and not capped else None
@@ -178,26 +188,25 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
             at = iterations_within(user_limit, pred, part)
             what = "was" if action == "set" else "is"
             warnings.append(
-                f"--time {_hm(user_limit)} {what} too short for the predicted {_hm(needed_min)}: "
+                f"--time {_hm(user_limit)} {what} too short for the predicted {needed_hm}: "
                 f"the job would be killed at about iteration {at} of {pred.iterations}")
         elif user_limit > part.over_ask_factor * needed_min and user_limit > rec:
             warnings.append(
                 f"--time {_hm(user_limit)} is over {part.over_ask_factor:g}x the predicted "
-                f"{_hm(needed_min)}; a shorter limit (e.g. --time={_slurm_time(rec)}) starts sooner via backfill")
+                f"{needed_hm}; a shorter limit (e.g. --time={_slurm_time(rec)}) starts sooner via backfill")
 
     head = (f"perfcast: predicted {pred.iteration_seconds:.3g} s/iter x {pred.iterations} iters "
-            f"= {_hm(needed_min)} with start-up on {pred.platform}")
+            f"= {needed_hm} with start-up on {pred.platform}")
     if action == "set" and user_limit is not None and user_limit != new_limit:
         tail = f"; time limit {_hm(user_limit)} replaced by {_hm(new_limit)} (site policy)"
     elif action == "set" and capped:
         tail = f"; time limit set to {_hm(new_limit)} (the partition's MaxTime)"
-    elif action == "set" and part.cover_interval and \
-            upper_total_seconds(pred, part.fill_level) > pred.total_seconds * (1.0 + part.margin):
+    elif action == "set" and part.cover_interval and upper_s > pred.total_seconds * (1.0 + part.margin):
         tail = (f"; time limit set to {_hm(new_limit)} (the prediction's {100 * part.fill_level:g} % upper bound, "
-                f"start-up {_hm(startup_seconds(pred, part) / 60.0)})")
+                f"start-up {_hm(startup_s / 60.0)})")
     elif action == "set":
         tail = (f"; time limit set to {_hm(new_limit)} ({part.margin:.0%} margin, start-up "
-                f"{_hm(startup_seconds(pred, part) / 60.0)})")
+                f"{_hm(startup_s / 60.0)})")
     elif user_limit is None:
         tail = f"; suggested --time={_slurm_time(rec)}"
     else:

@@ -83,6 +83,13 @@ class Route:
 
 
 _FACT_FIELDS = tuple(f.name for f in dataclasses.fields(PredictionFacts))
+# json.dumps(inputs, sort_keys=True, default=str) of the cache key, without an encoder per request
+_KEY_JSON = json.JSONEncoder(sort_keys=True, default=str)
+
+
+def _json_text(raw: "bytes | str") -> str:
+    """Our own JSON frames as text: json.loads on bytes first guesses their encoding (always UTF-8)."""
+    return raw.decode("utf-8", "surrogatepass") if type(raw) is bytes else raw
 
 
 @dataclass
@@ -110,7 +117,7 @@ class Outcome:
 
     @classmethod
     def from_json(cls, raw: bytes) -> "Outcome":
-        d = json.loads(raw)
+        d = json.loads(_json_text(raw))
         facts = None
         if d.get("facts"):
             f = dict(d["facts"])
@@ -289,7 +296,7 @@ class Engine:
         inputs = [route.name, route.platform, req.submit_uid, req.submit_gid, req.work_dir,
                   list(req.argv), dict(req.env), req.name, req.partition,
                   self._slurm_request_values(req, route.name)]
-        h.update(json.dumps(inputs, sort_keys=True, default=str).encode())
+        h.update(_KEY_JSON.encode(inputs).encode())
         return h.hexdigest()
 
     def is_warmed(self, key: str) -> bool:
@@ -313,7 +320,7 @@ class Engine:
         """A worker's entry point: JSON in (:meth:`work`), JSON out (:class:`Outcome`)."""
         t0 = time.monotonic()
         try:
-            msg = json.loads(payload)
+            msg = json.loads(_json_text(payload))
             req = PredictRequest.from_dict(msg["req"])
             out = self.compute(req, str(msg["partition"]), str(msg["platform"]),
                                float(msg["deadline"]))

@@ -7,6 +7,7 @@ value, a line of a script).
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -41,6 +42,8 @@ _QUOTE = re.compile(r'[ "=\\]')    # (tabs and newlines: not printable)
 
 
 def kv(value: Any) -> str:
+    if type(value) is int or type(value) is float:   # digits, '.', '-', 'e', inf/nan: nothing to quote
+        return str(value)
     text = value if type(value) is str else str(value)
     if text and text.isprintable() and _QUOTE.search(text) is None:
         return text
@@ -49,7 +52,13 @@ def kv(value: Any) -> str:
 
 def _stamp(created: float, msecs: float) -> str:
     """``2024-05-01T12:00:00.123Z`` (UTC)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(msecs):03d}Z"
+    return _second(int(created)) + f".{int(msecs):03d}Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _second(seconds: int) -> str:
+    # (a burst's lines share their second: formatted once)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:

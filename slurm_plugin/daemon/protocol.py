@@ -127,6 +127,10 @@ class PredictRequest:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PredictRequest":
         """The inverse of :meth:`to_dict` (input from our own parent process, already validated)."""
+        if cls is PredictRequest and data.keys() == _REQUEST_FIELD_SET:   # what to_dict writes
+            values = dict(data)
+            values["argv"] = tuple(values["argv"] or ())
+            return _request(values)
         values = {k: v for k, v in data.items() if k in _REQUEST_FIELD_SET}
         values["argv"] = tuple(values.get("argv") or ())
         return cls(**values)
@@ -135,6 +139,17 @@ class PredictRequest:
 # Read once: dataclasses.fields() walks the class on every call (a request crosses twice).
 _REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(PredictRequest))
 _REQUEST_FIELD_SET = frozenset(_REQUEST_FIELDS)
+
+
+def _request(values: dict[str, Any]) -> PredictRequest:
+    """``PredictRequest(**values)``: when ``values`` name every field, as its __init__ would build
+    it (it only stores them) without a frozen dataclass's object.__setattr__ per field."""
+    if values.keys() != _REQUEST_FIELD_SET:
+        return PredictRequest(**values)
+    req = object.__new__(PredictRequest)
+    req.__dict__.update(values)
+    return req
+
 
 _GPU_RE = re.compile(r"(?:^|[,;])\s*(?:gres[:/])?gpu(?::[^:,;]+)?:(\d+)\s*(?=$|[,;(])")
 
@@ -219,7 +234,8 @@ def parse_request(raw: bytes, *, max_script: int, peer: Optional[tuple[int, int]
         max_times[str(name)] = _opt_int(info, "max_time")
         if info.get("default") is True:
             default_part = str(name)
-    return PredictRequest(
+    # (every field, in the dataclass's order)
+    return _request(dict(
         script=script, submit_uid=uid, submit_gid=gid, work_dir=work_dir,
         partition=_opt_str(data, "partition"),
         min_nodes=_opt_int(data, "min_nodes"), max_nodes=_opt_int(data, "max_nodes"),
@@ -230,8 +246,9 @@ def parse_request(raw: bytes, *, max_script: int, peer: Optional[tuple[int, int]
         tres_per_task=_opt_str(data, "tres_per_task") or "",
         time_limit=time_limit, max_time=_opt_int(data, "max_time"),
         argv=tuple(argv[:256]), name=_opt_str(data, "name"), array=_opt_str(data, "array"),
-        std_out=(_opt_str(data, "std_out") or "")[:4096], env=env, format=fmt, partition_max_time=max_times, default_partition=default_part,
-        warm=data.get("warm") is True)
+        std_out=(_opt_str(data, "std_out") or "")[:4096], env=env, format=fmt,
+        partition_max_time=max_times, default_partition=default_part,
+        warm=data.get("warm") is True))
 
 
 # cli_filter.lua sends slurm.json_cli_options(options): sbatch's long option names -> our keys.
@@ -327,7 +344,11 @@ class Answer:
                 "admin_comment": one_line(self.admin_comment, MAX_RECORD),
                 "warnings": [one_line(w, MAX_MESSAGE) for w in self.warnings],
                 "prediction": self.prediction}
-        return (json.dumps(body, default=str) + "\n").encode()
+        return (_ANSWER_JSON.encode(body) + "\n").encode()
+
+
+# json.dumps(body, default=str), without building an encoder per answer
+_ANSWER_JSON = json.JSONEncoder(default=str)
 
 
 def one_line(text: str, limit: int) -> str:

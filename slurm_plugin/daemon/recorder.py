@@ -41,6 +41,8 @@ from .logs import log_event
 
 SPOOL_SUFFIX = ".spool"
 _FIELDS = tuple(f.name for f in fields(PredictionRecord))
+# json.dumps(..., separators=(",", ":"), allow_nan=False), without an encoder per record
+_LINE_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 SEGMENT_SUFFIX = ".jsonl"
 # 64 MiB is ~60,000 records (1.1 KiB each): a day of a busy site's submissions, kept through a
 # store that is locked, corrupt or unwritable until an admin notices; beyond that records are lost
@@ -118,8 +120,7 @@ class RecordSpool:
     def append(self, record: PredictionRecord) -> bool:
         """Spool ``record`` (its id already set); True when it is kept, False when lost (counted)."""
         # (not dataclasses.asdict: it deep-copies, a third of the cost on the request path)
-        line = json.dumps({"r": {name: getattr(record, name) for name in _FIELDS}},
-                          separators=(",", ":"), allow_nan=False) + "\n"
+        line = _LINE_JSON.encode({"r": {name: getattr(record, name) for name in _FIELDS}}) + "\n"
         return self._write(line.encode(), 1)
 
     def _write(self, data: bytes, records: int) -> bool:
