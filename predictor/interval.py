@@ -183,14 +183,19 @@ def bundle_runs(platforms: Iterable["Platform"]) -> dict[str, BundleRuns]:
     return out
 
 
+_NORMAL = NormalDist()
+# z(1 − α/2) of the interval every answer prints (upper_at_level runs per filled time limit).
+_Z_INTERVAL = _NORMAL.inv_cdf(1.0 - ALPHA / 2.0)
+
+
 def upper_at_level(point: float, high: float, level: float, alpha: float = ALPHA) -> float:
     """The upper bound at one-sided ``level`` from the upper end ``high`` of a (1 − α) interval
     around ``point``: its log half-width scaled by z(level) / z(1 − α/2), a normal tail assumed
     beyond the measured quantile (the filled time limit's bound, slurm_plugin.policy)."""
     if point <= 0 or high <= point:
         return max(point, high)
-    normal = NormalDist()
-    return point * (high / point) ** (normal.inv_cdf(level) / normal.inv_cdf(1.0 - alpha / 2.0))
+    z_interval = _Z_INTERVAL if alpha == ALPHA else _NORMAL.inv_cdf(1.0 - alpha / 2.0)
+    return point * (high / point) ** (_NORMAL.inv_cdf(level) / z_interval)
 
 
 def kind_score(scores: Sequence[float], alpha: float = ALPHA) -> float:
@@ -389,12 +394,16 @@ def interval_seconds(point_seconds: float, spread_lo_seconds: float, spread_hi_s
     the recorded runs cover (``extrapolated``, ``analytic_collectives``, or an uncalibrated
     platform), in quadrature with the rule's bound on the log scale; otherwise it is not used.
     """
-    for key, v in (("point_seconds", point_seconds), ("spread_lo_seconds", spread_lo_seconds),
-                   ("spread_hi_seconds", spread_hi_seconds)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"{key} must be a finite number of seconds >= 0, got {v!r}")
-    if point_seconds <= 0:
-        raise ValueError(f"point_seconds must be > 0, got {point_seconds!r}")
+    if not (type(point_seconds) is float and type(spread_lo_seconds) is float and type(spread_hi_seconds) is float
+            and 0.0 < point_seconds < math.inf and 0.0 <= spread_lo_seconds < math.inf
+            and 0.0 <= spread_hi_seconds < math.inf):
+        # Not three finite floats (the common case, checked at once): which one, and why.
+        for key, v in (("point_seconds", point_seconds), ("spread_lo_seconds", spread_lo_seconds),
+                       ("spread_hi_seconds", spread_hi_seconds)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{key} must be a finite number of seconds >= 0, got {v!r}")
+        if point_seconds <= 0:
+            raise ValueError(f"point_seconds must be > 0, got {point_seconds!r}")
     low, high = rule.low, rule.high
     if extrapolated or analytic_collectives or not rule.calibrated:
         # A spread end on the wrong side of the point (cannot happen when each term's low end is

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import operator
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,8 +89,17 @@ _KINDS: dict[str, dict[str, str]] = {
 _REQUIRED_BY_SECTION: dict[str, tuple[tuple[str, str], ...]] = {
     section: tuple((req, req.split(".")[1]) for req in _REQUIRED if req.split(".")[0] == section)
     for section in _SECTIONS}
-_DOTTED: dict[str, dict[str, str]] = {
-    section: {name: f"{section}.{name}" for name in kinds} for section, kinds in _KINDS.items()}
+# Per section: its keys, a getter of their values, and the keys that hold tuples (lists in a job file).
+_TO_DICT = tuple((section, tuple(kinds), operator.attrgetter(*kinds),
+                  tuple(k for k, kind in kinds.items() if kind.startswith("tuple")))
+                 for section, kinds in _KINDS.items())
+# Per section, for the checks that need no _coerce: each int key's bound, the bool keys, each
+# string key's choices (None: any string).
+_FAST: dict[str, tuple[dict[str, float], frozenset[str], dict[str, Optional[tuple[str, ...]]]]] = {
+    section: ({k: _MAX.get(k, math.inf) for k, kind in kinds.items() if kind == "int"},
+              frozenset(k for k, kind in kinds.items() if kind == "bool"),
+              {k: _CHOICES.get(f"{section}.{k}") for k, kind in kinds.items() if kind == "str"})
+    for section, kinds in _KINDS.items()}
 
 
 @dataclass(frozen=True)
@@ -119,27 +129,29 @@ class TrainingJob:
         """
         if type(data) is not dict and not isinstance(data, Mapping):    # (an ABC check is slow)
             raise JobError("", "a job must be a table of sections [model], [layout], [run], [cluster]", source)
-        parts: dict[str, Any] = {}
+        kwargs: dict[str, dict[str, Any]] = {}
         for section, value in data.items():
             if section not in _SECTIONS:
                 raise JobError(str(section), "unknown section" + _did_you_mean(str(section), _SECTIONS), source)
             if type(value) is not dict and not isinstance(value, Mapping):
                 raise JobError(section, "must be a table of keys", source)
-            parts[section] = _build_section(section, value, source)
-        run = parts.get("run")
-        if (run is not None and run.framework in EVEN_SPLIT_FRAMEWORKS
+            kwargs[section] = _section_kwargs(section, value, source)
+        if "model" not in kwargs:
+            missing = sorted(_REQUIRED)
+            raise JobError(missing[0], "required key is missing (the [model] section is absent)", source)
+        run = kwargs.get("run")
+        if (run is not None and run.get("framework", "") in EVEN_SPLIT_FRAMEWORKS
                 and "pipe_split" not in data.get("layout", {})):
             # A job that names a Megatron-core framework and no split rule gets that framework's
             # rule, as a launch read from its command line would; "neox" is the default otherwise.
-            parts["layout"] = dataclasses.replace(parts.get("layout", Layout()), pipe_split="megatron")
-        model = parts.get("model")
-        if model is not None and model.attention_impl and "attention" not in data.get("model", {}):
+            kwargs.setdefault("layout", {})["pipe_split"] = "megatron"
+        model = kwargs["model"]
+        if model.get("attention_impl") and "attention" not in data["model"]:
             # Naming an attention kernel says the attention is fused: a job file (or a launch
             # reader) that gives only the kernel needs no model.attention = "flash" beside it.
-            parts["model"] = dataclasses.replace(model, attention="flash")
-        if "model" not in parts:
-            missing = sorted(_REQUIRED)
-            raise JobError(missing[0], "required key is missing (the [model] section is absent)", source)
+            model["attention"] = "flash"
+        # Each section built once, from its checked keys (any key a rule above set included).
+        parts = {section: _SECTIONS[section](**kw) for section, kw in kwargs.items()}
         try:
             return cls(source=source, **parts)
         except JobError as exc:
@@ -178,12 +190,10 @@ class TrainingJob:
         # The sections hold scalars and tuples of numbers only: read field by field (what
         # dataclasses.asdict gives, without its deep copies; the daemon does this per job).
         out: dict[str, dict[str, Any]] = {}
-        for name, kinds in _KINDS.items():
-            part = getattr(self, name)
-            section = out[name] = {}
-            for key in kinds:
-                value = getattr(part, key)
-                section[key] = list(value) if isinstance(value, tuple) else value
+        for name, keys, values_of, tuple_keys in _TO_DICT:
+            section = out[name] = dict(zip(keys, values_of(getattr(self, name))))
+            for key in tuple_keys:
+                section[key] = list(section[key])
         return out
 
     # ----------------------------------------------------------------------------- derived
@@ -216,26 +226,35 @@ def _did_you_mean(name: str, options: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _build_section(section: str, values: Mapping[str, Any], source: str) -> Any:
-    cls = _SECTIONS[section]
-    kinds = _KINDS[section]
-    dotted_of = _DOTTED[section]
+def _section_kwargs(section: str, values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The section's keys, checked and coerced (the arguments of its dataclass)."""
+    int_limit, bool_keys, str_choices = _FAST[section]
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
-        kind = kinds.get(key) if isinstance(key, str) else None
-        if kind is None:
-            raise JobError(f"{section}.{key}", "unknown key" + _did_you_mean(str(key), kinds), source)
-        if kind == "int" and type(value) is int and value >= 0:
-            # The common case, as _coerce would accept it (a plain int within its bound).
-            limit = _MAX.get(key)
-            if limit is None or value <= limit:
+        # The common cases, as _coerce would accept them unchanged: a plain int within its bound,
+        # a bool, a string that is already one of its choices (they are stripped and lower case).
+        vtype = type(value)
+        if vtype is int:
+            if 0 <= value <= int_limit.get(key, -1):
                 kwargs[key] = value
                 continue
-        kwargs[key] = _coerce(dotted_of[key], key, kind, value, source)
+        elif vtype is bool:
+            if key in bool_keys:
+                kwargs[key] = value
+                continue
+        elif vtype is str:
+            choices = str_choices.get(key, ())
+            if choices is None or value in choices:
+                kwargs[key] = value
+                continue
+        kind = _KINDS[section].get(key)
+        if kind is None:
+            raise JobError(f"{section}.{key}", "unknown key" + _did_you_mean(str(key), _KINDS[section]), source)
+        kwargs[key] = _coerce(f"{section}.{key}", key, kind, value, source)
     for req, key in _REQUIRED_BY_SECTION[section]:
         if key not in kwargs:
             raise JobError(req, "required key is missing", source)
-    return cls(**kwargs)
+    return kwargs
 
 
 def _coerce(dotted: str, key: str, kind: str, value: Any, source: str) -> Any:
@@ -424,18 +443,27 @@ def _check_ds_checkpointing(on: tuple[str, ...], framework: str) -> None:
                                             f"{framework} checkpoints its layers with its own function")
 
 
+# The keys that must be at least 1, in the order they are checked (the first is named).
+_POSITIVE_MODEL_KEYS = ("layers", "hidden", "heads", "seq_len", "vocab", "kv_heads", "ffn_hidden")
+_POSITIVE_LAYOUT_KEYS = ("pp", "tp", "dp", "cp", "micro_batch", "micro_batches", "virtual_stages")
+_POSITIVE_MODEL = operator.attrgetter(*_POSITIVE_MODEL_KEYS)
+_POSITIVE_LAYOUT = operator.attrgetter(*_POSITIVE_LAYOUT_KEYS)
+
+
 def _validate(job: TrainingJob) -> None:
     m, lay, run, src = job.model, job.layout, job.run, job.source
 
     def err(key: str, msg: str) -> JobError:
         return JobError(key, msg, src)
 
-    for key in ("layers", "hidden", "heads", "seq_len", "vocab", "kv_heads", "ffn_hidden"):
-        if getattr(m, key) < 1:
-            raise err(f"model.{key}", "must be at least 1")
-    for key in ("pp", "tp", "dp", "cp", "micro_batch", "micro_batches", "virtual_stages"):
-        if getattr(lay, key) < 1:
-            raise err(f"layout.{key}", "must be at least 1")
+    if min(_POSITIVE_MODEL(m)) < 1:
+        for key in _POSITIVE_MODEL_KEYS:
+            if getattr(m, key) < 1:
+                raise err(f"model.{key}", "must be at least 1")
+    if min(_POSITIVE_LAYOUT(lay)) < 1:
+        for key in _POSITIVE_LAYOUT_KEYS:
+            if getattr(lay, key) < 1:
+                raise err(f"layout.{key}", "must be at least 1")
     try:
         check_layout(m, lay, run.framework)
     except JobError as exc:

@@ -408,13 +408,11 @@ def stage_layers(model: Union[ModelSpec, JobParts], layout: Optional[Layout] = N
     if not isinstance(model, ModelSpec) or not isinstance(layout, Layout):
         raise TypeError("stage_layers(model, layout) or stage_layers(job): the split depends on the "
                         "framework's rule in the layout, not on the layer count alone")
-    return list(_per_device(pipeline_split(model, layout), layout.pp))
-
-
-@functools.lru_cache(maxsize=4096)
-def _per_device(split: tuple[int, ...], pp: int) -> tuple[int, ...]:
+    split, pp = pipeline_split(model, layout), layout.pp
+    if len(split) == pp:
+        return list(split)
     # Device r holds chunks r, r + pp, r + 2·pp, ... (Megatron's interleaved order).
-    return tuple(sum(split[r::pp]) for r in range(pp))
+    return [sum(split[r::pp]) for r in range(pp)]
 
 
 # ------------------------------------------------------------------------------ parameters
@@ -449,11 +447,22 @@ def input_embedding_parameters(model: ModelSpec, tp: int = 1) -> int:
 def stage_parameters(model: ModelSpec, layout: Layout, stage: int, layers: Optional[int] = None) -> int:
     """Parameters one GPU of pipeline ``stage`` holds (its tensor-parallel shard), before ZeRO
     (Table III).  ``layers``: the stage's transformer layers when the caller has the split."""
-    tp, pp = layout.tp, layout.pp
     if layers is None:
         layers = stage_layers(model, layout)[stage]
-    n = layers * layer_parameters(model, tp)
-    embedding = vocab_per_rank(model.vocab, tp) * model.hidden
+    return layers * layer_parameters(model, layout.tp) + _end_parameters(model, layout, stage)
+
+
+def stage_parameter_counts(model: ModelSpec, layout: Layout) -> list[int]:
+    """:func:`stage_parameters` of every pipeline stage, in order."""
+    per_layer = layer_parameters(model, layout.tp)
+    return [n * per_layer + _end_parameters(model, layout, r) for r, n in enumerate(stage_layers(model, layout))]
+
+
+def _end_parameters(model: ModelSpec, layout: Layout, stage: int) -> int:
+    """What ``stage`` holds beside its layers: the first stage's embedding, the last's final norm
+    and head."""
+    tp, pp = layout.tp, layout.pp
+    n = 0
     if stage == 0:
         n += input_embedding_parameters(model, tp)
     if stage == pp - 1:
@@ -461,13 +470,8 @@ def stage_parameters(model: ModelSpec, layout: Layout, stage: int, layers: Optio
         # The head: its own matrix when untied; with pp > 1 the last stage also keeps its own copy
         # of a tied embedding (its gradient is all-reduced with the first stage's).
         if not model.tied_embeddings or pp > 1:
-            n += embedding
+            n += vocab_per_rank(model.vocab, tp) * model.hidden
     return n
-
-
-def stage_parameter_counts(model: ModelSpec, layout: Layout) -> list[int]:
-    """:func:`stage_parameters` of every pipeline stage, in order."""
-    return [stage_parameters(model, layout, r, n) for r, n in enumerate(stage_layers(model, layout))]
 
 
 def total_parameters(model: ModelSpec, tp: int = 1) -> int:
@@ -527,13 +531,18 @@ class MicroBatchRecipe:
     tied_embedding_entries: float        # the tied embedding's gradient, first to last stage
 
 
-@functools.lru_cache(maxsize=1024)
 def micro_batch_recipe(model: ModelSpec, layout: Layout) -> MicroBatchRecipe:
     """The operators (paper Table I) and communication sizes of one micro-batch on one rank."""
-    tp, cp, b = layout.tp, layout.cp, layout.micro_batch
+    tp = layout.tp
+    return _micro_batch_recipe(model, tp, layout.cp, layout.micro_batch, layout.sequence_parallel and tp > 1)
+
+
+# Cached on what the recipe depends on: perf-advise's layouts share it across pp, dp, ZeRO and
+# recomputation, and no layout is kept alive by the cache.
+@functools.lru_cache(maxsize=1024)
+def _micro_batch_recipe(model: ModelSpec, tp: int, cp: int, b: int, sp: bool) -> MicroBatchRecipe:
     # With context parallelism each rank holds seq_len / cp tokens of every sequence.
     tokens = b * model.seq_len // cp
-    sp = layout.sequence_parallel and tp > 1
     norm_tokens = tokens / tp if sp else tokens
     hpg, kvpg, d, h = model.heads // tp, model.kv_heads // tp, model.head_dim, model.hidden
     ffn = model.ffn_hidden // tp

@@ -6,6 +6,7 @@ The fields carry units in their names; ``to_dict`` writes them as the JSON keys 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Optional
 
 
@@ -48,9 +49,11 @@ class Breakdown:
     PARTS = tuple(t[0] for t in TERMS[:6])
     INSIDE = tuple(t[0] for t in TERMS[6:])
     LABELS = dict(TERMS)
+    _NAMES = PARTS + INSIDE
+    _VALUES = attrgetter(*_NAMES)
 
     def to_dict(self) -> dict[str, float]:
-        return {name: float(getattr(self, name)) for name in self.PARTS + self.INSIDE}
+        return dict(zip(self._NAMES, map(float, self._VALUES(self))))
 
 
 @dataclass(frozen=True)
