@@ -33,6 +33,7 @@ from ..policy import PredictionFacts
 from ..siteconfig import PartitionPolicy, SiteConfig
 from .logs import log_event
 from .protocol import Answer, PredictRequest, one_line
+from .recorder import job_line_text
 from .reader import UserFileReader
 
 PARSE_BUDGET_S = 0.06        # at most this much parsing per script (+ the last loop), then a clean skip
@@ -104,20 +105,32 @@ class Outcome:
     timely: bool = True               # finished within its budget (a warm-up's outcome is kept)
     job: Optional[dict] = None        # the resolved job (TrainingJob.to_dict()), for the record
     compute_ms: float = 0.0           # the worker's own time on it (logged at debug level)
+    # ``job`` as the record spool writes it (recorder.job_line_text), from the worker's frame: the
+    # daemon splices it into the record's line rather than encoding the job a second time.
+    job_text: str = field(default="", repr=False, compare=False)
 
     def to_json(self) -> bytes:
         # Field by field: the facts are scalars and one tuple, which JSON writes as asdict's copy.
         facts = self.facts
+        job_text = job_line_text(self.job) if self.job is not None else ""
         body = {"facts": {k: getattr(facts, k) for k in _FACT_FIELDS} if facts else None,
                 "warnings": self.warnings, "skip_reason": self.skip_reason,
                 "skip_why": self.skip_why, "cacheable": self.cacheable, "timely": self.timely,
-                "job": self.job,
+                "job": None if job_text else self.job,
                 "compute_ms": self.compute_ms}
-        return json.dumps(body).encode()
+        if not job_text:
+            return json.dumps(body).encode()
+        # The job on a line of its own (JSON text holds no raw newline), in the spool's spelling.
+        return (json.dumps(body) + "\n" + job_text).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> "Outcome":
-        d = json.loads(_json_text(raw))
+        head, _, job_text = _json_text(raw).partition("\n")
+        d = json.loads(head)
+        if job_text:
+            d["job"] = json.loads(job_text)
+            if not isinstance(d["job"], dict):
+                job_text = ""
         facts = None
         if d.get("facts"):
             f = dict(d["facts"])
@@ -127,7 +140,7 @@ class Outcome:
                    skip_reason=str(d.get("skip_reason") or ""), skip_why=str(d.get("skip_why") or ""),
                    cacheable=bool(d.get("cacheable")), timely=bool(d.get("timely", True)),
                    job=d["job"] if isinstance(d.get("job"), dict) else None,
-                   compute_ms=float(d.get("compute_ms") or 0.0))
+                   compute_ms=float(d.get("compute_ms") or 0.0), job_text=job_text)
 
 
 class LRU:

@@ -43,6 +43,17 @@ SPOOL_SUFFIX = ".spool"
 _FIELDS = tuple(f.name for f in fields(PredictionRecord))
 # json.dumps(..., separators=(",", ":"), allow_nan=False), without an encoder per record
 _LINE_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+# A line's first '"job":null' is the job's key while the fields before it are strings (inside
+# which every '"' is escaped): then a job's text is spliced in there.
+_SPLICE_JOB = all(f.type in (str, "str") for f in fields(PredictionRecord)[:_FIELDS.index("job")])
+
+
+def job_line_text(job: object) -> str:
+    """A record's job as its spool line spells it; "" where that line could not hold it (NaN)."""
+    try:
+        return _LINE_JSON.encode(job)
+    except (TypeError, ValueError):
+        return ""
 SEGMENT_SUFFIX = ".jsonl"
 # 64 MiB is ~60,000 records (1.1 KiB each): a day of a busy site's submissions, kept through a
 # store that is locked, corrupt or unwritable until an admin notices; beyond that records are lost
@@ -117,11 +128,17 @@ class RecordSpool:
         self.seq = max(self.seq, existing[-1][0] + 1 if existing else 1)
         self.pending_bytes = _spool_bytes(self.dir)
 
-    def append(self, record: PredictionRecord) -> bool:
-        """Spool ``record`` (its id already set); True when it is kept, False when lost (counted)."""
+    def append(self, record: PredictionRecord, job_text: str = "") -> bool:
+        """Spool ``record`` (its id already set); True when it is kept, False when lost (counted).
+        ``job_text``: :func:`job_line_text` of ``record.job`` where the caller has it already."""
         # (not dataclasses.asdict: it deep-copies, a third of the cost on the request path)
-        line = _LINE_JSON.encode({"r": {name: getattr(record, name) for name in _FIELDS}}) + "\n"
-        return self._write(line.encode(), 1)
+        values = {name: getattr(record, name) for name in _FIELDS}
+        if not (job_text and _SPLICE_JOB):
+            line = _LINE_JSON.encode({"r": values})
+        else:
+            values["job"] = None
+            line = _LINE_JSON.encode({"r": values}).replace('"job":null', '"job":' + job_text, 1)
+        return self._write((line + "\n").encode(), 1)
 
     def _write(self, data: bytes, records: int) -> bool:
         if self.pending_bytes + len(data) > self.max_bytes:
@@ -228,13 +245,14 @@ class Recorder:
             log_event("records_unwritable", level=logging.WARNING, spool=self.spool.dir,
                       error=exc.strerror or str(exc))
 
-    def record(self, record: PredictionRecord) -> bool:
-        """Keep ``record`` (True) or count it lost (False); never raises, never blocks on SQLite."""
+    def record(self, record: PredictionRecord, job_text: str = "") -> bool:
+        """Keep ``record`` (True) or count it lost (False); never raises, never blocks on SQLite.
+        ``job_text``: as for :meth:`RecordSpool.append`."""
         if not self.opened:
             self.spool._lose("unwritable", 1, f"{self.spool.dir} cannot be created")
             return False
         try:
-            return self.spool.append(record)
+            return self.spool.append(record, job_text)
         except (TypeError, ValueError):      # not JSON-able: a bug upstream, never the job's problem
             self.spool._lose("invalid", 1, "record is not JSON")
             return False
