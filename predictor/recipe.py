@@ -63,7 +63,7 @@ import logging
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence, Union
+from typing import Mapping, NamedTuple, Optional, Sequence, Union
 
 from .errors import JobError
 from .specs import (FSDP1_FRAMEWORKS, FSDP2_FRAMEWORKS, PIPE_SPLITS, JobParts, Layout,  # noqa: F401
@@ -270,7 +270,7 @@ def _layers_per_part(parts: Sequence[int], layers: int) -> tuple[int, ...]:
     return tuple(max(0, min(b, hi) - max(a, lo)) for a, b in zip(parts, parts[1:]))
 
 
-def _megatron(model: ModelSpec, lay: Layout) -> tuple[int, ...]:
+def _megatron(model: ModelSpec, lay: "Layout | _SplitKeys") -> tuple[int, ...]:
     """Megatron-LM's get_num_layers_to_build, for every (virtual) stage, in pipeline order."""
     L, pp, v = model.layers, lay.pp, lay.virtual_stages
     first, last = lay.first_stage_layers, lay.last_stage_layers
@@ -346,16 +346,27 @@ def pipeline_split(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
                          layout.account_for_loss)
 
 
+class _SplitKeys(NamedTuple):
+    """The layout keys the split reads, under the layout's names (cheaper to build than a Layout)."""
+
+    pp: int
+    tp: int
+    virtual_stages: int
+    pipe_split: str
+    stage_layers: tuple[int, ...]
+    first_stage_layers: int
+    last_stage_layers: int
+    account_for_embedding: bool
+    account_for_loss: bool
+
+
 @functools.lru_cache(maxsize=4096)
 def _split_cached(model: ModelSpec, tp: int, pp: int, v: int, rule: str, explicit: tuple[int, ...],
                   first: int, last: int, emb: bool, loss: bool) -> tuple[int, ...]:
-    layout = Layout(pp=pp, tp=tp, virtual_stages=v, pipe_split=rule, stage_layers=explicit,
-                    first_stage_layers=first, last_stage_layers=last, account_for_embedding=emb,
-                    account_for_loss=loss)
-    return _split(model, layout)
+    return _split(model, _SplitKeys(pp, tp, v, rule, explicit, first, last, emb, loss))
 
 
-def _split(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
+def _split(model: ModelSpec, layout: "Layout | _SplitKeys") -> tuple[int, ...]:
     L, pp, v = model.layers, layout.pp, layout.virtual_stages
     chunks = pp * v
     megatron_opts = [k for k in ("first_stage_layers", "last_stage_layers", "account_for_embedding",
@@ -880,10 +891,16 @@ class Group:
         return self.nodes * self.gpus_per_node
 
 
+# The groups most jobs have (immutable, so shared): one rank; a pair inside one node; a pair of nodes.
+_ONE_RANK = Group(1, 1)
+_PAIR_IN_NODE = Group(1, 2)
+_PAIR_OF_NODES = Group(2, 1)
+
+
 def _group(size: int, stride: int, gpn: int) -> Group:
     """Where ``size`` ranks spaced ``stride`` apart land, with ranks filling nodes in order."""
     if size <= 1:
-        return Group(1, 1)
+        return _ONE_RANK
     if stride >= gpn:
         return Group(size, 1)
     per_node = max(1, min(size, gpn // stride))
@@ -905,9 +922,9 @@ def groups(job: JobParts, gpus_per_node: int) -> dict[str, Group]:
     dpcp = _group(lay.dp * lay.cp, lay.tp, gpus_per_node)
     # Neighbouring stages are tp × cp × dp ranks apart: once the job spans nodes, some stage
     # boundary crosses a node and the pipeline runs at the pace of that slowest link.
-    pp = Group(2, 1) if (lay.pp > 1 and lay.gpus > gpus_per_node) else Group(1, 2)
+    pp = _PAIR_OF_NODES if (lay.pp > 1 and lay.gpus > gpus_per_node) else _PAIR_IN_NODE
     # Ring attention passes K/V to the next cp rank: across nodes once the cp group spans them.
-    cp_ring = Group(2, 1) if cp.nodes > 1 else Group(1, 2)
+    cp_ring = _PAIR_OF_NODES if cp.nodes > 1 else _PAIR_IN_NODE
     out = {"tp": tp, "dp": dp, "pp": pp, "cp": cp, "dpcp": dpcp, "cp_ring": cp_ring}
     if lay.dp_shard and lay.dp_shard < lay.dp:
         # Hybrid sharding (TorchTitan's dp_shard × dp_replicate mesh, shard innermost): each
