@@ -83,12 +83,13 @@ def _kind(f: dataclasses.Field) -> str:
 
 
 # Read once, not per job (the daemon builds a job per new shape): per section, each key's type
-# name; the required keys in _REQUIRED's own order (so the same one is named first).
+# name; the required keys in the order of the section's fields (the first missing one is named,
+# the same in every process: a set's order of strings changes with the hash seed).
 _KINDS: dict[str, dict[str, str]] = {
     section: {name: _kind(f) for name, f in _field_types(cls).items()} for section, cls in _SECTIONS.items()}
 _REQUIRED_BY_SECTION: dict[str, tuple[tuple[str, str], ...]] = {
-    section: tuple((req, req.split(".")[1]) for req in _REQUIRED if req.split(".")[0] == section)
-    for section in _SECTIONS}
+    section: tuple((f"{section}.{name}", name) for name in kinds if f"{section}.{name}" in _REQUIRED)
+    for section, kinds in _KINDS.items()}
 # Per section: its keys, a getter of their values, and the keys that hold tuples (lists in a job file).
 _TO_DICT = tuple((section, tuple(kinds), operator.attrgetter(*kinds),
                   tuple(k for k, kind in kinds.items() if kind.startswith("tuple")))

@@ -138,3 +138,14 @@ def test_breakdown_to_dict_in_order():
     d = b.to_dict()
     assert list(d) == list(Breakdown.PARTS + Breakdown.INSIDE)
     assert d["tp_allreduce_seconds"] == 6.0 and type(d["tp_allreduce_seconds"]) is float
+
+
+def test_first_missing_required_key_is_named_in_field_order():
+    for missing, named in ((("seq_len", "heads"), "model.heads"), (("seq_len", "layers"), "model.layers"),
+                           (("hidden", "seq_len"), "model.hidden")):
+        d = {s: dict(v) for s, v in JOB.items()}
+        for key in missing:
+            del d["model"][key]
+        with pytest.raises(JobError) as exc:
+            TrainingJob.from_dict(d)
+        assert exc.value.key == named and str(exc.value) == f"{named}: required key is missing"
