@@ -324,17 +324,23 @@ class Engine:
         return hit[1]
 
     def work(self, route: Route, deadline: float) -> bytes:
-        """What a worker needs for :meth:`compute`, as JSON (never pickled)."""
-        return json.dumps({"req": route.req.to_dict(), "partition": route.name,
-                           "platform": route.platform, "deadline": deadline}).encode()
+        """What a worker needs for :meth:`compute`, as JSON (never pickled): a line of JSON, then
+        the script's own text (not escaped into the JSON and scanned back)."""
+        req = route.req.to_dict()
+        script = req.pop("script")
+        head = json.dumps({"req": req, "partition": route.name, "platform": route.platform,
+                           "deadline": deadline})
+        return (head + "\n").encode() + script.encode("utf-8", "surrogatepass")
 
     # ---- step 2 (worker process) ---------------------------------------------------------------
     def run_work(self, payload: bytes) -> bytes:
-        """A worker's entry point: JSON in (:meth:`work`), JSON out (:class:`Outcome`)."""
+        """A worker's entry point: :meth:`work`'s frame in, JSON out (:class:`Outcome`)."""
         t0 = time.monotonic()
         try:
-            msg = json.loads(_json_text(payload))
-            req = PredictRequest.from_dict(msg["req"])
+            head, _, script = payload.partition(b"\n")
+            msg = json.loads(head.decode("utf-8", "surrogatepass"))
+            req = PredictRequest.from_dict({"script": script.decode("utf-8", "surrogatepass"),
+                                            **msg["req"]})
             out = self.compute(req, str(msg["partition"]), str(msg["platform"]),
                                float(msg["deadline"]))
         except Exception as exc:  # a bug: logged (where, not what); the job goes on unchanged

@@ -54,8 +54,11 @@ log = logging.getLogger("perfcast.daemon")
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end, as the kernel reports it."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", raw)
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return _UCRED.unpack(raw)
+
+
+_UCRED = struct.Struct("3i")     # struct ucred: pid, uid, gid
 
 
 def trusted_uids(settings: Any) -> set[int]:
