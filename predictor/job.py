@@ -36,6 +36,8 @@ from typing import Any, Mapping, Optional
 
 from .checkpointing import MEGATRON_CORE_FRAMEWORKS, options_set
 from .errors import JobError
+# (predictor.checkpointing imports the recipe already; the recipe never imports this module)
+from .recipe import pipeline_split
 # The job's parts and key names, re-exported: predictor.job is where callers find them.
 from .specs import (ACTIVATIONS, ATTENTION_IMPLS, ATTENTIONS, DEEPSPEED_PIPELINE_FRAMEWORKS,  # noqa: F401
                     EVEN_SPLIT_FRAMEWORKS, FP8_RECIPES, FRAMEWORKS, FSDP1_FRAMEWORKS, FSDP2_FRAMEWORKS,
@@ -336,9 +338,7 @@ def check_layout(m: ModelSpec, lay: Layout, framework: str = "") -> None:
         raise JobError("layout.virtual_stages", "interleaved stages need pp of at least 2")
     # The split over pipeline stages: the framework's rule may refuse this pp (Megatron's even
     # split, the interleaved schedule's layers per chunk, an explicit split of the wrong length);
-    # the recipe names the key at fault.  Imported here, not above: the recipe would add ~8 ms to
-    # `import predictor` (a CLI's --help), and no recipe module imports this one.
-    from .recipe import pipeline_split
+    # the recipe names the key at fault.
     pipeline_split(m, lay)
     if lay.virtual_stages > 1:
         if lay.micro_batches % lay.pp:
