@@ -164,7 +164,7 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
         rec = cap
 
     # One predicted figure everywhere in the message: the total with the site's start-up allowance.
-    needed_min = (_without_startup(pred.total_seconds, pred) + startup_s) / 60.0   # needed_seconds
+    needed_min = needed_seconds(pred, part) / 60.0
     needed_hm = _hm(needed_min)
     action = "keep"
     new_limit: Optional[int] = None
@@ -172,7 +172,7 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
     if part.policy == "enforce" or (part.policy == "fill" and user_limit is None):
         new_limit, action = rec, "set"
         if part.time_min:
-            point = _round_up(needed_min, part.round_minutes)     # point_minutes
+            point = point_minutes(pred, part)
             # Only below the limit: equal, it would say nothing; a capped job gets no time-min
             # (it cannot finish anyway, and a shorter limit would lose it more iterations).
             time_min = point if point < new_limit and not capped else None

@@ -127,13 +127,9 @@ class PredictRequest:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PredictRequest":
         """The inverse of :meth:`to_dict` (input from our own parent process, already validated)."""
-        if cls is PredictRequest and data.keys() == _REQUEST_FIELD_SET:   # what to_dict writes
-            values = dict(data)
-            values["argv"] = tuple(values["argv"] or ())
-            return _request(values)
         values = {k: v for k, v in data.items() if k in _REQUEST_FIELD_SET}
         values["argv"] = tuple(values.get("argv") or ())
-        return cls(**values)
+        return _request(values) if cls is PredictRequest else cls(**values)
 
 
 # Read once: dataclasses.fields() walks the class on every call (a request crosses twice).

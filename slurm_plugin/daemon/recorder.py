@@ -46,14 +46,6 @@ _LINE_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # A line's first '"job":null' is the job's key while the fields before it are strings (inside
 # which every '"' is escaped): then a job's text is spliced in there.
 _SPLICE_JOB = all(f.type in (str, "str") for f in fields(PredictionRecord)[:_FIELDS.index("job")])
-
-
-def job_line_text(job: object) -> str:
-    """A record's job as its spool line spells it; "" where that line could not hold it (NaN)."""
-    try:
-        return _LINE_JSON.encode(job)
-    except (TypeError, ValueError):
-        return ""
 SEGMENT_SUFFIX = ".jsonl"
 # 64 MiB is ~60,000 records (1.1 KiB each): a day of a busy site's submissions, kept through a
 # store that is locked, corrupt or unwritable until an admin notices; beyond that records are lost
@@ -70,6 +62,14 @@ log = logging.getLogger("perfcast.daemon")
 # (not ``-m``: this module is already imported by the package the writer is started from)
 _WRITER_MAIN = ("import sys; from slurm_plugin.daemon.recorder import writer_main; "
                 "sys.exit(writer_main(sys.argv[1:]))")
+
+
+def job_line_text(job: object) -> str:
+    """A record's job as its spool line spells it; "" where that line could not hold it (NaN)."""
+    try:
+        return _LINE_JSON.encode(job)
+    except (TypeError, ValueError):
+        return ""
 
 
 def spool_dir(store_path: str) -> str:
