@@ -20,12 +20,12 @@ and on what else runs on it.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from calibrate.engine_costs import pooled_costs  # noqa: E402
@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--modes", default="pipe1,pipe2,engine", help="comma-separated, of pipe1, pipe2, engine")
     ap.add_argument("--json", type=Path, help="also write the measurements and fits here")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the engines and the plain loop on a GPU node's GPU (NCCL; pipe2 needs two "
+                         "GPUs), each step waited for")
     ap.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
                     help="measure nothing: fit the rows of these --json files together and print them")
     args = ap.parse_args(argv)
@@ -47,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"   (fastest of {c['runs']} runs per configuration; fit residual rms "
                   f"{c['residual_rms_ms']:.3f})")
         return 0
+    # DeepSpeed picks its accelerator once, at import: the device asked for, unless set already.
+    os.environ.setdefault("DS_ACCELERATOR", args.device)
     try:
         import deepspeed
         import torch
@@ -59,15 +64,23 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in modes if s not in MODES]
     if bad:
         ap.error(f"--modes: unknown {bad}; known: {', '.join(MODES)}")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: this torch sees no CUDA device")
+        if "pipe2" in modes:
+            ap.error("--device cuda: pipe2's two ranks need two GPUs; --modes pipe1,engine")
     out: dict = {"cpu": cpu_name(), "torch": torch.__version__,
                  "deepspeed": deepspeed.__version__, "modes": {}}
+    if args.device == "cuda":
+        out.update(device="cuda", gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda,
+                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     print(f"{out['cpu']}, torch {out['torch']}, deepspeed {out['deepspeed']}; ms per step, "
           f"fastest quarter of {args.steps}")
     for mode in modes:
         def row(layers: int, m: int, ds_ms: float, plain_ms: float, mode: str = mode) -> None:
             print(f"  {mode:<7} layers/stage {layers}  micro-batches {m}:  deepspeed {ds_ms:7.3f}"
                   f"  plain {plain_ms:7.3f}", flush=True)
-        r = out["modes"][mode] = measure_mode(mode, args.steps, args.warmup, row)
+        r = out["modes"][mode] = measure_mode(mode, args.steps, args.warmup, row, args.device)
         fits, added = r["fits"], r["engine_adds"]
         print(f"{mode}: per step / micro-batch / layer (ms)")
         for k in ("deepspeed", "plain"):

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Host costs of a framework's parallelism per layer, on this CPU (one gloo rank, one thread).
 
-    python benchmarks/bench_stack_host.py [--deepspeed | --checkpoint [--checkpoint-layer gpt|block]
-                                           | --device cuda] [--repeats 40] [--rounds 3] [--json OUT]
+    python benchmarks/bench_stack_host.py [--deepspeed | --checkpoint [--checkpoint-layer gpt|block]]
+                                          [--device cuda] [--repeats 40] [--rounds 3] [--json OUT]
 
 * per tensor-parallel collective: Megatron-style layers timed with their 4 all-reduces per layer
   and micro-batch (autograd functions around ``all_reduce``) and without; the difference of the
@@ -26,8 +26,8 @@ One rank, so that no collective waits for a peer: what is left is the host's iss
 node's CPU pays too (NCCL spends the transfers on the device).  ``--device cuda`` (a GPU node)
 times the TP collectives on the GPU through a one-rank NCCL group (c10d's NCCL path as a GPU
 node's host issues it), or with ``--checkpoint`` the wrappers around the GPT-shaped layer on the
-GPU (DeepSpeed's where the package is installed); the device is waited for between micro-batches,
-outside the timed span.
+GPU (DeepSpeed's where the package is installed), or with ``--deepspeed`` the ZeRO-3 engine on
+the GPU; the device is waited for between micro-batches, outside the timed span.
 
 Measurement code: calibrate/stack_host.py.  Committed runs: benchmarks/data/stack-host/*.json
 (what scripts/build_platforms.py ships as the [host] prior: collective_seconds,
@@ -63,10 +63,10 @@ def measure(repeats: int, rounds: int, deepspeed: bool = False, checkpoint: bool
         wrappers = [w for w in CHECKPOINT_WRAPPERS if w != "deepspeed" or _has_deepspeed()]
         return {"checkpoint": checkpoint_costs(CHECKPOINT_LAYERS, repeats, rounds, wrappers, checkpoint_layer,
                                                device)}
+    if deepspeed:
+        return {"deepspeed_zero3": deepspeed_zero3_costs(LAYERS, repeats, rounds, device)}
     if device == "cuda":
         return {"tp": tp_collective_costs(LAYERS, repeats, rounds, device)}
-    if deepspeed:
-        return {"deepspeed_zero3": deepspeed_zero3_costs(LAYERS, repeats, rounds)}
     return {"tp": tp_collective_costs(LAYERS, repeats, rounds), "fsdp": fsdp_costs(LAYERS, repeats, rounds)}
 
 
@@ -98,7 +98,8 @@ def main() -> int:
                        help="the activation-checkpointing wrappers' own host work per layer (only)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the TP collectives (through a one-rank NCCL group) or, with --checkpoint, "
-                         "the wrappers, on the GPU (DeepSpeed's where importable)")
+                         "the wrappers (DeepSpeed's where importable), or with --deepspeed ZeRO-3's hooks, "
+                         "on the GPU")
     ap.add_argument("--load-note", default="shared 2-core VM; other sessions' work running",
                     help="what else ran on the machine, for the JSON's provenance")
     ap.add_argument("--checkpoint-layer", choices=("gpt", "block"), default="gpt",
@@ -106,8 +107,6 @@ def main() -> int:
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: this torch sees no CUDA device")
-    if args.device == "cuda" and args.deepspeed:
-        ap.error("--device cuda: the TP collectives or --checkpoint, not --deepspeed")
     load_at_start = os.getloadavg()[0]
     r = measure(args.repeats, args.rounds, args.deepspeed, args.checkpoint, args.checkpoint_layer, args.device)
     if args.checkpoint:

@@ -101,19 +101,27 @@ def _plain_1f1b(rank: int, blocks: nn.Module, x: torch.Tensor, y: torch.Tensor, 
 
 
 def _worker(rank: int, world: int, port: int, mode: str, layers: int, m: int, steps: int,
-            warmup: int, results) -> None:
+            warmup: int, results, device: str = "cpu") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     # DeepSpeed is not a dependency of perfcast: only this measurement, in its own ranks, needs it.
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("DS_ACCELERATOR", device)
     import deepspeed
     from deepspeed.pipe import LayerSpec, PipelineModule
     from deepspeed.utils import logger as ds_logger
     ds_logger.setLevel(logging.ERROR)
-    deepspeed.init_distributed(dist_backend="gloo")
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     torch.manual_seed(0)
-    x, y = torch.randn(1, TOKENS, HIDDEN), torch.randn(1, TOKENS, HIDDEN)
+    x, y = torch.randn(1, TOKENS, HIDDEN, device=device), torch.randn(1, TOKENS, HIDDEN, device=device)
+
+    def sync() -> None:
+        # On a GPU the step's time is the host's issuing plus the device's tail, the same tiny
+        # tail under DeepSpeed and the plain loop, so their difference is the engine's host work.
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     def data():
         while True:
@@ -128,9 +136,11 @@ def _worker(rank: int, world: int, port: int, mode: str, layers: int, m: int, st
                                             config=_ds_config(m))
         it = data()
         for _ in range(warmup + steps):
+            sync()
             dist.barrier()
             t0 = time.perf_counter()
             eng.train_batch(data_iter=it)
+            sync()
             timed["deepspeed"].append(time.perf_counter() - t0)
     else:
         class Model(nn.Module):
@@ -144,16 +154,19 @@ def _worker(rank: int, world: int, port: int, mode: str, layers: int, m: int, st
         eng, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.Adam(model.parameters()),
                                             config=_ds_config(m))
         for _ in range(warmup + steps):
+            sync()
             t0 = time.perf_counter()
             for _ in range(m):
                 loss = eng(x, y)
                 eng.backward(loss)
                 eng.step()
+            sync()
             timed["deepspeed"].append(time.perf_counter() - t0)
     # The plain loop: the same blocks, sends and optimizer step without an engine
-    blocks = nn.Sequential(*[Block() for _ in range(layers)])
+    blocks = nn.Sequential(*[Block() for _ in range(layers)]).to(device)
     opt = torch.optim.Adam(blocks.parameters())
     for _ in range(warmup + steps):
+        sync()
         if world > 1:
             dist.barrier()
         t0 = time.perf_counter()
@@ -164,9 +177,10 @@ def _worker(rank: int, world: int, port: int, mode: str, layers: int, m: int, st
                 loss_fn(blocks(x), y).backward()
         opt.step()
         opt.zero_grad()
+        sync()
         timed["plain"].append(time.perf_counter() - t0)
     # A step ends when its slowest rank does.
-    ms = torch.tensor([_fastest_quarter_ms(timed[k], warmup) for k in ("deepspeed", "plain")])
+    ms = torch.tensor([_fastest_quarter_ms(timed[k], warmup) for k in ("deepspeed", "plain")], device=device)
     if world > 1:
         dist.all_reduce(ms, op=dist.ReduceOp.MAX)
     if rank == 0:
@@ -175,28 +189,41 @@ def _worker(rank: int, world: int, port: int, mode: str, layers: int, m: int, st
     dist.destroy_process_group()
 
 
-def measure(mode: str, layers: int, m: int, steps: int, warmup: int) -> tuple[float, float]:
-    """(DeepSpeed, plain) milliseconds per step of ``mode`` at ``layers`` per stage and ``m``."""
+def measure(mode: str, layers: int, m: int, steps: int, warmup: int, device: str = "cpu") -> tuple[float, float]:
+    """(DeepSpeed, plain) milliseconds per step of ``mode`` at ``layers`` per stage and ``m``, on
+    ``device`` (``cuda``: one GPU per rank, NCCL)."""
     world = 2 if mode == "pipe2" else 1
+    check_device(mode, device)
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    spawn_until_result(_worker, (world, free_port(), mode, layers, m, steps, warmup, results), world, results,
-                       timeout_s=600.0, what="rank")
+    spawn_until_result(_worker, (world, free_port(), mode, layers, m, steps, warmup, results, device), world,
+                       results, timeout_s=600.0, what="rank")
     ds_ms, plain_ms = results.get()
     return ds_ms, plain_ms
 
 
+def check_device(mode: str, device: str) -> None:
+    """Refuse what this measurement cannot run: an unknown device, or ``pipe2`` on ``cuda`` (its
+    two ranks need two GPUs; NCCL refuses two ranks on one)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}; known: cpu, cuda")
+    if device == "cuda" and mode == "pipe2":
+        raise ValueError("mode 'pipe2' on cuda needs two GPUs (one per rank); run pipe1 and engine")
+
+
 def measure_mode(mode: str, steps: int, warmup: int,
-                 on_row: Optional[Callable[[int, int, float, float], None]] = None) -> dict[str, Any]:
+                 on_row: Optional[Callable[[int, int, float, float], None]] = None,
+                 device: str = "cpu") -> dict[str, Any]:
     """One mode over layers per stage × micro-batches: the rows (layers, micro-batches, ms) of
     DeepSpeed and of the plain loop, their fits, and what the engine adds (the difference).
     ``on_row(layers, micro_batches, deepspeed_ms, plain_ms)`` is told each measurement."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    check_device(mode, device)
     rows: dict[str, list[tuple[int, int, float]]] = {"deepspeed": [], "plain": []}
     for layers in LAYERS:
         for m in MICRO_BATCHES:
-            ds_ms, plain_ms = measure(mode, layers, m, steps, warmup)
+            ds_ms, plain_ms = measure(mode, layers, m, steps, warmup, device)
             rows["deepspeed"].append((layers, m, ds_ms))
             rows["plain"].append((layers, m, plain_ms))
             if on_row is not None:

@@ -228,13 +228,13 @@ class _Engine(nn.Module):
         return self.engine(x)
 
 
-def _import_deepspeed():  # noqa: ANN202 - the deepspeed module
-    """``deepspeed``, its accelerator chosen as the CPU while it is first imported (the variable is
-    set back afterwards) and its logger quietened.  DeepSpeed is no dependency of perfcast: only
-    these measurements need it."""
+def _import_deepspeed(device: str = "cpu"):  # noqa: ANN202 - the deepspeed module
+    """``deepspeed``, its accelerator chosen as ``device`` (``cpu`` or ``cuda``) while it is first
+    imported (the variable is set back afterwards) and its logger quietened.  DeepSpeed is no
+    dependency of perfcast: only these measurements need it."""
     import os
     before = os.environ.get("DS_ACCELERATOR")
-    os.environ["DS_ACCELERATOR"] = "cpu" if before is None else before
+    os.environ["DS_ACCELERATOR"] = device if before is None else before
     try:
         import deepspeed
     finally:
@@ -245,8 +245,8 @@ def _import_deepspeed():  # noqa: ANN202 - the deepspeed module
     return deepspeed
 
 
-def _deepspeed_model(n: int, stage: int) -> nn.Module:
-    deepspeed = _import_deepspeed()
+def _deepspeed_model(n: int, stage: int, device: str = "cpu") -> nn.Module:
+    deepspeed = _import_deepspeed(device)
     model = nn.Sequential(*[Block() for _ in range(n)])
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
            "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
@@ -255,11 +255,12 @@ def _deepspeed_model(n: int, stage: int) -> nn.Module:
     return _Engine(engine)
 
 
-def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int) -> dict:
+def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int, device: str = "cpu") -> dict:
     """Per-layer forward + backward seconds of DeepSpeed's engine at ZeRO stage 3 and at stage 0,
     and their difference: what ZeRO-3's per-module hooks (fetch and release the partitioned
-    parameters, the gradients' reduce-and-partition) add per layer and micro-batch (one gloo rank
-    up; needs the deepspeed package)."""
+    parameters, the gradients' reduce-and-partition) add per layer and micro-batch (one rank's
+    group up, gloo or NCCL on ``cuda``, where the engine places the model; needs the deepspeed
+    package)."""
     import os
     import warnings
 
@@ -274,8 +275,8 @@ def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int) -> d
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            models = {(stage, n): _deepspeed_model(n, stage) for n in layers for stage in (0, 3)}
-            per = _interleaved(models, repeats, rounds)
+            models = {(stage, n): _deepspeed_model(n, stage, device) for n in layers for stage in (0, 3)}
+            per = _interleaved(models, repeats, rounds, device)
     finally:
         torch.nn.functional.linear = linear
         for k in unset:
@@ -589,11 +590,11 @@ class _OneRankMpu:
     get_data_parallel_rank = get_model_parallel_rank
 
 
-def _deepspeed_checkpoint():
+def _deepspeed_checkpoint(device: str = "cpu"):
     """``deepspeed.checkpointing.checkpoint``, configured as GPT-NeoX and Megatron-DeepSpeed do at
-    one model-parallel rank (no activation partitioning), its RNG tracker seeded (a gloo group must
-    be up; needs the deepspeed package)."""
-    deepspeed = _import_deepspeed()
+    one model-parallel rank (no activation partitioning), its RNG tracker seeded on ``device``'s
+    generator (a group must be up: gloo, or NCCL on ``cuda``; needs the deepspeed package)."""
+    deepspeed = _import_deepspeed(device)
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     deepspeed.checkpointing.configure(_OneRankMpu(), partition_activations=False)
     tracker = deepspeed.checkpointing.get_cuda_rng_tracker()
@@ -665,7 +666,7 @@ class _Wrapped(nn.Module):
             tracker = _RngTracker(device=device)
             self.calls = lambda b, x: _TrackedCheckpoint.apply(b, tracker, x)
         elif wrapper == "deepspeed":
-            ds_checkpoint = _deepspeed_checkpoint()
+            ds_checkpoint = _deepspeed_checkpoint(device)
             self.calls = lambda b, x: ds_checkpoint(b, x)
         elif wrapper != "none":
             raise ValueError(f"unknown checkpoint wrapper {wrapper!r} "

@@ -23,6 +23,21 @@ def test_unknown_mode_is_refused_before_anything_runs():
         measure_mode("pipe3", steps=1, warmup=0)
 
 
+def test_what_a_gpu_cannot_run_is_refused_before_anything_runs():
+    # pipe2's two ranks need two GPUs (NCCL refuses two ranks on one); no machine check is needed
+    # to refuse it, nor an unknown device.
+    pytest.importorskip("torch", reason="calibrate.engine_host imports torch")
+    from calibrate.engine_host import check_device, measure, measure_mode
+    with pytest.raises(ValueError, match="'pipe2' on cuda needs two GPUs"):
+        measure_mode("pipe2", steps=1, warmup=0, device="cuda")
+    with pytest.raises(ValueError, match="'pipe2' on cuda needs two GPUs"):
+        measure("pipe2", layers=1, m=2, steps=1, warmup=0, device="cuda")
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        measure_mode("engine", steps=1, warmup=0, device="tpu")
+    check_device("pipe2", "cpu")
+    check_device("engine", "cuda")
+
+
 def test_block_keeps_the_activation_shape():
     torch = pytest.importorskip("torch", reason="calibrate.engine_host imports torch")
     from calibrate.engine_host import HIDDEN, TOKENS, Block
