@@ -31,8 +31,10 @@ def pooled_costs(paths: list[Path]) -> dict[str, dict[str, float]]:
     time of each configuration across the ``--json`` files in ``paths``: other tenants' load only
     ever adds time (calibrate/timing.py keeps the fastest quarter on a CPU for the same reason)."""
     best: dict[str, dict[str, dict[tuple[int, int], float]]] = {}
+    runs: dict[str, int] = {}
     for path in paths:
         for mode, d in json.loads(path.read_text(encoding="utf-8"))["modes"].items():
+            runs[mode] = runs.get(mode, 0) + 1
             for kind in ("deepspeed", "plain"):
                 seen = best.setdefault(mode, {}).setdefault(kind, {})
                 for layers, m, ms in d["rows"][kind]:
@@ -41,7 +43,7 @@ def pooled_costs(paths: list[Path]) -> dict[str, dict[str, float]]:
     for mode, by_kind in best.items():
         ds, plain = (fit_costs([(*key, ms) for key, ms in by_kind[k].items()]) for k in ("deepspeed", "plain"))
         out[mode] = {k: ds[k] - plain[k] for k in ("step_ms", "micro_batch_ms", "layer_ms")}
-        out[mode]["runs"] = len(paths)
+        out[mode]["runs"] = runs[mode]
         out[mode]["residual_rms_ms"] = max(ds["residual_rms_ms"], plain["residual_rms_ms"])
     return out
 
@@ -51,20 +53,33 @@ def pooled_costs(paths: list[Path]) -> dict[str, dict[str, float]]:
 ENGINE_MODES = {"deepspeed_pipeline": "pipe2", "deepspeed": "engine"}
 
 
+#: Where a GPU node's runs of benchmarks/bench_engine_host.py --device cuda lie, under the folder of
+#: the CPU runs: a mode they measured ships from them (a GPU node's host issues the engine's work to
+#: the device, with its launches and NCCL), the others from the CPU runs (pipe2's two ranks need two
+#: GPUs, which no lease has had).
+GPU_RUNS = "h100"
+
+
 def engine_prior(folder: Path) -> dict:
     """[host.engines]: what DeepSpeed's engines add to the host's work per step, micro-batch and
-    layer, fitted over every ``benchmarks/bench_engine_host.py --json`` run in ``folder`` (ms; a
-    negative difference, within the measurement's noise, is taken as none)."""
-    paths = sorted(folder.glob("*.json"))
-    meta = json.loads(paths[0].read_text(encoding="utf-8"))
-    pooled = pooled_costs(paths)
+    layer, fitted over the ``benchmarks/bench_engine_host.py --json`` runs in ``folder`` (those of a
+    GPU node, :data:`GPU_RUNS`, for the modes they measured; ms; a negative difference, within the
+    measurement's noise, is taken as none)."""
+    cpu_paths = sorted(folder.glob("*.json"))
+    gpu_paths = sorted((folder / GPU_RUNS).glob("*.json"))
+    cpu, gpu = pooled_costs(cpu_paths), pooled_costs(gpu_paths)
     out = {}
     for engine, mode in ENGINE_MODES.items():
-        adds = pooled[mode]
+        on_gpu = mode in gpu
+        adds = gpu[mode] if on_gpu else cpu[mode]
+        meta = json.loads(next(p for p in (gpu_paths if on_gpu else cpu_paths)
+                               if mode in json.loads(p.read_text(encoding="utf-8"))["modes"]).read_text(encoding="utf-8"))
         out[engine] = {k: round(max(0.0, adds[k.replace("_seconds", "_ms")]) * 1e-3, 7)
                        for k in ("step_seconds", "micro_batch_seconds", "layer_seconds")}
-        out[engine]["source"] = (f"prior: benchmarks/bench_engine_host.py --pool ({mode}, {len(paths)} runs) "
-                                 f"on {meta['cpu']} (deepspeed {meta['deepspeed']}, torch {meta['torch']}): "
-                                 f"DeepSpeed less a plain PyTorch loop at tiny shapes; this platform's own "
-                                 f"CPU was not measured")
+        where = (f"--device cuda --pool ({mode}, {adds['runs']} run{'s' if adds['runs'] > 1 else ''}) on the lent "
+                 f"{meta['gpu']} node's {meta['cpu']} ({meta['date'][:16]}, " if on_gpu else
+                 f"--pool ({mode}, {adds['runs']} runs) on {meta['cpu']} (")
+        out[engine]["source"] = (f"prior: benchmarks/bench_engine_host.py {where}deepspeed {meta['deepspeed'].strip()}, "
+                                 f"torch {meta['torch']}): DeepSpeed less a plain PyTorch loop at tiny shapes; this "
+                                 f"platform's own CPU was not measured")
     return out

@@ -153,28 +153,26 @@ def host_prior(path: Path) -> dict:
 @functools.lru_cache(maxsize=None)
 def stack_prior() -> tuple[dict, str]:
     """The per-collective host cost, DeepSpeed ZeRO-3's per-layer hooks and each activation-
-    checkpointing wrapper's own per-layer work of benchmarks/bench_stack_host.py (the medians over
-    ``stack-host/nccl-h100-*.json``: a GPU node's NCCL, ``deepspeed-zero3-*.json`` and
-    ``checkpoint-N.json``) and FSDP2's
-    per-layer cost from the lent H100's real FSDP2 and DDP steps
-    (calibrate.stack_host.gpu_fsdp_layer_seconds), the GPU-measured wrappers (torch_op_sac,
-    torch_fsdp, and torch from DDP's steps with and without full AC), and the source that says
-    so; read once."""
+    checkpointing wrapper's own per-layer work, all as the lent H100 node's host paid them: the
+    medians of benchmarks/bench_stack_host.py --device cuda over ``stack-host/nccl-h100-*.json``,
+    ``zero3-h100-*.json`` and ``checkpoint-h100-*.json`` (megatron, deepspeed), FSDP2's per-layer
+    cost from the real FSDP2 and DDP steps (calibrate.stack_host.gpu_fsdp_layer_seconds), the
+    wrappers measured in real steps (torch_op_sac, torch_fsdp, and torch from DDP's steps with and
+    without full AC), and the source that says so; read once."""
     folder, gpu_steps = RUNS / "stack-host", RUNS / "h100-lent" / "stacks" / "stacks2.json"
     ckpt_steps = RUNS / "h100-lent" / "stacks" / "hseries.json"
     plain_ckpt_steps = [LENT_STACKS_DIR / name for name in OTHER_HOST_STEP_FILES]
     # The TP collective as a GPU node's host issues it: c10d's NCCL path on the lent H100 (the
     # 2-core VM's gloo runs, cpu-*.json, are kept for reference).
     runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("nccl-h100-*.json"))]
-    zero3_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("deepspeed-zero3-*.json"))]
-    # checkpoint-N.json wrap the GPT-shaped layer (what ships); checkpoint-block-N.json the tiny block.
-    ckpt_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("checkpoint-[0-9]*.json"))]
+    # ZeRO-3's hooks as the lent H100 node's host runs them (--device cuda --deepspeed: the engine on
+    # the GPU, one NCCL rank); the 2-core VM's gloo runs, deepspeed-zero3-*.json, are kept for reference.
+    zero3_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("zero3-h100-*.json"))]
     collective = statistics.median(r["tp"]["collective_seconds"] for r in runs)
     zero3 = statistics.median(r["deepspeed_zero3"]["zero3_hook_layer_seconds"] for r in zero3_runs)
-    # A wrapper's figure is a difference of slopes: one below zero would be noise, shipped as none.
-    checkpoint = {w: round(max(0.0, statistics.median(r["checkpoint"]["checkpoint_layer_seconds"][w]
-                                                      for r in ckpt_runs)), 8)
-                  for w in CHECKPOINT_WRAPPERS if w in ckpt_runs[0]["checkpoint"]["checkpoint_layer_seconds"]}
+    # Every wrapper as the lent H100 node's host runs it (the 2-core VM's checkpoint-N.json and
+    # checkpoint-block-N.json are kept for reference).
+    checkpoint: dict[str, float] = {}
     steps = json.loads(gpu_steps.read_text(encoding="utf-8"))
     fsdp = gpu_fsdp_layer_seconds(steps["rows"], H100.memory_gbps * 1e9)
     # TorchTitan's op-level SAC and full AC as a GPU node's host runs them around FSDP2 blocks:
@@ -190,15 +188,23 @@ def stack_prior() -> tuple[dict, str]:
     plain_files = [json.loads(p.read_text(encoding="utf-8")) for p in plain_ckpt_steps]
     plain = gpu_paired_checkpoint_layer_seconds([f["rows"] for f in plain_files], "ddp", forward)
     checkpoint["torch"] = round(plain["seconds"], 8)
-    # Megatron-core's reentrant wrapper (the stand-in) as the lent H100 node's host runs it around
-    # the GPT-shaped layer on the GPU (--device cuda --checkpoint); DeepSpeed's was not installed there.
+    # Megatron-core's reentrant wrapper (the stand-in) and DeepSpeed's as the lent H100 node's host
+    # runs them around the GPT-shaped layer on the GPU (--device cuda --checkpoint); DeepSpeed was
+    # installed there from the third run on.
     gpu_bench = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("checkpoint-h100-*.json"))]
-    checkpoint["megatron"] = round(max(0.0, statistics.median(
-        r["checkpoint"]["checkpoint_layer_seconds"]["megatron"] for r in gpu_bench)), 8)
+    gpu_runs = {w: [r["checkpoint"]["checkpoint_layer_seconds"][w] for r in gpu_bench
+                    if w in r["checkpoint"]["checkpoint_layer_seconds"]] for w in ("megatron", "deepspeed")}
+    for wrapper, measured in gpu_runs.items():
+        # A difference of slopes: one below zero would be noise, shipped as none.
+        checkpoint[wrapper] = round(max(0.0, statistics.median(measured)), 8)
+    missing = set(CHECKPOINT_WRAPPERS) - set(checkpoint)
+    if missing:
+        raise SystemExit(f"build_platforms: no GPU node's figure for checkpoint wrapper(s) {sorted(missing)}")
+    checkpoint = {w: checkpoint[w] for w in CHECKPOINT_WRAPPERS}
     gmeta = gpu_bench[0]["provenance"]
+    ds_meta = next(r["provenance"] for r in gpu_bench if "deepspeed" in r["provenance"])
     depths = gpu_ckpt["torch_op_sac"]["depths"]
     meta, zmeta, gpu = runs[0]["provenance"], zero3_runs[0]["provenance"], steps["provenance"]
-    cmeta = ckpt_runs[0]["provenance"]
     values = {"collective_seconds": round(collective, 8), "fsdp_layer_seconds": round(fsdp["fsdp_layer_seconds"], 7),
               "zero3_layer_seconds": round(zero3, 7), "checkpoint_layer_seconds": checkpoint}
     note = (f"; collective_seconds: prior from benchmarks/bench_stack_host.py --device cuda (median of "
@@ -206,21 +212,21 @@ def stack_prior() -> tuple[dict, str]:
             f"{meta['nccl']}, {meta['date'][:16]}); fsdp_layer_seconds: FSDP2 less DDP per "
             f"layer and micro-batch, less FSDP2's copies, on the lent {gpu['gpu']} (torch {gpu['torch']}, "
             f"{gpu['date'][:10]}, depths {'/'.join(map(str, fsdp['depths']))}: benchmarks/data/h100-lent/stacks); "
-            f"zero3_layer_seconds: DeepSpeed {zmeta['deepspeed']} ZeRO-3 less stage 0 per layer, "
-            f"benchmarks/bench_stack_host.py --deepspeed (median of {len(zero3_runs)} runs, one gloo rank, "
-            f"{zmeta['cpu']}); checkpoint_layer_seconds: each wrapper's fwd+bwd less the plain layer's less one "
-            f"forward, per GPT-shaped layer, benchmarks/bench_stack_host.py --checkpoint (median of "
-            f"{len(ckpt_runs)} runs, {cmeta['cpu']}, torch {cmeta['torch']}, deepspeed {cmeta['deepspeed']}), "
-            f"but torch_op_sac and torch_fsdp: FSDP2 with op-level SAC and with full AC less FSDP2, interleaved "
+            f"zero3_layer_seconds: DeepSpeed {zmeta['deepspeed'].strip()} ZeRO-3 less stage 0 per layer, "
+            f"benchmarks/bench_stack_host.py --device cuda --deepspeed (median of {len(zero3_runs)} runs, one "
+            f"NCCL rank on the lent {zmeta['gpu']}, torch {zmeta['torch']}, {zmeta['date'][:16]}: "
+            f"benchmarks/data/stack-host/zero3-h100-*.json); checkpoint_layer_seconds: each wrapper's own work per "
+            f"layer and micro-batch, all on the lent H100 node: torch_op_sac and torch_fsdp: FSDP2 with op-level SAC and with full AC less FSDP2, interleaved "
             f"({ckpt['provenance']['date'][:16]}), per layer and micro-batch, less one forward's issue, on the "
             f"lent {ckpt['provenance']['gpu']} (torch {ckpt['provenance']['torch']}, depths "
             f"{'/'.join(map(str, depths))}: benchmarks/data/h100-lent/stacks/hseries.json), and torch: DDP with "
             f"full AC less DDP, the median of {plain['pairs']} same-round pairs per layer and micro-batch, less one "
             f"forward's issue, on the lent {plain_files[0]['provenance']['gpu']} "
             f"({plain_files[0]['provenance']['date'][:16]}: benchmarks/data/h100-lent/stacks/rngseries*.json), "
-            f"and megatron: benchmarks/bench_stack_host.py --device cuda --checkpoint on the lent {gmeta['gpu']} "
-            f"(median of {len(gpu_bench)} runs, torch {gmeta['torch']}, {gmeta['date'][:16]}: "
-            f"benchmarks/data/stack-host/checkpoint-h100-*.json)")
+            f"and megatron and deepspeed: benchmarks/bench_stack_host.py --device cuda --checkpoint on the lent "
+            f"{gmeta['gpu']} (medians of {len(gpu_runs['megatron'])} and {len(gpu_runs['deepspeed'])} runs, torch "
+            f"{gmeta['torch']}, deepspeed {ds_meta['deepspeed'].strip()}, {gmeta['date'][:16]} to "
+            f"{gpu_bench[-1]['provenance']['date'][:16]}: benchmarks/data/stack-host/checkpoint-h100-*.json)")
     return values, note
 
 

@@ -50,6 +50,32 @@ def test_pooled_runs_keep_each_configuration_at_its_fastest(tmp_path):
     assert alone["micro_batch_ms"] != pytest.approx(0.3, abs=1e-3)
 
 
+def test_a_gpu_nodes_runs_ship_the_modes_they_measured(tmp_path):
+    # CPU runs of every mode, a GPU node's runs of two: the engine's costs come from the GPU runs
+    # alone (not pooled with the CPU's), pipe2 from the CPU runs, and each says where it came from.
+    cpu = {"cpu": "AMD EPYC", "torch": "2.13.0+cpu", "deepspeed": "0.19.8",
+           "modes": {m: {"rows": {"deepspeed": _rows(2.0, 0.2, 0.03), "plain": _rows(1.0, 0.1, 0.01)}}
+                     for m in ("pipe1", "pipe2", "engine")}}
+    for i in range(2):
+        (tmp_path / f"cpu-{i}.json").write_text(json.dumps(cpu))
+    gpu_dir = tmp_path / engine_costs.GPU_RUNS
+    gpu_dir.mkdir()
+    for name, mode in (("engine-1", "engine"), ("pipe1-1", "pipe1")):
+        (gpu_dir / f"{name}.json").write_text(json.dumps({
+            "cpu": "Xeon", "torch": "2.11.0+cu130", "deepspeed": "0.19.8 ", "device": "cuda", "gpu": "H100",
+            "date": "2026-11-26T18:33:39+00:00",
+            "modes": {mode: {"rows": {"deepspeed": _rows(3.0, 0.5, 0.2), "plain": _rows(2.0, 0.2, 0.1)}}}}))
+    prior = engine_costs.engine_prior(tmp_path)
+    assert prior["deepspeed"]["step_seconds"] == pytest.approx(1e-3)
+    assert prior["deepspeed"]["micro_batch_seconds"] == pytest.approx(0.3e-3)
+    assert prior["deepspeed"]["layer_seconds"] == pytest.approx(0.1e-3)
+    assert "--device cuda --pool (engine, 1 run) on the lent H100 node's Xeon" in prior["deepspeed"]["source"]
+    assert "deepspeed 0.19.8," in prior["deepspeed"]["source"]
+    assert prior["deepspeed_pipeline"]["micro_batch_seconds"] == pytest.approx(0.1e-3)
+    assert "--pool (pipe2, 2 runs) on AMD EPYC" in prior["deepspeed_pipeline"]["source"]
+    assert engine_costs.pooled_costs(sorted(gpu_dir.glob("*.json")))["engine"]["runs"] == 1
+
+
 def test_shipped_platforms_carry_the_fit_of_the_committed_runs():
     # Every platform with a [host] table carries both engines' costs as scripts/build_platforms.py
     # fits them from the committed measurements (benchmarks/data/engine-host), with their source: a
@@ -60,9 +86,14 @@ def test_shipped_platforms_carry_the_fit_of_the_committed_runs():
     runs = ROOT / "benchmarks" / "data" / "engine-host"
     expected = engine_costs.engine_prior(runs)
     pooled = engine_costs.pooled_costs(sorted(runs.glob("*.json")))
+    # A mode a GPU node measured ships from its runs alone (the CPU runs do not pool with them).
+    gpu = engine_costs.pooled_costs(sorted((runs / engine_costs.GPU_RUNS).glob("*.json")))
+    assert "engine" in gpu and "pipe2" not in gpu
     for engine, mode in engine_costs.ENGINE_MODES.items():      # the pooled fit, in seconds, none below 0
+        fit = gpu.get(mode, pooled[mode])
+        assert ("--device cuda" in expected[engine]["source"]) == (mode in gpu)
         for key in ("step", "micro_batch", "layer"):
-            want = max(0.0, pooled[mode][f"{key}_ms"]) * 1e-3
+            want = max(0.0, fit[f"{key}_ms"]) * 1e-3
             assert expected[engine][f"{key}_seconds"] == pytest.approx(want, abs=5e-8)
     for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
         host = load_platform(name).host

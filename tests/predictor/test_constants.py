@@ -135,6 +135,18 @@ def test_zero3_hooks_are_quoted_as_shipped():
         assert f"{1e3 * load_platform(name).host.zero3_layer_seconds:.2f} ms" in _row("zero3_layer_seconds")
 
 
+def test_engine_costs_are_quoted_as_shipped():
+    row = _row("[host.engines]")
+    for name in ("dgx-h100", "dgx-a100", "perlmutter-a100", "vista-gh200"):
+        engines = load_platform(name).host.engines
+        e = engines["deepspeed"]
+        assert (f"`deepspeed`: {1e3 * e.step_seconds:.3f} ms per step, {1e3 * e.micro_batch_seconds:.3f} ms per "
+                f"micro-batch, {1e3 * e.layer_seconds:.3f} ms per layer") in row, name
+        p = engines["deepspeed_pipeline"]
+        assert (f"`deepspeed_pipeline`: {1e3 * p.step_seconds:.2f}, {1e3 * p.micro_batch_seconds:.2f}, "
+                f"{1e3 * p.layer_seconds:.3f} ms") in row, name
+
+
 def test_the_fill_level_is_quoted_as_it_is():
     from statistics import NormalDist
 
