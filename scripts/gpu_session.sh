@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Measure one GPU for perfcast in a bounded time: host costs, operator samples (resumable) and
 # real training steps of a small GPT family.  Everything lands in $OUT (or ./out).
-#   OPS_SECONDS=300 FP8_SECONDS=150 STACK_HOST_SECONDS=120 FAMILY_SECONDS=150 bash scripts/gpu_session.sh [SAMPLES_DIR]
+#   OPS_SECONDS=300 FP8_SECONDS=150 STACK_HOST_SECONDS=120 ENGINE_SECONDS=180 FAMILY_SECONDS=150 \
+#       bash scripts/gpu_session.sh [SAMPLES_DIR]
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 out=${OUT:-$PWD/out}; mkdir -p "$out"
@@ -23,6 +24,16 @@ timeout "${STACK_HOST_SECONDS:-120}" python3 benchmarks/bench_stack_host.py --de
 timeout "${STACK_HOST_SECONDS:-120}" python3 benchmarks/bench_stack_host.py --device cuda --checkpoint \
     --repeats 20 --load-note "a lent GPU node" --json "$store/stack-host-checkpoint.json"
 echo "stack host: exit $?"
+# DeepSpeed's own host costs, where the package imports (a lent node has none and reaches no index:
+# carry its source distribution and its dependencies' wheels for the node's Python on PYTHONPATH,
+# as benchmarks/data/stack-host/README.md says).
+if DS_ACCELERATOR=cuda python3 -c "import deepspeed" 2>/dev/null; then
+    DS_ACCELERATOR=cuda timeout "${STACK_HOST_SECONDS:-120}" python3 benchmarks/bench_stack_host.py --device cuda \
+        --deepspeed --load-note "a lent GPU node" --json "$store/stack-host-zero3.json"
+    DS_ACCELERATOR=cuda timeout "${ENGINE_SECONDS:-180}" python3 benchmarks/bench_engine_host.py --device cuda \
+        --modes engine --json "$store/engine-host-engine.json"
+    echo "deepspeed: exit $?"
+fi
 timeout "${FAMILY_SECONDS:-150}" python3 benchmarks/bench_train_family.py --device cuda \
     --out "$store/train-family.json"
 echo "family: exit $?"
