@@ -56,7 +56,7 @@ CHECKPOINT_LAYERS = (2, 8, 16)
 
 
 def measure(repeats: int, rounds: int, deepspeed: bool = False, checkpoint: bool = False,
-            checkpoint_layer: str = "gpt", device: str = "cpu") -> dict:
+            checkpoint_layer: str = "gpt", device: str = "cpu", zero3_layer: str = "block") -> dict:
     torch.set_num_threads(1)
     one_rank_group(device)
     if checkpoint:
@@ -64,7 +64,7 @@ def measure(repeats: int, rounds: int, deepspeed: bool = False, checkpoint: bool
         return {"checkpoint": checkpoint_costs(CHECKPOINT_LAYERS, repeats, rounds, wrappers, checkpoint_layer,
                                                device)}
     if deepspeed:
-        return {"deepspeed_zero3": deepspeed_zero3_costs(LAYERS, repeats, rounds, device)}
+        return {"deepspeed_zero3": deepspeed_zero3_costs(LAYERS, repeats, rounds, device, zero3_layer)}
     if device == "cuda":
         return {"tp": tp_collective_costs(LAYERS, repeats, rounds, device)}
     return {"tp": tp_collective_costs(LAYERS, repeats, rounds), "fsdp": fsdp_costs(LAYERS, repeats, rounds)}
@@ -104,11 +104,15 @@ def main() -> int:
                     help="what else ran on the machine, for the JSON's provenance")
     ap.add_argument("--checkpoint-layer", choices=("gpt", "block"), default="gpt",
                     help="with --checkpoint: the layer wrapped (default: the GPT-shaped layer, what ships)")
+    ap.add_argument("--zero3-layer", choices=("block", "transformer"), default="block",
+                    help="with --deepspeed: the layer ZeRO-3 partitions (default: the tiny block, what ships; "
+                         "transformer: a pre-norm layer's six modules)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: this torch sees no CUDA device")
     load_at_start = os.getloadavg()[0]
-    r = measure(args.repeats, args.rounds, args.deepspeed, args.checkpoint, args.checkpoint_layer, args.device)
+    r = measure(args.repeats, args.rounds, args.deepspeed, args.checkpoint, args.checkpoint_layer, args.device,
+                args.zero3_layer)
     if args.checkpoint:
         c = r["checkpoint"]
         slopes = ", ".join(f"{k} {1e6 * v:.0f}" for k, v in c["layer_seconds"].items())

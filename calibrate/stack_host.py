@@ -189,6 +189,31 @@ class Block(nn.Module):
         return x + self.down(torch.relu(self.up(self.norm(x))))
 
 
+class TransformerBlock(nn.Module):
+    """A pre-norm transformer layer's modules as Megatron-DeepSpeed and GPT-NeoX hold them: two
+    LayerNorms, the fused QKV and output projections and the MLP's two linears (6 modules with 12
+    parameters, where :class:`Block` has 3 with 6), causal attention over 2 heads between them, at
+    :class:`Block`'s tiny width: what DeepSpeed ZeRO-3's per-module hooks see in a real layer."""
+
+    HEADS = 2
+
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.qkv, self.proj = nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, 4 * HIDDEN), nn.Linear(4 * HIDDEN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv(self.ln1(x)).view(t, 3, self.HEADS, HIDDEN // self.HEADS).permute(1, 2, 0, 3)
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.permute(1, 0, 2).reshape(t, HIDDEN))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+#: The layers DeepSpeed's ZeRO-3 is measured around (:func:`deepspeed_zero3_costs`).
+ZERO3_LAYERS = {"block": Block, "transformer": TransformerBlock}
+
+
 def _fsdp_model(n: int) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
     model = nn.Sequential(*[Block() for _ in range(n)])
@@ -245,9 +270,9 @@ def _import_deepspeed(device: str = "cpu"):  # noqa: ANN202 - the deepspeed modu
     return deepspeed
 
 
-def _deepspeed_model(n: int, stage: int, device: str = "cpu") -> nn.Module:
+def _deepspeed_model(n: int, stage: int, device: str = "cpu", layer: str = "block") -> nn.Module:
     deepspeed = _import_deepspeed(device)
-    model = nn.Sequential(*[Block() for _ in range(n)])
+    model = nn.Sequential(*[ZERO3_LAYERS[layer]() for _ in range(n)])
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
            "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
@@ -255,12 +280,15 @@ def _deepspeed_model(n: int, stage: int, device: str = "cpu") -> nn.Module:
     return _Engine(engine)
 
 
-def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int, device: str = "cpu") -> dict:
+def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int, device: str = "cpu",
+                         layer: str = "block") -> dict:
     """Per-layer forward + backward seconds of DeepSpeed's engine at ZeRO stage 3 and at stage 0,
     and their difference: what ZeRO-3's per-module hooks (fetch and release the partitioned
-    parameters, the gradients' reduce-and-partition) add per layer and micro-batch (one rank's
-    group up, gloo or NCCL on ``cuda``, where the engine places the model; needs the deepspeed
-    package)."""
+    parameters, the gradients' reduce-and-partition) add per layer and micro-batch, around
+    ``layer`` (:data:`ZERO3_LAYERS`) (one rank's group up, gloo or NCCL on ``cuda``, where the
+    engine places the model; needs the deepspeed package)."""
+    if layer not in ZERO3_LAYERS:
+        raise ValueError(f"unknown layer {layer!r} (known: {', '.join(ZERO3_LAYERS)})")
     import os
     import warnings
 
@@ -275,7 +303,7 @@ def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int, devi
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            models = {(stage, n): _deepspeed_model(n, stage, device) for n in layers for stage in (0, 3)}
+            models = {(stage, n): _deepspeed_model(n, stage, device, layer) for n in layers for stage in (0, 3)}
             per = _interleaved(models, repeats, rounds, device)
     finally:
         torch.nn.functional.linear = linear
@@ -283,7 +311,7 @@ def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int, devi
             os.environ.pop(k, None)
     ns = list(layers)
     slope = {stage: _slope(ns, [per[(stage, n)] for n in ns]) for stage in (0, 3)}
-    return {"zero3_layer_seconds": slope[3], "zero0_layer_seconds": slope[0],
+    return {"layer": layer, "zero3_layer_seconds": slope[3], "zero0_layer_seconds": slope[0],
             "zero3_hook_layer_seconds": slope[3] - slope[0],
             "per_config": {f"zero{k}_{n}": s for (k, n), s in per.items()}}
 

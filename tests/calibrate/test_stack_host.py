@@ -263,8 +263,28 @@ def test_deepspeed_zero3_hooks_are_measured_per_layer(one_rank):
     assert set(r["per_config"]) == {"zero0_1", "zero0_2", "zero3_1", "zero3_2"}
     assert all(v > 0 for v in r["per_config"].values())
     assert r["zero3_hook_layer_seconds"] == pytest.approx(r["zero3_layer_seconds"] - r["zero0_layer_seconds"])
+    assert r["layer"] == "block"
     # ZeRO-3's engine replaced F.linear while it ran; the process gets torch's back.
     assert torch.nn.functional.linear is linear
+    t = stack_host.deepspeed_zero3_costs((1, 2), repeats=3, rounds=1, layer="transformer")
+    assert t["layer"] == "transformer" and all(v > 0 for v in t["per_config"].values())
+    with pytest.raises(ValueError, match="unknown layer 'mlp'"):
+        stack_host.deepspeed_zero3_costs((1, 2), repeats=1, rounds=1, layer="mlp")
+
+
+def test_the_transformer_block_holds_a_layers_modules():
+    # What ZeRO-3's hooks see in a real layer: six modules with parameters (two LayerNorms, QKV,
+    # the output projection, the MLP's two linears), twelve parameters, and the activation's shape.
+    import torch
+
+    stack_host = _stack_host()
+    layer = stack_host.TransformerBlock()
+    owners = [m for m in layer.modules() if list(m.parameters(recurse=False))]
+    assert len(owners) == 6 and len(list(layer.parameters())) == 12
+    x = torch.randn(stack_host.TOKENS, stack_host.HIDDEN, requires_grad=True)
+    y = layer(x)
+    y.sum().backward()
+    assert y.shape == x.shape and x.grad is not None
 
 
 def test_the_shard_grad_op_ratio_is_the_committed_measurement():
