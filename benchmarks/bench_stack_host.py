@@ -12,7 +12,8 @@
   difference of the per-layer slopes of forward + backward: FSDP's unshard / reshard /
   reduce-scatter hooks;
 * with ``--deepspeed`` (needs the deepspeed package) only: DeepSpeed's engine at ZeRO stage 3
-  against stage 0, the difference of the per-layer slopes: ZeRO-3's per-module hooks;
+  against stage 0, the difference of the per-layer slopes: ZeRO-3's per-module hooks, around the
+  tiny block or, with ``--zero3-layer transformer``, a transformer layer's six modules;
 * with ``--checkpoint`` only: each activation-checkpointing wrapper's own host work per layer
   (Megatron-core's reentrant function with its RNG tracker, DeepSpeed's
   ``deepspeed.checkpointing.checkpoint``, PyTorch's non-reentrant ``checkpoint_wrapper`` plain and
