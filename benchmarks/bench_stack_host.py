@@ -13,7 +13,8 @@
   reduce-scatter hooks;
 * with ``--deepspeed`` (needs the deepspeed package) only: DeepSpeed's engine at ZeRO stage 3
   against stage 0, the difference of the per-layer slopes: ZeRO-3's per-module hooks, around the
-  tiny block or, with ``--zero3-layer transformer``, a transformer layer's six modules;
+  tiny block or, with ``--zero3-layer transformer``, a transformer layer's six modules
+  (``--zero3-persistence N``: partition every parameter above N elements);
 * with ``--checkpoint`` only: each activation-checkpointing wrapper's own host work per layer
   (Megatron-core's reentrant function with its RNG tracker, DeepSpeed's
   ``deepspeed.checkpointing.checkpoint``, PyTorch's non-reentrant ``checkpoint_wrapper`` plain and
@@ -57,7 +58,8 @@ CHECKPOINT_LAYERS = (2, 8, 16)
 
 
 def measure(repeats: int, rounds: int, deepspeed: bool = False, checkpoint: bool = False,
-            checkpoint_layer: str = "gpt", device: str = "cpu", zero3_layer: str = "block") -> dict:
+            checkpoint_layer: str = "gpt", device: str = "cpu", zero3_layer: str = "block",
+            zero3_persistence: int | None = None) -> dict:
     torch.set_num_threads(1)
     one_rank_group(device)
     if checkpoint:
@@ -65,7 +67,8 @@ def measure(repeats: int, rounds: int, deepspeed: bool = False, checkpoint: bool
         return {"checkpoint": checkpoint_costs(CHECKPOINT_LAYERS, repeats, rounds, wrappers, checkpoint_layer,
                                                device)}
     if deepspeed:
-        return {"deepspeed_zero3": deepspeed_zero3_costs(LAYERS, repeats, rounds, device, zero3_layer)}
+        return {"deepspeed_zero3": deepspeed_zero3_costs(LAYERS, repeats, rounds, device, zero3_layer,
+                                                         zero3_persistence)}
     if device == "cuda":
         return {"tp": tp_collective_costs(LAYERS, repeats, rounds, device)}
     return {"tp": tp_collective_costs(LAYERS, repeats, rounds), "fsdp": fsdp_costs(LAYERS, repeats, rounds)}
@@ -108,12 +111,17 @@ def main() -> int:
     ap.add_argument("--zero3-layer", choices=("block", "transformer"), default="block",
                     help="with --deepspeed: the layer ZeRO-3 partitions (default: the tiny block, what ships; "
                          "transformer: a pre-norm layer's six modules)")
+    ap.add_argument("--zero3-persistence", type=int, metavar="ELEMENTS",
+                    help="with --deepspeed: stage3_param_persistence_threshold (default: DeepSpeed's, 1e5, "
+                         "under which every parameter of these tiny layers stays whole)")
     args = ap.parse_args()
+    if args.zero3_persistence is not None and (not args.deepspeed or args.zero3_persistence < 0):
+        ap.error("--zero3-persistence: a number of elements >= 0, with --deepspeed")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: this torch sees no CUDA device")
     load_at_start = os.getloadavg()[0]
     r = measure(args.repeats, args.rounds, args.deepspeed, args.checkpoint, args.checkpoint_layer, args.device,
-                args.zero3_layer)
+                args.zero3_layer, args.zero3_persistence)
     if args.checkpoint:
         c = r["checkpoint"]
         slopes = ", ".join(f"{k} {1e6 * v:.0f}" for k, v in c["layer_seconds"].items())

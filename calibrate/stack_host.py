@@ -270,10 +270,14 @@ def _import_deepspeed(device: str = "cpu"):  # noqa: ANN202 - the deepspeed modu
     return deepspeed
 
 
-def _deepspeed_model(n: int, stage: int, device: str = "cpu", layer: str = "block") -> nn.Module:
+def _deepspeed_model(n: int, stage: int, device: str = "cpu", layer: str = "block",
+                     persistence_threshold: int | None = None) -> nn.Module:
     deepspeed = _import_deepspeed(device)
     model = nn.Sequential(*[ZERO3_LAYERS[layer]() for _ in range(n)])
-    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
+    zero: dict = {"stage": stage}
+    if stage == 3 and persistence_threshold is not None:
+        zero["stage3_param_persistence_threshold"] = persistence_threshold
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero,
            "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
                                       config=cfg)
@@ -281,12 +285,14 @@ def _deepspeed_model(n: int, stage: int, device: str = "cpu", layer: str = "bloc
 
 
 def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int, device: str = "cpu",
-                         layer: str = "block") -> dict:
+                         layer: str = "block", persistence_threshold: int | None = None) -> dict:
     """Per-layer forward + backward seconds of DeepSpeed's engine at ZeRO stage 3 and at stage 0,
     and their difference: what ZeRO-3's per-module hooks (fetch and release the partitioned
     parameters, the gradients' reduce-and-partition) add per layer and micro-batch, around
     ``layer`` (:data:`ZERO3_LAYERS`) (one rank's group up, gloo or NCCL on ``cuda``, where the
-    engine places the model; needs the deepspeed package)."""
+    engine places the model; needs the deepspeed package).  ``persistence_threshold``: ZeRO-3's
+    ``stage3_param_persistence_threshold`` (DeepSpeed's default, 10⁵ elements, keeps every
+    parameter of these tiny layers whole: none is partitioned or gathered)."""
     if layer not in ZERO3_LAYERS:
         raise ValueError(f"unknown layer {layer!r} (known: {', '.join(ZERO3_LAYERS)})")
     import os
@@ -303,7 +309,8 @@ def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int, devi
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            models = {(stage, n): _deepspeed_model(n, stage, device, layer) for n in layers for stage in (0, 3)}
+            models = {(stage, n): _deepspeed_model(n, stage, device, layer, persistence_threshold)
+                      for n in layers for stage in (0, 3)}
             per = _interleaved(models, repeats, rounds, device)
     finally:
         torch.nn.functional.linear = linear
@@ -311,7 +318,8 @@ def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int, devi
             os.environ.pop(k, None)
     ns = list(layers)
     slope = {stage: _slope(ns, [per[(stage, n)] for n in ns]) for stage in (0, 3)}
-    return {"layer": layer, "zero3_layer_seconds": slope[3], "zero0_layer_seconds": slope[0],
+    return {"layer": layer, "persistence_threshold": persistence_threshold,
+            "zero3_layer_seconds": slope[3], "zero0_layer_seconds": slope[0],
             "zero3_hook_layer_seconds": slope[3] - slope[0],
             "per_config": {f"zero{k}_{n}": s for (k, n), s in per.items()}}
 

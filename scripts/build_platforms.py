@@ -171,11 +171,12 @@ def stack_prior() -> tuple[dict, str]:
     collective = statistics.median(r["tp"]["collective_seconds"] for r in runs)
     zero3_block = statistics.median(r["deepspeed_zero3"]["zero3_hook_layer_seconds"] for r in zero3_runs)
     # ZeRO-3's hooks act per module and parameter: the GPU node timed them around the tiny Block (3
-    # modules, 6 parameters), a real layer holds a transformer layer's 6 and 12; on the VM, each pair
-    # run back to back, the transformer layer's hooks cost this many times the Block's.
+    # modules, 6 parameters, all below DeepSpeed's persistence threshold, so none partitioned); a
+    # real layer holds a transformer layer's 6 and 12, its weight matrices partitioned.  On the VM,
+    # each pair run back to back, such a layer's hooks cost this many times the Block's.
     pairs = [(json.loads(b.read_text(encoding="utf-8")), json.loads(t.read_text(encoding="utf-8")))
-             for b, t in zip(sorted(folder.glob("zero3-structure-block-*.json")),
-                             sorted(folder.glob("zero3-structure-transformer-*.json")), strict=True)]
+             for b, t in zip(sorted(folder.glob("zero3-layer-block-*.json")),
+                             sorted(folder.glob("zero3-layer-transformer-partitioned-*.json")), strict=True)]
     structure = statistics.median(t["deepspeed_zero3"]["zero3_hook_layer_seconds"]
                                   / b["deepspeed_zero3"]["zero3_hook_layer_seconds"] for b, t in pairs)
     zero3 = zero3_block * structure
@@ -225,10 +226,11 @@ def stack_prior() -> tuple[dict, str]:
             f"benchmarks/bench_stack_host.py --device cuda --deepspeed (median of {len(zero3_runs)} runs, one "
             f"NCCL rank on the lent {zmeta['gpu']}, torch {zmeta['torch']}, {zmeta['date'][:16]}: "
             f"benchmarks/data/stack-host/zero3-h100-*.json: {1e3 * zero3_block:.2f} ms around the tiny block) "
-            f"times a transformer layer's hooks over the block's, {structure:.2f} (median of {len(pairs)} pairs "
-            f"of --deepspeed --zero3-layer block / transformer, one gloo rank, {pairs[0][0]['provenance']['cpu']}, "
-            f"torch {pairs[0][0]['provenance']['torch']}, {pairs[0][0]['provenance']['date'][:16]}: "
-            f"zero3-structure-*.json); checkpoint_layer_seconds: each wrapper's own work per "
+            f"times a transformer layer's hooks, its weights partitioned, over the block's, {structure:.2f} "
+            f"(median of {len(pairs)} pairs of --deepspeed --zero3-layer block / --zero3-layer transformer "
+            f"--zero3-persistence {pairs[0][1]['deepspeed_zero3']['persistence_threshold']}, one gloo rank, "
+            f"{pairs[0][0]['provenance']['cpu']}, torch {pairs[0][0]['provenance']['torch']}, "
+            f"{pairs[0][0]['provenance']['date'][:16]}: zero3-layer-*.json); checkpoint_layer_seconds: each wrapper's own work per "
             f"layer and micro-batch, all on the lent H100 node: torch_op_sac and torch_fsdp: FSDP2 with op-level SAC and with full AC less FSDP2, interleaved "
             f"({ckpt['provenance']['date'][:16]}), per layer and micro-batch, less one forward's issue, on the "
             f"lent {ckpt['provenance']['gpu']} (torch {ckpt['provenance']['torch']}, depths "

@@ -266,8 +266,10 @@ def test_deepspeed_zero3_hooks_are_measured_per_layer(one_rank):
     assert r["layer"] == "block"
     # ZeRO-3's engine replaced F.linear while it ran; the process gets torch's back.
     assert torch.nn.functional.linear is linear
-    t = stack_host.deepspeed_zero3_costs((1, 2), repeats=3, rounds=1, layer="transformer")
-    assert t["layer"] == "transformer" and all(v > 0 for v in t["per_config"].values())
+    assert r["persistence_threshold"] is None
+    t = stack_host.deepspeed_zero3_costs((1, 2), repeats=3, rounds=1, layer="transformer", persistence_threshold=257)
+    assert t["layer"] == "transformer" and t["persistence_threshold"] == 257
+    assert all(v > 0 for v in t["per_config"].values())
     with pytest.raises(ValueError, match="unknown layer 'mlp'"):
         stack_host.deepspeed_zero3_costs((1, 2), repeats=1, rounds=1, layer="mlp")
 

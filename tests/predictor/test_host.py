@@ -242,10 +242,14 @@ def test_shipped_platforms_carry_zero3s_hooks_as_the_gpu_node_measured_them():
                                   for r in runs)
     assert all(r["deepspeed_zero3"].get("layer", "block") == "block" for r in runs)
     median = statistics.median(r["deepspeed_zero3"]["zero3_hook_layer_seconds"] for r in runs)
-    blocks, layers = _stack_host_runs("zero3-structure-block-*.json"), _stack_host_runs("zero3-structure-transformer-*.json")
+    blocks = _stack_host_runs("zero3-layer-block-*.json")
+    layers = _stack_host_runs("zero3-layer-transformer-partitioned-*.json")
     assert len(blocks) == len(layers) >= 3
-    assert all(b["deepspeed_zero3"]["layer"] == "block" and t["deepspeed_zero3"]["layer"] == "transformer"
-               for b, t in zip(blocks, layers))
+    # The block as the GPU node ran it (DeepSpeed's default threshold: nothing partitioned); the
+    # transformer layer with its weight matrices partitioned, as a real layer's are.
+    assert all(b["deepspeed_zero3"]["layer"] == "block" and b["deepspeed_zero3"]["persistence_threshold"] is None
+               and t["deepspeed_zero3"]["layer"] == "transformer"
+               and 0 < t["deepspeed_zero3"]["persistence_threshold"] < 64 * 64 for b, t in zip(blocks, layers))
     ratio = statistics.median(t["deepspeed_zero3"]["zero3_hook_layer_seconds"] / b["deepspeed_zero3"]["zero3_hook_layer_seconds"]
                               for b, t in zip(blocks, layers))
     assert 1.0 < ratio < 5.0
