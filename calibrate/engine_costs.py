@@ -55,31 +55,60 @@ ENGINE_MODES = {"deepspeed_pipeline": "pipe2", "deepspeed": "engine"}
 
 #: Where a GPU node's runs of benchmarks/bench_engine_host.py --device cuda lie, under the folder of
 #: the CPU runs: a mode they measured ships from them (a GPU node's host issues the engine's work to
-#: the device, with its launches and NCCL), the others from the CPU runs (pipe2's two ranks need two
-#: GPUs, which no lease has had).
+#: the device, with its launches and NCCL), not pooled with the CPU runs.
 GPU_RUNS = "h100"
+
+#: A mode no GPU node could run, and the one it ran instead: pipe2's two ranks need two GPUs, so the
+#: pipeline engine ships as the GPU node's one stage plus what the second stage adds on the CPU
+#: (pipe2 less pipe1 there: the sends, the receives and the stages' barrier).
+GPU_PROXY = {"pipe2": "pipe1"}
+
+_COSTS = ("step_ms", "micro_batch_ms", "layer_ms")
+
+
+def _meta(paths: list[Path], mode: str) -> dict:
+    """The first of ``paths`` that measured ``mode`` (its provenance keys)."""
+    for p in paths:
+        d = json.loads(p.read_text(encoding="utf-8"))
+        if mode in d["modes"]:
+            return d
+    raise ValueError(f"no run of mode {mode!r} among {[str(p) for p in paths]}")
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'s' if n > 1 else ''}"
 
 
 def engine_prior(folder: Path) -> dict:
     """[host.engines]: what DeepSpeed's engines add to the host's work per step, micro-batch and
-    layer, fitted over the ``benchmarks/bench_engine_host.py --json`` runs in ``folder`` (those of a
-    GPU node, :data:`GPU_RUNS`, for the modes they measured; ms; a negative difference, within the
-    measurement's noise, is taken as none)."""
+    layer, fitted over the ``benchmarks/bench_engine_host.py --json`` runs in ``folder``: a mode a
+    GPU node measured (:data:`GPU_RUNS`) from its runs, one it could not from its proxy there plus
+    the difference on the CPU (:data:`GPU_PROXY`), else from the CPU runs (ms; a negative cost,
+    within the measurement's noise, is taken as none)."""
     cpu_paths = sorted(folder.glob("*.json"))
     gpu_paths = sorted((folder / GPU_RUNS).glob("*.json"))
     cpu, gpu = pooled_costs(cpu_paths), pooled_costs(gpu_paths)
     out = {}
     for engine, mode in ENGINE_MODES.items():
-        on_gpu = mode in gpu
-        adds = gpu[mode] if on_gpu else cpu[mode]
-        meta = json.loads(next(p for p in (gpu_paths if on_gpu else cpu_paths)
-                               if mode in json.loads(p.read_text(encoding="utf-8"))["modes"]).read_text(encoding="utf-8"))
-        out[engine] = {k: round(max(0.0, adds[k.replace("_seconds", "_ms")]) * 1e-3, 7)
-                       for k in ("step_seconds", "micro_batch_seconds", "layer_seconds")}
-        where = (f"--device cuda --pool ({mode}, {adds['runs']} run{'s' if adds['runs'] > 1 else ''}) on the lent "
-                 f"{meta['gpu']} node's {meta['cpu']} ({meta['date'][:16]}, " if on_gpu else
-                 f"--pool ({mode}, {adds['runs']} runs) on {meta['cpu']} (")
-        out[engine]["source"] = (f"prior: benchmarks/bench_engine_host.py {where}deepspeed {meta['deepspeed'].strip()}, "
-                                 f"torch {meta['torch']}): DeepSpeed less a plain PyTorch loop at tiny shapes; this "
-                                 f"platform's own CPU was not measured")
+        proxy = GPU_PROXY.get(mode)
+        if mode in gpu:
+            adds = gpu[mode]
+            m = _meta(gpu_paths, mode)
+            where = (f"--device cuda --pool ({mode}, {_runs(adds['runs'])}) on the lent {m['gpu']} node's {m['cpu']} "
+                     f"({m['date'][:16]}, deepspeed {m['deepspeed'].strip()}, torch {m['torch']})")
+        elif proxy in gpu and proxy in cpu:
+            adds = {k: gpu[proxy][k] + cpu[mode][k] - cpu[proxy][k] for k in _COSTS}
+            m, c = _meta(gpu_paths, proxy), _meta(cpu_paths, mode)
+            where = (f"--device cuda --pool ({proxy}, {_runs(gpu[proxy]['runs'])}) on the lent {m['gpu']} node's "
+                     f"{m['cpu']} ({m['date'][:16]}, deepspeed {m['deepspeed'].strip()}, torch {m['torch']}), plus "
+                     f"{mode} less {proxy} of --pool ({_runs(cpu[mode]['runs'])}) on {c['cpu']} (deepspeed "
+                     f"{c['deepspeed'].strip()}, torch {c['torch']}; {mode} needs a GPU per rank)")
+        else:
+            adds = cpu[mode]
+            c = _meta(cpu_paths, mode)
+            where = (f"--pool ({mode}, {_runs(adds['runs'])}) on {c['cpu']} (deepspeed {c['deepspeed'].strip()}, "
+                     f"torch {c['torch']})")
+        out[engine] = {k.replace("_ms", "_seconds"): round(max(0.0, adds[k]) * 1e-3, 7) for k in _COSTS}
+        out[engine]["source"] = (f"prior: benchmarks/bench_engine_host.py {where}: DeepSpeed less a plain PyTorch "
+                                 f"loop at tiny shapes; this platform's own CPU was not measured")
     return out

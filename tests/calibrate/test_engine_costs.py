@@ -52,10 +52,12 @@ def test_pooled_runs_keep_each_configuration_at_its_fastest(tmp_path):
 
 def test_a_gpu_nodes_runs_ship_the_modes_they_measured(tmp_path):
     # CPU runs of every mode, a GPU node's runs of two: the engine's costs come from the GPU runs
-    # alone (not pooled with the CPU's), pipe2 from the CPU runs, and each says where it came from.
+    # alone (not pooled with the CPU's); pipe2, which no GPU node could run, from the GPU node's
+    # pipe1 plus pipe2 less pipe1 on the CPU; each says where it came from.
     cpu = {"cpu": "AMD EPYC", "torch": "2.13.0+cpu", "deepspeed": "0.19.8",
-           "modes": {m: {"rows": {"deepspeed": _rows(2.0, 0.2, 0.03), "plain": _rows(1.0, 0.1, 0.01)}}
-                     for m in ("pipe1", "pipe2", "engine")}}
+           "modes": {m: {"rows": {"deepspeed": _rows(2.0 + extra, 0.2 + extra, 0.03),
+                                  "plain": _rows(1.0, 0.1, 0.01)}}
+                     for m, extra in (("pipe1", 0.0), ("pipe2", 0.5), ("engine", 0.0))}}
     for i in range(2):
         (tmp_path / f"cpu-{i}.json").write_text(json.dumps(cpu))
     gpu_dir = tmp_path / engine_costs.GPU_RUNS
@@ -71,9 +73,18 @@ def test_a_gpu_nodes_runs_ship_the_modes_they_measured(tmp_path):
     assert prior["deepspeed"]["layer_seconds"] == pytest.approx(0.1e-3)
     assert "--device cuda --pool (engine, 1 run) on the lent H100 node's Xeon" in prior["deepspeed"]["source"]
     assert "deepspeed 0.19.8," in prior["deepspeed"]["source"]
-    assert prior["deepspeed_pipeline"]["micro_batch_seconds"] == pytest.approx(0.1e-3)
-    assert "--pool (pipe2, 2 runs) on AMD EPYC" in prior["deepspeed_pipeline"]["source"]
+    pipeline = prior["deepspeed_pipeline"]     # the GPU's pipe1 (1.0, 0.3, 0.1) + the CPU's (0.5, 0.5, 0)
+    assert pipeline["step_seconds"] == pytest.approx(1.5e-3)
+    assert pipeline["micro_batch_seconds"] == pytest.approx(0.8e-3)
+    assert pipeline["layer_seconds"] == pytest.approx(0.1e-3)
+    assert ("--device cuda --pool (pipe1, 1 run) on the lent H100 node's Xeon" in pipeline["source"]
+            and "plus pipe2 less pipe1 of --pool (2 runs) on AMD EPYC" in pipeline["source"])
     assert engine_costs.pooled_costs(sorted(gpu_dir.glob("*.json")))["engine"]["runs"] == 1
+    # Without the GPU node's pipe1, pipe2 is the CPU runs' alone.
+    (gpu_dir / "pipe1-1.json").unlink()
+    alone = engine_costs.engine_prior(tmp_path)["deepspeed_pipeline"]
+    assert alone["micro_batch_seconds"] == pytest.approx(0.6e-3)
+    assert "--pool (pipe2, 2 runs) on AMD EPYC" in alone["source"] and "cuda" not in alone["source"]
 
 
 def test_shipped_platforms_carry_the_fit_of_the_committed_runs():
@@ -86,12 +97,15 @@ def test_shipped_platforms_carry_the_fit_of_the_committed_runs():
     runs = ROOT / "benchmarks" / "data" / "engine-host"
     expected = engine_costs.engine_prior(runs)
     pooled = engine_costs.pooled_costs(sorted(runs.glob("*.json")))
-    # A mode a GPU node measured ships from its runs alone (the CPU runs do not pool with them).
+    # A mode a GPU node measured ships from its runs alone (the CPU runs do not pool with them);
+    # pipe2, which needs two GPUs, as the GPU node's pipe1 plus pipe2 less pipe1 on the CPU.
     gpu = engine_costs.pooled_costs(sorted((runs / engine_costs.GPU_RUNS).glob("*.json")))
-    assert "engine" in gpu and "pipe2" not in gpu
+    assert "engine" in gpu and "pipe1" in gpu and "pipe2" not in gpu
     for engine, mode in engine_costs.ENGINE_MODES.items():      # the pooled fit, in seconds, none below 0
-        fit = gpu.get(mode, pooled[mode])
-        assert ("--device cuda" in expected[engine]["source"]) == (mode in gpu)
+        proxy = engine_costs.GPU_PROXY.get(mode)
+        fit = gpu[mode] if mode in gpu else {k: gpu[proxy][k] + pooled[mode][k] - pooled[proxy][k]
+                                               for k in ("step_ms", "micro_batch_ms", "layer_ms")}
+        assert "--device cuda" in expected[engine]["source"]
         for key in ("step", "micro_batch", "layer"):
             want = max(0.0, fit[f"{key}_ms"]) * 1e-3
             assert expected[engine][f"{key}_seconds"] == pytest.approx(want, abs=5e-8)
