@@ -59,16 +59,19 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_engine_host: needs torch and DeepSpeed (pip install deepspeed; DS_BUILD_OPS=0 "
               "builds nothing)", file=sys.stderr)
         return 2
-    from calibrate.engine_host import MODES, cpu_name, measure_mode   # torch's: --pool runs without it
+    # torch's: --pool runs without it
+    from calibrate.engine_host import MODES, check_device, cpu_name, measure_mode
     modes = [s.strip() for s in args.modes.split(",") if s.strip()]
     bad = [s for s in modes if s not in MODES]
     if bad:
         ap.error(f"--modes: unknown {bad}; known: {', '.join(MODES)}")
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            ap.error("--device cuda: this torch sees no CUDA device")
-        if "pipe2" in modes:
-            ap.error("--device cuda: pipe2's two ranks need two GPUs; --modes pipe1,engine")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: this torch sees no CUDA device")
+    for mode in modes:
+        try:
+            check_device(mode, args.device)
+        except ValueError as e:
+            ap.error(f"--device {args.device}: {e}")
     out: dict = {"cpu": cpu_name(), "torch": torch.__version__,
                  "deepspeed": deepspeed.__version__, "modes": {}}
     if args.device == "cuda":

@@ -16,6 +16,9 @@ from pathlib import Path
 import numpy as np
 
 
+_COSTS = ("step_ms", "micro_batch_ms", "layer_ms")
+
+
 def fit_costs(rows: list[tuple[int, int, float]]) -> dict[str, float]:
     """Least squares of ms = step + m·micro_batch + m·layers·layer over (layers, m, ms) rows."""
     a = np.array([[1.0, m, m * layers] for layers, m, _ in rows])
@@ -42,7 +45,7 @@ def pooled_costs(paths: list[Path]) -> dict[str, dict[str, float]]:
     out = {}
     for mode, by_kind in best.items():
         ds, plain = (fit_costs([(*key, ms) for key, ms in by_kind[k].items()]) for k in ("deepspeed", "plain"))
-        out[mode] = {k: ds[k] - plain[k] for k in ("step_ms", "micro_batch_ms", "layer_ms")}
+        out[mode] = {k: ds[k] - plain[k] for k in _COSTS}
         out[mode]["runs"] = runs[mode]
         out[mode]["residual_rms_ms"] = max(ds["residual_rms_ms"], plain["residual_rms_ms"])
     return out
@@ -63,9 +66,6 @@ GPU_RUNS = "h100"
 #: (pipe2 less pipe1 there: the sends, the receives and the stages' barrier).
 GPU_PROXY = {"pipe2": "pipe1"}
 
-_COSTS = ("step_ms", "micro_batch_ms", "layer_ms")
-
-
 def _meta(paths: list[Path], mode: str) -> dict:
     """The first of ``paths`` that measured ``mode`` (its provenance keys)."""
     for p in paths:
@@ -73,6 +73,15 @@ def _meta(paths: list[Path], mode: str) -> dict:
         if mode in d["modes"]:
             return d
     raise ValueError(f"no run of mode {mode!r} among {[str(p) for p in paths]}")
+
+
+def _versions(run: dict) -> str:
+    return f"deepspeed {run['deepspeed'].strip()}, torch {run['torch']}"
+
+
+def _gpu_node(run: dict) -> str:
+    """The GPU node a ``--device cuda`` run was measured on, as a source names it."""
+    return f"the lent {run['gpu']} node's {run['cpu']} ({run['date'][:16]}, {_versions(run)})"
 
 
 def _runs(n: int) -> str:
@@ -93,21 +102,17 @@ def engine_prior(folder: Path) -> dict:
         proxy = GPU_PROXY.get(mode)
         if mode in gpu:
             adds = gpu[mode]
-            m = _meta(gpu_paths, mode)
-            where = (f"--device cuda --pool ({mode}, {_runs(adds['runs'])}) on the lent {m['gpu']} node's {m['cpu']} "
-                     f"({m['date'][:16]}, deepspeed {m['deepspeed'].strip()}, torch {m['torch']})")
+            where = f"--device cuda --pool ({mode}, {_runs(adds['runs'])}) on {_gpu_node(_meta(gpu_paths, mode))}"
         elif proxy in gpu and proxy in cpu:
             adds = {k: gpu[proxy][k] + cpu[mode][k] - cpu[proxy][k] for k in _COSTS}
-            m, c = _meta(gpu_paths, proxy), _meta(cpu_paths, mode)
-            where = (f"--device cuda --pool ({proxy}, {_runs(gpu[proxy]['runs'])}) on the lent {m['gpu']} node's "
-                     f"{m['cpu']} ({m['date'][:16]}, deepspeed {m['deepspeed'].strip()}, torch {m['torch']}), plus "
-                     f"{mode} less {proxy} of --pool ({_runs(cpu[mode]['runs'])}) on {c['cpu']} (deepspeed "
-                     f"{c['deepspeed'].strip()}, torch {c['torch']}; {mode} needs a GPU per rank)")
+            c = _meta(cpu_paths, mode)
+            where = (f"--device cuda --pool ({proxy}, {_runs(gpu[proxy]['runs'])}) on "
+                     f"{_gpu_node(_meta(gpu_paths, proxy))}, plus {mode} less {proxy} of --pool "
+                     f"({_runs(cpu[mode]['runs'])}) on {c['cpu']} ({_versions(c)}; {mode} needs a GPU per rank)")
         else:
             adds = cpu[mode]
             c = _meta(cpu_paths, mode)
-            where = (f"--pool ({mode}, {_runs(adds['runs'])}) on {c['cpu']} (deepspeed {c['deepspeed'].strip()}, "
-                     f"torch {c['torch']})")
+            where = f"--pool ({mode}, {_runs(adds['runs'])}) on {c['cpu']} ({_versions(c)})"
         out[engine] = {k.replace("_ms", "_seconds"): round(max(0.0, adds[k]) * 1e-3, 7) for k in _COSTS}
         out[engine]["source"] = (f"prior: benchmarks/bench_engine_host.py {where}: DeepSpeed less a plain PyTorch "
                                  f"loop at tiny shapes; this platform's own CPU was not measured")

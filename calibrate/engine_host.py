@@ -219,7 +219,6 @@ def measure_mode(mode: str, steps: int, warmup: int,
     ``on_row(layers, micro_batches, deepspeed_ms, plain_ms)`` is told each measurement."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
-    check_device(mode, device)
     rows: dict[str, list[tuple[int, int, float]]] = {"deepspeed": [], "plain": []}
     for layers in LAYERS:
         for m in MICRO_BATCHES:

@@ -199,8 +199,11 @@ class TransformerBlock(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.ln1, self.qkv, self.proj = nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
-        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, 4 * HIDDEN), nn.Linear(4 * HIDDEN, HIDDEN)
+        # Registered in the order the layer runs them (as the committed runs measured it).
+        self.ln1 = nn.LayerNorm(HIDDEN)
+        self.qkv, self.proj = nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+        self.ln2 = nn.LayerNorm(HIDDEN)
+        self.fc1, self.fc2 = nn.Linear(HIDDEN, 4 * HIDDEN), nn.Linear(4 * HIDDEN, HIDDEN)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]

@@ -215,6 +215,7 @@ def stack_prior() -> tuple[dict, str]:
     ds_meta = next(r["provenance"] for r in gpu_bench if "deepspeed" in r["provenance"])
     depths = gpu_ckpt["torch_op_sac"]["depths"]
     meta, zmeta, gpu = runs[0]["provenance"], zero3_runs[0]["provenance"], steps["provenance"]
+    vm = pairs[0][0]["provenance"]
     values = {"collective_seconds": round(collective, 8), "fsdp_layer_seconds": round(fsdp["fsdp_layer_seconds"], 7),
               "zero3_layer_seconds": round(zero3, 7), "checkpoint_layer_seconds": checkpoint}
     note = (f"; collective_seconds: prior from benchmarks/bench_stack_host.py --device cuda (median of "
@@ -229,9 +230,9 @@ def stack_prior() -> tuple[dict, str]:
             f"times a transformer layer's hooks, its weights partitioned, over the block's, {structure:.2f} "
             f"(median of {len(pairs)} pairs of --deepspeed --zero3-layer block / --zero3-layer transformer "
             f"--zero3-persistence {pairs[0][1]['deepspeed_zero3']['persistence_threshold']}, one gloo rank, "
-            f"{pairs[0][0]['provenance']['cpu']}, torch {pairs[0][0]['provenance']['torch']}, "
-            f"{pairs[0][0]['provenance']['date'][:16]}: zero3-layer-*.json); checkpoint_layer_seconds: each wrapper's own work per "
-            f"layer and micro-batch, all on the lent H100 node: torch_op_sac and torch_fsdp: FSDP2 with op-level SAC and with full AC less FSDP2, interleaved "
+            f"{vm['cpu']}, torch {vm['torch']}, {vm['date'][:16]}: zero3-layer-*.json); "
+            f"checkpoint_layer_seconds: each wrapper's own work per layer and micro-batch, all on the lent "
+            f"H100 node: torch_op_sac and torch_fsdp: FSDP2 with op-level SAC and with full AC less FSDP2, interleaved "
             f"({ckpt['provenance']['date'][:16]}), per layer and micro-batch, less one forward's issue, on the "
             f"lent {ckpt['provenance']['gpu']} (torch {ckpt['provenance']['torch']}, depths "
             f"{'/'.join(map(str, depths))}: benchmarks/data/h100-lent/stacks/hseries.json), and torch: DDP with "

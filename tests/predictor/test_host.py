@@ -250,8 +250,9 @@ def test_shipped_platforms_carry_zero3s_hooks_as_the_gpu_node_measured_them():
     assert all(b["deepspeed_zero3"]["layer"] == "block" and b["deepspeed_zero3"]["persistence_threshold"] is None
                and t["deepspeed_zero3"]["layer"] == "transformer"
                and 0 < t["deepspeed_zero3"]["persistence_threshold"] < 64 * 64 for b, t in zip(blocks, layers))
-    ratio = statistics.median(t["deepspeed_zero3"]["zero3_hook_layer_seconds"] / b["deepspeed_zero3"]["zero3_hook_layer_seconds"]
-                              for b, t in zip(blocks, layers))
+    hooks = [(b["deepspeed_zero3"]["zero3_hook_layer_seconds"], t["deepspeed_zero3"]["zero3_hook_layer_seconds"])
+             for b, t in zip(blocks, layers)]
+    ratio = statistics.median(layer / block for block, layer in hooks)
     assert 1.0 < ratio < 5.0
     for name in SHIPPED:
         assert load_platform(name).host.zero3_layer_seconds == pytest.approx(median * ratio, rel=1e-4), name
