@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Host costs of a framework's parallelism per layer, on this CPU (one gloo rank, one thread).
 
-    python benchmarks/bench_stack_host.py [--deepspeed | --checkpoint [--checkpoint-layer gpt|block]]
+    python benchmarks/bench_stack_host.py [--deepspeed | --checkpoint [--checkpoint-layer gpt|block]
+                                           | --framework-layer [--dropout P]]
                                           [--device cuda] [--repeats 40] [--rounds 3] [--json OUT]
 
 * per tensor-parallel collective: Megatron-style layers timed with their 4 all-reduces per layer
@@ -22,7 +23,12 @@
   reference): the per-layer slope of forward + backward with every layer wrapped, less the slope
   without a wrapper, less the slope of one forward (charged apart as ``layer_forward_seconds``),
   over 2, 8 and 16 layers of the GPT-shaped layer ``perf-calibrate host`` times (what ships), or
-  with ``--checkpoint-layer block`` of the tiny LayerNorm + MLP block above.
+  with ``--checkpoint-layer block`` of the tiny LayerNorm + MLP block above;
+* with ``--framework-layer`` only (needs the megatron-core package): Megatron-core's own
+  transformer layer (the local, non-Transformer-Engine spec: Megatron-DeepSpeed's and GPT-NeoX's
+  design) against the GPT-shaped reference layer, the ratio of their per-layer slopes, forward +
+  backward and forward alone, at Megatron's default dropouts (``--dropout``), with the ATen
+  operators each dispatches per layer (calibrate/framework_layer.py).
 
 One rank, so that no collective waits for a peer: what is left is the host's issuing, which a GPU
 node's CPU pays too (NCCL spends the transfers on the device).  ``--device cuda`` (a GPU node)
@@ -33,7 +39,8 @@ the GPU; the device is waited for between micro-batches, outside the timed span.
 
 Measurement code: calibrate/stack_host.py.  Committed runs: benchmarks/data/stack-host/*.json
 (what scripts/build_platforms.py ships as the [host] prior: collective_seconds,
-zero3_layer_seconds, checkpoint_layer_seconds).
+zero3_layer_seconds, checkpoint_layer_seconds); framework-layer-*.json: what
+predictor.host.FRAMEWORK_LAYER_HOST_RATIO is the median of.
 A benchmark, not a test: the figures depend on this machine and on what else runs on it.
 """
 from __future__ import annotations
@@ -55,6 +62,7 @@ from calibrate.stack_host import (CHECKPOINT_WRAPPERS, checkpoint_costs, deepspe
 
 LAYERS = (1, 2, 4, 8)
 CHECKPOINT_LAYERS = (2, 8, 16)
+FRAMEWORK_LAYERS = (1, 2, 4, 8)
 
 
 def measure(repeats: int, rounds: int, deepspeed: bool = False, checkpoint: bool = False,
@@ -100,6 +108,10 @@ def main() -> int:
     which.add_argument("--deepspeed", action="store_true", help="DeepSpeed's ZeRO-3 hooks (only)")
     which.add_argument("--checkpoint", action="store_true",
                        help="the activation-checkpointing wrappers' own host work per layer (only)")
+    which.add_argument("--framework-layer", action="store_true",
+                       help="Megatron-core's layer against the reference layer (only; needs megatron-core)")
+    ap.add_argument("--dropout", type=float, default=None,
+                    help="with --framework-layer: Megatron's hidden and attention dropout (default 0.1, its own)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the TP collectives (through a one-rank NCCL group) or, with --checkpoint, "
                          "the wrappers (DeepSpeed's where importable), or with --deepspeed ZeRO-3's hooks, "
@@ -119,7 +131,21 @@ def main() -> int:
         ap.error("--zero3-persistence: a number of elements >= 0, with --deepspeed")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: this torch sees no CUDA device")
+    if args.dropout is not None and (not args.framework_layer or not 0.0 <= args.dropout < 1.0):
+        ap.error("--dropout: a probability in [0, 1), with --framework-layer")
     load_at_start = os.getloadavg()[0]
+    if args.framework_layer:
+        import importlib.util
+        if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+            ap.error("--framework-layer: the megatron-core package is not installed "
+                     "(pip install --no-deps megatron-core): its transformer layer is what is measured")
+        r = _framework_layer(args)
+        if args.json:
+            import megatron.core
+            r["provenance"] = _provenance(args, load_at_start, list(FRAMEWORK_LAYERS))
+            r["provenance"]["megatron_core"] = megatron.core.__version__
+            _write(args.json, r)
+        return 0
     r = measure(args.repeats, args.rounds, args.deepspeed, args.checkpoint, args.checkpoint_layer, args.device,
                 args.zero3_layer, args.zero3_persistence)
     if args.checkpoint:
@@ -136,24 +162,48 @@ def main() -> int:
     else:
         report(r)
     if args.json:
-        r["provenance"] = {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "cpu": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "ranks": 1, "threads_per_rank": 1, "backend": "nccl" if args.device == "cuda" else "gloo",
-            "repeats": args.repeats,
-            "rounds": args.rounds, "layers": list(CHECKPOINT_LAYERS if args.checkpoint else LAYERS),
-            "load": f"{args.load_note}; fastest quarter of interleaved repeats",
-            "load_average_1m": {"start": round(load_at_start, 2), "end": round(os.getloadavg()[0], 2)}}
-        if args.device == "cuda":
-            r["provenance"].update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda,
-                                   nccl=".".join(map(str, torch.cuda.nccl.version())))
+        r["provenance"] = _provenance(args, load_at_start, list(CHECKPOINT_LAYERS if args.checkpoint else LAYERS))
         if args.deepspeed or (args.checkpoint and _has_deepspeed()):
             import deepspeed
             r["provenance"]["deepspeed"] = deepspeed.__version__
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(r, indent=1) + "\n")
+        _write(args.json, r)
     return 0
+
+
+def _framework_layer(args: argparse.Namespace) -> dict:
+    from calibrate.framework_layer import MEGATRON_DROPOUT, framework_layer_costs, operator_counts
+    torch.set_num_threads(1)
+    dropout = MEGATRON_DROPOUT if args.dropout is None else args.dropout
+    r = framework_layer_costs(FRAMEWORK_LAYERS, args.repeats, args.rounds, args.device, dropout)
+    r["aten_operators_per_layer"] = operator_counts(args.device, dropout)
+    s = r["layer_seconds"]
+    print(f"Megatron-core layer (local spec, dropout {dropout}) against the reference layer, per layer and "
+          f"micro-batch: forward + backward {1e6 * s['megatron']:.0f} µs against {1e6 * s['reference']:.0f} µs, "
+          f"x{r['ratio']:.3f}; forward {1e6 * s['megatron_forward']:.0f} µs against "
+          f"{1e6 * s['reference_forward']:.0f} µs, x{r['forward_ratio']:.3f}")
+    ops = r["aten_operators_per_layer"]
+    print(f"ATen operators per layer, forward + backward: {ops['megatron']} against {ops['reference']}")
+    return {"framework_layer": r}
+
+
+def _provenance(args: argparse.Namespace, load_at_start: float, layers: list[int]) -> dict:
+    out = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+        "ranks": 1, "threads_per_rank": 1, "backend": "nccl" if args.device == "cuda" else "gloo",
+        "repeats": args.repeats, "rounds": args.rounds, "layers": layers,
+        "load": f"{args.load_note}; fastest quarter of interleaved repeats",
+        "load_average_1m": {"start": round(load_at_start, 2), "end": round(os.getloadavg()[0], 2)}}
+    if args.device == "cuda":
+        out.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda,
+                   nccl=".".join(map(str, torch.cuda.nccl.version())))
+    return out
+
+
+def _write(path: Path, r: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(r, indent=1) + "\n")
 
 
 if __name__ == "__main__":

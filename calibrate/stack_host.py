@@ -101,7 +101,8 @@ def _time_micro_batches(model: nn.Module, repeats: int, device: str = "cpu") -> 
     engine = model.engine if isinstance(model, _Engine) else None
     forward_only = getattr(model, "forward_only", False)
     # A layer's input inside a model requires grad (a reentrant checkpoint's backward needs it).
-    x = torch.randn(TOKENS, getattr(model, "width", HIDDEN), device=device, requires_grad=isinstance(model, _Wrapped))
+    grad = isinstance(model, _Wrapped) or getattr(model, "input_requires_grad", False)
+    x = torch.randn(TOKENS, getattr(model, "width", HIDDEN), device=device, requires_grad=grad)
     out = []
     for i in range(repeats + 3):
         t0 = time.perf_counter()

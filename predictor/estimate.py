@@ -37,7 +37,8 @@ from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gathers_layers,
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import attention, checkpointing, fp8, memory, overlap, tp_overlap
-from .host import FSDP_FRAMEWORKS, checkpoint_wrapper_for, engine_for as host_engine_for, fsdp_hook_share
+from .host import (FSDP_FRAMEWORKS, checkpoint_wrapper_for, engine_for as host_engine_for, fsdp_hook_share,
+                   layer_extra_seconds)
 from .interval import IntervalRule, interval_seconds, run_scores
 from .job import DEEPSPEED_PIPELINE_FRAMEWORKS, TrainingJob
 from .kinds import kind_of
@@ -1141,7 +1142,8 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
                                           + len(pipeline.p2p[i][1].parts),
                                           fsdp_layers=n if fsdp else 0, compiled=job.run.compile,
                                           zero3_layers=n if zero3 else 0,
-                                          checkpoint=wrapper, fsdp_share=fsdp_share)
+                                          checkpoint=wrapper, fsdp_share=fsdp_share,
+                                          layer_extra=layer_extra_seconds(job.run.framework))
                   + n * layer_sync_seconds
                   for i, n in enumerate(sizes)]
     return stage_host, plat.host.engine_step_seconds(engine, plat.fitted)

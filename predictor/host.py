@@ -99,6 +99,20 @@ FSDP_FRAMEWORKS = ("torchtitan", "llm-foundry")
 #: gpu_compiled_layer_ratio).  That module's graph breaks at every layer, so a fully compiled
 #: layer launches fewer kernels still: the ratio is an upper bound.
 COMPILED_LAYER_HOST_RATIO = 0.635
+#: Frameworks whose transformer layer is Megatron's own, without Transformer Engine: Megatron-
+#: DeepSpeed's ParallelTransformerLayer and GPT-NeoX's (derived from it): column- and row-parallel
+#: linear modules, a scale-mask-softmax module, three dropouts under an RNG tracker's fork.
+#: Megatron and NeMo build their layers from Transformer Engine's modules by default, which this
+#: measurement does not cover; a job that names no framework is perfcast's own reference layer.
+MEGATRON_LAYER_FRAMEWORKS = ("megatron-deepspeed", "neox")
+#: What such a layer adds to the reference layer's issue time (``layer_seconds``) per layer and
+#: micro-batch, and in its forward (what full recomputation repeats): the medians of three runs of
+#: benchmarks/bench_stack_host.py --framework-layer on the 2-core VM (framework-layer-*.json;
+#: calibrate.framework_layer.pooled_extra).  Seconds, not a ratio: the difference is Python, which
+#: a GPU node's host pays about as this VM does, unlike the reference's kernel launches
+#: (docs/modelling.md §2).
+MEGATRON_LAYER_EXTRA_SECONDS = 6.44e-4
+MEGATRON_LAYER_FORWARD_EXTRA_SECONDS = 5.10e-4
 #: llm-foundry's ZeRO-2 is FSDP1 SHARD_GRAD_OP: no reshard after the forward, so no unshard
 #: before the backward; its hooks cost this share of FULL_SHARD's per layer (benchmarks/
 #: bench_fsdp1_host.py on a fake 2-rank group: the median of the three runs that measured it,
@@ -189,6 +203,15 @@ def fsdp_hook_share(framework: str, zero_stage: int, micro_batches: int = 1) -> 
         return 1.0
     share = FSDP1_SHARD_GRAD_OP_HOOK_RATIO if zero_stage == 2 else 1.0
     return share + FSDP1_ACCUMULATION_HOOK_RATIO * (micro_batches - 1) / max(micro_batches, 1)
+
+
+def layer_extra_seconds(framework: str) -> tuple[float, float]:
+    """What ``framework``'s own transformer layer adds to the reference layer's issue time per
+    layer and micro-batch, (forward + backward, forward): :data:`MEGATRON_LAYER_EXTRA_SECONDS` and
+    :data:`MEGATRON_LAYER_FORWARD_EXTRA_SECONDS` for :data:`MEGATRON_LAYER_FRAMEWORKS`, else 0."""
+    if framework in MEGATRON_LAYER_FRAMEWORKS:
+        return MEGATRON_LAYER_EXTRA_SECONDS, MEGATRON_LAYER_FORWARD_EXTRA_SECONDS
+    return 0.0, 0.0
 
 
 def engine_for(framework: str, pp: int) -> str:
@@ -286,7 +309,8 @@ class HostCosts:
     def stage_seconds(self, layers: int, collectives: float, recompute: str,
                       fitted: "HostScales | None" = None, engine: str = "",
                       collective_calls: float = 0.0, fsdp_layers: int = 0, compiled: bool = False,
-                      zero3_layers: int = 0, checkpoint: str = "", fsdp_share: float = 1.0) -> float:
+                      zero3_layers: int = 0, checkpoint: str = "", fsdp_share: float = 1.0,
+                      layer_extra: tuple[float, float] = (0.0, 0.0)) -> float:
         """Host time to issue one micro-batch's forward and backward on a stage of ``layers``.
 
         ``collectives`` counts the kernel launches beyond a plain layer's kernels (FP8 casts,
@@ -302,13 +326,17 @@ class HostCosts:
         around each recomputed layer, whose own work ``checkpoint_layer_seconds`` adds per layer.
         ``engine`` (:func:`engine_for`): the framework engine's own work per micro-batch and per
         layer is added where the platform measured it.
+        ``layer_extra`` (:func:`layer_extra_seconds`): what the framework's own layer adds to the
+        reference layer's issue time, forward + backward and in the forward a recomputation repeats.
         ``fitted``: the platform's ``[fitted]`` terms (perf-calibrate validate --fit), if any: the
         per-layer, per-micro-batch and launch costs each times its own scale, all times ``host_scale``.
         """
-        layer = self.layer_seconds
+        extra, extra_forward = layer_extra
+        layer = self.layer_seconds + extra
         if recompute == "full" or (recompute == "selective" and checkpoint == "torch_op_sac"):
             # Without a forward figure of its own, the whole layer bounds what the repeat adds.
-            layer += self.layer_forward_seconds if self.layer_forward_seconds >= 0 else self.layer_seconds
+            layer += self.layer_forward_seconds + extra_forward if self.layer_forward_seconds >= 0 \
+                else self.layer_seconds + extra
         if recompute in ("full", "selective") and checkpoint:
             own = self.checkpoint_layer_seconds
             layer += own.get(checkpoint, own.get(CHECKPOINT_WRAPPER_FALLBACK.get(checkpoint, ""), 0.0))
@@ -343,5 +371,6 @@ class HostCosts:
 
 __all__ = ["CHECKPOINT_WRAPPERS", "CHECKPOINT_WRAPPER_FALLBACK", "COMPILED_LAYER_HOST_RATIO", "ENGINES",
            "FSDP1_ACCUMULATION_HOOK_RATIO", "FSDP1_SHARD_GRAD_OP_HOOK_RATIO",
-           "FSDP_FRAMEWORKS", "EngineCosts", "HostCosts", "checkpoint_wrapper_for", "engine_for",
-           "fsdp_hook_share"]
+           "FSDP_FRAMEWORKS", "MEGATRON_LAYER_EXTRA_SECONDS", "MEGATRON_LAYER_FORWARD_EXTRA_SECONDS",
+           "MEGATRON_LAYER_FRAMEWORKS", "EngineCosts", "HostCosts", "checkpoint_wrapper_for", "engine_for",
+           "fsdp_hook_share", "layer_extra_seconds"]

@@ -36,6 +36,14 @@ if DS_ACCELERATOR=cuda python3 -c "import deepspeed" 2>/dev/null; then
         --modes engine --json "$store/engine-host-engine.json"
     echo "deepspeed: exit $?"
 fi
+# Megatron's own layer against the reference layer, the host's issue time on this node, where
+# megatron-core imports (carry its wheel for the node's Python: pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 megatron-core==0.16.1).
+if python3 -c "import megatron.core" 2>/dev/null; then
+    timeout "${STACK_HOST_SECONDS:-120}" python3 benchmarks/bench_stack_host.py --device cuda --framework-layer \
+        --repeats 20 --rounds 4 --load-note "a lent GPU node" --json "$store/stack-host-framework-layer.json"
+    echo "megatron layer: exit $?"
+fi
 timeout "${FAMILY_SECONDS:-150}" python3 benchmarks/bench_train_family.py --device cuda \
     --out "$store/train-family.json"
 echo "family: exit $?"

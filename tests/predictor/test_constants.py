@@ -166,6 +166,35 @@ def test_checkpoint_wrapper_costs_are_quoted_as_shipped():
     assert f"| {host.FSDP1_ACCUMULATION_HOOK_RATIO} |" in _row("FSDP1_ACCUMULATION_HOOK_RATIO")
 
 
+def test_megatrons_layer_extra_and_its_example_are_quoted_as_they_are(monkeypatch):
+    from predictor import Predictor, TrainingJob, host
+    assert f"| {1e6 * host.MEGATRON_LAYER_EXTRA_SECONDS:.0f} µs |" in _row("MEGATRON_LAYER_EXTRA_SECONDS")
+    assert f"| {1e6 * host.MEGATRON_LAYER_FORWARD_EXTRA_SECONDS:.0f} µs |" in \
+        _row("MEGATRON_LAYER_FORWARD_EXTRA_SECONDS")
+    section = DOC[DOC.index("*Megatron's own layer*"):]
+    section = " ".join(section[:section.index("\n\n")].split())
+    assert f"**{1e6 * host.MEGATRON_LAYER_EXTRA_SECONDS:.0f} µs**" in section
+    assert f"**{1e6 * host.MEGATRON_LAYER_FORWARD_EXTRA_SECONDS:.0f} µs**" in section
+
+    def job(micro_batch: int) -> TrainingJob:
+        return TrainingJob.from_dict({
+            "model": {"layers": 24, "hidden": 1024, "heads": 16, "seq_len": 2048, "vocab": 50257,
+                      "attention": "fused_softmax"},
+            "layout": {"pp": 1, "tp": 8, "dp": 1, "micro_batch": micro_batch, "micro_batches": 8,
+                       "zero_stage": 1, "recompute": "none"},
+            "run": {"precision": "fp16", "framework": "megatron-deepspeed"}, "cluster": {"gpus_per_node": 8}})
+
+    plat = load_platform("dgx-a100")
+    now = Predictor(plat).predict(job(1)).iteration_seconds
+    bound = Predictor(plat).predict(job(4)).iteration_seconds
+    monkeypatch.setattr(host, "MEGATRON_LAYER_EXTRA_SECONDS", 0.0)
+    monkeypatch.setattr(host, "MEGATRON_LAYER_FORWARD_EXTRA_SECONDS", 0.0)
+    before = Predictor(plat).predict(job(1)).iteration_seconds
+    assert f"{before:.3f} → {now:.3f} s" in section
+    assert f"stays device-bound ({bound:.3f} s)" in section
+    assert Predictor(plat).predict(job(4)).iteration_seconds == bound
+
+
 def test_framework_spec_and_measured_constants_are_quoted_as_they_are():
     from predictor import advise, attention, fp8, network, overlap, recipe, tp_overlap
     assert f"| {fp8.ACHIEVABLE_TENSOR_FRACTION} of the tensor cores' peak |" in _row("ACHIEVABLE_TENSOR_FRACTION")

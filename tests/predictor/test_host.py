@@ -109,9 +109,10 @@ def _recompute_job(recompute: str, framework: str, layers: int = 4, zero_stage: 
                                                ("neox", "deepspeed"), ("megatron-deepspeed", "deepspeed"),
                                                ("torchtitan", "torch_fsdp"), ("llm-foundry", "torch_fsdp")])
 def test_full_recomputation_pays_the_forward_and_its_frameworks_wrapper_per_layer(framework, wrapper):
-    from predictor.host import checkpoint_wrapper_for
+    from predictor.host import checkpoint_wrapper_for, layer_extra_seconds
     plat = load_platform("dgx-h100")
     h = plat.host
+    forward = h.layer_forward_seconds + layer_extra_seconds(framework)[1]   # the framework's own layer
     assert checkpoint_wrapper_for(framework, "full") == wrapper
     assert checkpoint_wrapper_for(framework, "none") == ""
     # Without FSDP a block's full AC is PyTorch's plain wrapper: no FSDP hooks in its recompute.
@@ -122,11 +123,37 @@ def test_full_recomputation_pays_the_forward_and_its_frameworks_wrapper_per_laye
     zero = 3 if wrapper == "torch_fsdp" else 0
     none = _host_per_micro_batch(_recompute_job("none", framework, zero_stage=zero), plat)[0]
     full = _host_per_micro_batch(_recompute_job("full", framework, zero_stage=zero), plat)[0]
-    assert full - none == pytest.approx(4 * (h.layer_forward_seconds + h.checkpoint_layer_seconds[wrapper]))
+    assert full - none == pytest.approx(4 * (forward + h.checkpoint_layer_seconds[wrapper]))
     # A platform file written before the wrappers were measured charges the forward alone, as before.
     old = dataclasses.replace(plat, host=dataclasses.replace(h, checkpoint_layer_seconds={}))
     assert _host_per_micro_batch(_recompute_job("full", framework, zero_stage=zero), old)[0] - none == \
-        pytest.approx(4 * h.layer_forward_seconds)
+        pytest.approx(4 * forward)
+
+
+@pytest.mark.parametrize("framework", ["megatron-deepspeed", "neox"])
+def test_megatrons_own_layer_adds_its_measured_python_per_layer(framework):
+    from predictor import predict
+    from predictor.host import (MEGATRON_LAYER_EXTRA_SECONDS, MEGATRON_LAYER_FORWARD_EXTRA_SECONDS,
+                                layer_extra_seconds)
+    plat = load_platform("dgx-a100")
+    assert layer_extra_seconds(framework) == (MEGATRON_LAYER_EXTRA_SECONDS, MEGATRON_LAYER_FORWARD_EXTRA_SECONDS)
+    assert 0 < MEGATRON_LAYER_FORWARD_EXTRA_SECONDS < MEGATRON_LAYER_EXTRA_SECONDS
+    # The same job as DeepSpeed's (a user's own model: the reference layer), pipeline engine and
+    # wrapper alike at pp = 2: only the layers' issue time differs, by the measured extra per layer.
+    ds = _recompute_job("none", "deepspeed").replace(layout={"pp": 2})
+    own = ds.replace(run={"framework": framework})
+    per_stage = 2                      # 4 layers over 2 stages
+    for a, b in zip(_host_per_micro_batch(own, plat), _host_per_micro_batch(ds, plat)):
+        assert a - b == pytest.approx(per_stage * MEGATRON_LAYER_EXTRA_SECONDS)
+    # Full recomputation repeats the forward, and its extra with it.
+    full_own = own.replace(layout={"recompute": "full"})
+    full_ds = ds.replace(layout={"recompute": "full"})
+    for a, b in zip(_host_per_micro_batch(full_own, plat), _host_per_micro_batch(full_ds, plat)):
+        assert a - b == pytest.approx(per_stage * (MEGATRON_LAYER_EXTRA_SECONDS + MEGATRON_LAYER_FORWARD_EXTRA_SECONDS))
+    # This small host-bound job takes longer; frameworks with other layers do not move.
+    assert predict(own, plat).iteration_seconds > predict(ds, plat).iteration_seconds
+    for other in ("", "deepspeed", "megatron", "nemo", "torchtitan", "llm-foundry"):
+        assert layer_extra_seconds(other) == (0.0, 0.0)
 
 
 def test_selective_recomputation_pays_one_wrapper_per_layer():
