@@ -8,6 +8,10 @@
     python benchmarks/bench_cpu_family.py --contention "dp2 L4 h256 mb2" [--rounds 6]  # rank alone vs concurrent
     python benchmarks/bench_cpu_family.py --stacks [--stacks-out benchmarks/data/cpu-family/stacks.toml]
                                                      # the stack family under pytorch, deepspeed, fsdp
+    python benchmarks/bench_cpu_family.py --stacks --stack-family zero2 --stacks-out .../zero2.toml
+                                                     # DeepSpeed's ZeRO-1 against ZeRO-2
+    python benchmarks/bench_cpu_family.py --zero2-ratios --runs A.toml,B.toml --platform DIR
+                                                     # their iterations' ratio, measured and predicted
 
 Measuring does, in order:
 
@@ -67,9 +71,10 @@ from pathlib import Path
 # Before xgboost/lightgbm load: their two OpenMP runtimes must not spin against each other.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from calibrate.cpu_family import (STACKS, THREADS_PER_RANK, compare_rows, family, job_named,  # noqa: E402
+from calibrate.cpu_family import (STACKS, THREADS_PER_RANK, ZERO2_STACKS, compare_rows, family, job_named,  # noqa: E402
                                   name_of, read_runs, resolve_platform, runs_toml, stack_family,
-                                  stack_family_dp1, stack_job, write_runs)
+                                  stack_family_dp1, stack_family_zero2, stack_job, write_runs,
+                                  zero2_ratio_rows)
 from calibrate.cpu_load import loadavg, while_measuring  # noqa: E402
 from calibrate.errors import CalibrationError  # noqa: E402
 
@@ -91,17 +96,19 @@ def measure_stacks(args) -> int:
     side = out.with_suffix(".json")
     runs: list[dict] = json.loads(side.read_text()) if side.exists() else []
     seen = {r["name"] for r in runs}
-    stacks = [s for s in args.stack_list.split(",") if s] or list(STACKS)
+    stacks = [s for s in args.stack_list.split(",") if s] or \
+        list(ZERO2_STACKS if args.stack_family == "zero2" else STACKS)
     try:
         import deepspeed
         ds_version = deepspeed.__version__
     except ImportError:
         ds_version = ""
-        if "deepspeed" in stacks:
+        if any(s.startswith("deepspeed") for s in stacks):
             print("deepspeed is not installed (pip install deepspeed): its runs are skipped", file=sys.stderr)
-            stacks.remove("deepspeed")
+            stacks = [s for s in stacks if not s.startswith("deepspeed")]
     cpu = _platform.processor() or _platform.machine()
-    for j in (stack_family_dp1() if args.stack_family == "dp1" else stack_family()):
+    jobs = {"dp1": stack_family_dp1, "zero2": stack_family_zero2}.get(args.stack_family, stack_family)()
+    for j in jobs:
         for stack in stacks:
             sj = stack_job(j, stack)
             name = f"{stack} {name_of(sj)}"
@@ -112,7 +119,7 @@ def measure_stacks(args) -> int:
                 lambda: measure_stack(sj, stack, threads=THREADS, steps=args.steps, warmup=args.warmup))
             load, others = busy.load, busy.others_cores
             src = (f"benchmarks/bench_cpu_family.py --stacks ({stack}), {os.cpu_count()} CPUs ({cpu}), "
-                   f"torch {torch.__version__}" + (f", deepspeed {ds_version}" if stack == "deepspeed" else "")
+                   f"torch {torch.__version__}" + (f", deepspeed {ds_version}" if stack.startswith("deepspeed") else "")
                    + f", gloo, {THREADS} thread(s) per rank, fastest-quarter mean of {len(steps)} steps, "
                    f"1-min load {load:.2f}, other processes {others:.2f} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
             runs.append({"name": name, "stack": stack, "job": sj, "measured_iteration_seconds": secs,
@@ -214,7 +221,20 @@ def measure_family(args) -> int:
 def compare(args) -> int:
     keep: list = []
     plat = resolve_platform(args.platform, keep)
-    rows = compare_rows(read_runs(Path(args.runs)), plat)
+    runs = [r for f in args.runs.split(",") for r in read_runs(Path(f))]
+    if args.zero2_ratios:
+        rows = zero2_ratio_rows(runs, plat)
+        if args.json:
+            print(json.dumps(rows, indent=1))
+            return 0
+        print(f"{'job':<24} {'ZeRO-2 / ZeRO-1 measured':>25} {'predicted':>10} {'error':>8}")
+        for r in rows:
+            print(f"{r['name']:<24} {r['measured_ratio']:>25.3f} {r['predicted_ratio']:>10.3f} {100 * r['error']:>+7.1f}%")
+        if rows:
+            print(f"mean |error| of the ratio {100 * sum(abs(r['error']) for r in rows) / len(rows):.1f} % "
+                  f"over {len(rows)} jobs")
+        return 0
+    rows = compare_rows(runs, plat)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -323,9 +343,13 @@ def main() -> int:
     ap.add_argument("--stacks", action="store_true",
                     help="train the stack family under pytorch, deepspeed and fsdp (calibrate/stacks.py)")
     ap.add_argument("--stack-list", default="", help="--stacks: only these (comma-separated)")
-    ap.add_argument("--stack-family", default="mixed", choices=("mixed", "dp1"),
-                    help="--stacks: the jobs (mixed: dp 1 and 2, recompute; dp1: 14 one-rank shapes)")
+    ap.add_argument("--stack-family", default="mixed", choices=("mixed", "dp1", "zero2"),
+                    help="--stacks: the jobs (mixed: dp 1 and 2, recompute; dp1: 14 one-rank shapes; zero2: "
+                         "7 two-rank shapes of 1-8 micro-batches under DeepSpeed's ZeRO-1 and ZeRO-2)")
     ap.add_argument("--stacks-out", default=str(DATA / "stacks.toml"), help="--stacks: runs file (and .json)")
+    ap.add_argument("--zero2-ratios", action="store_true",
+                    help="with --runs (comma-separated files of --stack-family zero2): ZeRO-2's iteration over "
+                         "ZeRO-1's, measured and predicted")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()

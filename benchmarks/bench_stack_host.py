@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Host costs of a framework's parallelism per layer, on this CPU (one gloo rank, one thread).
 
-    python benchmarks/bench_stack_host.py [--deepspeed | --checkpoint [--checkpoint-layer gpt|block]
+    python benchmarks/bench_stack_host.py [--deepspeed | --zero12 | --checkpoint [--checkpoint-layer gpt|block]
                                            | --framework-layer [--dropout P]]
                                           [--device cuda] [--repeats 40] [--rounds 3] [--json OUT]
 
@@ -16,6 +16,9 @@
   against stage 0, the difference of the per-layer slopes: ZeRO-3's per-module hooks, around the
   tiny block or, with ``--zero3-layer transformer``, a transformer layer's six modules
   (``--zero3-persistence N``: partition every parameter above N elements);
+* with ``--zero12`` (needs the deepspeed package) only: DeepSpeed's engine at ZeRO stages 1 and 2
+  against stage 0 around the transformer layer, on micro-batches inside a step: the gradient hooks
+  of its ZeRO-1/2 optimizer on every parameter;
 * with ``--checkpoint`` only: each activation-checkpointing wrapper's own host work per layer
   (Megatron-core's reentrant function with its RNG tracker, DeepSpeed's
   ``deepspeed.checkpointing.checkpoint``, PyTorch's non-reentrant ``checkpoint_wrapper`` plain and
@@ -58,7 +61,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from calibrate.stack_host import (CHECKPOINT_WRAPPERS, checkpoint_costs, deepspeed_zero3_costs,  # noqa: E402
-                                  fsdp_costs, one_rank_group, tp_collective_costs)
+                                  deepspeed_zero12_costs, fsdp_costs, one_rank_group, tp_collective_costs)
 
 LAYERS = (1, 2, 4, 8)
 CHECKPOINT_LAYERS = (2, 8, 16)
@@ -108,6 +111,8 @@ def main() -> int:
     which.add_argument("--deepspeed", action="store_true", help="DeepSpeed's ZeRO-3 hooks (only)")
     which.add_argument("--checkpoint", action="store_true",
                        help="the activation-checkpointing wrappers' own host work per layer (only)")
+    which.add_argument("--zero12", action="store_true",
+                       help="DeepSpeed's ZeRO-1 and ZeRO-2 gradient hooks against stage 0 (only)")
     which.add_argument("--framework-layer", action="store_true",
                        help="Megatron-core's layer against the reference layer (only; needs megatron-core)")
     ap.add_argument("--dropout", type=float, default=None,
@@ -144,6 +149,19 @@ def main() -> int:
             import megatron.core
             r["provenance"] = _provenance(args, load_at_start, list(FRAMEWORK_LAYERS))
             r["provenance"]["megatron_core"] = megatron.core.__version__
+            _write(args.json, r)
+        return 0
+    if args.zero12:
+        torch.set_num_threads(1)
+        one_rank_group(args.device)
+        z = deepspeed_zero12_costs(LAYERS, args.repeats, args.rounds, args.device)
+        slopes = ", ".join(f"{k} {1e6 * v:.0f}" for k, v in z["layer_seconds"].items())
+        print(f"DeepSpeed ZeRO-1 hooks: {1e6 * z['zero1_hook_layer_seconds']:.1f} µs, ZeRO-2 hooks: "
+              f"{1e6 * z['zero2_hook_layer_seconds']:.1f} µs per layer and micro-batch (layer slopes µs: {slopes})")
+        if args.json:
+            import deepspeed
+            r = {"deepspeed_zero12": z, "provenance": _provenance(args, load_at_start, list(LAYERS))}
+            r["provenance"]["deepspeed"] = deepspeed.__version__
             _write(args.json, r)
         return 0
     r = measure(args.repeats, args.rounds, args.deepspeed, args.checkpoint, args.checkpoint_layer, args.device,

@@ -9,6 +9,7 @@ in the family: calibrate/gpt_model.py runs pp = tp = 1 only.  Torch-free.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -25,6 +26,8 @@ THREADS_PER_RANK = max(1, (os.cpu_count() or 2) // 2)
 #: The stacks the CPU family is trained under; each job is predicted as its launch reveals it
 #: (calibrate/stack_runs.py: TorchTitan's data parallelism is FSDP2, ZeRO-3).
 STACKS = ("pytorch", "deepspeed", "fsdp")
+#: The stacks :func:`stack_family_zero2` is trained under: DeepSpeed's engine at ZeRO-1 and ZeRO-2.
+ZERO2_STACKS = ("deepspeed", "deepspeed_zero2")
 
 
 def job(layers: int, hidden: int, mb: int, *, dp: int = 1, m: int = 2, recompute: str = "none",
@@ -45,7 +48,9 @@ def name_of(j: dict) -> str:
     """The run's name in the runs files, e.g. ``dp2 L4 h256 mb2`` (`` full`` when recomputed)."""
     m, lay = j["model"], j["layout"]
     rc = " full" if lay["recompute"] == "full" else ""
-    return f"dp{lay['dp']} L{m['layers']} h{m['hidden']} mb{lay['micro_batch']}{rc}"
+    # The families' jobs run 2 micro-batches unless they say otherwise.
+    acc = f" m{lay['micro_batches']}" if lay["micro_batches"] != 2 else ""
+    return f"dp{lay['dp']} L{m['layers']} h{m['hidden']} mb{lay['micro_batch']}{acc}{rc}"
 
 
 def family() -> list[dict]:
@@ -85,6 +90,15 @@ def stack_family_dp1() -> list[dict]:
             job(2, 512, 2), job(3, 384, 2)]
 
 
+def stack_family_zero2() -> list[dict]:
+    """Two ranks, 1 to 8 micro-batches of a micro-batch each (or two), so that the gradient
+    reduction is a large share of a step: DeepSpeed's ZeRO-1 reduces once per step, its ZeRO-2 once
+    per micro-batch (trained under "deepspeed" and "deepspeed_zero2")."""
+    return [job(2, 512, 1, dp=2, m=1), job(2, 512, 1, dp=2, m=4), job(2, 512, 1, dp=2, m=8),
+            job(2, 256, 2, dp=2, m=4), job(2, 256, 2, dp=2, m=8), job(2, 1024, 1, dp=2, m=4),
+            job(4, 256, 1, dp=2, m=8)]
+
+
 def job_named(name: str) -> dict:
     """The :func:`family` job called ``name``; an error listing the names if there is none."""
     jobs = {name_of(j): j for j in family()}
@@ -94,9 +108,10 @@ def job_named(name: str) -> dict:
 
 
 def stack_job(j: dict, stack: str) -> dict:
-    """The job dict ``j`` as ``stack`` (one of :data:`STACKS`) runs it, and is predicted."""
-    if stack not in STACKS:
-        raise CalibrationError(f"stack {stack!r}: one of {', '.join(STACKS)}")
+    """The job dict ``j`` as ``stack`` (one of :data:`STACKS` or :data:`ZERO2_STACKS`) runs it,
+    and is predicted."""
+    if stack not in STACKS + ZERO2_STACKS:
+        raise CalibrationError(f"stack {stack!r}: one of {', '.join(STACKS + ZERO2_STACKS[1:])}")
     return stack_runs.stack_job(j, stack)
 
 
@@ -152,6 +167,33 @@ def resolve_platform(where: str, keep: list) -> Any:
         fit_platform(p, Path(tmp.name) / "platform", name="cpu-family", overwrite=True)
         return load_platform(Path(tmp.name) / "platform", reload=True)
     return load_platform(where, reload=True)
+
+
+def zero2_ratio_rows(runs: list[dict], plat: Any) -> list[dict]:
+    """For each job of :func:`stack_family_zero2` measured under both :data:`ZERO2_STACKS`, ZeRO-2's
+    iteration over ZeRO-1's, measured (each run's fastest, where ``runs`` holds several passes) and
+    predicted: what DeepSpeed's per-micro-batch reduction and gradient hooks add, whatever the
+    kind's offset the two share."""
+    from predictor import Predictor, TrainingJob
+
+    fastest: dict[str, float] = {}
+    jobs: dict[str, dict] = {}
+    for r in runs:
+        name = r["name"]
+        fastest[name] = min(fastest.get(name, math.inf), float(r["measured_iteration_seconds"]))
+        jobs.setdefault(name, r["job"])
+    one, two = (f"{stack} " for stack in ZERO2_STACKS)
+    predictor = Predictor(plat)
+    rows = []
+    for name in jobs:
+        if not name.startswith(two) or one + name[len(two):] not in jobs:
+            continue
+        base = one + name[len(two):]
+        pred = [predictor.predict(TrainingJob.from_dict(jobs[n])).iteration_seconds for n in (name, base)]
+        measured, predicted = fastest[name] / fastest[base], pred[0] / pred[1]
+        rows.append({"name": name[len(two):], "measured_ratio": measured, "predicted_ratio": predicted,
+                     "error": predicted / measured - 1.0})
+    return rows
 
 
 def compare_rows(runs: list[dict], plat: Any) -> list[dict]:

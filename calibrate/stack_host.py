@@ -275,7 +275,7 @@ def _import_deepspeed(device: str = "cpu"):  # noqa: ANN202 - the deepspeed modu
 
 
 def _deepspeed_model(n: int, stage: int, device: str = "cpu", layer: str = "block",
-                     persistence_threshold: int | None = None) -> nn.Module:
+                     persistence_threshold: int | None = None, accumulate: bool = False) -> nn.Module:
     deepspeed = _import_deepspeed(device)
     model = nn.Sequential(*[ZERO3_LAYERS[layer]() for _ in range(n)])
     zero: dict = {"stage": stage}
@@ -283,9 +283,58 @@ def _deepspeed_model(n: int, stage: int, device: str = "cpu", layer: str = "bloc
         zero["stage3_param_persistence_threshold"] = persistence_threshold
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero,
            "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
+    if accumulate:
+        # Every timed backward a micro-batch inside a step (none reaches the accumulation
+        # boundary, where the step's own reduction would run).
+        cfg["gradient_accumulation_steps"] = ACCUMULATE_FOREVER
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
                                       config=cfg)
     return _Engine(engine)
+
+
+ACCUMULATE_FOREVER = 1 << 30
+
+
+class _LauncherEnv:
+    """DeepSpeed's engine reads the launcher's variables of the one rank that is up, while it runs;
+    the process's environment is restored afterwards, and so is F.linear, which ZeRO-3's engine
+    replaces for the whole process."""
+
+    _VARS = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+
+    def __enter__(self) -> None:
+        import os
+        self.unset = [k for k in self._VARS if k not in os.environ]
+        os.environ.update({k: self._VARS[k] for k in self.unset})
+        self.linear = torch.nn.functional.linear
+
+    def __exit__(self, *exc) -> None:  # noqa: ANN002
+        import os
+        torch.nn.functional.linear = self.linear
+        for k in self.unset:
+            os.environ.pop(k, None)
+
+
+def deepspeed_zero12_costs(layers: Sequence[int], repeats: int, rounds: int, device: str = "cpu") -> dict:
+    """Per-layer forward + backward seconds of DeepSpeed's engine at ZeRO stages 0, 1 and 2 around
+    :class:`TransformerBlock` (12 parameters, as a real layer has), on micro-batches inside a step
+    (no accumulation boundary reached), and stages 1 and 2 less stage 0: the gradient hooks
+    DeepSpeed's ZeRO-1/2 optimizer puts on every parameter (with ``contiguous_gradients``, its
+    default, at ZeRO-1 too), which at ZeRO-2 move each gradient into the reduction bucket every
+    micro-batch (one rank's group up, gloo or NCCL on ``cuda``; needs the deepspeed package)."""
+    import warnings
+
+    torch.manual_seed(0)
+    with _LauncherEnv(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        models = {(stage, n): _deepspeed_model(n, stage, device, "transformer", accumulate=True)
+                  for n in layers for stage in (0, 1, 2)}
+        per = _interleaved(models, repeats, rounds, device)
+    ns = list(layers)
+    slope = {stage: _slope(ns, [per[(stage, n)] for n in ns]) for stage in (0, 1, 2)}
+    return {"layer": "transformer", "layer_seconds": {f"zero{k}": v for k, v in slope.items()},
+            "zero1_hook_layer_seconds": slope[1] - slope[0], "zero2_hook_layer_seconds": slope[2] - slope[0],
+            "per_config": {f"zero{k}_{n}": s for (k, n), s in per.items()}}
 
 
 def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int, device: str = "cpu",
@@ -299,27 +348,14 @@ def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int, devi
     parameter of these tiny layers whole: none is partitioned or gathered)."""
     if layer not in ZERO3_LAYERS:
         raise ValueError(f"unknown layer {layer!r} (known: {', '.join(ZERO3_LAYERS)})")
-    import os
     import warnings
 
     torch.manual_seed(0)
-    # DeepSpeed's engine reads the launcher's variables of the one rank that is up, while it runs;
-    # the process's environment is restored afterwards, and so is F.linear, which ZeRO-3's engine
-    # replaces for the whole process.
-    launcher = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    unset = [k for k in launcher if k not in os.environ]
-    os.environ.update({k: launcher[k] for k in unset})
-    linear = torch.nn.functional.linear
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            models = {(stage, n): _deepspeed_model(n, stage, device, layer, persistence_threshold)
-                      for n in layers for stage in (0, 3)}
-            per = _interleaved(models, repeats, rounds, device)
-    finally:
-        torch.nn.functional.linear = linear
-        for k in unset:
-            os.environ.pop(k, None)
+    with _LauncherEnv(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        models = {(stage, n): _deepspeed_model(n, stage, device, layer, persistence_threshold)
+                  for n in layers for stage in (0, 3)}
+        per = _interleaved(models, repeats, rounds, device)
     ns = list(layers)
     slope = {stage: _slope(ns, [per[(stage, n)] for n in ns]) for stage in (0, 3)}
     return {"layer": layer, "persistence_threshold": persistence_threshold,

@@ -51,8 +51,10 @@ STACK_JOB: dict[str, dict[tuple[str, str], Any]] = {
     "fsdp1": {("run", "framework"): "llm-foundry", ("layout", "zero_stage"): 3,
               ("run", "grad_reduce_precision"): "bf16"},
     "ddp": {("layout", "zero_stage"): 0},
-    # The CPU family's third stack (calibrate/cpu_family.py): DeepSpeed's engine at ZeRO-1.
+    # The CPU family's third stack (calibrate/cpu_family.py): DeepSpeed's engine at ZeRO-1, and
+    # at ZeRO-2 (its gradients reduced after every micro-batch: recipe.reduces_every_micro_batch).
     "deepspeed": {("run", "framework"): "deepspeed", ("layout", "zero_stage"): 1},
+    "deepspeed_zero2": {("run", "framework"): "deepspeed", ("layout", "zero_stage"): 2},
 }
 STACKS = tuple(STACK_JOB)
 

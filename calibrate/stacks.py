@@ -214,8 +214,9 @@ def stack_step(stack: str, job: TrainingJob, batches: list, *, device: str, worl
 
 def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, threads: int,
                  steps: int, warmup: int, results: Any) -> None:
-    """One gloo rank of ``stack`` ("deepspeed" or "fsdp") training ``job_dict``; rank 0 puts
-    (each step's seconds on the slowest rank, parameters)."""
+    """One gloo rank of ``stack`` ("deepspeed", "deepspeed_zero2" or "fsdp") training ``job_dict``
+    (DeepSpeed at the job's ZeRO stage); rank 0 puts (each step's seconds on the slowest rank,
+    parameters)."""
     import logging
     import os
     import warnings
@@ -223,8 +224,8 @@ def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, t
     import torch.distributed as dist
 
     # Refused before this process's warnings and logging are turned down for the ranks' work.
-    if stack not in ("deepspeed", "fsdp"):
-        raise CalibrationError(f"stack {stack!r}: this worker runs deepspeed and fsdp")
+    if stack not in ("deepspeed", "deepspeed_zero2", "fsdp"):
+        raise CalibrationError(f"stack {stack!r}: this worker runs deepspeed, deepspeed_zero2 and fsdp")
     warnings.filterwarnings("ignore")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     logging.disable(logging.WARNING)
@@ -235,13 +236,13 @@ def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, t
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         batches = token_batches(job, "cpu", rank)
-        if stack == "deepspeed":
+        if stack.startswith("deepspeed"):
             import deepspeed
             model, gpt = module_gpt(job, world)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             cfg = {"train_micro_batch_size_per_gpu": job.layout.micro_batch,
                    "gradient_accumulation_steps": job.layout.micro_batches,
-                   "zero_optimization": {"stage": 1}, "steps_per_print": 10 ** 9,
+                   "zero_optimization": {"stage": job.layout.zero_stage}, "steps_per_print": 10 ** 9,
                    "wall_clock_breakdown": False}
             engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
             params = sum(p.numel() for p in model.parameters())
@@ -270,7 +271,7 @@ def stack_worker(rank: int, world: int, port: int, job_dict: dict, stack: str, t
 def measure_stack(job_dict: dict, stack: str, *, threads: int, steps: int, warmup: int,
                   timeout_s: float = 600.0) -> tuple[float, list[float], int]:
     """(robust seconds per iteration, step seconds, parameters) of ``stack`` ("pytorch",
-    "deepspeed" or "fsdp") training ``job_dict`` on its dp gloo ranks."""
+    "deepspeed", "deepspeed_zero2" or "fsdp") training ``job_dict`` on its dp gloo ranks."""
     import torch.multiprocessing as mp
 
     from .collectives import free_port, spawn_until_result

@@ -32,13 +32,14 @@ import numpy as np
 from .bundle import Bundle, LoadedModel, ModelRows, collective_row_features
 from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gathers_layers, gradient_precision,
                      gradient_reduction, groups, input_embedding_parameters, layer_parameters, micro_batch_recipe,
-                     op_sac_recompute_share, pipeline_sends, reshards_after_forward, runs_op_sac,
+                     op_sac_recompute_share, pipeline_sends, reduces_every_micro_batch, reshards_after_forward,
+                     runs_op_sac,
                      shard_ranks, stage_layers, stage_parameter_counts, total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import attention, checkpointing, fp8, memory, overlap, tp_overlap
 from .host import (FSDP_FRAMEWORKS, checkpoint_wrapper_for, engine_for as host_engine_for, fsdp_hook_share,
-                   layer_extra_seconds)
+                   layer_extra_seconds, zero_hook_layer_seconds)
 from .interval import IntervalRule, interval_seconds, run_scores
 from .job import DEEPSPEED_PIPELINE_FRAMEWORKS, TrainingJob
 from .kinds import kind_of
@@ -684,6 +685,8 @@ class _JobPlan:
     # ZeRO-3: the layers gathered again for the backward (reshard after forward), or kept
     # unsharded from forward to backward.
     regather_backward: bool = True
+    # DeepSpeed's ZeRO-2: every micro-batch's gradients reduced after its backward, not once a step.
+    reduce_every_micro_batch: bool = False
 
 
 @dataclass
@@ -796,7 +799,8 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     return _JobPlan(job, pipeline.forward, pipeline.backward, dp.reduction, dp.update, pipeline.mp_comm,
                     pipeline.p2p, warnings, stage_host, layer.cp_ring, list(sizes), q.take_asked(),
                     dp.buckets, dp.sharded, layer.tp_ub, tp_ub_slowdown, engine_step,
-                    reshards_after_forward(lay, job.run.framework))
+                    reshards_after_forward(lay, job.run.framework),
+                    reduces_every_micro_batch(lay, job.run.framework))
 
 
 def _shard_copy_terms(job: TrainingJob, plat: Platform, q: QuerySet, pipeline: "_PipelineTerms") -> None:
@@ -1136,6 +1140,9 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
     # The job's, the same on every stage.
     wrapper = checkpoint_wrapper_for(job.run.framework, lay.recompute, fsdp)
     fsdp_share = fsdp_hook_share(job.run.framework, lay.zero_stage, lay.micro_batches)
+    # The framework's own layer, and DeepSpeed's ZeRO-1/2 gradient hooks (in the backward only).
+    extra, extra_forward = layer_extra_seconds(job.run.framework)
+    layer_extra = (extra + zero_hook_layer_seconds(job.run.framework, lay.zero_stage), extra_forward)
     stage_host = [plat.host.stage_seconds(n, n * layer_launches, lay.recompute, fitted=plat.fitted,
                                           engine=engine,
                                           collective_calls=n * layer_calls + len(pipeline.p2p[i][0].parts)
@@ -1143,7 +1150,7 @@ def _host_terms(job: TrainingJob, plat: Platform, layer: _LayerTerms, casts: Opt
                                           fsdp_layers=n if fsdp else 0, compiled=job.run.compile,
                                           zero3_layers=n if zero3 else 0,
                                           checkpoint=wrapper, fsdp_share=fsdp_share,
-                                          layer_extra=layer_extra_seconds(job.run.framework))
+                                          layer_extra=layer_extra)
                   + n * layer_sync_seconds
                   for i, n in enumerate(sizes)]
     return stage_host, plat.host.engine_step_seconds(engine, plat.fitted)
@@ -1369,6 +1376,10 @@ def _iteration(plan: _JobPlan, st: _StageSeconds, vals: Sequence[float], plat: P
         hidden = max(hidden, dp[i] - reduce_exposed[i] + serial_gather - gather_exposed[i])
     waits = [reduce_exposed[i] - slack[i] for i in range(p)]
     reduce_wait = max(waits)                     # ≥ stage 0's exposed reduction ≥ 0
+    if plan.reduce_every_micro_batch:
+        # ZeRO-2 under DeepSpeed (pp = 1): the micro-batches before the last reduce theirs too,
+        # each on the compute stream after its backward.
+        reduce_wait += (mb - 1) * max(dp)
     # The gathers of stage i overlap its first forward, which starts i forward waves into the step.
     gather_wait = max(max(0.0, gather_exposed[i] - i * F / v) for i in range(p)) \
         if lay.overlap_param_gather else 0.0

@@ -113,6 +113,13 @@ MEGATRON_LAYER_FRAMEWORKS = ("megatron-deepspeed", "neox")
 #: (docs/modelling.md §2).
 MEGATRON_LAYER_EXTRA_SECONDS = 6.44e-4
 MEGATRON_LAYER_FORWARD_EXTRA_SECONDS = 5.10e-4
+#: DeepSpeed's ZeRO-1/2 optimizer puts a hook on every parameter's gradient (DeepSpeed 0.19.8 at
+#: ZeRO-1 too, with ``contiguous_gradients``, its default); at ZeRO-2 each hook moves its gradient
+#: into the reduction bucket every micro-batch.  What they add per layer (12 parameters) and
+#: micro-batch: the medians of three runs of benchmarks/bench_stack_host.py --zero12 on the 2-core
+#: VM (the engine at each stage less stage 0, micro-batches inside a step: zero12-*.json).
+#: Python, like MEGATRON_LAYER_EXTRA_SECONDS (docs/modelling.md §2).
+DEEPSPEED_ZERO_HOOK_LAYER_SECONDS = {1: 8.89e-5, 2: 6.254e-4}
 #: llm-foundry's ZeRO-2 is FSDP1 SHARD_GRAD_OP: no reshard after the forward, so no unshard
 #: before the backward; its hooks cost this share of FULL_SHARD's per layer (benchmarks/
 #: bench_fsdp1_host.py on a fake 2-rank group: the median of the three runs that measured it,
@@ -212,6 +219,15 @@ def layer_extra_seconds(framework: str) -> tuple[float, float]:
     if framework in MEGATRON_LAYER_FRAMEWORKS:
         return MEGATRON_LAYER_EXTRA_SECONDS, MEGATRON_LAYER_FORWARD_EXTRA_SECONDS
     return 0.0, 0.0
+
+
+def zero_hook_layer_seconds(framework: str, zero_stage: int) -> float:
+    """:data:`DEEPSPEED_ZERO_HOOK_LAYER_SECONDS` for a layer of a job DeepSpeed's engine trains at
+    ZeRO-1 or 2 (GPT-NeoX, DeepSpeed, Megatron-DeepSpeed), else 0 (ZeRO-3's hooks are
+    ``zero3_layer_seconds``; a job that names no framework is not assumed to run DeepSpeed)."""
+    if framework not in DEEPSPEED_PIPELINE_FRAMEWORKS:
+        return 0.0
+    return DEEPSPEED_ZERO_HOOK_LAYER_SECONDS.get(zero_stage, 0.0)
 
 
 def engine_for(framework: str, pp: int) -> str:
@@ -371,6 +387,6 @@ class HostCosts:
 
 __all__ = ["CHECKPOINT_WRAPPERS", "CHECKPOINT_WRAPPER_FALLBACK", "COMPILED_LAYER_HOST_RATIO", "ENGINES",
            "FSDP1_ACCUMULATION_HOOK_RATIO", "FSDP1_SHARD_GRAD_OP_HOOK_RATIO",
-           "FSDP_FRAMEWORKS", "MEGATRON_LAYER_EXTRA_SECONDS", "MEGATRON_LAYER_FORWARD_EXTRA_SECONDS",
+           "FSDP_FRAMEWORKS", "DEEPSPEED_ZERO_HOOK_LAYER_SECONDS", "MEGATRON_LAYER_EXTRA_SECONDS", "MEGATRON_LAYER_FORWARD_EXTRA_SECONDS",
            "MEGATRON_LAYER_FRAMEWORKS", "EngineCosts", "HostCosts", "checkpoint_wrapper_for", "engine_for",
-           "fsdp_hook_share", "layer_extra_seconds"]
+           "fsdp_hook_share", "layer_extra_seconds", "zero_hook_layer_seconds"]

@@ -398,7 +398,7 @@ def _check_overlaps(lay: Layout, framework: str) -> None:
     key = "layout.overlap_grad_reduce" if lay.overlap_grad_reduce else "layout.overlap_param_gather"
     if runs_deepspeed_engine(lay, framework):
         raise JobError(key, "is Megatron-core's (run.framework \"megatron\" or \"nemo\"); DeepSpeed's "
-                            "engine reduces gradients after the last micro-batch")
+                            "engine reduces gradients after the last micro-batch (at ZeRO-2 after each)")
     if lay.zero_stage >= 2:
         raise JobError(key, f"Megatron-core's DDP has no ZeRO stage {lay.zero_stage} (0: all-reduce, "
                             "1: distributed optimizer)")

@@ -622,9 +622,20 @@ def gathers_layers(layout: Layout, framework: str = "") -> bool:
     (``_reduce_grad``), and Composer syncs every micro-batch under FSDP (its ``ddp_sync_context``
     acts on DDP only).  SHARD_GRAD_OP differs from FULL_SHARD only in keeping the forward's
     gather for the backward (:func:`reshards_after_forward`); FSDP2 at stage 2 is the same (its
-    ``reshard_after_forward = False``).  DeepSpeed's ZeRO-2 keeps the full parameters and reduces
-    once per step."""
+    ``reshard_after_forward = False``).  DeepSpeed's ZeRO-2 keeps the full parameters, and
+    reduces every micro-batch's gradients in its buckets (:func:`reduces_every_micro_batch`)."""
     return layout.zero_stage == 3 or (layout.zero_stage == 2 and framework in FSDP1_FRAMEWORKS + FSDP2_FRAMEWORKS)
+
+
+def reduces_every_micro_batch(layout: Layout, framework: str = "") -> bool:
+    """Whether DeepSpeed's engine reduces the gradients after every micro-batch's backward, not
+    once per step: at ZeRO-2 each rank keeps only its partition of the accumulated gradients, so
+    each backward's gradients are reduced to their owners before the next (the engine's
+    ``reduce_ready_partitions_and_remove_grads`` runs whenever ``partition_gradients``; "gradient
+    reduction is required after every backward because of gradient partitioning", DeepSpeed issue
+    2252).  Without ``overlap_comm`` (DeepSpeed's default below stage 3) the buckets are reduced
+    on the compute stream, so each reduction adds to its micro-batch."""
+    return layout.zero_stage == 2 and runs_deepspeed_engine(layout, framework)
 
 
 def reshards_after_forward(layout: Layout, framework: str = "") -> bool:

@@ -63,6 +63,45 @@ def test_stack_jobs_are_predicted_as_their_stack_runs():
     assert {j["layout"]["dp"] for j in cf.stack_family_dp1()} == {1}
 
 
+def test_the_zero2_family_runs_deepspeed_at_both_stages_with_accumulation():
+    base = cf.stack_family_zero2()[1]
+    for stack, zero in zip(cf.ZERO2_STACKS, (1, 2)):
+        sj = TrainingJob.from_dict(cf.stack_job(base, stack))
+        assert (sj.run.framework, sj.layout.zero_stage) == ("deepspeed", zero)
+    jobs = cf.stack_family_zero2()
+    names = [cf.name_of(j) for j in jobs]
+    assert len(set(names)) == len(names)
+    # The number of micro-batches is in the name where it is not the families' 2.
+    assert names[:3] == ["dp2 L2 h512 mb1 m1", "dp2 L2 h512 mb1 m4", "dp2 L2 h512 mb1 m8"]
+    assert all(j["layout"]["dp"] == 2 for j in jobs)
+    assert {j["layout"]["micro_batches"] for j in jobs} == {1, 4, 8}
+    assert cf.name_of(cf.stack_family()[0]).endswith("mb1")      # unchanged where m = 2
+
+
+def test_zero2_ratios_pair_each_job_at_both_stages_at_their_fastest():
+    from predictor import Predictor, load_platform
+    plat = load_platform("dgx-a100")
+    jobs = cf.stack_family_zero2()[:2]
+    runs = []
+    for j, (one, two) in zip(jobs, ((1.0, 1.5), (2.0, 2.2))):
+        for stack, secs in zip(cf.ZERO2_STACKS, (one, two)):
+            sj = cf.stack_job(j, stack)
+            runs.append({"name": f"{stack} {cf.name_of(sj)}", "job": sj, "measured_iteration_seconds": secs})
+    # A slower second pass of one run, and a ZeRO-1 run with no ZeRO-2 partner: neither changes a row.
+    runs.append({**runs[1], "measured_iteration_seconds": 9.0})
+    lone = cf.stack_job(cf.stack_family_zero2()[2], "deepspeed")
+    runs.append({"name": f"deepspeed {cf.name_of(lone)}", "job": lone, "measured_iteration_seconds": 1.0})
+    rows = cf.zero2_ratio_rows(runs, plat)
+    assert [r["name"] for r in rows] == [cf.name_of(j) for j in jobs]
+    assert [r["measured_ratio"] for r in rows] == pytest.approx([1.5, 1.1])
+    p = Predictor(plat)
+    for r, j in zip(rows, jobs):
+        z2, z1 = (p.predict(TrainingJob.from_dict(cf.stack_job(j, s))).iteration_seconds for s in reversed(cf.ZERO2_STACKS))
+        assert r["predicted_ratio"] == pytest.approx(z2 / z1)
+        assert r["error"] == pytest.approx(r["predicted_ratio"] / r["measured_ratio"] - 1)
+        assert r["predicted_ratio"] > 1          # ZeRO-2's reductions every micro-batch, and its hooks
+
+
 def test_runs_file_round_trips_through_validate(tmp_path):
     from calibrate.validate import load_runs
 

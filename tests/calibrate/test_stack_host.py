@@ -274,6 +274,49 @@ def test_deepspeed_zero3_hooks_are_measured_per_layer(one_rank):
         stack_host.deepspeed_zero3_costs((1, 2), repeats=1, rounds=1, layer="mlp")
 
 
+def test_deepspeed_zero1_and_zero2_hooks_are_measured_inside_a_step(one_rank):
+    import os
+
+    stack_host = _stack_host()
+    pytest.importorskip("deepspeed", reason="DeepSpeed's ZeRO-1/2 optimizer is what is measured (no dependency "
+                                            "of perfcast)")
+    before = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    r = stack_host.deepspeed_zero12_costs((1, 2), repeats=3, rounds=1)
+    assert set(r["per_config"]) == {f"zero{z}_{n}" for z in (0, 1, 2) for n in (1, 2)}
+    assert all(v > 0 for v in r["per_config"].values())
+    s = r["layer_seconds"]
+    assert r["zero1_hook_layer_seconds"] == pytest.approx(s["zero1"] - s["zero0"])
+    assert r["zero2_hook_layer_seconds"] == pytest.approx(s["zero2"] - s["zero0"])
+    assert r["layer"] == "transformer"
+    # The launcher's variables were the measurement's only.
+    assert {k: os.environ.get(k) for k in before} == before
+
+
+def test_shipped_zero_hooks_are_the_median_of_the_committed_runs():
+    import json
+    import statistics
+    from pathlib import Path
+
+    from predictor.host import DEEPSPEED_ZERO_HOOK_LAYER_SECONDS
+    files = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "stack-host").glob("zero12-*.json"))
+    assert len(files) == 3
+    runs = [json.loads(f.read_text())["deepspeed_zero12"] for f in files]
+    for stage in (1, 2):
+        hooks = [r[f"zero{stage}_hook_layer_seconds"] for r in runs]
+        for r, h in zip(runs, hooks):
+            assert h == pytest.approx(r["layer_seconds"][f"zero{stage}"] - r["layer_seconds"]["zero0"])
+        assert DEEPSPEED_ZERO_HOOK_LAYER_SECONDS[stage] == pytest.approx(statistics.median(hooks), abs=5e-8)
+
+
+def test_a_zero12_engine_never_reaches_the_accumulation_boundary(one_rank):
+    stack_host = _stack_host()
+    pytest.importorskip("deepspeed", reason="DeepSpeed's engine is what is built (no dependency of perfcast)")
+    with stack_host._LauncherEnv():
+        engine = stack_host._deepspeed_model(1, 2, layer="transformer", accumulate=True).engine
+    assert engine.gradient_accumulation_steps() == stack_host.ACCUMULATE_FOREVER
+    assert not engine.is_gradient_accumulation_boundary()
+
+
 def test_the_transformer_block_holds_a_layers_modules():
     # What ZeRO-3's hooks see in a real layer: six modules with parameters (two LayerNorms, QKV,
     # the output projection, the MLP's two linears), twelve parameters, and the activation's shape.

@@ -37,12 +37,14 @@ def test_each_stack_is_the_job_its_launch_reveals_and_its_kind(tmp_path):
     keys = {n.split()[0]: kind_of(r.job).key for n, r in loaded.items()}
     assert keys == {"pytorch": "-/flash/bf16/none", "sdpa_efficient": "-/flash:sdpa_efficient/bf16/none",
                     "fsdp": "torchtitan/flash/bf16/none", "fsdp1": "llm-foundry/flash/bf16/none",
-                    "ddp": "-/flash/bf16/none", "deepspeed": "deepspeed/flash/bf16/none"}
+                    "ddp": "-/flash/bf16/none", "deepspeed": "deepspeed/flash/bf16/none",
+                    "deepspeed_zero2": "deepspeed/flash/bf16/none"}      # the ZeRO stage is no part of a kind
     # Composer's PURE mixed precision reduces in bf16, not the fp32 a bf16 job defaults to.
     assert loaded["fsdp1 L2 h256"].job.run.grad_reduce_precision == "bf16"
     assert loaded["fsdp1 L2 h256"].job.layout.zero_stage == 3
     assert loaded["fsdp L2 h256"].job.layout.zero_stage == 3
     assert loaded["ddp L2 h256"].job.layout.zero_stage == 0
+    assert loaded["deepspeed_zero2 L2 h256"].job.layout.zero_stage == 2
     assert loaded["pytorch L2 h256"].job.layout.zero_stage == 1
     assert JOB["layout"]["zero_stage"] == 1 and "framework" not in JOB["run"]    # the input is not changed
     assert "NVIDIA H100" in loaded["fsdp L2 h256"].source and "4 steps after 2 warm-ups" in loaded["fsdp L2 h256"].source

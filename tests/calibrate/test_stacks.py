@@ -125,6 +125,19 @@ def test_measure_stack_trains_and_times_every_step(stack):
     assert params == FlatGPT(TrainingJob.from_dict(MEASURED_JOB), "cpu", 1).numel
 
 
+def test_deepspeed_zero2_stack_trains_at_its_jobs_stage():
+    """The ZeRO-2 stack is DeepSpeed's engine at the job's stage, on two gloo ranks."""
+    import math
+
+    pytest.importorskip("deepspeed", reason="DeepSpeed's engine is what is run (no dependency of perfcast)")
+    from calibrate.cpu_family import stack_job
+    job = {**MEASURED_JOB, "layout": {**MEASURED_JOB["layout"], "dp": 2}}
+    secs, steps, params = stacks.measure_stack(stack_job(job, "deepspeed_zero2"), "deepspeed_zero2", threads=1,
+                                               steps=2, warmup=1, timeout_s=300.0)
+    assert len(steps) == 2 and all(s > 0 for s in steps) and math.isfinite(secs)
+    assert params == FlatGPT(TrainingJob.from_dict(MEASURED_JOB), "cpu", 1).numel
+
+
 def test_an_unknown_stack_worker_is_refused():
     import queue
     with pytest.raises(CalibrationError, match="stack 'ddp'"):

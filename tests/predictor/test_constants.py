@@ -187,12 +187,39 @@ def test_megatrons_layer_extra_and_its_example_are_quoted_as_they_are(monkeypatc
     plat = load_platform("dgx-a100")
     now = Predictor(plat).predict(job(1)).iteration_seconds
     bound = Predictor(plat).predict(job(4)).iteration_seconds
+    monkeypatch.setitem(host.DEEPSPEED_ZERO_HOOK_LAYER_SECONDS, 1, 0.0)
+    layer_only = Predictor(plat).predict(job(1)).iteration_seconds
     monkeypatch.setattr(host, "MEGATRON_LAYER_EXTRA_SECONDS", 0.0)
     monkeypatch.setattr(host, "MEGATRON_LAYER_FORWARD_EXTRA_SECONDS", 0.0)
     before = Predictor(plat).predict(job(1)).iteration_seconds
-    assert f"{before:.3f} → {now:.3f} s" in section
+    assert f"{before:.3f} → {layer_only:.3f} s ({now:.3f} s with ZeRO-1's hooks" in section
     assert f"stays device-bound ({bound:.3f} s)" in section
     assert Predictor(plat).predict(job(4)).iteration_seconds == bound
+
+
+def test_deepspeeds_zero_hooks_and_zero2_example_are_quoted_as_they_are(monkeypatch):
+    from predictor import Predictor, TrainingJob, estimate, host
+    hooks = host.DEEPSPEED_ZERO_HOOK_LAYER_SECONDS
+    row = _row("DEEPSPEED_ZERO_HOOK_LAYER_SECONDS")
+    assert f"| ZeRO-1 {1e6 * hooks[1]:.1f} µs, ZeRO-2 {1e6 * hooks[2]:.1f} µs |" in row
+    section = " ".join(DOC[DOC.index("*DeepSpeed's ZeRO-1/2 gradient hooks*"):].split())
+    assert f"**{1e6 * hooks[1]:.1f} µs** at ZeRO-1" in section and f"**{1e6 * hooks[2]:.1f} µs** at ZeRO-2" in section
+
+    def job(zero: int) -> TrainingJob:
+        return TrainingJob.from_dict({
+            "model": {"layers": 24, "hidden": 2048, "heads": 16, "seq_len": 2048, "vocab": 50257,
+                      "attention": "fused_softmax"},
+            "layout": {"pp": 1, "tp": 1, "dp": 16, "micro_batch": 4, "micro_batches": 8, "zero_stage": zero,
+                       "recompute": "none"},
+            "run": {"precision": "fp16", "framework": "deepspeed"}, "cluster": {"gpus_per_node": 8}})
+
+    plat = load_platform("dgx-a100")
+    two, one = (Predictor(plat).predict(job(z)).iteration_seconds for z in (2, 1))
+    monkeypatch.setattr(estimate, "reduces_every_micro_batch", lambda *a, **k: False)
+    monkeypatch.setitem(hooks, 2, 0.0)
+    before = Predictor(plat).predict(job(2)).iteration_seconds
+    text = " ".join(DOC[DOC.index("DeepSpeed's ZeRO-2 keeps only its"):].split())
+    assert f"ZeRO-2 {before:.3f} → {two:.3f} s (ZeRO-1 {one:.3f} s)" in text
 
 
 def test_framework_spec_and_measured_constants_are_quoted_as_they_are():

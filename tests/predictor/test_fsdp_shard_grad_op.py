@@ -91,14 +91,28 @@ def test_shard_grad_op_collectives_grow_with_the_micro_batches(plat, micro_batch
     assert p.breakdown.gradient_reduce_seconds == 0.0
 
 
-def test_deepspeed_zero2_reduces_once_per_step(plat):
+def test_deepspeed_zero2_reduces_every_micro_batch_and_zero1_once_per_step(plat):
+    """DeepSpeed's ZeRO-2 keeps only its partition of the gradients, so it reduces each micro-batch's
+    (DeepSpeed issue 2252), on the compute stream by default; ZeRO-1 reduces once, at the step."""
+    from predictor.recipe import reduces_every_micro_batch
     two, eight = predict(_job("deepspeed"), plat), predict(_job("deepspeed", micro_batches=8), plat)
+    assert reduces_every_micro_batch(_job("deepspeed").layout, "deepspeed")
     assert two.breakdown.gradient_reduce_seconds > 0
-    assert two.breakdown.gradient_reduce_seconds == pytest.approx(eight.breakdown.gradient_reduce_seconds)
+    # Two micro-batches' reductions against eight: the same reduction each time.
+    assert eight.breakdown.gradient_reduce_seconds == pytest.approx(4 * two.breakdown.gradient_reduce_seconds)
+    assert eight.iteration_seconds - 4 * two.iteration_seconds == pytest.approx(
+        -3 * (two.breakdown.optimizer_seconds + two.breakdown.step_overhead_seconds), rel=1e-6)
     assert two.breakdown.optimizer_seconds == pytest.approx(eight.breakdown.optimizer_seconds)
     assert two.breakdown.dp_exposed_seconds == eight.breakdown.dp_exposed_seconds == 0.0
     assert two.details.dp_hidden_seconds == eight.details.dp_hidden_seconds == 0.0
-    # FSDP1's per-micro-batch collectives outgrow DeepSpeed's once-per-step ones.
+    one2, one8 = (predict(_job("deepspeed", zero_stage=1, micro_batches=m), plat) for m in (2, 8))
+    assert not reduces_every_micro_batch(_job("deepspeed", zero_stage=1).layout, "deepspeed")
+    assert one2.breakdown.gradient_reduce_seconds > 0
+    assert one2.breakdown.gradient_reduce_seconds == pytest.approx(one8.breakdown.gradient_reduce_seconds)
+    # Neither FSDP (its own per-layer collectives) nor Megatron-core is DeepSpeed's ZeRO-2.
+    for framework in ("llm-foundry", "torchtitan", "megatron"):
+        assert not reduces_every_micro_batch(_job("deepspeed").layout, framework)
+    # FSDP1's per-micro-batch collectives run per layer, under the compute.
     fsdp2, fsdp8 = predict(_job(), plat), predict(_job(micro_batches=8), plat)
     moved = [f.breakdown.dp_exposed_seconds + f.details.dp_hidden_seconds for f in (fsdp2, fsdp8)]
     assert moved[0] > 0 and moved[1] == pytest.approx(4 * moved[0], rel=1e-9)

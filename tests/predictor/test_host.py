@@ -48,6 +48,7 @@ def test_each_tp_collective_costs_the_measured_call_not_a_launch():
 
 
 def test_fsdp_hooks_paid_per_layer_under_fsdp_frameworks_only():
+    from predictor.host import DEEPSPEED_ZERO_HOOK_LAYER_SECONDS
     plat = load_platform("dgx-h100")
     base = {"model": {"layers": 4, "hidden": 512, "heads": 8, "seq_len": 1024},
             "layout": {"dp": 8, "micro_batch": 1, "micro_batches": 1, "recompute": "none"},
@@ -63,12 +64,32 @@ def test_fsdp_hooks_paid_per_layer_under_fsdp_frameworks_only():
     ds1 = TrainingJob.from_dict({**base, "layout": {**base["layout"], "zero_stage": 1},
                                  "run": {"precision": "bf16", "framework": "deepspeed"}})
     extra = _host_per_micro_batch(ds, plat)[0] - _host_per_micro_batch(ds1, plat)[0]
-    assert extra == pytest.approx(4 * plat.host.zero3_layer_seconds)
+    # (ZeRO-3's hooks in place of the ZeRO-1 optimizer's gradient hooks.)
+    assert extra == pytest.approx(4 * (plat.host.zero3_layer_seconds - DEEPSPEED_ZERO_HOOK_LAYER_SECONDS[1]))
     # A job that names no framework is charged neither.
     plain = {**base, "run": {"precision": "bf16"}}
     z3 = TrainingJob.from_dict({**plain, "layout": {**base["layout"], "zero_stage": 3}})
     z1 = TrainingJob.from_dict({**plain, "layout": {**base["layout"], "zero_stage": 1}})
     assert _host_per_micro_batch(z3, plat)[0] == pytest.approx(_host_per_micro_batch(z1, plat)[0])
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "megatron-deepspeed", "neox"])
+def test_deepspeeds_zero1_and_zero2_hooks_are_paid_per_layer_and_micro_batch(framework):
+    from predictor.host import DEEPSPEED_ZERO_HOOK_LAYER_SECONDS, zero_hook_layer_seconds
+    plat = load_platform("dgx-a100")
+    assert 0 < DEEPSPEED_ZERO_HOOK_LAYER_SECONDS[1] < DEEPSPEED_ZERO_HOOK_LAYER_SECONDS[2]
+    jobs = {z: _recompute_job("none", framework, zero_stage=z) for z in (0, 1, 2)}
+    host = {z: _host_per_micro_batch(j, plat)[0] for z, j in jobs.items()}
+    for z in (1, 2):
+        assert zero_hook_layer_seconds(framework, z) == DEEPSPEED_ZERO_HOOK_LAYER_SECONDS[z]
+        assert host[z] - host[0] == pytest.approx(4 * DEEPSPEED_ZERO_HOOK_LAYER_SECONDS[z])
+    # Neither stage 0 nor 3 (ZeRO-3's hooks are zero3_layer_seconds), nor another framework's ZeRO.
+    assert zero_hook_layer_seconds(framework, 0) == zero_hook_layer_seconds(framework, 3) == 0.0
+    for other in ("", "megatron", "nemo", "torchtitan", "llm-foundry"):
+        assert zero_hook_layer_seconds(other, 2) == 0.0
+    # A full recomputation's repeated forward does not pass the gradient hooks again.
+    full = {z: _host_per_micro_batch(_recompute_job("full", framework, zero_stage=z), plat)[0] for z in (0, 2)}
+    assert full[2] - full[0] == pytest.approx(host[2] - host[0])
 
 
 def test_host_keys_are_validated():
