@@ -229,7 +229,8 @@ def compare(args) -> int:
             return 0
         print(f"{'job':<24} {'ZeRO-2 / ZeRO-1 measured':>25} {'predicted':>10} {'error':>8}")
         for r in rows:
-            print(f"{r['name']:<24} {r['measured_ratio']:>25.3f} {r['predicted_ratio']:>10.3f} {100 * r['error']:>+7.1f}%")
+            print(f"{r['name']:<24} {r['measured_ratio']:>25.3f} {r['predicted_ratio']:>10.3f} "
+                  f"{100 * r['error']:>+7.1f}%")
         if rows:
             print(f"mean |error| of the ratio {100 * sum(abs(r['error']) for r in rows) / len(rows):.1f} % "
                   f"over {len(rows)} jobs")

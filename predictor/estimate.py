@@ -33,8 +33,7 @@ from .bundle import Bundle, LoadedModel, ModelRows, collective_row_features
 from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gathers_layers, gradient_precision,
                      gradient_reduction, groups, input_embedding_parameters, layer_parameters, micro_batch_recipe,
                      op_sac_recompute_share, pipeline_sends, reduces_every_micro_batch, reshards_after_forward,
-                     runs_op_sac,
-                     shard_ranks, stage_layers, stage_parameter_counts, total_parameters)
+                     runs_op_sac, shard_ranks, stage_layers, stage_parameter_counts, total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import attention, checkpointing, fp8, memory, overlap, tp_overlap

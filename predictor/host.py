@@ -387,6 +387,6 @@ class HostCosts:
 
 __all__ = ["CHECKPOINT_WRAPPERS", "CHECKPOINT_WRAPPER_FALLBACK", "COMPILED_LAYER_HOST_RATIO", "ENGINES",
            "FSDP1_ACCUMULATION_HOOK_RATIO", "FSDP1_SHARD_GRAD_OP_HOOK_RATIO",
-           "FSDP_FRAMEWORKS", "DEEPSPEED_ZERO_HOOK_LAYER_SECONDS", "MEGATRON_LAYER_EXTRA_SECONDS", "MEGATRON_LAYER_FORWARD_EXTRA_SECONDS",
-           "MEGATRON_LAYER_FRAMEWORKS", "EngineCosts", "HostCosts", "checkpoint_wrapper_for", "engine_for",
-           "fsdp_hook_share", "layer_extra_seconds", "zero_hook_layer_seconds"]
+           "FSDP_FRAMEWORKS", "DEEPSPEED_ZERO_HOOK_LAYER_SECONDS", "MEGATRON_LAYER_EXTRA_SECONDS",
+           "MEGATRON_LAYER_FORWARD_EXTRA_SECONDS", "MEGATRON_LAYER_FRAMEWORKS", "EngineCosts", "HostCosts",
+           "checkpoint_wrapper_for", "engine_for", "fsdp_hook_share", "layer_extra_seconds", "zero_hook_layer_seconds"]

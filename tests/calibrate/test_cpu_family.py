@@ -96,7 +96,8 @@ def test_zero2_ratios_pair_each_job_at_both_stages_at_their_fastest():
     assert [r["measured_ratio"] for r in rows] == pytest.approx([1.5, 1.1])
     p = Predictor(plat)
     for r, j in zip(rows, jobs):
-        z2, z1 = (p.predict(TrainingJob.from_dict(cf.stack_job(j, s))).iteration_seconds for s in reversed(cf.ZERO2_STACKS))
+        z2, z1 = (p.predict(TrainingJob.from_dict(cf.stack_job(j, s))).iteration_seconds
+                  for s in reversed(cf.ZERO2_STACKS))
         assert r["predicted_ratio"] == pytest.approx(z2 / z1)
         assert r["error"] == pytest.approx(r["predicted_ratio"] / r["measured_ratio"] - 1)
         assert r["predicted_ratio"] > 1          # ZeRO-2's reductions every micro-batch, and its hooks
