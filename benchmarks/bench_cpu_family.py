@@ -218,22 +218,23 @@ def measure_family(args) -> int:
     return 0
 
 
+def zero2_table(ratios: list[dict]) -> str:
+    lines = [f"{'job':<24} {'ZeRO-2 / ZeRO-1 measured':>25} {'predicted':>10} {'error':>8}"]
+    lines += [f"{r['name']:<24} {r['measured_ratio']:>25.3f} {r['predicted_ratio']:>10.3f} {100 * r['error']:>+7.1f}%"
+              for r in ratios]
+    if ratios:
+        mean = sum(abs(r["error"]) for r in ratios) / len(ratios)
+        lines.append(f"mean |error| of the ratio {100 * mean:.1f} % over {len(ratios)} jobs")
+    return "\n".join(lines)
+
+
 def compare(args) -> int:
     keep: list = []
     plat = resolve_platform(args.platform, keep)
     runs = [r for f in args.runs.split(",") for r in read_runs(Path(f))]
     if args.zero2_ratios:
-        rows = zero2_ratio_rows(runs, plat)
-        if args.json:
-            print(json.dumps(rows, indent=1))
-            return 0
-        print(f"{'job':<24} {'ZeRO-2 / ZeRO-1 measured':>25} {'predicted':>10} {'error':>8}")
-        for r in rows:
-            print(f"{r['name']:<24} {r['measured_ratio']:>25.3f} {r['predicted_ratio']:>10.3f} "
-                  f"{100 * r['error']:>+7.1f}%")
-        if rows:
-            print(f"mean |error| of the ratio {100 * sum(abs(r['error']) for r in rows) / len(rows):.1f} % "
-                  f"over {len(rows)} jobs")
+        ratios = zero2_ratio_rows(runs, plat)
+        print(json.dumps(ratios, indent=1) if args.json else zero2_table(ratios))
         return 0
     rows = compare_rows(runs, plat)
     if args.json:
