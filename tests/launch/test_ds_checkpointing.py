@@ -163,3 +163,4 @@ def test_megatron_lm_distribute_saved_activations_is_off_under_sequence_parallel
     res = parse_in(tmp_path, MEGATRON_LM.format(extra="--distribute-saved-activations --sequence-parallel"))
     assert res.error is None and not res.job.layout.partition_activations
     assert any("Megatron-core turns it off" in w for w in res.warnings), res.warnings
+
