@@ -29,8 +29,8 @@
   with ``--checkpoint-layer block`` of the tiny LayerNorm + MLP block above;
 * with ``--framework-layer`` only (needs the megatron-core package): Megatron-core's own
   transformer layer (the local, non-Transformer-Engine spec: Megatron-DeepSpeed's and GPT-NeoX's
-  design) against the GPT-shaped reference layer, the ratio of their per-layer slopes, forward +
-  backward and forward alone, at Megatron's default dropouts (``--dropout``), with the ATen
+  design) against the GPT-shaped reference layer, the difference (and ratio) of their per-layer
+  slopes, forward + backward and forward alone, at Megatron's default dropouts (``--dropout``), with the ATen
   operators each dispatches per layer (calibrate/framework_layer.py).
 
 One rank, so that no collective waits for a peer: what is left is the host's issuing, which a GPU
@@ -42,8 +42,8 @@ the GPU; the device is waited for between micro-batches, outside the timed span.
 
 Measurement code: calibrate/stack_host.py.  Committed runs: benchmarks/data/stack-host/*.json
 (what scripts/build_platforms.py ships as the [host] prior: collective_seconds,
-zero3_layer_seconds, checkpoint_layer_seconds); framework-layer-*.json: what
-predictor.host.FRAMEWORK_LAYER_HOST_RATIO is the median of.
+zero3_layer_seconds, checkpoint_layer_seconds); framework-layer-*.json and zero12-*.json: what
+predictor.host.MEGATRON_LAYER_EXTRA_SECONDS and DEEPSPEED_ZERO_HOOK_LAYER_SECONDS are the medians of.
 A benchmark, not a test: the figures depend on this machine and on what else runs on it.
 """
 from __future__ import annotations
@@ -152,12 +152,16 @@ def main() -> int:
             _write(args.json, r)
         return 0
     if args.zero12:
+        if not _has_deepspeed():
+            ap.error("--zero12: the deepspeed package is not installed (pip install deepspeed): its ZeRO "
+                     "optimizer is what is measured")
         torch.set_num_threads(1)
         one_rank_group(args.device)
         z = deepspeed_zero12_costs(LAYERS, args.repeats, args.rounds, args.device)
         slopes = ", ".join(f"{k} {1e6 * v:.0f}" for k, v in z["layer_seconds"].items())
         print(f"DeepSpeed ZeRO-1 hooks: {1e6 * z['zero1_hook_layer_seconds']:.1f} µs, ZeRO-2 hooks: "
-              f"{1e6 * z['zero2_hook_layer_seconds']:.1f} µs per layer and micro-batch (layer slopes µs: {slopes})")
+              f"{1e6 * z['zero2_hook_layer_seconds']:.1f} µs per layer and micro-batch "
+              f"(layer slopes µs: {slopes})")
         if args.json:
             import deepspeed
             r = {"deepspeed_zero12": z, "provenance": _provenance(args, load_at_start, list(LAYERS))}
