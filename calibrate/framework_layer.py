@@ -63,8 +63,9 @@ def _cpu_rng_fork(mp_random) -> Iterator[None]:  # noqa: ANN001
         mp_random._get_cuda_rng_state, mp_random._set_cuda_rng_state = saved
 
 
-def _setup(device: str) -> None:
-    """One rank, TP = PP = 1, the tracker seeded and the scores' buffer on ``device``."""
+def _setup(device: str):  # noqa: ANN202 - megatron.core.tensor_parallel.random
+    """One rank, TP = PP = 1, the tracker seeded and the scores' buffer on ``device``; Megatron's
+    RNG module."""
     one_rank_group(device)
     parallel_state, mp_random = _megatron()
     if not parallel_state.model_parallel_is_initialized():
@@ -83,6 +84,7 @@ def _setup(device: str) -> None:
         # DotProductAttention takes its scores' buffer from here; one already large enough is reused.
         buf = parallel_state.get_global_memory_buffer().buffer
         buf[("mpu", torch.float32)] = torch.empty(1 << 16, dtype=torch.float32)
+    return mp_random
 
 
 class MegatronLayers(nn.Module):
@@ -90,12 +92,12 @@ class MegatronLayers(nn.Module):
     layer's tiny shape, with Megatron's default dropouts and an explicit causal mask (what
     Megatron-DeepSpeed's data loader hands each layer); takes and returns ``(tokens, hidden)``."""
 
-    input_requires_grad = True     # as a layer's input inside a model (and as _Wrapped's)
+    input_requires_grad = True     # as a layer's input inside a model (as the reference's)
 
     def __init__(self, n: int, device: str = "cpu", dropout: float = MEGATRON_DROPOUT,
                  forward_only: bool = False):
         super().__init__()
-        _setup(device)
+        self._mp_random = _setup(device)
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.transformer.spec_utils import build_module
         from megatron.core.transformer.transformer_config import TransformerConfig
@@ -108,7 +110,6 @@ class MegatronLayers(nn.Module):
                                                 diagonal=1).bool())
         self.width = _TINY.hidden
         self.forward_only = forward_only
-        self._mp_random = _megatron()[1]
         self._cpu = device != "cuda"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

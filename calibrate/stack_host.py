@@ -101,8 +101,8 @@ def _time_micro_batches(model: nn.Module, repeats: int, device: str = "cpu") -> 
     engine = model.engine if isinstance(model, _Engine) else None
     forward_only = getattr(model, "forward_only", False)
     # A layer's input inside a model requires grad (a reentrant checkpoint's backward needs it).
-    grad = isinstance(model, _Wrapped) or getattr(model, "input_requires_grad", False)
-    x = torch.randn(TOKENS, getattr(model, "width", HIDDEN), device=device, requires_grad=grad)
+    x = torch.randn(TOKENS, getattr(model, "width", HIDDEN), device=device,
+                    requires_grad=getattr(model, "input_requires_grad", False))
     out = []
     for i in range(repeats + 3):
         t0 = time.perf_counter()
@@ -715,6 +715,8 @@ CHECKPOINT_LAYERS = ("gpt", "block")
 class _Wrapped(nn.Module):
     """``n`` layers (``layer``: :data:`CHECKPOINT_LAYERS`), each called through ``wrapper`` (none:
     as they are); ``forward_only``: timed without the backward (:func:`_time_micro_batches`)."""
+
+    input_requires_grad = True     # as a layer's input inside a model (_time_micro_batches)
 
     def __init__(self, n: int, wrapper: str, forward_only: bool = False, layer: str = "gpt", device: str = "cpu"):
         super().__init__()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from typing import Callable, Iterable, Optional
 
-from .configs import to_bool
+from .configs import to_bool, to_int
 from .limits import MAX_KEY_SUGGESTIONS, CannotPredict
 
 _NEOX = """
@@ -208,7 +208,7 @@ def check_zero_keys(block: dict, origin: Callable[[str], str], label: str, warni
                "DeepSpeed zero_optimization", label, warnings)
     # ZeRO-2 reduces every micro-batch's gradients (predictor.recipe.reduces_every_micro_batch),
     # costed on the compute stream: what overlap_comm hides of them is not modelled, and said so.
-    if str(block.get("stage")).strip() == "2" and to_bool(block.get("overlap_comm")):
+    if to_int(block.get("stage")) == 2 and to_bool(block.get("overlap_comm")):
         warnings.append(f"{label}: overlap_comm at ZeRO stage 2 is not modelled: each micro-batch's gradient "
                         f"reduction is costed after its backward, as without it (an upper bound; "
                         f"{origin('overlap_comm')})")
