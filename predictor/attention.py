@@ -58,6 +58,12 @@ _H100_FLASH2_NONCAUSAL_FWD = (309, 350, 362, 368, 370, 370)
 _A100_CUDNN_SPEED_VS_FLASH2 = 0.82
 #: PyTorch's SDPA flash backend runs FlashAttention-2's kernels (vendored in ATen since 2.2).
 SAME_KERNEL = {"sdpa_flash": "flash2", "flash2": "flash2"}
+#: Frameworks whose ``triton`` is FlashAttention in pre-MLIR Triton: llm-foundry's
+#: ``flash_attn_triton.py`` imports ``triton_pre_mlir`` (Triton 2.0.0.dev20221202, "only tested
+#: on A100"), whose code generator predates Triton's Hopper support (wgmma, TMA): its matrix
+#: products are Ampere's mma.sync on every GPU, as FlashAttention-2's are.  The Triton figures
+#: above are of Hopper-aware Triton (the paper's, and Inductor's flex_attention).
+PRE_HOPPER_TRITON_FRAMEWORKS = frozenset(("llm-foundry",))
 
 #: Shipped bundles whose manifests predate the ``flash_atten_impl`` source key: what their
 #: flash_atten samples timed (docs/modelling.md §1).  The seed paper's sampler (Zhang et al.,
@@ -217,6 +223,16 @@ def attention_cost(impl_key: str, framework: str, seq: float, bundle_name: str,
     if impl in HOPPER_ONLY and not hopper:
         raise ValueError(f"{impl} (FlashAttention-3) runs on Hopper GPUs only; this platform's GPU "
                          f"is {gpu_name}")
+    if impl == "triton" and hopper and framework in PRE_HOPPER_TRITON_FRAMEWORKS:
+        # No kernel figure has the pre-MLIR kernel; the nearest measured one is the same algorithm
+        # with the same instructions.  (Off Hopper nothing changes: no figure relates Triton to
+        # FlashAttention-2 there, and both are costed as the measured kernel.)
+        cost = attention_cost("flash2", "", seq, bundle_name, source, has_model, gpu_tflops, gpu_name)
+        said = (f"attention kernel triton of {framework} is FlashAttention in pre-MLIR Triton "
+                "(triton_pre_mlir), which has no Hopper instructions: costed as FlashAttention-2, "
+                "the same algorithm without them")
+        return AttentionCost(impl, cost.operator, cost.forward_ratio, cost.backward_ratio,
+                             (said,) + cost.warnings)
     if impl and has_model(own_operator(impl)):
         return AttentionCost(impl, own_operator(impl), 1.0, 1.0)
     measured = measured_impl(bundle_name, source)

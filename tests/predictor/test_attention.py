@@ -94,12 +94,12 @@ def test_non_causal_samples_are_made_causal():
     assert 0.5 < long < short < 1.0
 
 
-def _predict(platform: str, **model):
+def _predict(platform: str, framework: str = "", **model):
     from predictor import load_platform, predict
     job = TrainingJob.from_dict({"model": {"layers": 2, "hidden": 2048, "heads": 16, "seq_len": 8192,
                                            "attention": "flash", **model},
                                  "layout": {"micro_batch": 1, "micro_batches": 2, "zero_stage": 0},
-                                 "run": {"precision": "bf16"}}, source="job.toml")
+                                 "run": {"precision": "bf16", "framework": framework}}, source="job.toml")
     return predict(job, load_platform(platform))
 
 
@@ -155,3 +155,58 @@ def test_a_kernel_with_samples_of_its_own_is_read_from_them():
     unknown = attention.attention_cost("triton", "", 8192.0, "site-gpu", {}, lambda op: False, {"fp16": 312.0}, "A100")
     assert unknown.operator == "flash_atten" and unknown.forward_ratio == 1.0
     assert "does not say which attention kernel" in unknown.warnings[0]
+
+
+H100_TFLOPS = {"fp16": 989.0, "fp8": 1979.0}
+
+
+def test_llm_foundrys_pre_mlir_triton_is_costed_as_flash2_on_hopper():
+    def cost(impl, framework, tflops=H100_TFLOPS, has=lambda op: False, bundle="h100-80gb-hbm3"):
+        return attention.attention_cost(impl, framework, 16384.0, bundle, {}, has, tflops, "GPU")
+    legacy, fa2, flex = cost("triton", "llm-foundry"), cost("flash2", "llm-foundry"), cost("triton", "torchtitan")
+    assert (legacy.forward_ratio, legacy.backward_ratio) == (fa2.forward_ratio, fa2.backward_ratio)
+    assert "pre-MLIR Triton" in legacy.warnings[0] and legacy.impl == "triton"
+    # Inductor's Triton (flex_attention, TorchTitan's) is Hopper-aware: the lent H100's figures.
+    assert flex.backward_ratio < 0.9 * legacy.backward_ratio
+    # A bundle that timed FlashAttention-2 itself answers for the legacy kernel too.
+    own = cost("triton", "llm-foundry", has=lambda op: op == "flash_atten_flash2")
+    assert (own.operator, own.forward_ratio) == ("flash_atten_flash2", 1.0)
+    # Off Hopper nothing relates Triton to FlashAttention-2: as before, the framework does not matter.
+    a100 = {"fp16": 312.0}
+    assert cost("triton", "llm-foundry", a100, bundle="a100-sxm4-80gb") == \
+        cost("triton", "", a100, bundle="a100-sxm4-80gb")
+    # Through the predictor: the job costs what its FlashAttention-2 twin costs, and says why.
+    mpt = _predict("dgx-h100", "llm-foundry", attention_impl="triton")
+    assert mpt.iteration_seconds == _predict("dgx-h100", "llm-foundry", attention_impl="flash2").iteration_seconds
+    assert any("triton_pre_mlir" in w for w in mpt.warnings)
+
+
+def test_the_mpt_example_in_modelling_md_is_quoted_as_it_is(tmp_path, monkeypatch):
+    from predictor import Predictor, load_platform
+    from slurm_plugin.launch import parse_script
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "mpt.yaml").write_text((root / "tests/launch/data/llmfoundry/mpt-7b-h100.yaml").read_text())
+
+    def job(seq: int):
+        script = tmp_path / f"job{seq}.sh"
+        script.write_text("#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=8\n"
+                          "srun composer --world_size 16 -n 8 scripts/train/train.py mpt.yaml "
+                          f"variables.max_seq_len={seq} device_train_microbatch_size={32768 // seq}\n")
+        res = parse_script(str(script), deadline_s=10.0)
+        assert res.error is None, res.error
+        return res.job
+
+    jobs = [job(s) for s in (2048, 8192, 32768)]
+    assert [j.layout.micro_batch for j in jobs] == [16, 4, 1]
+
+    def seconds(platform: str) -> list:
+        return [p.iteration_seconds for p in Predictor(load_platform(platform)).predict_many(jobs)]
+
+    a100, h100 = seconds("dgx-a100"), seconds("dgx-h100")
+    monkeypatch.setattr(attention, "PRE_HOPPER_TRITON_FRAMEWORKS", frozenset())
+    before = seconds("dgx-h100")
+    text = " ".join((root / "docs" / "modelling.md").read_text(encoding="utf-8").split())
+    ratios = lambda h: " / ".join(f"{a / x:.2f}" for a, x in zip(a100, h))
+    moves = " / ".join(f"{100 * (x / b - 1):+.1f}" for x, b in zip(h100, before))
+    assert f"goes from {ratios(before)} to {ratios(h100)} at 2k / 8k / 32k" in text
+    assert f"(dgx-h100 {moves} %;" in text
