@@ -60,7 +60,8 @@ _A100_CUDNN_SPEED_VS_FLASH2 = 0.82
 SAME_KERNEL = {"sdpa_flash": "flash2", "flash2": "flash2"}
 #: Frameworks whose ``triton`` is FlashAttention in pre-MLIR Triton: llm-foundry's
 #: ``flash_attn_triton.py`` imports ``triton_pre_mlir`` (Triton 2.0.0.dev20221202, "only tested
-#: on A100"), whose code generator predates Triton's Hopper support (wgmma, TMA): its matrix
+#: on A100"; installed from a ``triton_pre_mlir_sm90`` branch that lets the old backend build for
+#: sm90), whose code generator predates Triton's Hopper support (wgmma, TMA): its matrix
 #: products are Ampere's mma.sync on every GPU, as FlashAttention-2's are.  The Triton figures
 #: above are of Hopper-aware Triton (the paper's, and Inductor's flex_attention).
 PRE_HOPPER_TRITON_FRAMEWORKS = frozenset(("llm-foundry",))
