@@ -227,7 +227,7 @@ def attention_cost(impl_key: str, framework: str, seq: float, bundle_name: str,
     if impl == "triton" and hopper and framework in PRE_HOPPER_TRITON_FRAMEWORKS:
         # No kernel figure has the pre-MLIR kernel; the nearest measured one is the same algorithm
         # with the same instructions.  (Off Hopper nothing changes: no figure relates Triton to
-        # FlashAttention-2 there, and both are costed as the measured kernel.)
+        # the measured kernel there, so it is costed as that kernel.)
         cost = attention_cost("flash2", "", seq, bundle_name, source, has_model, gpu_tflops, gpu_name)
         said = (f"attention kernel triton of {framework} is FlashAttention in pre-MLIR Triton "
                 "(triton_pre_mlir), which has no Hopper instructions: costed as FlashAttention-2, "
