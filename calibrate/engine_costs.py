@@ -33,10 +33,19 @@ def pooled_costs(paths: list[Path]) -> dict[str, dict[str, float]]:
     """Per mode, what the engine adds (ms per step, micro-batch, layer), fitted over the fastest
     time of each configuration across the ``--json`` files in ``paths``: other tenants' load only
     ever adds time (calibrate/timing.py keeps the fastest quarter on a CPU for the same reason)."""
+    return _pooled(_load(paths))
+
+
+def _load(paths: list[Path]) -> list[dict]:
+    return [json.loads(path.read_text(encoding="utf-8")) for path in paths]
+
+
+def _pooled(files: list[dict]) -> dict[str, dict[str, float]]:
+    """:func:`pooled_costs` of the files' contents."""
     best: dict[str, dict[str, dict[tuple[int, int], float]]] = {}
     runs: dict[str, int] = {}
-    for path in paths:
-        for mode, d in json.loads(path.read_text(encoding="utf-8"))["modes"].items():
+    for f in files:
+        for mode, d in f["modes"].items():
             runs[mode] = runs.get(mode, 0) + 1
             for kind in ("deepspeed", "plain"):
                 seen = best.setdefault(mode, {}).setdefault(kind, {})
@@ -66,13 +75,13 @@ GPU_RUNS = "h100"
 #: (pipe2 less pipe1 there: the sends, the receives and the stages' barrier).
 GPU_PROXY = {"pipe2": "pipe1"}
 
-def _meta(paths: list[Path], mode: str) -> dict:
-    """The first of ``paths`` that measured ``mode`` (its provenance keys)."""
-    for p in paths:
-        d = json.loads(p.read_text(encoding="utf-8"))
+
+def _meta(files: list[dict], mode: str) -> dict:
+    """The first of the runs ``files`` that measured ``mode`` (its provenance keys)."""
+    for d in files:
         if mode in d["modes"]:
             return d
-    raise ValueError(f"no run of mode {mode!r} among {[str(p) for p in paths]}")
+    raise ValueError(f"no run of mode {mode!r} among {len(files)} files")
 
 
 def _versions(run: dict) -> str:
@@ -94,24 +103,24 @@ def engine_prior(folder: Path) -> dict:
     GPU node measured (:data:`GPU_RUNS`) from its runs, one it could not from its proxy there plus
     the difference on the CPU (:data:`GPU_PROXY`), else from the CPU runs (ms; a negative cost,
     within the measurement's noise, is taken as none)."""
-    cpu_paths = sorted(folder.glob("*.json"))
-    gpu_paths = sorted((folder / GPU_RUNS).glob("*.json"))
-    cpu, gpu = pooled_costs(cpu_paths), pooled_costs(gpu_paths)
+    cpu_files = _load(sorted(folder.glob("*.json")))
+    gpu_files = _load(sorted((folder / GPU_RUNS).glob("*.json")))
+    cpu, gpu = _pooled(cpu_files), _pooled(gpu_files)
     out = {}
     for engine, mode in ENGINE_MODES.items():
         proxy = GPU_PROXY.get(mode)
         if mode in gpu:
             adds = gpu[mode]
-            where = f"--device cuda --pool ({mode}, {_runs(adds['runs'])}) on {_gpu_node(_meta(gpu_paths, mode))}"
+            where = f"--device cuda --pool ({mode}, {_runs(adds['runs'])}) on {_gpu_node(_meta(gpu_files, mode))}"
         elif proxy in gpu and proxy in cpu:
             adds = {k: gpu[proxy][k] + cpu[mode][k] - cpu[proxy][k] for k in _COSTS}
-            c = _meta(cpu_paths, mode)
+            c = _meta(cpu_files, mode)
             where = (f"--device cuda --pool ({proxy}, {_runs(gpu[proxy]['runs'])}) on "
-                     f"{_gpu_node(_meta(gpu_paths, proxy))}, plus {mode} less {proxy} of --pool "
+                     f"{_gpu_node(_meta(gpu_files, proxy))}, plus {mode} less {proxy} of --pool "
                      f"({_runs(cpu[mode]['runs'])}) on {c['cpu']} ({_versions(c)}; {mode} needs a GPU per rank)")
         else:
             adds = cpu[mode]
-            c = _meta(cpu_paths, mode)
+            c = _meta(cpu_files, mode)
             where = f"--pool ({mode}, {_runs(adds['runs'])}) on {c['cpu']} ({_versions(c)})"
         out[engine] = {k.replace("_ms", "_seconds"): round(max(0.0, adds[k]) * 1e-3, 7) for k in _COSTS}
         out[engine]["source"] = (f"prior: benchmarks/bench_engine_host.py {where}: DeepSpeed less a plain PyTorch "
