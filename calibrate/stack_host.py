@@ -764,8 +764,8 @@ def checkpoint_costs(layers: Sequence[int], repeats: int, rounds: int,
     of one forward with autograd recording (what a full recomputation's repeat is charged apart as
     ``layer_forward_seconds``), around ``layer`` (:data:`CHECKPOINT_LAYERS`).  The input requires
     grad, as a layer's input inside a model does (a reentrant checkpoint's backward runs only
-    then).  A gloo group must be up for ``deepspeed``.  On ``cuda`` the host's issue time
-    (:func:`_time_micro_batches`)."""
+    then).  A group must be up for ``deepspeed`` (gloo, or NCCL on ``cuda``).  On ``cuda`` the
+    host's issue time (:func:`_time_micro_batches`)."""
     torch.manual_seed(0)
     models: dict[tuple[str, int], nn.Module] = {}
     for n in layers:
