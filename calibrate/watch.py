@@ -554,6 +554,15 @@ def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: Predictio
     res.jobs.append(rep)
     if opts.dry_run:
         return
+    # The run goes to its file before the action to the store, so whoever sees the action (a
+    # report, an admin's harvest) finds the run it was measured from.
+    base = state or JobState(job.job_id, record.record_id, _limit_s(job), progress.iteration if progress else None,
+                             at if progress else None)
+    run_s = base.run_iteration_seconds
+    if progress is not None and decision.code not in ("claims", "plan-mismatch", "warm-up") and opts.out_dir:
+        if run_s is None or abs(progress.iteration_seconds / run_s - 1.0) > _RUN_REWRITE:
+            if _write_run(opts.out_dir, job, record, progress):
+                run_s = progress.iteration_seconds
     if write:
         wlog.add(WatchAction(
             slurm_job_id=job.job_id, record_id=record.record_id, partition=job.partition, user=job.user,
@@ -575,13 +584,6 @@ def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: Predictio
                 client.set_admin_comment(job.job_id, admin_comment_with(job.admin_comment, decision, at, count))
             except SlurmError as exc:
                 log.warning("job %d: AdminComment not updated: %s", job.job_id, exc)
-    base = state or JobState(job.job_id, record.record_id, _limit_s(job), progress.iteration if progress else None,
-                             at if progress else None)
-    run_s = base.run_iteration_seconds
-    if progress is not None and decision.code not in ("claims", "plan-mismatch", "warm-up") and opts.out_dir:
-        if run_s is None or abs(progress.iteration_seconds / run_s - 1.0) > _RUN_REWRITE:
-            if _write_run(opts.out_dir, job, record, progress):
-                run_s = progress.iteration_seconds
     wlog.put_job(dataclasses.replace(base, last_code=new_code, run_iteration_seconds=run_s, updated=at))
 
 
