@@ -554,8 +554,8 @@ def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: Predictio
     res.jobs.append(rep)
     if opts.dry_run:
         return
-    # The run goes to its file before the action to the store, so whoever sees the action (a
-    # report, an admin's harvest) finds the run it was measured from.
+    # The action reaches the store last, so whoever sees it (a report, an admin's harvest, a test
+    # polling the store) finds the run it was measured from and the AdminComment that tells it.
     base = state or JobState(job.job_id, record.record_id, _limit_s(job), progress.iteration if progress else None,
                              at if progress else None)
     run_s = base.run_iteration_seconds
@@ -564,7 +564,7 @@ def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: Predictio
             if _write_run(opts.out_dir, job, record, progress):
                 run_s = progress.iteration_seconds
     if write:
-        wlog.add(WatchAction(
+        action = WatchAction(
             slurm_job_id=job.job_id, record_id=record.record_id, partition=job.partition, user=job.user,
             action=decision.action, from_seconds=decision.from_seconds, to_seconds=decision.to_seconds,
             at=at, code=decision.code, reason=decision.reason,
@@ -572,18 +572,19 @@ def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: Predictio
             planned_iterations=record.iterations or None,
             measured_iteration_seconds=progress.iteration_seconds if progress else None,
             predicted_iteration_seconds=record.iteration_seconds or None,
-            limit_set_by_perfcast=record.action == "set"))
+            limit_set_by_perfcast=record.action == "set")
         # The user sees the last change of their limit; a later "none" (on track, no checkpoint
         # left to reach) would only hide it, and stays in the store.  Before any change, a none
         # that is news (an unreadable log, a job that will time out) is shown.
-        acts = wlog.actions(slurm_job_ids=[job.job_id])
-        changed_before = any(a.action != "none" for a in acts[:-1])
+        before = wlog.actions(slurm_job_ids=[job.job_id])
+        changed_before = any(a.action != "none" for a in before)
         if decision.action != "none" or (decision.code not in _QUIET and not changed_before):
-            count = sum(1 for a in acts if a.code not in _QUIET)
+            count = sum(1 for a in (*before, action) if a.code not in _QUIET)
             try:
                 client.set_admin_comment(job.job_id, admin_comment_with(job.admin_comment, decision, at, count))
             except SlurmError as exc:
                 log.warning("job %d: AdminComment not updated: %s", job.job_id, exc)
+        wlog.add(action)
     wlog.put_job(dataclasses.replace(base, last_code=new_code, run_iteration_seconds=run_s, updated=at))
 
 

@@ -268,9 +268,9 @@ def test_a_pass_extends_shrinks_and_records_each_action(site):
     assert "slurm job 11" in text and "slurm job 12" in text and "perf-calibrate watch" in text
 
 
-def test_the_run_is_in_its_file_before_the_action_is_in_the_store(site, monkeypatch):
+def test_the_run_and_the_comment_are_in_place_before_the_action_is_in_the_store(site, monkeypatch):
     # Whoever polls the store (a report, the dev-cluster test) must find the run an action was
-    # measured from; CI once read the runs file in the gap between the two writes.
+    # measured from and the AdminComment that tells it; CI once read the runs file in the gap.
     tmp, store = site
     now = time.time()
     slow = store.add(record())
@@ -281,12 +281,13 @@ def test_the_run_is_in_its_file_before_the_action_is_in_the_store(site, monkeypa
 
     def add_and_look(self, action):
         path = tmp / "runs" / "gpu.toml"
-        seen.append((action.action, path.exists() and f"slurm job {action.slurm_job_id}" in path.read_text()))
+        seen.append((action.action, path.exists() and f"slurm job {action.slurm_job_id}" in path.read_text(),
+                     "perfcast-watch: extend" in slurm.comments.get(action.slurm_job_id, "")))
         return add(self, action)
 
     monkeypatch.setattr(WatchLog, "add", add_and_look)
     watch_once(WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=tmp / "runs"), slurm, now=now)
-    assert seen == [("extend", True)]
+    assert seen == [("extend", True, True)]
 
 
 def test_unreadable_log_stalled_job_and_doubts_lead_to_no_action(site):
