@@ -34,6 +34,11 @@ one job at a time, so in a burst that time adds up across the queue of submissio
 ``--distinct``: each submission is a job of its own shape (``--num-layers`` counts up), so every
 perfcast submission is a new prediction (no cache hit, no memoised shape).  ``--concurrent N``:
 each timed submission is N sbatch processes started at once; every one is timed.
+
+``--split``: a third variant in the same alternation, "warm-up only": the checkout's
+cli_filter.lua warming perf-predictd up, with the trivial job_submit.lua.  Its time over trivial
+is what the warm-ups' work costs sbatch (their CPU beside it); perfcast's time over it is
+slurmctld waiting for the daemon's answer.  The last line still compares perfcast with trivial.
 """
 from __future__ import annotations
 
@@ -75,7 +80,11 @@ def main() -> int:
                     help="N submissions at once, each timed")
     ap.add_argument("--no-prewarm", action="store_true",
                     help="no cli_filter.lua warm-up: job_submit.lua alone")
+    ap.add_argument("--split", action="store_true",
+                    help="also time a warm-up-only variant (cli_filter.lua's warm-up, trivial job_submit.lua)")
     args = ap.parse_args()
+    if args.split and args.no_prewarm:
+        ap.error("--split times the warm-up on its own: it needs the warm-up (drop --no-prewarm)")
 
     env = {**os.environ, "PERFCAST_DEV_BASE": args.base}
     pid_file = Path(args.base) / "run" / "slurmctld.pid"
@@ -133,13 +142,13 @@ def main() -> int:
         tmp.symlink_to(target)
         os.replace(tmp, at)
 
-    def use(target: Path) -> None:
+    def use(target: Path, warm: bool) -> None:
         # slurmctld reloads job_submit.lua when the file's mtime is *newer than its last load*
         # (1 s resolution): let a second pass, then give the target the current time.
         time.sleep(1.05)
         os.utime(target)
         point(link, target)
-        point(cli_link, cli_real if target == real else cli_trivial)   # (unused with --no-prewarm)
+        point(cli_link, cli_real if warm else cli_trivial)   # (unused with --no-prewarm)
 
     ids: list[str] = []
     daemon_log = base / "log" / "predictd.log"
@@ -230,21 +239,25 @@ def main() -> int:
             ids.append(p.stdout.strip())
         return [(dt, p.stderr) for dt, p in out]
 
-    times = {"perfcast": [], "trivial": []}
+    # (name, job_submit.lua, cli_filter.lua's warm-up)
+    variants = [("perfcast", real, True), ("trivial", trivial, False)]
+    if args.split:
+        variants.append(("warm-only", trivial, True))
+    times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     cpu_ns = [0, 0]     # perf-predictd's CPU during the timed perfcast blocks: daemon, children
-    machine_ns = {"perfcast": 0, "trivial": 0}    # the whole machine's CPU in each variant's blocks
+    machine_ns = dict.fromkeys(times, 0)    # the whole machine's CPU in each variant's blocks
     ready = 0
     sample = {}
     try:
-        for name, target in (("perfcast", real), ("trivial", trivial)):   # warm both
-            use(target)
+        for name, target, warm in variants:   # warm each
+            use(target, warm)
             for _ in range(3):
                 sample[name] = submit()[0][1]
         done = 0
         while done < args.n:
             k = min(args.block, args.n - done)
-            for name, target in (("perfcast", real), ("trivial", trivial)):
-                use(target)
+            for name, target, warm in variants:
+                use(target, warm)
                 submit()   # the first call after a switch reloads the script: not timed
                 before, ready_before = served()
                 cpu_before = daemon_cpu_ns()
@@ -262,13 +275,12 @@ def main() -> int:
                 reached = after - before
                 if name == "perfcast":
                     ready += ready_after - ready_before
-                if reached != (0 if name == "trivial" else k * args.concurrent):
+                if reached != (k * args.concurrent if name == "perfcast" else 0):
                     sys.exit(f"{name} block: {reached} of {k} submissions reached the daemon; "
                              "the job_submit.lua switch did not take")
             done += k
     finally:
-        use(real)
-        point(cli_link, cli_real)
+        use(real, True)
         for i in range(0, len(ids), 200):
             subprocess.run(["scancel", *ids[i:i + 200]], env=env)
         if not was_up:   # leave the machine as we found it
