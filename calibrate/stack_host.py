@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -274,6 +274,10 @@ def _import_deepspeed(device: str = "cpu"):  # noqa: ANN202 - the deepspeed modu
     return deepspeed
 
 
+#: gradient_accumulation_steps that no timed run reaches (the micro-batches stay inside a step).
+ACCUMULATE_FOREVER = 1 << 30
+
+
 def _deepspeed_model(n: int, stage: int, device: str = "cpu", layer: str = "block",
                      persistence_threshold: int | None = None, accumulate: bool = False) -> nn.Module:
     deepspeed = _import_deepspeed(device)
@@ -290,9 +294,6 @@ def _deepspeed_model(n: int, stage: int, device: str = "cpu", layer: str = "bloc
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
                                       config=cfg)
     return _Engine(engine)
-
-
-ACCUMULATE_FOREVER = 1 << 30
 
 
 class _LauncherEnv:
@@ -315,6 +316,22 @@ class _LauncherEnv:
             os.environ.pop(k, None)
 
 
+def _deepspeed_stage_slopes(layers: Sequence[int], stages: Sequence[int], repeats: int, rounds: int,
+                            device: str, **model: Any) -> tuple[dict[int, float], dict]:
+    """Per-layer slopes of DeepSpeed's engine at each of ``stages`` over ``layers`` (the models
+    built by :func:`_deepspeed_model` with ``model``, timed interleaved), and each configuration's
+    seconds per micro-batch."""
+    import warnings
+
+    torch.manual_seed(0)
+    with _LauncherEnv(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        models = {(stage, n): _deepspeed_model(n, stage, device, **model) for n in layers for stage in stages}
+        per = _interleaved(models, repeats, rounds, device)
+    ns = list(layers)
+    return {stage: _slope(ns, [per[(stage, n)] for n in ns]) for stage in stages}, per
+
+
 def deepspeed_zero12_costs(layers: Sequence[int], repeats: int, rounds: int, device: str = "cpu") -> dict:
     """Per-layer forward + backward seconds of DeepSpeed's engine at ZeRO stages 0, 1 and 2 around
     :class:`TransformerBlock` (12 parameters, as a real layer has), on micro-batches inside a step
@@ -322,16 +339,8 @@ def deepspeed_zero12_costs(layers: Sequence[int], repeats: int, rounds: int, dev
     DeepSpeed's ZeRO-1/2 optimizer puts on every parameter (with ``contiguous_gradients``, its
     default, at ZeRO-1 too), which at ZeRO-2 move each gradient into the reduction bucket every
     micro-batch (one rank's group up, gloo or NCCL on ``cuda``; needs the deepspeed package)."""
-    import warnings
-
-    torch.manual_seed(0)
-    with _LauncherEnv(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        models = {(stage, n): _deepspeed_model(n, stage, device, "transformer", accumulate=True)
-                  for n in layers for stage in (0, 1, 2)}
-        per = _interleaved(models, repeats, rounds, device)
-    ns = list(layers)
-    slope = {stage: _slope(ns, [per[(stage, n)] for n in ns]) for stage in (0, 1, 2)}
+    slope, per = _deepspeed_stage_slopes(layers, (0, 1, 2), repeats, rounds, device, layer="transformer",
+                                         accumulate=True)
     return {"layer": "transformer", "layer_seconds": {f"zero{k}": v for k, v in slope.items()},
             "zero1_hook_layer_seconds": slope[1] - slope[0], "zero2_hook_layer_seconds": slope[2] - slope[0],
             "per_config": {f"zero{k}_{n}": s for (k, n), s in per.items()}}
@@ -348,16 +357,8 @@ def deepspeed_zero3_costs(layers: Sequence[int], repeats: int, rounds: int, devi
     parameter of these tiny layers whole: none is partitioned or gathered)."""
     if layer not in ZERO3_LAYERS:
         raise ValueError(f"unknown layer {layer!r} (known: {', '.join(ZERO3_LAYERS)})")
-    import warnings
-
-    torch.manual_seed(0)
-    with _LauncherEnv(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        models = {(stage, n): _deepspeed_model(n, stage, device, layer, persistence_threshold)
-                  for n in layers for stage in (0, 3)}
-        per = _interleaved(models, repeats, rounds, device)
-    ns = list(layers)
-    slope = {stage: _slope(ns, [per[(stage, n)] for n in ns]) for stage in (0, 3)}
+    slope, per = _deepspeed_stage_slopes(layers, (0, 3), repeats, rounds, device, layer=layer,
+                                         persistence_threshold=persistence_threshold)
     return {"layer": layer, "persistence_threshold": persistence_threshold,
             "zero3_layer_seconds": slope[3], "zero0_layer_seconds": slope[0],
             "zero3_hook_layer_seconds": slope[3] - slope[0],
