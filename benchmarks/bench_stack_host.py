@@ -140,10 +140,11 @@ def main() -> int:
         ap.error("--dropout: a probability in [0, 1), with --framework-layer")
     load_at_start = os.getloadavg()[0]
     if args.framework_layer:
-        import importlib.util
-        if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
-            ap.error("--framework-layer: the megatron-core package is not installed "
-                     "(pip install --no-deps megatron-core): its transformer layer is what is measured")
+        from calibrate.framework_layer import megatron_modules
+        try:
+            megatron_modules()
+        except RuntimeError as e:
+            ap.error(f"--framework-layer: {e}")
         r = _framework_layer(args)
         if args.json:
             import megatron.core

@@ -39,7 +39,9 @@ MEGATRON_DROPOUT = 0.1
 _RNG = "model-parallel-rng"        # megatron.core.tensor_parallel.random's tracker name
 
 
-def _megatron():  # noqa: ANN202 - the megatron.core package
+def megatron_modules():  # noqa: ANN202 - the megatron.core package
+    """Megatron-core's ``parallel_state`` and ``tensor_parallel.random``; a RuntimeError saying how
+    to install it where it is missing."""
     try:
         import megatron.core  # noqa: F401
     except ImportError as e:
@@ -67,7 +69,7 @@ def _setup(device: str):  # noqa: ANN202 - megatron.core.tensor_parallel.random
     """One rank, TP = PP = 1, the tracker seeded and the scores' buffer on ``device``; Megatron's
     RNG module."""
     one_rank_group(device)
-    parallel_state, mp_random = _megatron()
+    parallel_state, mp_random = megatron_modules()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     tracker = mp_random.get_cuda_rng_tracker()
