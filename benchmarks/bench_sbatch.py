@@ -22,10 +22,12 @@ at sites where sbatch cannot reach the controller's daemon (login nodes of their
 Switching is a symlink swap beside slurm.conf (slurmctld reloads the script when its mtime is
 newer than its last load; sbatch loads cli_filter.lua afresh each time); each switch is checked in
 the logs: the trivial block must not reach the daemon.  The perfcast links are restored at the
-end.  Prints median/p90 per variant, how many perfcast requests found their prediction ready or in
-flight, perf-predictd's CPU time per perfcast submission (its own process; its workers and record
-writer: from the kernel's scheduler statistics, so other load on the machine does not inflate it),
-and the ratio of medians (target <= 1.5; with --concurrent, <= 2).  Jobs are cancelled
+end.  Prints median/p90 per variant, how many perfcast requests found their prediction ready or
+joined it in flight (and how long perf-predictd took on the joined ones: slurmctld waits on each,
+one job at a time), perf-predictd's CPU time per perfcast submission (its own process; its workers
+and record writer: from the kernel's scheduler statistics, so other load on the machine does not
+inflate it), the spread of the ratio block by block (each perfcast block against the trivial block
+beside it: what the machine's drift does to one block), and the ratio of medians (target <= 1.5; with --concurrent, <= 2).  Jobs are cancelled
 afterwards.  With ``PERFCAST_DEV_TIMING=true`` (given to the dev cluster when it is brought up,
 here or by hand) it also prints how long slurmctld spent in job_submit.lua per perfcast
 submission and how much of it was waiting for the daemon's answer: slurmctld runs the plugin
@@ -51,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +65,14 @@ TRIVIAL_CLI = """function slurm_cli_setup_defaults(options, early_pass) return s
 function slurm_cli_pre_submit(options, offset) return slurm.SUCCESS end
 function slurm_cli_post_submit(offset, jobid, stepid) return slurm.SUCCESS end
 """
+
+
+@dataclass
+class Served:
+    """perf-predictd's log, counted: job_submit.lua's requests and how each was answered."""
+    n: int = 0
+    cached: int = 0
+    joined_ms: list = field(default_factory=list)
 
 
 def pct(values, q):
@@ -153,19 +164,27 @@ def main() -> int:
     ids: list[str] = []
     daemon_log = base / "log" / "predictd.log"
 
-    def served() -> tuple[int, int]:
-        """Requests from job_submit.lua so far, and how many of them found their outcome ready
-        (cached) or in flight (joined: the warm-up still computing)."""
+    def served(expect: int) -> "Served":
+        """Requests from job_submit.lua so far: how many, how many found their outcome ready
+        (cached) and how many joined it in flight (the warm-up still computing), with the
+        daemon's time on each joined one (ms)."""
         # perf-predictd logs a request after answering it: sbatch may return before the line is
-        # written, so let the last one land first (untimed).
-        time.sleep(0.05)
-        n = ready = 0
-        with open(daemon_log, errors="replace") as fh:
-            for line in fh:
-                if "event=request " in line:
-                    n += 1
-                    ready += " cached=1" in line or " joined=1" in line
-        return n, ready
+        # written, and on a loaded machine well after.  Every perfcast submission logs one line,
+        # so wait (untimed, at most 5 s) until the ``expect`` lines so far have landed.
+        until = time.monotonic() + 5.0
+        while True:
+            out = Served()
+            with open(daemon_log, errors="replace") as fh:
+                for line in fh:
+                    if "event=request " in line:
+                        out.n += 1
+                        out.cached += " cached=1" in line
+                        if " joined=1" in line:
+                            ms = line.split(" ms=", 1)[1].split(" ", 1)[0] if " ms=" in line else ""
+                            out.joined_ms.append(float(ms) if ms.replace(".", "", 1).isdigit() else 0.0)
+            if out.n >= expect or time.monotonic() >= until:
+                return out
+            time.sleep(0.02)
 
     def daemon_cpu_ns() -> tuple[int, int]:
         """CPU time so far of perf-predictd's own process and of its children (workers, record
@@ -246,38 +265,49 @@ def main() -> int:
     times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     cpu_ns = [0, 0]     # perf-predictd's CPU during the timed perfcast blocks: daemon, children
     machine_ns = dict.fromkeys(times, 0)    # the whole machine's CPU in each variant's blocks
-    ready = 0
+    cached = 0
+    joined_ms: list[float] = []
+    block_medians: dict[str, list[float]] = {name: [] for name in times}
     sample = {}
+    # Requests perf-predictd has logged: those of earlier runs, then one per perfcast submission.
+    expect = served(0).n
     try:
         for name, target, warm in variants:   # warm each
             use(target, warm)
             for _ in range(3):
                 sample[name] = submit()[0][1]
+                expect += args.concurrent if name == "perfcast" else 0
         done = 0
         while done < args.n:
             k = min(args.block, args.n - done)
             for name, target, warm in variants:
                 use(target, warm)
                 submit()   # the first call after a switch reloads the script: not timed
-                before, ready_before = served()
+                expect += args.concurrent if name == "perfcast" else 0
+                before = served(expect)
                 cpu_before = daemon_cpu_ns()
                 log_before = ctld_log_size()
                 machine_before = machine_cpu_ns()
+                block: list[float] = []
                 for _ in range(k):
-                    times[name].extend(dt for dt, _ in submit())
+                    block.extend(dt for dt, _ in submit())
                 machine_ns[name] += machine_cpu_ns() - machine_before
                 cpu_after = daemon_cpu_ns()
-                after, ready_after = served()
+                times[name].extend(block)
+                block_medians[name].append(statistics.median(block))
+                want = k * args.concurrent if name == "perfcast" else 0
+                expect += want
+                after = served(expect)
                 if name == "perfcast":
                     lua_ms.extend(lua_timings(log_before))
                     cpu_ns[0] += cpu_after[0] - cpu_before[0]
                     cpu_ns[1] += cpu_after[1] - cpu_before[1]
-                reached = after - before
-                if name == "perfcast":
-                    ready += ready_after - ready_before
-                if reached != (k * args.concurrent if name == "perfcast" else 0):
-                    sys.exit(f"{name} block: {reached} of {k} submissions reached the daemon; "
-                             "the job_submit.lua switch did not take")
+                    cached += after.cached - before.cached
+                    joined_ms.extend(after.joined_ms[len(before.joined_ms):])
+                reached = after.n - before.n
+                if reached != want:
+                    sys.exit(f"{name} block: {reached} of its {k * args.concurrent} submissions "
+                             f"reached the daemon (expected {want}); the job_submit.lua switch did not take")
             done += k
     finally:
         use(real, True)
@@ -293,8 +323,17 @@ def main() -> int:
         print(f"{name:9s} n={len(ms)}  median={statistics.median(ms):6.2f} ms  "
               f"p90={pct(ms, 90):6.2f} ms  p99={pct(ms, 99):6.2f} ms  mean={statistics.fmean(ms):6.2f} ms")
     ratio = statistics.median(times["perfcast"]) / statistics.median(times["trivial"])
-    print(f"perfcast requests answered from a ready or in-flight prediction: {ready} of "
-          f"{len(times['perfcast'])}")
+    n_perfcast = len(times["perfcast"])
+    print(f"perfcast requests answered from a ready or in-flight prediction: "
+          f"{cached + len(joined_ms)} of {n_perfcast} (ready {cached}, joined in flight {len(joined_ms)})")
+    if joined_ms:
+        print(f"  the joined ones (slurmctld waits on each, one job at a time): perf-predictd's time "
+              f"on them median {statistics.median(joined_ms):.2f} ms, mean {statistics.fmean(joined_ms):.2f} ms, "
+              f"max {max(joined_ms):.2f} ms")
+    # Each block against the trivial block beside it: how far the machine's drift moves the ratio.
+    pairs = sorted(p / t for p, t in zip(block_medians["perfcast"], block_medians["trivial"]))
+    print(f"ratio of block medians, block by block ({len(pairs)} pairs): min {pairs[0]:.2f}, "
+          f"median {statistics.median(pairs):.2f}, max {pairs[-1]:.2f}")
     n = max(1, len(times["perfcast"]))
     print(f"perf-predictd CPU per perfcast submission: daemon {cpu_ns[0] / n / 1e6:.2f} ms, "
           f"its workers and record writer {cpu_ns[1] / n / 1e6:.2f} ms")
