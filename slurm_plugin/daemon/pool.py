@@ -254,6 +254,9 @@ class WorkerPool:
                     del self.queue[i]
                     job.urgent = True
                     self.queue.insert(self._urgent_queued(), job)
+                    # Warm-ups left a worker free for jobs like it: start it there now, not when
+                    # the next job comes or a warm-up ends (at a burst's end, a whole prediction).
+                    self._pump()
                 return
         for w in self.workers:
             if w.job is not None and w.job.future is future and not w.job.urgent:

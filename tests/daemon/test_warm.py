@@ -214,6 +214,14 @@ def test_warm_ups_leave_a_worker_free_for_requests_slurmctld_waits_on():
     assert done == ["urgent", "warm-a", "warm-b"]
 
 
+def test_a_queued_warm_up_that_somebody_joins_starts_at_once_on_the_free_worker():
+    # Two workers: warm-a holds one, warm-b waits (the other is kept for requests slurmctld waits
+    # on).  Once such a request joins warm-b, it is one of them: it starts now, not after warm-a.
+    done = _finishing_order(2, [("warm-a", b'{"sleep": 1.0}', False), ("warm-b", b'{"n": "b"}', False)],
+                            promote="warm-b")
+    assert done == ["warm-b", "warm-a"]
+
+
 @ROOT_ONLY
 def test_a_running_warm_up_stops_yielding_the_cpu_once_somebody_waits_for_it():
     from slurm_plugin.daemon.pool import WORKER_NICE
