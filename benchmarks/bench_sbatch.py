@@ -27,11 +27,12 @@ joined it in flight (and how long perf-predictd took on the joined ones: slurmct
 one job at a time), perf-predictd's CPU time per perfcast submission (its own process; its workers
 and record writer: from the kernel's scheduler statistics, so other load on the machine does not
 inflate it), the spread of the ratio block by block (each perfcast block against the trivial block
-beside it: what the machine's drift does to one block), and the ratio of medians (target <= 1.5; with --concurrent, <= 2).  Jobs are cancelled
-afterwards.  With ``PERFCAST_DEV_TIMING=true`` (given to the dev cluster when it is brought up,
-here or by hand) it also prints how long slurmctld spent in job_submit.lua per perfcast
-submission and how much of it was waiting for the daemon's answer: slurmctld runs the plugin
-one job at a time, so in a burst that time adds up across the queue of submissions.
+beside it: what the machine's drift does to one block), and the ratio of medians (target <= 1.5;
+with --concurrent, <= 2).  Jobs are cancelled afterwards.  With ``PERFCAST_DEV_TIMING=true``
+(given to the dev cluster when it is brought up, here or by hand) it also prints how long
+slurmctld spent in job_submit.lua per perfcast submission and how much of it was waiting for the
+daemon's answer: slurmctld runs the plugin one job at a time, so in a burst that time adds up
+across the queue of submissions.
 
 ``--distinct``: each submission is a job of its own shape (``--num-layers`` counts up), so every
 perfcast submission is a new prediction (no cache hit, no memoised shape).  ``--concurrent N``:
@@ -45,6 +46,7 @@ slurmctld waiting for the daemon's answer.  The last line still compares perfcas
 from __future__ import annotations
 
 import argparse
+import io
 import itertools
 import os
 import random
@@ -164,7 +166,7 @@ def main() -> int:
     ids: list[str] = []
     daemon_log = base / "log" / "predictd.log"
 
-    def served(expect: int) -> "Served":
+    def served(expect: int) -> Served:
         """Requests from job_submit.lua so far: how many, how many found their outcome ready
         (cached) and how many joined it in flight (the warm-up still computing), with the
         daemon's time on each joined one (ms)."""
@@ -174,7 +176,11 @@ def main() -> int:
         until = time.monotonic() + 5.0
         while True:
             out = Served()
-            with open(daemon_log, errors="replace") as fh:
+            try:
+                fh = open(daemon_log, errors="replace")
+            except FileNotFoundError:      # nothing logged yet
+                fh = io.StringIO()
+            with fh:
                 for line in fh:
                     if "event=request " in line:
                         out.n += 1
