@@ -46,7 +46,6 @@ slurmctld waiting for the daemon's answer.  The last line still compares perfcas
 from __future__ import annotations
 
 import argparse
-import io
 import itertools
 import os
 import random
@@ -71,10 +70,30 @@ function slurm_cli_post_submit(offset, jobid, stepid) return slurm.SUCCESS end
 
 @dataclass
 class Served:
-    """perf-predictd's log, counted: job_submit.lua's requests and how each was answered."""
+    """perf-predictd's log, counted so far: job_submit.lua's requests and how each was answered."""
     n: int = 0
     cached: int = 0
-    joined_ms: list = field(default_factory=list)
+    joined_ms: list = field(default_factory=list)   # the daemon's time on each joined one
+    offset: int = 0                                  # bytes of the log already counted
+
+    def read(self, log: Path) -> None:
+        """Count the whole lines written since the last call (one still being written: next
+        time), so the log is read once however often it is polled."""
+        try:
+            with open(log, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:      # nothing logged yet
+            return
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for line in data[:end].decode("utf-8", "replace").splitlines():
+            if "event=request " in line:
+                self.n += 1
+                self.cached += " cached=1" in line
+                if " joined=1" in line:
+                    ms = line.split(" ms=", 1)[1].split(" ", 1)[0] if " ms=" in line else ""
+                    self.joined_ms.append(float(ms) if ms.replace(".", "", 1).isdigit() else 0.0)
 
 
 def pct(values, q):
@@ -166,31 +185,20 @@ def main() -> int:
     ids: list[str] = []
     daemon_log = base / "log" / "predictd.log"
 
-    def served(expect: int) -> Served:
-        """Requests from job_submit.lua so far: how many, how many found their outcome ready
-        (cached) and how many joined it in flight (the warm-up still computing), with the
-        daemon's time on each joined one (ms)."""
+    log = Served()
+
+    def served(expect: int) -> None:
+        """Bring ``log`` up to date with the requests from job_submit.lua so far: how many, how
+        many found their outcome ready (cached) and how many joined it in flight (the warm-up
+        still computing)."""
         # perf-predictd logs a request after answering it: sbatch may return before the line is
         # written, and on a loaded machine well after.  Every perfcast submission logs one line,
         # so wait (untimed, at most 5 s) until the ``expect`` lines so far have landed.
         until = time.monotonic() + 5.0
-        while True:
-            out = Served()
-            try:
-                fh = open(daemon_log, errors="replace")
-            except FileNotFoundError:      # nothing logged yet
-                fh = io.StringIO()
-            with fh:
-                for line in fh:
-                    if "event=request " in line:
-                        out.n += 1
-                        out.cached += " cached=1" in line
-                        if " joined=1" in line:
-                            ms = line.split(" ms=", 1)[1].split(" ", 1)[0] if " ms=" in line else ""
-                            out.joined_ms.append(float(ms) if ms.replace(".", "", 1).isdigit() else 0.0)
-            if out.n >= expect or time.monotonic() >= until:
-                return out
+        log.read(daemon_log)
+        while log.n < expect and time.monotonic() < until:
             time.sleep(0.02)
+            log.read(daemon_log)
 
     def daemon_cpu_ns() -> tuple[int, int]:
         """CPU time so far of perf-predictd's own process and of its children (workers, record
@@ -276,7 +284,8 @@ def main() -> int:
     block_medians: dict[str, list[float]] = {name: [] for name in times}
     sample = {}
     # Requests perf-predictd has logged: those of earlier runs, then one per perfcast submission.
-    expect = served(0).n
+    served(0)
+    expect = log.n
     try:
         for name, target, warm in variants:   # warm each
             use(target, warm)
@@ -290,7 +299,8 @@ def main() -> int:
                 use(target, warm)
                 submit()   # the first call after a switch reloads the script: not timed
                 expect += args.concurrent if name == "perfcast" else 0
-                before = served(expect)
+                served(expect)
+                before_n, before_cached, before_joined = log.n, log.cached, len(log.joined_ms)
                 cpu_before = daemon_cpu_ns()
                 log_before = ctld_log_size()
                 machine_before = machine_cpu_ns()
@@ -303,14 +313,14 @@ def main() -> int:
                 block_medians[name].append(statistics.median(block))
                 want = k * args.concurrent if name == "perfcast" else 0
                 expect += want
-                after = served(expect)
+                served(expect)
                 if name == "perfcast":
                     lua_ms.extend(lua_timings(log_before))
                     cpu_ns[0] += cpu_after[0] - cpu_before[0]
                     cpu_ns[1] += cpu_after[1] - cpu_before[1]
-                    cached += after.cached - before.cached
-                    joined_ms.extend(after.joined_ms[len(before.joined_ms):])
-                reached = after.n - before.n
+                    cached += log.cached - before_cached
+                    joined_ms.extend(log.joined_ms[before_joined:])
+                reached = log.n - before_n
                 if reached != want:
                     sys.exit(f"{name} block: {reached} of its {k * args.concurrent} submissions "
                              f"reached the daemon (expected {want}); the job_submit.lua switch did not take")
@@ -340,7 +350,7 @@ def main() -> int:
     pairs = sorted(p / t for p, t in zip(block_medians["perfcast"], block_medians["trivial"]))
     print(f"ratio of block medians, block by block ({len(pairs)} pairs): min {pairs[0]:.2f}, "
           f"median {statistics.median(pairs):.2f}, max {pairs[-1]:.2f}")
-    n = max(1, len(times["perfcast"]))
+    n = max(1, n_perfcast)
     print(f"perf-predictd CPU per perfcast submission: daemon {cpu_ns[0] / n / 1e6:.2f} ms, "
           f"its workers and record writer {cpu_ns[1] / n / 1e6:.2f} ms")
     if lua_ms:
