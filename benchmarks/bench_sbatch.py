@@ -3,6 +3,7 @@
     python benchmarks/bench_sbatch.py [--n 200] [--base .dev-cluster]
     python benchmarks/bench_sbatch.py --distinct               # every submission a new job shape
     python benchmarks/bench_sbatch.py --distinct --concurrent 50 --n 10 --block 5   # 50 sbatch at once
+    python benchmarks/bench_sbatch.py --distinct --concurrent 50 --by-process       # where the CPU went
 
 Brings the dev cluster up (packaging/dev-cluster/up.sh; idempotent; stopped again afterwards if
 it was not running before), then times ``--n`` held
@@ -38,6 +39,12 @@ across the queue of submissions.
 perfcast submission is a new prediction (no cache hit, no memoised shape).  ``--concurrent N``:
 each timed submission is N sbatch processes started at once; every one is timed.
 
+It also prints the sbatch processes' own CPU per submission in each variant (the kernel's
+accounting of this script's finished children: cli_filter.lua's warm-up runs inside them), and
+with ``--by-process`` each variant's CPU per submission by process name, perf-predictd split into
+its main process, workers and record writer ("other exited": processes gone by the block's end
+that were not sbatch).  Both are CPU, not time: on a loaded machine the same work costs more CPU.
+
 ``--split``: a third variant in the same alternation, "warm-up only": the checkout's
 cli_filter.lua warming perf-predictd up, with the trivial job_submit.lua.  Its time over trivial
 is what the warm-ups' work costs sbatch (their CPU beside it); perfcast's time over it is
@@ -49,6 +56,7 @@ import argparse
 import itertools
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -112,6 +120,8 @@ def main() -> int:
                     help="N submissions at once, each timed")
     ap.add_argument("--no-prewarm", action="store_true",
                     help="no cli_filter.lua warm-up: job_submit.lua alone")
+    ap.add_argument("--by-process", action="store_true",
+                    help="also print each variant's CPU per submission by process name")
     ap.add_argument("--split", action="store_true",
                     help="also time a warm-up-only variant (cli_filter.lua's warm-up, trivial job_submit.lua)")
     args = ap.parse_args()
@@ -251,6 +261,52 @@ def main() -> int:
         user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
         return (user + nice + system + irq + softirq) * 10**9 // os.sysconf("SC_CLK_TCK")
 
+    def tasks_cpu_ns() -> dict[tuple[str, str], tuple[str, int]]:
+        """Every living thread's CPU so far (ns, the kernel's scheduler statistics), keyed by
+        (pid, tid), with its process's name: where a block's CPU went (--by-process)."""
+        out = {}
+        try:
+            daemon_pid = (base / "run" / "predictd.pid").read_text().strip()
+        except OSError:
+            daemon_pid = ""
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                tids = os.listdir(f"/proc/{pid}/task")
+                if comm.startswith("python"):     # perf-predictd's processes by their role
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    if b"writer_main" in cmd:
+                        comm = "perf-predictd writer"
+                    elif b"slurm_plugin.daemon" in cmd:
+                        comm = "perf-predictd" if pid == daemon_pid else "perf-predictd workers"
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+                except (OSError, ValueError, IndexError):
+                    continue
+                out[(pid, tid)] = (comm, ns)
+        return out
+
+    def by_process(before: dict, after: dict) -> dict[str, int]:
+        """CPU (ns) spent between two snapshots per process name, by the threads alive at the
+        second (a thread that started meanwhile counts from zero)."""
+        spent: dict[str, int] = {}
+        for key, (comm, ns) in after.items():
+            was = before.get(key)
+            used = ns - (was[1] if was is not None else 0)   # (a kworker's name changes)
+            spent[comm] = spent.get(comm, 0) + max(0, used)
+        return spent
+
+    def children_cpu_ns() -> int:
+        """CPU so far of this script's finished children: in a block, the sbatch commands alone
+        (cli_filter.lua runs inside them)."""
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return int((ru.ru_utime + ru.ru_stime) * 1e9)
+
     def submit_one(script: Path, out: list) -> None:
         t0 = time.perf_counter()
         p = subprocess.run(["sbatch", "--parsable", "--hold", str(script)], env=env,
@@ -279,6 +335,8 @@ def main() -> int:
     times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     cpu_ns = [0, 0]     # perf-predictd's CPU during the timed perfcast blocks: daemon, children
     machine_ns = dict.fromkeys(times, 0)    # the whole machine's CPU in each variant's blocks
+    process_ns: dict[str, dict[str, int]] = {name: {} for name in times}   # --by-process
+    sbatch_ns = dict.fromkeys(times, 0)     # the sbatch processes' own CPU in each variant's blocks
     cached = 0
     joined_ms: list[float] = []
     block_medians: dict[str, list[float]] = {name: [] for name in times}
@@ -303,11 +361,17 @@ def main() -> int:
                 before_n, before_cached, before_joined = log.n, log.cached, len(log.joined_ms)
                 cpu_before = daemon_cpu_ns()
                 log_before = ctld_log_size()
+                tasks_before = tasks_cpu_ns() if args.by_process else {}
+                sbatch_before = children_cpu_ns()
                 machine_before = machine_cpu_ns()
                 block: list[float] = []
                 for _ in range(k):
                     block.extend(dt for dt, _ in submit())
                 machine_ns[name] += machine_cpu_ns() - machine_before
+                sbatch_ns[name] += children_cpu_ns() - sbatch_before
+                if args.by_process:
+                    for comm, ns in by_process(tasks_before, tasks_cpu_ns()).items():
+                        process_ns[name][comm] = process_ns[name].get(comm, 0) + ns
                 cpu_after = daemon_cpu_ns()
                 times[name].extend(block)
                 block_medians[name].append(statistics.median(block))
@@ -366,6 +430,21 @@ def main() -> int:
     print("the machine's CPU per submission (every process, its other load included): "
           + ", ".join(f"{name} {machine_ns[name] / max(1, len(times[name])) / 1e6:.2f} ms"
                       for name in times))
+    print("the sbatch processes' own CPU per submission (cli_filter.lua runs in them): "
+          + ", ".join(f"{name} {sbatch_ns[name] / max(1, len(times[name])) / 1e6:.2f} ms"
+                      for name in times))
+    if args.by_process:
+        # What the living processes and the sbatch commands do not account for ran in other
+        # processes that exited within the block (or is the two clocks' disagreement).
+        print("CPU per submission by process (ms; 'other exited': processes other than sbatch "
+              "gone by the block's end):")
+        for name in times:
+            per = max(1, len(times[name])) * 1e6
+            spent = dict(process_ns[name])
+            spent["sbatch"] = sbatch_ns[name]
+            spent["other exited"] = max(0, machine_ns[name] - sum(spent.values()))
+            top = sorted(spent.items(), key=lambda kv: -kv[1])[:8]
+            print(f"  {name:9s} " + ", ".join(f"{comm} {ns / per:.2f}" for comm, ns in top))
     print(f"({'new job shapes' if args.distinct else 'one job shape'}, {args.concurrent} at once, "
           f"{'no warm-up' if args.no_prewarm else 'cli_filter.lua warm-up'})")
     print(f"target: median ratio <= {1.5 if args.concurrent == 1 else 2}")

@@ -100,6 +100,24 @@ def test_pool_runs_work_in_another_process():
     asyncio.run(go())
 
 
+def test_answers_larger_than_one_read_come_back_whole_and_in_order():
+    """The daemon reads a worker's socket in READ_CHUNK pieces into one reused buffer: an answer
+    several pieces long, and one after it, arrive byte for byte."""
+    from slurm_plugin.daemon.pool import READ_CHUNK
+
+    async def go():
+        pool = await _started()
+        try:
+            for size in (READ_CHUNK - 7, 3 * READ_CHUNK + 5, 10):
+                text = "".join(chr(48 + i % 75) for i in range(size))
+                out = json.loads(await pool.submit(json.dumps({"t": text}).encode(),
+                                                   time.monotonic() + 30))
+                assert out["echo"] == {"t": text}
+        finally:
+            await pool.close()
+    asyncio.run(go())
+
+
 def test_one_job_at_a_time_goes_to_the_worker_that_finished_last():
     """Submissions one after another keep landing on one worker (its caches stay warm), not
     round-robin over the idle ones."""
