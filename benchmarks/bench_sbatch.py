@@ -104,6 +104,14 @@ class Served:
                     self.joined_ms.append(float(ms) if ms.replace(".", "", 1).isdigit() else 0.0)
 
 
+def thread_cpu_ns(pid: str, tid: str) -> int | None:
+    """CPU time so far of one thread (ns, the kernel's scheduler statistics); None once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def pct(values, q):
     s = sorted(values)
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
@@ -215,13 +223,8 @@ def main() -> int:
         writer), all threads, from the kernel's scheduler statistics (ns): where the plugin's
         cost lands, whatever the machine's other load does to wall times."""
         def run_ns(pid: str) -> int:
-            total = 0
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                try:
-                    total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-                except (OSError, ValueError, IndexError):
-                    pass      # a thread or a worker that went meanwhile
-            return total
+            # (a thread or a worker that went meanwhile counts nothing)
+            return sum(thread_cpu_ns(pid, tid) or 0 for tid in os.listdir(f"/proc/{pid}/task"))
         try:
             pid = (base / "run" / "predictd.pid").read_text().strip()
             kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
@@ -284,11 +287,9 @@ def main() -> int:
             except OSError:
                 continue
             for tid in tids:
-                try:
-                    ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-                except (OSError, ValueError, IndexError):
-                    continue
-                out[(pid, tid)] = (comm, ns)
+                ns = thread_cpu_ns(pid, tid)
+                if ns is not None:
+                    out[(pid, tid)] = (comm, ns)
         return out
 
     def by_process(before: dict, after: dict) -> dict[str, int]:
