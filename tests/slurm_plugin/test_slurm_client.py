@@ -6,9 +6,12 @@ import json
 import subprocess
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slurm_plugin.slurm_client import (SlurmClient, SlurmError, gpus_in_gres, parse_oneliner,
-                                       parse_slurm_time)
+                                       parse_running_jobs, parse_slurm_time, scontrol_job_lines)
+from slurm_plugin.slurm_client import _MAY_RUN_RE
 
 PART = ("PartitionName=gpu AllowGroups=ALL Default=YES DefaultTime=NONE MaxNodes=UNLIMITED "
         "MaxTime=2-00:00:00 Nodes=dev[001-064] State=UP TotalCPUs=4096 TotalNodes=64\n"
@@ -126,3 +129,41 @@ def test_wait_returns_the_final_state():
     with pytest.raises(SlurmError, match="still PENDING"):
         SlurmClient(runner=lambda argv, **kw: subprocess.CompletedProcess(argv, 0, JOB.encode(), b"")
                     ).wait(7, timeout=0.05, poll=0.01)
+
+
+RUNNING_LINE = ("JobId=7 JobName=train x UserId=alice(1000) GroupId=alice(1000) Account=proj "
+                "QOS=normal JobState=RUNNING Reason=None RunTime=00:10:00 TimeLimit=02:00:00 "
+                "TimeMin=N/A StartTime=2026-11-27T00:30:00 Partition=gpu NodeList=dev[001-002] "
+                "BatchHost=dev001 WorkDir=/home/alice StdOut=/home/alice/o.txt "
+                "AdminComment=perfcast:v1 iter_s=1 rec=abc")
+
+
+def test_running_jobs_skip_other_states_before_parsing_them():
+    pending = RUNNING_LINE.replace("JobId=7", "JobId=8").replace("JobState=RUNNING", "JobState=PENDING")
+    # A job whose name says RUNNING is still pending: the cheap test lets it through, the parse not.
+    named = pending.replace("JobId=8", "JobId=9").replace("JobName=train x", "JobName=JobState=RUNNING")
+    ended = RUNNING_LINE.replace("JobId=7", "JobId=10").replace("JobState=RUNNING", "JobState=COMPLETED")
+    jobs = parse_running_jobs("\n".join([pending, RUNNING_LINE, named, ended]) + "\n")
+    assert [j.job_id for j in jobs] == [7]
+    assert (jobs[0].partition, jobs[0].time_limit_minutes, jobs[0].admin_comment) == \
+        ("gpu", 120, "perfcast:v1 iter_s=1 rec=abc")
+
+
+# A JobState spelled every which way, amid other pieces of a line (a value running into a key,
+# tabs, a job name that says RUNNING).
+_STATE = st.tuples(st.sampled_from(["", " ", "\t", "  "]),
+                   st.sampled_from(["RUNNING", "running", "RuNnInG", "RUNNINGX", "PENDING", "Running"]),
+                   st.sampled_from(["", " ", "\t", "X", " Reason=None", "\tReason=None", " x y"]))
+_NOISE = st.lists(st.sampled_from(["JobName=", "RUNNING", "JobState=", " ", "x", "=", "Reason=None "]),
+                  max_size=6)
+
+
+@given(_NOISE, _STATE, _NOISE)
+def test_the_pre_filter_lets_every_running_line_through(before, state, after):
+    # parse_running_jobs skips a line before parsing it unless _MAY_RUN_RE finds it may be
+    # RUNNING: every line the parse reads as RUNNING must pass, however it is spelled.
+    line = ("JobId=5 Partition=gpu " + "".join(before) + " JobState=" + "".join(state) + " "
+            + "".join(after))
+    for _, kv in scontrol_job_lines(line):
+        if kv.get("JobState", "").split(" ")[0].upper() == "RUNNING":
+            assert _MAY_RUN_RE.search(line)
