@@ -220,6 +220,8 @@ def test_parse_scontrol_jobs():
     assert a.admin_comment == "perfcast:v1 iter_s=1.5 rec=0123456789ab"
     assert b.admin_comment == "" and b.elapsed_seconds == 93784.0 and b.time_limit_seconds == 172800.0
     assert parse_scontrol_jobs("No jobs in the system\n") == []
+    # The harvest's own call: the jobs without a record are not parsed at all.
+    assert [j.job_id for j in parse_scontrol_jobs(text, must_contain="perfcast:v1")] == [101]
 
 
 @pytest.mark.parametrize("text, seconds", [("00:12:34", 754), ("1-00:00:00", 86400), ("12:34", 754),
