@@ -242,7 +242,8 @@ def parse_scontrol_jobs(text: str, must_contain: str = "") -> list[AccountingJob
     """``scontrol -o show job`` (every job slurmctld still knows, one line each); with
     ``must_contain``, only the lines holding that text are parsed (and so returned)."""
     out = []
-    for jid, kv in scontrol_job_lines(text, keep=(lambda line: must_contain in line) if must_contain else None):
+    keep = (lambda line: must_contain in line) if must_contain else None
+    for jid, kv in scontrol_job_lines(text, keep=keep):
         user, uid = name_and_id(kv.get("UserId", ""))
         out.append(AccountingJob(
             job_id=jid, state=_state(kv.get("JobState")), partition=kv.get("Partition", ""),
