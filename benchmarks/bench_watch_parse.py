@@ -22,7 +22,7 @@ import argparse
 import statistics
 import time
 
-from slurm_plugin.slurm_client import parse_running_jobs, scontrol_job_lines
+from slurm_plugin.slurm_client import job_is_running, parse_running_jobs, scontrol_job_lines
 
 # One job as `scontrol -o show job` prints it (Slurm 22.05, the dev cluster; paths made generic).
 LINE = (
@@ -61,8 +61,7 @@ def dump(jobs: int, running: int) -> str:
 
 def all_lines(text: str) -> list[int]:
     """The RUNNING jobs' ids with every line parsed first (the watch before the pre-filter)."""
-    return [jid for jid, kv in scontrol_job_lines(text)
-            if kv.get("JobState", "").split(" ")[0].upper() == "RUNNING"]
+    return [jid for jid, kv in scontrol_job_lines(text) if job_is_running(kv)]
 
 
 def cpu_ms(fn, text: str, rounds: int) -> float:

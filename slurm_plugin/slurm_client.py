@@ -232,7 +232,12 @@ def name_and_id(text: str) -> tuple[str, Optional[int]]:
     return (m.group(1), int(m.group(2))) if m else (text, None)
 
 
-# True for every line whose JobState parse_oneliner reads as RUNNING (and for a few more): a
+def job_is_running(fields: Mapping[str, str]) -> bool:
+    """Whether a job's ``scontrol -o show job`` fields say it is RUNNING."""
+    return fields.get("JobState", "").split(" ")[0].upper() == "RUNNING"
+
+
+# True for every line whose parsed fields job_is_running calls RUNNING (and a few more): a
 # controller knows many more pending and finished jobs than running ones, and parsing a line
 # costs ~0.1 ms, so perf-calibrate watch spent ~1 s of CPU per pass on the 9,700 jobs a
 # benchmark leaves in the dev cluster, to find none running (benchmarks/bench_watch_parse.py).
@@ -244,7 +249,7 @@ def parse_running_jobs(text: str) -> list[RunningJob]:
     """The RUNNING jobs of ``scontrol -o show job`` (one line each)."""
     out = []
     for jid, kv in scontrol_job_lines(text, keep=_MAY_RUN_RE.search):
-        if kv.get("JobState", "").split(" ")[0].upper() != "RUNNING":
+        if not job_is_running(kv):
             continue
         user, uid = name_and_id(kv.get("UserId", ""))
         _group, gid = name_and_id(kv.get("GroupId", ""))

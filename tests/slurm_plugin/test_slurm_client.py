@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_plugin.slurm_client import (SlurmClient, SlurmError, gpus_in_gres, parse_oneliner,
-                                       parse_running_jobs, parse_slurm_time, scontrol_job_lines)
+from slurm_plugin.slurm_client import (SlurmClient, SlurmError, gpus_in_gres, job_is_running,
+                                       parse_oneliner, parse_running_jobs, parse_slurm_time,
+                                       scontrol_job_lines)
 from slurm_plugin.slurm_client import _MAY_RUN_RE
 
 PART = ("PartitionName=gpu AllowGroups=ALL Default=YES DefaultTime=NONE MaxNodes=UNLIMITED "
@@ -165,5 +166,5 @@ def test_the_pre_filter_lets_every_running_line_through(before, state, after):
     line = ("JobId=5 Partition=gpu " + "".join(before) + " JobState=" + "".join(state) + " "
             + "".join(after))
     for _, kv in scontrol_job_lines(line):
-        if kv.get("JobState", "").split(" ")[0].upper() == "RUNNING":
+        if job_is_running(kv):
             assert _MAY_RUN_RE.search(line)
