@@ -52,8 +52,9 @@ RESPAWN_BACKOFF_S = 0.5        # a worker that dies within this of starting: wai
 RESPAWN_BACKOFF_MAX_S = 30.0   # ... doubling while they keep dying so, up to this: no crash loop
 # Workers yield the CPU to the daemon's own loop (accepting, answering, handing out work) and to
 # slurmctld: a starved loop leaves workers idle and answers late.  Not while slurmctld waits for
-# the job (holding its locks): then a worker that yields only makes it wait longer, so a root
-# daemon runs urgent jobs at nice 0 and warm-ups at WORKER_NICE.
+# the job (holding its locks): then a worker that yields only makes it wait longer, so a daemon
+# that may lower a nice value again (root with CAP_SYS_NICE: not every container's root) runs
+# urgent jobs at nice 0 and warm-ups at WORKER_NICE; any other runs every job at WORKER_NICE.
 WORKER_NICE = 5
 _URGENT, _WARM = b"u", b"w"     # the first byte of a job's frame
 
@@ -272,7 +273,7 @@ class WorkerPool:
         for w in self.workers:
             if w.job is not None and w.job.future is future and not w.job.urgent:
                 w.job.urgent = True
-                try:   # root only (as the worker's own change back to 0)
+                try:   # CAP_SYS_NICE only (as the worker's own change back to 0)
                     os.setpriority(os.PRIO_PROCESS, w.pid, 0)
                 except OSError:
                     pass
@@ -581,7 +582,7 @@ def _worker_main(sock: socket.socket, target: Target, warmup: Optional[Warmup], 
         want = WORKER_NICE if payload[:1] == _WARM else 0
         try:   # (the daemon may have changed it meanwhile: see WorkerPool.promote)
             if os.getpriority(os.PRIO_PROCESS, 0) != want:
-                # lowering it needs root (the controller's daemon); otherwise it stays niced
+                # lowering it needs CAP_SYS_NICE (root's, as a rule); otherwise it stays niced
                 os.setpriority(os.PRIO_PROCESS, 0, want)
         except OSError:
             pass
