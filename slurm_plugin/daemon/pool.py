@@ -55,8 +55,9 @@ RESPAWN_BACKOFF_MAX_S = 30.0   # ... doubling while they keep dying so, up to th
 # the job (holding its locks): then a worker that yields only makes it wait longer, so a daemon
 # that may lower a nice value again (root with CAP_SYS_NICE: not every container's root) runs
 # urgent jobs at nice 0 and warm-ups at WORKER_NICE; any other runs every job at WORKER_NICE.
+# The daemon sets a worker's nice value, before it sends a job and when it promotes one: from one
+# thread, so a promotion cannot be undone by the worker reading its job's frame afterwards.
 WORKER_NICE = 5
-_URGENT, _WARM = b"u", b"w"     # the first byte of a job's frame
 
 
 class PoolBusy(Exception):
@@ -92,6 +93,7 @@ class _Worker:
     retire: bool = False            # go once the current job is done (reload)
     killed: bool = False
     ready: bool = False             # warmed up and waiting for work
+    nice: Optional[int] = None      # as last set by the daemon (None: as the worker started)
     buf: bytearray = field(default_factory=bytearray)
 
 
@@ -273,10 +275,7 @@ class WorkerPool:
         for w in self.workers:
             if w.job is not None and w.job.future is future and not w.job.urgent:
                 w.job.urgent = True
-                try:   # CAP_SYS_NICE only (as the worker's own change back to 0)
-                    os.setpriority(os.PRIO_PROCESS, w.pid, 0)
-                except OSError:
-                    pass
+                _renice(w, 0)
                 return
 
     def _pump(self) -> None:
@@ -302,8 +301,8 @@ class WorkerPool:
         assert self._loop is not None and w.transport is not None
         w.job = job
         w.dispatched = time.monotonic()
-        w.transport.write(_HEADER.pack(len(job.payload) + 1) + (_URGENT if job.urgent else _WARM)
-                          + job.payload)
+        _renice(w, 0 if job.urgent else WORKER_NICE)
+        w.transport.write(_HEADER.pack(len(job.payload)) + job.payload)
         w.timer = self._loop.call_at(job.deadline, self._overrun, w)
 
     # ---- worker events -----------------------------------------------------------------------
@@ -579,15 +578,18 @@ def _worker_main(sock: socket.socket, target: Target, warmup: Optional[Warmup], 
         payload = _recv_exact(sock, n)
         if payload is None:
             return 0
-        want = WORKER_NICE if payload[:1] == _WARM else 0
-        try:   # (the daemon may have changed it meanwhile: see WorkerPool.promote)
-            if os.getpriority(os.PRIO_PROCESS, 0) != want:
-                # lowering it needs CAP_SYS_NICE (root's, as a rule); otherwise it stays niced
-                os.setpriority(os.PRIO_PROCESS, 0, want)
-        except OSError:
-            pass
-        result = target(payload[1:])
+        result = target(payload)
         sock.sendall(_HEADER.pack(len(result)) + result)
+
+
+def _renice(w: _Worker, nice: int) -> None:
+    if w.nice == nice:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, w.pid, nice)
+        w.nice = nice
+    except OSError:
+        pass    # lowering it needs CAP_SYS_NICE (root's, as a rule): then it stays niced
 
 
 def _recv_exact(sock: socket.socket, n: int) -> Optional[bytes]:

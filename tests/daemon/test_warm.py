@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import time
 
 from slurm_plugin import daemon
@@ -250,12 +251,35 @@ def test_a_running_warm_up_stops_yielding_the_cpu_once_somebody_waits_for_it():
             fut = pool.submit(b'{"sleep": 10}', time.monotonic() + 30, urgent=False)
             (w,) = pool.workers
             end = time.monotonic() + 10
-            while os.getpriority(os.PRIO_PROCESS, w.pid) != WORKER_NICE:   # the worker set it
+            while os.getpriority(os.PRIO_PROCESS, w.pid) != WORKER_NICE:   # as it started
                 assert time.monotonic() < end
                 await asyncio.sleep(0.01)
             pool.promote(fut)
             assert w.job is not None and w.job.urgent
             assert os.getpriority(os.PRIO_PROCESS, w.pid) == (0 if may_lower else WORKER_NICE)
+        finally:
+            await pool.close()
+    asyncio.run(go())
+
+
+def test_a_promotion_holds_when_the_worker_reads_its_job_after_it():
+    # The worker is stopped, so it reads the warm-up's frame only after slurmctld's request has
+    # joined it: the job must still run at the promoted nice value, not at the warm-up's.
+    from slurm_plugin.daemon.pool import WORKER_NICE
+    may_lower = _may_lower_nice()
+
+    async def go():
+        pool = await _started(size=1)
+        try:
+            (w,) = pool.workers
+            os.kill(w.pid, signal.SIGSTOP)
+            try:
+                fut = pool.submit(b'{"n": 1}', time.monotonic() + 30, urgent=False)
+                pool.promote(fut)
+            finally:
+                os.kill(w.pid, signal.SIGCONT)
+            ran = json.loads(await fut)
+            assert ran["pid"] == w.pid and ran["nice"] == (0 if may_lower else WORKER_NICE)
         finally:
             await pool.close()
     asyncio.run(go())

@@ -71,10 +71,12 @@ def _wait_for_file(path: str, within: float = 20.0) -> str:
 # --- the pool on its own -----------------------------------------------------------------------
 
 def _target(payload: bytes) -> bytes:
-    """A worker's work: ``{"sleep": s}`` sleeps, anything else is echoed with the worker's pid."""
+    """A worker's work: ``{"sleep": s}`` sleeps, anything else is echoed with the worker's pid and
+    the nice value it ran at."""
     msg = json.loads(payload)
     time.sleep(msg.get("sleep", 0))
-    return json.dumps({"pid": os.getpid(), "echo": msg}).encode()
+    return json.dumps({"pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                       "echo": msg}).encode()
 
 
 async def _started(size: int = 1, max_queue: int = 8) -> WorkerPool:
