@@ -37,13 +37,15 @@ One rank, so that no collective waits for a peer: what is left is the host's iss
 node's CPU pays too (NCCL spends the transfers on the device).  ``--device cuda`` (a GPU node)
 times the TP collectives on the GPU through a one-rank NCCL group (c10d's NCCL path as a GPU
 node's host issues it), or with ``--checkpoint`` the wrappers around the GPT-shaped layer on the
-GPU (DeepSpeed's where the package is installed), or with ``--deepspeed`` the ZeRO-3 engine on
-the GPU; the device is waited for between micro-batches, outside the timed span.
+GPU (DeepSpeed's where the package is installed), or with ``--deepspeed`` / ``--zero12`` the
+DeepSpeed engine on the GPU, or with ``--framework-layer`` both layers on the GPU; the device is
+waited for between micro-batches, outside the timed span.
 
 Measurement code: calibrate/stack_host.py.  Committed runs: benchmarks/data/stack-host/*.json
 (what scripts/build_platforms.py ships as the [host] prior: collective_seconds,
-zero3_layer_seconds, checkpoint_layer_seconds); framework-layer-*.json and zero12-*.json: what
-predictor.host.MEGATRON_LAYER_EXTRA_SECONDS and DEEPSPEED_ZERO_HOOK_LAYER_SECONDS are the medians of.
+zero3_layer_seconds, checkpoint_layer_seconds); framework-layer-h100-*.json and zero12-h100-*.json:
+what predictor.host.MEGATRON_LAYER_EXTRA_SECONDS and DEEPSPEED_ZERO_HOOK_LAYER_SECONDS are the
+medians of (the 2-core VM's framework-layer-[0-9].json and zero12-[0-9].json are kept for reference).
 A benchmark, not a test: the figures depend on this machine and on what else runs on it.
 """
 from __future__ import annotations
@@ -119,8 +121,8 @@ def main() -> int:
                     help="with --framework-layer: Megatron's hidden and attention dropout (default 0.1, its own)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the TP collectives (through a one-rank NCCL group) or, with --checkpoint, "
-                         "the wrappers (DeepSpeed's where importable), or with --deepspeed ZeRO-3's hooks, "
-                         "on the GPU")
+                         "the wrappers (DeepSpeed's where importable), with --deepspeed / --zero12 DeepSpeed's "
+                         "hooks, or with --framework-layer both layers, on the GPU")
     ap.add_argument("--load-note", default="shared 2-core VM; other sessions' work running",
                     help="what else ran on the machine, for the JSON's provenance")
     ap.add_argument("--checkpoint-layer", choices=("gpt", "block"), default="gpt",

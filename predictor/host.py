@@ -107,19 +107,21 @@ COMPILED_LAYER_HOST_RATIO = 0.635
 MEGATRON_LAYER_FRAMEWORKS = ("megatron-deepspeed", "neox")
 #: What such a layer adds to the reference layer's issue time (``layer_seconds``) per layer and
 #: micro-batch, and in its forward (what full recomputation repeats): the medians of three runs of
-#: benchmarks/bench_stack_host.py --framework-layer on the 2-core VM (framework-layer-*.json;
-#: calibrate.framework_layer.pooled_extra).  Seconds, not a ratio: the difference is Python, which
-#: a GPU node's host pays about as this VM does, unlike the reference's kernel launches
-#: (docs/modelling.md §2).
-MEGATRON_LAYER_EXTRA_SECONDS = 6.44e-4
-MEGATRON_LAYER_FORWARD_EXTRA_SECONDS = 5.10e-4
+#: benchmarks/bench_stack_host.py --device cuda --framework-layer on the lent H100 node's host
+#: (framework-layer-h100-*.json; calibrate.framework_layer.pooled_extra).  Seconds, not a ratio:
+#: the difference is Python and module dispatch, unlike the reference's kernel launches, which a
+#: ratio would scale too (docs/modelling.md §2).  The 2-core VM's runs (framework-layer-[0-9].json,
+#: 644 and 510 µs) are kept for reference: the GPU node's host paid 1.2 times as much.
+MEGATRON_LAYER_EXTRA_SECONDS = 7.92e-4
+MEGATRON_LAYER_FORWARD_EXTRA_SECONDS = 6.49e-4
 #: DeepSpeed's ZeRO-1/2 optimizer puts a hook on every parameter's gradient (DeepSpeed 0.19.8 at
 #: ZeRO-1 too, with ``contiguous_gradients``, its default); at ZeRO-2 each hook moves its gradient
 #: into the reduction bucket every micro-batch.  What they add per layer (12 parameters) and
-#: micro-batch: the medians of three runs of benchmarks/bench_stack_host.py --zero12 on the 2-core
-#: VM (the engine at each stage less stage 0, micro-batches inside a step: zero12-*.json).
-#: Python, like MEGATRON_LAYER_EXTRA_SECONDS (docs/modelling.md §2).
-DEEPSPEED_ZERO_HOOK_LAYER_SECONDS = {1: 8.89e-5, 2: 6.254e-4}
+#: micro-batch: the medians of three runs of benchmarks/bench_stack_host.py --device cuda --zero12
+#: on the lent H100 node's host (the engine on the GPU, one NCCL rank, at each stage less stage 0,
+#: micro-batches inside a step: zero12-h100-*.json).  The 2-core VM's runs (zero12-[0-9].json,
+#: 88.9 and 625.4 µs) are kept for reference (docs/modelling.md §2).
+DEEPSPEED_ZERO_HOOK_LAYER_SECONDS = {1: 1.695e-4, 2: 9.568e-4}
 #: llm-foundry's ZeRO-2 is FSDP1 SHARD_GRAD_OP: no reshard after the forward, so no unshard
 #: before the backward; its hooks cost this share of FULL_SHARD's per layer (benchmarks/
 #: bench_fsdp1_host.py on a fake 2-rank group: the median of the three runs that measured it,

@@ -155,8 +155,9 @@ def stack_prior() -> tuple[dict, str]:
     """The per-collective host cost, DeepSpeed ZeRO-3's per-layer hooks and each activation-
     checkpointing wrapper's own per-layer work, all as the lent H100 node's host paid them: the
     medians of benchmarks/bench_stack_host.py --device cuda over ``stack-host/nccl-h100-*.json``,
-    ``zero3-h100-*.json`` and ``checkpoint-h100-*.json`` (megatron, deepspeed), FSDP2's per-layer
-    cost from the real FSDP2 and DDP steps (calibrate.stack_host.gpu_fsdp_layer_seconds), the
+    ``zero3-layer-transformer-partitioned-h100-*.json`` and ``checkpoint-h100-*.json`` (megatron,
+    deepspeed), FSDP2's per-layer cost from the real FSDP2 and DDP steps
+    (calibrate.stack_host.gpu_fsdp_layer_seconds), the
     wrappers measured in real steps (torch_op_sac, torch_fsdp, and torch from DDP's steps with and
     without full AC), and the source that says so; read once."""
     folder, gpu_steps = RUNS / "stack-host", RUNS / "h100-lent" / "stacks" / "stacks2.json"
@@ -166,20 +167,17 @@ def stack_prior() -> tuple[dict, str]:
     # 2-core VM's gloo runs, cpu-*.json, are kept for reference).
     runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("nccl-h100-*.json"))]
     # ZeRO-3's hooks as the lent H100 node's host runs them (--device cuda --deepspeed: the engine on
-    # the GPU, one NCCL rank); the 2-core VM's gloo runs, deepspeed-zero3-*.json, are kept for reference.
-    zero3_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("zero3-h100-*.json"))]
+    # the GPU, one NCCL rank) around a transformer layer (6 modules, 12 parameters) with its weight
+    # matrices partitioned, as a real layer's are (--zero3-layer transformer --zero3-persistence
+    # 257).  The VM's gloo runs (deepspeed-zero3-*.json, zero3-layer-*-[0-9].json) and the GPU node's
+    # runs around the tiny block (zero3-h100-*.json, zero3-layer-block-h100-*.json) are kept for
+    # reference; the block's figure times the VM's layer/block ratio shipped until 2026-11-27.
+    zero3_runs = [json.loads(p.read_text(encoding="utf-8"))
+                  for p in sorted(folder.glob("zero3-layer-transformer-partitioned-h100-*.json"))]
+    block_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("zero3-layer-block-h100-*.json"))]
     collective = statistics.median(r["tp"]["collective_seconds"] for r in runs)
-    zero3_block = statistics.median(r["deepspeed_zero3"]["zero3_hook_layer_seconds"] for r in zero3_runs)
-    # ZeRO-3's hooks act per module and parameter: the GPU node timed them around the tiny Block (3
-    # modules, 6 parameters, all below DeepSpeed's persistence threshold, so none partitioned); a
-    # real layer holds a transformer layer's 6 and 12, its weight matrices partitioned.  On the VM,
-    # each pair run back to back, such a layer's hooks cost this many times the Block's.
-    pairs = [(json.loads(b.read_text(encoding="utf-8")), json.loads(t.read_text(encoding="utf-8")))
-             for b, t in zip(sorted(folder.glob("zero3-layer-block-*.json")),
-                             sorted(folder.glob("zero3-layer-transformer-partitioned-*.json")), strict=True)]
-    structure = statistics.median(t["deepspeed_zero3"]["zero3_hook_layer_seconds"]
-                                  / b["deepspeed_zero3"]["zero3_hook_layer_seconds"] for b, t in pairs)
-    zero3 = zero3_block * structure
+    zero3 = statistics.median(r["deepspeed_zero3"]["zero3_hook_layer_seconds"] for r in zero3_runs)
+    zero3_block = statistics.median(r["deepspeed_zero3"]["zero3_hook_layer_seconds"] for r in block_runs)
     # Every wrapper as the lent H100 node's host runs it (the 2-core VM's checkpoint-N.json and
     # checkpoint-block-N.json are kept for reference).
     checkpoint: dict[str, float] = {}
@@ -215,7 +213,6 @@ def stack_prior() -> tuple[dict, str]:
     ds_meta = next(r["provenance"] for r in gpu_bench if "deepspeed" in r["provenance"])
     depths = gpu_ckpt["torch_op_sac"]["depths"]
     meta, zmeta, gpu = runs[0]["provenance"], zero3_runs[0]["provenance"], steps["provenance"]
-    vm = pairs[0][0]["provenance"]
     values = {"collective_seconds": round(collective, 8), "fsdp_layer_seconds": round(fsdp["fsdp_layer_seconds"], 7),
               "zero3_layer_seconds": round(zero3, 7), "checkpoint_layer_seconds": checkpoint}
     note = (f"; collective_seconds: prior from benchmarks/bench_stack_host.py --device cuda (median of "
@@ -223,14 +220,13 @@ def stack_prior() -> tuple[dict, str]:
             f"{meta['nccl']}, {meta['date'][:16]}); fsdp_layer_seconds: FSDP2 less DDP per "
             f"layer and micro-batch, less FSDP2's copies, on the lent {gpu['gpu']} (torch {gpu['torch']}, "
             f"{gpu['date'][:10]}, depths {'/'.join(map(str, fsdp['depths']))}: benchmarks/data/h100-lent/stacks); "
-            f"zero3_layer_seconds: DeepSpeed {zmeta['deepspeed'].strip()} ZeRO-3 less stage 0 per layer, "
-            f"benchmarks/bench_stack_host.py --device cuda --deepspeed (median of {len(zero3_runs)} runs, one "
-            f"NCCL rank on the lent {zmeta['gpu']}, torch {zmeta['torch']}, {zmeta['date'][:16]}: "
-            f"benchmarks/data/stack-host/zero3-h100-*.json: {1e3 * zero3_block:.2f} ms around the tiny block) "
-            f"times a transformer layer's hooks, its weights partitioned, over the block's, {structure:.2f} "
-            f"(median of {len(pairs)} pairs of --deepspeed --zero3-layer block / --zero3-layer transformer "
-            f"--zero3-persistence {pairs[0][1]['deepspeed_zero3']['persistence_threshold']}, one gloo rank, "
-            f"{vm['cpu']}, torch {vm['torch']}, {vm['date'][:16]}: zero3-layer-*.json); "
+            f"zero3_layer_seconds: DeepSpeed {zmeta['deepspeed'].strip()} ZeRO-3 less stage 0 per layer and "
+            f"micro-batch around a transformer layer, its weights partitioned (--zero3-persistence "
+            f"{zero3_runs[0]['deepspeed_zero3']['persistence_threshold']}), benchmarks/bench_stack_host.py "
+            f"--device cuda --deepspeed --zero3-layer transformer (median of {len(zero3_runs)} runs, one NCCL rank "
+            f"on the lent {zmeta['gpu']}, torch {zmeta['torch']}, {zmeta['date'][:16]}: benchmarks/data/"
+            f"stack-host/zero3-layer-transformer-partitioned-h100-*.json; around the tiny block there, "
+            f"{1e3 * zero3_block:.2f} ms: zero3-layer-block-h100-*.json); "
             f"checkpoint_layer_seconds: each wrapper's own work per layer and micro-batch, all on the lent "
             f"H100 node: torch_op_sac and torch_fsdp: FSDP2 with op-level SAC and with full AC less FSDP2, interleaved "
             f"({ckpt['provenance']['date'][:16]}), per layer and micro-batch, less one forward's issue, on the "

@@ -31,9 +31,10 @@ if DS_ACCELERATOR=cuda python3 -c "import deepspeed" 2>/dev/null; then
     DS_ACCELERATOR=cuda timeout "${STACK_HOST_SECONDS:-120}" python3 benchmarks/bench_stack_host.py --device cuda \
         --deepspeed --load-note "a lent GPU node" --json "$store/stack-host-zero3.json"
     DS_ACCELERATOR=cuda timeout "${STACK_HOST_SECONDS:-120}" python3 benchmarks/bench_stack_host.py --device cuda \
-        --deepspeed --zero3-layer transformer --load-note "a lent GPU node" --json "$store/stack-host-zero3-layer.json"
+        --deepspeed --zero3-layer transformer --zero3-persistence 257 --load-note "a lent GPU node" \
+        --json "$store/stack-host-zero3-layer.json"
     DS_ACCELERATOR=cuda timeout "${STACK_HOST_SECONDS:-120}" python3 benchmarks/bench_stack_host.py --device cuda \
-        --zero12 --load-note "a lent GPU node" --json "$store/stack-host-zero12.json"
+        --zero12 --repeats 40 --rounds 4 --load-note "a lent GPU node" --json "$store/stack-host-zero12.json"
     DS_ACCELERATOR=cuda timeout "${ENGINE_SECONDS:-180}" python3 benchmarks/bench_engine_host.py --device cuda \
         --modes engine --json "$store/engine-host-engine.json"
     echo "deepspeed: exit $?"

@@ -283,27 +283,21 @@ def test_shipped_platforms_carry_the_measured_checkpoint_wrappers():
 
 
 def test_shipped_platforms_carry_zero3s_hooks_as_the_gpu_node_measured_them():
-    # The GPU node's figure around the tiny block, times what a transformer layer's modules cost
-    # over the block's (paired runs on the VM): a run not written back fails here.
-    runs = _stack_host_runs("zero3-h100-*.json")
-    assert len(runs) >= 2 and all(r["provenance"]["backend"] == "nccl" and "H100" in r["provenance"]["gpu"]
+    # The GPU node's figure around a transformer layer with its weight matrices partitioned, as a
+    # real layer's are: a run not written back (build_platforms.py --only host-priors) fails here.
+    runs = _stack_host_runs("zero3-layer-transformer-partitioned-h100-*.json")
+    assert len(runs) >= 3 and all(r["provenance"]["backend"] == "nccl" and "H100" in r["provenance"]["gpu"]
                                   for r in runs)
-    assert all(r["deepspeed_zero3"].get("layer", "block") == "block" for r in runs)
+    assert all(r["deepspeed_zero3"]["layer"] == "transformer"
+               and 0 < r["deepspeed_zero3"]["persistence_threshold"] < 64 * 64 for r in runs)
     median = statistics.median(r["deepspeed_zero3"]["zero3_hook_layer_seconds"] for r in runs)
-    blocks = _stack_host_runs("zero3-layer-block-*.json")
-    layers = _stack_host_runs("zero3-layer-transformer-partitioned-*.json")
-    assert len(blocks) == len(layers) >= 3
-    # The block as the GPU node ran it (DeepSpeed's default threshold: nothing partitioned); the
-    # transformer layer with its weight matrices partitioned, as a real layer's are.
-    assert all(b["deepspeed_zero3"]["layer"] == "block" and b["deepspeed_zero3"]["persistence_threshold"] is None
-               and t["deepspeed_zero3"]["layer"] == "transformer"
-               and 0 < t["deepspeed_zero3"]["persistence_threshold"] < 64 * 64 for b, t in zip(blocks, layers))
-    hooks = [(b["deepspeed_zero3"]["zero3_hook_layer_seconds"], t["deepspeed_zero3"]["zero3_hook_layer_seconds"])
-             for b, t in zip(blocks, layers)]
-    ratio = statistics.median(layer / block for block, layer in hooks)
-    assert 1.0 < ratio < 5.0
+    # The same node's runs around the tiny block (nothing partitioned) cost less: the partitioned
+    # weights' gathers and releases are what a real layer adds.
+    blocks = _stack_host_runs("zero3-layer-block-h100-*.json")
+    assert blocks and all(b["deepspeed_zero3"]["layer"] == "block" for b in blocks)
+    assert median > statistics.median(b["deepspeed_zero3"]["zero3_hook_layer_seconds"] for b in blocks)
     for name in SHIPPED:
-        assert load_platform(name).host.zero3_layer_seconds == pytest.approx(median * ratio, rel=1e-4), name
+        assert load_platform(name).host.zero3_layer_seconds == pytest.approx(median, rel=1e-4), name
 
 
 def test_shipped_platforms_carry_the_gpu_nodes_measured_collective_cost():
