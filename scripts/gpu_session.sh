@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measure one GPU for perfcast in a bounded time: host costs, operator samples (resumable) and
 # real training steps of a small GPT family.  Everything lands in $OUT (or ./out).
-#   OPS_SECONDS=300 FP8_SECONDS=150 STACK_HOST_SECONDS=120 ENGINE_SECONDS=180 FAMILY_SECONDS=150 \
+#   OPS_SECONDS=300 FP8_SECONDS=150 STACK_HOST_SECONDS=120 ENGINE_SECONDS=240 FAMILY_SECONDS=150 \
 #       bash scripts/gpu_session.sh [SAMPLES_DIR]
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -35,7 +35,7 @@ if DS_ACCELERATOR=cuda python3 -c "import deepspeed" 2>/dev/null; then
         --json "$store/stack-host-zero3-layer.json"
     DS_ACCELERATOR=cuda timeout "${STACK_HOST_SECONDS:-120}" python3 benchmarks/bench_stack_host.py --device cuda \
         --zero12 --repeats 40 --rounds 4 --load-note "a lent GPU node" --json "$store/stack-host-zero12.json"
-    DS_ACCELERATOR=cuda timeout "${ENGINE_SECONDS:-180}" python3 benchmarks/bench_engine_host.py --device cuda \
+    DS_ACCELERATOR=cuda timeout "${ENGINE_SECONDS:-240}" python3 benchmarks/bench_engine_host.py --device cuda \
         --modes engine --json "$store/engine-host-engine.json"
     echo "deepspeed: exit $?"
 fi
