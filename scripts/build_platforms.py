@@ -157,9 +157,9 @@ def stack_prior() -> tuple[dict, str]:
     medians of benchmarks/bench_stack_host.py --device cuda over ``stack-host/nccl-h100-*.json``,
     ``zero3-layer-transformer-partitioned-h100-*.json`` and ``checkpoint-h100-*.json`` (megatron,
     deepspeed), FSDP2's per-layer cost from the real FSDP2 and DDP steps
-    (calibrate.stack_host.gpu_fsdp_layer_seconds), the
-    wrappers measured in real steps (torch_op_sac, torch_fsdp, and torch from DDP's steps with and
-    without full AC), and the source that says so; read once."""
+    (calibrate.stack_host.gpu_fsdp_layer_seconds), the wrappers measured in real steps
+    (torch_op_sac, torch_fsdp, and torch from DDP's steps with and without full AC), and the source
+    that says so; read once."""
     folder, gpu_steps = RUNS / "stack-host", RUNS / "h100-lent" / "stacks" / "stacks2.json"
     ckpt_steps = RUNS / "h100-lent" / "stacks" / "hseries.json"
     plain_ckpt_steps = [LENT_STACKS_DIR / name for name in OTHER_HOST_STEP_FILES]
