@@ -303,9 +303,9 @@ def test_shipped_zero_hooks_are_the_median_of_the_committed_runs():
     files = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "stack-host").glob(
         "zero12-h100-*.json"))
     assert len(files) == 3
-    provenance = [json.loads(f.read_text())["provenance"] for f in files]
-    assert all(p["backend"] == "nccl" and "H100" in p["gpu"] for p in provenance)
-    runs = [json.loads(f.read_text())["deepspeed_zero12"] for f in files]
+    data = [json.loads(f.read_text()) for f in files]
+    assert all(d["provenance"]["backend"] == "nccl" and "H100" in d["provenance"]["gpu"] for d in data)
+    runs = [d["deepspeed_zero12"] for d in data]
     for stage in (1, 2):
         hooks = [r[f"zero{stage}_hook_layer_seconds"] for r in runs]
         for r, h in zip(runs, hooks):
