@@ -163,18 +163,20 @@ def stack_prior() -> tuple[dict, str]:
     folder, gpu_steps = RUNS / "stack-host", RUNS / "h100-lent" / "stacks" / "stacks2.json"
     ckpt_steps = RUNS / "h100-lent" / "stacks" / "hseries.json"
     plain_ckpt_steps = [LENT_STACKS_DIR / name for name in OTHER_HOST_STEP_FILES]
+
+    def committed(pattern: str) -> list[dict]:
+        return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob(pattern))]
     # The TP collective as a GPU node's host issues it: c10d's NCCL path on the lent H100 (the
     # 2-core VM's gloo runs, cpu-*.json, are kept for reference).
-    runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("nccl-h100-*.json"))]
+    runs = committed("nccl-h100-*.json")
     # ZeRO-3's hooks as the lent H100 node's host runs them (--device cuda --deepspeed: the engine on
     # the GPU, one NCCL rank) around a transformer layer (6 modules, 12 parameters) with its weight
     # matrices partitioned, as a real layer's are (--zero3-layer transformer --zero3-persistence
     # 257).  The VM's gloo runs (deepspeed-zero3-*.json, zero3-layer-*-[0-9].json) and the GPU node's
     # runs around the tiny block (zero3-h100-*.json, zero3-layer-block-h100-*.json) are kept for
     # reference; the block's figure times the VM's layer/block ratio shipped until 2026-11-27.
-    zero3_runs = [json.loads(p.read_text(encoding="utf-8"))
-                  for p in sorted(folder.glob("zero3-layer-transformer-partitioned-h100-*.json"))]
-    block_runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("zero3-layer-block-h100-*.json"))]
+    zero3_runs = committed("zero3-layer-transformer-partitioned-h100-*.json")
+    block_runs = committed("zero3-layer-block-h100-*.json")
     collective = statistics.median(r["tp"]["collective_seconds"] for r in runs)
     zero3 = statistics.median(r["deepspeed_zero3"]["zero3_hook_layer_seconds"] for r in zero3_runs)
     zero3_block = statistics.median(r["deepspeed_zero3"]["zero3_hook_layer_seconds"] for r in block_runs)
@@ -199,7 +201,7 @@ def stack_prior() -> tuple[dict, str]:
     # Megatron-core's reentrant wrapper (the stand-in) and DeepSpeed's as the lent H100 node's host
     # runs them around the GPT-shaped layer on the GPU (--device cuda --checkpoint); DeepSpeed was
     # installed there from the third run on.
-    gpu_bench = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("checkpoint-h100-*.json"))]
+    gpu_bench = committed("checkpoint-h100-*.json")
     gpu_runs = {w: [r["checkpoint"]["checkpoint_layer_seconds"][w] for r in gpu_bench
                     if w in r["checkpoint"]["checkpoint_layer_seconds"]] for w in ("megatron", "deepspeed")}
     for wrapper, measured in gpu_runs.items():
