@@ -349,12 +349,21 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def _tp_choices(model: ModelSpec, gpus: int, gpus_per_node: int, opts: SearchOptions) -> list[int]:
+def _tp_choices(model: ModelSpec, gpus: int, gpus_per_node: int, opts: SearchOptions,
+                skip: Callable[[str], None] = lambda why: None) -> list[int]:
+    if opts.tp is not None and gpus % opts.tp:
+        skip(f"tp {opts.tp} does not divide {gpus} GPUs")
+    if opts.cp is not None and gpus % opts.cp:
+        skip(f"cp {opts.cp} does not divide {gpus} GPUs")
+        return []
     out = []
     for tp in _divisors(gpus):
         if opts.tp is not None and tp != opts.tp:
             continue
         if model.heads % tp or model.kv_heads % tp or model.ffn_hidden % tp:
+            if opts.tp is not None:
+                skip(f"tp {tp} does not divide the model's {model.heads} heads, {model.kv_heads} KV "
+                     f"heads and FFN width {model.ffn_hidden}")
             continue
         if not opts.allow_cross_node_tp and opts.tp is None:
             if tp > gpus_per_node or gpus_per_node % tp:
@@ -389,11 +398,15 @@ def _split_fields(job: TrainingJob, pp: int, tp: int, v: int) -> tuple[Optional[
     return None, reason
 
 
-def _cp_choices(job: TrainingJob, ranks: int, opts: SearchOptions) -> list[int]:
+def _cp_choices(job: TrainingJob, ranks: int, opts: SearchOptions,
+                skip: Callable[[str], None] = lambda why: None) -> list[int]:
     """Context-parallel sizes to search among ``ranks`` GPUs (see the module docstring)."""
     m = job.model
     if opts.cp is not None:
-        return [opts.cp] if ranks % opts.cp == 0 else []
+        if ranks % opts.cp:
+            skip(f"cp {opts.cp} does not divide the GPUs left by tp ({ranks})")
+            return []
+        return [opts.cp]
     if m.attention != "flash":
         return [1]
     top = opts.max_cp or max(job.layout.cp, m.seq_len // CP_MIN_TOKENS_PER_RANK)
@@ -416,8 +429,8 @@ def enumerate_layouts(job: TrainingJob, gpus: int, gpus_per_node: int,
 
     recomputes = (opts.recompute,) if opts.recompute else RECOMPUTES
     out: list[Layout] = []
-    for tp in _tp_choices(m, gpus, gpus_per_node, opts):
-        for cp in _cp_choices(job, gpus // tp, opts):
+    for tp in _tp_choices(m, gpus, gpus_per_node, opts, skip):
+        for cp in _cp_choices(job, gpus // tp, opts, skip):
             for pp in _divisors(gpus // (tp * cp)):
                 if opts.pp is not None and pp != opts.pp:
                     continue
@@ -691,7 +704,11 @@ def _predict_plans(job: TrainingJob, platform: Any, plans: Sequence[_Plan], opts
                              "(ranked against it all the same)")
         elif plan.current_note:
             notes.append(plan.current_note)
-        if not any(c.fits for c in cands):
+        if not plan.enumerated:
+            # Nothing reached the memory filter: say what the constraints ruled out instead.
+            why = "; ".join(sorted(plan.ruled_out)) or "none of the searched combinations can launch"
+            notes.append(f"no layout of {plan.gpus} GPUs meets the constraints ({why})")
+        elif not any(c.fits for c in cands):
             notes.append(f"no layout of {plan.gpus} GPUs fits in {capacity:g} GiB per GPU")
         answers.append(Advice(job=job, platform=str(getattr(platform, "name", "")), gpus=plan.gpus,
                               gpus_per_node=plan.gpus_per_node, candidates=cands, current=current,

@@ -149,6 +149,11 @@ class TrainingJob:
             # rule, as a launch read from its command line would; "neox" is the default otherwise.
             kwargs.setdefault("layout", {})["pipe_split"] = "megatron"
         model = kwargs["model"]
+        for key, default in (("kv_heads", "heads"), ("ffn_hidden", "4 × hidden")):
+            # 0 is the spec's own "not given" (ModelSpec); written out, it is a mistake.
+            if model.get(key) == 0:
+                raise JobError(f"model.{key}", f"must be at least 1 (leave it out for the default, "
+                               f"{default})", source)
         if model.get("attention_impl") and "attention" not in data["model"]:
             # Naming an attention kernel says the attention is fused: a job file (or a launch
             # reader) that gives only the kernel needs no model.attention = "flash" beside it.
@@ -172,6 +177,10 @@ class TrainingJob:
             raise JobError("", f"cannot read job file: {exc.strerror or exc}", str(p)) from None
         except UnicodeDecodeError:
             raise JobError("", "job file is not UTF-8 text", str(p)) from None
+        if text.startswith("\ufeff"):
+            # Windows editors write it; tomllib then reports only "Invalid statement" at 1:1.
+            raise JobError("", "starts with a byte-order mark, which TOML does not allow: save the "
+                           "file as UTF-8 without BOM", str(p))
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:

@@ -28,6 +28,7 @@ import io
 import json
 import logging
 import math
+import os
 import sys
 from typing import Any, Optional, Sequence
 
@@ -37,12 +38,15 @@ from .jobinput import UsageError, load_job_and_platform, load_job_input
 from .policy import plural, slurm_duration
 
 PROG = "perf-advise"
+#: What matplotlib's Agg backend writes, by the file name's extension (its ``savefig`` table).
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "eps", "ps", "tif", "tiff")
 KNOBS = ("micro_batch", "recompute", "zero_stage", "virtual_stages", "pp", "tp", "cp")
 
 
 def _counts(text: str) -> list[int]:
     try:
-        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+        # An empty entry ("64,,128", "64,") is a number left out, not a separator to skip.
+        values = [int(v) for v in text.replace(" ", "").split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number or a comma-separated list, got {text!r}")
     if not values or any(v < 1 for v in values):
@@ -281,6 +285,8 @@ def run(argv: Optional[Sequence[str]] = None, predict_many: Any = None, platform
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format=f"{PROG}: %(message)s")
+    if args.plot:
+        check_plot_path(args.plot)
     from predictor.advise import advise, sweep
     if platform is not None:
         job = load_job_input(args.job, int(platform.gpus_per_node)).job
@@ -318,6 +324,18 @@ def run(argv: Optional[Sequence[str]] = None, predict_many: Any = None, platform
     else:
         print(render_advice(advice, args.top))
     return 0
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse, before any work, a --plot name matplotlib would refuse or write elsewhere: a
+    directory, or a name without an image extension (matplotlib adds ``.png`` to a bare name and
+    fails on an unknown one)."""
+    if os.path.isdir(path):
+        raise UsageError(f"--plot {path}: is a directory; give a file name such as {os.path.join(path, 'advice.png')}")
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in PLOT_FORMATS:
+        raise UsageError(f"--plot {path}: the name must end in one of "
+                         f"{', '.join('.' + f for f in PLOT_FORMATS)} (the chart's format)")
 
 
 def _maybe_plot(path: Optional[str], **kw: Any) -> None:

@@ -139,6 +139,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
             script.pop("job", None)
             script.pop("job_dict", None)
             out["job"]["script"] = script
+            # One list of everything the text output warns about: a consumer reading `warnings`
+            # must see a typo in the launch as the text's reader does.
+            out["warnings"] = list(out.get("warnings") or []) + list(inp.parsed.warnings or [])
         print(json.dumps(out, indent=2))
     else:
         print(render(pred, inp.parsed, plat.gpu_memory_gib))

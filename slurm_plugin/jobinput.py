@@ -64,6 +64,10 @@ def script_partition(path: str, env: Optional[dict] = None) -> Optional[tuple[st
 def named_platform(platform: Optional[str], partition: Optional[str], config: Optional[str],
                    asked_where: str = "--partition") -> Optional[str]:
     """The platform --platform names, or the site config's for the partition; None if neither is given."""
+    if platform is not None and not platform.strip():
+        raise UsageError("--platform: empty name; see perf-predict --list-platforms")
+    if partition is not None and not partition.strip():
+        raise UsageError("--partition: empty name")
     if platform:
         return platform
     if not partition:
@@ -111,4 +115,10 @@ def load_job_and_platform(path: str, platform: Optional[str], partition: Optiona
     elif not platform:
         inp.platform_from = (f"platform {name} for partition {partition} ({asked_where}), "
                              f"from {config_path(config)}")
+    own = inp.job.cluster.platform if inp.job is not None else ""
+    if own and name and own not in (name, str(getattr(plat, "name", ""))):
+        # The job's own [cluster] platform loses to the command line; a misspelt one would
+        # otherwise pass unseen.
+        chosen = inp.platform_from or f"platform {name} (--platform)"
+        inp.platform_from = f"{chosen}; the job's [cluster] platform {own!r} is not used"
     return inp, plat

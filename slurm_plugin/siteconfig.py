@@ -185,11 +185,17 @@ def load_site_config(path: Optional[str] = None) -> SiteConfig:
     path = config_path(path)
     try:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            raw = fh.read()
+        if raw.startswith(b"\xef\xbb\xbf"):
+            raise SiteConfigError(f"{path}: starts with a byte-order mark, which TOML does not allow: "
+                                  "save the file as UTF-8 without BOM")
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise SiteConfigError(f"{path}: no such file") from None
     except OSError as exc:
         raise SiteConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SiteConfigError(f"{path}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise SiteConfigError(f"{path}: not valid TOML: {exc}") from None
     return parse_site_config(data, path)

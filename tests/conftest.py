@@ -6,6 +6,21 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def pytest_configure(config):
+    """The suite never sees this machine's installed platforms: on a host where an admin ran
+    ``perf-calibrate install`` (or a refit), /var/lib/perfcast/platforms/dgx-h100 would stand in
+    for the shipped dgx-h100 and change what the tests compare.  Lookups and installs by default
+    go to an empty root of the test session's own instead (tests that need a root pass their own)."""
+    import tempfile
+    from pathlib import Path
+
+    import calibrate.install
+    import predictor.platform
+    root = Path(tempfile.mkdtemp(prefix="perfcast-site-root-")) / "platforms"
+    predictor.platform.SITE_ROOT = root
+    calibrate.install.DEFAULT_ROOT = root
+
+
 def pytest_collection_modifyitems(session, config, items):
     """tests/daemon first: its daemons fork their workers from this very process, and a fork after
     other tests have run DeepSpeed's engine, gloo groups and torch's thread pools in-process can

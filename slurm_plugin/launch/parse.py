@@ -93,6 +93,12 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
         raise CannotPredict(f"{label} is larger than 4 MiB", f"{label}:1")
     if "\x00" in text:
         raise CannotPredict(f"{label} is not a text file (NUL byte)", f"{label}:{text[:text.index(chr(0))].count(chr(10)) + 1}")
+    if depth == 0 and "\r\n" in text:
+        # sbatch refuses such a script ("Batch script contains DOS line breaks"); bash would read
+        # each \r as part of a word.
+        line = text[:text.index("\r\n")].count("\n") + 1
+        raise CannotPredict(f"{label} has DOS line breaks (\\r\\n), which sbatch refuses: convert it "
+                            "with dos2unix or sed -i 's/\\r$//'", f"{label}:{line}")
     text = sanitize_text(text)
     # ------------------------------------------------------------------ request
     directives = read_directives(text, label, budget)

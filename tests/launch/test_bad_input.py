@@ -209,3 +209,18 @@ def test_long_escaped_word_is_read_linearly_and_whole():
 def test_directive_of_thousands_of_words_is_skipped_with_a_warning():
     res = parse_script("many.sbatch", HEAD + "#SBATCH" + " -N 1" * 5000 + "\n" + LAUNCH, deadline_s=600.0)
     assert any("10000 words not read" in w and "many.sbatch:3" in w for w in res.warnings), res.warnings
+
+
+def test_dos_line_breaks_are_named_as_sbatch_names_them(tmp_path):
+    """A script saved on Windows: sbatch refuses it; it used to read "unexpected '\\r'" on a
+    Megatron launch and predict a NeoX one as if nothing were wrong."""
+    p = tmp_path / "win.sbatch"
+    p.write_bytes((HEAD + "\n" + LAUNCH).replace("\n", "\r\n").encode())
+    err = _err(parse_script(str(p)))
+    assert "DOS line breaks" in err and "dos2unix" in err
+    assert _where(err) == (str(p), 1)
+    # A lone \r inside a line (a quoted argument, say) is not a line break: not refused.
+    res = parse_script(None, HEAD + "X='a\rb'\n" + LAUNCH)
+    assert res.error is None and res.job is not None
+    late = HEAD + "\n" + LAUNCH.replace("\n", "\r\n")
+    assert _where(_err(parse_script(None, late)))[1] == 4

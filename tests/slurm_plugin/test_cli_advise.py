@@ -309,3 +309,29 @@ def test_partition_of_a_batch_script_picks_the_platform(tmp_path, capsys, monkey
     got = capsys.readouterr()
     assert code == 0 and json.loads(got.out)["platform"] == "dgx-h100"
     assert "platform dgx-h100 for partition h100" in got.err
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("chart.txt", "must end in one of .png"),
+    ("chart", "must end in one of .png"),     # matplotlib would write chart.png, unsaid
+    (".", "is a directory"),
+])
+def test_a_plot_name_matplotlib_would_refuse_or_rename_is_refused_first(job_file, tmp_path, capsys, name, needle):
+    target = tmp_path if name == "." else tmp_path / name
+    line = one_line_error([job_file, "--plot", target], capsys)
+    assert needle in line
+    assert not list(tmp_path.glob("*.png")) and not (tmp_path.parent / f"{tmp_path.name}.png").exists()
+
+
+def test_a_count_left_out_of_the_list_is_refused(job_file, capsys):
+    assert "64,,128" in one_line_error([job_file, "--gpus", "64,,128"], capsys)
+    assert "64," in one_line_error([job_file, "--gpus", "64,"], capsys)
+
+
+def test_no_layout_for_a_pinned_cp_says_why_not_memory(job_file, capsys):
+    """--cp 3 on 128 GPUs: nothing can launch; the note used to blame memory."""
+    code, out, _ = run_cli([job_file, "--gpus", "128", "--cp", "3", "--json"], capsys)
+    d = json.loads(out)
+    assert d["enumerated"] == 0 and d["ruled_out"] == {"cp 3 does not divide 128 GPUs": 1}
+    assert any("meets the constraints (cp 3 does not divide 128 GPUs)" in n for n in d["notes"])
+    assert not any("fits in" in n for n in d["notes"])

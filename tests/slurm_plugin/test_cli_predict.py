@@ -174,3 +174,43 @@ def test_partition_the_site_config_lacks_is_one_line(tmp_path, capsys, monkeypat
     assert main([str(script)]) == 2
     err = capsys.readouterr().err
     assert "needs the site config" in err and "no such file" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[model]\nlayers = 44\nhidden = 6144\nheads = 64\nkv_heads = 0\nseq_len = 2048\n", "model.kv_heads: must be at least 1"),
+    ("[model]\nlayers = 44\nhidden = 6144\nheads = 64\nffn_hidden = 0\nseq_len = 2048\n", "model.ffn_hidden: must be at least 1"),
+    ("\ufeff[model]\nlayers = 44\nhidden = 6144\nheads = 64\nseq_len = 2048\n", "byte-order mark"),
+])
+def test_a_written_zero_or_a_bom_is_refused_not_replaced(tmp_path, capsys, text, needle):
+    """kv_heads = 0 used to become the heads and ffn_hidden = 0 four hidden sizes, silently."""
+    job = tmp_path / "bad.toml"
+    job.write_text(text, encoding="utf-8")
+    assert main([str(job), "--platform", "perlmutter-a100"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "bad.toml" in err
+
+
+def test_json_warnings_carry_the_launch_warnings(tmp_path, capsys):
+    """A typo the launch reader warns of is in the top-level `warnings` of --json, as in the text."""
+    src = ROOT / "tests" / "launch" / "data" / "corpus" / "33_torchtitan_llama3_8b"
+    for f in src.iterdir():
+        (tmp_path / f.name).write_text(f.read_text())
+    toml = tmp_path / "llama3_8b.toml"
+    toml.write_text(toml.read_text().replace("log_freq = 10", "log_frq = 10"))
+    assert main([str(tmp_path / "job.sbatch"), "--platform", "dgx-h100", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    typo = [w for w in d["warnings"] if "log_frq" in w]
+    assert typo and typo[0] in d["job"]["script"]["warnings"]
+    assert main([str(tmp_path / "job.sbatch"), "--platform", "dgx-h100"]) == 0
+    assert typo[0] in capsys.readouterr().out
+
+
+def test_an_empty_platform_or_a_job_platform_overridden_is_said(tmp_path, capsys):
+    assert main([str(EXAMPLE), "--platform", ""]) == 2
+    assert "--platform: empty name" in capsys.readouterr().err
+    job = tmp_path / "job.toml"
+    job.write_text(EXAMPLE.read_text().replace('platform = "perlmutter-a100"', 'platform = "perlmuter-a100"'))
+    assert main([str(job), "--platform", "perlmutter-a100"]) == 0
+    assert "'perlmuter-a100' is not used" in capsys.readouterr().err
+    assert main([str(EXAMPLE), "--platform", "perlmutter-a100"]) == 0
+    assert "is not used" not in capsys.readouterr().err

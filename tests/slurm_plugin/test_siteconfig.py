@@ -67,3 +67,16 @@ def test_workers_default_to_one_per_core():
     cfg = parse_site_config({})
     assert cfg.daemon.workers == 0 and worker_count(cfg.daemon) == min(16, usable_cores())
     assert worker_count(parse_site_config({"daemon": {"workers": 3}}).daemon) == 3
+
+
+@pytest.mark.parametrize("raw, needle", [
+    (b"# caf\xe9 config\n[partitions.gpu]\nplatform = \"perlmutter-a100\"\n", "not UTF-8 text (byte 5)"),
+    (b"\xef\xbb\xbf[partitions.gpu]\nplatform = \"perlmutter-a100\"\n", "byte-order mark"),
+])
+def test_a_config_that_is_not_plain_utf8_is_one_line_naming_it(tmp_path, raw, needle):
+    """A Latin-1 comment used to raise UnicodeDecodeError through perf-predict --config."""
+    p = tmp_path / "perfcast.toml"
+    p.write_bytes(raw)
+    with pytest.raises(SiteConfigError) as exc:
+        load_site_config(str(p))
+    assert needle in str(exc.value) and str(p) in str(exc.value)
