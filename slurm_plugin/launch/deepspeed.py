@@ -9,8 +9,8 @@ from typing import Any, Optional
 
 from .configs import Config, to_bool, to_int
 from .facts import Facts
-from .neox_keys import (DEEPSPEED_KEYS, DEEPSPEED_SHAPE_KEYS, check_activation_checkpointing_keys, check_keys,
-                        check_zero_keys)
+from .neox_keys import (DEEPSPEED_KEYS, DEEPSPEED_SHAPE_KEYS, PRECISION_KEYS, check_activation_checkpointing_keys,
+                        check_keys, check_precision_keys, check_zero_keys)
 from .values import MARK_OPEN
 
 
@@ -54,6 +54,11 @@ def read_config(cfg: Config, facts: Facts) -> None:
                       ("gradient_accumulation_steps", "ds_gas")):
         if key in d:
             _num(facts, fact, cfg, (key,), d[key])
+    for sect in PRECISION_KEYS:
+        block = d.get(sect)
+        if isinstance(block, dict):
+            check_precision_keys(sect, block, lambda k, s=sect: cfg.origin((s, k)), f"{cfg.label} {sect}",
+                                 facts.warnings)
     prec = None
     for sect, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"), ("amp", "fp16")):
         block = d.get(sect)

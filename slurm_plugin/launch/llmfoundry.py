@@ -257,11 +257,31 @@ def _model(v: View, f: Facts, label: str) -> None:
     _ffn(v, f, ffn_type, ft_origin)
     _attention(v, f)
     norm, origin, found = _str(v, "model.norm_type", "low_precision_layernorm")
+    if found and norm.lower() not in NORM_TYPES:
+        _unknown_norm(norm, origin, f)
     f.set("norm", "rmsnorm" if "rms" in norm.lower() else "layernorm",
           origin if found else "MPTConfig default (low_precision_layernorm)")
     tied, origin, found = _bool(v, "model.tie_word_embeddings", True)
     f.set("tied_embeddings", tied, origin if found else "MPTConfig default (tie_word_embeddings)")
     f.set("parallel_residual", False, "MPT block (sequential)")
+
+
+# llm-foundry's norm registry (llmfoundry/models/layers/norm.py); MPT looks up norm_type.lower()
+NORM_TYPES = frozenset(("layernorm", "low_precision_layernorm", "rmsnorm", "low_precision_rmsnorm",
+                        "triton_rmsnorm"))
+
+
+def _unknown_norm(norm: str, origin: str, f: Facts) -> None:
+    """A norm_type outside the registry: a likely misspelling stops (building the model fails at
+    start); another name may be a plugin's own registration, so it is a warning."""
+    guess = suggest(norm.lower(), NORM_TYPES)
+    names = ", ".join(sorted(NORM_TYPES))
+    if guess is not None:
+        raise CannotPredict(f"model.norm_type {norm!r} is not in llm-foundry's norm registry ({names}): "
+                            f"llm-foundry stops building the model at start; did you mean {guess}?", origin)
+    f.warnings.append(f"model.norm_type {norm!r} is not in llm-foundry's norm registry ({names}): llm-foundry "
+                      f"stops at start unless a plugin registers it; modelled as "
+                      f"{'rmsnorm' if 'rms' in norm.lower() else 'layernorm'} ({origin})")
 
 
 def _ffn(v: View, f: Facts, ffn_type: str, ft_origin: str) -> None:

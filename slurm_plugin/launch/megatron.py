@@ -227,10 +227,35 @@ def check_moe(facts: Facts) -> None:
         facts.warnings.append(f"{flag.value} ignored: --num-experts {ne.value} is a dense model ({flag.origin})")
 
 
+# Flags of choices (megatron/training/arguments.py): argparse refuses any other value at start.
+# --attention-backend is AttnBackend[value] (megatron/core/transformer/enums.py), case and all;
+# --normalization is LayerNorm|RMSNorm in Megatron-LM and lower case in older forks: either case.
+_CHOICES = (("attention_backend", "--attention-backend", ("flash", "fused", "unfused", "local", "auto"), False),
+            ("norm_raw", "--normalization", ("LayerNorm", "RMSNorm"), True),
+            ("fp8", "--fp8-format", ("e4m3", "hybrid"), False))
+
+
+def check_choices(facts: Facts) -> None:
+    """A value Megatron's argparse refuses stops the prediction, as a flag it refuses does."""
+    for key, flag, choices, any_case in _CHOICES:
+        value = facts.val(key)
+        if not isinstance(value, str) or value in choices or MARK_OPEN in value:
+            continue
+        if any_case and value.lower() in (c.lower() for c in choices):
+            continue
+        guess = suggest(value, frozenset(choices)) or suggest(value.lower(), frozenset(c.lower() for c in choices))
+        if guess is not None and guess not in choices:
+            guess = next(c for c in choices if c.lower() == guess)
+        near = f"; did you mean {guess}?" if guess else ""
+        raise CannotPredict(f"{flag} {value}: not one of Megatron's choices ({', '.join(choices)}); Megatron will "
+                            f"refuse this value at start{near}", facts.origin(key))
+
+
 def derive_model(facts: Facts, deepspeed: bool) -> None:
     """Framework rules -> the model/layout facts that derive.py expects (in place)."""
     f = facts
     w = f.warnings
+    check_choices(f)
     # GQA
     if f.val("gqa"):
         f.set("kv_heads", f.val("num_query_groups", 1), f.origin("num_query_groups", f.origin("gqa")))

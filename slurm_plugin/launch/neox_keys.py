@@ -125,6 +125,15 @@ stage3_param_persistence_threshold stage3_model_persistence_threshold stage3_gat
 stage3_module_granularity_threshold stage3_use_all_reduce_for_fetch_params cpu_offload_params
 """.split())
 ZERO_SHAPE_KEYS = frozenset({"stage"})
+# The fp16 / bf16 sections (deepspeed/runtime/precision_config.py; ``type`` is DeeperSpeed's, GPT-NeoX
+# configs set ``fp16: {type: bfloat16}``).  The ``amp`` section passes its keys on to apex, unchecked.
+PRECISION_KEYS = {
+    "fp16": frozenset("""enabled auto_cast loss_scale initial_scale_power loss_scale_window hysteresis
+consecutive_hysteresis min_loss_scale fp16_master_weights_and_grads type""".split()),
+    "bf16": frozenset("""enabled immediate_grad_update check_grad_overflow bf16_master_weights_and_grads
+bf16_optimizer_states""".split()),
+}
+PRECISION_KEYS["bfloat16"] = PRECISION_KEYS["bf16"]
 # What DeepSpeed says when contiguous checkpointing is asked without partitioned activations
 # (runtime/activation_checkpointing/checkpointing.py, configure): GPT-NeoX's keys and
 # Megatron-DeepSpeed's flags reach the same check.
@@ -212,3 +221,23 @@ def check_zero_keys(block: dict, origin: Callable[[str], str], label: str, warni
         warnings.append(f"{label}: overlap_comm at ZeRO stage 2 is not modelled: each micro-batch's gradient "
                         f"reduction is costed after its backward, as without it (an upper bound; "
                         f"{origin('overlap_comm')})")
+
+
+def check_precision_keys(sect: str, block: dict, origin: Callable[[str], str], label: str,
+                         warnings: list) -> None:
+    """The keys of a DeepSpeed ``fp16`` / ``bf16`` block.  A misspelt ``enabled`` stops the parse:
+    DeepSpeed's pydantic configs (extra keys forbidden) refuse it at start, and older releases,
+    which read only the keys they know, would train in fp32, another job.  Other unknown keys are
+    warnings."""
+    known = PRECISION_KEYS[sect]
+    if all(k in known for k in block):
+        return
+    for k in block:
+        if k in known or not isinstance(k, str):
+            continue
+        if "enabled" not in block and suggest(k, frozenset({"enabled"})) is not None:
+            raise CannotPredict(f"{k!r} is not a DeepSpeed {sect} key; did you mean 'enabled'? DeepSpeed refuses "
+                                f"an unknown {sect} key at start (releases before its pydantic configs ignore it "
+                                f"and train without {sect})", origin(k))
+    check_keys(((k, origin(k)) for k in block if isinstance(k, str)), known, frozenset(),
+               f"DeepSpeed {sect}", label, warnings)

@@ -1,0 +1,102 @@
+"""No typo is silent, continued: values outside a framework's choices, misspelt precision keys,
+unknown launcher options, duplicate config keys and near-miss Hydra additions."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import DATA
+from .helpers import parse_in
+from .test_nemo import CONF as NEMO_CONF
+from .test_nemo import HEAD as NEMO_HEAD
+from .test_nemo import LAUNCH as NEMO_LAUNCH
+from .test_typos import _megatron
+
+MPT7B = (DATA / "llmfoundry" / "mpt-7b-h100.yaml").read_text()
+FOUNDRY_HEAD = "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=8\n"
+COMPOSER = "srun composer --world_size 16 -n 8 scripts/train/train.py mpt.yaml\n"
+
+
+def _foundry(tmp_path, yaml: str, body: str = COMPOSER):
+    return parse_in(tmp_path, FOUNDRY_HEAD + body, {"mpt.yaml": yaml})
+
+
+def _with_norm(norm: str) -> str:
+    return MPT7B.replace("  vocab_size: 50368\n", f"  vocab_size: 50368\n  norm_type: {norm}\n")
+
+
+# ---- A. llm-foundry norm_type against its norm registry
+@pytest.mark.parametrize("typo, meant", [("layernrom", "layernorm"), ("rmsnrom", "rmsnorm"),
+                                         ("low_precison_rmsnorm", "low_precision_rmsnorm")])
+def test_llmfoundry_norm_type_typo_stops(tmp_path, typo, meant):
+    res = _foundry(tmp_path, _with_norm(typo))
+    assert res.job is None
+    assert f"did you mean {meant}?" in res.error and "norm registry" in res.error
+    assert res.error.endswith("mpt.yaml:21)"), res.error
+
+
+def test_llmfoundry_unknown_norm_type_is_warned(tmp_path):
+    res = _foundry(tmp_path, _with_norm("banana"))
+    assert res.job is not None, res.error
+    assert any("'banana'" in w and "norm registry" in w and "mpt.yaml:21" in w for w in res.warnings), res.warnings
+
+
+@pytest.mark.parametrize("norm, want", [("low_precision_layernorm", "layernorm"), ("RMSNorm", "rmsnorm"),
+                                        ("triton_rmsnorm", "rmsnorm"), ("layernorm", "layernorm")])
+def test_llmfoundry_registered_norms_say_nothing(tmp_path, norm, want):
+    res = _foundry(tmp_path, _with_norm(norm))
+    assert res.job is not None, res.error
+    assert res.job.model.norm == want
+    assert not [w for w in res.warnings if "norm registry" in w]
+
+
+# ---- B. DeepSpeed fp16 / bf16 keys
+def _ds(tmp_path, text: str):
+    ds = tmp_path / "ds.json"
+    ds.write_text(text)
+    return _megatron(tmp_path, f"--deepspeed --deepspeed_config {ds}")
+
+
+@pytest.mark.parametrize("sect, typo", [("fp16", "enable"), ("bf16", "enabld")])
+def test_deepspeed_misspelt_enabled_stops(tmp_path, sect, typo):
+    res = _ds(tmp_path, '{\n  "train_micro_batch_size_per_gpu": 1,\n  "%s": {\n    "%s": true\n  }\n}\n' % (sect, typo))
+    assert res.job is None
+    assert "did you mean 'enabled'?" in res.error and f"DeepSpeed {sect} key" in res.error
+    assert res.error.endswith("ds.json:4)"), res.error
+
+
+def test_deepspeed_other_precision_key_typo_is_warned(tmp_path):
+    res = _ds(tmp_path, json.dumps({"train_micro_batch_size_per_gpu": 1,
+                                    "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_powr": 12}}))
+    assert res.job is not None, res.error
+    assert any("initial_scale_powr" in w and "initial_scale_power" in w for w in res.warnings), res.warnings
+
+
+def test_deepspeed_documented_precision_keys_say_nothing(tmp_path):
+    res = _ds(tmp_path, json.dumps({"train_micro_batch_size_per_gpu": 1, "fp16": {
+        "enabled": True, "auto_cast": False, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+        "hysteresis": 2, "consecutive_hysteresis": False, "min_loss_scale": 1}, "bf16": {"enabled": False}}))
+    assert res.job is not None, res.error
+    assert not [w for w in res.warnings if "DeepSpeed fp16" in w or "DeepSpeed bf16" in w], res.warnings
+
+
+# ---- C. Megatron choice flags
+@pytest.mark.parametrize("flag, value, meant", [
+    ("--attention-backend", "flsh", "flash"),
+    ("--normalization", "RMSNrom", "RMSNorm"),
+    ("--normalization", "LayerNrom", "LayerNorm"),
+    ("--fp8-format", "hybird", "hybrid"),
+])
+def test_megatron_value_outside_its_choices_stops(tmp_path, flag, value, meant):
+    res = _megatron(tmp_path, f"{flag} {value}")
+    assert res.job is None
+    assert f"{flag} {value}" in res.error and f"did you mean {meant}?" in res.error
+    assert "refuse this value at start" in res.error and res.error.endswith("job.sbatch:5)"), res.error
+
+
+@pytest.mark.parametrize("extra", ["--attention-backend flash", "--attention-backend auto", "--normalization RMSNorm",
+                                   "--normalization rmsnorm", "--fp8-format e4m3", "--fp8-format hybrid"])
+def test_megatron_values_in_its_choices_pass(tmp_path, extra):
+    res = _megatron(tmp_path, extra)
+    assert res.job is not None, res.error
