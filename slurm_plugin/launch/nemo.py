@@ -190,6 +190,8 @@ def check_overrides(cfg: Config, h: HydraArgs, warnings: list) -> None:
         if prefix == "+" and found:
             raise CannotPredict(f"+{key}: already in {posixpath.basename(cfg.label)}, and Hydra refuses to add it "
                                 f"again (NeMo stops at start; {key}=… or ++{key}=… sets it)", origin)
+        if prefix == "+" and not found and key not in READ_KEYS:
+            _near_miss_addition(cfg, key, origin, warnings)
         if prefix in ("", "~") and not found:
             parent, _, leaf = key.rpartition(".")
             guess = suggest(leaf, frozenset(siblings)) if siblings else None
@@ -202,6 +204,22 @@ def check_overrides(cfg: Config, h: HydraArgs, warnings: list) -> None:
                 warnings.append(f"{why} — unless a config in its defaults list has it ({origin})")
                 continue
             raise CannotPredict(why, origin)
+
+
+def _near_miss_addition(cfg: Config, key: str, origin: str, warnings: list) -> None:
+    """``+a.b=v`` adds ``b`` to ``a``; when ``b`` looks like a misspelling of a key ``a`` has or NeMo
+    reads there, NeMo starts and ignores the added key: warned."""
+    parent, _, leaf = key.rpartition(".")
+    node = cfg.data
+    for p in parent.split(".") if parent else ():
+        node = node.get(p) if isinstance(node, dict) else None
+    known = {k for k in node if isinstance(k, str)} if isinstance(node, dict) else set()
+    known |= {k[len(parent) + 1:] for k in READ_KEYS if k.startswith(parent + ".") and "." not in k[len(parent) + 1:]}
+    guess = suggest(leaf, frozenset(known)) if known else None
+    if guess is not None:
+        full = f"{parent}.{guess}" if parent else guess
+        warnings.append(f"+{key}: adds a key NeMo does not read (it reads {full}), so the job runs without it; "
+                        f"did you mean {'' if _lookup(cfg.data, full)[0] else '+'}{full}? ({origin})")
 
 
 def _set_int(f: Facts, v: View, dotted: str, fact: str, allow_null: bool = False) -> None:

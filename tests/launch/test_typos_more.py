@@ -100,3 +100,21 @@ def test_megatron_value_outside_its_choices_stops(tmp_path, flag, value, meant):
 def test_megatron_values_in_its_choices_pass(tmp_path, extra):
     res = _megatron(tmp_path, extra)
     assert res.job is not None, res.error
+
+
+# ---- G. NeMo `+key=` additions that look like misspellings
+@pytest.mark.parametrize("override, meant", [("+model.context_paralel_size=2", "+model.context_parallel_size"),
+                                             ("+model.num_layer=16", "model.num_layers")])
+def test_nemo_plus_near_miss_is_warned(tmp_path, override, meant):
+    res = parse_in(tmp_path, NEMO_HEAD + NEMO_LAUNCH + override + "\n", {"conf/gpt.yaml": NEMO_CONF})
+    assert res.job is not None, res.error
+    key = override.split("=")[0]
+    assert any(w.startswith(key + ":") and f"did you mean {meant}?" in w and "job.sbatch:3" in w
+               for w in res.warnings), res.warnings
+
+
+def test_nemo_plus_of_a_new_key_says_nothing(tmp_path):
+    res = parse_in(tmp_path, NEMO_HEAD + NEMO_LAUNCH + "+model.context_parallel_size=1 +model.brand_new_key=3\n",
+                   {"conf/gpt.yaml": NEMO_CONF})
+    assert res.job is not None, res.error
+    assert not [w for w in res.warnings if "does not read" in w], res.warnings
