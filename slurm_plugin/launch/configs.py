@@ -34,9 +34,12 @@ class Config:
     label: str
     lines: dict = field(default_factory=dict)          # tuple(key path) -> line (1-based)
     line_origins: Optional[list] = None                # for files the script wrote: line -> "file:line"
+    duplicates: list = field(default_factory=list)     # [(key path, line, first line)]: a key again
 
     def origin(self, path: tuple) -> str:
-        line = self.lines.get(path)
+        return self.line_origin(self.lines.get(path))
+
+    def line_origin(self, line: Optional[int]) -> str:
         if line is None:
             return self.label
         if self.line_origins is not None and 0 < line <= len(self.line_origins):
@@ -89,11 +92,57 @@ def load_config(text: str, label: str, line_origins: Optional[list] = None, kind
         cfg.data = {}
         return cfg
     budget = [0]
-    cfg.data = _build(node, (), cfg.lines, budget, 0, label)
+    cfg.data = _build(node, (), cfg.lines, budget, 0, label, cfg.duplicates)
+    if kind == "json":
+        _check_json(cfg, src)
     return cfg
 
 
-def _build(node, path: tuple, lines: dict, budget: list, depth: int, label: str) -> Any:
+# What YAML accepts in a JSON file and json.load does not (DeepSpeed reads its config with
+# json.load): looked for only where one of these characters appears at all.
+_JSON_SUSPECT = re.compile(r",\s*[}\]]|#|'")
+_BARE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_json(cfg: Config, src: str) -> None:
+    """DeepSpeed loads its JSON with ``json.load(..., object_pairs_hook=dict_raise_error_on_duplicate_keys)``
+    (runtime/config.py, config_utils.py): a duplicate key or text json refuses stops it at start.
+    A bare word where a value belongs is a sed template's placeholder (filled before the run): not
+    judged."""
+    if cfg.duplicates:
+        path, line, first = cfg.duplicates[0]
+        again = f" (first at line {first})" if first is not None and first != line else ""
+        raise CannotPredict(f"duplicate key {'.'.join(map(str, path))!r} in {cfg.label}{again}: DeepSpeed refuses "
+                            f"duplicate keys and stops at start (\"Duplicate keys in DeepSpeed config\")",
+                            cfg.line_origin(line))
+    if _JSON_SUSPECT.search(src) is None:
+        return
+    try:
+        json.loads(src)
+    except ValueError as exc:
+        pos = getattr(exc, "pos", None)
+        if pos is None or _BARE_WORD.match(src, pos) and not src.startswith(("true", "false", "null"), pos):
+            return
+        raise CannotPredict(f"{cfg.label} is not valid JSON: {exc.msg} (YAML reads it, but DeepSpeed's json.load "
+                            f"refuses it and DeepSpeed stops at start)", cfg.line_origin(exc.lineno)) from None
+    except RecursionError:
+        return
+
+
+def check_duplicates(cfg: Config, who: str, refuses: bool, warnings: list) -> None:
+    """A key given twice in one mapping: ``who`` (OmegaConf) refuses to load such a file, or (PyYAML)
+    keeps the last one silently."""
+    for path, line, first in cfg.duplicates:
+        again = f" (first at line {first})" if first is not None and first != line else ""
+        name = ".".join(map(str, path))
+        if refuses:
+            raise CannotPredict(f"duplicate key {name!r} in {cfg.label}{again}: {who} refuses to load a config "
+                                f"with a duplicate key and the job stops at start", cfg.line_origin(line))
+        warnings.append(f"duplicate key {name!r} in {cfg.label}{again}: {who} keeps the last value, this one "
+                        f"({cfg.line_origin(line)})")
+
+
+def _build(node, path: tuple, lines: dict, budget: list, depth: int, label: str, dups: list) -> Any:
     budget[0] += 1
     if budget[0] > MAX_CONFIG_NODES:
         raise CannotPredict(f"config {label} expands to more than {MAX_CONFIG_NODES} values "
@@ -108,7 +157,7 @@ def _build(node, path: tuple, lines: dict, budget: list, depth: int, label: str)
         except (yaml.YAMLError, ValueError, OverflowError):
             return node.value
     if isinstance(node, yaml.SequenceNode):
-        return [_build(v, path + (i,), lines, budget, depth + 1, label) for i, v in enumerate(node.value)]
+        return [_build(v, path + (i,), lines, budget, depth + 1, label, dups) for i, v in enumerate(node.value)]
     if isinstance(node, yaml.MappingNode):
         out: dict = {}
         for k, v in node.value:
@@ -119,16 +168,26 @@ def _build(node, path: tuple, lines: dict, budget: list, depth: int, label: str)
             if k.tag == "tag:yaml.org,2002:merge":
                 continue  # `<<: *x` merge keys: not used by NeoX configs; ignored
             sub = path + (key,)
+            if key in out:
+                dups.append((sub, k.start_mark.line + 1, lines.get(sub)))
             if len(sub) <= 4:
                 lines[sub] = k.start_mark.line + 1
-            out[key] = _build(v, sub, lines, budget, depth + 1, label)
+            out[key] = _build(v, sub, lines, budget, depth + 1, label, dups)
         return out
     return None
 
 
 def _load_json(text: str, label: str, line_origins: Optional[list]) -> Config:
+    dups: list = []
+
+    def pairs(items: list) -> dict:
+        out = dict(items)
+        if len(out) != len(items):
+            seen: set = set()
+            dups.extend(((k,), 0, None) for k, _v in items if k in seen or seen.add(k))
+        return out
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=pairs)
     except (ValueError, RecursionError) as exc:
         line = getattr(exc, "lineno", 0)
         raise CannotPredict(f"{label} is not valid JSON: {getattr(exc, 'msg', str(exc))[:80]}",
@@ -138,6 +197,10 @@ def _load_json(text: str, label: str, line_origins: Optional[list]) -> Config:
     for i, ln in enumerate(text.split("\n"), 1):
         for m in re.finditer(r'"([^"\\]{1,80})"\s*:', ln):
             cfg.lines.setdefault((m.group(1),), i)
+    if dups:
+        path = dups[0][0]
+        cfg.duplicates = [(path, cfg.lines.get(path), None)]
+        _check_json(cfg, "")
     return cfg
 
 

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import yaml
 
 from . import moe
-from .configs import Config, to_bool, to_int
+from .configs import Config, check_duplicates, to_bool, to_int
 from .facts import Facts
 from .limits import MAX_KEY_SUGGESTIONS, CannotPredict
 from .llmfoundry_keys import (ATTN_CONFIG_KEYS, FFN_CONFIG_KEYS, FSDP_CONFIG_KEYS, MPT_MODEL_KEYS, READ_KEYS,
@@ -209,6 +209,8 @@ def read(cfg: Config, h: HydraArgs, f: Facts, world: Optional[int], world_origin
     """Fill facts (framework "llm-foundry"); ``world`` = the ranks the launcher starts (None = unknown)."""
     if not isinstance(cfg.data, dict):
         raise CannotPredict(f"{cfg.label} is not a mapping of llm-foundry config keys", cfg.label)
+    if cfg.duplicates:     # om.load's YAML loader refuses a mapping with a key twice
+        check_duplicates(cfg, "OmegaConf (llm-foundry's om.load)", True, f.warnings)
     v = View(cfg, h)
     w = f.warnings
     for dotted in ("model", "model.attn_config", "model.ffn_config", "fsdp_config", "variables"):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import megatron, moe
-from .configs import Config, to_bool, to_int, to_number
+from .configs import Config, check_duplicates, to_bool, to_int, to_number
 from .facts import Facts
 from .limits import MAX_INTERPOLATION_DEPTH, CannotPredict
 from .neox_keys import suggest
@@ -249,6 +249,8 @@ def read(cfg: Config, h: HydraArgs, f: Facts) -> None:
     w = f.warnings
     if not isinstance(cfg.data, dict):
         raise CannotPredict(f"{cfg.label} is not a mapping of NeMo config sections", cfg.label)
+    if cfg.duplicates:     # Hydra composes with OmegaConf, whose YAML loader refuses a key twice
+        check_duplicates(cfg, "Hydra (OmegaConf)", True, w)
     check_overrides(cfg, h, w)
     ne, ne_origin, found = v.get("model.num_moe_experts")
     if found:

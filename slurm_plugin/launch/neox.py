@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import moe
-from .configs import Config, to_bool, to_int, to_number
+from .configs import Config, check_duplicates, to_bool, to_int, to_number
 from .facts import Facts
 from .neox_keys import CONTIGUOUS_NEEDS_PARTITION, NEOX_KEYS, NEOX_SHAPE_KEYS, check_keys, check_zero_keys
 from .values import MARK_OPEN, Tok
@@ -82,6 +82,8 @@ class Merged:
         if not isinstance(cfg.data, dict):
             warnings.append(f"{cfg.label} is not a mapping of NeoX keys; ignored")
             return
+        if cfg.duplicates:
+            check_duplicates(cfg, "GPT-NeoX (PyYAML)", False, warnings)
         for raw, value in cfg.data.items():
             key = raw.replace("-", "_")
             if key in self.items and raw == key and self.items[key][1] is not cfg:

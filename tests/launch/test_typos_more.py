@@ -118,3 +118,60 @@ def test_nemo_plus_of_a_new_key_says_nothing(tmp_path):
                    {"conf/gpt.yaml": NEMO_CONF})
     assert res.job is not None, res.error
     assert not [w for w in res.warnings if "does not read" in w], res.warnings
+
+
+# ---- F. duplicate keys, and JSON only YAML reads
+def test_deepspeed_duplicate_key_stops_as_deepspeed_does(tmp_path):
+    res = _ds(tmp_path, '{\n  "train_micro_batch_size_per_gpu": 1,\n  "zero_optimization": {"stage": 1},\n'
+                        '  "zero_optimization": {"stage": 3}\n}\n')
+    assert res.job is None
+    assert "duplicate key 'zero_optimization'" in res.error and "first at line 3" in res.error
+    assert res.error.endswith("ds.json:4)"), res.error
+
+
+def test_deepspeed_trailing_comma_stops_as_json_load_does(tmp_path):
+    res = _ds(tmp_path, '{\n  "train_micro_batch_size_per_gpu": 1,\n  "bf16": {"enabled": true},\n}\n')
+    assert res.job is None
+    assert "not valid JSON" in res.error and "json.load" in res.error and res.error.endswith("ds.json:4)"), res.error
+
+
+def test_deepspeed_sed_template_placeholder_is_still_read(tmp_path):
+    res = _ds(tmp_path, '{\n  "train_micro_batch_size_per_gpu": MICRO,\n  "bf16": {"enabled": true}\n}\n')
+    assert res.error is None or "not valid JSON" not in res.error
+
+
+def test_llmfoundry_duplicate_key_stops_as_omegaconf_does(tmp_path):
+    res = _foundry(tmp_path, MPT7B + "global_train_batch_size: 512\n")
+    assert res.job is None
+    assert "duplicate key 'global_train_batch_size'" in res.error and "OmegaConf" in res.error, res.error
+    assert res.error.endswith(f"mpt.yaml:{MPT7B.count(chr(10)) + 1})"), res.error
+
+
+def test_nemo_duplicate_key_stops(tmp_path):
+    conf = NEMO_CONF.replace("  num_layers: 24\n", "  num_layers: 24\n  num_layers: 12\n")
+    res = parse_in(tmp_path, NEMO_HEAD + NEMO_LAUNCH + "\n", {"conf/gpt.yaml": conf})
+    assert res.job is None and "duplicate key 'model.num_layers'" in res.error, res.error
+
+
+NEOX_YML = """{
+  "pipe_parallel_size": 1,
+  "model_parallel_size": 1,
+  "num_layers": 8,
+  "hidden_size": 1024,
+  "num_attention_heads": 16,
+  "seq_length": 2048,
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 2,
+  "train_iters": 1000,
+  "num_layers": 12,
+}
+"""
+
+
+def test_neox_duplicate_key_in_one_file_is_warned(tmp_path):
+    res = parse_in(tmp_path, "#!/bin/bash\n#SBATCH --nodes=1 --gpus-per-node=4 --ntasks-per-node=1\n"
+                             "python deepy.py train.py m.yml\n", {"m.yml": NEOX_YML})
+    assert res.job is not None, res.error
+    assert res.job.model.layers == 12          # PyYAML keeps the last
+    assert any("duplicate key 'num_layers'" in w and "m.yml:11" in w and "first at line 4" in w
+               for w in res.warnings), res.warnings
