@@ -33,6 +33,42 @@ _SHORT_TO_LONG = {
 }
 
 
+# sbatch's long options (sbatch(1), Slurm 22.05, plus those later releases added and an old alias);
+# sbatch reads them with getopt_long, which takes an unambiguous prefix for the whole name.
+SBATCH_LONG = frozenset("""
+account acctg-freq array batch bb bbf begin chdir cluster-constraint clusters comment constraint container
+container-id contiguous core-spec cores-per-socket cpu-freq cpus-per-gpu cpus-per-task deadline delay-boot
+dependency distribution error exclude exclusive export export-file extra extra-node-info get-user-env gid
+gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task gres gres-flags help hint hold ignore-pbs
+input job-name kill-on-invalid-dep licenses mail-type mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu
+mincpus network nice no-kill no-requeue nodefile nodelist nodes ntasks ntasks-per-core ntasks-per-gpu
+ntasks-per-node ntasks-per-socket open-mode output overcommit oversubscribe parsable partition power prefer
+priority profile propagate qos quiet reboot requeue reservation signal sockets-per-node spread-job switches
+test-only thread-spec threads-per-core time time-min tmp tres-per-task uid usage use-min-nodes verbose version
+wait wait-all-nodes wckey workdir wrap
+""".split())
+
+
+def _long_option(name: str, where: str, warnings: list) -> Optional[str]:
+    """The sbatch option ``--name`` means (itself, or the one option it is a prefix of), else None
+    with a warning: sbatch refuses an unknown or ambiguous option and submits nothing."""
+    if name in SBATCH_LONG:
+        return name
+    hits = [o for o in SBATCH_LONG if o.startswith(name)] if name else []
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        warnings.append(f"#SBATCH --{name} is ambiguous (--{', --'.join(sorted(hits))}): sbatch refuses it and "
+                        f"submits nothing; ignored ({where})")
+        return None
+    import difflib
+    guess = difflib.get_close_matches(name, SBATCH_LONG, n=1, cutoff=0.8)
+    near = f"; did you mean --{guess[0]}?" if guess else ""
+    warnings.append(f"#SBATCH --{name} is not an sbatch option: sbatch refuses it (unrecognized option) and "
+                    f"submits nothing; ignored ({where}){near}")
+    return None
+
+
 # A directive line longer than this is not read (with a warning naming the line): real ones are
 # well under 1 KiB, and a megabyte-long --comment must not cost the daemon its deadline.
 MAX_DIRECTIVE_CHARS = 64 << 10
@@ -215,8 +251,13 @@ def apply_options(d: Directives, tokens: list[str], where: str) -> None:
     """Apply one line's options (later options override earlier ones, as in sbatch)."""
     opts, _ = split_options(tokens)
     r = d.request
-    for name, val, _i in opts:
+    for name, val, i in opts:
         prov_key = None
+        if name not in SBATCH_LONG and len(name) > 1 and tokens[i].startswith("--"):
+            full = _long_option(name, where, d.warnings)
+            if full is None:
+                continue
+            name = full
         if name == "nodes":
             v = _int(val)
             if v is None:

@@ -175,3 +175,28 @@ def test_neox_duplicate_key_in_one_file_is_warned(tmp_path):
     assert res.job.model.layers == 12          # PyYAML keeps the last
     assert any("duplicate key 'num_layers'" in w and "m.yml:11" in w and "first at line 4" in w
                for w in res.warnings), res.warnings
+
+
+# ---- D. #SBATCH long options
+def _directives(line: str):
+    from slurm_plugin.launch.sbatch import read_directives
+    return read_directives(f"#!/bin/bash\n#SBATCH --nodes=2\n{line}\nsrun true\n", "job.sbatch")
+
+
+def test_sbatch_unknown_option_is_warned_with_did_you_mean():
+    d = _directives("#SBATCH --gpus-per-ndoe=8")
+    assert d.request.gpus_per_node is None
+    assert any("--gpus-per-ndoe" in w and "did you mean --gpus-per-node?" in w and "job.sbatch:3" in w
+               for w in d.warnings), d.warnings
+
+
+def test_sbatch_takes_an_unambiguous_prefix_as_getopt_does():
+    d = _directives("#SBATCH --gpus-per-no=8 --ntasks-per-n 4")
+    assert (d.request.gpus_per_node, d.request.ntasks_per_node) == (8, 4) and not d.warnings, d.warnings
+    d = _directives("#SBATCH --gpus-per=8")
+    assert d.request.gpus_per_node is None and any("ambiguous" in w for w in d.warnings), d.warnings
+
+
+def test_sbatch_known_options_say_nothing():
+    d = _directives("#SBATCH --exclusive --mem=0 --time=01:00:00 -A proj -N 2 --job-name=x --output=o.%j")
+    assert not d.warnings, d.warnings
