@@ -17,8 +17,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from .limits import CannotPredict
 from .llmfoundry import is_llmfoundry
 from .nemo import NEMO_SCRIPTS
+from .neox_keys import suggest
 from .torchtitan import is_torchtitan
 from .sbatch import split_options
 from .values import MARK_OPEN, Tok
@@ -31,7 +33,8 @@ MEGATRON_FLAGS = {
     "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--seq-length",
 }
 
-_TORCHRUN_FLAGS = {"standalone", "no_python", "no-python", "module", "m", "run_path", "run-path", "help"}
+_TORCHRUN_FLAGS = {"standalone", "no_python", "no-python", "module", "m", "run_path", "run-path", "help",
+                   "use_env", "use-env"}
 _DS_OPTIONS = [  # deepspeed/launcher/runner.py (argparse allow_abbrev=True: unique prefixes work)
     ("hostfile", True), ("include", True), ("exclude", True), ("num_nodes", True), ("num_gpus", True),
     ("num_accelerators", True), ("min_elastic_nodes", True), ("max_elastic_nodes", True),
@@ -270,6 +273,36 @@ def _option(c: Classified, toks: list, i: int, key: str, flags: set) -> int:
     return i + 1
 
 
+# torchrun's options (torch/distributed/run.py get_args_parser: each in both spellings), and
+# torch.distributed.launch's --use-env.  Its argparse takes an unambiguous prefix of a long option.
+_TORCHRUN_LONG = frozenset(spelling for o in """
+nnodes nproc-per-node rdzv-backend rdzv-endpoint rdzv-id rdzv-conf standalone max-restarts monitor-interval
+start-method event-log-handler role module no-python run-path log-dir redirects tee local-ranks-filter node-rank
+master-addr master-port local-addr logs-specs numa-binding signals-to-handle use-env help
+""".split() for spelling in (o, o.replace("-", "_")))
+_TORCHRUN_SHORT = frozenset("mrth")
+
+
+def _torchrun_option(t: str, where: str) -> str:
+    """The option name ``t`` (``--nnode``, ``--nproc_per_node=8``) stands for, as torchrun's argparse
+    resolves it; an option it does not know stops the prediction, as it stops torchrun."""
+    if t.startswith("--"):
+        name = t[2:].partition("=")[0]
+        if name in _TORCHRUN_LONG or MARK_OPEN in name:
+            return name
+        hits = {o.replace("_", "-") for o in _TORCHRUN_LONG if o.startswith(name)} if name else set()
+        if len(hits) == 1:
+            return hits.pop()
+        if hits:
+            why = f"is ambiguous (--{', --'.join(sorted(hits))})"
+        else:
+            guess = suggest(name.replace("_", "-"), frozenset(o for o in _TORCHRUN_LONG if "_" not in o))
+            why = "is not a torchrun option" + (f"; did you mean --{guess}?" if guess else "")
+        raise CannotPredict(f"torchrun --{name} {why} (torchrun's argparse refuses it and the job stops at start)",
+                            where)
+    return t[1:].partition("=")[0]
+
+
 def _torchrun(c: Classified, toks: list, i: int) -> Classified:
     c.launcher = "torchrun"
     n = len(toks)
@@ -280,8 +313,12 @@ def _torchrun(c: Classified, toks: list, i: int) -> Classified:
             break
         if not t.startswith("-"):
             break
-        name = t.lstrip("-").partition("=")[0]
-        i = _option(c, toks, i, name.replace("-", "_"), _TORCHRUN_FLAGS)
+        name = _torchrun_option(t, toks[i].origin_at(0))
+        if name in _TORCHRUN_FLAGS and "=" not in t:
+            c.launcher_opts[name.replace("-", "_")] = True
+            i += 1
+        else:
+            i = _option(c, toks, i, name.replace("-", "_"), _TORCHRUN_FLAGS)
         if name in ("m", "module") and "=" not in t and i < n:
             c.python_module = toks[i].text
             return _entry(c, toks[i], toks[i + 1:])

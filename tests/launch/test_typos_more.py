@@ -200,3 +200,28 @@ def test_sbatch_takes_an_unambiguous_prefix_as_getopt_does():
 def test_sbatch_known_options_say_nothing():
     d = _directives("#SBATCH --exclusive --mem=0 --time=01:00:00 -A proj -N 2 --job-name=x --output=o.%j")
     assert not d.warnings, d.warnings
+
+
+# ---- E. torchrun options
+TORCHRUN = ("#!/bin/bash\n#SBATCH --nodes=4 --ntasks-per-node=1 --gpus-per-node=8\n"
+            "srun torchrun {opts} pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+            "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 512 "
+            "--train-iters 1000 --bf16\n")
+
+
+def test_torchrun_prefix_is_the_option_it_names(tmp_path):
+    res = parse_in(tmp_path, TORCHRUN.format(opts="--nnode 4 --nproc-per 8 --standal"))
+    assert res.job is not None, res.error
+    assert res.job.layout.dp == 32, res.job.layout
+
+
+def test_torchrun_unknown_option_stops_naming_it(tmp_path):
+    res = parse_in(tmp_path, TORCHRUN.format(opts="--nnodes 4 --nprocs_per_node 8"))
+    assert res.job is None
+    assert "--nprocs_per_node is not a torchrun option" in res.error and "did you mean --nproc-per-node?" in res.error
+    assert res.error.endswith("job.sbatch:3)"), res.error
+
+
+def test_torchrun_ambiguous_prefix_stops(tmp_path):
+    res = parse_in(tmp_path, TORCHRUN.format(opts="--nnodes 4 --nproc_per_node 8 --master 1234"))
+    assert res.job is None and "ambiguous" in res.error, res.error
