@@ -34,7 +34,7 @@ MEGATRON_FLAGS = {
 }
 
 _TORCHRUN_FLAGS = {"standalone", "no_python", "no-python", "module", "m", "run_path", "run-path", "help",
-                   "use_env", "use-env"}
+                   "use_env", "use-env", "virtual_local_rank", "virtual-local-rank"}
 _DS_OPTIONS = [  # deepspeed/launcher/runner.py (argparse allow_abbrev=True: unique prefixes work)
     ("hostfile", True), ("include", True), ("exclude", True), ("num_nodes", True), ("num_gpus", True),
     ("num_accelerators", True), ("min_elastic_nodes", True), ("max_elastic_nodes", True),
@@ -273,12 +273,14 @@ def _option(c: Classified, toks: list, i: int, key: str, flags: set) -> int:
     return i + 1
 
 
-# torchrun's options (torch/distributed/run.py get_args_parser: each in both spellings), and
+# torchrun's options (torch/distributed/run.py get_args_parser, torch 2.13: each in both spellings;
+# tests/launch/test_typos_more.py checks the list against the installed torch), and
 # torch.distributed.launch's --use-env.  Its argparse takes an unambiguous prefix of a long option.
 _TORCHRUN_LONG = frozenset(spelling for o in """
 nnodes nproc-per-node rdzv-backend rdzv-endpoint rdzv-id rdzv-conf standalone max-restarts monitor-interval
 start-method event-log-handler role module no-python run-path log-dir redirects tee local-ranks-filter node-rank
-master-addr master-port local-addr logs-specs numa-binding signals-to-handle use-env help
+master-addr master-port local-addr logs-specs numa-binding signals-to-handle use-env help virtual-local-rank
+duplicate-stdout-filters duplicate-stderr-filters shutdown-timeout
 """.split() for spelling in (o, o.replace("-", "_")))
 _TORCHRUN_SHORT = frozenset("mrth")
 

@@ -33,10 +33,12 @@ _SHORT_TO_LONG = {
 }
 
 
-# sbatch's long options (sbatch(1), Slurm 22.05, plus those later releases added and an old alias);
-# sbatch reads them with getopt_long, which takes an unambiguous prefix for the whole name.
+# sbatch's long options (sbatch(1), Slurm 22.05 -- each one checked against its sbatch, with
+# "cluster", an alias its table has beside "clusters" -- plus container-id, extra and
+# tres-per-task, which later releases added); sbatch reads them with getopt_long, which takes an
+# unambiguous prefix for the whole name.  (--workdir, chdir's name before Slurm 17.11, is refused.)
 SBATCH_LONG = frozenset("""
-account acctg-freq array batch bb bbf begin chdir cluster-constraint clusters comment constraint container
+account acctg-freq array batch bb bbf begin chdir cluster cluster-constraint clusters comment constraint container
 container-id contiguous core-spec cores-per-socket cpu-freq cpus-per-gpu cpus-per-task deadline delay-boot
 dependency distribution error exclude exclusive export export-file extra extra-node-info get-user-env gid
 gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task gres gres-flags help hint hold ignore-pbs
@@ -45,7 +47,7 @@ mincpus network nice no-kill no-requeue nodefile nodelist nodes ntasks ntasks-pe
 ntasks-per-node ntasks-per-socket open-mode output overcommit oversubscribe parsable partition power prefer
 priority profile propagate qos quiet reboot requeue reservation signal sockets-per-node spread-job switches
 test-only thread-spec threads-per-core time time-min tmp tres-per-task uid usage use-min-nodes verbose version
-wait wait-all-nodes wckey workdir wrap
+wait wait-all-nodes wckey wrap
 """.split())
 
 

@@ -225,3 +225,27 @@ def test_torchrun_unknown_option_stops_naming_it(tmp_path):
 def test_torchrun_ambiguous_prefix_stops(tmp_path):
     res = parse_in(tmp_path, TORCHRUN.format(opts="--nnodes 4 --nproc_per_node 8 --master 1234"))
     assert res.job is None and "ambiguous" in res.error, res.error
+
+
+def test_torchrun_option_list_is_the_installed_torchruns():
+    """An option torchrun has and the list lacks would stop a job that runs: the list is checked
+    against torch's own parser wherever torch is installed (the calibrate extra)."""
+    run = pytest.importorskip("torch.distributed.run", reason="torch is not installed")
+    from slurm_plugin.launch.launchers import _TORCHRUN_FLAGS, _TORCHRUN_LONG
+    parser = run.get_args_parser()
+    theirs = {s[2:] for a in parser._actions for s in a.option_strings if s.startswith("--")}
+    assert theirs <= _TORCHRUN_LONG, sorted(theirs - _TORCHRUN_LONG)
+    flags = {s[2:] for a in parser._actions if a.nargs == 0 for s in a.option_strings if s.startswith("--")}
+    assert flags <= _TORCHRUN_FLAGS, sorted(flags - _TORCHRUN_FLAGS)
+
+
+def test_torchrun_options_of_recent_torch_are_read(tmp_path):
+    opts = "--nnodes 4 --nproc-per-node 8 --virtual-local-rank --shutdown-timeout 30"
+    res = parse_in(tmp_path, TORCHRUN.format(opts=opts))
+    assert res.job is not None and res.job.layout.dp == 32, res.error
+
+
+def test_sbatch_cluster_alias_and_removed_workdir():
+    """sbatch 22.05 takes --cluster (an alias beside --clusters) and refuses --workdir."""
+    assert not _directives("#SBATCH --cluster=c1").warnings
+    assert any("--workdir" in w for w in _directives("#SBATCH --workdir=/tmp").warnings)
