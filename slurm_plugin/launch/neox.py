@@ -106,6 +106,12 @@ class Merged:
         return it[1].origin((it[2],) + sub) if sub and (it[2],) + sub in it[1].lines else it[1].origin((it[2],))
 
 
+# Keys whose NeoX default is a number: a YAML null there is None in NeoXArgs, which the layout
+# arithmetic cannot use (the keys whose default is None, num_kv_heads say, may be null).
+_NOT_NULL = frozenset(("num_layers", "hidden_size", "num_attention_heads", "seq_length", "model_parallel_size",
+                       "pipe_parallel_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))
+
+
 def _int(facts: Facts, m: Merged, key: str, fact: str) -> None:
     if not m.has(key):
         return
@@ -115,6 +121,9 @@ def _int(facts: Facts, m: Merged, key: str, fact: str) -> None:
         facts.set_unknown(fact, facts.u.reason(v) or "unknown", origin)
         return
     if v is None:
+        if key in _NOT_NULL:
+            facts.warnings.append(f"{key} is null ({origin}): NeoX keeps None there, not its default, "
+                                  f"and expects a number; read as not set")
         return
     n = to_int(v)
     if n is None:

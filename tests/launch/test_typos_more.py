@@ -249,3 +249,14 @@ def test_sbatch_cluster_alias_and_removed_workdir():
     """sbatch 22.05 takes --cluster (an alias beside --clusters) and refuses --workdir."""
     assert not _directives("#SBATCH --cluster=c1").warnings
     assert any("--workdir" in w for w in _directives("#SBATCH --workdir=/tmp").warnings)
+
+
+def test_neox_null_where_neox_needs_a_number_is_warned(tmp_path):
+    """model_parallel_size: null used to read as tp 1 without a word; NeoX keeps None there."""
+    yml = NEOX_YML.replace('"model_parallel_size": 1,', '"model_parallel_size": null,')
+    assert '"model_parallel_size": null' in yml
+    res = parse_in(tmp_path, "#!/bin/bash\n#SBATCH --nodes=1 --gpus-per-node=4 --ntasks-per-node=1\n"
+                             "python deepy.py train.py m.yml\n", {"m.yml": yml})
+    assert res.job is not None, res.error
+    assert res.job.layout.tp == 1
+    assert any("model_parallel_size is null" in w and "m.yml:3" in w for w in res.warnings), res.warnings
