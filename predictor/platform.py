@@ -557,6 +557,16 @@ def _keep_latest(cache: dict, stamp: tuple, value: object) -> None:
     cache[stamp] = value
 
 
+def forget_loaded() -> None:
+    """Drop every cached platform and bundle, so the next loads read and verify their files
+    again (and share what they read among themselves): the daemon's reload, which must catch a
+    file changed on disk under an unchanged platform.toml and manifest.  What callers hold stays
+    valid; only the cache forgets it."""
+    with _lock:
+        _cache.clear()
+        _bundles.clear()
+
+
 def load_platform(name_or_path: "str | os.PathLike[str]", *, reload: bool = False) -> Platform:
     """Load (and cache) a platform; ``reload=True`` re-reads it from disk (the daemon's SIGHUP)."""
     d = resolve_platform(name_or_path).resolve()

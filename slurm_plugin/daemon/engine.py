@@ -54,6 +54,7 @@ srun python pretrain_gpt.py --num-layers 2 --hidden-size 256 --num-attention-hea
 def _default_backends() -> dict[str, Any]:
     """The real predictor and launch parser, imported late so ``--help`` stays instant."""
     from predictor import PerfcastError, Predictor, load_platform
+    from predictor.platform import forget_loaded
     from .. import launch
     # One Predictor per loaded platform, for this Engine's life: a shape costed once (the warm-up,
     # an earlier job) is not costed again.  Each holds its platform, so an id is never reused.
@@ -64,7 +65,18 @@ def _default_backends() -> dict[str, Any]:
         if p is None:
             p = predictors[id(platform)] = Predictor(platform)
         return p.predict(job)
-    return {"load_platform": load_platform, "predict": predict,
+
+    fresh: list[bool] = []
+
+    def load(name: str) -> Any:
+        # Each Engine (start, every SIGHUP) reads and verifies its platforms' files afresh: a
+        # bundle corrupted on disk since the last load must fail now, not at the next restart.
+        # Its platforms still share a bundle among themselves (dgx-a100 and perlmutter-a100).
+        if not fresh:
+            forget_loaded()
+            fresh.append(True)
+        return load_platform(name)
+    return {"load_platform": load, "predict": predict,
             "parse_script": launch.parse_script, "slurm_request": launch.SlurmRequest,
             "errors": (PerfcastError,)}
 
