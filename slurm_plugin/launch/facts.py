@@ -63,6 +63,14 @@ class Facts:
             self.warnings.append(f"{what or key}: {shown!r} is not an integer ({origin})")
             self.set_unknown(key, f"{what or key} is {shown!r}, not an integer", origin)
             return
+        if type(value) is str:
+            try:
+                int(value)
+            except ValueError:
+                # "2e5", "4.0": argparse's int() (the launchers' flags) refuses them, and a config
+                # check that wants an int stops on the string; the number meant is still read.
+                self.warnings.append(f"{what or key} {value!r}: Python's int() refuses it (argparse and "
+                                     f"the frameworks' config checks stop at start); read as {n} ({origin})")
         self.set(key, n, origin)
 
     def set_str(self, key: str, tok: Tok, offset: int = 0) -> None:

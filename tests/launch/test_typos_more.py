@@ -260,3 +260,13 @@ def test_neox_null_where_neox_needs_a_number_is_warned(tmp_path):
     assert res.job is not None, res.error
     assert res.job.layout.tp == 1
     assert any("model_parallel_size is null" in w and "m.yml:3" in w for w in res.warnings), res.warnings
+
+
+def test_an_integer_flag_written_as_a_float_is_warned_and_read(tmp_path):
+    """--train-iters 2e5: Megatron's argparse int() refuses it; it used to be read silently."""
+    res = parse_in(tmp_path, TORCHRUN.format(opts="--nnodes 4 --nproc-per-node 8").replace(
+        "--train-iters 1000", "--train-iters 2e5"))
+    assert res.job is not None and res.job.run.train_iters == 200000, res.error
+    assert any("--train-iters '2e5'" in w and "int()" in w and "job.sbatch:3" in w for w in res.warnings), res.warnings
+    plain = parse_in(tmp_path, TORCHRUN.format(opts="--nnodes 4 --nproc-per-node 8"))
+    assert not any("int()" in w for w in plain.warnings)
