@@ -53,7 +53,7 @@ from slurm_plugin.siteconfig import WatchPolicy
 from slurm_plugin.slurm_client import PlannedStart, RunningJob, SlurmClient, SlurmError, expand_hostlist
 
 from .harvest import DEFAULT_OUT, MAX_LOG_BYTES, AccountingJob, LogReadError, output_path, read_tail_as
-from .joblogs import IterationTimes, iteration_times
+from .joblogs import WARMUP_ITERATIONS, IterationTimes, iteration_times
 from .runs_files import RunsFileError, merge_runs
 from .watch_log import JobState, WatchAction, WatchLog
 
@@ -151,6 +151,17 @@ def save_interval(record: PredictionRecord) -> int:
     except (TypeError, ValueError):
         return 0
     return max(0, value)
+
+
+def starting_seconds(record: PredictionRecord, min_samples: int) -> float:
+    """How long a job may run before its log shows steady iteration times, by its own prediction:
+    twice the time it spends outside iterations (start-up, evaluations, checkpoints: an upper
+    bound on its start-up) and its first warm-up and ``min_samples`` iterations at the interval's
+    upper end.  Before that, a log with no iteration time is a job starting, not a log the watch
+    cannot read."""
+    iter_s = max(float(record.iteration_seconds or 0.0), float(record.interval_seconds[1] or 0.0))
+    outside = max(0.0, float(record.total_seconds or 0.0) - int(record.iterations or 0) * float(record.iteration_seconds or 0.0))
+    return 2.0 * (outside + (WARMUP_ITERATIONS + max(1, min_samples)) * iter_s)
 
 
 def decide(*, now: float, start: float, limit_seconds: Optional[float], record: PredictionRecord,
@@ -433,13 +444,21 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
             got = got[got.find(b"\n") + 1:]
         timing = iteration_times(got)
         progress = progress_of(timing)
+        elapsed = job.run_seconds if job.run_seconds is not None else (t - job.start if job.start else 0.0)
         if progress is None:
+            no_times = timing is None or timing.median_seconds is None
+            grace = starting_seconds(record, policy.for_partition(job.partition).min_samples)
+            if no_times and elapsed < grace:
+                # A job still starting has printed no iteration yet: warming up, not news.
+                _finish(res, wlog, job, record, _none("warm-up", f"no iteration time in its log yet after "
+                                                      f"{elapsed / 60:.0f} min: still starting (the prediction "
+                                                      f"allows {grace / 60:.0f} min)", limit), None, opts, client)
+                continue
             why = ("no iteration times after warm-up in its log (Megatron, GPT-NeoX, NeMo, DeepSpeed formats)"
-                   if timing is None or timing.median_seconds is None else
+                   if no_times else
                    f"its {timing.format} log lines carry no iteration number: where the job is is unknown")
             _finish(res, wlog, job, record, _none("no-samples", why, limit), None, opts, client)
             continue
-        elapsed = job.run_seconds if job.run_seconds is not None else (t - job.start if job.start else 0.0)
         span = progress.iterations_spanned or 0
         if progress.iteration_seconds * max(span, 1) > _CLAIM_FACTOR * max(elapsed, 1.0):
             _finish(res, wlog, job, record, _none("claims", f"the log claims {progress.iteration_seconds:.4g} "
@@ -611,4 +630,4 @@ def _write_run(out_dir: Path, job: RunningJob, record: PredictionRecord, progres
 
 __all__ = ["Decision", "Limits", "Progress", "WATCH_TAG", "WatchError", "WatchOptions", "WatchResult",
            "admin_comment_with", "association_max_wall", "decide", "fairness_cap", "progress_of", "read_logs",
-           "watch_once"]
+           "starting_seconds", "watch_once"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from calibrate.watch import (Decision, Limits, Progress, WatchOptions, admin_comment_with, decide, fairness_cap,
-                             read_logs, watch_once)
+                             read_logs, starting_seconds, watch_once)
 from calibrate.watch_log import WatchLog, read_actions
 from predictor.job import TrainingJob
 from slurm_plugin.records import PredictionRecord, RecordStore, parse_admin_comment
@@ -502,3 +502,20 @@ def test_association_listing_and_the_jobs_account():
             "RunTime=00:01:05 TimeLimit=00:10:00 StartTime=2026-01-01T00:00:00 Partition=gpu NodeList=dev001")
     assert parse_running_jobs(line.format("proj"))[0].account == "proj"
     assert parse_running_jobs(line.format("(null)"))[0].account == ""
+
+
+def test_a_job_still_starting_is_warming_up_not_news_in_its_admin_comment(site):
+    """An empty log a minute into the job used to put "none ... no iteration times" into the
+    AdminComment, which docs/watch.md §4 keeps for news; past the prediction's start-up it is news."""
+    tmp, store = site
+    rid = store.add(record(total_seconds=800.0))           # 300 s outside iterations
+    (tmp / "young.out").write_text("> building GPT model ...\n")
+    grace = starting_seconds(record(total_seconds=800.0), POLICY.min_samples)
+    assert grace >= 600.0
+    slurm = FakeSlurm([running(rid, 95, tmp / "young.out", limit_min=30, start=time.time() - 60)])
+    d = watch_once(WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None), slurm).jobs[0].decision
+    assert d.code == "warm-up" and "still starting" in d.reason
+    assert slurm.comments == {} and slurm.limits == {}
+    old = FakeSlurm([running(rid, 96, tmp / "young.out", limit_min=30, start=time.time() - grace - 60)])
+    d = watch_once(WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None), old).jobs[0].decision
+    assert d.code == "no-samples" and 96 in old.comments
