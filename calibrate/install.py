@@ -5,7 +5,8 @@ Layout under the platforms root (``--root``, else ``$PERFCAST_PLATFORMS`` (first
 
     <root>/<partition>/versions/<UTC stamp>-<tag>/   one fitted platform directory each
     <root>/<partition>/current  -> versions/…        what the predictor and the daemon load
-    <root>/<partition>/previous -> versions/…        what ``rollback`` switches back to
+    <root>/<partition>/previous -> versions/…        what ``rollback`` switches back to (no link:
+                                                     the shipped platform of that name, if any)
     <root>/<partition>/history.log                   one line per install / refusal / rollback
 
 Rules: a platform that does not load, comes from an incomplete calibration, is for another GPU
@@ -13,7 +14,11 @@ type than the active one, or validates worse than the active one (beyond a toler
 and nothing installed is touched.  The switch is ``rename(2)`` of a new symlink over ``current``,
 so a reader sees the old platform or the new one, never a mix.  Installs and rollbacks of one
 partition take a lock (``<partition>/.lock``); what a killed install left behind (``.<version>.tmp``
-folders, half-made links) is removed by the next one.  An installed platform always pins its
+folders, half-made links) is removed by the next one.  ``previous`` is always what was active just
+before the last install or rollback, so ``rollback`` undoes exactly that one: after an install made
+while no version was active (the shipped platform of that name answered, e.g. after a rollback to
+it) there is no ``previous`` link, and ``rollback`` goes back to the shipped platform (a link left
+from before would skip it).  An installed platform always pins its
 bundles' manifests (``compute_bundle_sha256`` ...): one fitted before pins existed gets them here.
 
 ``perf-calibrate harvest --refit`` (:func:`refit_partition`) makes a new version the same way: a
@@ -326,14 +331,22 @@ def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion
         raise
     what = (f"compute MAPE {new.compute_mape:.4f}, {new.samples} samples" if math.isfinite(new.compute_mape)
             else f"site overlay of the shipped {overlay_of(dest)}" if overlay_of(dest) else "no validation error")
-    reload = _commit_switch(base, partition, current=dest.name, previous=cur.path.name if cur is not None else None,
+    # previous records what was active just before: the active version, or, when none was (the
+    # shipped platform answered, or nothing), no link at all, which is how rollback knows to go
+    # back to the shipped platform.  A link left from before a rollback must not survive: it
+    # would make rollback skip the state this install replaced.
+    reload = _commit_switch(base, partition, current=dest.name, previous=cur.path.name if cur is not None else "",
                             history=f"installed {dest.name} ({what}) {origin or f'from {src}'}",
                             pid_file=pid_file)
     _prune(pdir, keep)
     msg = f"installed {dest.name} as the platform of partition {partition}"
+    shipped = partition if cur is None and (SHIPPED_DIR / partition / PLATFORM_FILE).is_file() else ""
     if cur is not None:
         msg += f" (previous: {cur.version}, kept for rollback)"
-    res = InstallResult(partition, dest.name, dest, cur.version if cur else None, None, msg)
+    elif shipped:
+        msg += f" (previous: the shipped platform {shipped}; `rollback` returns to it)"
+    res = InstallResult(partition, dest.name, dest,
+                        cur.version if cur else f"shipped {shipped}" if shipped else None, None, msg)
     res.reload = reload
     return res
 
@@ -378,9 +391,10 @@ def _rollback_locked(partition: str, base: Path, pid_file: "str | Path | None" =
         raise CalibrationError(f"partition {partition}: nothing to roll back to: previous and current are both "
                                f"{cur.version}")
     if cur is not None and prev is None:
-        if shipped is None or not overlay_of(cur.path):
+        if shipped is None:
             raise CalibrationError(f"partition {partition} has no previous platform to roll back to")
-        # The first overlay of a shipped platform: back to the shipped platform itself.
+        # Installed while the shipped platform of this name answered (a site overlay of it, or a
+        # calibration installed under its name): no previous link, back to the shipped platform.
         reload = _commit_switch(base, partition, current="", previous=cur.path.name,
                                 history=f"rolled back from {cur.version} to the shipped platform {partition}",
                                 pid_file=pid_file)
@@ -709,11 +723,16 @@ def status(root: "str | Path | None" = None) -> list[PartitionStatus]:
         refit = read_refit(cur.path) if cur is not None else None
         shipped = overlay_of(cur.path) if cur is not None else (
             pdir.name if (SHIPPED_DIR / pdir.name / PLATFORM_FILE).is_file() else "")
+        # What `rollback` returns to: the previous link, else (a version installed while the
+        # shipped platform of that name answered: no link) the shipped platform itself.
+        previous = prev.version if prev else (
+            f"shipped {pdir.name}" if cur is not None and (SHIPPED_DIR / pdir.name / PLATFORM_FILE).is_file()
+            else None)
         out.append(PartitionStatus(
             pdir.name, cur.version if cur else None, age, cur.samples if cur else 0,
             cur.compute_mape if cur and math.isfinite(cur.compute_mape) else None,
             cur.collective_mape if cur else None, cur.gpu if cur else "",
-            prev.version if prev else None, nvers,
+            previous, nvers,
             "refit" if refit is not None else "shipped" if cur is None and shipped else "calibration",
             refit, f"shipped {shipped}" if shipped else ""))
     return out

@@ -232,7 +232,8 @@ def test_a_partition_on_a_shipped_platform_gets_a_site_overlay_and_rollback_rest
     raw = tomllib.loads((overlay / "platform.toml").read_text())
     assert raw["overlay_of"] == "dgx-a100" and "compute_bundle" not in raw and raw["fitted_kind"]
     (st,) = [s for s in status(root) if s.partition == "dgx-a100"]
-    assert st.base == "shipped dgx-a100" and st.origin == "refit" and st.previous is None
+    assert st.base == "shipped dgx-a100" and st.origin == "refit" and st.previous == "shipped dgx-a100"
+    assert not (root / "dgx-a100" / "previous").exists()       # no link: rollback's shipped platform
     # Looked up by name (the daemon's way), the overlay answers; the harvested kind moves to the truth.
     monkeypatch.setenv("PERFCAST_PLATFORMS", str(root))
     plat = load_platform("dgx-a100", reload=True)
