@@ -515,28 +515,36 @@ def _records_path(args: argparse.Namespace) -> str:
 
 
 def cmd_harvest(args: argparse.Namespace) -> int:
-    from .harvest import DEFAULT_OUT, DEFAULT_REFIT_MIN_RUNS, HarvestOptions, harvest, parse_since
+    from slurm_plugin.records import RecordStore
+    from .harvest import (DEFAULT_OUT, DEFAULT_REFIT_MIN_RUNS, HarvestOptions, check_partition, harvest,
+                          parse_since)
     if not args.refit and (args.refit_min_runs is not None or args.root or args.pid_file):
         raise PerfcastError("--refit-min-runs, --root and --pid-file go with --refit")
-    cfg = _site_config(args) if args.refit else None
+    cfg = _site_config(args) if args.refit or args.partition else None
+    out_dir = Path(args.out) if args.out else DEFAULT_OUT
+    if args.partition is not None:
+        warning = check_partition(args.partition, cfg, store=RecordStore(_records_path(args), create=False),
+                                  runs_dir=out_dir)
+        if warning:
+            print(f"perf-calibrate: warning: {warning}", file=sys.stderr)
 
     def site_platform(name: str) -> "str | None":
         """The platform perfcast.toml predicts partition ``name`` with (None: not managed)."""
         pol = cfg.partition(name) if cfg is not None else None
         return pol.platform if pol is not None and pol.platform else None
 
-    opts = HarvestOptions(records=Path(_records_path(args)), out_dir=Path(args.out) if args.out else DEFAULT_OUT,
+    opts = HarvestOptions(records=Path(_records_path(args)), out_dir=out_dir,
                           partition=args.partition, since=parse_since(args.since), source=args.source,
                           rescan=args.rescan, dry_run=args.dry_run, refit=args.refit,
                           refit_min_runs=args.refit_min_runs or DEFAULT_REFIT_MIN_RUNS,
                           platforms_root=Path(args.root) if args.root else None,
                           pid_file=Path(args.pid_file) if args.pid_file else None,
-                          site_platform=site_platform if cfg is not None else None)
+                          site_platform=site_platform if cfg is not None and args.refit else None)
     res = harvest(opts)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     else:
-        print(res.summary() + (" (dry run: nothing written)" if args.dry_run else ""))
+        print(res.summary())
     # A refit that failed, or a daemon that missed the reload, is a failed run (a timer shows it).
     if not res.ok:
         for r in res.refits:
@@ -548,11 +556,16 @@ def cmd_harvest(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from slurm_plugin.records import RecordStore
-    from .harvest import parse_since
+    from .harvest import check_partition, parse_since
     from .report import build_report, plot_report
     from .watch_log import read_actions
     path = _records_path(args)
     store = RecordStore(path, create=False)
+    if args.partition is not None:
+        warning = check_partition(args.partition, _site_config(args), store=store, what="partition",
+                                  verbs=[v for v in COMMANDS if v != "report"])
+        if warning:
+            print(f"perf-calibrate: warning: {warning}", file=sys.stderr)
     since = parse_since(args.since) if args.since else None
     pairs = store.outcomes(partition=args.partition, since=since)
     actions = read_actions(path)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import difflib
 import errno
 import json
 import logging
@@ -47,7 +48,7 @@ from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, JobOutcome, Prediction
                                   is_record_id, parse_admin_comment)
 from slurm_plugin.slurm_client import SlurmClient, SlurmError, name_and_id, scontrol_job_lines
 
-from .install import DEFAULT_REFIT_MIN_RUNS, RefitResult, refit_partition
+from .install import DEFAULT_REFIT_MIN_RUNS, RefitResult, refit_partition, refit_target
 from .joblogs import IterationTimes, iteration_times
 from .runs_files import BAD_RUNS_FILE_HINT, PARTITION_RE, RunsFileError, merge_runs, runs_file
 
@@ -465,6 +466,7 @@ class HarvestResult:
     refits: list[RefitResult] = field(default_factory=list)                      # with --refit
     users: dict[int, str] = field(default_factory=dict)      # job id -> user (accounting, else the record)
     errors: list[str] = field(default_factory=list)          # runs files that could not be written
+    dry_run: bool = False                                    # --dry-run: the summary says so once
 
     @property
     def ok(self) -> bool:
@@ -484,7 +486,7 @@ class HarvestResult:
         jobs harvested on earlier runs (every hourly run sees its window's again) in one line."""
         measured = sum(1 for o in self.outcomes if o.measured_iteration_seconds is not None)
         lines = [f"harvested {plural(len(self.outcomes), 'finished perfcast job')} from {self.source or '-'} "
-                 f"({measured} with iteration times from their logs)"]
+                 f"({measured} with iteration times from their logs)" + (f" {DRY_RUN_NOTE}" if self.dry_run else "")]
         for o in self.outcomes:
             it = (f"{o.measured_iteration_seconds:.4g} s/iter ({o.log_format}, {plural(o.log_samples, 'sample')})"
                   if o.measured_iteration_seconds is not None else f"no iteration time: {o.note}")
@@ -500,12 +502,15 @@ class HarvestResult:
         if before:
             lines.append(f"{plural(len(before), 'job')} harvested before (--rescan reads them again)")
         for r in self.refits:
-            lines.append(f"refit of {r.partition}: {r.status}: {r.message}")
+            # The first line already says a dry run wrote nothing (a dry-run refit says it too).
+            msg = r.message.replace(f" {DRY_RUN_NOTE}", "") if self.dry_run else r.message
+            lines.append(f"refit of {r.partition}: {r.status}: {msg}")
         lines.extend(f"error: {e}" for e in self.errors)
         return "\n".join(lines)
 
 
 HARVESTED_BEFORE = "harvested before (--rescan reads it again)"
+DRY_RUN_NOTE = "(dry run: nothing written)"
 
 
 def parse_since(text: Optional[str], now: Optional[float] = None) -> float:
@@ -533,7 +538,7 @@ def harvest(opts: HarvestOptions, client: Optional[AccountingClient] = None) -> 
     since = opts.since or parse_since(None)
     client = client or AccountingClient(timeout=SLURM_TIMEOUT_S)
     jobs, used = finished_jobs(client, since, opts.partition, opts.source)
-    res = HarvestResult(source=used)
+    res = HarvestResult(source=used, dry_run=opts.dry_run)
     new_runs: dict[str, list[MeasuredRun]] = {}
     merged: dict[str, list[MeasuredRun]] = {}
     matched: list[tuple[AccountingJob, PredictionRecord]] = []
@@ -632,6 +637,9 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
         res = refit_partition(part, runs, root=opts.platforms_root, min_runs=opts.refit_min_runs,
                               pid_file=opts.pid_file, dry_run=opts.dry_run, runs_file=str(path),
                               platform=opts.site_platform(part) if opts.site_platform is not None else None)
+        if res.status == "installed" and res.target and res.target != part:
+            # Kept under the platform's name, not the partition's: say which name undoes it.
+            res.message += f"; `perf-calibrate rollback {res.target}` undoes it"
         note = _site_note(opts, part, res)
         if note:
             res.message += f"; {note}"
@@ -639,28 +647,138 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
     return out
 
 
+def _lookup(name: str, pending: Optional[Path] = None) -> Path:
+    """The directory perf-predictd loads for platform ``name`` (a name or a path), as
+    :func:`predictor.platform.resolve_platform` finds it -- with ``pending`` (a ``<root>/<name>/current``
+    a dry run has not created) counted as there.  Raises PlatformNotFound."""
+    from predictor.platform import PLATFORM_FILE, _search_roots, resolve_platform
+    if pending is None or pending.exists() or "/" in name or (Path(name) / PLATFORM_FILE).is_file():
+        return resolve_platform(name)
+    want = pending.resolve()
+    for root in _search_roots():
+        for cand in (root / name / "current", root / name):
+            if cand.resolve() == want:
+                return pending
+            if (cand / PLATFORM_FILE).is_file():
+                return cand
+    return resolve_platform(name)          # not found: its error names the known platforms
+
+
 def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
-    """Whether perf-predictd predicts ``partition`` with the platform a refit updates
-    (``<root>/<partition>/current``): a refit the daemon never loads would mislead the admin."""
+    """A note when perf-predictd does not predict ``partition`` with the platform the refit updates
+    (``<root>/<target>/current``, the partition's own installed platform or the site overlay of the
+    shipped one perfcast.toml names): a refit the daemon never loads would mislead the admin.  In
+    a dry run the overlay's ``current`` does not exist yet: what the lookup would find once it
+    does decides.  Only what is true is said ("" when the daemon loads the refitted platform)."""
     from predictor.errors import PlatformNotFound
-    from predictor.platform import resolve_platform
+    from predictor.platform import SITE_ROOT
 
     from .install import platforms_root
-    installed = platforms_root(opts.platforms_root) / (res.target or partition) / "current"
-    if opts.site_platform is None or not (
-            res.status in ("installed", "dry-run") or (res.status == "skipped" and not installed.exists())):
+    if opts.site_platform is None or res.status == "failed":
         return ""
     name = opts.site_platform(partition)
     if name is None:
         return "note: perfcast.toml does not manage this partition"
+    base = platforms_root(opts.platforms_root)
+    target = res.target or refit_target(partition, base, name)[0]
+    refitted = base / target / "current" if target else None
     try:
-        used = resolve_platform(name).resolve()
+        used = _lookup(name, refitted)
     except PlatformNotFound:
         return f"note: perfcast.toml names platform {name!r} for it, which does not resolve"
-    if installed.exists() and used == installed.resolve():
+    if refitted is None or used.resolve() == refitted.resolve():
         return ""
-    return (f"note: perf-predictd predicts it with {name!r}, not with {installed} (perfcast.toml: "
-            f"platform = \"{partition}\" for the installed one)")
+    try:
+        reached = _lookup(target, refitted).resolve() == refitted.resolve()
+    except PlatformNotFound:
+        reached = False
+    advice = (f"perfcast.toml: platform = \"{target}\" would use the refitted one" if reached else
+              f"perf-predictd's lookup of {target!r} ($PERFCAST_PLATFORMS, {SITE_ROOT}, then the shipped "
+              f"platforms) does not reach {refitted}")
+    return f"note: perf-predictd predicts it with {name!r} ({used}), not with {refitted}; {advice}"
+
+
+# --------------------------------------------------------------------------------------------
+# partition names an admin types (harvest --partition, report PARTITION, rollback)
+
+def _did_you_mean(name: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _has_data(partition: str, store: Optional[RecordStore], runs_dir: Optional[Path]) -> bool:
+    """Whether perfcast kept a record for ``partition`` or a runs file of it exists."""
+    if runs_dir is not None and runs_file(runs_dir, partition).exists():
+        return True
+    return store is not None and bool(store.find(partition=partition, limit=1))
+
+
+def check_partition(partition: str, site: Any, *, store: Optional[RecordStore] = None,
+                    runs_dir: "Optional[Path]" = None, what: str = "--partition",
+                    verbs: Sequence[str] = ()) -> str:
+    """Check a partition name an admin typed (``harvest --partition``, ``report PARTITION``) against
+    the site config ``site`` (a :class:`~slurm_plugin.siteconfig.SiteConfig`, or None when there is
+    none) and what perfcast kept (records in ``store``, a runs file under ``runs_dir``).
+
+    Returns "" when the partition is one perfcast manages, or a one-line warning when it may be
+    right: a partition perfcast.toml no longer manages but has records or a runs file (harvested
+    anyway: they are real jobs perfcast predicted), one no record names under ``[defaults] platform``
+    (which manages every partition) or without a site config.  Raises :class:`HarvestError` (one
+    line: the configured partitions, a did-you-mean) for a partition perfcast.toml does not manage
+    and nothing was ever kept for: a harvest or report of it can only be empty.  ``verbs``: commands
+    a misplaced word might have been meant as (``report wacth``)."""
+    if not PARTITION_RE.match(partition or ""):
+        raise HarvestError(f"{what}: bad partition name {partition!r}")
+    configured = sorted(site.partitions) if site is not None else []
+    if partition in configured:
+        return ""
+    known = _has_data(partition, store, runs_dir)
+    listed = f"configured: {', '.join(configured)}" if configured else "none configured"
+    guess = _did_you_mean(partition, configured)
+    verb = difflib.get_close_matches(partition, list(verbs), n=1)
+    if verb and not guess:
+        guess = f"; did you mean `perf-calibrate {verb[0]}`?"
+    if site is None:
+        return "" if known else (f"{what} {partition}: no perfcast record names it (no site config "
+                                 "to check it against)")
+    if site.defaults.platform:
+        return "" if known else (f"{what} {partition}: no perfcast record names it ({site.path} manages "
+                                 f"every partition through [defaults] platform; {listed}){guess}")
+    if known:
+        return (f"{what} {partition}: {site.path} does not manage partition {partition} ({listed}); "
+                "using what perfcast kept for it before")
+    raise HarvestError(f"{what} {partition}: not a partition {site.path} manages, and no perfcast record "
+                       f"names it ({listed}){guess}")
+
+
+def rollback_hint(name: str, site: Any, root: "str | Path | None" = None) -> str:
+    """For ``perf-calibrate rollback NAME`` / ``status`` given a partition where the platforms root
+    keeps a platform's name: installed platforms, and refit site overlays (``<root>/dgx-h100``), are
+    kept under the name perfcast.toml gives them.  When ``<root>/NAME`` does not exist but ``site``
+    (a SiteConfig, or None) predicts partition NAME with a platform that has a directory there,
+    one line naming it (``partition h100 is predicted with platform dgx-h100 (perfcast.toml): run
+    perf-calibrate rollback dgx-h100``); else ""."""
+    from .install import platforms_root
+    base = platforms_root(root)
+    if site is None or not PARTITION_RE.match(name or "") or (base / name).is_dir():
+        return ""
+    pol = site.partition(name)
+    platform = pol.platform if pol is not None else ""
+    if not platform:
+        return ""
+    if (base / platform).is_dir() and PARTITION_RE.match(platform):
+        where = platform
+    else:
+        # A path (platform = "/var/lib/perfcast/platforms/gpu/current"): its directory under the root.
+        try:
+            rel = Path(platform).resolve().relative_to(base.resolve())
+        except (ValueError, OSError):
+            return ""
+        where = rel.parts[0] if rel.parts and (base / rel.parts[0]).is_dir() else ""
+        if not where or where == name:
+            return ""
+    return (f"partition {name} is predicted with platform {platform} ({site.path}), kept under "
+            f"{base / where}: perf-calibrate rollback {where}")
 
 
 def _match(job: AccountingJob, store: RecordStore, opts: HarvestOptions
@@ -762,6 +880,6 @@ def append_runs(out_dir: "str | os.PathLike[str]", partition: str, runs: Sequenc
 
 
 __all__ = ["AccountingClient", "AccountingJob", "HarvestError", "HarvestOptions", "HarvestResult",
-           "LogReadError", "append_runs", "expand_output_pattern", "finished_jobs", "harvest",
+           "LogReadError", "append_runs", "check_partition", "expand_output_pattern", "finished_jobs", "harvest",
            "output_path", "parse_sacct_json", "parse_sacct_parsable", "parse_scontrol_jobs",
-           "parse_since", "read_tail_as", "refit_partitions"]
+           "parse_since", "read_tail_as", "refit_partitions", "rollback_hint"]
