@@ -12,7 +12,9 @@ An admin who has real iteration times (from training logs) writes them as a runs
 and this module predicts every run with the platform's current models and stores measured and
 predicted side by side in the platform's ``platform.toml`` (``[[validation]]``).  Runs already
 recorded there are predicted again too, so the record always describes the models that are
-installed.  Their residuals set the platform's intervals (:mod:`predictor.interval`); the summary
+installed.  A run of the file that is already recorded (:func:`run_key`: the same name and the
+same job) is not added again (:func:`merge_runs`); where its measured time differs from the
+recorded one, a warning names it and the file's value replaces the recorded one.  Their residuals set the platform's intervals (:mod:`predictor.interval`); the summary
 reports the error, the spread of measured / predicted (:func:`predictor.validation.ratio_range`)
 and how many runs fall inside the interval the *other* runs give.
 
@@ -31,7 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import json
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -140,6 +144,12 @@ class ValidationSummary:
     inside_loo: list[bool]
     predictions: list[Any]          # predictor.Prediction of each run, in order
     fit: Any = None                 # FitResult or calibrate.fitting.kinds.HierarchicalFit
+    # The runs given (a runs file's), against those recorded before (merge_runs): None when
+    # not counted.
+    new_runs: Optional[int] = None          # not recorded before: added
+    already_recorded: int = 0               # recorded before: not added again
+    repeated_runs: int = 0                  # given twice: counted once
+    warnings: tuple[str, ...] = ()          # runs recorded with another measured time, ...
 
     @property
     def mape(self) -> float:
@@ -159,6 +169,8 @@ class ValidationSummary:
         lines.append(f"{len(self.runs)} runs: MAPE {100 * self.mape:.2f}%; measured/predicted "
                      f"[{lo:.3f}, {hi:.3f}]; leave-one-out coverage of the interval "
                      f"{sum(self.inside_loo)}/{len(self.inside_loo)}")
+        if self.new_runs is not None:
+            lines.append(self.counts())
         if self.fit is not None:
             f = self.fit
             lines.append(f"fit: {f.describe()} (host time x{f.host_scale:.3f} on these runs); "
@@ -171,8 +183,17 @@ class ValidationSummary:
                              "predicted without it)")
         return "\n".join(lines)
 
+    def counts(self) -> str:
+        """One line: how many of the runs given were new and how many already recorded."""
+        return (f"runs given: {self.new_runs} new, {self.already_recorded} already recorded (not added "
+                "again)" + (f", {self.repeated_runs} given twice (counted once)" if self.repeated_runs else "")
+                + (f"; {len(self.warnings)} warning{'s' if len(self.warnings) != 1 else ''}"
+                   if self.warnings else ""))
+
     def to_dict(self) -> dict[str, Any]:
         d = {"platform": self.platform, "platform_file": str(self.platform_file),
+             "new_runs": self.new_runs, "already_recorded": self.already_recorded,
+             "repeated_runs": self.repeated_runs, "warnings": list(self.warnings),
              "mape": self.mape, "ratio_range": list(self.ratio_range),
              "runs": [dict(r.to_dict(), ratio=r.ratio, inside_leave_one_out=ok)
                       for r, ok in zip(self.runs, self.inside_loo)]}
@@ -227,7 +248,10 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
     from predictor.estimate import predict_many
     d = resolve_platform(platform)
     plat = load_platform(d, reload=True)
-    all_runs = list(runs) if replace else list(plat.validation) + list(runs)
+    merged = merge_runs([] if replace else plat.validation, runs)
+    for w in merged.warnings:
+        log.warning("%s", w)
+    all_runs = merged.runs
     if not all_runs:
         raise RunRecordError("no runs to record")
     preds = predict_many([r.job for r in all_runs], plat)
@@ -281,7 +305,95 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
                                            extrapolated=p.extrapolated,
                                            analytic_collectives=p.details.analytic_collectives)
         inside.append(lo <= r.measured_iteration_seconds <= hi)
-    return ValidationSummary(plat.name, fpath, recorded, inside, preds, fit_res)
+    return ValidationSummary(plat.name, fpath, recorded, inside, preds, fit_res, new_runs=merged.new,
+                             already_recorded=merged.already, repeated_runs=merged.repeated,
+                             warnings=merged.warnings)
+
+
+def run_key(run: MeasuredRun) -> tuple[str, str]:
+    """What identifies a measured run: its name (a harvested run's is ``slurm job <id>``) and its
+    job as resolved (every default filled in, :meth:`TrainingJob.to_dict`).  The measured time is
+    not part of it (the same run measured again is the same run); two runs files' ``run 1`` of
+    different jobs are two runs."""
+    return run.name, json.dumps(run.job.to_dict(), sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class RunsMerge:
+    """The runs to record: those recorded before, then the given ones not among them."""
+
+    runs: list[MeasuredRun]
+    new: int                      # given runs not recorded before
+    already: int                  # given runs recorded before (not added again)
+    repeated: int                 # given runs listed twice: counted once
+    warnings: tuple[str, ...]
+
+
+def _same_measure(a: MeasuredRun, b: MeasuredRun) -> bool:
+    return math.isclose(a.measured_iteration_seconds, b.measured_iteration_seconds, rel_tol=1e-9)
+
+
+def merge_runs(recorded: Sequence[MeasuredRun], given: Sequence[MeasuredRun]) -> RunsMerge:
+    """``recorded`` then the runs of ``given`` not already among them (:func:`run_key`), each run
+    once.  A given run recorded with another measured time replaces the recorded one in its place
+    (the runs file is the newer word, as harvest's merge of its runs files) with a warning naming
+    it; so does a run listed twice with two times (the later kept).  A name recorded with another
+    job is kept as a different run, with a warning.  Runs recorded twice (by a validate before
+    this check) are kept once."""
+    out: list[MeasuredRun] = []
+    where: dict[tuple[str, str], int] = {}
+    jobs_of: dict[str, set[str]] = {}
+    warnings: list[str] = []
+    twice = repeated = 0
+
+    def fold(run: MeasuredRun, what: str) -> None:
+        i = where[run_key(run)]
+        if not _same_measure(out[i], run):
+            warnings.append(f"run {run.name!r} {what} with {out[i].measured_iteration_seconds:.6g} s per "
+                            f"iteration and again with {run.measured_iteration_seconds:.6g} s: the latter "
+                            "kept, once")
+            out[i] = run
+
+    for run in recorded:
+        key = run_key(run)
+        if key in where:
+            twice += 1
+            fold(run, "is recorded twice")
+            continue
+        where[key] = len(out)
+        out.append(run)
+        jobs_of.setdefault(run.name, set()).add(key[1])
+    n_recorded = len(out)
+    if twice:
+        warnings.append(f"{twice} recorded run{'s were' if twice != 1 else ' was'} recorded twice "
+                        "(by an earlier validate): kept once")
+    new = already = 0
+    seen: set[tuple[str, str]] = set()
+    for run in given:
+        key = run_key(run)
+        if key in seen:
+            repeated += 1
+            fold(run, "is given twice")
+            continue
+        seen.add(key)
+        if key in where:
+            already += 1
+            i = where[key]
+            if not _same_measure(out[i], run):
+                warnings.append(f"run {run.name!r} is recorded with {out[i].measured_iteration_seconds:.6g} s per "
+                                f"iteration, the runs given say {run.measured_iteration_seconds:.6g} s: the "
+                                "runs given replace it (not added beside it)")
+                out[i] = run
+            continue
+        if run.name in jobs_of and key[1] not in jobs_of[run.name]:
+            warnings.append(f"run {run.name!r} comes with two different jobs: both kept as different runs "
+                            "(rename one, or --replace to drop the recorded runs)")
+        jobs_of.setdefault(run.name, set()).add(key[1])
+        where[key] = len(out)
+        out.append(run)
+        new += 1
+    assert len(out) == n_recorded + new
+    return RunsMerge(out, new, already, repeated, tuple(warnings))
 
 
 def _spread(p: Any, run: MeasuredRun) -> tuple[float, float]:

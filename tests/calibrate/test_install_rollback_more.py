@@ -187,3 +187,65 @@ def test_a_calibration_installed_under_a_shipped_name_rolls_back_to_the_shipped_
     capsys.readouterr()
     assert main(["rollback", "gpu", "--root", str(root)]) == 2
     assert "no previous platform to roll back to" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ runs validate finds recorded
+def _recorded(root: Path) -> list[str]:
+    raw = tomllib.loads((root / "dgx-a100" / "current" / "platform.toml").read_text())
+    return [r["name"] for r in raw["validation"]]
+
+
+def test_validate_after_a_refit_does_not_record_the_harvested_runs_again(root, tmp_path, capsys):
+    runs = _harvested(1.3)
+    assert refit_partition("dgx-a100", runs, root=root).status == "installed"
+    before = load_platform("dgx-a100", reload=True)
+    names = [r.name for r in before.validation]
+    assert sorted(names) == [f"slurm job {1000 + i}" for i in range(6)]
+    f = _runs_file(tmp_path / "h100.toml", runs)        # what harvest wrote, given to validate
+
+    assert main(["validate", "dgx-a100", "--runs", str(f), "--fit", "--dry-run", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert len(rep["runs"]) == 6 and (rep["new_runs"], rep["already_recorded"]) == (0, 6)
+    assert rep["warnings"] == []
+
+    assert main(["validate", "dgx-a100", "--runs", str(f), "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "6 runs: MAPE" in out and "runs given: 0 new, 6 already recorded (not added again)" in out, out
+    assert sorted(_recorded(root)) == sorted(names)
+    after = load_platform("dgx-a100", reload=True)
+    # No new data, no new interval: each run recorded once, with the prediction it had.
+    assert [(r.name, r.measured_iteration_seconds) for r in after.validation] == \
+        [(r.name, r.measured_iteration_seconds) for r in before.validation]
+    assert _answers() == [(p.iteration_seconds, p.interval_seconds) for p in predict_many(JOBS, before)]
+
+
+def test_a_recorded_run_given_with_another_measured_time_is_named_and_replaced(root, tmp_path, capsys, caplog):
+    runs = _harvested(1.3)
+    assert refit_partition("dgx-a100", runs, root=root).status == "installed"
+    changed = dataclasses.replace(runs[2], measured_iteration_seconds=runs[2].measured_iteration_seconds * 1.1)
+    extra = _harvested(1.3, n=7, first=5000)[6]                      # one job not harvested before
+    f = _runs_file(tmp_path / "runs.toml", [runs[0], changed, runs[4], extra, runs[0]])
+    assert main(["validate", "dgx-a100", "--runs", str(f), "--root", str(root)]) == 0
+    out, err = capsys.readouterr()
+    assert "runs given: 1 new, 3 already recorded (not added again), 1 given twice (counted once)" in out, out
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "slurm job" in r.getMessage()]
+    assert "'slurm job 1002'" in warning and "replace it" in warning
+    rec = load_platform("dgx-a100", reload=True).validation
+    assert sorted(r.name for r in rec) == sorted([f"slurm job {1000 + i}" for i in range(6)] + ["slurm job 5006"])
+    (r2,) = [r for r in rec if r.name == "slurm job 1002"]
+    assert r2.measured_iteration_seconds == changed.measured_iteration_seconds
+
+
+def test_merge_runs_keys_on_name_and_job():
+    from calibrate.validate import merge_runs
+    a, b = _harvested(1.0, n=2)
+    other_job = dataclasses.replace(a, job=b.job)                 # same name, another job: another run
+    twice = [a, b, dataclasses.replace(a, source="harvested again")]   # what the old validate left
+    m = merge_runs(twice, [a, other_job])
+    assert [r.name for r in m.runs] == [a.name, b.name, a.name]
+    assert (m.new, m.already, m.repeated) == (1, 1, 0)
+    assert any("recorded twice" in w for w in m.warnings)
+    assert any(f"{a.name!r} comes with two different jobs" in w for w in m.warnings)
+    # --replace: nothing recorded; the given runs once each.
+    m = merge_runs([], [a, a, b])
+    assert (len(m.runs), m.new, m.already, m.repeated, m.warnings) == (2, 2, 0, 1, ())

@@ -54,9 +54,11 @@ def test_validate_records_runs_and_widens_the_interval(capsys, tmp_path, platfor
     assert [r.name for r in after.validation] == ["run 0", "run 1"]
     assert after.validation[0].predicted_iteration_seconds == pytest.approx(point)
     assert ratio_range(after.validation) == (1.0, pytest.approx(1.25)) != base
-    # Again without --replace: the old runs are kept (and predicted again); with it, dropped.
+    # Again without --replace: the old runs are kept (and predicted again), the same runs not
+    # recorded twice; with it, dropped.
     assert main(["validate", str(platform_dir), "--runs", str(f)]) == 0
-    assert len(load_platform(platform_dir).validation) == 4
+    assert "runs given: 0 new, 2 already recorded" in capsys.readouterr().out
+    assert len(load_platform(platform_dir).validation) == 2
     g = _runs_file(tmp_path, point * 0.8, name="one.toml")
     assert main(["validate", str(platform_dir), "--runs", str(g), "--replace"]) == 0
     assert ratio_range(load_platform(platform_dir).validation) == (pytest.approx(0.8), 1.0)
