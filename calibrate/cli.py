@@ -89,6 +89,19 @@ def _positive(text: str) -> float:
     return v
 
 
+def _tolerance(text: str) -> float:
+    """install's --tolerance: how much worse (relative) than the active platform's validation
+    error a new one may be; 0 or more (0.10: 10 % worse)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"the accepted relative worsening of the validation error, a number of 0 or "
+                                         f"more (0.10: 10 % worse), got {text!r}")
+    return v
+
+
 def _min_refit_runs(text: str) -> int:
     from .validate import MIN_FIT_RUNS
     try:
@@ -177,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("platform")
     n.add_argument("--partition", required=True)
     n.add_argument("--root", default=None)
-    n.add_argument("--tolerance", type=float, default=0.10,
+    n.add_argument("--tolerance", type=_tolerance, default=0.10,
                    help="accepted relative worsening of the validation error (default 0.10)")
     n.add_argument("--force", action="store_true", help="install even if it validates worse")
     n.add_argument("--pid-file", default=None, help="perf-predictd's pid file (SIGHUP after the switch)")

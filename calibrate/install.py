@@ -273,6 +273,10 @@ def install_platform(platform_dir: "str | Path", partition: str, *, root: "str |
     """
     src = Path(platform_dir)
     check_partition_name(partition)
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance) \
+            or tolerance < 0:
+        raise CalibrationError(f"tolerance must be a relative worsening of 0 or more (0.10: 10 % worse), "
+                               f"not {tolerance!r}")
     base = platforms_root(root)
     new = validate_candidate(src, allow_incomplete=force)
     with _partition_lock(base / partition):

@@ -14,7 +14,8 @@ predicted side by side in the platform's ``platform.toml`` (``[[validation]]``).
 recorded there are predicted again too, so the record always describes the models that are
 installed.  A run of the file that is already recorded (:func:`run_key`: the same name and the
 same job) is not added again (:func:`merge_runs`); where its measured time differs from the
-recorded one, a warning names it and the file's value replaces the recorded one.  Their residuals set the platform's intervals (:mod:`predictor.interval`); the summary
+recorded one, a warning names it and the file's value replaces the recorded one.  Their residuals
+set the platform's intervals (:mod:`predictor.interval`); the summary
 reports the error, the spread of measured / predicted (:func:`predictor.validation.ratio_range`)
 and how many runs fall inside the interval the *other* runs give.
 

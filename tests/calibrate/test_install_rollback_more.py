@@ -249,3 +249,23 @@ def test_merge_runs_keys_on_name_and_job():
     # --replace: nothing recorded; the given runs once each.
     m = merge_runs([], [a, a, b])
     assert (len(m.runs), m.new, m.already, m.repeated, m.warnings) == (2, 2, 0, 1, ())
+
+
+# ---------------------------------------------------------------------- install's options
+@pytest.mark.parametrize("value", ["-1", "-0.05", "nan", "inf", "ten"])
+def test_a_meaningless_tolerance_is_refused_in_one_line(root, tmp_path, capsys, value):
+    plat = _calibrated(tmp_path)
+    assert main(["install", str(plat), "--partition", "gpu", "--root", str(root), "--tolerance", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--tolerance" in err and repr(value) in err, err
+    assert "Traceback" not in err and not root.exists()
+    with pytest.raises(install_mod.CalibrationError, match="tolerance must be"):
+        install_mod.install_platform(plat, "gpu", root=root, tolerance=-1.0)
+    assert not root.exists()
+
+
+def test_a_zero_tolerance_is_accepted(root, tmp_path, capsys):
+    plat = _calibrated(tmp_path)
+    assert main(["install", str(plat), "--partition", "gpu", "--root", str(root), "--tolerance", "0"]) == 0
+    assert main(["install", str(plat), "--partition", "gpu", "--root", str(root), "--tolerance", "0"]) == 0
+    assert "previous:" in capsys.readouterr().out
