@@ -9,7 +9,7 @@
     perf-calibrate install PLATFORM_DIR --partition P [--root ROOT] [--force]
     perf-calibrate schedule --partition P [--every 30d] [--recur begin|scrontab] [--dry-run]
     perf-calibrate status [--root ROOT] [--json]
-    perf-calibrate rollback P [--root ROOT]
+    perf-calibrate rollback NAME [--root ROOT] [--config FILE]   (NAME: a partition's, or a site overlay's platform)
     perf-calibrate validate PLATFORM --runs RUNS.toml [--fit] [--replace] [--dry-run] [--json]
     perf-calibrate harvest [--partition P] [--since 7d] [--config FILE] [--records DB] [--out DIR]
                            [--refit [--refit-min-runs 5] [--root ROOT] [--pid-file FILE]]
@@ -268,10 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
     wa.add_argument("--dry-run", action="store_true", help="decide and say; change no job, record nothing")
     wa.add_argument("--json", action="store_true")
 
-    rb = sub.add_parser("rollback", help="switch a partition back to its previous platform")
-    rb.add_argument("partition")
+    rb = sub.add_parser("rollback", help="switch an installed platform back to its previous version "
+                        "(NAME: the partition given to install, or the platform a refit overlaid)")
+    rb.add_argument("partition", metavar="NAME")
     rb.add_argument("--root", default=None)
     rb.add_argument("--pid-file", default=None)
+    rb.add_argument("--config", default=None, help="site config, to name the platform of a partition "
+                    "(default $PERFCAST_CONFIG, /etc/perfcast/perfcast.toml)")
     return ap
 
 
@@ -432,9 +435,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return 0
     if not rows:
-        print(f"no calibrated partitions under {platforms_root(args.root)}")
+        # A root absent before the first install is normal; said, so that a misspelt --root shows.
+        absent = "" if platforms_root(args.root).is_dir() else " (no such directory yet)"
+        print(f"no calibrated partitions under {platforms_root(args.root)}{absent}")
         return 0
-    print(f"{'partition':<16} {'version':<28} {'age':>7} {'samples':>8} {'compute':>8} {'colls':>7}  previous")
+    # NAME: the partition an install named, or the shipped platform a site overlay sits on.
+    print(f"{'name':<16} {'version':<28} {'age':>7} {'samples':>8} {'compute':>8} {'colls':>7}  previous")
     for r in rows:
         age = f"{r.age_days:.1f}d" if r.age_days is not None else "-"
         cm = f"{100 * r.compute_mape:.1f}%" if r.compute_mape is not None else "-"
@@ -463,8 +469,20 @@ def _refit_line(refit: dict) -> str:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    from .errors import CalibrationError
+    from .harvest import rollback_hint
     from .install import rollback
-    res = rollback(args.partition, root=args.root, pid_file=args.pid_file)
+    try:
+        res = rollback(args.partition, root=args.root, pid_file=args.pid_file)
+    except CalibrationError as exc:
+        # A refit's overlay is kept under its platform's name, not the partition's.
+        try:
+            hint = rollback_hint(args.partition, _site_config(args), args.root)
+        except PerfcastError:
+            hint = ""
+        if not hint:
+            raise
+        raise CalibrationError(f"{exc}; {hint}") from None
     print(res.message + (f"; perf-predictd (pid {res.signalled}) reloads" if res.signalled else ""))
     return 0
 

@@ -185,9 +185,21 @@ def test_an_installed_overlay_names_its_rollback_and_the_hint_maps_a_partition(s
     # `rollback short` fails (overlays are kept under the platform's name): the hint names dgx-a100.
     code, _, err = _run(capsys, "rollback", "short", "--root", str(root))
     assert code == 2 and "no installed platform" in err
+    code, _, err = _run(capsys, "rollback", "short", "--root", str(root), "--config", str(cfg))
+    assert code == 2 and "no installed platform" in err and "perf-calibrate rollback dgx-a100" in err
+    assert len(err.strip().splitlines()) == 1
     site_cfg = parse_site_config({"partitions": {"short": {"platform": "dgx-a100"}}}, str(cfg))
     hint = rollback_hint("short", site_cfg, root)
     assert "perf-calibrate rollback dgx-a100" in hint and "short" in hint
     assert main(["rollback", "dgx-a100", "--root", str(root)]) == 0
     assert rollback_hint("gpu", site_cfg, root) == ""            # gpu's own directory exists
     assert rollback_hint("nope", site_cfg, root) == ""           # not managed: nothing to suggest
+
+
+def test_status_says_when_its_root_does_not_exist(tmp_path, capsys):
+    """A misspelt --root read like an empty one; a root absent before the first install is normal."""
+    code, out, _ = _run(capsys, "status", "--root", str(tmp_path / "nonexist"))
+    assert code == 0 and "nonexist (no such directory yet)" in out
+    (tmp_path / "empty").mkdir()
+    code, out, _ = _run(capsys, "status", "--root", str(tmp_path / "empty"))
+    assert code == 0 and "no calibrated partitions" in out and "no such directory" not in out
