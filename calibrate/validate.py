@@ -347,24 +347,26 @@ def merge_runs(recorded: Sequence[MeasuredRun], given: Sequence[MeasuredRun]) ->
     warnings: list[str] = []
     twice = repeated = 0
 
-    def fold(run: MeasuredRun, what: str) -> None:
+    def fold(run: MeasuredRun, what: str, outcome: str) -> None:
+        """``run`` is already in ``out``: keep it once, the later measured time, saying so if it moved."""
         i = where[run_key(run)]
         if not _same_measure(out[i], run):
-            warnings.append(f"run {run.name!r} {what} with {out[i].measured_iteration_seconds:.6g} s per "
-                            f"iteration and again with {run.measured_iteration_seconds:.6g} s: the latter "
-                            "kept, once")
+            warnings.append(f"run {run.name!r} {what} {out[i].measured_iteration_seconds:.6g} s per iteration "
+                            f"and {run.measured_iteration_seconds:.6g} s: {outcome}")
             out[i] = run
 
-    for run in recorded:
-        key = run_key(run)
-        if key in where:
-            twice += 1
-            fold(run, "is recorded twice")
-            continue
+    def add(run: MeasuredRun, key: tuple[str, str]) -> None:
         where[key] = len(out)
         out.append(run)
         jobs_of.setdefault(run.name, set()).add(key[1])
-    n_recorded = len(out)
+
+    for run in recorded:
+        key = run_key(run)
+        if key not in where:
+            add(run, key)
+        else:
+            twice += 1
+            fold(run, "is recorded twice, with", "the latter kept, once")
     if twice:
         warnings.append(f"{twice} recorded run{'s were' if twice != 1 else ' was'} recorded twice "
                         "(by an earlier validate): kept once")
@@ -374,26 +376,18 @@ def merge_runs(recorded: Sequence[MeasuredRun], given: Sequence[MeasuredRun]) ->
         key = run_key(run)
         if key in seen:
             repeated += 1
-            fold(run, "is given twice")
+            fold(run, "is given twice, with", "the latter kept, once")
             continue
         seen.add(key)
         if key in where:
             already += 1
-            i = where[key]
-            if not _same_measure(out[i], run):
-                warnings.append(f"run {run.name!r} is recorded with {out[i].measured_iteration_seconds:.6g} s per "
-                                f"iteration, the runs given say {run.measured_iteration_seconds:.6g} s: the "
-                                "runs given replace it (not added beside it)")
-                out[i] = run
+            fold(run, "is recorded with", "the runs given replace it with the latter (not added beside it)")
             continue
         if run.name in jobs_of and key[1] not in jobs_of[run.name]:
             warnings.append(f"run {run.name!r} comes with two different jobs: both kept as different runs "
                             "(rename one, or --replace to drop the recorded runs)")
-        jobs_of.setdefault(run.name, set()).add(key[1])
-        where[key] = len(out)
-        out.append(run)
+        add(run, key)
         new += 1
-    assert len(out) == n_recorded + new
     return RunsMerge(out, new, already, repeated, tuple(warnings))
 
 

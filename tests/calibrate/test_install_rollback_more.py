@@ -18,38 +18,19 @@ import pytest
 from calibrate import install as install_mod
 from calibrate.cli import main
 from calibrate.install import refit_partition, status
-from predictor import TrainingJob, load_platform
+from predictor import load_platform
 from predictor.estimate import predict_many
 from predictor.platform import FittedTerms
 from predictor.samples import dump_toml
 from predictor.validation import MeasuredRun
 
+# Device-bound jobs of a few shapes and layouts, and the guard against reloading a real daemon.
+from .test_refit import JOBS, _no_real_daemon  # noqa: F401  (the autouse fixture applies here too)
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-
-def _job(layers=8, hidden=4096, heads=32, seq=2048, pp=1, tp=1, dp=1, mb=2, mbs=8):
-    return TrainingJob.from_dict({"model": {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq},
-                                  "layout": {"pp": pp, "tp": tp, "dp": dp, "micro_batch": mb,
-                                             "micro_batches": mbs, "recompute": "full"},
-                                  "run": {"precision": "fp16"}})
-
-
-# Device-bound jobs of a few shapes and layouts (test_refit.py's set).
-JOBS = [_job(), _job(hidden=2048, heads=16), _job(tp=2, dp=2), _job(pp=2, tp=4, mbs=16),
-        _job(layers=16, hidden=5120, heads=40, tp=4), _job(seq=4096, mb=1, tp=2),
-        _job(layers=12, hidden=3072, heads=24, pp=2, tp=2, dp=2, mbs=12)]
-
-
-@pytest.fixture(autouse=True)
-def _no_real_daemon(monkeypatch, tmp_path):
-    """Never reload a perf-predictd that happens to run on this machine (as test_install.py)."""
-    monkeypatch.delenv("PERFCAST_DAEMON_PIDFILE", raising=False)
-    monkeypatch.delenv("PERFCAST_CONFIG", raising=False)
-    monkeypatch.setattr(install_mod, "DEFAULT_PIDFILE", tmp_path / "no-daemon.pid")
-    monkeypatch.setattr(install_mod, "_systemd_active", lambda: False)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from .conftest import DATA
 from .helpers import parse_in
 from .test_nemo import CONF as NEMO_CONF
 from .test_nemo import HEAD as NEMO_HEAD
+from .test_moe_and_keys import NEOX_YML as KEYS_NEOX_YML
 from .test_nemo import LAUNCH as NEMO_LAUNCH
 from .test_typos import _megatron
 
@@ -153,19 +154,8 @@ def test_nemo_duplicate_key_stops(tmp_path):
     assert res.job is None and "duplicate key 'model.num_layers'" in res.error, res.error
 
 
-NEOX_YML = """{
-  "pipe_parallel_size": 1,
-  "model_parallel_size": 1,
-  "num_layers": 8,
-  "hidden_size": 1024,
-  "num_attention_heads": 16,
-  "seq_length": 2048,
-  "train_micro_batch_size_per_gpu": 4,
-  "gradient_accumulation_steps": 2,
-  "train_iters": 1000,
-  "num_layers": 12,
-}
-"""
+# test_moe_and_keys' NeoX config with its last key (bf16, line 11) turned into a second num_layers.
+NEOX_YML = KEYS_NEOX_YML.replace('"bf16": {"enabled": true},', '"num_layers": 12,')
 
 
 def test_neox_duplicate_key_in_one_file_is_warned(tmp_path):
