@@ -8,7 +8,9 @@ MIT licence).  Their CSVs give each operator by the *model* configuration it was
 from __future__ import annotations
 
 import csv
+import io
 import logging
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -137,11 +139,27 @@ def import_estimate_train_time(src: "str | Path", out_dir: "str | Path", *, gpu:
     op_dir, nccl_dir = src / "operator", src / "nccl"
     if not op_dir.is_dir():
         raise ImportError_(f"{src}: no operator/ folder (expected an estimate-train-time system folder)")
-    if out.exists():
-        if not overwrite:
-            raise ImportError_(f"{out}: already exists (pass overwrite=True / --force to replace it)")
-        shutil.rmtree(out)
+    if out.exists() and not overwrite:
+        raise ImportError_(f"{out}: already exists (pass overwrite=True / --force to replace it)")
     gpu_name = gpu or _detect_gpu(op_dir)
+    # Written into a sibling and renamed at the end: a source file that turns out malformed
+    # halfway leaves no partial --out behind (nor removes the one --force was to replace).
+    tmp = out.parent / f".{out.name}.importing-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        summary = _import_into(src, op_dir, nccl_dir, tmp, gpu_name)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    summary.out_dir = out
+    return summary
+
+
+def _import_into(src: Path, op_dir: Path, nccl_dir: Path, out: Path, gpu_name: str) -> ImportSummary:
     summary = ImportSummary(out, gpu_name, {}, {}, [])
 
     for their, ours, convert in _OPERATORS:
@@ -177,7 +195,7 @@ def import_estimate_train_time(src: "str | Path", out_dir: "str | Path", *, gpu:
             continue
         kind = _COLLECTIVE_KIND[m["coll"]]
         nodes, gpn = float(m["nodes"]), float(m["gpn"])
-        for r in _read_csv(path):
+        for _, r in _read_csv(path, ("shape", "dur(us)")):
             if _impossible(kind, r["shape"], nodes * gpn, r["dur(us)"]):
                 summary.dropped_rows[kind] = summary.dropped_rows.get(kind, 0) + 1
                 continue
@@ -239,22 +257,58 @@ def _detect_gpu(op_dir: Path) -> str:
     return names[0]
 
 
-def _read_csv(path: Path) -> Iterable[Row]:
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        for lineno, raw in enumerate(reader, start=2):
+def _read_csv(path: Path, required: Iterable[str] = ()) -> Iterable[tuple[int, Row]]:
+    """(line number, row of numbers) of one of their CSVs; a malformed file is one ImportError_
+    naming the file and the line (and the column where there is one)."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ImportError_(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+                           "expected a CSV of numbers") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    header = [h.strip() for h in reader.fieldnames or ()]
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise ImportError_(f"{path}:1: no column {', '.join(map(repr, missing))} in the header "
+                           f"({', '.join(header) or 'empty'})")
+    for raw in reader:
+        lineno = reader.line_num
+        if None in raw:
+            raise ImportError_(f"{path}:{lineno}: more values than the header has columns")
+        row: Row = {}
+        for k, v in raw.items():
+            if v is None:
+                raise ImportError_(f"{path}:{lineno}: fewer values than the header has columns")
             try:
-                yield {k.strip(): float(v) for k, v in raw.items()}
-            except (TypeError, ValueError):
-                raise ImportError_(f"{path}:{lineno}: not a number in {raw}") from None
+                row[k.strip()] = float(v)
+            except ValueError:
+                raise ImportError_(f"{path}:{lineno}: column {k.strip()!r}: {v!r} is not a number") from None
+        yield lineno, row
+
+
+# Their model configuration columns: each must be a positive number (mp is the tensor-parallel
+# size, a whole number of ranks; a 0 would divide by zero in the conversion).
+_POSITIVE = ("mp", "b", "h", "l", "dim")
 
 
 def _convert_rows(path: Path, convert: _Convert, op: str, durations: tuple[str, ...]) -> list[list[float]]:
     columns = operator_columns(op)
     features = columns[: len(columns) - len(durations)]
     out = []
-    for r in _read_csv(path):
-        shape = convert(r)
+    for lineno, r in _read_csv(path, durations):
+        for c in _POSITIVE:
+            if c in r and not (np.isfinite(r[c]) and r[c] > 0 and (c != "mp" or r[c] == int(r[c]))):
+                raise ImportError_(f"{path}:{lineno}: column {c!r} is {r[c]:g}; expected "
+                                   + ("a whole number of ranks, 1 or more" if c == "mp" else "a positive number"))
+        try:
+            shape = convert(r)
+        except KeyError as exc:
+            raise ImportError_(f"{path}:1: no column {exc.args[0]!r} in the header "
+                               f"({', '.join(r)}); operator {op} needs it") from None
+        except (ZeroDivisionError, ValueError, OverflowError) as exc:
+            raise ImportError_(f"{path}:{lineno}: cannot convert this row to {op}'s shape ({exc})") from None
         durs = [r[d] for d in durations]
         if not all(np.isfinite(durs)) or min(durs) <= 0:
             continue

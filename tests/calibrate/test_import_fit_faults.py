@@ -1,0 +1,103 @@
+"""Faults a QA pass found in import / fit / run / validate: each is one line naming what is wrong,
+exit 2, and nothing half-written or wrongly marked complete is left behind."""
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+
+from calibrate.cli import main
+
+GPU = "FAKEGPU"
+LINEAR_HEADER = ["mp", "b", "h", "l", "dim", "F_dur(us)", "B_dur(us)"]
+
+
+def _write(path, header, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+@pytest.fixture
+def system(tmp_path):
+    src = tmp_path / "Sys"
+    _write(src / "operator" / f"{GPU}.csv", ["GPU"], [[GPU]])
+    _write(src / "operator" / f"{GPU}_linear1_fp16.csv", LINEAR_HEADER, [[2, 4, 32, 2048, 4096, 100.0, 200.0]])
+    _write(src / "nccl" / f"{GPU}_allreduce_fp16_1_4.csv", ["shape", "nodes", "GPUsPerNode", "dur(us)"],
+           [[1e6, 1, 4, 500.0]])
+    return src
+
+
+def _import(src, out, *extra):
+    return main(["import", "--format", "estimate-train-time", str(src), "--out", str(out), *extra])
+
+
+def _one_line_error(capsys, *needles):
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "Traceback" not in captured.err and len(err.splitlines()) == 1, captured.err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+LINEAR = f"{GPU}_linear1_fp16.csv"
+
+
+@pytest.mark.parametrize("name, header, rows, needles", [
+    (LINEAR, ["mp", "b", "h", "l", "dimm", "F_dur(us)", "B_dur(us)"], [[2, 4, 32, 2048, 4096, 1.0, 2.0]],
+     [f"{LINEAR}:1:", "'dim'"]),
+    (LINEAR, LINEAR_HEADER, [[2, 4, 32, 2048, 4096, 1.0, 2.0], [0, 4, 32, 2048, 4096, 1.0, 2.0]],
+     [f"{LINEAR}:3:", "'mp'"]),
+    (LINEAR, LINEAR_HEADER, [[2, 4, 32, 2048, "x", 1.0, 2.0]], [f"{LINEAR}:2:", "'dim'", "not a number"]),
+    (LINEAR, LINEAR_HEADER, [[2, 4, 32, 2048, 4096, 1.0]], [f"{LINEAR}:2:", "fewer values"]),
+    (LINEAR, ["mp", "b", "h", "l", "dim", "F_dur(us)"], [[2, 4, 32, 2048, 4096, 1.0]],
+     [f"{LINEAR}:1:", "'B_dur(us)'"]),
+    (f"{GPU}_allreduce_fp16_1_4.csv", ["size", "dur(us)"], [[1e6, 500.0]],
+     [f"{GPU}_allreduce_fp16_1_4.csv:1:", "'shape'"]),
+])
+def test_malformed_source_is_one_line_and_leaves_no_out(capsys, system, tmp_path, name, header, rows, needles):
+    folder = "nccl" if "allreduce" in name else "operator"
+    _write(system / folder / name, header, rows)
+    out = tmp_path / "out"
+    assert _import(system, out) == 2
+    _one_line_error(capsys, *needles)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["Sys"]       # no temporary sibling either
+    # Fixed, the same command works (nothing left behind blocks the retry).
+    _write(system / folder / name, *(
+        (["shape", "nodes", "GPUsPerNode", "dur(us)"], [[1e6, 1, 4, 500.0]]) if folder == "nccl"
+        else (LINEAR_HEADER, [[2, 4, 32, 2048, 4096, 100.0, 200.0]])))
+    assert _import(system, out) == 0
+    assert (out / "samples.toml").is_file() and (out / "collectives" / "allreduce_fp16.csv").is_file()
+
+
+def test_a_byte_that_is_not_utf8_names_file_and_line(capsys, system, tmp_path):
+    path = system / "operator" / LINEAR
+    path.write_bytes(b"mp,b,h,l,dim,F_dur(us),B_dur(us)\n2,4,32,2048,4096,1,2\n2,4,32,\xff,4096,1,2\n")
+    assert _import(system, tmp_path / "out") == 2
+    _one_line_error(capsys, f"{LINEAR}:3:", "UTF-8", "0xff")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_forced_import_keeps_the_previous_out(capsys, system, tmp_path):
+    out = tmp_path / "out"
+    assert _import(system, out) == 0
+    before = (out / "operators" / "linear1_fp16.csv").read_text()
+    _write(system / "nccl" / f"{GPU}_allreduce_fp16_1_4.csv", ["size", "dur(us)"], [[1e6, 500.0]])
+    assert _import(system, out, "--force") == 2
+    _one_line_error(capsys, "'shape'")
+    assert (out / "operators" / "linear1_fp16.csv").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Sys", "out"]
+
+
+@pytest.mark.parametrize("extra", [(), ("--json",), ("--dry-run",)])
+def test_validate_an_unknown_platform_exits_2(capsys, tmp_path, monkeypatch, extra):
+    monkeypatch.setenv("PERFCAST_PLATFORMS", str(tmp_path / "root"))
+    runs = tmp_path / "runs.toml"
+    runs.write_text('[[run]]\nname = "a"\nmeasured_iteration_seconds = 2.5\njob_file = "a.toml"\n')
+    shutil.copyfile(Path(__file__).parents[2] / "examples" / "gpt20b-perlmutter.toml", tmp_path / "a.toml")
+    assert main(["validate", "cpuu", "--runs", str(runs), *extra]) == 2
+    _one_line_error(capsys, "cpuu")
