@@ -24,8 +24,10 @@ roots); ``/var/lib/perfcast/platforms`` (what ``perf-calibrate schedule`` instal
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import logging
+import math
 import os
 import re
 import sys
@@ -603,7 +605,8 @@ def _load_overlay(d: Path, raw: dict[str, Any], reload: bool) -> Platform:
     unknown = sorted(set(raw) - OVERLAY_KEYS)
     if unknown:
         raise BundleError(f"{fpath}: {unknown[0]}: not allowed in a site overlay (it holds name, "
-                          "overlay_of, overlay_of_sha256, notes, [fitted], [[fitted_kind]], [[validation]])")
+                          "overlay_of, overlay_of_sha256, description, notes, [fitted], [[fitted_kind]], "
+                          f"[[validation]]){did_you_mean(unknown[0], OVERLAY_KEYS)}")
     name = raw.get("overlay_of")
     if not isinstance(name, str) or not name or "/" in name or name.startswith(".") or \
             not (SHIPPED_DIR / name / PLATFORM_FILE).is_file():
@@ -632,6 +635,121 @@ def _load_overlay(d: Path, raw: dict[str, Any], reload: bool) -> Platform:
                                notes=list(base.notes) + list(notes))
 
 
+# --- the keys of platform.toml (module docstring, docs/platforms.md) ---
+# Every key a platform file may hold at its top level: what the shipped platforms hold and what
+# perfcast writes (perf-calibrate fit, validate [--fit], the build script, install's pins).  Any
+# other key is a typo and refused, with the nearest known key (a misspelt [overheads] must not
+# bring back the default start-up).  A site overlay has its own keys (OVERLAY_KEYS).
+PLATFORM_KEYS = frozenset({"name", "description", "calibrated", "gpus_per_node", "compute_bundle",
+                           "compute_bundle_sha256", "collective_bundle", "collective_bundle_sha256",
+                           "notes", "gpu", "links", "overheads", "host", "fabric", "validation", "fitted",
+                           "fitted_kind"})
+LINK_KEYS = ("intra_gbps", "intra_latency_us", "nic_gbps", "nics_per_node", "inter_latency_us")
+GPU_KEYS = ("name", "memory_gib", "memory_gbps", "tflops")
+OVERHEAD_KEYS = tuple(f.name for f in dataclasses.fields(Overheads))
+# [host], [fabric], [fitted], [[fitted_kind]] and [[validation]] check their own keys
+# (HostCosts, FabricSharing, FittedTerms, KindTerms, predictor.validation.parse_runs).
+
+
+def did_you_mean(key: str, known: "Any") -> str:
+    """" (did you mean 'x'?)" for the known key nearest ``key`` ("" when none is near)."""
+    close = difflib.get_close_matches(str(key), sorted(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_keys(d: dict, known: "Any", fpath: Path, table: str = "") -> None:
+    """Refuse the first key of ``d`` (a table of platform.toml, ``table`` its dotted name, "" the
+    top level) that is not in ``known``."""
+    unknown = sorted(k for k in d if k not in known)
+    if not unknown:
+        return
+    k = unknown[0]
+    hint = did_you_mean(k, known)
+    if not table and isinstance(d[k], dict):
+        raise BundleError(f"{fpath}: [{k}]: unknown table{hint}")
+    if not table and isinstance(d[k], list) and d[k] and all(isinstance(x, dict) for x in d[k]):
+        raise BundleError(f"{fpath}: [[{k}]]: unknown array of tables{hint}")
+    raise BundleError(f"{fpath}: {table + '.' if table else ''}{k}: unknown key{hint}")
+
+
+def _table(raw: dict, key: str, fpath: Path) -> dict:
+    v = raw[key]
+    if not isinstance(v, dict):
+        raise BundleError(f"{fpath}: {key} must be a table ([{key}]), got {v!r}")
+    return v
+
+
+def _number(v: Any, fpath: Path, key: str, *, positive: bool = False) -> None:
+    """A finite number >= 0 (> 0 with ``positive``: a bandwidth, a size); refused naming ``key``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
+            (positive and v == 0):
+        raise BundleError(f"{fpath}: {key} must be a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
+
+
+def _string(v: Any, fpath: Path, key: str, *, empty: bool = True) -> None:
+    if not isinstance(v, str) or (not empty and not v):
+        raise BundleError(f"{fpath}: {key} must be a {'' if empty else 'non-empty '}string, got {v!r}")
+
+
+def _count(v: Any, fpath: Path, key: str) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise BundleError(f"{fpath}: {key} must be a whole number >= 1, got {v!r}")
+
+
+def check_platform_keys(raw: dict[str, Any], fpath: Path) -> None:
+    """Every key of a (non-overlay) platform.toml known, the required ones there, and the values of
+    the top level, [gpu], [links] and [overheads] of the right type and range (one line naming the
+    file and key).  The other tables are checked where they are parsed."""
+    _check_keys(raw, PLATFORM_KEYS, fpath)
+    for key in ("name", "gpus_per_node", "compute_bundle"):
+        if key not in raw:
+            raise BundleError(f"{fpath}: {key}: missing (a platform file needs name, gpus_per_node, "
+                              "compute_bundle)")
+    _string(raw["name"], fpath, "name", empty=False)
+    _string(raw["compute_bundle"], fpath, "compute_bundle", empty=False)
+    _count(raw["gpus_per_node"], fpath, "gpus_per_node")
+    for key in ("description", "collective_bundle"):
+        if key in raw:
+            _string(raw[key], fpath, key)
+    if "calibrated" in raw and not isinstance(raw["calibrated"], bool):
+        raise BundleError(f"{fpath}: calibrated must be true or false, got {raw['calibrated']!r}")
+    notes = raw.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(x, str) for x in notes):
+        raise BundleError(f"{fpath}: notes must be a list of strings")
+    if "gpu" in raw:
+        g = _table(raw, "gpu", fpath)
+        _check_keys(g, GPU_KEYS, fpath, "gpu")
+        for key in GPU_KEYS:
+            if key not in g:
+                raise BundleError(f"{fpath}: gpu.{key}: missing ([gpu] needs {', '.join(GPU_KEYS)})")
+        _string(g["name"], fpath, "gpu.name", empty=False)
+        _number(g["memory_gib"], fpath, "gpu.memory_gib", positive=True)
+        _number(g["memory_gbps"], fpath, "gpu.memory_gbps", positive=True)
+        if not isinstance(g["tflops"], dict) or not g["tflops"]:
+            raise BundleError(f"{fpath}: gpu.tflops must be a table of peak TFLOP/s per precision ([gpu.tflops])")
+        for prec, v in g["tflops"].items():
+            _number(v, fpath, f"gpu.tflops.{prec}", positive=True)
+    if "links" in raw:
+        links = _table(raw, "links", fpath)
+        _check_keys(links, (*LINK_KEYS, "source"), fpath, "links")
+        for key in LINK_KEYS:
+            if key not in links:
+                raise BundleError(f"{fpath}: links.{key}: missing ([links] needs {', '.join(LINK_KEYS)})")
+        for key in ("intra_gbps", "nic_gbps"):
+            _number(links[key], fpath, f"links.{key}", positive=True)
+        for key in ("intra_latency_us", "inter_latency_us"):
+            _number(links[key], fpath, f"links.{key}")
+        _count(links["nics_per_node"], fpath, "links.nics_per_node")
+        if "source" in links:
+            _string(links["source"], fpath, "links.source")
+    if "overheads" in raw:
+        over = _table(raw, "overheads", fpath)
+        _check_keys(over, OVERHEAD_KEYS, fpath, "overheads")
+        for key, v in over.items():
+            _number(v, fpath, f"overheads.{key}", positive=key == "checkpoint_gbps_per_node")
+# --- end of the keys ---
+
+
 def _load(d: Path, reload: bool = False) -> Platform:
     fpath = d / PLATFORM_FILE
     try:
@@ -640,6 +758,7 @@ def _load(d: Path, reload: bool = False) -> Platform:
         raise BundleError(f"{fpath}: unreadable platform file: {exc}") from None
     if "overlay_of" in raw:
         return _load_overlay(d, raw, reload)
+    check_platform_keys(raw, fpath)
     try:
         pins = {k: raw.get(p, "") for k, p in BUNDLE_PINS.items()}
         for key, pin in pins.items():
