@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from predictor.errors import BundleError
-from predictor.operators import GpuSpec
+from predictor.estimate import SUBSTITUTES
+from predictor.operators import OPERATORS, GpuSpec
 from predictor.platform import load_platform, write_platform
 from predictor.samples import SampleSet, dump_toml, load_samples
 
@@ -144,6 +145,14 @@ def fit_platform(samples_dir: "str | Path", out_dir: "str | Path", *, name: str 
         compute = BundleFitter(name=f"{pname}-compute", gpu=gpu, kind="compute", seed=seed,
                                candidates=libs, license_file=license_file,
                                extra_meta=extra).fit(samples, tmp / "compute")
+        unpredictable = _unpredictable(samples, compute, src)
+        if unpredictable:
+            # A platform the predictor cannot cost a measured operator with is not a finished
+            # calibration: install's incomplete-calibration gate must refuse it.
+            complete = False
+            for line in unpredictable:
+                notes.append(line)
+                log.warning("%s", line)
         collectives = None
         if samples.collectives:
             try:
@@ -212,6 +221,29 @@ def fit_platform(samples_dir: "str | Path", out_dir: "str | Path", *, name: str 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return FitResult(out, pname, compute, collectives, report, _count(samples), complete, notes)
+
+
+def _unpredictable(samples: SampleSet, compute: FitReport, src: Path) -> list[str]:
+    """One line per operator of the store that the fitted bundle cannot cost: no model for it,
+    for its forward pass (what a missing backward falls back to), nor for its substitute, as the
+    predictor looks them up (predictor.estimate)."""
+    out = []
+    for (op, prec), _ in sorted(samples.operators.items()):
+        if op not in OPERATORS:
+            continue
+        lost = []
+        for direction in OPERATORS[op].directions:
+            keys = [f"{o}.{d}.{p}" for o in (op, SUBSTITUTES.get(op)) if o
+                    for d in dict.fromkeys((direction, "fwd")) for p in (prec, "fp16", "bf16")]
+            if not any(k in compute.models for k in keys):
+                lost.append(direction)
+        if lost:
+            why = next((s.split(": ", 1)[1] for s in compute.skipped
+                        if s.startswith(f"{op}.{lost[0]}.{prec}: ")), "no usable samples")
+            out.append(f"operator {op} ({', '.join(lost)}, {prec}) not fitted ({why}; "
+                       f"{src / 'operators' / f'{op}_{prec}.csv'}) and has no substitute: "
+                       "the calibration is not complete (install refuses it without --force)")
+    return out
 
 
 def _host_table(src: Path, meta: Mapping[str, Any], device: str, notes: list[str]) -> dict[str, Any] | None:

@@ -101,3 +101,44 @@ def test_validate_an_unknown_platform_exits_2(capsys, tmp_path, monkeypatch, ext
     shutil.copyfile(Path(__file__).parents[2] / "examples" / "gpt20b-perlmutter.toml", tmp_path / "a.toml")
     assert main(["validate", "cpuu", "--runs", str(runs), *extra]) == 2
     _one_line_error(capsys, "cpuu")
+
+
+H100 = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h100-lent"
+
+
+def _h100_store(tmp_path, header_only=()):
+    """A slice of the lent H100's samples (no torch needed); ``header_only``: operators whose CSV
+    keeps only its header (a run that measured nothing of them)."""
+    d = tmp_path / "samples"
+    (d / "operators").mkdir(parents=True)
+    shutil.copy(H100 / "samples.toml", d / "samples.toml")
+    for name in ("gelu_fp16.csv", "res_add_fp16.csv", "linear1_fp16.csv"):
+        text = (H100 / "operators" / name).read_text(encoding="utf-8")
+        if name.split("_fp16")[0] in header_only:
+            text = text.splitlines(keepends=True)[0]
+        (d / "operators" / name).write_text(text, encoding="utf-8")
+    return d
+
+
+def _fit(store, out):
+    from calibrate.fitting import fit_platform
+    from .conftest import FAST_LIBRARIES
+    return fit_platform(store, out, candidates=FAST_LIBRARIES, plot=False)
+
+
+def test_an_operator_with_only_a_header_leaves_the_fit_incomplete_and_install_refuses_it(tmp_path):
+    from calibrate.install import InstallRefused, install_platform
+    import tomllib
+    res = _fit(_h100_store(tmp_path, header_only=("linear1",)), tmp_path / "px")
+    assert not res.complete
+    cal = tomllib.loads((tmp_path / "px" / "calibration.toml").read_text(encoding="utf-8"))
+    assert cal["complete"] is False
+    note = next(n for n in res.notes if "linear1" in n)
+    assert "linear1_fp16.csv" in note and "not complete" in note
+    with pytest.raises(InstallRefused, match="incomplete calibration"):
+        install_platform(tmp_path / "px", "cpu2", root=tmp_path / "root")
+
+
+def test_a_fit_of_every_measured_operator_stays_complete(tmp_path):
+    res = _fit(_h100_store(tmp_path), tmp_path / "px")
+    assert res.complete and not any("not complete" in n for n in res.notes)
