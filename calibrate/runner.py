@@ -238,7 +238,14 @@ def run_calibration(opts: RunOptions) -> RunResult:
             (pending_c if opts.part in ("all", "collectives") else [])
         result.part_complete = not asked and not stopped
         result.skipped = store.skipped
-        store.mark_complete(result.complete)
+        label = f"{plan.name} ({', '.join(opts.ops)} only)" if opts.ops else plan.name
+        plan_done = result.complete
+        result.complete = store.mark_complete(plan_done, label)
+        others = [p for p in store.incomplete_plans() if p != label]
+        if plan_done and others:
+            result.notes.append(f"plan {plan.name} is complete, but this store was also started with "
+                                f"{', '.join(others)}, not complete: the store is not complete until "
+                                "those are (run them again into it)")
     if ctx is not None:
         import torch.distributed as dist
         dist.barrier()

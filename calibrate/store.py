@@ -215,7 +215,14 @@ class SampleStore:
             merged[key] = sorted(set(existing.get(key, [])) | set(meta.get(key, [])))
         merged.pop("format", None)
         merged.setdefault("progress", {})
-        merged["progress"] = {**merged["progress"], "complete": False}
+        prog = merged["progress"] if isinstance(merged["progress"], Mapping) else {}
+        # Which of the plans this store was started with have every point in it: a store is
+        # complete only when all of them are (a store resumed with another plan is not complete
+        # because that one finished).  A store from before this list: complete meant all of them.
+        done = prog.get("complete_plans")
+        if not isinstance(done, list):
+            done = list(existing.get("plans", [])) if prog.get("complete") is True else []
+        merged["progress"] = {**prog, "complete": False, "complete_plans": sorted(set(done))}
         store = cls(d, merged, samples)
         store._write_meta()
         return store
@@ -274,9 +281,27 @@ class SampleStore:
                 self.meta[k] = v
         self._write_meta()
 
-    def mark_complete(self, complete: bool = True) -> None:
-        self.update_meta(progress={"complete": complete, "operator_rows": self.operator_rows,
+    def mark_complete(self, complete: bool = True, plan: str | None = None) -> bool:
+        """Record whether ``plan`` (the label this run added to ``plans``) has every point in the
+        store; the store is complete when every plan it was started with is.  Returns that."""
+        prog = self.meta.get("progress", {}) if isinstance(self.meta.get("progress"), Mapping) else {}
+        plans = set(self.meta.get("plans", []))
+        done = set(prog.get("complete_plans", [])) & plans
+        if plan is None:
+            done = plans if complete else set()
+        elif complete:
+            done.add(plan)
+        else:
+            done.discard(plan)
+        whole = complete and done >= plans
+        self.update_meta(progress={"complete": whole, "complete_plans": sorted(done),
+                                   "operator_rows": self.operator_rows,
                                    "collective_rows": self.collective_rows, "skipped": self.skipped})
+        return whole
+
+    def incomplete_plans(self) -> list[str]:
+        prog = self.meta.get("progress", {}) if isinstance(self.meta.get("progress"), Mapping) else {}
+        return sorted(set(self.meta.get("plans", [])) - set(prog.get("complete_plans", [])))
 
     def _write_meta(self) -> None:
         meta = {k: v for k, v in self.meta.items() if k != "format"}

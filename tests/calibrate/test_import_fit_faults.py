@@ -142,3 +142,31 @@ def test_an_operator_with_only_a_header_leaves_the_fit_incomplete_and_install_re
 def test_a_fit_of_every_measured_operator_stays_complete(tmp_path):
     res = _fit(_h100_store(tmp_path), tmp_path / "px")
     assert res.complete and not any("not complete" in n for n in res.notes)
+
+
+def _open(d, plan):
+    from calibrate.store import SampleStore, StoreIdentity
+    return SampleStore.open(d, StoreIdentity("cpu", "cpu", 1), {"plans": [plan], "precisions": ["fp32"]})
+
+
+def test_a_store_resumed_with_another_plan_is_complete_only_when_every_plan_is(tmp_path):
+    from calibrate.store import read_meta
+    d = tmp_path / "store"
+    assert _open(d, "tiny").mark_complete(False, "tiny") is False        # interrupted
+    mini = _open(d, "mini")
+    assert mini.mark_complete(True, "mini") is False                     # tiny still is not
+    assert mini.incomplete_plans() == ["tiny"]
+    meta = read_meta(d)
+    assert meta["plans"] == ["mini", "tiny"] and meta["progress"]["complete"] is False
+    assert _open(d, "tiny").mark_complete(True, "tiny") is True
+    assert read_meta(d)["progress"]["complete"] is True
+
+
+def test_a_store_complete_before_plans_were_tracked_stays_so(tmp_path):
+    from calibrate.store import read_meta, write_meta
+    d = tmp_path / "store"
+    _open(d, "tiny")
+    meta = read_meta(d)
+    meta["progress"] = {"complete": True}                                # the older samples.toml
+    write_meta(d, {k: v for k, v in meta.items() if k != "format"})
+    assert _open(d, "mini").mark_complete(True, "mini") is True
