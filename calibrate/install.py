@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import difflib
 import fcntl
 import logging
 import math
@@ -58,7 +59,7 @@ from predictor.platform import (PLATFORM_FILE, SHIPPED_DIR, load_platform, pin_p
 from predictor.validation import MAX_RUNS, MeasuredRun
 
 from .errors import CalibrationError, InstallRefused
-from .fitting import read_calibration
+from .fitting import CALIBRATION_FILE, read_calibration
 from .runs_files import write_atomically
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class InstalledVersion:
     collective_mape: float | None
     gpu: str
     complete: bool
+    problem: str = ""              # what is wrong with its calibration.toml ("" when sound)
 
 
 class ReloadFailed(CalibrationError):
@@ -137,14 +139,71 @@ class InstallResult:
     reload: ReloadResult | None = None
 
 
-def _read_version(partition: str, path: Path) -> InstalledVersion:
+# calibration.toml's keys: what perf-calibrate fit writes (calibrate.fitting.fit_platform), the
+# required ones first.  Any other key is a typo (``gpu_name`` would skip the GPU-type check).
+CALIBRATION_REQUIRED = ("gpu", "samples", "compute_mape")
+CALIBRATION_KEYS = frozenset({*CALIBRATION_REQUIRED, "format", "name", "created", "samples_dir", "complete",
+                              "device", "collective_mape", "plans", "environment"})
+
+
+def calibration_problem(cal: dict[str, Any], where: "str | Path") -> str:
+    """Why calibration.toml ``cal`` (read from ``where``) cannot be trusted: one line naming the file
+    and the key, "" when it is sound."""
+    unknown = sorted(k for k in cal if k not in CALIBRATION_KEYS)
+    if unknown:
+        # gpu_name: both of its words are keys; else the nearest key (sampels: samples)
+        close = [k for k in unknown[0].split("_") if k in CALIBRATION_KEYS] or \
+            difflib.get_close_matches(unknown[0], sorted(CALIBRATION_KEYS), n=1)
+        return f"{where}: {unknown[0]}: unknown key" + \
+            (f" (did you mean {' or '.join(repr(k) for k in close)}?)" if close else "")
+    for key in CALIBRATION_REQUIRED:
+        if key not in cal:
+            return f"{where}: {key}: missing (calibration.toml needs {', '.join(CALIBRATION_REQUIRED)})"
+    for key in ("gpu", "name", "created", "samples_dir", "device"):
+        if key in cal and (not isinstance(cal[key], str) or (key == "gpu" and not cal[key].strip())):
+            return f"{where}: {key} must be a {'non-empty ' if key == 'gpu' else ''}string, got {cal[key]!r}"
+    for key in ("samples", "format"):
+        v = cal.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            return f"{where}: {key} must be a whole number >= 0, got {v!r}"
+    for key in ("compute_mape", "collective_mape"):
+        v = cal.get(key, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            return f"{where}: {key} must be a finite number >= 0 (a fraction: 0.05 is 5 %), got {v!r}"
+    if "complete" in cal and not isinstance(cal["complete"], bool):
+        return f"{where}: complete must be true or false, got {cal['complete']!r}"
+    plans = cal.get("plans", [])
+    if not isinstance(plans, list) or not all(isinstance(x, str) for x in plans):
+        return f"{where}: plans must be a list of plan names"
+    if not isinstance(cal.get("environment", {}), dict):
+        return f"{where}: environment must be a table"
+    return ""
+
+
+def _read_version(partition: str, path: Path, *, strict: bool = False) -> InstalledVersion:
+    """The version in ``path`` as its calibration.toml describes it.  ``strict`` (a candidate):
+    a bad calibration.toml is refused (:class:`InstallRefused`).  Otherwise (an installed version:
+    status, rollback) it is read as far as it can be and the problem kept in ``problem``."""
     cal = read_calibration(path)
-    mape = cal.get("compute_mape", math.nan)
-    coll = cal.get("collective_mape")
+    problem = calibration_problem(cal, path / CALIBRATION_FILE) if cal else ""
+    if problem and strict:
+        raise InstallRefused(problem)
+    if problem:
+        log.warning("%s", problem)
+
+    def num(key: str, default: Any) -> Any:
+        v = cal.get(key, default)
+        return v if not isinstance(v, bool) and isinstance(v, (int, float)) else default
+
+    samples = num("samples", 0)
+    mape = num("compute_mape", math.nan)
+    coll = num("collective_mape", None)
     return InstalledVersion(partition, path.name, path, str(cal.get("created", "")),
-                            int(cal.get("samples", 0)), float(mape),
-                            float(coll) if coll is not None else None, str(cal.get("gpu", "")),
-                            bool(cal.get("complete", False)))
+                            int(samples) if isinstance(samples, int) and samples >= 0 else 0,
+                            float(mape) if math.isfinite(mape) and mape >= 0 else math.nan,
+                            float(coll) if coll is not None and math.isfinite(coll) and coll >= 0 else None,
+                            cal["gpu"] if isinstance(cal.get("gpu"), str) else "",
+                            cal.get("complete") is True, problem)
 
 
 def _link_target(link: Path) -> Path | None:
@@ -216,7 +275,7 @@ def validate_candidate(platform_dir: Path, *, allow_incomplete: bool = False) ->
     cal = read_calibration(platform_dir)
     if not cal:
         raise InstallRefused(f"{platform_dir}: no calibration.toml (not fitted by perf-calibrate fit)")
-    info = _read_version("", platform_dir)
+    info = _read_version("", platform_dir, strict=True)
     if not info.complete and not allow_incomplete:
         raise InstallRefused(f"{platform_dir}: fitted from an incomplete calibration (killed or failed "
                              "run); not installed")
@@ -294,6 +353,11 @@ def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion
         _prune_leftovers(base / partition)
     cur = current_version(base, partition)
     if cur is not None and not force:
+        if cur.problem:
+            # Its GPU type and error cannot be compared with: fix the file, or --force.
+            _history(base, partition, f"refused {src}: the active version's calibration.toml is bad")
+            raise InstallRefused(f"{cur.problem}; the active version of {partition} cannot be compared "
+                                 "with: not installed (fix that file, or use --force)")
         if cur.gpu and new.gpu and cur.gpu != new.gpu:
             msg = (f"{src}: calibrated on {new.gpu!r}, partition {partition} runs {cur.gpu!r}; "
                    "not installed (use --force if the partition's hardware changed)")
