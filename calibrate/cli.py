@@ -3,7 +3,7 @@
     perf-calibrate run --device cpu|cuda --plan NAME --out DIR [--precision fp32] [--budget GPU-MIN]
     perf-calibrate host --device cpu|cuda --out FILE.toml [--precision bf16]
     perf-calibrate fabric --device cpu|cuda --out FILE.toml [--ranks N] [--entries N,...] [--shapes NxG,...]
-    perf-calibrate plan NAME [--device cuda] [--nodes N --gpus-per-node G] [--budget GPU-MIN]
+    perf-calibrate plan NAME [--device cpu|cuda] [--gpu h100] [--nodes N --gpus-per-node G] [--budget GPU-MIN]
     perf-calibrate fit DIR --out PLATFORM_DIR [--name NAME]
     perf-calibrate import --format estimate-train-time SRC --out DIR
     perf-calibrate install PLATFORM_DIR --partition P [--root ROOT] [--force]
@@ -89,6 +89,26 @@ def _positive(text: str) -> float:
     return v
 
 
+def _count(text: str) -> int:
+    """A count of nodes, GPUs or ranks: a whole number of 1 or more."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {text!r}")
+    return v
+
+
+def _gpu(text: str):
+    """A GPU model with published figures (calibrate.env.KNOWN_GPUS); unknown: the known ones."""
+    from .plans import resolve_gpu
+    try:
+        return resolve_gpu(text)
+    except PerfcastError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _tolerance(text: str) -> float:
     """install's --tolerance: how much worse (relative) than the active platform's validation
     error a new one may be; 0 or more (0.10: 10 % worse)."""
@@ -161,12 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="show a plan and its estimated cost (GPU-minutes)")
     p.add_argument("name")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--gpus-per-node", type=int, default=4)
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: cuda with --gpu, else cpu (run's default)")
+    p.add_argument("--nodes", type=_count, default=1)
+    p.add_argument("--gpus-per-node", type=_count, default=None,
+                   help="GPUs (cpu: ranks) per node; default 4 on cuda, 2 on cpu (run's --ranks)")
     p.add_argument("--precision", type=_precisions, default=None)
-    p.add_argument("--budget", type=_positive, default=0.0)
-    p.add_argument("--gpu", default="", help="GPU model for the estimate (a100, h100, …)")
+    p.add_argument("--budget", type=_positive, default=0.0, help="GPU-minutes (adaptive plan only)")
+    p.add_argument("--gpu", type=_gpu, default=None,
+                   help="GPU model for the estimate (a100, h100, …; default: a nominal A100)")
 
     f = sub.add_parser("fit", help="fit a sample store into a platform (+ validation report)")
     f.add_argument("samples")
@@ -197,13 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("schedule", help="submit a calibration job for a partition (admins)")
     s.add_argument("--partition", required=True)
-    s.add_argument("--every", default=None, help="recur every DURATION (30d, 2w, 12h)")
+    s.add_argument("--every", default=None,
+                   help="recur every DURATION (30d, 2w, 12h): at least the job's time limit, at most 366d")
     s.add_argument("--recur", choices=("begin", "scrontab", "none"), default="begin")
     s.add_argument("--plan", default="adaptive")
     s.add_argument("--budget", type=_positive, default=0.0,
-                   help="GPU-minutes for the adaptive plan (default: fill MaxTime)")
+                   help="GPU-minutes for the adaptive plan (default: fill MaxTime, less fit, host and fabric)")
     s.add_argument("--precision", type=_precisions, default=("fp16",))
-    s.add_argument("--nodes", type=int, default=0)
+    s.add_argument("--nodes", type=_count, default=0,
+                   help="nodes to calibrate on (default: up to 4 of the partition's)")
     s.add_argument("--root", default=None)
     s.add_argument("--account", default="")
     s.add_argument("--command", default="", help="how compute nodes run perf-calibrate")
@@ -352,15 +377,22 @@ def cmd_fabric(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .env import published_spec
-    from .plans import Allocation, _nominal_spec, estimate_cost, make_plan
-    spec_d = published_spec(args.gpu) if args.gpu else None
-    spec = spec_d.to_gpu_spec() if spec_d else _nominal_spec(args.device)
-    alloc = Allocation(args.nodes, args.gpus_per_node)
-    plan = make_plan(args.name, device=args.device, precisions=args.precision, allocation=alloc,
+    from .plans import GRIDS, Allocation, _nominal_spec, estimate_cost, make_plan
+    spec_d = args.gpu
+    # The defaults are run's: cpu unless a GPU is named, and on cpu run's two local ranks.
+    device = args.device or ("cuda" if spec_d else "cpu")
+    if spec_d and device != "cuda":
+        raise PerfcastError(f"--gpu {spec_d.name} is for --device cuda")
+    if args.budget and args.name != "adaptive":
+        what = "a fixed set of points" if args.name in GRIDS else "the points its file lists"
+        raise PerfcastError(f"--budget is for the adaptive plan only: plan {args.name} measures {what}")
+    gpn = args.gpus_per_node or (4 if device == "cuda" else 2)
+    spec = spec_d.to_gpu_spec() if spec_d else _nominal_spec(device)
+    alloc = Allocation(args.nodes, gpn)
+    plan = make_plan(args.name, device=device, precisions=args.precision, allocation=alloc,
                      memory_gib=spec_d.memory_gib if spec_d else 0.0,
                      budget_gpu_minutes=args.budget, spec=spec)
-    cost = estimate_cost(plan, spec, args.device)
+    cost = estimate_cost(plan, spec, device)
     print(plan.summary())
     print(f"on {alloc.nodes} node(s) × {alloc.gpus_per_node} ({spec.name}): {cost}")
     return 0

@@ -23,7 +23,9 @@ malformed one is refused with a message naming the key.  This module does not im
 """
 from __future__ import annotations
 
+import difflib
 import itertools
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -443,6 +445,9 @@ def make_plan(name: str, *, device: str = "cpu", precisions: Sequence[str] | Non
               budget_gpu_minutes: float = 0.0, spec: GpuSpec | None = None) -> Plan:
     """Build a built-in plan (``PLANS``) or load a plan file (a path ending in ``.toml``)."""
     alloc = allocation or Allocation()
+    if alloc.nodes < 1 or alloc.gpus_per_node < 1:
+        raise CalibrationError(f"an allocation needs at least one node and one GPU (or rank) per node, "
+                               f"got {alloc.nodes} node(s) × {alloc.gpus_per_node}")
     if name.endswith(".toml") or "/" in name:
         return load_plan_file(Path(name), device=device, allocation=alloc, memory_gib=memory_gib,
                               precisions=precisions)
@@ -531,6 +536,39 @@ def _space_filling(pool: list[OperatorPoint], spec: GpuSpec | None, device: str,
             spent += float(cost[j])
             chosen.append(pts[j])
     return chosen
+
+
+def known_gpu(name: str) -> str | None:
+    """The ``calibrate.env.KNOWN_GPUS`` key a GPU name spells, else None.
+
+    A word of the name (split at spaces, hyphens, underscores …) must be the key, or the key
+    followed by letters only (a variant: V100S, H100NVL); or the whole name without separators
+    must be it ("H 100").  So "NVIDIA H100 80GB HBM3", "a100-sxm4-80gb" and "GH200" are known,
+    while "h1000" is not taken for an H100 (``published_spec`` matches any substring).
+    """
+    from .env import KNOWN_GPUS
+
+    low = name.strip().lower()
+    words = [w for w in re.split(r"[^a-z0-9]+", low) if w] + [re.sub(r"[^a-z0-9]+", "", low)]
+    for key in sorted(KNOWN_GPUS, key=len, reverse=True):
+        if any(w == key or (w.startswith(key) and w[len(key):].isalpha()) for w in words):
+            return key
+    return None
+
+
+def resolve_gpu(name: str):
+    """The published figures (``calibrate.env.DeviceSpec``) of a GPU given by name; an unknown name
+    is a CalibrationError naming the known ones (with the closest as a did-you-mean)."""
+    from .env import KNOWN_GPUS, DeviceSpec
+
+    key = known_gpu(name)
+    if key is None:
+        compact = re.sub(r"[^a-z0-9]+", "", name.lower())
+        close = difflib.get_close_matches(compact, sorted(KNOWN_GPUS), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise CalibrationError(f"unknown GPU {name!r}{hint}; known: {', '.join(sorted(KNOWN_GPUS))}")
+    mem, tflops, gbps = KNOWN_GPUS[key]
+    return DeviceSpec(name.strip(), "cuda", mem, dict(tflops), gbps, source="published")
 
 
 def _nominal_spec(device: str) -> GpuSpec:

@@ -43,6 +43,8 @@ FIT_MINUTES = 15          # fitting + install after the measurements (regressors
 HOST_FABRIC_MINUTES = 5   # perf-calibrate host and fabric: a few hundred small timed calls each
 SAFETY = 1.5              # the estimate is rough; a time-limit kill only costs a resume, but still
 MIN_MINUTES = 20
+MIN_ADAPTIVE_MINUTES = 5  # a default budget below this much measuring (wall-clock) is not worth a job
+MAX_EVERY_S = 366 * 86400  # recalibrating less often than yearly: a typo (99999999w), not a plan
 
 
 class SlurmLike(Protocol):  # what we need of slurm_plugin.slurm_client.SlurmClient
@@ -55,10 +57,12 @@ def parse_every(text: str) -> int:
     m = _DURATION.match(text or "")
     if not m:
         raise CalibrationError(f"--every {text!r}: expected a duration like 30d, 12h, 2w")
-    seconds = int(float(m.group(1)) * _UNIT_S[m.group(2)])
-    if seconds < 3600:
+    seconds_f = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if seconds_f < 3600:
         raise CalibrationError(f"--every {text!r}: recalibrating more than hourly makes no sense")
-    return seconds
+    if seconds_f > MAX_EVERY_S:
+        raise CalibrationError(f"--every {text!r}: at most {MAX_EVERY_S // 86400}d (a yearly recalibration)")
+    return int(seconds_f)
 
 
 @dataclass
@@ -236,6 +240,11 @@ def schedule(req: ScheduleRequest, client: SlurmLike | None = None,
     if req.recur not in ("begin", "scrontab", "none"):
         raise CalibrationError("--recur must be begin, scrontab or none")
     every_s = parse_every(req.every) if req.every else None
+    if req.nodes < 0:
+        raise CalibrationError(f"--nodes must be 1 or more (0: up to 4 of the partition's), got {req.nodes}")
+    if req.budget_gpu_minutes and req.plan != "adaptive":
+        raise CalibrationError(f"--budget is for the adaptive plan only: plan {req.plan} measures "
+                               "a fixed set of points")
     if client is None:
         from slurm_plugin.slurm_client import SlurmClient
         client = SlurmClient()
@@ -257,20 +266,41 @@ def schedule(req: ScheduleRequest, client: SlurmLike | None = None,
     max_time = getattr(part, "max_time_minutes", None)
     notes: list[str] = []
     budget = req.budget_gpu_minutes
-    if req.plan == "adaptive" and budget <= 0:
-        # Fill the partition's time limit (or 4 h): the budget is what the job may spend.
-        minutes = (max_time or 240) - FIT_MINUTES
-        budget = max(10.0, minutes / SAFETY) * alloc.ranks
+    sized = req.plan == "adaptive" and budget <= 0
+    if sized:
+        # Fill the partition's time limit (or 4 h): the budget is what the job may spend on
+        # measuring, with its margin, once host/fabric, fit and install have their minutes.
+        limit_min = max_time or 240
+        room = limit_min - FIT_MINUTES - HOST_FABRIC_MINUTES
+        if room / SAFETY < MIN_ADAPTIVE_MINUTES:
+            need = math.ceil(FIT_MINUTES + HOST_FABRIC_MINUTES + MIN_ADAPTIVE_MINUTES * SAFETY)
+            raise CalibrationError(
+                f"partition {req.partition}: MaxTime {_fmt_minutes(limit_min)} is too short for a calibration job: "
+                f"fit and install ({FIT_MINUTES} min), host and fabric ({HOST_FABRIC_MINUTES} min) and at least "
+                f"{MIN_ADAPTIVE_MINUTES} min of measuring (×{SAFETY} margin) need {_fmt_minutes(need)}")
+        # Whole GPU-minutes (the script passes --budget as one), rounded down to stay inside.
+        budget = float(math.floor(room / SAFETY * alloc.ranks))
     memory = spec_d.memory_gib if spec_d else 80.0
     plan = make_plan(req.plan, device="cuda", precisions=req.precisions, allocation=alloc,
                      memory_gib=memory, budget_gpu_minutes=budget, spec=spec)
     cost = estimate_cost(plan, spec, "cuda")
-    limit = int(math.ceil(cost.wall_minutes * SAFETY + HOST_FABRIC_MINUTES + FIT_MINUTES))
+    # (less a hair: the sized budget's wall-clock × SAFETY is the room exactly, up to rounding)
+    limit = int(math.ceil(cost.wall_minutes * SAFETY + HOST_FABRIC_MINUTES + FIT_MINUTES - 1e-6))
     limit = max(limit, MIN_MINUTES)
+    if sized and max_time is not None and limit > max_time:
+        raise CalibrationError(
+            f"partition {req.partition}: estimated {_fmt_minutes(limit)} exceeds MaxTime {_fmt_minutes(max_time)} "
+            f"even with the budget sized to it: the collectives alone take {cost.collective_seconds / 60:.0f} min "
+            f"on {nodes} node(s); use fewer --nodes or a partition with a longer MaxTime")
     if max_time is not None and limit > max_time:
         notes.append(f"estimated {_fmt_minutes(limit)} exceeds MaxTime {_fmt_minutes(max_time)}: the job may be killed "
                      "and resumed by the next one (use --plan adaptive with a --budget to bound it)")
         limit = max_time
+    if every_s is not None and req.recur != "none" and every_s < limit * 60:
+        # The begin chain queues the next job as this one starts: it would resume the same
+        # staging store while this one still measures into it.
+        raise CalibrationError(f"--every {req.every}: shorter than the job's own time limit {_fmt_minutes(limit)}; "
+                               "the next calibration would start while this one still runs")
     root = platforms_root(req.root)
     jobs = root / req.partition / "jobs"
     script_path = jobs / "calibrate.sbatch"
