@@ -1,6 +1,5 @@
 """Faults a QA pass found in import / fit / run / validate: each is one line naming what is wrong,
 exit 2, and nothing half-written or wrongly marked complete is left behind."""
-import csv
 import shutil
 from pathlib import Path
 
@@ -8,16 +7,15 @@ import pytest
 
 from calibrate.cli import main
 
-GPU = "FAKEGPU"
+from .test_importers import GPU
+from .test_importers import _write as _write_csv
+
 LINEAR_HEADER = ["mp", "b", "h", "l", "dim", "F_dur(us)", "B_dur(us)"]
 
 
 def _write(path, header, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(header)
-        w.writerows(rows)
+    _write_csv(path, header, rows)
 
 
 @pytest.fixture
