@@ -522,29 +522,42 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from predictor.platform import is_shipped, resolve_platform
 
-    from .install import overlay_of, validate_overlay
+    from .install import overlay_of, validate_as_new_version
     from .validate import load_runs, validate_platform
     runs = load_runs(args.runs)
     d = resolve_platform(args.platform)
     inst = None
-    # A shipped platform (or its installed site overlay) is never rewritten in place: the runs and
-    # factors go into a site overlay, installed under the platforms root like a calibration.
-    shipped = d.name if is_shipped(d) else overlay_of(d) if d.resolve().parent.name == "versions" else ""
-    if shipped and not args.dry_run:
-        res, inst = validate_overlay(shipped, runs, root=args.root, fit=args.fit, replace=args.replace,
-                                     pid_file=args.pid_file)
+    # Neither a shipped platform nor an installed version is rewritten in place: the runs and
+    # factors go into a new version (a site overlay of a shipped one), installed under the
+    # platforms root like a calibration, so that rollback undoes them.  A platform directory of
+    # one's own (a fit's output) is recorded in place.
+    version = d.resolve()
+    installed = version.parent.name == "versions"
+    shipped = d.name if is_shipped(d) else overlay_of(d) if installed else ""
+    name = shipped or (version.parent.parent.name if installed else "")
+    root = args.root if shipped or not installed else str(version.parent.parent.parent)
+    if installed and not shipped:
+        from .install import current_version
+        cur = current_version(Path(root), name)
+        if cur is None or cur.path.resolve() != version:
+            raise PerfcastError(f"{d}: not the active version of {name} (validate records runs on the active "
+                                "one, as a new version; install this one first)")
+    if name and not args.dry_run:
+        res, inst = validate_as_new_version(name, runs, root=root, fit=args.fit, replace=args.replace,
+                                            pid_file=args.pid_file)
     else:
         res = validate_platform(d, runs, replace=args.replace, dry_run=args.dry_run, fit=args.fit)
     if args.json:
         out = res.to_dict()
-        if shipped and not args.dry_run:
+        if name and not args.dry_run:
             out["installed"] = None if inst is None else {"version": inst.version, "path": str(inst.path),
                                                           "previous": inst.previous}
         print(json.dumps(out, indent=2))
         return 0
     print(res.table())
-    if shipped and not args.dry_run:
-        print(f"site overlay of the shipped platform {shipped}: " + (
+    if name and not args.dry_run:
+        what = f"site overlay of the shipped platform {shipped}" if shipped else f"installed platform {name}"
+        print(f"{what}: " + (
             inst.message + (f"; perf-predictd (pid {inst.signalled}) reloads" if inst.signalled else "")
             if inst is not None else "nothing installed (the fit was not written)"))
         return 0

@@ -807,18 +807,20 @@ def status(root: "str | Path | None" = None) -> list[PartitionStatus]:
 
 
 
-def validate_overlay(name: str, runs: Sequence[MeasuredRun], *, root: "str | Path | None" = None,
-                     fit: bool = False, replace: bool = False, pid_file: "str | Path | None" = None,
-                     keep: int = KEEP_VERSIONS) -> tuple[Any, InstallResult | None]:
-    """``perf-calibrate validate`` of a shipped platform (or of its installed site overlay): the runs
-    (and, with ``fit``, the fitted terms) go into a site overlay installed as ``<root>/<name>``,
-    never into the package's files.  With ``fit``, nothing is installed unless the fit is written
+def validate_as_new_version(name: str, runs: Sequence[MeasuredRun], *, root: "str | Path | None" = None,
+                            fit: bool = False, replace: bool = False, pid_file: "str | Path | None" = None,
+                            keep: int = KEEP_VERSIONS) -> tuple[Any, InstallResult | None]:
+    """``perf-calibrate validate`` of a shipped platform or of an installed one (``<root>/<name>``):
+    the runs (and, with ``fit``, the fitted terms) go into a copy of the active version (a new site
+    overlay of a shipped platform with none installed), installed as a new version like any
+    install -- never into the package's files, nor into an installed version in place, which no
+    ``rollback`` could undo.  With ``fit``, nothing is installed unless the fit is written
     (leave-one-out improves).  (validate's summary, the install or None)."""
     from .validate import validate_platform
     check_partition_name(name)
-    if not (SHIPPED_DIR / name / PLATFORM_FILE).is_file():
-        raise CalibrationError(f"{name} is not a platform shipped with perfcast")
     base = platforms_root(root)
+    if not (SHIPPED_DIR / name / PLATFORM_FILE).is_file() and current_version(base, name) is None:
+        raise CalibrationError(f"{name} is neither a platform shipped with perfcast nor installed under {base}")
     pdir = base / name
     with _partition_lock(pdir):
         _recover(base, name, pid_file)
@@ -829,7 +831,7 @@ def validate_overlay(name: str, runs: Sequence[MeasuredRun], *, root: "str | Pat
         shutil.rmtree(stage, ignore_errors=True)
         cur = current_version(base, name)
         try:
-            if cur is not None and overlay_of(cur.path):
+            if cur is not None:
                 shutil.copytree(cur.path, stage, symlinks=False)
             else:
                 make_overlay(stage, name, "site overlay made by perf-calibrate validate")
@@ -842,7 +844,7 @@ def validate_overlay(name: str, runs: Sequence[MeasuredRun], *, root: "str | Pat
                                    tag="validate", keep=keep, prune_leftovers=False, pid_file=pid_file,
                                    origin=f"perf-calibrate validate{' --fit' if fit else ''} of {len(runs)} runs")
         except OSError as exc:
-            raise CalibrationError(f"cannot write the site overlay of {name} under {pdir}: {exc}") from None
+            raise CalibrationError(f"cannot write a new version of {name} under {pdir}: {exc}") from None
         finally:
             shutil.rmtree(stage, ignore_errors=True)
     import dataclasses

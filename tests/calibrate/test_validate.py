@@ -101,3 +101,38 @@ def test_bad_runs_file_is_one_line_naming_file_and_entry(capsys, tmp_path, platf
     assert len(err.splitlines()) == 1 and str(f) in err and needle in err, err
     assert "Traceback" not in err
     assert (platform_dir / "platform.toml").read_text() == before
+
+
+def test_validate_of_an_installed_version_installs_a_new_one_that_rollback_undoes(capsys, tmp_path,
+                                                                                  platform_dir, monkeypatch):
+    """It used to record the runs into the installed version in place: no new version, no history
+    line, nothing `rollback` could undo."""
+    from calibrate import install as install_mod
+    monkeypatch.delenv("PERFCAST_DAEMON_PIDFILE", raising=False)
+    monkeypatch.setattr(install_mod, "DEFAULT_PIDFILE", tmp_path / "no-daemon.pid")
+    monkeypatch.setattr(install_mod, "_systemd_active", lambda: False)
+    (platform_dir / "calibration.toml").write_text(
+        'gpu = "NVIDIA A100-SXM4-80GB"\nsamples = 100\ncompute_mape = 0.05\ncomplete = true\n')
+    root = tmp_path / "root"
+    monkeypatch.setenv("PERFCAST_PLATFORMS", str(root))
+    assert main(["install", str(platform_dir), "--partition", "site", "--root", str(root)]) == 0
+    first = (root / "site" / "current").resolve()
+    before = (first / "platform.toml").read_bytes()
+    capsys.readouterr()
+    from predictor import predict, TrainingJob
+    point = predict(TrainingJob.from_dict(JOB), load_platform("site")).iteration_seconds
+    f = _runs_file(tmp_path, point * 1.25, point * 1.10)
+    assert main(["validate", "site", "--runs", str(f)]) == 0
+    out = capsys.readouterr().out
+    second = (root / "site" / "current").resolve()
+    assert second != first and "installed platform site: installed" in out
+    assert (first / "platform.toml").read_bytes() == before          # the old version untouched
+    assert [r.name for r in load_platform("site", reload=True).validation] == ["run 0", "run 1"]
+    assert "validate" in (root / "site" / "history.log").read_text()
+    assert main(["rollback", "site", "--root", str(root)]) == 0
+    assert (root / "site" / "current").resolve() == first
+    assert load_platform("site", reload=True).validation == []
+    # An installed version that is not the active one is refused, not edited.
+    capsys.readouterr()
+    assert main(["validate", str(second), "--runs", str(f)]) == 2
+    assert "not the active version of site" in capsys.readouterr().err
