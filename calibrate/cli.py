@@ -484,6 +484,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                   f"{'':<16} the {r.base} platform (its site overlay rolled back; `rollback` restores it)")
         if r.origin == "refit" and r.refit:
             print(f"{'':<16} {_refit_line(r.refit)}")
+        if r.problem:
+            print(f"{'':<16} DOES NOT LOAD (jobs get no prediction): {r.problem}")
     return 0
 
 

@@ -747,6 +747,7 @@ class PartitionStatus:
     origin: str = "calibration"          # calibration | refit (perf-calibrate harvest --refit)
     refit: dict[str, Any] | None = None  # refit.toml of the active version: base, runs, LOO MAPE
     base: str = ""                       # a site overlay's shipped platform ("shipped NAME"; "" none)
+    problem: str = ""                    # why the active version does not load ("" when it does)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -802,8 +803,23 @@ def status(root: "str | Path | None" = None) -> list[PartitionStatus]:
             cur.collective_mape if cur else None, cur.gpu if cur else "",
             previous, nvers,
             "refit" if refit is not None else "shipped" if cur is None and shipped else "calibration",
-            refit, f"shipped {shipped}" if shipped else ""))
+            refit, f"shipped {shipped}" if shipped else "", _load_problem(cur.path) if cur else ""))
     return out
+
+
+def _load_problem(version_dir: Path) -> str:
+    """Why the predictor (and perf-predictd) would refuse this version -- a bundle file changed on
+    disk (checksum), a bad platform.toml -- or "" when it loads: status shows what jobs would get,
+    not only what the files say."""
+    from predictor.errors import PerfcastError
+    from predictor.platform import load_platform
+    try:
+        load_platform(version_dir, reload=True)
+    except PerfcastError as exc:
+        return str(exc)
+    except (OSError, ValueError) as exc:
+        return f"{version_dir}: {exc}"
+    return ""
 
 
 

@@ -1,6 +1,7 @@
 """perf-calibrate validate: record measured runs on a platform (no torch needed)."""
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -136,3 +137,24 @@ def test_validate_of_an_installed_version_installs_a_new_one_that_rollback_undoe
     capsys.readouterr()
     assert main(["validate", str(second), "--runs", str(f)]) == 2
     assert "not the active version of site" in capsys.readouterr().err
+
+
+def test_status_says_when_the_active_version_does_not_load(capsys, tmp_path, platform_dir, monkeypatch):
+    """status used to look normal while perf-predict refused the active version."""
+    from calibrate import install as install_mod
+    monkeypatch.delenv("PERFCAST_DAEMON_PIDFILE", raising=False)
+    monkeypatch.setattr(install_mod, "DEFAULT_PIDFILE", tmp_path / "no-daemon.pid")
+    monkeypatch.setattr(install_mod, "_systemd_active", lambda: False)
+    (platform_dir / "calibration.toml").write_text(
+        'gpu = "NVIDIA A100-SXM4-80GB"\nsamples = 100\ncompute_mape = 0.05\ncomplete = true\n')
+    root = tmp_path / "root"
+    assert main(["install", str(platform_dir), "--partition", "site", "--root", str(root)]) == 0
+    capsys.readouterr()
+    assert main(["status", "--root", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["problem"] == ""
+    plat = root / "site" / "current" / "platform.toml"
+    plat.write_text(plat.read_text() + 'descripton = "x"\n')
+    assert main(["status", "--root", str(root), "--json"]) == 0
+    assert "descripton" in json.loads(capsys.readouterr().out)[0]["problem"]
+    assert main(["status", "--root", str(root)]) == 0
+    assert "DOES NOT LOAD" in capsys.readouterr().out
