@@ -256,6 +256,11 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
     f = facts
     w = f.warnings
     check_choices(f)
+    if f.get("rampup") is not None and f.get("train_iters") is not None:
+        # validate_args: "expected no batch-size rampup for iteration-based training".
+        raise CannotPredict("--rampup-batch-size with --train-iters: Megatron asserts there is no batch-size "
+                            "rampup in iteration-based training and stops at start (--train-samples takes a "
+                            "rampup)", f.origin("rampup"))
     # GQA
     if f.val("gqa"):
         f.set("kv_heads", f.val("num_query_groups", 1), f.origin("num_query_groups", f.origin("gqa")))

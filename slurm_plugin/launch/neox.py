@@ -385,13 +385,15 @@ def _mlp(m: Merged, f: Facts) -> None:
     mlp_type = (_str(m, "mlp_type") or "regular").lower()
     gated = act in GATED or mlp_type == "llama"
     f.set("activation", "swiglu" if gated else "gelu", m.origin("activation") or m.origin("mlp_type") or "NeoX default")
-    if act not in GATED and act != "gelu":
+    if not gated and act != "gelu":
         f.warnings.append(f"activation {act} is modelled as gelu (same shapes)")
     if not f.known("hidden"):
         return
     h = f.val("hidden")
     mult = f.val("mlp_multiple_of", 1) or 1
-    if mlp_type == "llama":
+    if mlp_type == "llama" and f.get("intermediate_size") is None:
+        # LLaMAParallelMLP: intermediate_size when given (Mistral's 14336), else 2/3 of 4h rounded
+        # up to its multiple_of, 256.
         ffn = _roundup(int(2 * 4 * h / 3), 256)
         f.set("ffn_hidden", ffn, m.origin("mlp_type"))
         return
@@ -408,7 +410,9 @@ def _mlp(m: Merged, f: Facts) -> None:
     else:
         inter = 4 * h
         origin = f.origin("hidden")
-    if gated:
+    if mlp_type == "llama":
+        ffn = inter          # LLaMAParallelMLP takes intermediate_size as its width, as it is
+    elif gated:
         ffn = _roundup(int(inter * 2 / 3) // 2, mult)
     else:
         ffn = _roundup(inter, mult)

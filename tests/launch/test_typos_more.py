@@ -260,3 +260,28 @@ def test_an_integer_flag_written_as_a_float_is_warned_and_read(tmp_path):
     assert any("--train-iters '2e5'" in w and "int()" in w and "job.sbatch:3" in w for w in res.warnings), res.warnings
     plain = parse_in(tmp_path, TORCHRUN.format(opts="--nnodes 4 --nproc-per-node 8"))
     assert not any("int()" in w for w in plain.warnings)
+
+
+def test_megatron_rampup_with_train_iters_stops_as_megatron_does(tmp_path):
+    """examples/gpt3/train_gpt3_175b_distributed.sh: Megatron's validate_args refuses a batch-size
+    rampup in iteration-based training; it used to be predicted for 500,000 iterations."""
+    script = TORCHRUN.format(opts="--nnodes 4 --nproc-per-node 8").replace(
+        "--global-batch-size 512", "--global-batch-size 512 --rampup-batch-size 16 16 5859375")
+    res = parse_in(tmp_path, script)
+    assert res.job is None and "--rampup-batch-size with --train-iters" in res.error, res.error
+    samples = script.replace("--train-iters 1000", "--train-samples 1000000")
+    ok = parse_in(tmp_path, samples)
+    assert ok.job is not None, ok.error
+
+
+def test_torchtitan_async_tp_is_said_not_modelled(tmp_path):
+    """llama3_405b.toml sets enable_async_tensor_parallel; it was read as a known key and said nothing."""
+    src = DATA / "corpus" / "33_torchtitan_llama3_8b"
+    toml = (src / "llama3_8b.toml").read_text().replace("tensor_parallel_degree = 1",
+                                                        "tensor_parallel_degree = 1\nenable_async_tensor_parallel = true")
+    assert "enable_async_tensor_parallel" in toml
+    res = parse_in(tmp_path, (src / "job.sbatch").read_text(), {"llama3_8b.toml": toml})
+    assert res.job is not None and res.job.layout.tp == 2, res.error
+    assert any("enable_async_tensor_parallel is not modelled" in w for w in res.warnings), res.warnings
+    plain = parse_in(tmp_path, (src / "job.sbatch").read_text(), {"llama3_8b.toml": (src / "llama3_8b.toml").read_text()})
+    assert not any("async" in w for w in plain.warnings)

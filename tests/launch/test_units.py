@@ -68,12 +68,17 @@ def _neox(tmp_path, yml: str):
     ('"activation": "swiglu", "intermediate_size": 14336', 4778),                            # mistral note
     ('"activation": "gelu"', 16384),
     ('"mlp_type": "llama", "activation": "silu"', 11008),
+    # configs/mistral/7B.yml: LLaMAParallelMLP takes intermediate_size as its width (it was 11008)
+    ('"mlp_type": "llama", "activation": "silu", "intermediate_size": 14336', 14336),
 ])
 def test_neox_ffn_rule(tmp_path, extra, ffn):
     res = _neox(tmp_path, '{"num_layers": 2, "hidden_size": 4096, "num_attention_heads": 32, "seq_length": 64,'
                           ' "train_micro_batch_size_per_gpu": 1, "train_iters": 1, ' + extra + "}")
     assert res.error is None, res.error
     assert res.job.model.ffn_hidden == ffn
+    assert res.job.model.activation == ("gelu" if '"gelu"' in extra else "swiglu")
+    # silu under the LLaMA MLP is SwiGLU: no "modelled as gelu" beside it
+    assert not any("modelled as gelu" in w for w in res.warnings), res.warnings
 
 
 def test_llama2_70b_ffn(tmp_path):
