@@ -104,10 +104,10 @@ def test_bad_runs_file_is_one_line_naming_file_and_entry(capsys, tmp_path, platf
     assert (platform_dir / "platform.toml").read_text() == before
 
 
-def test_validate_of_an_installed_version_installs_a_new_one_that_rollback_undoes(capsys, tmp_path,
-                                                                                  platform_dir, monkeypatch):
-    """It used to record the runs into the installed version in place: no new version, no history
-    line, nothing `rollback` could undo."""
+@pytest.fixture
+def installed_site(capsys, tmp_path, platform_dir, monkeypatch):
+    """platform_dir installed as partition "site" under a root of its own (found by name), no
+    perf-predictd signalled."""
     from calibrate import install as install_mod
     monkeypatch.delenv("PERFCAST_DAEMON_PIDFILE", raising=False)
     monkeypatch.setattr(install_mod, "DEFAULT_PIDFILE", tmp_path / "no-daemon.pid")
@@ -117,9 +117,17 @@ def test_validate_of_an_installed_version_installs_a_new_one_that_rollback_undoe
     root = tmp_path / "root"
     monkeypatch.setenv("PERFCAST_PLATFORMS", str(root))
     assert main(["install", str(platform_dir), "--partition", "site", "--root", str(root)]) == 0
+    capsys.readouterr()
+    return root
+
+
+def test_validate_of_an_installed_version_installs_a_new_one_that_rollback_undoes(capsys, tmp_path,
+                                                                                  installed_site):
+    """It used to record the runs into the installed version in place: no new version, no history
+    line, nothing `rollback` could undo."""
+    root = installed_site
     first = (root / "site" / "current").resolve()
     before = (first / "platform.toml").read_bytes()
-    capsys.readouterr()
     from predictor import predict, TrainingJob
     point = predict(TrainingJob.from_dict(JOB), load_platform("site")).iteration_seconds
     f = _runs_file(tmp_path, point * 1.25, point * 1.10)
@@ -139,17 +147,9 @@ def test_validate_of_an_installed_version_installs_a_new_one_that_rollback_undoe
     assert "not the active version of site" in capsys.readouterr().err
 
 
-def test_status_says_when_the_active_version_does_not_load(capsys, tmp_path, platform_dir, monkeypatch):
+def test_status_says_when_the_active_version_does_not_load(capsys, installed_site):
     """status used to look normal while perf-predict refused the active version."""
-    from calibrate import install as install_mod
-    monkeypatch.delenv("PERFCAST_DAEMON_PIDFILE", raising=False)
-    monkeypatch.setattr(install_mod, "DEFAULT_PIDFILE", tmp_path / "no-daemon.pid")
-    monkeypatch.setattr(install_mod, "_systemd_active", lambda: False)
-    (platform_dir / "calibration.toml").write_text(
-        'gpu = "NVIDIA A100-SXM4-80GB"\nsamples = 100\ncompute_mape = 0.05\ncomplete = true\n')
-    root = tmp_path / "root"
-    assert main(["install", str(platform_dir), "--partition", "site", "--root", str(root)]) == 0
-    capsys.readouterr()
+    root = installed_site
     assert main(["status", "--root", str(root), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["problem"] == ""
     plat = root / "site" / "current" / "platform.toml"
