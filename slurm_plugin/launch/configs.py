@@ -102,6 +102,7 @@ def load_config(text: str, label: str, line_origins: Optional[list] = None, kind
 # json.load): looked for only where one of these characters appears at all.
 _JSON_SUSPECT = re.compile(r",\s*[}\]]|#|'")
 _BARE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DEEPSPEED_LOADER = "DeepSpeed's json.load (\"Duplicate keys in DeepSpeed config\")"
 
 
 def _check_json(cfg: Config, src: str) -> None:
@@ -109,12 +110,7 @@ def _check_json(cfg: Config, src: str) -> None:
     (runtime/config.py, config_utils.py): a duplicate key or text json refuses stops it at start.
     A bare word where a value belongs is a sed template's placeholder (filled before the run): not
     judged."""
-    if cfg.duplicates:
-        path, line, first = cfg.duplicates[0]
-        again = f" (first at line {first})" if first is not None and first != line else ""
-        raise CannotPredict(f"duplicate key {'.'.join(map(str, path))!r} in {cfg.label}{again}: DeepSpeed refuses "
-                            f"duplicate keys and stops at start (\"Duplicate keys in DeepSpeed config\")",
-                            cfg.line_origin(line))
+    check_duplicates(cfg, _DEEPSPEED_LOADER, True, [])
     if _JSON_SUSPECT.search(src) is None:
         return
     try:
@@ -200,7 +196,7 @@ def _load_json(text: str, label: str, line_origins: Optional[list]) -> Config:
     if dups:
         path = dups[0][0]
         cfg.duplicates = [(path, cfg.lines.get(path), None)]
-        _check_json(cfg, "")
+        check_duplicates(cfg, _DEEPSPEED_LOADER, True, [])
     return cfg
 
 

@@ -282,7 +282,6 @@ start-method event-log-handler role module no-python run-path log-dir redirects 
 master-addr master-port local-addr logs-specs numa-binding signals-to-handle use-env help virtual-local-rank
 duplicate-stdout-filters duplicate-stderr-filters shutdown-timeout
 """.split() for spelling in (o, o.replace("-", "_")))
-_TORCHRUN_SHORT = frozenset("mrth")
 
 
 def _torchrun_option(t: str, where: str) -> str:

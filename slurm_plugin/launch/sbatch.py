@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from .limits import Budget
+from .neox_keys import suggest
 from .result import SlurmRequest
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,8 @@ def _long_option(name: str, where: str, warnings: list) -> Optional[str]:
         warnings.append(f"#SBATCH --{name} is ambiguous (--{', --'.join(sorted(hits))}): sbatch refuses it and "
                         f"submits nothing; ignored ({where})")
         return None
-    import difflib
-    guess = difflib.get_close_matches(name, SBATCH_LONG, n=1, cutoff=0.8)
-    near = f"; did you mean --{guess[0]}?" if guess else ""
+    guess = suggest(name, SBATCH_LONG)
+    near = f"; did you mean --{guess}?" if guess else ""
     warnings.append(f"#SBATCH --{name} is not an sbatch option: sbatch refuses it (unrecognized option) and "
                     f"submits nothing; ignored ({where}){near}")
     return None
