@@ -7,7 +7,15 @@ bundle member), because "invalid value" alone does not let a user fix anything.
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+import difflib
+from typing import Any, NoReturn
+
+
+def did_you_mean(name: str, known: Any) -> str:
+    """" (did you mean 'x'?)" for the known name nearest ``name`` ("" when none is near): the hint
+    every "unknown key" error of the predictor ends with."""
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class PerfcastError(Exception):

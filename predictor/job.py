@@ -26,7 +26,6 @@ How the layers are split over pipeline stages is part of the layout (the rules t
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import operator
 import sys
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from .checkpointing import MEGATRON_CORE_FRAMEWORKS, options_set
-from .errors import JobError
+from .errors import JobError, did_you_mean
 # (predictor.checkpointing imports the recipe already; the recipe never imports this module)
 from .recipe import pipeline_split
 # The job's parts and key names, re-exported: predictor.job is where callers find them.
@@ -135,7 +134,7 @@ class TrainingJob:
         kwargs: dict[str, dict[str, Any]] = {}
         for section, value in data.items():
             if section not in _SECTIONS:
-                raise JobError(str(section), "unknown section" + _did_you_mean(str(section), _SECTIONS), source)
+                raise JobError(str(section), "unknown section" + did_you_mean(str(section), _SECTIONS), source)
             if type(value) is not dict and not isinstance(value, Mapping):
                 raise JobError(section, "must be a table of keys", source)
             kwargs[section] = _section_kwargs(section, value, source)
@@ -233,11 +232,6 @@ class TrainingJob:
         return 0
 
 
-def _did_you_mean(name: str, options: Any) -> str:
-    close = difflib.get_close_matches(name, list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _section_kwargs(section: str, values: Mapping[str, Any], source: str) -> dict[str, Any]:
     """The section's keys, checked and coerced (the arguments of its dataclass)."""
     int_limit, bool_keys, str_choices = _FAST[section]
@@ -261,7 +255,7 @@ def _section_kwargs(section: str, values: Mapping[str, Any], source: str) -> dic
                 continue
         kind = _KINDS[section].get(key)
         if kind is None:
-            raise JobError(f"{section}.{key}", "unknown key" + _did_you_mean(str(key), _KINDS[section]), source)
+            raise JobError(f"{section}.{key}", "unknown key" + did_you_mean(str(key), _KINDS[section]), source)
         kwargs[key] = _coerce(f"{section}.{key}", key, kind, value, source)
     for req, key in _REQUIRED_BY_SECTION[section]:
         if key not in kwargs:
@@ -296,7 +290,7 @@ def _coerce(dotted: str, key: str, kind: str, value: Any, source: str) -> Any:
             v = value.strip().lower()
             if v not in choices:
                 raise JobError(dotted, f"{value!r} is not one of {', '.join(c or repr(c) for c in choices)}"
-                               + _did_you_mean(v, choices), source)
+                               + did_you_mean(v, choices), source)
             return v
         return value
     if kind.startswith("tuple[int"):

@@ -24,7 +24,6 @@ roots); ``/var/lib/perfcast/platforms`` (what ``perf-calibrate schedule`` instal
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import logging
 import math
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .bundle import MANIFEST, Bundle, check_manifest_pin, load_bundle, manifest_sha256
-from .errors import BundleError, PlatformNotFound, RunRecordError
+from .errors import BundleError, PlatformNotFound, RunRecordError, did_you_mean
 from .host import HostCosts
 from .kinds import JobKind
 from .network import FabricSharing, Links
@@ -649,12 +648,6 @@ GPU_KEYS = ("name", "memory_gib", "memory_gbps", "tflops")
 OVERHEAD_KEYS = tuple(f.name for f in dataclasses.fields(Overheads))
 # [host], [fabric], [fitted], [[fitted_kind]] and [[validation]] check their own keys
 # (HostCosts, FabricSharing, FittedTerms, KindTerms, predictor.validation.parse_runs).
-
-
-def did_you_mean(key: str, known: "Any") -> str:
-    """" (did you mean 'x'?)" for the known key nearest ``key`` ("" when none is near)."""
-    close = difflib.get_close_matches(str(key), sorted(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _check_keys(d: dict, known: "Any", fpath: Path, table: str = "") -> None:
