@@ -65,18 +65,7 @@ def _default_backends() -> dict[str, Any]:
         if p is None:
             p = predictors[id(platform)] = Predictor(platform)
         return p.predict(job)
-
-    fresh: list[bool] = []
-
-    def load(name: str) -> Any:
-        # Each Engine (start, every SIGHUP) reads and verifies its platforms' files afresh: a
-        # bundle corrupted on disk since the last load must fail now, not at the next restart.
-        # Its platforms still share a bundle among themselves (dgx-a100 and perlmutter-a100).
-        if not fresh:
-            forget_loaded()
-            fresh.append(True)
-        return load_platform(name)
-    return {"load_platform": load, "predict": predict,
+    return {"load_platform": load_platform, "forget_loaded": forget_loaded, "predict": predict,
             "parse_script": launch.parse_script, "slurm_request": launch.SlurmRequest,
             "errors": (PerfcastError,)}
 
@@ -194,7 +183,8 @@ class Engine:
     ``parse_script(path, text, *, request, read_file, env, default_gpus_per_node, work_dir,
     deadline_s)``, ``slurm_request`` (a constructor taking keyword fields), ``errors`` (a tuple
     of the exception types meaning "bad job", reported to the user as one line) and, optionally,
-    ``slurm_partitions()`` (Slurm's partitions for the user socket; default: ``scontrol``).
+    ``slurm_partitions()`` (Slurm's partitions for the user socket; default: ``scontrol``) and
+    ``forget_loaded()`` (drop the loader's cache before this Engine loads its platforms).
     """
 
     def __init__(self, config: SiteConfig, backends: Optional[Mapping[str, Any]] = None):
@@ -229,6 +219,12 @@ class Engine:
                              name="slurm-partitions").start()
         else:
             self._partitions_known.set()
+        # Each Engine (start, every SIGHUP) reads and verifies its platforms' files afresh: a
+        # bundle corrupted on disk since the last load must fail now, not at the next restart.
+        # Its platforms still share a bundle among themselves (dgx-a100 and perlmutter-a100).
+        forget = self.backends.get("forget_loaded")
+        if forget is not None:
+            forget()
         for name in self.config.platforms():
             t0 = time.monotonic()
             try:
