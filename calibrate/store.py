@@ -214,8 +214,7 @@ class SampleStore:
         for key in ("plans", "precisions"):
             merged[key] = sorted(set(existing.get(key, [])) | set(meta.get(key, [])))
         merged.pop("format", None)
-        merged.setdefault("progress", {})
-        prog = merged["progress"] if isinstance(merged["progress"], Mapping) else {}
+        prog = _progress(merged)
         # Which of the plans this store was started with have every point in it: a store is
         # complete only when all of them are (a store resumed with another plan is not complete
         # because that one finished).  A store from before this list: complete meant all of them.
@@ -284,7 +283,7 @@ class SampleStore:
     def mark_complete(self, complete: bool = True, plan: str | None = None) -> bool:
         """Record whether ``plan`` (the label this run added to ``plans``) has every point in the
         store; the store is complete when every plan it was started with is.  Returns that."""
-        prog = self.meta.get("progress", {}) if isinstance(self.meta.get("progress"), Mapping) else {}
+        prog = _progress(self.meta)
         plans = set(self.meta.get("plans", []))
         done = set(prog.get("complete_plans", [])) & plans
         if plan is None:
@@ -300,8 +299,7 @@ class SampleStore:
         return whole
 
     def incomplete_plans(self) -> list[str]:
-        prog = self.meta.get("progress", {}) if isinstance(self.meta.get("progress"), Mapping) else {}
-        return sorted(set(self.meta.get("plans", [])) - set(prog.get("complete_plans", [])))
+        return sorted(set(self.meta.get("plans", [])) - set(_progress(self.meta).get("complete_plans", [])))
 
     def _write_meta(self) -> None:
         meta = {k: v for k, v in self.meta.items() if k != "format"}
@@ -312,3 +310,9 @@ def _key(pt: "OperatorPoint | CollectivePoint") -> str:
     if isinstance(pt, OperatorPoint):
         return f"{pt.precision}:" + "x".join(str(v) for v in pt.shape)
     return f"{pt.precision}:{pt.entries}@{pt.nodes}x{pt.gpus_per_node}"
+
+
+def _progress(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    """samples.toml's [progress] table ({} when absent or not a table)."""
+    prog = meta.get("progress")
+    return prog if isinstance(prog, Mapping) else {}

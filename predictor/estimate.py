@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -52,6 +52,25 @@ SUBSTITUTES = {"swiglu": "gelu", "gelu": "swiglu", "rmsnorm": "layernorm", "laye
                "scaled_masked_softmax": "softmax", "softmax": "scaled_masked_softmax",
                # FP8 casts are never calibrated: another memory-bound pass at their own bytes.
                "fp8_cast": "res_add", "amax": "res_add"}
+
+
+def model_candidates(name: str, direction: str, precision: str) -> Iterator[tuple[str, str, str]]:
+    """(operator, direction, precision) of the bundle models that cost operator ``name``'s
+    ``direction`` at ``precision``, in the order the predictor tries them: its own, then its
+    substitute's (:data:`SUBSTITUTES`); where a backward has no model (its samples failed), the
+    forward's measured efficiency at the backward's FLOPs and bytes; an FP8 GEMM from its own FP8
+    samples where the bundle has them, else from the 16-bit measurement of its shape
+    (predictor.fp8); another precision's samples against this one's roofline last."""
+    directions = (direction, "fwd") if direction == "bwd" else (direction,)
+    precs = ("fp8", fp8.BASE_PRECISION, "fp16") if precision == "fp8" else (precision, "fp16", "bf16")
+    for op_name in (name, SUBSTITUTES.get(name)):
+        if op_name is None:
+            continue
+        for model_dir in directions:
+            for prec in precs:
+                yield op_name, model_dir, prec
+
+
 # DeepSpeed's default reduce bucket (zero_optimization.reduce_bucket_size = 5e8 elements, DeepSpeed's
 # configuration docs): gradients are reduced in chunks of this many elements.
 REDUCE_BUCKET_ENTRIES = 500_000_000
@@ -303,33 +322,23 @@ class QuerySet:
 
     def _resolve_op(self, name: str, direction: str, precision: str) -> _OperatorModel:
         bundle = self.platform.compute
-        # Where a direction has no model (its samples failed), the other direction's measured
-        # efficiency at this direction's FLOPs and bytes is the next best thing.
-        directions = (direction, "fwd") if direction == "bwd" else (direction,)
-        for op_name in (name, SUBSTITUTES.get(name)):
-            if op_name is None:
+        for op_name, model_dir, prec in model_candidates(name, direction, precision):
+            key = f"{op_name}.{model_dir}.{prec}"
+            if bundle.get(key) is None:
                 continue
-            for model_dir in directions:
-                # An FP8 GEMM is read from its own FP8 samples where the bundle has them, else
-                # costed from the 16-bit measurement of its shape (predictor.fp8).
-                precs = ("fp8", fp8.BASE_PRECISION, "fp16") if precision == "fp8" else (precision, "fp16", "bf16")
-                for prec in precs:
-                    key = f"{op_name}.{model_dir}.{prec}"
-                    if bundle.get(key) is None:
-                        continue
-                    notes = []
-                    if op_name != name:
-                        notes.append(f"operator {name} has no model in bundle {bundle.name}; costed "
-                                     f"with {op_name}'s measured efficiency at {name}'s FLOPs and bytes")
-                    if model_dir != direction:
-                        notes.append(f"{op_name} {direction} has no model in bundle {bundle.name} "
-                                     f"({bundle.not_fitted_reason(f'{op_name}.{direction}.{prec}')}); costed "
-                                     f"with the {model_dir} pass's measured efficiency at the {direction} "
-                                     "pass's FLOPs and bytes")
-                    if prec != precision and precision != "fp8":
-                        notes.append(f"{precision} costed with {prec} samples of bundle {bundle.name} "
-                                     f"(against the {precision} roofline)")
-                    return self._operator_model(name, direction, precision, key, op_name, "; ".join(notes))
+            notes = []
+            if op_name != name:
+                notes.append(f"operator {name} has no model in bundle {bundle.name}; costed "
+                             f"with {op_name}'s measured efficiency at {name}'s FLOPs and bytes")
+            if model_dir != direction:
+                notes.append(f"{op_name} {direction} has no model in bundle {bundle.name} "
+                             f"({bundle.not_fitted_reason(f'{op_name}.{direction}.{prec}')}); costed "
+                             f"with the {model_dir} pass's measured efficiency at the {direction} "
+                             "pass's FLOPs and bytes")
+            if prec != precision and precision != "fp8":
+                notes.append(f"{precision} costed with {prec} samples of bundle {bundle.name} "
+                             f"(against the {precision} roofline)")
+            return self._operator_model(name, direction, precision, key, op_name, "; ".join(notes))
         raise BundleError(f"operator {name} ({direction}, {precision}) has no model in bundle "
                           f"{bundle.name} ({bundle.path}) and no substitute")
 

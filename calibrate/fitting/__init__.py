@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from predictor.errors import BundleError
-from predictor.estimate import SUBSTITUTES
+from predictor.estimate import model_candidates
 from predictor.operators import OPERATORS, GpuSpec
 from predictor.platform import load_platform, write_platform
 from predictor.samples import SampleSet, dump_toml, load_samples
@@ -233,9 +233,7 @@ def _unpredictable(samples: SampleSet, compute: FitReport, src: Path) -> list[st
             continue
         lost = []
         for direction in OPERATORS[op].directions:
-            keys = [f"{o}.{d}.{p}" for o in (op, SUBSTITUTES.get(op)) if o
-                    for d in dict.fromkeys((direction, "fwd")) for p in (prec, "fp16", "bf16")]
-            if not any(k in compute.models for k in keys):
+            if not any(f"{o}.{d}.{p}" in compute.models for o, d, p in model_candidates(op, direction, prec)):
                 lost.append(direction)
         if lost:
             why = next((s.split(": ", 1)[1] for s in compute.skipped
