@@ -647,23 +647,6 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
     return out
 
 
-def _lookup(name: str, pending: Optional[Path] = None) -> Path:
-    """The directory perf-predictd loads for platform ``name`` (a name or a path), as
-    :func:`predictor.platform.resolve_platform` finds it -- with ``pending`` (a ``<root>/<name>/current``
-    a dry run has not created) counted as there.  Raises PlatformNotFound."""
-    from predictor.platform import PLATFORM_FILE, _search_roots, resolve_platform
-    if pending is None or pending.exists() or "/" in name or (Path(name) / PLATFORM_FILE).is_file():
-        return resolve_platform(name)
-    want = pending.resolve()
-    for root in _search_roots():
-        for cand in (root / name / "current", root / name):
-            if cand.resolve() == want:
-                return pending
-            if (cand / PLATFORM_FILE).is_file():
-                return cand
-    return resolve_platform(name)          # not found: its error names the known platforms
-
-
 def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
     """A note when perf-predictd does not predict ``partition`` with the platform the refit updates
     (``<root>/<target>/current``, the partition's own installed platform or the site overlay of the
@@ -671,7 +654,7 @@ def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
     a dry run the overlay's ``current`` does not exist yet: what the lookup would find once it
     does decides.  Only what is true is said ("" when the daemon loads the refitted platform)."""
     from predictor.errors import PlatformNotFound
-    from predictor.platform import SITE_ROOT
+    from predictor.platform import SITE_ROOT, resolve_platform
 
     from .install import platforms_root
     if opts.site_platform is None or res.status == "failed":
@@ -683,13 +666,13 @@ def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
     target = res.target or refit_target(partition, base, name)[0]
     refitted = base / target / "current" if target else None
     try:
-        used = _lookup(name, refitted)
+        used = resolve_platform(name, pending=refitted)
     except PlatformNotFound:
         return f"note: perfcast.toml names platform {name!r} for it, which does not resolve"
     if refitted is None or used.resolve() == refitted.resolve():
         return ""
     try:
-        reached = _lookup(target, refitted).resolve() == refitted.resolve()
+        reached = resolve_platform(target, pending=refitted).resolve() == refitted.resolve()
     except PlatformNotFound:
         reached = False
     advice = (f"perfcast.toml: platform = \"{target}\" would use the refitted one" if reached else

@@ -507,8 +507,10 @@ def _search_roots() -> list[Path]:
     return roots + [SITE_ROOT, SHIPPED_DIR]
 
 
-def resolve_platform(name_or_path: "str | os.PathLike[str]") -> Path:
-    """The directory holding ``platform.toml`` for a name or a path."""
+def resolve_platform(name_or_path: "str | os.PathLike[str]", *, pending: Optional[Path] = None) -> Path:
+    """The directory holding ``platform.toml`` for a name or a path.  ``pending``: a directory to
+    count as holding one although nothing is there yet (what a dry run would install), so that the
+    lookup says what it will find once it is."""
     p = Path(name_or_path)
     if (p / PLATFORM_FILE).is_file():
         return p
@@ -518,7 +520,7 @@ def resolve_platform(name_or_path: "str | os.PathLike[str]") -> Path:
     if "/" not in name and name not in ("", ".", ".."):
         for root in _search_roots():
             for cand in (root / name / "current", root / name):
-                if (cand / PLATFORM_FILE).is_file():
+                if (cand / PLATFORM_FILE).is_file() or (pending is not None and cand.resolve() == pending.resolve()):
                     return cand
     known = ", ".join(sorted(i["name"] for i in list_platforms())) or "none"
     raise PlatformNotFound(f"no platform {name!r} (known: {known})")
