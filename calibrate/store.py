@@ -15,19 +15,21 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NoReturn, Sequence
 
-from predictor.errors import BundleError
+from predictor.errors import BundleError, did_you_mean
 from predictor.samples import (FORMAT_VERSION, META_FILE, SampleSet, atomic_write, collective_columns,
                                dump_toml, load_samples, operator_columns)
-from predictor.operators import OPERATORS
+from predictor.operators import BYTES_PER_ELEMENT, OPERATORS
 
-from .env import METHOD_VERSION
+from .env import METHOD_VERSION, DeviceSpec, Environment
 from .errors import CalibrationError, IncompatibleStore
 from .plans import CollectivePoint, OperatorPoint
 
@@ -40,6 +42,111 @@ log = logging.getLogger(__name__)
 
 SKIPPED_FILE = "skipped.csv"
 STORE_KIND = "perfcast-calibration"
+# samples.toml's [timing] host: "included" (perf-calibrate run --timing call) | "excluded" (device).
+HOST_TIMINGS = ("included", "excluded")
+# The [progress] table, as mark_complete writes it.
+PROGRESS_KEYS = ("complete", "complete_plans", "operator_rows", "collective_rows", "skipped")
+
+# Everything perfcast writes into samples.toml, and so everything it accepts there: a key of a
+# table is a table (its own dict of keys), None a value.  The writers: this module (write_meta,
+# SampleStore.open, mark_complete), calibrate.runner.run_calibration (the run's meta dict;
+# [environment] is calibrate.env.Environment, [gpu] calibrate.env.DeviceSpec, both taken from
+# their fields here), calibrate.importers (imported samples).  Nobody is meant to write the file
+# by hand except a [gpu] table where fit asks for one, so a key outside this is a typo (or a store
+# of a newer perfcast) and is refused: a misspelt [timing] host or [progress] complete would
+# otherwise change the fit without a word.  tests/calibrate/test_store_checks.py writes stores
+# through the real writers and checks them here, so the two cannot drift apart.
+_VALUE = None
+META_SCHEMA: dict[str, Any] = {
+    # this module
+    "format": _VALUE, "kind": _VALUE, "method_version": _VALUE, "device": _VALUE, "gpu_name": _VALUE,
+    "plans": _VALUE, "precisions": _VALUE,
+    "progress": dict.fromkeys(PROGRESS_KEYS),
+    # calibrate.runner
+    "environment": dict.fromkeys(f.name for f in dataclasses.fields(Environment) if f.name != "extra"),
+    "gpu": {**dict.fromkeys(f.name for f in dataclasses.fields(DeviceSpec)),
+            "tflops": dict.fromkeys(BYTES_PER_ELEMENT)},
+    "allocation": dict.fromkeys(("nodes", "gpus_per_node")),
+    "timing": dict.fromkeys(("warmup", "repeats", "statistic", "clock", "host")),
+    "estimated": dict.fromkeys(("wall_minutes", "gpu_minutes")),
+    "flash_atten_impl": _VALUE, "flash_atten_causal": _VALUE, "attention_impls_measured": _VALUE,
+    "attention_impls_missing": _VALUE, "notes": _VALUE,
+    # calibrate.importers (gpu: the GPU's name there, a value rather than the table)
+    "source": _VALUE, "source_path": _VALUE, "license": _VALUE, "citation": _VALUE,
+    "skipped_files": _VALUE, "dropped_rows": _VALUE,
+    # read by fit as the allocation's when [allocation] is absent (older or hand-made stores)
+    "gpus_per_node": _VALUE,
+}
+# Keys that may be either a table or a value ([gpu] measured, or gpu = "name" of imported samples).
+_TABLE_OR_VALUE = {("gpu",)}
+
+
+def check_meta(meta: Mapping[str, Any], path: Path) -> None:
+    """Refuse a samples.toml holding a table or key perfcast does not write (with the nearest known
+    one), or a value the fit reads that is not one it could have written; one line naming the file,
+    the line where it can be found, and the key."""
+    text: str | None = None
+
+    def fail(trail: tuple[str, ...], message: str) -> NoReturn:
+        nonlocal text
+        if text is None:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                text = ""
+        line = _line_of(text, trail)
+        raise CalibrationError(f"{path}{f':{line}' if line else ''}: {message}")
+
+    def walk(table: Mapping[str, Any], schema: Mapping[str, Any], trail: tuple[str, ...]) -> None:
+        where = f" in [{'.'.join(trail)}]" if trail else ""
+        for key, value in table.items():
+            here = trail + (key,)
+            if key not in schema:
+                what = f"table [{'.'.join(here)}]" if isinstance(value, Mapping) else f"key {key!r}{where}"
+                fail(here, f"unknown {what}{did_you_mean(key, schema)}; samples.toml holds only what "
+                           "perf-calibrate writes (a typo, or a store of a newer perfcast?)")
+            sub = schema[key]
+            if isinstance(value, Mapping):
+                if sub is None:
+                    fail(here, f"{'.'.join(here)} is a value, not a table")
+                walk(value, sub, here)
+            elif sub is not None and here not in _TABLE_OR_VALUE:
+                fail(here, f"[{'.'.join(here)}] must be a table, not {value!r}")
+
+    walk(meta, META_SCHEMA, ())
+    timing = meta.get("timing")
+    if isinstance(timing, Mapping) and "host" in timing and timing["host"] not in HOST_TIMINGS:
+        fail(("timing", "host"), f"[timing] host: {timing['host']!r} is not one of "
+                                 f"{', '.join(map(repr, HOST_TIMINGS))}{did_you_mean(timing['host'], HOST_TIMINGS)}")
+    progress = meta.get("progress")
+    if isinstance(progress, Mapping) and "complete" in progress and not isinstance(progress["complete"], bool):
+        fail(("progress", "complete"), f"[progress] complete: {progress['complete']!r} is not true or false")
+
+
+def _line_of(text: str, trail: tuple[str, ...]) -> int | None:
+    """The line of samples.toml where the key at ``trail`` is (best effort: the tables and bare
+    keys perfcast writes; None when not found)."""
+    table: tuple[str, ...] = ()
+    for n, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        m = re.fullmatch(r"\[\[?([^\[\]]+)\]\]?\s*(#.*)?", line)
+        if m:
+            table = tuple(_unquote(k) for k in m.group(1).split("."))
+            if table[:len(trail)] == trail:
+                return n        # [key], or the first [key.sub]: a table named at fault
+            continue
+        m = re.match(r"""("[^"]*"|'[^']*'|[A-Za-z0-9_.-]+)\s*=""", line)
+        if m:
+            key = m.group(1)
+            parts = (_unquote(key),) if key[0] in "\"'" else tuple(key.split("."))
+            if (table + parts)[:len(trail)] == trail:
+                return n
+    return None
+
+
+def _unquote(key: str) -> str:
+    key = key.strip()
+    return key[1:-1] if len(key) >= 2 and key[0] == key[-1] and key[0] in "\"'" else key
 
 
 def write_meta(directory: Path, meta: Mapping[str, Any]) -> None:
@@ -188,6 +295,7 @@ class SampleStore:
             raise CalibrationError(f"{d}: exists and is not a directory")
         if existing:
             identity.check(existing, d / META_FILE)
+            check_meta(existing, d / META_FILE)
             for sub in ("operators", "collectives"):
                 for path in sorted((d / sub).glob("*.csv")):
                     repair_torn_tail(path)

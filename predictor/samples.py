@@ -71,8 +71,70 @@ def collective_columns() -> tuple[str, ...]:
     return COLLECTIVE_FEATURES + ("us",)
 
 
+# The range of one measured time, in µs.  A sample is one call of one operator or collective at a
+# training shape (calibrate.timing: the mean of 4-10 repetitions after 1-3 warm-ups in the built-in
+# plans).  The slowest sample shipped, a CPU optimizer step, is 0.3 s: an hour is four orders of
+# magnitude beyond it, and at an hour a call one point would keep the calibration busy for 5 to 13
+# hours, more than a partition's MaxTime gives a whole calibration of hundreds of points (4 h
+# when it has none).  Under a nanosecond is a few clock cycles: less than any kernel launch or
+# the clock that brackets it (CUDA events resolve ~0.5 µs; the fastest sample shipped is ~2 µs).
+# A value outside is a unit slip or a corrupt file, never a measurement, and the fit would learn
+# from it (log-ratio targets: one such row drags a tree's leaf by orders of magnitude).
+MAX_SAMPLE_US = 3600e6
+MIN_SAMPLE_US = 1e-3
+
+
+def _is_time(column: str) -> bool:
+    """A measured-time column (``fwd_us``, ``step_us``, a collective's ``us``); the others are features."""
+    return column == "us" or column.endswith("_us")
+
+
+def _row_problem(header: Sequence[str], row: Sequence[str], vals: Sequence[float]) -> str | None:
+    """Why one parsed row cannot be a sample ("column X: ..."), or None.
+
+    Features are shapes, counts or sizes: finite and > 0 (0 would be an operator of nothing, and
+    the regressors' log-features of it are not finite: the fit would drop the row without a word).
+    Times are finite and within [MIN_SAMPLE_US, MAX_SAMPLE_US]; an operator's direction may be 0,
+    which means "not measured, or dropped" (the importer drops impossible backward times so), but
+    not every direction of a row, and a collective's time never (it has one).
+    """
+    times = [i for i, c in enumerate(header) if _is_time(c)]
+    for i, (col, raw, v) in enumerate(zip(header, row, vals)):
+        if not np.isfinite(v):
+            return f"column {col}: {raw.strip()!r} is not a finite number"
+        if i not in times:
+            if v <= 0:
+                return f"column {col}: {v:g} is not a size (must be > 0)"
+            continue
+        if v < 0:
+            return f"column {col}: {v:g} µs is negative (a time is > 0, or 0 for a direction not measured)"
+        if v == 0:
+            if col == "us":
+                return f"column {col}: 0 µs is not a measured time (must be > 0)"
+            continue
+        if v > MAX_SAMPLE_US:
+            return (f"column {col}: {v:g} µs is more than an hour for one call, not a measurement "
+                    "(a unit slip or a corrupt file?)")
+        if v < MIN_SAMPLE_US:
+            return f"column {col}: {v:g} µs is under a nanosecond, not a measurement (a unit slip?)"
+    if times and all(vals[i] == 0 for i in times):
+        cols = ", ".join(header[i] for i in times)
+        return f"every time ({cols}) is 0: nothing measured, not a sample"
+    return None
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def read_table(path: Path, name: str, precision: str, expected: Sequence[str]) -> SampleTable:
-    """Read one sample CSV, checking its header and every value; errors name file and line."""
+    """Read one sample CSV, checking its header and every value; errors name file, line and column
+    (a bad row refuses the whole file: a measurement store's admin wants to know, not a fit that
+    quietly learnt without it or from it)."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -86,7 +148,8 @@ def read_table(path: Path, name: str, precision: str, expected: Sequence[str]) -
         raise BundleError(f"{path}: columns {header} do not match the expected {list(expected)} "
                           "(a sample store of another perfcast version?)")
     values = []
-    for lineno, row in enumerate(reader, start=2):
+    for row in reader:
+        lineno = reader.line_num
         if not row:
             continue
         if len(row) != len(header):
@@ -95,9 +158,11 @@ def read_table(path: Path, name: str, precision: str, expected: Sequence[str]) -
         try:
             vals = [float(v) for v in row]
         except ValueError:
-            raise BundleError(f"{path}:{lineno}: not a number in {row}") from None
-        if not all(np.isfinite(vals)) or any(v < 0 for v in vals):
-            raise BundleError(f"{path}:{lineno}: values must be finite and non-negative: {row}")
+            col, raw = next((c, v) for c, v in zip(header, row) if not _is_float(v))
+            raise BundleError(f"{path}:{lineno}: column {col}: {raw.strip()!r} is not a number") from None
+        problem = _row_problem(header, row, vals)
+        if problem:
+            raise BundleError(f"{path}:{lineno}: {problem}")
         values.append(vals)
     rows = np.asarray(values, dtype=float).reshape(-1, len(header))
     return SampleTable(name, precision, tuple(header), rows)

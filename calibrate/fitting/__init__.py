@@ -37,10 +37,11 @@ from predictor.errors import BundleError
 from predictor.estimate import model_candidates
 from predictor.operators import OPERATORS, GpuSpec
 from predictor.platform import load_platform, write_platform
-from predictor.samples import SampleSet, dump_toml, load_samples
+from predictor.samples import META_FILE, SampleSet, dump_toml, load_samples
 
 from ..env import DeviceSpec, published_spec
 from ..errors import CalibrationError
+from ..store import check_meta
 from .bundle import (BundleFitter, FitReport, collective_training_rows, convert_bundle,
                      operator_training_rows)
 from .fabric import FABRIC_FILE, platform_fabric_table
@@ -120,6 +121,9 @@ def fit_platform(samples_dir: "str | Path", out_dir: "str | Path", *, name: str 
         samples = load_samples(src)
     except BundleError as exc:
         raise CalibrationError(f"refusing a corrupt or incompatible sample store: {exc}") from None
+    # A key perfcast does not write (a typo'd [timing] host, [progress] complete …) would change
+    # the fit without a word: refused, naming the file, line and key.
+    check_meta(samples.meta, src / META_FILE)
     if not samples.operators:
         raise CalibrationError(f"{src}: no operator samples to fit")
     if out.exists() and not overwrite:
