@@ -30,10 +30,11 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .bundle import Bundle, LoadedModel, ModelRows, collective_row_features
-from .recipe import (Group, MicroBatchRecipe, fsdp_shard_copies, gathers_layers, gradient_precision,
-                     gradient_reduction, groups, input_embedding_parameters, layer_parameters, micro_batch_recipe,
-                     op_sac_recompute_share, pipeline_sends, reduces_every_micro_batch, reshards_after_forward,
-                     runs_op_sac, shard_ranks, stage_layers, stage_parameter_counts, total_parameters)
+from .recipe import (Group, MicroBatchRecipe, ModelSpec, fsdp_shard_copies, fused_attention, gathers_layers,
+                     gradient_precision, gradient_reduction, groups, input_embedding_parameters, layer_parameters,
+                     micro_batch_recipe, op_sac_recompute_share, pipeline_sends, reduces_every_micro_batch,
+                     reshards_after_forward, runs_op_sac, shard_ranks, stage_layers, stage_parameter_counts,
+                     total_parameters)
 from .results import Breakdown, Details, StageTimes, TotalTime
 from .errors import BundleError, JobError
 from . import attention, checkpointing, fp8, memory, overlap, tp_overlap
@@ -842,12 +843,26 @@ def _fp8_casts(job: TrainingJob, plat: Platform, recipe: MicroBatchRecipe,
     return casts
 
 
+def _window_warnings(m: ModelSpec, cp: int, warnings: list[str]) -> None:
+    """What a sliding window (model.attention_window) saves, where it saves less than its share."""
+    if not fused_attention(m):
+        warnings.append(f"model.attention_window {m.attention_window}: {m.attention} attention computes the "
+                        "whole score matrix and masks it, so the window saves nothing; costed as full causal "
+                        "attention")
+    elif cp > 1:
+        warnings.append(f"model.attention_window {m.attention_window} with layout.cp {cp}: the attention blocks "
+                        "are costed at the window's share of the causal work, the ring's K/V passes as "
+                        "without a window")
+
+
 def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBatchRecipe,
                  casts: Optional[fp8.CastCalls], grp: Mapping[str, Group], warnings: list[str]) -> _LayerTerms:
     """One layer: its operators, FP8 casts, context-parallel passes and TP collectives, with
     recomputation folded into the backward."""
     m, lay, prec = job.model, job.layout, job.run.precision
     tp, cp = lay.tp, lay.cp
+    if m.attention_window and m.attention_window < m.seq_len:
+        _window_warnings(m, cp, warnings)
     layer_fwd, layer_bwd, core_fwd = _Term(), _Term(), _Term()
     core_bwd = _Term()
     op_sac = runs_op_sac(lay, job.run.framework)
@@ -861,6 +876,10 @@ def _layer_terms(job: TrainingJob, plat: Platform, q: QuerySet, recipe: MicroBat
             at = _attention_cost(job, plat, c.shape["l"], q.known.attention_costs)
             warnings.extend(at.warnings)
             name, count_f, count_b = at.operator, c.count * at.forward_ratio, c.count * at.backward_ratio
+            if c.work != 1.0:
+                # A sliding window (model.attention_window): the kernel's measured time at this
+                # length times the share of the causal work it does (recipe.attention_window_fraction).
+                count_f, count_b = count_f * c.work, count_b * c.work
         hf, hb = q.op_both(name, p_c, c.shape)
         layer_fwd.add(hf, count_f)
         layer_bwd.add(hb, count_b)

@@ -53,7 +53,7 @@ else:  # pragma: no cover - exercised on older Pythons only
 # arithmetic downstream (memory, FLOPs) would only produce nonsense.
 _MAX = {
     "layers": 10_000, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14,
-    "ffn_hidden": 1 << 22, "seq_len": 1 << 24, "vocab": 1 << 24,
+    "ffn_hidden": 1 << 22, "seq_len": 1 << 24, "vocab": 1 << 24, "attention_window": 1 << 24,
     "pp": 4096, "tp": 4096, "dp": 1 << 20, "dp_shard": 1 << 20, "cp": 4096, "micro_batch": 1 << 16, "micro_batches": 1 << 20,
     "virtual_stages": 1024, "train_iters": 1 << 40, "eval_interval": 1 << 40,
     "eval_iters": 1 << 30, "save_interval": 1 << 40, "gpus_per_node": 1024,
@@ -80,7 +80,10 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 def _kind(f: dataclasses.Field) -> str:
-    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    # A key whose default is "decided by another key" (model.linear_bias: None = by the norm)
+    # is given in a job file as its plain type.
+    return kind[len("Optional["):-1] if kind.startswith("Optional[") else kind
 
 
 # Read once, not per job (the daemon builds a job per new shape): per section, each key's type

@@ -16,7 +16,7 @@ both and that the operators' FLOPs sum to the closed form of Narayanan et al.
 
 **Linear biases.**  GPT-NeoX- and GPT-3-style models (LayerNorm) carry biases on every linear
 layer; LLaMA-style models (RMSNorm; Megatron's ``--disable-bias-linear``, NeoX's LLaMA configs)
-carry none.  The job file has no separate key for it, so the norm decides (:func:`linear_bias`).
+carry none.  ``model.linear_bias`` says which; left out, the norm decides (:func:`linear_bias`).
 
 **The pipeline split** (:func:`pipeline_split`, the one place it is computed; timing, memory and
 perf-advise all read it) follows the rule the framework itself applies, named by
@@ -101,8 +101,9 @@ def is_gated(model: ModelSpec) -> bool:
 
 
 def linear_bias(model: ModelSpec) -> bool:
-    """Whether the linear layers carry biases (module docstring: the norm decides)."""
-    return model.norm == "layernorm"
+    """Whether the linear layers carry biases (``model.linear_bias``; by default the norm decides:
+    module docstring)."""
+    return bool(model.linear_bias)
 
 
 def norm_parameters(model: ModelSpec) -> int:
@@ -504,14 +505,30 @@ def fused_attention(model: ModelSpec) -> bool:
     return model.attention == "flash" and model.attention_impl != "math"
 
 
+def attention_window_fraction(seq_len: float, window: int) -> float:
+    """The share of causal attention's work that a sliding window of ``window`` keys per query
+    (itself included; 0 = no window) computes at sequence length ``seq_len``: query i meets
+    min(i + 1, w) keys, w(w + 1)/2 + (s − w)·w pairs in all against s(s + 1)/2 for the whole causal
+    square.  1.0 exactly without a window or with one at least the sequence long."""
+    s, w = seq_len, window
+    if w <= 0 or w >= s:
+        return 1.0
+    return (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2)
+
+
 @dataclass(frozen=True)
 class OperatorCall:
     """One operator kind (a :data:`predictor.operators.OPERATORS` name) with its shape on one
-    rank, called ``count`` times per micro-batch in forward (and as often in backward)."""
+    rank, called ``count`` times per micro-batch in forward (and as often in backward).
+
+    ``work``: the share of each call's work (its FLOPs and its time at that shape) the call does:
+    below 1 for a fused attention kernel that skips the blocks outside a sliding window
+    (:func:`attention_window_fraction`); what the call keeps in memory does not change."""
 
     name: str
     shape: Mapping[str, float]
     count: float = 1.0
+    work: float = 1.0
 
     @property
     def attention_core(self) -> bool:
@@ -521,6 +538,8 @@ class OperatorCall:
         """FLOPs of the ``count`` forward calls (element-wise operators count none)."""
         from .operators import OPERATORS    # the numpy catalogue; the split alone does not need it
         flops = OPERATORS[self.name].flops({k: float(v) for k, v in self.shape.items()})
+        if self.work != 1.0:
+            return float(flops) * self.count * self.work
         return float(flops) * self.count
 
 
@@ -569,8 +588,12 @@ def _micro_batch_recipe(model: ModelSpec, tp: int, cp: int, b: int, sp: bool) ->
     attn_batch = b * hpg
     if fused_attention(model):
         # Ring attention (cp > 1): a rank's queries meet every K/V chunk in turn, cp blocks of
-        # seq_len / cp — with Megatron's load balancing, 1/cp of the whole causal attention.
-        layer.append(call("flash_atten", cp, b=b, heads=hpg, l=model.seq_len // cp, d=d))
+        # seq_len / cp — with Megatron's load balancing, 1/cp of the whole causal attention.  A
+        # sliding window skips the blocks outside it: that share of the whole sequence's causal
+        # work (the unfused paths below compute the whole square and mask it).
+        flash = call("flash_atten", cp, b=b, heads=hpg, l=model.seq_len // cp, d=d)
+        work = attention_window_fraction(model.seq_len, model.attention_window)
+        layer.append(flash if work == 1.0 else OperatorCall(flash.name, flash.shape, flash.count, work))
     elif model.attention == "fused_softmax":
         layer += [call("baddbmm", batch=attn_batch, l=model.seq_len, d=d),
                   call("scaled_masked_softmax", batch=attn_batch, l=model.seq_len),
@@ -883,7 +906,8 @@ def model_flops_per_iteration(model: ModelSpec, layout: Layout) -> float:
     """Model FLOPs of one optimizer step over every GPU: 3 × the forward FLOPs (backward is twice
     forward), recomputation not counted (model FLOPs in the PaLM sense).  Summed from the operators
     of :func:`micro_batch_recipe`, so attention counts as it runs (flash attention skips the
-    causal half; the fused and unfused paths compute the whole square)."""
+    causal half, and a sliding window the blocks outside it; the fused and unfused paths compute the
+    whole square)."""
     r = micro_batch_recipe(model, layout)
     per_rank = (model.layers * sum(c.forward_flops() for c in r.layer)
                 + sum(c.forward_flops() for c in r.embedding + r.head))

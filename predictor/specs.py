@@ -7,7 +7,7 @@ which validation asks for the pipeline split, can use these without importing th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Optional, Protocol
 
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu")
@@ -68,12 +68,20 @@ class ModelSpec:
     pos_emb: str = "rotary"
     parallel_residual: bool = False
     tied_embeddings: bool = True
+    # Biases on the linear layers (QKV, attention out, MLP up and down); None = by the norm:
+    # LayerNorm (GPT-3 / NeoX style) has them, RMSNorm (LLaMA style) does not (predictor.recipe).
+    linear_bias: Optional[bool] = None
+    # Sliding-window attention: the keys each query attends to, itself included (a causal window
+    # of w tokens); 0 = none (full causal attention), as a window at least seq_len long is.
+    attention_window: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden == 0:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        if self.linear_bias is None:
+            object.__setattr__(self, "linear_bias", self.norm == "layernorm")
 
     @property
     def head_dim(self) -> int:

@@ -42,7 +42,8 @@ _POSITIVE = ("layers", "hidden", "heads", "seq_len", "pp", "tp", "cp", "micro_ba
 # (fact, job key) copied as found
 _MODEL_REQUIRED = tuple((k, f"model.{k}") for k in ("layers", "hidden", "heads", "seq_len"))
 _MODEL_OPTIONAL = tuple((k, f"model.{k}") for k in ("norm", "activation", "attention", "pos_emb",
-                                                     "parallel_residual", "tied_embeddings"))
+                                                     "parallel_residual", "tied_embeddings", "linear_bias",
+                                                     "attention_window"))
 _LAYOUT_OPTIONAL = tuple((k, f"layout.{k}") for k in (
     "recompute", "sequence_parallel", "virtual_stages",
     # the pipeline split: the framework's rule and its options (neox.py, megatron.py)

@@ -319,6 +319,7 @@ def _attention(v: View, f: Facts) -> None:
     else:
         raise CannotPredict(f"model.attn_config.attn_impl {impl!r} is not torch, flash or triton "
                             f"(MPTConfig refuses it)", origin)
+    _sliding_window(v, f, impl, origin)
     kind, k_origin, _ = _str(v, "model.attn_config.attn_type", "multihead_attention")
     if kind == "multiquery_attention":
         f.set("kv_heads", 1, k_origin)
@@ -338,6 +339,34 @@ def _attention(v: View, f: Facts) -> None:
     else:
         f.set("pos_emb", "learned" if learned else "none",
               l_origin if l_found else "MPTConfig default (learned_pos_emb)")
+
+
+def _sliding_window(v: View, f: Facts, impl: str, impl_origin: str) -> None:
+    """``attn_config.sliding_window_size`` S (default -1: none).  The flash path calls
+    flash_attn_varlen_func with ``window_size=(S, S)`` under the causal mask (llm-foundry's
+    ``attention.py``): S + 1 keys per query; MPTConfig refuses a window with any other attn_impl
+    ("sliding window only implemented with flash attention v2.3.0 or higher")."""
+    dotted = "model.attn_config.sliding_window_size"
+    value, origin, found = _value(v, dotted)
+    if not found or value is None:
+        return
+    if isinstance(value, _Unknown) or (isinstance(value, str) and MARK_OPEN in value):
+        f.set_unknown("attention_window", str(value) if isinstance(value, _Unknown) else
+                      (f.u.reason(value) or "unknown"), origin)
+        return
+    n = None if isinstance(value, bool) else to_int(value)
+    if n is None:
+        raise CannotPredict(f"{dotted} {str(value)[:30]!r} is not an integer (MPT passes it to flash attention "
+                            f"as a number of tokens)", origin)
+    if n == -1:
+        return                      # llm-foundry's default: no window
+    if n < 1:
+        raise CannotPredict(f"{dotted} {n}: a sliding window must reach at least 1 token back (-1, the default, "
+                            f"is full attention)", origin)
+    if impl != "flash":
+        raise CannotPredict(f"{dotted} {n} with attn_impl {impl}: MPTConfig stops at start (\"sliding window only "
+                            f"implemented with flash attention v2.3.0 or higher\")", origin or impl_origin)
+    f.set("attention_window", n + 1, f"{origin} (sliding_window_size {n}: {n + 1} keys per query)")
 
 
 def _layout(v: View, f: Facts, world: Optional[int], world_origin: str, gpn: Optional[int]) -> None:

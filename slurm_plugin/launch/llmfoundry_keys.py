@@ -69,7 +69,7 @@ READ_KEYS = {
                      eval_subset_num_batches variables tp_config""".split()),
     "model": frozenset("""name d_model n_heads n_layers expansion_ratio max_seq_len vocab_size learned_pos_emb
                           attn_config ffn_config norm_type fc_type tie_word_embeddings""".split()),
-    "attn_config": frozenset("attn_type attn_impl alibi rope kv_n_heads".split()),
+    "attn_config": frozenset("attn_type attn_impl alibi rope kv_n_heads sliding_window_size".split()),
     "ffn_config": frozenset("ffn_type ffn_hidden_size moe_num_experts".split()),
     "fsdp_config": frozenset("""activation_checkpointing sharding_strategy mixed_precision
                                 data_parallel_shard_degree data_parallel_replicate_degree""".split()),

@@ -9,11 +9,13 @@ parser does not know stops Megatron at start (:func:`check_flags`, with the flag
 """
 from __future__ import annotations
 
-from typing import Optional
+import ast
+from typing import Any, Optional
 
 from predictor.recipe import gated_ffn_width
 
 from . import moe
+from .configs import to_int
 from .facts import Facts
 from .limits import MAX_KEY_SUGGESTIONS, CannotPredict
 from .megatron_flags import KNOWN as KNOWN_FLAGS
@@ -49,6 +51,7 @@ _STR = {
     "--fp8-recipe": "fp8_recipe_raw",
     "--deepspeed_config": "ds_config", "--deepspeed-config": "ds_config", "--deepscale_config": "ds_config",
     "--split": "split", "--save": "save_dir", "--recompute-method": "recompute_method",
+    "--window-size": "window_size_raw", "--window-attn-skip-freq": "window_skip_raw",
 }
 _FLAGS = {
     "--recompute-activations": "recompute_activations", "--checkpoint-activations": "checkpoint_activations",
@@ -69,6 +72,7 @@ _FLAGS = {
     "--synchronize-each-layer": "cli_synchronize_each_layer",
     "--contigious-checkpointing": "cli_contiguous_checkpointing",
     "--distribute-saved-activations": "distribute_saved",
+    "--disable-bias-linear": "disable_bias_linear", "--add-qkv-bias": "add_qkv_bias",
 }
 _NARGS = {"--rampup-batch-size": ("rampup", 3)}
 
@@ -256,6 +260,8 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
     f = facts
     w = f.warnings
     check_choices(f)
+    _sequence_parallel_at_tp1(f)
+    _null_tokenizer(f)
     if f.get("rampup") is not None and f.get("train_iters") is not None:
         # validate_args: "expected no batch-size rampup for iteration-based training".
         raise CannotPredict("--rampup-batch-size with --train-iters: Megatron asserts there is no batch-size "
@@ -325,8 +331,10 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
             w.append("attention kernel: Megatron-LM's --attention-backend auto is assumed to pick flash attention")
     else:
         f.set("attention", "fused_softmax", "Megatron default")
+    _window(f)
     f.set("tied_embeddings", not f.val("untie"), f.origin("untie", "Megatron default"))
     f.set("parallel_residual", False, "Megatron default")
+    _linear_bias(f)
     # precision
     if f.val("fp8"):
         # FP8 runs on top of bf16 (Transformer Engine): the layers' linear GEMMs in FP8, all else
@@ -411,6 +419,150 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         f.set("eval_interval", 1000, "Megatron default")
     if f.get("eval_iters") is None:
         f.set("eval_iters", 100, "Megatron default")
+
+
+def _sequence_parallel_at_tp1(f: Facts) -> None:
+    """Megatron's validate_args turns sequence parallelism off at tensor-parallel size 1
+    (``if args.tensor_model_parallel_size == 1: args.sequence_parallel = False``, with the warning
+    "Disabling sequence parallelism because tensor model parallelism is disabled")."""
+    if not f.val("sequence_parallel"):
+        return
+    tp = f.get("tp")
+    if tp is not None and (tp.unknown is not None or tp.value != 1):
+        return
+    where = f.origin("sequence_parallel")
+    size = f"tensor-parallel size 1 ({tp.origin})" if tp is not None else "no --tensor-model-parallel-size"
+    f.set("sequence_parallel", False, f"{where} (turned off by Megatron at tensor-parallel size 1)")
+    f.warnings.append(f"--sequence-parallel with {size}: Megatron turns sequence parallelism off at "
+                      f"tensor-parallel size 1; read as off ({where})")
+
+
+def _null_tokenizer(f: Facts) -> None:
+    """Megatron's NullTokenizer appends an end-of-document token: its vocab_size is --vocab-size + 1
+    (``_NullTokenizer.vocab_size``), which Megatron then pads."""
+    if f.val("tokenizer") != "NullTokenizer" or not f.known("vocab"):
+        return
+    n = f.val("vocab")
+    f.set("vocab", n + 1, f"{f.origin('vocab')} (--tokenizer-type NullTokenizer: --vocab-size {n} + 1, its "
+                          f"end-of-document token)")
+
+
+def _linear_bias(f: Facts) -> None:
+    """Megatron's linear layers carry biases (add_bias_linear) unless --disable-bias-linear;
+    --add-qkv-bias puts them back on the QKV projection alone."""
+    if f.val("disable_bias_linear"):
+        f.set("linear_bias", False, f.origin("disable_bias_linear"))
+        if f.val("add_qkv_bias"):
+            f.warnings.append(f"--add-qkv-bias with --disable-bias-linear: the QKV projection's biases "
+                              f"(a few thousand parameters per layer) are not counted ({f.origin('add_qkv_bias')})")
+    else:
+        f.set("linear_bias", True, "Megatron default (biases on the linear layers without --disable-bias-linear)")
+
+
+def window_pair(raw: Any, what: str, origin: str, brackets: bool = False) -> Optional[tuple]:
+    """Megatron-core's ``window_size`` (left, right) as written: ``--window-size 4096,0`` (Megatron's
+    tuple_type: ``"4096,0"`` or ``"(4096,0)"``) or, with ``brackets``, a YAML list / ``[4096,0]``
+    (NeMo's model.window_size).  None for null; a value that is not two integers stops the job
+    when Megatron-core builds the attention, and the prediction here."""
+    if raw is None:
+        return None
+    if isinstance(raw, (list, tuple)) and brackets:
+        parts: list = list(raw)
+    else:
+        text = str(raw).strip()
+        if brackets and text.lower() in ("null", "none", "~"):
+            return None
+        parts = text.strip("()[]" if brackets else "()").split(",")
+    nums = [None if isinstance(p, bool) else to_int(p.strip() if isinstance(p, str) else p) for p in parts]
+    if len(nums) != 2 or any(n is None for n in nums):
+        raise CannotPredict(f"{what} {str(raw)[:40]}: not a pair LEFT,RIGHT of integers (Megatron-core's "
+                            f"window_size is (left, right)); the job stops when it builds the attention", origin)
+    return nums[0], nums[1]
+
+
+def window_layers(raw: Any, layers: Optional[int]) -> Optional[str]:
+    """Which layers a ``window_attn_skip_freq`` leaves windowed (megatron/core/transformer/utils.py
+    ``is_layer_window_attention``: an integer N makes layers N, 2N, … full attention; a list, as
+    ``"[1,1,1,0]*3"``, gives each layer 1 = window, 0 = full): "all", "none", "some", or None when
+    it cannot be read."""
+    if raw is None:
+        return "all"
+    if isinstance(raw, (list, tuple)):
+        pattern: Any = list(raw)
+    else:
+        text = str(raw).strip()
+        if "[" not in text:
+            n = to_int(text)
+            if n is None or n < 1:
+                return None
+            if n == 1:
+                return "none"
+            return "all" if layers is not None and n > layers else "some"
+        body, star, times = text.partition("*")
+        try:
+            pattern = ast.literal_eval(body.strip())
+            k = int(times.strip()) if star else 1
+        except (ValueError, SyntaxError, TypeError):
+            return None
+        if not isinstance(pattern, list) or k < 1:
+            return None
+    if not pattern or not all(isinstance(x, int) and not isinstance(x, bool) for x in pattern):
+        return None
+    on = {bool(x) for x in pattern}
+    return "all" if on == {True} else "none" if on == {False} else "some"
+
+
+def set_window(f: Facts, pair: tuple, what: str, origin: str, skip: Any = None, skip_what: str = "",
+               skip_origin: str = "") -> None:
+    """The job's ``model.attention_window`` from Megatron-core's (left, right) window: a query
+    keeps the keys i − left … i + right (``get_sliding_window_causal_mask``; -1 = unbounded),
+    so under GPT's causal mask it meets left + 1 keys.  With ``skip`` (window_attn_skip_freq) some
+    layers may run full attention: the job has one window for every layer, so those jobs are
+    costed as full attention everywhere (an upper bound), with a warning."""
+    left, right = pair
+    shown = f"{what} {left},{right}"
+    if left == -1:
+        f.warnings.append(f"{shown}: a left window of -1 is unbounded, so attention is full causal ({origin})")
+        return
+    if left < 1:
+        raise CannotPredict(f"{shown}: a window of {left} tokens before each query is not a sliding window "
+                            f"(at least 1; -1 = unbounded)", origin)
+    if right > 0:
+        f.warnings.append(f"{shown}: GPT's causal mask keeps no key after the query, so the right side "
+                          f"({right}) is 0 ({origin})")
+    layers = f.val("layers") if f.known("layers") else None
+    which = window_layers(skip, layers)
+    if which != "all":
+        how = {"none": "every layer runs full attention",
+               "some": "some layers run full attention, which is not costed beside windowed ones",
+               None: "not a frequency or pattern this reader can evaluate"}[which]
+        tail = "" if which == "none" else "; every layer costed as full causal attention (an upper bound)"
+        f.warnings.append(f"{skip_what} {str(skip)[:40]} with {shown}: {how}{tail} ({skip_origin})")
+        return
+    window = left + 1
+    f.set("attention_window", window, f"{origin} ({shown}: {window} keys per query)")
+
+
+def _window(f: Facts) -> None:
+    """--window-size LEFT,RIGHT (and --window-attn-skip-freq): sliding-window attention."""
+    raw = f.get("window_size_raw")
+    skip = f.get("window_skip_raw")
+    if raw is None:
+        if skip is not None:
+            f.warnings.append(f"--window-attn-skip-freq without --window-size does nothing ({skip.origin})")
+        return
+    if raw.unknown is not None:
+        f.set_unknown("attention_window", raw.unknown, raw.origin)
+        return
+    pair = window_pair(raw.value, "--window-size", raw.origin)
+    if pair is None:
+        return
+    if skip is not None and skip.unknown is not None:
+        f.warnings.append(f"--window-attn-skip-freq is unknown ({skip.unknown}): every layer costed as full "
+                          f"causal attention (an upper bound) ({skip.origin})")
+        return
+    set_window(f, pair, "--window-size", raw.origin, skip.value if skip is not None else None,
+               "--window-attn-skip-freq", skip.origin if skip is not None else "")
 
 
 def te_backend_from_env(f: Facts) -> bool:

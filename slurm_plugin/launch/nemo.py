@@ -48,7 +48,7 @@ model.activations_checkpoint_granularity model.activations_checkpoint_method mod
 model.optim.overlap_grad_sync model.optim.overlap_param_sync model.use_flash_attention model.mcore_gpt
 model.transformer_engine model.masked_softmax_fusion model.fp8 model.fp8_recipe model.ub_tp_comm_overlap
 model.num_moe_experts model.make_vocab_size_divisible_by model.tokenizer.model model.tokenizer.type
-model.tokenizer.vocab_file
+model.tokenizer.vocab_file model.window_size model.window_attn_skip_freq
 """.split())
 
 _DELETE = object()
@@ -302,6 +302,7 @@ def read(cfg: Config, h: HydraArgs, f: Facts) -> None:
     sp, origin = _bool(v, "model.sequence_parallel")
     f.set("sequence_parallel", bool(sp), origin or "NeMo default")
     _attention(v, f)
+    _window(v, f)
     _precision(v, f)
     _overlaps(v, f)
     gran, origin = _str(v, "model.activations_checkpoint_granularity")
@@ -391,6 +392,36 @@ def _attention(v: View, f: Facts) -> None:
         return
     fused, origin2 = _bool(v, "model.masked_softmax_fusion")
     f.set("attention", "unfused" if fused is False else "fused_softmax", origin2 or "NeMo default")
+
+
+def _window(v: View, f: Facts) -> None:
+    """``model.window_size`` [left, right] (and ``model.window_attn_skip_freq``): NeMo's
+    ``build_transformer_config`` hands every model key named like a field of Megatron-core's
+    TransformerConfig to it (megatron_base_model.py), so an mcore model's attention gets the
+    window as Megatron-LM's --window-size gives it (megatron.set_window)."""
+    raw, origin, found = v.get("model.window_size")
+    skip, s_origin, s_found = v.get("model.window_attn_skip_freq")
+    if not found or raw is None:
+        return
+    if isinstance(raw, str) and MARK_OPEN in raw:
+        f.set_unknown("attention_window", f.u.reason(raw) or "unknown", origin)
+        return
+    pair = megatron.window_pair(raw, "model.window_size", origin, brackets=True)
+    if pair is None:
+        return
+    mcore, _m_origin = _bool(v, "model.mcore_gpt")
+    if not mcore:
+        f.warnings.append(f"model.window_size: NeMo passes it to Megatron-core's TransformerConfig, which only "
+                          f"mcore_gpt models build; ignored, full causal attention ({origin})")
+        return
+    if s_found and isinstance(skip, str) and (MARK_OPEN in skip or skip.strip().lower() in ("null", "none", "~")):
+        if MARK_OPEN in skip:
+            f.warnings.append(f"model.window_attn_skip_freq is unknown: every layer costed as full causal "
+                              f"attention (an upper bound) ({s_origin})")
+            return
+        skip = None
+    megatron.set_window(f, pair, "model.window_size", origin, skip if s_found else None,
+                        "model.window_attn_skip_freq", s_origin)
 
 
 def _overlaps(v: View, f: Facts) -> None:

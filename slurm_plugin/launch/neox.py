@@ -15,6 +15,7 @@ from typing import Any, Optional
 from . import moe
 from .configs import Config, check_duplicates, to_bool, to_int, to_number
 from .facts import Facts
+from .limits import CannotPredict
 from .neox_keys import CONTIGUOUS_NEEDS_PARTITION, NEOX_KEYS, NEOX_SHAPE_KEYS, check_keys, check_zero_keys
 from .values import MARK_OPEN, Tok
 
@@ -217,6 +218,7 @@ def read_merged(m: Merged, facts: Facts) -> None:
     f.set("sequence_parallel", bool(to_bool(m.raw("sequence_parallel", False))),
           m.origin("sequence_parallel") or "NeoX default")
     _attention(m, f)
+    _sliding_window(m, f)
     _mlp(m, f)
     _precision(m, f)
     z = m.raw("zero_optimization")
@@ -377,6 +379,27 @@ def _attention(m: Merged, f: Facts) -> None:
         if main != "global":
             f.warnings.append(f"attention type {main} is modelled as global attention")
         f.set("attention", dense, origin)
+
+
+def _sliding_window(m: Merged, f: Facts) -> None:
+    """``sliding_window_width`` W (NeoX's default None: full attention): flash attention gets
+    ``window_size=(W, -1)`` under its causal mask (megatron/model/transformer.py), and the other
+    paths' mask keeps keys i − W … i (megatron/utils.py ``get_attn_mask``, ``triu(diagonal=-W)``):
+    W + 1 keys per query either way."""
+    if not m.has("sliding_window_width") or m.raw("sliding_window_width") is None:
+        return
+    v, origin = m.raw("sliding_window_width"), m.origin("sliding_window_width")
+    if isinstance(v, str) and MARK_OPEN in v:
+        f.set_unknown("attention_window", f.u.reason(v) or "unknown", origin)
+        return
+    n = None if isinstance(v, bool) else to_int(v)
+    if n is None:
+        raise CannotPredict(f"sliding_window_width = {str(v)[:30]!r} is not an integer (NeoX passes it to the "
+                            f"attention as a number of tokens)", origin)
+    if n < 1:
+        raise CannotPredict(f"sliding_window_width = {n}: a sliding window must reach at least 1 token back "
+                            f"(leave it out, or null, for full attention)", origin)
+    f.set("attention_window", n + 1, f"{origin} (sliding_window_width {n}: {n + 1} keys per query)")
 
 
 def _mlp(m: Merged, f: Facts) -> None:

@@ -102,7 +102,7 @@ pipe_parallel_size model_parallel_size num_layers hidden_size num_attention_head
 seq_length max_position_embeddings intermediate_size train_micro_batch_size_per_gpu
 gradient_accumulation_steps train_batch_size train_iters zero_optimization precision
 global_num_gpus sequence_parallel checkpoint_activations partition_activations checkpoint_in_cpu
-synchronize_each_layer
+synchronize_each_layer sliding_window_width
 """.split())
 DEEPSPEED_SHAPE_KEYS = frozenset("""
 train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps zero_optimization fp16 bf16
