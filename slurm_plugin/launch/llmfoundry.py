@@ -265,6 +265,9 @@ def _model(v: View, f: Facts, label: str) -> None:
           origin if found else "MPTConfig default (low_precision_layernorm)")
     tied, origin, found = _bool(v, "model.tie_word_embeddings", True)
     f.set("tied_embeddings", tied, origin if found else "MPTConfig default (tie_word_embeddings)")
+    # MPT's no_bias drops the biases of every linear layer (and norm); MPTConfig's default keeps them.
+    no_bias, origin, found = _bool(v, "model.no_bias", False)
+    f.set("linear_bias", not no_bias, origin if found else "MPTConfig default (no_bias false)")
     f.set("parallel_residual", False, "MPT block (sequential)")
 
 

@@ -274,3 +274,13 @@ def test_compile_config_compiles_the_model_and_null_does_not(tmp_path):
     res = _run(tmp_path, COMPOSER + "\n", MPT7B + "compile_config: {}\n")
     assert _ok(res).run.compile and res.provenance["run.compile"].startswith(str(tmp_path))
     assert not _ok(_run(tmp_path, COMPOSER + "\n", MPT7B + "compile_config: null\n")).run.compile
+
+
+@pytest.mark.parametrize("edit, bias", [("", True), ("  no_bias: true\n", False), ("  no_bias: false\n", True)])
+def test_no_bias_drops_the_linear_biases_as_mpt_does(tmp_path, edit, bias):
+    # MPTConfig's no_bias (default false) decides the linear layers' biases, whatever the norm.
+    yaml = MPT1B.replace("model:\n", "model:\n" + edit, 1)
+    res = _run(tmp_path, COMPOSER + "\n", yaml)
+    j = _ok(res)
+    assert j.model.norm == "rmsnorm" and j.model.linear_bias is bias
+    assert ("mpt.yaml" in res.provenance["model.linear_bias"]) is bool(edit)
