@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from predictor.errors import BundleError, PerfcastError
+from predictor.errors import BundleError, PerfcastError, did_you_mean
 from predictor.platform import (PLATFORM_FILE, SHIPPED_DIR, load_platform, pin_platform_bundles,
                                 shipped_platform_sha256)
 from predictor.validation import MAX_RUNS, MeasuredRun
@@ -440,10 +440,19 @@ def rollback(partition: str, *, root: "str | Path | None" = None,
     check_partition_name(partition)
     base = platforms_root(root)
     if not (base / partition).is_dir():
-        raise CalibrationError(f"partition {partition} has no installed platform under {base}")
+        raise CalibrationError(f"partition {partition} has no installed platform under {base}"
+                               f"{did_you_mean(partition, _installed_partitions(base))}")
     with _partition_lock(base / partition):
         res = _rollback_locked(partition, base, pid_file)
     return _reloaded(res, pid_file)
+
+
+def _installed_partitions(base: Path) -> list[str]:
+    """The partitions with a directory under ``base`` (for a misspelt name's did-you-mean)."""
+    try:
+        return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
 
 
 def _rollback_locked(partition: str, base: Path, pid_file: "str | Path | None" = None) -> InstallResult:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from predictor.errors import PerfcastError
-from slurm_plugin.policy import slurm_duration
+from slurm_plugin.policy import plural, slurm_duration
 from slurm_plugin.records import JobOutcome, PredictionRecord
 
 from .watch_log import WatchAction
@@ -246,7 +246,7 @@ class Report:
                     lines.append(f"  job {j.job_id} {_stamp(a.at)} {a.action:<6} {change}: {a.reason}")
         for name, s in sorted(self.partitions.items()):
             lines.append("")
-            lines.append(f"partition {name}: {s.jobs} jobs, {s.measured} with a measured iteration time")
+            lines.append(f"partition {name}: {plural(s.jobs, 'job')}, {s.measured:,} with a measured iteration time")
             if s.measured:
                 text = (f"  iteration time: MAPE {100 * s.mape:.1f}%, signed mean error "
                         f"{100 * s.signed_error:+.1f}% (< 0: under-predicted)")
@@ -260,12 +260,13 @@ class Report:
                               ("users' limits", s.over_reservation_user_limits)):
                 if sp.n:
                     lines.append(f"  over-reservation (limit / elapsed, completed jobs) of {label}: "
-                                 f"median {sp.median:.2f}x, p90 {sp.p90:.2f}x over {sp.n} jobs")
+                                 f"median {sp.median:.2f}x, p90 {sp.p90:.2f}x over {plural(sp.n, 'job')}")
             w = s.watch
             if w is not None:
-                lines.append(f"  watch: {w.jobs_watched} jobs watched; {w.extensions} extensions "
-                             f"({w.hours_extended:.2f} h) of {w.jobs_extended} jobs, {w.shrinks} shrinks of "
-                             f"{w.jobs_shrunk} jobs ({w.hours_returned:.2f} h returned to backfill); "
+                lines.append(f"  watch: {plural(w.jobs_watched, 'job')} watched; {plural(w.extensions, 'extension')} "
+                             f"({w.hours_extended:.2f} h) of {plural(w.jobs_extended, 'job')}, "
+                             f"{plural(w.shrinks, 'shrink')} of {plural(w.jobs_shrunk, 'job')} "
+                             f"({w.hours_returned:.2f} h returned to backfill); "
                              f"kills avoided: {w.kills_avoided}"
                              + (f" (jobs {', '.join(map(str, w.kills_avoided_jobs[:10]))})"
                                 if w.kills_avoided_jobs else ""))

@@ -108,6 +108,9 @@ def test_rollback_without_history_and_bad_names(tmp_path):
         rollback("p", root=tmp_path)
     with pytest.raises(CalibrationError, match="bad partition name"):
         rollback("../etc", root=tmp_path)
+    (tmp_path / "watchshort").mkdir()
+    with pytest.raises(CalibrationError, match=r"no installed platform .*\(did you mean 'watchshort'\?\)"):
+        rollback("watchshrt", root=tmp_path)
 
 
 def test_root_from_environment(monkeypatch, tmp_path):

@@ -73,6 +73,8 @@ def test_table_and_empty():
     text = build_report([pair(1, meas=1.25), pair(3, state="TIMEOUT", elapsed=1800.0)]).table()
     assert "partition gpu: 2 jobs, 1 with a measured iteration time" in text
     assert "ended TIMEOUT at one: 1 (jobs 3)" in text and "-20.0%" in text
+    one = build_report([pair(1, meas=1.25)]).table()
+    assert "partition gpu: 1 job, 1 with a measured iteration time" in one
 
 
 def test_cli_report_and_plot(tmp_path, capsys, monkeypatch):
