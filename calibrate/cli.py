@@ -7,7 +7,7 @@
     perf-calibrate fit DIR --out PLATFORM_DIR [--name NAME]
     perf-calibrate import --format estimate-train-time SRC --out DIR
     perf-calibrate install PLATFORM_DIR --partition P [--root ROOT] [--force]
-    perf-calibrate schedule --partition P [--every 30d] [--recur begin|scrontab] [--dry-run]
+    perf-calibrate schedule --partition P [--every 30d] [--recur begin|scrontab] [--gpu h100] [--dry-run]
     perf-calibrate status [--root ROOT] [--json]
     perf-calibrate rollback NAME [--root ROOT] [--config FILE]   (NAME: a partition's, or a site overlay's platform)
     perf-calibrate validate PLATFORM --runs RUNS.toml [--fit] [--replace] [--dry-run] [--json]
@@ -23,20 +23,40 @@ exits 1 when a partition's refit failed or perf-predictd missed the reload after
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from predictor.errors import OneLineParser, PerfcastError
-from slurm_plugin.policy import slurm_duration
-from slurm_plugin.records import RecordStoreError
 
-from .plans import PRECISIONS
+from .env import quiet_worker_signals
+
+
+def _quiet_if_spawned_worker() -> None:
+    """A worker that ``run``, ``host`` or ``fabric`` spawns (multiprocessing's spawn) imports
+    this module first, as its parent's main module, seconds before it imports torch: Ctrl-C is
+    left to the parent from here on, so a worker never prints a KeyboardInterrupt traceback."""
+    mp_process = sys.modules.get("multiprocessing.process")
+    # ``_inheriting``: set by multiprocessing while a spawned child unpickles its parent's state.
+    if mp_process is not None and getattr(mp_process.current_process(), "_inheriting", False):
+        quiet_worker_signals()
+
+
+# Before the imports below: they take a worker's first second (numpy among them).
+_quiet_if_spawned_worker()
+
+from slurm_plugin.policy import slurm_duration  # noqa: E402
+from slurm_plugin.records import RecordStoreError  # noqa: E402
+
+from .plans import PRECISIONS  # noqa: E402
 
 log = logging.getLogger("perf-calibrate")
 
@@ -229,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precision", type=_precisions, default=("fp16",))
     s.add_argument("--nodes", type=_count, default=0,
                    help="nodes to calibrate on (default: up to 4 of the partition's)")
+    s.add_argument("--gpu", default="",
+                   help="GPU model the job is sized for (a100, h100, …; default: the type the partition's "
+                        "gres names, a nominal A100 if it names none)")
     s.add_argument("--root", default=None)
     s.add_argument("--account", default="")
     s.add_argument("--command", default="", help="how compute nodes run perf-calibrate")
@@ -445,7 +468,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     req = ScheduleRequest(partition=args.partition, every=args.every, recur=args.recur, plan=args.plan,
                           budget_gpu_minutes=args.budget, precisions=args.precision, nodes=args.nodes,
                           root=args.root, command=args.command, account=args.account,
-                          dry_run=args.dry_run)
+                          dry_run=args.dry_run, gpu=args.gpu)
     job = schedule(req)
     if args.dry_run:
         print(job.script, end="")
@@ -697,6 +720,32 @@ COMMANDS = {"run": cmd_run, "host": cmd_host, "fabric": cmd_fabric, "plan": cmd_
             "report": cmd_report, "watch": cmd_watch}
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``scancel``, a Slurm time limit, systemd), raised like Ctrl-C's
+    KeyboardInterrupt so that the same clean-up runs: workers stopped, queues closed, what was
+    measured kept."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` for the body.  Without this Python dies at once: no
+    ``finally`` runs, the workers are left to themselves and the resource tracker reports the
+    queues' semaphores as leaked.  (Waits inside C++ put the default back for their duration:
+    ``calibrate.env.signals_default``.)"""
+    if threading.current_thread() is not threading.main_thread():   # (tests calling main())
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -712,10 +761,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return COMMANDS[args.cmd](args)
+        # `run` only: its spawned workers and queues are what SIGTERM's instant death left behind.
+        with _sigterm_as_interrupt() if args.cmd == "run" else contextlib.nullcontext():
+            return COMMANDS[args.cmd](args)
     except (PerfcastError, RecordStoreError) as exc:
         print(f"perf-calibrate: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("perf-calibrate: terminated (SIGTERM; a run resumes where it stopped)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("perf-calibrate: interrupted (a run resumes where it stopped)", file=sys.stderr)
         return 130

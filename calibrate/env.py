@@ -6,13 +6,17 @@ inside the functions: this module is also read by torch-free commands (``status`
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform as _platform
+import re
+import signal
 import socket
+import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -133,15 +137,32 @@ def _nvidia_driver() -> str:
     return ""
 
 
-def published_spec(gpu_name: str) -> DeviceSpec | None:
-    """The published figures of a known GPU (matched on a word of its name), else None."""
-    low = gpu_name.lower()
-    # Longest keys first: "gh200" must win over "h200" in "NVIDIA GH200 120GB".
+def gpu_key(gpu_name: str) -> str | None:
+    """The ``KNOWN_GPUS`` key a GPU name spells, else None (case does not matter).
+
+    A word of the name (split at spaces, hyphens, underscores …) must be the key, or the key
+    followed by letters only (a variant: V100S, H100NVL); or the whole name without separators
+    must be it ("H 100").  So "NVIDIA H100 80GB HBM3", "a100-sxm4-80gb" and "GH200" are known,
+    while a substring is not enough: "NVIDIA RTX A1000" is no A100 and "h1000" no H100 (their
+    figures would be an A100's or H100's, several times too high).  ``plan --gpu`` and
+    ``schedule`` resolve names by it too (``calibrate.plans.known_gpu``).
+    """
+    low = gpu_name.strip().lower()
+    words = [w for w in re.split(r"[^a-z0-9]+", low) if w] + [re.sub(r"[^a-z0-9]+", "", low)]
+    # Longest keys first: "gh200" must win over "h200".
     for key in sorted(KNOWN_GPUS, key=len, reverse=True):
-        if key in low:
-            mem, tf, bw = KNOWN_GPUS[key]
-            return DeviceSpec(gpu_name, "cuda", mem, dict(tf), bw, source="published")
+        if any(w == key or (w.startswith(key) and w[len(key):].isalpha()) for w in words):
+            return key
     return None
+
+
+def published_spec(gpu_name: str) -> DeviceSpec | None:
+    """The published figures of a known GPU (``gpu_key``: a word of its name), else None."""
+    key = gpu_key(gpu_name)
+    if key is None:
+        return None
+    mem, tf, bw = KNOWN_GPUS[key]
+    return DeviceSpec(gpu_name, "cuda", mem, dict(tf), bw, source="published")
 
 
 def probe_spec(device: str, precisions: tuple[str, ...]) -> DeviceSpec:
@@ -194,6 +215,103 @@ def device_spec(device: str, precisions: tuple[str, ...]) -> DeviceSpec:
         if spec is not None and all(p in spec.tflops for p in precisions):
             return spec
     return probe_spec(device, precisions)
+
+
+# ------------------------------------------------------------------ worker processes and signals
+# Ctrl-C reaches every process of the terminal's foreground group, and Slurm signals every process
+# of a job step: the spawned workers get the signal their parent gets.  Handling it is the
+# parent's business (it stops the workers and keeps what was measured); a worker that raised
+# KeyboardInterrupt would only print its traceback, often from inside torch's import.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def signals_held(signals: tuple[int, ...] = _STOP_SIGNALS) -> Iterator[None]:
+    """Hold ``signals`` for the body: one that arrives is delivered (its handler run, its
+    exception raised) once the body is done, unless the body ends in an exception (the process
+    is stopping anyway).  Handlers, not the signal mask: Python runs them in the main thread
+    whichever thread the kernel picks, and torch's threads do not block anything.  Only the main
+    thread sets handlers: elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        signal.signal(sig, lambda signum, frame: held.append(signum))
+    stopping = False
+    try:
+        yield
+    except BaseException:
+        stopping = True
+        raise
+    finally:
+        for sig, handler in previous.items():
+            # None: a handler not set from Python, which Python cannot put back; the default.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if held and not stopping:
+            signal.raise_signal(held[0])     # its own handler now: KeyboardInterrupt, or the default
+
+
+@contextlib.contextmanager
+def signals_default(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None]:
+    """The default action (the process ends) for ``signals`` during the body: for waits inside
+    C++ (a process group's rendezvous, a collective, a barrier), where a Python handler runs only
+    once the wait is over (hours for a rank waiting for rank 0's operators), so that SIGTERM
+    would wait for Slurm's SIGKILL.  Only the main thread sets handlers: elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = [(sig, signal.signal(sig, signal.SIG_DFL)) for sig in signals]
+    try:
+        yield
+    finally:
+        for sig, handler in previous:
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+@contextlib.contextmanager
+def spawning_workers() -> Iterator[None]:
+    """Around starting spawned workers: they start with SIGINT and SIGTERM blocked, so that
+    nothing interrupts them before ``quiet_worker_signals`` (a signal mask survives fork and
+    exec; handlers do not).  A signal for this process meanwhile is held (``signals_held``): the
+    start is never cut short with workers running that the caller does not know of."""
+    from multiprocessing import resource_tracker
+    # Started inside the body, the resource tracker would unblock both signals again (the
+    # standard library blocks them around its own launch and unblocks them after).
+    resource_tracker.ensure_running()
+    with signals_held():
+        blocking = hasattr(signal, "pthread_sigmask")
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS) if blocking else None
+        try:
+            yield
+        finally:
+            if blocking:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def quiet_worker_signals(parent_pid: int | None = None,
+                         signals: tuple[int, ...] = (signal.SIGINT,)) -> None:
+    """In a spawned worker: leave ``signals`` to the parent, which stops its workers itself.
+
+    While the parent lives, the signal is ignored.  Once it is gone (torch's workers get SIGINT
+    when their parent dies, PR_SET_PDEATHSIG), the worker exits at once, quietly: nobody reads
+    what it would measure.  ``parent_pid``: the parent's pid as the parent saw it (a parent that
+    died before this call leaves the worker with another one); default the current parent.
+    """
+    parent = os.getppid() if parent_pid is None else parent_pid
+
+    def on_signal(signum: int, frame: object) -> None:
+        if os.getppid() != parent:
+            os._exit(128 + signum)
+
+    for sig in signals:
+        signal.signal(sig, on_signal)
+    if os.getppid() != parent:
+        os._exit(128 + signals[0])
+    if hasattr(signal, "pthread_sigmask"):
+        # Blocked by spawning_workers(); a signal that arrived during start-up meets the handler.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
 def _host_memory_gib() -> float:

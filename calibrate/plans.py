@@ -539,21 +539,11 @@ def _space_filling(pool: list[OperatorPoint], spec: GpuSpec | None, device: str,
 
 
 def known_gpu(name: str) -> str | None:
-    """The ``calibrate.env.KNOWN_GPUS`` key a GPU name spells, else None.
+    """The ``calibrate.env.KNOWN_GPUS`` key a GPU name spells, else None (``calibrate.env.gpu_key``:
+    a word of the name, so "h1000" is not taken for an H100)."""
+    from .env import gpu_key
 
-    A word of the name (split at spaces, hyphens, underscores …) must be the key, or the key
-    followed by letters only (a variant: V100S, H100NVL); or the whole name without separators
-    must be it ("H 100").  So "NVIDIA H100 80GB HBM3", "a100-sxm4-80gb" and "GH200" are known,
-    while "h1000" is not taken for an H100 (``published_spec`` matches any substring).
-    """
-    from .env import KNOWN_GPUS
-
-    low = name.strip().lower()
-    words = [w for w in re.split(r"[^a-z0-9]+", low) if w] + [re.sub(r"[^a-z0-9]+", "", low)]
-    for key in sorted(KNOWN_GPUS, key=len, reverse=True):
-        if any(w == key or (w.startswith(key) and w[len(key):].isalpha()) for w in words):
-            return key
-    return None
+    return gpu_key(name)
 
 
 def resolve_gpu(name: str):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -22,7 +23,8 @@ import torch.multiprocessing as mp
 
 from .attention import survey as attention_survey
 from .collectives import agree_on_points, context_from_env, init_process_group, run_points, spawn_local
-from .env import METHOD_VERSION, DeviceSpec, collect_environment, device_spec
+from .env import (METHOD_VERSION, DeviceSpec, collect_environment, device_spec, quiet_worker_signals,
+                  signals_default, signals_held, spawning_workers)
 from .errors import CalibrationError
 from .kernels import build_kernel, fp8_gemms_supported
 from .plans import (Allocation, Cost, OperatorPoint, Plan, add_attention_kernels, estimate_cost, make_plan,
@@ -223,7 +225,8 @@ def run_calibration(opts: RunOptions) -> RunResult:
     if ctx is not None:
         # Joined only now: with --part all, the other ranks wait here while rank 0 measures the
         # operators, which can take hours — hence the long rendezvous/collective timeout.
-        init_process_group(ctx, timeout_s=_GROUP_TIMEOUT_S if opts.part == "all" else None)
+        with signals_default():      # a wait in C++: SIGTERM must end it (signals_default)
+            init_process_group(ctx, timeout_s=_GROUP_TIMEOUT_S if opts.part == "all" else None)
     if opts.part in ("all", "collectives") and not stopped:
         stopped = _measure_collectives(plan, store, opts, result, ctx, threads, local_ranks, budget_points)
 
@@ -248,8 +251,9 @@ def run_calibration(opts: RunOptions) -> RunResult:
                                 "those are (run them again into it)")
     if ctx is not None:
         import torch.distributed as dist
-        dist.barrier()
-        dist.destroy_process_group()
+        with signals_default():
+            dist.barrier()
+            dist.destroy_process_group()
     result.seconds = time.monotonic() - t_start
     return result
 
@@ -269,8 +273,12 @@ def measure_point(pt: OperatorPoint, device: str, warmup: int, repeats: int,
 
 
 def _operator_worker(rank: int, world: int, device: str, threads: int, points: list[OperatorPoint],
-                     warmup: int, repeats: int, results, device_only: bool = False) -> None:
+                     warmup: int, repeats: int, results, device_only: bool = False,
+                     parent_pid: int | None = None) -> None:
     """One local rank measuring its share (every world-th point); results stream to the parent."""
+    # Ctrl-C and SIGTERM are the parent's to handle: it kills its workers and keeps what they
+    # measured (_spawn_operators), so none of them prints a traceback.
+    quiet_worker_signals(parent_pid, (signal.SIGINT, signal.SIGTERM))
     warnings.filterwarnings("ignore")
     if device == "cuda":
         torch.cuda.set_device(rank)
@@ -335,10 +343,7 @@ def _spawn_operators(todo: list[OperatorPoint], plan: Plan, opts: RunOptions, wo
                      record, budget_spent, past_deadline) -> bool:
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    proc = mp.start_processes(_operator_worker,
-                              args=(world, opts.device, threads, todo, plan.warmup, plan.repeats, results,
-                                    opts.timing == "device"),
-                              nprocs=world, join=False, start_method="spawn")
+    proc = None
     stopped = False
 
     def drain() -> bool:
@@ -349,6 +354,13 @@ def _spawn_operators(todo: list[OperatorPoint], plan: Plan, opts: RunOptions, wo
             record(kind, pt, value)
         return budget_spent() or past_deadline()
     try:
+        # The workers start with SIGINT and SIGTERM blocked, then leave them to this process
+        # (_operator_worker); a Ctrl-C meanwhile is raised once they have started, inside the try.
+        with spawning_workers():
+            proc = mp.start_processes(_operator_worker,
+                                      args=(world, opts.device, threads, todo, plan.warmup, plan.repeats,
+                                            results, opts.timing == "device", os.getpid()),
+                                      nprocs=world, join=False, start_method="spawn")
         while not proc.join(timeout=0.2):
             if drain():
                 stopped = True
@@ -361,10 +373,15 @@ def _spawn_operators(todo: list[OperatorPoint], plan: Plan, opts: RunOptions, wo
         drain()
         raise CalibrationError(f"an operator rank died: {exc}") from None
     finally:
-        for p in proc.processes:
-            if p.is_alive():
-                p.kill()     # stop_after, or an error: what was recorded stays, the rest is resumed
-                p.join()
+        # stop_after, an error, Ctrl-C or SIGTERM: what was recorded stays, the rest is resumed.
+        # The workers leave both signals to this process, so they are killed; a second Ctrl-C
+        # waits for that.
+        with signals_held():
+            for p in proc.processes if proc is not None else ():
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            results.close()
     return stopped
 
 
@@ -413,7 +430,8 @@ def _measure_collectives(plan: Plan, store: SampleStore | None, opts: RunOptions
     warmup, repeats = max(plan.warmup, 5), max(plan.repeats, 10)
     if ctx is not None:
         todo = [c for c in plan.collectives if store is not None and not store.has_collective(c)]
-        todo = agree_on_points(ctx, todo)
+        with signals_default():
+            todo = agree_on_points(ctx, todo)
         bar = _bar(len(todo), "collectives", opts.progress and ctx.rank == 0)
 
         def report(p, us):
@@ -422,7 +440,8 @@ def _measure_collectives(plan: Plan, store: SampleStore | None, opts: RunOptions
             result.measured_collectives += 1
             bar.update(1)
         try:
-            run_points(ctx, todo, warmup, repeats, report)
+            with signals_default():      # collectives and barriers wait in C++ (signals_default)
+                run_points(ctx, todo, warmup, repeats, report)
         finally:
             bar.close()
         return False

@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
+from predictor.errors import did_you_mean
 from slurm_plugin.policy import slurm_duration
 
-from .env import published_spec
+from .env import KNOWN_GPUS, DeviceSpec, gpu_key, published_spec
 from .errors import CalibrationError
 from .install import check_partition_name, platforms_root
-from .plans import Allocation, Cost, _nominal_spec, estimate_cost, make_plan
+from .plans import Allocation, Cost, _nominal_spec, estimate_cost, make_plan, resolve_gpu
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class ScheduleRequest:
     extra_sbatch: tuple[str, ...] = ()
     tolerance: float = 0.10
     dry_run: bool = False
+    gpu: str = ""                          # GPU whose figures size the job ("": the partition's gres type)
 
 
 @dataclass
@@ -95,14 +97,64 @@ class ScheduledJob:
     notes: list[str] = field(default_factory=list)
 
 
-def _gpu_type(part: Any) -> str:
-    """The GPU model named in a partition's gres (gpu:a100:4 → a100), '' if none."""
+# A typed GPU gres: gpu:a100:4 (a node's Gres), gres/gpu:a100=32 (TRES), GRES/gpu:a100=2.0
+# (TRESBillingWeights).  An untyped one (gpu:4, gres/gpu=32) names no type.
+_GRES_GPU_TYPE = re.compile(r"gpu:([A-Za-z][\w.-]*)[:=]\d")
+
+
+def _gpu_types(part: Any) -> list[str]:
+    """The GPU types a partition's gres names, as spelt there and in order, each once."""
     raw = getattr(part, "raw", {}) or {}
+    found: list[str] = []
     for text in (raw.get("Gres", ""), raw.get("TRES", ""), raw.get("TRESBillingWeights", "")):
-        m = re.search(r"gpu:([A-Za-z][\w-]*):\d", str(text))
-        if m:
-            return m.group(1)
-    return ""
+        for name in _GRES_GPU_TYPE.findall(str(text)):
+            if name.lower() not in (f.lower() for f in found):
+                found.append(name)
+    return found
+
+
+def _known_names() -> str:
+    return ", ".join(sorted(KNOWN_GPUS))
+
+
+def _requested_gpu(req: ScheduleRequest) -> DeviceSpec | None:
+    """``--gpu``'s published figures (None when not given); an unknown name is refused with the
+    known ones and a did-you-mean."""
+    if not req.gpu:
+        return None
+    try:
+        return resolve_gpu(req.gpu)
+    except CalibrationError as exc:
+        raise CalibrationError(f"--gpu: {exc}") from None
+
+
+def sizing_gpu(req: ScheduleRequest, part: Any) -> tuple[DeviceSpec | None, list[str]]:
+    """The GPU whose published figures size the job (None: a nominal A100), and notes saying what
+    was assumed.  Only the job's time limit and budget depend on it: the job itself measures the
+    GPUs it runs on.  A GPU type the partition names must be one perfcast knows (a word of the
+    name, any case: ``env.gpu_key``); another is refused rather than sized as something else."""
+    types = _gpu_types(part)
+    spec = _requested_gpu(req)
+    if spec is not None:
+        other = [t for t in types if gpu_key(t) != gpu_key(req.gpu)]
+        notes = [f"partition {req.partition}'s gres names GPU type {', '.join(other)}; the job is sized for "
+                 f"--gpu {req.gpu}"] if other else []
+        return spec, notes
+    if not types:
+        # Slurm often has no type to tell (an untyped gres, gpu:8): not an error, but said.
+        return None, [f"partition {req.partition}: its gres names no GPU type (gpu:TYPE:N), so the job is "
+                      f"sized for a nominal A100; --gpu NAME sizes it for its GPUs ({_known_names()})"]
+    for t in types:
+        if gpu_key(t) is None:
+            raise CalibrationError(
+                f"partition {req.partition}: GPU type {t!r} (its gres) is not a GPU perfcast has published "
+                f"figures for{did_you_mean(t.lower(), sorted(KNOWN_GPUS))}; known: {_known_names()}; "
+                "size the job with --gpu NAME (the job measures the real GPUs either way)")
+    spec = published_spec(types[0])     # not None: gpu_key knows every type, checked above
+    keys = sorted({gpu_key(t) or "" for t in types})
+    notes = [f"partition {req.partition} has GPU types {', '.join(types)}: the job is sized for {types[0]} "
+             "(--gpu NAME for another)"] if len(keys) > 1 else []
+    return spec, notes
 
 
 def _fmt_minutes(minutes: int) -> str:
@@ -245,6 +297,7 @@ def schedule(req: ScheduleRequest, client: SlurmLike | None = None,
     if req.budget_gpu_minutes and req.plan != "adaptive":
         raise CalibrationError(f"--budget is for the adaptive plan only: plan {req.plan} measures "
                                "a fixed set of points")
+    _requested_gpu(req)      # a misspelt --gpu is refused before Slurm is asked
     if client is None:
         from slurm_plugin.slurm_client import SlurmClient
         client = SlurmClient()
@@ -260,8 +313,7 @@ def schedule(req: ScheduleRequest, client: SlurmLike | None = None,
     max_nodes = getattr(part, "max_nodes", None) or total
     nodes = min(req.nodes or min(total, 4), total, max_nodes)
     alloc = Allocation(nodes, gpn)
-    gtype = _gpu_type(part)
-    spec_d = published_spec(gtype) if gtype else None
+    spec_d, gpu_notes = sizing_gpu(req, part)
     spec = spec_d.to_gpu_spec() if spec_d else _nominal_spec("cuda")
     max_time = getattr(part, "max_time_minutes", None)
     notes: list[str] = []
@@ -301,6 +353,8 @@ def schedule(req: ScheduleRequest, client: SlurmLike | None = None,
         # staging store while this one still measures into it.
         raise CalibrationError(f"--every {req.every}: shorter than the job's own time limit {_fmt_minutes(limit)}; "
                                "the next calibration would start while this one still runs")
+    # After the time limit's notes: what the sizing assumed about the GPU.
+    notes += gpu_notes
     root = platforms_root(req.root)
     jobs = root / req.partition / "jobs"
     script_path = jobs / "calibrate.sbatch"
