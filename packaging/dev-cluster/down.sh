@@ -39,6 +39,28 @@ if pid_of "$BASE/run/slurmctld.pid" slurmctld >/dev/null; then
     'while [ -n "$(squeue -h -t R,CG 2>/dev/null)" ]; do sleep 0.2; done' || true
 fi
 stop slurmd "$BASE/run/slurmd-dev001.pid" slurmd
+# A job's own processes (slurmstepd, its batch script, srun, the training stand-in) can outlive a cancel that
+# slurmd no longer sees through: those still running with this cluster's SLURM_CONF and a job id
+# in their environment go too (never anything of another cluster's, or outside a job).
+job_pids() {
+  local d env
+  for d in /proc/[0-9]*; do
+    # slurmstepd (its environment is overwritten by its title) runs in slurmd's log directory
+    if [ "$(cat "$d/comm" 2>/dev/null)" = slurmstepd ]; then
+      [ "$(readlink "$d/cwd" 2>/dev/null)" = "$BASE/log" ] && echo "${d#/proc/}"
+      continue
+    fi
+    env="$( { tr '\0' '\n' < "$d/environ"; } 2>/dev/null)" || continue
+    case "$env" in *"SLURM_CONF=$BASE/etc"*) ;; *) continue ;; esac
+    case "$env" in *SLURM_JOB_ID=*) echo "${d#/proc/}" ;; esac
+  done
+}
+left="$(job_pids)"
+if [ -n "$left" ]; then
+  kill -TERM $left 2>/dev/null; sleep 0.5
+  left="$(job_pids)"; [ -n "$left" ] && kill -KILL $left 2>/dev/null
+  say "job processes left by slurmd stopped"
+fi
 # slurmctld saves its state and hands slurmdbd its pending records (~6 s with the dead nodes).
 STOP_WAIT=150 stop slurmctld "$BASE/run/slurmctld.pid" slurmctld
 stop slurmdbd "$BASE/run/slurmdbd.pid" slurmdbd
