@@ -51,6 +51,7 @@ Every error names the key at fault, so an admin can fix the file from the log li
 """
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -347,6 +348,98 @@ def _check_policy(p: PartitionPolicy, where: str, path: str) -> None:
         raise SiteConfigError(f"{path}: {where}.over_ask_factor: must be > 1")
     if p.max_time_minutes is not None and p.max_time_minutes <= 0:
         raise SiteConfigError(f"{path}: {where}.max_time_minutes: must be > 0")
+
+
+# ---- configured partition names against Slurm's (perf-predictd --check, the daemon's start and reload)
+
+#: How long ``scontrol show partition`` may take before the names are reported as not checked.
+SLURM_LOOKUP_S = 10.0
+
+
+@dataclass(frozen=True)
+class PartitionNameProblem:
+    """A partition named in the config that Slurm does not have.
+
+    ``suggestion``: the Slurm partition the name is a near miss of (``difflib``'s rule, as
+    :func:`predictor.errors.did_you_mean`), "" when none is near.  A near miss is taken for a
+    typo (``--check`` fails); a name near nothing may be a partition still to be created (a
+    warning: its jobs are left alone until it exists).
+    """
+
+    name: str
+    where: str                 # "partitions.NAME" or "watch.partitions"
+    suggestion: str = ""
+
+    @property
+    def near_miss(self) -> bool:
+        return bool(self.suggestion)
+
+    def message(self) -> str:
+        if self.suggestion:
+            return (f"{self.where}: Slurm has no partition {self.name!r} (did you mean "
+                    f"{self.suggestion!r}?); this entry matches no job")
+        return (f"{self.where}: Slurm has no partition {self.name!r} (not created yet?); this "
+                "entry matches no job until it exists")
+
+
+def configured_partitions(cfg: SiteConfig) -> dict[str, tuple[str, ...]]:
+    """The partition names the config spells out, by where: ``partitions.<name>`` tables (and so
+    their ``.watch`` tables) and the ``[watch] partitions`` list.  ``[defaults] platform`` names
+    none (it manages whatever partition a job asks for)."""
+    out: dict[str, tuple[str, ...]] = {}
+    if cfg.partitions:
+        out["partitions"] = tuple(cfg.partitions)
+    if cfg.watch.partitions:
+        out["watch.partitions"] = tuple(cfg.watch.partitions)
+    return out
+
+
+def unknown_partitions(cfg: SiteConfig, slurm_names: Any) -> list[PartitionNameProblem]:
+    """Every configured partition name Slurm does not have, with its near miss among Slurm's
+    partitions.  A near miss is looked for among the Slurm partitions not already named in the
+    same place: ``[partitions.gpu]`` and ``[partitions.gpu2]`` are two partitions on purpose, so
+    ``gpu2`` (still to be created) is no typo of ``gpu``."""
+    known = set(slurm_names)
+    problems = []
+    for where, names in configured_partitions(cfg).items():
+        candidates = sorted(known - set(names))
+        for name in names:
+            if name in known:
+                continue
+            close = difflib.get_close_matches(name, candidates, n=1)
+            label = f"partitions.{name}" if where == "partitions" else where
+            problems.append(PartitionNameProblem(name, label, close[0] if close else ""))
+    return problems
+
+
+def slurm_partition_names(timeout: float = SLURM_LOOKUP_S) -> list[str]:
+    """Slurm's partition names (``scontrol -o show partition``); raises
+    :class:`slurm_plugin.slurm_client.SlurmError` when Slurm cannot be asked (not installed, no
+    controller, no answer within ``timeout``)."""
+    import subprocess
+    from .slurm_client import SlurmError, parse_oneliner
+    argv = ["scontrol", "-o", "show", "partition"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmError("scontrol: not installed") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"scontrol show partition: no answer within {timeout:g} s") from None
+    except OSError as exc:
+        raise SlurmError(f"scontrol: {exc.strerror or exc}") from None
+    if proc.returncode != 0:
+        err = (proc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
+        raise SlurmError(f"scontrol show partition: {err[-1] if err else f'exit code {proc.returncode}'}")
+    names = []
+    for line in proc.stdout.decode("utf-8", "replace").splitlines():
+        name = parse_oneliner(line).get("PartitionName")
+        if name:
+            names.append(name)
+    if not names:
+        # (what scontrol prints where it cannot reach a controller may still exit 0)
+        err = (proc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
+        raise SlurmError(f"scontrol show partition: {err[-1] if err else 'no partitions'}")
+    return names
 
 
 def example_path() -> Path:

@@ -1,13 +1,22 @@
-"""``perf-predictd``: the command line."""
+"""``perf-predictd``: the command line.
+
+``--check`` applies the rule a reload (SIGHUP) applies: a config whose platforms do not all load
+fails (rc 1), and the running daemon refuses such a reload and keeps its config.  At start there is
+no config to keep: the daemon starts anyway, logs ``platform_failed`` for each platform that does
+not load (and lists them in ``ready ... failed=``), and the partitions on it fail open (jobs go
+through unchanged, their users told the platform is not available).
+"""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
-from ..siteconfig import SiteConfigError, config_path, load_site_config
+from ..siteconfig import (SiteConfig, SiteConfigError, config_path, configured_partitions,
+                          load_site_config, slurm_partition_names, unknown_partitions)
+from ..slurm_client import SlurmError
 from .engine import Engine, release_memory
 from .logs import setup_logging
 from .server import PredictServer, serve
@@ -20,6 +29,28 @@ def _one_thread_per_worker() -> None:
         os.environ.setdefault(var, "1")
 
 
+def check_partition_names(cfg: SiteConfig, lookup: Callable[[], list[str]] = slurm_partition_names) -> int:
+    """``--check``'s partition lines: the configured partition names against Slurm's; the number
+    of near misses of a Slurm partition (typos: they fail the check).
+
+    A name near no Slurm partition is a warning only (a partition still to be created is
+    legitimate: its jobs are left alone until it exists), and a Slurm that cannot be asked (no
+    controller, no answer within :data:`SLURM_LOOKUP_S`) is one line, not a failure."""
+    if not configured_partitions(cfg):
+        return 0
+    try:
+        known = lookup()
+    except SlurmError as exc:
+        print(f"partitions: not checked against Slurm ({exc})")
+        return 0
+    problems = unknown_partitions(cfg, known)
+    for p in problems:
+        print(f"partition {p.name}: {'FAILED' if p.near_miss else 'warning'}: {p.message()}")
+    if not problems:
+        print(f"partitions: ok (every name is one of Slurm's {len(set(known))} partitions)")
+    return sum(p.near_miss for p in problems)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="perf-predictd",
                                  description="perfcast prediction daemon for job_submit.lua")
@@ -29,7 +60,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--log-level", help="debug | info | warning (default: the config's)")
     ap.add_argument("--pid-file", help="write the pid here once listening")
     ap.add_argument("--check", action="store_true",
-                    help="validate the config and load its platforms, then exit (0 = good)")
+                    help="validate the config, load its platforms and compare its partition names "
+                         "with Slurm's, then exit (0 = good; 1 = a platform that does not load or "
+                         "a partition name that is a near miss of one of Slurm's)")
     args = ap.parse_args(argv)
     _one_thread_per_worker()
     path = config_path(args.config)
@@ -49,9 +82,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         for name in cfg.platforms():
             state = "ok" if name in engine.platforms else f"FAILED: {engine.platform_errors[name]}"
             print(f"platform {name}: {state}")
-        return 0 if not engine.platform_errors else 1
+        typos = check_partition_names(cfg)
+        return 0 if not engine.platform_errors and not typos else 1
     engine.warm_up()       # lazy imports and first-use costs paid once, shared by the workers
-    server = PredictServer(engine, config_file=path, freeze_gc=True)
+    server = PredictServer(engine, config_file=path, freeze_gc=True,
+                           log_level_fixed=bool(args.log_level))
     try:
         asyncio.run(serve(server, args.pid_file))
     except SystemExit as exc:

@@ -22,11 +22,12 @@ import stat
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Optional, Union
 
 from ..records import PredictionRecord, new_record_id, record_key
-from ..siteconfig import SiteConfig, SiteConfigError, load_site_config
+from ..siteconfig import (DaemonSettings, SiteConfig, SiteConfigError, load_site_config,
+                          slurm_partition_names, unknown_partitions)
 from .engine import Engine, Outcome, Route, release_memory, worker_count
 from .logs import log_event, log_fds
 from .pool import PoolBusy, WorkerDied, WorkerOverrun, WorkerPool
@@ -51,6 +52,16 @@ ACCEPT_RETRY_S = 1.0   # out of file descriptors: stop accepting this long (as a
 # a buffer kept for every connection (the loop runs one callback at a time) rather than a fresh
 # 256 KiB object per read (see READ_CHUNK in .pool).
 READ_BYTES = 64 * 1024
+
+# What a reload (SIGHUP) does with each [daemon] setting.  Applied: the new value is in use once
+# the reload has swapped (sockets' modes and group set again, the record store switched, the log
+# level set unless --log-level was given; the rest is read from the new engine or its workers).
+# At restart only: the sockets the daemon listens on; a reload that changes one logs
+# ``restart_needed`` (the setting, the running value, the new one) and keeps the running one.
+RELOAD_APPLIES = ("socket_mode", "user_socket_mode", "slurm_user", "deadline_ms", "max_request_bytes",
+                  "max_file_bytes", "file_read_timeout_ms", "workers", "max_queue", "cache_size",
+                  "log_level", "records")
+RESTART_ONLY = ("socket", "user_socket")
 
 log = logging.getLogger("perfcast.daemon")
 
@@ -119,13 +130,20 @@ class PredictServer:
 
     ``freeze_gc`` (the real daemon): move everything loaded so far out of the garbage
     collector's sight before forking workers, so that collections in a worker do not touch (and
-    so copy) the pages it shares with the daemon.
+    so copy) the pages it shares with the daemon.  ``log_level_fixed``: ``--log-level`` was given,
+    so a reload leaves the level alone.  ``partition_names``: how to ask Slurm for its partitions'
+    names when the engine has not (default: the engine's ``slurm_partitions`` backend, else
+    ``scontrol``), to warn about configured partitions Slurm does not have.
     """
 
     def __init__(self, engine: Engine, *, config_file: Optional[str] = None,
                  engine_factory: Optional[Callable[[SiteConfig], Engine]] = None,
-                 freeze_gc: bool = False, records_log_fd: Optional[int] = None):
+                 freeze_gc: bool = False, records_log_fd: Optional[int] = None,
+                 log_level_fixed: bool = False,
+                 partition_names: Optional[Callable[[], list[str]]] = None):
         self.engine = engine
+        self.log_level_fixed = log_level_fixed
+        self.partition_names = partition_names
         self.records_log_fd = records_log_fd     # the record writer's log (default: the daemon's)
         self.settings = engine.config.daemon
         self.config_file = config_file
@@ -140,6 +158,9 @@ class PredictServer:
         self._in_flight = 0
         self._tasks: set[asyncio.Future] = set()     # answers being computed
         self.records: Optional[Recorder] = None
+        # Record writers of stores a reload switched away from, draining before they exit.
+        self._retired: list[tuple[Recorder, Any]] = []
+        self._retired_stats: collections.Counter[str] = collections.Counter()
         self._ticker: Optional[asyncio.TimerHandle] = None
         self.read_chunk = memoryview(bytearray(READ_BYTES))   # every connection's reads
 
@@ -152,20 +173,89 @@ class PredictServer:
         if self.settings.records:
             # Records go to a spool file and a writer process of its own: nothing the store's file
             # or SQLite does can stop this process answering (see .recorder).
-            fds = sorted(log_fds() - {0, 1})
-            fd = self.records_log_fd if self.records_log_fd is not None else (fds[0] if fds else None)
-            self.records = Recorder(self.settings.records, log_fd=fd)
+            self.records = self._recorder(self.settings.records)
             self.records.start()
             self._tick()
         s = self.settings
         self.servers.append(await self._listen(s.socket, s.socket_mode, user_mode=False))
         if s.user_socket:
             self.servers.append(await self._listen(s.user_socket, s.user_socket_mode, user_mode=True))
+        self._check_partitions(self.engine)
+
+    def _recorder(self, path: str) -> Recorder:
+        fds = sorted(log_fds() - {0, 1})
+        fd = self.records_log_fd if self.records_log_fd is not None else (fds[0] if fds else None)
+        return Recorder(path, log_fd=fd)
 
     def _tick(self) -> None:
-        if self.records is not None and not self.pool.closing:
+        self._ticker = None
+        if self.pool.closing:
+            return
+        if self.records is not None:
             self.records.tick()
+        self._reap_retired()
+        if self.records is not None or self._retired:
             self._ticker = asyncio.get_running_loop().call_later(0.5, self._tick)
+
+    def _reap_retired(self) -> None:
+        """Forget the writers of retired stores that have drained and exited."""
+        for rec, writer in list(self._retired):
+            if writer is not None and writer.poll() is None:
+                continue
+            self._retired.remove((rec, writer))
+            rec.spool.refresh()
+            if rec.spool.pending_bytes:     # the store refused them: they wait in its spool
+                log_event("records_pending", level=logging.WARNING, spool=rec.spool.dir,
+                          kib=rec.spool.pending_bytes >> 10,
+                          note="stored when perf-predictd next keeps its records there")
+
+    # ---- Slurm's partitions against the config's ------------------------------------------------
+    def _check_partitions(self, engine: Engine) -> None:
+        """Once Slurm's partitions are known (the engine's lookup, else one of our own, off the
+        loop): a WARNING for each partition the config names that Slurm does not have."""
+        if not engine.config.partitions and not engine.config.watch.partitions:
+            return
+        loop = asyncio.get_running_loop()
+
+        def known() -> None:        # (the engine's lookup thread)
+            try:
+                loop.call_soon_threadsafe(self._partitions_known, engine)
+            except RuntimeError:    # the loop is gone: the daemon stopped meanwhile
+                pass
+        if not engine.when_partitions_known(known):
+            self._partitions_known(engine)
+
+    def _partitions_known(self, engine: Engine) -> None:
+        if engine is not self.engine or self.pool.closing:
+            return                  # replaced meanwhile: the new engine's check says it
+        if engine.slurm_partitions:
+            self._warn_partitions(engine, list(engine.slurm_partitions))
+            return
+        # The engine did not ask Slurm (no user socket) or could not: ask it here.
+        task = asyncio.ensure_future(self._look_up_partitions(engine))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _look_up_partitions(self, engine: Engine) -> None:
+        lookup = self.partition_names
+        if lookup is None:
+            backend = engine.backends.get("slurm_partitions")
+            lookup = ((lambda: [p.name for p in backend()]) if backend is not None
+                      else slurm_partition_names)
+        try:
+            names = await in_thread(lookup)
+        except Exception as exc:  # noqa: BLE001 - SlurmError, or a lookup's bug: names unchecked
+            log_event("partitions_unchecked", error=str(exc) or type(exc).__name__,
+                      note="partition names not compared with Slurm's")
+            return
+        if engine is self.engine and not self.pool.closing:
+            self._warn_partitions(engine, names)
+
+    @staticmethod
+    def _warn_partitions(engine: Engine, names: list[str]) -> None:
+        for p in unknown_partitions(engine.config, names):
+            log_event("partition_unknown", level=logging.WARNING, partition=p.name, where=p.where,
+                      did_you_mean=p.suggestion or "-", error=p.message())
 
     async def _listen(self, path: str, mode: int, user_mode: bool) -> "_Listener":
         prepare_socket_path(path)
@@ -349,16 +439,44 @@ class PredictServer:
         return answer
 
     async def reload(self) -> None:
-        """SIGHUP: re-read the config, reload platforms off the loop, swap; keep serving meanwhile."""
+        """SIGHUP: re-read the config, reload platforms off the loop, swap; keep serving meanwhile.
+
+        Refused as a whole -- ``reload_failed`` at ERROR with the reason, the running config,
+        engine and workers kept -- when the new config does not parse (as ``--check`` says, rc 2)
+        or names a platform that does not load (unknown, or failing verification: ``--check``'s
+        rc 1).  A platform that did not load in the running config either is no reason to refuse
+        (the reload loses nothing there): it stays unavailable, and ``reloaded`` is then a
+        WARNING naming it.  [daemon] settings: :data:`RELOAD_APPLIES` are applied,
+        :data:`RESTART_ONLY` logged (``restart_needed``) and kept until the restart.
+        """
         if self._reloading is not None and not self._reloading.done():
             log_event("reload_skipped", reason="already reloading")
             return
         self._reloading = asyncio.current_task()
         t0 = time.monotonic()
+        running = self.settings
+        recorder: Optional[Recorder] = None
         try:
-            cfg = await in_thread(load_site_config, self.config_file)
+            read = await in_thread(load_site_config, self.config_file)
+            # The settings that change only at a restart stay as they run: the new engine is
+            # built with them (its lookup of Slurm's partitions follows the user socket that is
+            # there), and the next reload compares against them again.
+            cfg = replace(read, daemon=replace(read.daemon, **{
+                k: getattr(running, k) for k in RESTART_ONLY}))
             new = await in_thread(self.engine_factory, cfg)
+            broken = {name: err for name, err in sorted(new.platform_errors.items())
+                      if name not in self.engine.platform_errors}
+            if broken:
+                del new
+                self._trim()
+                log_event("reload_failed", level=logging.ERROR,
+                          error="; ".join(f"platform {n} does not load: {e}" for n, e in broken.items()),
+                          kept="the running config and platforms")
+                return
             await in_thread(new.warm_up)
+            if cfg.daemon.records and cfg.daemon.records != running.records:
+                recorder = self._recorder(cfg.daemon.records)
+                await in_thread(recorder.start)     # its spool made and writer started off the loop
         except SiteConfigError as exc:
             log_event("reload_failed", level=logging.ERROR, error=str(exc))
             return
@@ -366,10 +484,11 @@ class PredictServer:
             log_event("reload_failed", level=logging.ERROR, error=type(exc).__name__)
             return
         if self.pool.closing:
+            if recorder is not None:
+                Recorder.finish(recorder.close_nowait(), recorder.spool)
             return
-        if cfg.daemon.socket != self.settings.socket or cfg.daemon.user_socket != self.settings.user_socket:
-            log_event("reload_note", level=logging.WARNING,
-                      note="socket paths change only on restart")
+        self._apply_settings(running, read.daemon, recorder)
+        self.settings = cfg.daemon
         self.trusted = trusted_uids(cfg.daemon)
         self.engine = new
         # Requests in flight keep the old engine alive until their deadline; then hand its memory
@@ -379,9 +498,75 @@ class PredictServer:
         # New workers are forked from the new engine; old ones finish what they hold.
         self.pool.swap(new.run_work, worker_count(cfg.daemon), warmup=new.warm_up)
         self.pool.max_queue = max(1, cfg.daemon.max_queue)
-        log_event("reloaded", platforms=",".join(sorted(new.platforms)) or "-",
+        log_event("reloaded", level=logging.WARNING if new.platform_errors else logging.INFO,
+                  platforms=",".join(sorted(new.platforms)) or "-",
                   failed=",".join(sorted(new.platform_errors)) or "-",
                   workers=self.pool.size, ms=round((time.monotonic() - t0) * 1e3, 1))
+        self._check_partitions(new)
+
+    def _apply_settings(self, old: DaemonSettings, new: DaemonSettings,
+                        recorder: Optional[Recorder]) -> None:
+        """The [daemon] settings a reload changes that need more than the new engine: the
+        sockets' modes and group, the log level, the record store (``recorder``: the new store's,
+        started).  One line per changed setting; WARNING for those kept until a restart."""
+        for key in RESTART_ONLY:
+            if getattr(new, key) != getattr(old, key):
+                log_event("restart_needed", level=logging.WARNING, setting=f"daemon.{key}",
+                          old=getattr(old, key) or "-", new=getattr(new, key) or "-",
+                          note="takes effect at restart; the running value is kept until then")
+        for key in RELOAD_APPLIES:
+            before, after = getattr(old, key), getattr(new, key)
+            if before == after:
+                continue
+            shown = {"old": oct(before), "new": oct(after)} if key.endswith("_mode") else \
+                {"old": before or "-", "new": after or "-"}
+            if key == "log_level" and self.log_level_fixed:
+                log_event("setting_not_applied", level=logging.WARNING, setting="daemon.log_level",
+                          **shown, note="--log-level on the command line wins")
+                continue
+            problem = self._apply_setting(key, old, new, recorder)
+            if problem:
+                log_event("setting_not_applied", level=logging.WARNING, setting=f"daemon.{key}",
+                          **shown, error=problem)
+            else:
+                log_event("setting_applied", setting=f"daemon.{key}", **shown)
+
+    def _apply_setting(self, key: str, old: DaemonSettings, new: DaemonSettings,
+                       recorder: Optional[Recorder]) -> str:
+        """Apply one changed setting; "" or why it could not be."""
+        try:
+            if key == "socket_mode":
+                os.chmod(old.socket, new.socket_mode)
+            elif key == "user_socket_mode" and old.user_socket:
+                os.chmod(old.user_socket, new.user_socket_mode)
+            elif key == "slurm_user" and os.geteuid() == 0:
+                # (trusted uids are recomputed by the reload; the socket's group follows here)
+                os.chown(old.socket, 0, pwd.getpwnam(new.slurm_user).pw_gid)
+            elif key == "log_level":
+                level = getattr(logging, new.log_level.upper(), None)
+                if not isinstance(level, int):
+                    return f"unknown level {new.log_level!r}"
+                for name in ("perfcast", "slurm_plugin", "predictor"):
+                    logging.getLogger(name).setLevel(level)
+            elif key == "records":
+                self._switch_records(recorder)
+        except KeyError:
+            return f"no user {new.slurm_user!r}"
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return ""
+
+    def _switch_records(self, recorder: Optional[Recorder]) -> None:
+        """Keep records in ``recorder``'s store from now on (None: keep none).  The old store's
+        writer is told to store everything spooled so far and exit (it is not waited for here)."""
+        old, self.records = self.records, recorder
+        if old is not None:
+            writer = old.close_nowait()
+            for k, v in old.stats().items():
+                self._retired_stats[k] += v
+            self._retired.append((old, writer))
+        if self._ticker is None and (self.records is not None or self._retired):
+            self._tick()
 
     def _trim(self) -> None:
         if self.freeze_gc:
@@ -398,14 +583,20 @@ class PredictServer:
         while self._in_flight and time.monotonic() < end:
             await asyncio.sleep(0.01)
         await self.pool.close()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        writers = list(self._retired)
+        self._retired = []
         if self.records is not None:
-            if self._ticker is not None:
-                self._ticker.cancel()
-            writer = self.records.close_nowait()
+            writers.append((self.records, self.records.close_nowait()))
+        if writers:
             end = time.monotonic() + RECORDS_GRACE_S
-            while writer is not None and writer.poll() is None and time.monotonic() < end:
+            while (any(w is not None and w.poll() is None for _, w in writers)
+                   and time.monotonic() < end):
                 await asyncio.sleep(0.01)
-            Recorder.finish(writer, self.records.spool)
+            for rec, writer in writers:
+                Recorder.finish(writer, rec.spool)
         for path in (self.settings.socket, self.settings.user_socket):
             if path:
                 try:
@@ -415,8 +606,11 @@ class PredictServer:
                     pass
 
     def summary(self) -> dict[str, Any]:
-        records = self.records.stats() if self.records is not None else {}
-        return {"served": sum(self.stats.values()), **dict(sorted(self.pool.stats.items())), **records}
+        records = collections.Counter(self._retired_stats)
+        if self.records is not None:
+            records.update(self.records.stats())
+        return {"served": sum(self.stats.values()), **dict(sorted(self.pool.stats.items())),
+                **dict(records)}
 
 
 class _Listener:
@@ -760,8 +954,11 @@ async def serve(server: PredictServer, pid_file: Optional[str] = None) -> None:
         with open(pid_file + ".tmp", "w") as fh:
             fh.write(f"{os.getpid()}\n")
         os.replace(pid_file + ".tmp", pid_file)
-    log_event("ready", pid=os.getpid(), workers=",".join(map(str, server.pool.pids())),
-              platforms=",".join(sorted(server.engine.platforms)) or "-")
+    # (a platform that does not load at start fails open: its partitions' jobs go on unchanged)
+    log_event("ready", level=logging.WARNING if server.engine.platform_errors else logging.INFO,
+              pid=os.getpid(), workers=",".join(map(str, server.pool.pids())),
+              platforms=",".join(sorted(server.engine.platforms)) or "-",
+              failed=",".join(sorted(server.engine.platform_errors)) or "-")
     try:
         await stop.wait()
         t0 = time.monotonic()

@@ -1,6 +1,7 @@
 """A reload reads the platforms' files again: a bundle corrupted on disk since the daemon started
-fails at the next SIGHUP (platform_errors, the `reloaded ... failed=` line), not at the next
-restart while the reload says it loaded."""
+fails in the next engine a SIGHUP builds (platform_errors; the server then refuses that reload and
+keeps the running one: tests/daemon/test_reload_config.py), not at the next restart while the
+reload says it loaded."""
 from __future__ import annotations
 
 import shutil
