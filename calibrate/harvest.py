@@ -49,7 +49,7 @@ from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, JobOutcome, Prediction
 from slurm_plugin.slurm_client import SlurmClient, SlurmError, name_and_id, scontrol_job_lines
 
 from .install import DEFAULT_REFIT_MIN_RUNS, RefitResult, refit_partition, refit_target
-from .joblogs import IterationTimes, iteration_times
+from .joblogs import IterationTimes, best_log, iteration_times
 from .runs_files import BAD_RUNS_FILE_HINT, PARTITION_RE, RunsFileError, merge_runs, runs_file
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,7 @@ class AccountingJob:
     exit_code: str = ""
     work_dir: str = ""
     std_out: str = ""                              # scontrol only (sacct 22.05 has no StdOut)
+    std_err: str = ""                              # scontrol only; differs from std_out with --error
     node_list: str = ""
     batch_host: str = ""
     admin_comment: str = ""
@@ -253,7 +254,7 @@ def parse_scontrol_jobs(text: str, must_contain: str = "") -> list[AccountingJob
             time_limit_seconds=duration_seconds(kv.get("TimeLimit", "")),
             start=_epoch(kv.get("StartTime")), end=_epoch(kv.get("EndTime")),
             nodes=_int((kv.get("NumNodes") or "").split("-")[0]), exit_code=kv.get("ExitCode", ""),
-            work_dir=kv.get("WorkDir", ""), std_out=kv.get("StdOut", ""),
+            work_dir=kv.get("WorkDir", ""), std_out=kv.get("StdOut", ""), std_err=kv.get("StdErr", ""),
             node_list=kv.get("NodeList", ""), batch_host=kv.get("BatchHost", ""),
             admin_comment=kv.get("AdminComment", ""),
             array_job_id=_int(kv.get("ArrayJobId")), array_task_id=_int(kv.get("ArrayTaskId")),
@@ -375,6 +376,33 @@ def output_path(job: AccountingJob, record: PredictionRecord) -> Optional[str]:
             return None
         path = os.path.join(work_dir, path)
     return os.path.normpath(path)
+
+
+def error_path(job: AccountingJob, record: PredictionRecord) -> Optional[str]:
+    """The job's stderr file when it is not its stdout file (``#SBATCH --error``): scontrol's
+    StdErr, expanded and placed like :func:`output_path`; None when the same file or unknown (sacct
+    of Slurm 22.05 has no StdErr, and the record keeps only ``--output``)."""
+    if not job.std_err:
+        return None
+    path = expand_output_pattern(job.std_err, job)
+    if not os.path.isabs(path):
+        work_dir = record.work_dir or job.work_dir
+        if not work_dir or not os.path.isabs(work_dir):
+            return None
+        path = os.path.join(work_dir, path)
+    path = os.path.normpath(path)
+    return None if path == output_path(job, record) else path
+
+
+def log_paths(job: AccountingJob, record: PredictionRecord) -> list[tuple[str, str]]:
+    """The files a job's iteration lines may be in, as ``(stream, path)``: its stdout (``StdOut``)
+    and, when the job sent stderr elsewhere, that file (``StdErr``; a training log written through
+    Python's logging goes there by default).  [] without an output path."""
+    out = output_path(job, record)
+    if out is None:
+        return []
+    err = error_path(job, record)
+    return [("StdOut", out)] + ([("StdErr", err)] if err else [])
 
 
 def _groups(uid: int, gid: int) -> list[int]:
@@ -825,7 +853,8 @@ def _outcome(job: AccountingJob, record: PredictionRecord, timing: Optional[Iter
         name=f"slurm job {job.job_id}", job=tj, measured_iteration_seconds=measured,
         predicted_iteration_seconds=record.iteration_seconds if record.iteration_seconds > 0 else 0.0,
         source=(f"perf-calibrate harvest: partition {record.partition}, record {record.record_id}, "
-                f"{job.state} after {job.elapsed_seconds or 0:.0f} s, {timing.format} log, "
+                f"{job.state} after {job.elapsed_seconds or 0:.0f} s, {timing.format} log"
+                f"{' ' + timing.note if timing.note.startswith('from its StdErr') else ''}, "
                 f"median of {len(timing.steady)} steady-state samples, platform {record.platform} "
                 f"bundle {record.bundle}" + (f", user {job.user or record.user}" if job.user or record.user else ""))[:1000])
     return outcome, (record.partition, run)
@@ -833,21 +862,35 @@ def _outcome(job: AccountingJob, record: PredictionRecord, timing: Optional[Iter
 
 def _measure(job: AccountingJob, record: PredictionRecord, opts: HarvestOptions
              ) -> tuple[Optional[IterationTimes], str]:
-    path = output_path(job, record)
-    if path is None:
+    paths = log_paths(job, record)
+    if not paths:
         return None, "no output path (no --output and no absolute working directory)"
     if record.uid is None:
         return None, "the record names no uid: its output is never read as anyone else"
-    try:
-        data = read_tail_as(path, record.uid, record.gid, max_bytes=opts.max_log_bytes,
-                            timeout_s=opts.log_timeout_s)
-    except LogReadError as exc:
-        return None, f"log unreadable: {exc.strerror or exc}"
-    timing = iteration_times(_drop_partial_first_line(data, opts.max_log_bytes))
+    timings: list[Optional[IterationTimes]] = []
+    errors: list[str] = []
+    for stream, path in paths:
+        try:
+            data = read_tail_as(path, record.uid, record.gid, max_bytes=opts.max_log_bytes,
+                                timeout_s=opts.log_timeout_s)
+        except LogReadError as exc:
+            errors.append(f"log unreadable: {exc.strerror or exc}" if len(paths) == 1 else
+                          f"{stream} {path} unreadable: {exc.strerror or exc}")
+            timings.append(None)
+            continue
+        timings.append(iteration_times(_drop_partial_first_line(data, opts.max_log_bytes)))
+    pick = best_log(timings)
+    timing = timings[pick] if pick is not None else None
+    if timing is None or timing.median_seconds is None:
+        if errors:
+            return timing, "; ".join(errors)
     if timing is None:
-        return None, "no iteration times in its log (Megatron, GPT-NeoX, NeMo, DeepSpeed formats)"
+        return None, "no iteration times in its log (Megatron, GPT-NeoX, NeMo, DeepSpeed formats)" + (
+            "" if len(paths) == 1 else f" ({' and '.join(f'{s} {p}' for s, p in paths)})")
     if timing.median_seconds is None:
         return timing, timing.note or "too few iterations after warm-up"
+    if pick:                               # found in its StdErr: say where (the run's source)
+        timing = dataclasses.replace(timing, note=f"from its StdErr {paths[pick][1]}")
     return timing, ""
 
 
@@ -863,6 +906,6 @@ def append_runs(out_dir: "str | os.PathLike[str]", partition: str, runs: Sequenc
 
 
 __all__ = ["AccountingClient", "AccountingJob", "HarvestError", "HarvestOptions", "HarvestResult",
-           "LogReadError", "append_runs", "check_partition", "expand_output_pattern", "finished_jobs", "harvest",
-           "output_path", "parse_sacct_json", "parse_sacct_parsable", "parse_scontrol_jobs",
-           "parse_since", "read_tail_as", "refit_partitions", "rollback_hint"]
+           "LogReadError", "append_runs", "check_partition", "error_path", "expand_output_pattern",
+           "finished_jobs", "harvest", "log_paths", "output_path", "parse_sacct_json", "parse_sacct_parsable",
+           "parse_scontrol_jobs", "parse_since", "read_tail_as", "refit_partitions", "rollback_hint"]

@@ -39,6 +39,11 @@ autotuning) and every sample within the first :data:`WARMUP_ITERATIONS` iteratio
 The answer is the median of the rest, which also ignores the odd interval stretched by an
 evaluation or a checkpoint save.
 
+A job whose speed changes (a second phase with longer sequences, a slower node, a filling file
+system) is not described by its whole-run median alone: :meth:`IterationTimes.recent` is the
+median of the last :func:`recent_window` steady samples (5 to 50: a tenth of them), which follows
+such a change once more than half the window has seen it, and still ignores a lone slow interval.
+
 Hostile or garbled text never raises: every line is bounded, every number checked (finite, in a
 physical range, not a truncated digit run), and anything else skipped.
 """
@@ -59,6 +64,11 @@ MAX_LINE = 16 * 1024
 # A jump of the iteration number by more than this many logging intervals is another run writing
 # into the same file (a job resumed from a later checkpoint): its first samples are warm-up again.
 _GAP_WIDTHS = 4
+# The recent window (IterationTimes.recent): a tenth of the steady samples, at least 5 (a median
+# that one evaluation or checkpoint interval cannot move) and at most 50 (a long run's window still
+# follows a change within 26 samples).
+RECENT_MIN_SAMPLES = 5
+RECENT_MAX_SAMPLES = 50
 # Physical range of one iteration: no step is shorter than a kernel launch (~10 us,
 # launch_seconds of the dgx-h100 platform's [host] table), and a runs file accepts < 1e7 s
 # (predictor.validation).
@@ -98,6 +108,7 @@ class IterationTimes:
     samples: tuple[Sample, ...]
     steady: tuple[float, ...]
     note: str = ""
+    steady_samples: tuple[Sample, ...] = ()    # the samples behind ``steady`` (with their iterations)
 
     @property
     def median_seconds(self) -> Optional[float]:
@@ -113,6 +124,23 @@ class IterationTimes:
         """The planned total the last line that says one gives (Megatron, GPT-NeoX, NeMo 2)."""
         return next((s.planned for s in reversed(self.samples) if s.planned is not None), None)
 
+    def recent(self) -> Optional["RecentRate"]:
+        """The median of the last :func:`recent_window` steady samples and the iterations they span
+        (None when the window's samples are not all numbered); None without steady samples."""
+        if not self.steady:
+            return None
+        window = list(self.steady_samples[-recent_window(len(self.steady_samples)):]) \
+            if self.steady_samples else []
+        seconds = [s.seconds for s in window] if window else \
+            list(self.steady[-recent_window(len(self.steady)):])
+        span: Optional[int] = None
+        its = [s.iteration for s in window]
+        if window and all(i is not None for i in its):
+            gaps = [b - a for a, b in zip(its, its[1:]) if b > a]
+            width = min(gaps) if gaps else 1
+            span = max(its) - min(its) + width
+        return RecentRate(statistics.median(seconds), len(seconds), span)
+
     @property
     def iterations_spanned(self) -> Optional[int]:
         """Iterations between the first and the last numbered sample (a lower bound of those run)."""
@@ -120,6 +148,20 @@ class IterationTimes:
         if len(its) < 2:
             return None
         return max(its) - min(its)
+
+
+@dataclass(frozen=True)
+class RecentRate:
+    """The median time per iteration of a log's last steady samples (see :meth:`IterationTimes.recent`)."""
+
+    seconds: float
+    samples: int
+    iterations_spanned: Optional[int] = None   # the iterations those samples cover (None: unknown)
+
+
+def recent_window(n: int) -> int:
+    """How many of ``n`` steady samples the recent median takes: a tenth, 5 to 50 (all when fewer)."""
+    return min(n, max(RECENT_MIN_SAMPLES, min(RECENT_MAX_SAMPLES, n // 10)))
 
 
 def _number(text: str, scale: float = 1.0) -> Optional[float]:
@@ -233,7 +275,12 @@ def read_samples(text: str) -> dict[str, list[Sample]]:
 
 def steady_state(samples: Sequence[Sample], warmup_iterations: int = WARMUP_ITERATIONS) -> list[float]:
     """The samples after warm-up (see the module docstring), in order."""
-    out: list[float] = []
+    return [s.seconds for s in steady_samples(samples, warmup_iterations)]
+
+
+def steady_samples(samples: Sequence[Sample], warmup_iterations: int = WARMUP_ITERATIONS) -> list[Sample]:
+    """:func:`steady_state`'s samples themselves (with their iteration numbers)."""
+    out: list[Sample] = []
     segment: list[Sample] = []
 
     def close(seg: list[Sample]) -> None:
@@ -244,9 +291,9 @@ def steady_state(samples: Sequence[Sample], warmup_iterations: int = WARMUP_ITER
             # The segment started one logging interval before its first sample.
             width = max(1, seg[1].iteration - seg[0].iteration)
             base = seg[0].iteration - width
-            keep = [s.seconds for s in seg[1:] if s.iteration - base > warmup_iterations]
+            keep = [s for s in seg[1:] if s.iteration - base > warmup_iterations]
         else:
-            keep = [s.seconds for s in seg[max(1, warmup_iterations):]]
+            keep = list(seg[max(1, warmup_iterations):])
         out.extend(keep)
 
     last: Optional[int] = None
@@ -281,14 +328,32 @@ def iteration_times(data: Union[bytes, str]) -> Optional[IterationTimes]:
         samples = found.get(fmt)
         if not samples:
             continue
-        steady = steady_state(samples)
+        kept = steady_samples(samples)
+        steady = [s.seconds for s in kept]
         res = IterationTimes(fmt, tuple(samples), tuple(steady),
-                             "" if steady else f"{len(samples)} {fmt} samples, none after warm-up")
+                             "" if steady else f"{len(samples)} {fmt} samples, none after warm-up", tuple(kept))
         if steady:
             return res
         best = best or res
     return best
 
 
-__all__ = ["IterationTimes", "Sample", "WARMUP_ITERATIONS", "iteration_times", "read_samples",
-           "steady_state"]
+def best_log(timings: Sequence[Optional[IterationTimes]]) -> Optional[int]:
+    """Which of several files of one job (its StdOut, its StdErr) says the most about its
+    iterations: the index of the one with steady samples and an iteration number, else steady
+    samples, then the furthest iteration, then the most samples (the first on a tie); None when
+    none has a line of any format."""
+    best: Optional[int] = None
+    best_key: Optional[tuple] = None
+    for i, t in enumerate(timings):
+        if t is None:
+            continue
+        key = (t.median_seconds is not None and t.last_iteration is not None, t.median_seconds is not None,
+               t.last_iteration if t.last_iteration is not None else -1, len(t.steady), len(t.samples))
+        if best_key is None or key > best_key:
+            best, best_key = i, key
+    return best
+
+
+__all__ = ["IterationTimes", "RecentRate", "Sample", "WARMUP_ITERATIONS", "best_log", "iteration_times",
+           "read_samples", "recent_window", "steady_samples", "steady_state"]

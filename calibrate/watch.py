@@ -5,21 +5,27 @@ One pass (``--every SECONDS`` repeats it) on the controller, as root:
 1. lists the RUNNING jobs that carry a perfcast record (``scontrol -o show job``) in partitions the
    site's ``[watch]`` policy covers (:class:`slurm_plugin.siteconfig.WatchPolicy`; a partition's
    ``[partitions.<name>.watch]`` table replaces some of its keys for that partition's jobs);
-2. reads each one's log tail **as the job's user** with the harvest's reader
+2. reads each one's log tail (its StdOut, and its StdErr when that is another file) **as the
+   job's user** with the harvest's reader
    (:func:`calibrate.harvest.read_tail_as`: bounded bytes and time), several at once, within a
    total budget, so one user's hung file system stalls neither the pass nor the other jobs;
-3. takes the steady-state iteration time and the current iteration from the log
-   (:mod:`calibrate.joblogs`), the planned iterations and checkpoint interval from the record the
-   daemon kept at submission (the trusted side), and decides (:func:`decide`):
+3. takes the iteration time (the slower of the steady-state median and the median of the recent
+   samples) and the current iteration from the log (:mod:`calibrate.joblogs`), the planned
+   iterations and checkpoint interval from the record the daemon kept at submission (the trusted
+   side), the job's run time from Slurm (``RunTime``: suspended time left out, as Slurm counts the
+   limit), and decides (:func:`decide`):
 
    - **extend** when the rest of the run (plus a margin for a checkpoint save and the last
      evaluation) does not fit in the limit: up to the partition's MaxTime, the QOS MaxWall, the
-     MaxWall of the job's association, the policy's growth and per-user caps, and no later than
-     any pending job planned on the job's nodes may start (``squeue --start``) plus the site's
-     backfill allowance.  When the rest cannot
+     MaxWall of the job's association, the policy's growth and per-user caps, no later than
+     any pending job waiting for resources planned on the job's nodes may start (``squeue
+     --start``) plus the site's backfill allowance, and no later than the start of a reservation
+     on its nodes that it is not in -- but never below the limit the job had before the watch
+     shrank it, for the watch's own caps.  When the rest cannot
      fit, only up to just after the last checkpoint that fits (never a limit that ends between
      checkpoints for nothing);
-   - **shrink** a limit perfcast set (site option) when the job will clearly end long before it,
+   - **shrink** a limit perfcast set and that nobody changed since (site option) when the job
+     will clearly end long before it,
      never below the measured end plus the margin;
    - **none**, with the reason, otherwise -- and on any doubt: unreadable log, too few samples,
      a log that claims more iteration time than the job has run, an iteration count that
@@ -38,6 +44,7 @@ import dataclasses
 import datetime as _dt
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,10 +57,11 @@ from slurm_plugin.policy import slurm_duration
 from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, PredictionRecord, RecordStore, is_record_id,
                                   parse_admin_comment)
 from slurm_plugin.siteconfig import WatchPolicy
-from slurm_plugin.slurm_client import PlannedStart, RunningJob, SlurmClient, SlurmError, expand_hostlist
+from slurm_plugin.slurm_client import (PlannedStart, Reservation, RunningJob, SlurmClient, SlurmError,
+                                       expand_hostlist, parse_slurm_time)
 
-from .harvest import DEFAULT_OUT, MAX_LOG_BYTES, AccountingJob, LogReadError, output_path, read_tail_as
-from .joblogs import WARMUP_ITERATIONS, IterationTimes, iteration_times
+from .harvest import DEFAULT_OUT, MAX_LOG_BYTES, AccountingJob, LogReadError, log_paths, read_tail_as
+from .joblogs import WARMUP_ITERATIONS, IterationTimes, best_log, iteration_times
 from .runs_files import RunsFileError, merge_runs
 from .watch_log import JobState, WatchAction, WatchLog
 
@@ -86,6 +94,18 @@ class Progress:
     log_format: str
     planned_iterations: Optional[int] = None   # the total the log prints (a check, never trusted)
     iterations_spanned: Optional[int] = None
+    recent_seconds: Optional[float] = None     # median of the last samples (joblogs.IterationTimes.recent)
+    recent_samples: int = 0
+    recent_span: Optional[int] = None          # iterations those samples cover
+    log_stream: str = ""                       # StdOut | StdErr: the file the numbers come from
+    log_path: str = ""
+
+    @property
+    def seconds(self) -> float:
+        """The rate the rest of the run is projected with: the slower of the whole-run median and
+        the median of the recent samples (a job that slowed down is judged by its recent speed; one
+        that sped up keeps the whole-run median until that is confirmed by enough samples)."""
+        return max(self.iteration_seconds, self.recent_seconds or 0.0)
 
 
 @dataclass(frozen=True)
@@ -99,17 +119,30 @@ class Limits:
     user_seconds: Optional[float] = None            # current limit + what the user's cap has left
     fairness_seconds: Optional[float] = None        # earliest planned start on its nodes + allowance
     fairness_job: Optional[int] = None
+    reservation_seconds: Optional[float] = None     # start of a reservation on its nodes it is not in
+    reservation_name: str = ""
+    # The limit the job had before the watch shrank it (None: never shrunk).  The watch's own caps
+    # (fairness, the user's extension hours) never hold a job below it: the job was granted it, and
+    # a pending job planned into the time the shrink returned was planned on the watch's doing.
+    restore_seconds: Optional[float] = None
 
     def cap(self) -> tuple[Optional[float], str]:
         """The tightest cap and which one it is."""
         named = [(self.max_time_seconds, "the partition's MaxTime"), (self.qos_max_seconds, "the QOS MaxWall"),
                  (self.assoc_max_seconds, "the association's MaxWall"),
-                 (self.growth_seconds, "the site's max_growth"), (self.user_seconds, "the user's extension cap"),
-                 (self.fairness_seconds, f"pending job {self.fairness_job}'s planned start")]
+                 (self.growth_seconds, "the site's max_growth"),
+                 self._soft(self.user_seconds, "the user's extension cap"),
+                 self._soft(self.fairness_seconds, f"pending job {self.fairness_job}'s planned start"),
+                 (self.reservation_seconds, f"reservation {self.reservation_name}'s start")]
         present = [(v, n) for v, n in named if v is not None]
         if not present:
             return None, ""
         return min(present, key=lambda p: p[0])
+
+    def _soft(self, value: Optional[float], name: str) -> tuple[Optional[float], str]:
+        if value is not None and self.restore_seconds is not None and value < self.restore_seconds:
+            return self.restore_seconds, f"the limit it had before the watch shrank it ({name} allows less)"
+        return value, name
 
 
 @dataclass(frozen=True)
@@ -165,8 +198,13 @@ def starting_seconds(record: PredictionRecord, min_samples: int) -> float:
 
 
 def decide(*, now: float, start: float, limit_seconds: Optional[float], record: PredictionRecord,
-           progress: Progress, policy: WatchPolicy, limits: Limits, perfcast_limit: bool) -> Decision:
-    """What to do with a running job's limit (pure: every fact comes in as an argument)."""
+           progress: Progress, policy: WatchPolicy, limits: Limits, perfcast_limit: bool,
+           user_limit_note: str = "") -> Decision:
+    """What to do with a running job's limit (pure: every fact comes in as an argument).
+
+    ``start`` is when the job would have started had it never been suspended (now minus its
+    RunTime): Slurm counts the limit against run time.  ``user_limit_note`` says why a limit is
+    the user's (in the reason)."""
     if limit_seconds is None:
         return _none("unlimited", "no time limit to correct", None)
     planned = int(record.iterations or 0)
@@ -175,7 +213,7 @@ def decide(*, now: float, start: float, limit_seconds: Optional[float], record: 
     if progress.planned_iterations is not None and abs(progress.planned_iterations - planned) > 1:
         return _none("plan-mismatch", f"the log plans {progress.planned_iterations} iterations, the record "
                      f"{planned}: not acting on a job that is not the one predicted", limit_seconds)
-    i, s = progress.iteration, progress.iteration_seconds
+    i, s = progress.iteration, progress.seconds
     if i > planned:
         return _none("plan-mismatch", f"the log is at iteration {i}, past the {planned} planned", limit_seconds)
     if progress.samples < policy.min_samples:
@@ -189,14 +227,17 @@ def decide(*, now: float, start: float, limit_seconds: Optional[float], record: 
         return _ceil_minute(now + (iteration - i) * s * (1.0 + policy.margin) + margin_s - start)
 
     need = limit_at(planned)
-    rate = (f"{s:.4g} s/iter measured vs {record.iteration_seconds:.4g} predicted, iteration {i} of "
-            f"{planned}")
+    recent = (f" (median of its last {progress.recent_samples} samples; {progress.iteration_seconds:.4g} over "
+              "the run)" if s > progress.iteration_seconds else "")
+    where = f", from its StdErr {progress.log_path}" if progress.log_stream == "StdErr" else ""
+    rate = (f"{s:.4g} s/iter measured{recent} vs {record.iteration_seconds:.4g} predicted, iteration {i} of "
+            f"{planned}{where}")
     if need > limit_seconds:
         if not policy.extend:
             return _none("extend-off", f"would need {_hm(need)}; extending is off ([{policy.table}] extend)",
                          limit_seconds)
         if not perfcast_limit and not policy.extend_user_limits:
-            return _none("user-limit", f"would need {_hm(need)}, but the user set this limit "
+            return _none("user-limit", f"would need {_hm(need)}, but the user set this limit{user_limit_note} "
                          f"([{policy.table}] extend_user_limits = false)", limit_seconds)
         cap, which = limits.cap()
         cap = _floor_minute(cap) if cap is not None else None
@@ -232,7 +273,7 @@ def decide(*, now: float, start: float, limit_seconds: Optional[float], record: 
             return _none("shrink-off", f"{rate}: needs {_hm(to)}; shrinking is off ([{policy.table}] shrink)",
                          limit_seconds)
         if not perfcast_limit and not policy.shrink_user_limits:
-            return _none("user-limit", f"{rate}: needs {_hm(to)}, but the user set this limit "
+            return _none("user-limit", f"{rate}: needs {_hm(to)}, but the user set this limit{user_limit_note} "
                          f"([{policy.table}] shrink_user_limits = false)", limit_seconds)
         return Decision("shrink", "shrink", f"{rate}: needs {_hm(to)}; {_hm(limit_seconds - to)} back to "
                         "backfill", limit_seconds, to)
@@ -243,11 +284,13 @@ def fairness_cap(job: RunningJob, planned: Sequence[PlannedStart], nodes: Sequen
                  allowance_seconds: float) -> tuple[Optional[float], Optional[int]]:
     """The latest end (UNIX seconds) that delays no planned pending job on the job's nodes by more
     than the allowance, and that job; a plan with unknown nodes in the job's partition counts (it
-    may be planned there)."""
+    may be planned there).  Only jobs that wait for resources count (``PlannedStart.reason``:
+    Resources, Priority, ...; :data:`slurm_plugin.slurm_client.RESOURCE_REASONS`): the start of a
+    job waiting for its ``--begin`` time, a dependency or a hold is not set by this job's end."""
     mine = set(nodes)
     best: Optional[tuple[float, int]] = None
     for p in planned:
-        if p.job_id == job.job_id:
+        if p.job_id == job.job_id or not p.waits_for_resources:
             continue
         shares = bool(mine & set(p.nodes)) if p.nodes else p.partition == job.partition
         if not shares:
@@ -258,12 +301,82 @@ def fairness_cap(job: RunningJob, planned: Sequence[PlannedStart], nodes: Sequen
     return (best[0], best[1]) if best else (None, None)
 
 
-def progress_of(timing: Optional[IterationTimes]) -> Optional[Progress]:
+def reservation_cap(job: RunningJob, reservations: Sequence[Reservation], nodes: Sequence[str],
+                    now: float) -> tuple[Optional[float], str]:
+    """The earliest start (UNIX seconds) of a reservation that covers any of the job's nodes, that
+    the job does not run in, and that began after the job did (a maintenance window created with
+    ``ignore_jobs`` while it runs); and its name.  A reservation that had begun when the job
+    started is one the job runs beside (part of a node, OVERLAP): it sets no end.  Ended ones and
+    ones on other nodes do not count."""
+    mine = set(nodes)
+    best: Optional[tuple[float, str]] = None
+    for r in reservations:
+        if r.start is None or (job.reservation and r.name == job.reservation):
+            continue
+        if r.end is not None and r.end <= now:
+            continue
+        if job.start is not None and r.start <= job.start:
+            continue
+        if not (r.all_nodes or mine & set(r.nodes)):
+            continue
+        if best is None or r.start < best[0]:
+            best = (r.start, r.name)
+    return (best[0], best[1]) if best else (None, "")
+
+
+_WATCH_LIMIT_RE = re.compile(re.escape(_SEGMENT) + r" (?:extend|shrink) \S+->(\S+) at ")
+
+
+def watch_set_limit(admin_comment: str) -> Optional[float]:
+    """The limit (seconds) the watch's segment of an AdminComment says it set last (None: none).
+    Only the segment's head is read (its reason may quote a path the user named)."""
+    at = admin_comment.find(_SEGMENT)
+    m = _WATCH_LIMIT_RE.match(admin_comment, at) if at >= 0 else None
+    if not m:
+        return None
+    try:
+        minutes = parse_slurm_time(m.group(1))
+    except SlurmError:
+        return None
+    return 60.0 * minutes if minutes is not None else None
+
+
+def limit_owner(job: RunningJob, record: PredictionRecord, watch_limit: Optional[float]) -> tuple[bool, str]:
+    """Whether the job's current limit is perfcast's to correct, and when it is not, a note for the
+    reason.  It is when perfcast set the job's limit at submission (``action == "set"``) and the
+    limit is still the one perfcast set: the record's ``--time``, the last limit the watch set
+    (``watch_limit``: the store, else the AdminComment's watch segment), or, before the watch set
+    any, a limit between the record's ``--time-min`` and ``--time`` (the backfill scheduler may
+    start a job with ``--time-min`` in a shorter slot).  Any other limit was changed since (``scontrol
+    update`` by the user or an admin): it is theirs."""
+    if record.action != "set":
+        return False, ""
+    limit = _limit_s(job)
+    if limit is None:
+        return True, ""
+    ours = [60.0 * record.time_limit_minutes] if record.time_limit_minutes is not None else []
+    if watch_limit is not None:
+        ours.append(watch_limit)
+    if not ours or any(abs(limit - v) < 30.0 for v in ours):
+        return True, ""
+    lo, hi = record.time_min_minutes, record.time_limit_minutes
+    if watch_limit is None and lo is not None and hi is not None and 60.0 * lo - 30.0 <= limit <= 60.0 * hi:
+        return True, ""
+    who = (f"the watch set {_hm(watch_limit)}" if watch_limit is not None else
+           f"perfcast set {_hm(60.0 * hi)} at submission" if hi is not None else "perfcast set it")
+    return False, f" (changed to {_hm(limit)} after {who})"
+
+
+def progress_of(timing: Optional[IterationTimes], log_stream: str = "", log_path: str = "") -> Optional[Progress]:
     if timing is None or timing.median_seconds is None or timing.last_iteration is None:
         return None
+    recent = timing.recent()
     return Progress(iteration=timing.last_iteration, iteration_seconds=timing.median_seconds,
                     samples=len(timing.steady), log_format=timing.format,
-                    planned_iterations=timing.planned_iterations, iterations_spanned=timing.iterations_spanned)
+                    planned_iterations=timing.planned_iterations, iterations_spanned=timing.iterations_spanned,
+                    recent_seconds=recent.seconds if recent else None, recent_samples=recent.samples if recent else 0,
+                    recent_span=recent.iterations_spanned if recent else None,
+                    log_stream=log_stream, log_path=log_path)
 
 
 def admin_comment_with(comment: str, decision: Decision, at: float, count: int) -> str:
@@ -273,7 +386,7 @@ def admin_comment_with(comment: str, decision: Decision, at: float, count: int) 
     stamp = _dt.datetime.fromtimestamp(at, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     what = (f"{decision.action} {_hm(decision.from_seconds)}->{_hm(decision.to_seconds)}"
             if decision.action != "none" else "none")
-    why = " ".join(decision.reason.split())[:300]
+    why = " ".join(decision.reason.split())[:500]
     seg = f"{_SEGMENT} {what} at {stamp} ({why}); actions={count}"
     return (base + seg)[:4000]
 
@@ -344,17 +457,17 @@ def _record_for(job: RunningJob, store: RecordStore) -> tuple[Optional[Predictio
 def _as_accounting(job: RunningJob) -> AccountingJob:
     return AccountingJob(job_id=job.job_id, state="RUNNING", partition=job.partition, name=job.name,
                          user=job.user, uid=job.uid, work_dir=job.work_dir, std_out=job.std_out,
-                         node_list=job.node_list, batch_host=job.batch_host,
+                         std_err=job.std_err, node_list=job.node_list, batch_host=job.batch_host,
                          admin_comment=job.admin_comment, array_job_id=job.array_job_id,
                          array_task_id=job.array_task_id, source="scontrol")
 
 
-def read_logs(items: Sequence[tuple[int, str, int, Optional[int]]], policy: WatchPolicy,
-              max_bytes: int = MAX_LOG_BYTES) -> dict[int, "bytes | str"]:
-    """``(job id, path, uid, gid)`` -> the log tail (bytes) or why not (str), read in parallel
-    (at most ``max_parallel_reads`` at once, each within ``read_timeout_seconds``, all within
-    ``pass_budget_seconds``)."""
-    out: dict[int, "bytes | str"] = {}
+def read_logs(items: Sequence[tuple[Any, str, int, Optional[int]]], policy: WatchPolicy,
+              max_bytes: int = MAX_LOG_BYTES) -> dict[Any, "bytes | str"]:
+    """``(key, path, uid, gid)`` -> the log tail (bytes) or why not (str), by key (a job id, or a
+    job id and stream), read in parallel (at most ``max_parallel_reads`` at once, each within
+    ``read_timeout_seconds``, all within ``pass_budget_seconds``)."""
+    out: dict[Any, "bytes | str"] = {}
     if not items:
         return out
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(policy.max_parallel_reads, len(items)),
@@ -376,6 +489,40 @@ def read_logs(items: Sequence[tuple[int, str, int, Optional[int]]], policy: Watc
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     return out
+
+
+@dataclass(frozen=True)
+class _LogRead:
+    """What the job's files (StdOut, and StdErr when separate) gave: the timing of the one that
+    says the most (None: none had a line of any format), where it came from, and the reads that
+    failed."""
+
+    timing: Optional[IterationTimes]
+    stream: str
+    path: str
+    failed: tuple[str, ...]            # "<why> (<stream> <path>)" of each file not read
+    paths: tuple[tuple[str, str], ...]
+
+    def files(self) -> str:
+        return " and ".join(f"{s} {p}" for s, p in self.paths)
+
+
+def _pick_log(job_id: int, paths: Sequence[tuple[str, str]], data: Mapping[Any, "bytes | str"],
+              max_bytes: int) -> _LogRead:
+    timings: list[Optional[IterationTimes]] = []
+    failed = []
+    for stream, path in paths:
+        got = data.get((job_id, stream), "log not read")
+        if isinstance(got, str):
+            failed.append(got if len(paths) == 1 else f"{got} ({stream} {path})")
+            timings.append(None)
+            continue
+        if len(got) >= max_bytes:          # a cut tail starts mid-line: drop that fragment
+            got = got[got.find(b"\n") + 1:]
+        timings.append(iteration_times(got))
+    pick = best_log(timings)
+    stream, path = paths[pick] if pick is not None else paths[0]
+    return _LogRead(timings[pick] if pick is not None else None, stream, path, tuple(failed), tuple(paths))
 
 
 def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
@@ -414,8 +561,12 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
         assocs = client.association_max_wall_minutes()
     except SlurmError as exc:
         assocs, doubt = {}, doubt or f"association limits unreadable ({exc})"
+    try:
+        reservations = client.reservations()
+    except SlurmError as exc:
+        reservations, doubt = [], doubt or f"reservations unreadable ({exc})"
 
-    todo: list[tuple[RunningJob, PredictionRecord, str]] = []
+    todo: list[tuple[RunningJob, PredictionRecord, list[tuple[str, str]]]] = []
     reads = []
     for job in sorted(jobs, key=lambda j: j.job_id):
         record, why = _record_for(job, store)
@@ -424,28 +575,31 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
                                       _none("no-record", why, _limit_s(job))))
             continue
         skip = _skip_reason(job)
-        path = output_path(_as_accounting(job), record)
-        if not skip and path is None:
+        paths = log_paths(_as_accounting(job), record)
+        if not skip and not paths:
             skip = ("no-log", "no output path (no --output and no absolute working directory)")
         if skip:
             _finish(res, wlog, job, record, _none(skip[0], skip[1], _limit_s(job)), None, opts, client)
             continue
-        todo.append((job, record, path))
-        reads.append((job.job_id, path, record.uid, record.gid))
+        todo.append((job, record, paths))
+        reads.extend(((job.job_id, stream), path, record.uid, record.gid) for stream, path in paths)
     data = read_logs(reads, policy, opts.max_log_bytes)
     t = res.at
-    for job, record, path in todo:
-        got = data.get(job.job_id, "log not read")
+    for job, record, paths in todo:
+        got = _pick_log(job.job_id, paths, data, opts.max_log_bytes)
         limit = _limit_s(job)
-        if isinstance(got, str):
-            _finish(res, wlog, job, record, _none("unreadable", got, limit), None, opts, client)
-            continue
-        if len(got) >= opts.max_log_bytes:          # a cut tail starts mid-line: drop that fragment
-            got = got[got.find(b"\n") + 1:]
-        timing = iteration_times(got)
-        progress = progress_of(timing)
+        timing = got.timing
+        progress = progress_of(timing, got.stream, got.path)
+        # Slurm counts the limit against the job's RunTime, which leaves out time suspended.
         elapsed = job.run_seconds if job.run_seconds is not None else (t - job.start if job.start else 0.0)
+        run_start = t - elapsed
         if progress is None:
+            if got.failed and (timing is None or timing.median_seconds is None):
+                why = "; ".join(got.failed)
+                if timing is not None or len(got.failed) < len(paths):
+                    why += f"; no iteration times after warm-up in {got.stream} {got.path}"
+                _finish(res, wlog, job, record, _none("unreadable", why, limit), None, opts, client)
+                continue
             no_times = timing is None or timing.median_seconds is None
             grace = starting_seconds(record, policy.for_partition(job.partition).min_samples)
             if no_times and elapsed < grace:
@@ -454,15 +608,20 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
                                                       f"{elapsed / 60:.0f} min: still starting (the prediction "
                                                       f"allows {grace / 60:.0f} min)", limit), None, opts, client)
                 continue
-            why = ("no iteration times after warm-up in its log (Megatron, GPT-NeoX, NeMo, DeepSpeed formats)"
-                   if no_times else
+            why = ("no iteration times after warm-up in its log (Megatron, GPT-NeoX, NeMo, DeepSpeed formats; "
+                   f"read {got.files()})" if no_times else
                    f"its {timing.format} log lines carry no iteration number: where the job is is unknown")
             _finish(res, wlog, job, record, _none("no-samples", why, limit), None, opts, client)
             continue
         span = progress.iterations_spanned or 0
+        claims = ""
         if progress.iteration_seconds * max(span, 1) > _CLAIM_FACTOR * max(elapsed, 1.0):
-            _finish(res, wlog, job, record, _none("claims", f"the log claims {progress.iteration_seconds:.4g} "
-                                                  f"s/iter over {span} iterations, more than the job's "
+            claims = f"{progress.iteration_seconds:.4g} s/iter over {span} iterations"
+        elif progress.recent_seconds is not None and progress.recent_span and \
+                progress.recent_seconds * progress.recent_span > _CLAIM_FACTOR * max(elapsed, 1.0):
+            claims = (f"{progress.recent_seconds:.4g} s/iter over its last {progress.recent_span} iterations")
+        if claims:
+            _finish(res, wlog, job, record, _none("claims", f"the log claims {claims}, more than the job's "
                                                   f"{elapsed:.0f} s of running: not acting on it", limit),
                     progress, opts, client)
             continue
@@ -483,12 +642,18 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
                                                   f"min (stall_minutes {pol.stall_minutes:g}): not "
                                                   "progressing", limit), progress, opts, client)
             continue
+        changes = [a for a in wlog.actions(slurm_job_ids=[job.job_id]) if a.action != "none"]
+        watch_limit = changes[-1].to_seconds if changes else watch_set_limit(job.admin_comment)
+        perfcast_limit, owner_note = limit_owner(job, record, watch_limit)
+        shrunk = [a.from_seconds for a in changes if a.action == "shrink" and a.from_seconds is not None]
+        restore = max(shrunk) if shrunk and perfcast_limit else None
         assoc_min, assoc_doubt = association_max_wall(job, assocs)
-        limits = dataclasses.replace(_limits(job, pol, max_time, qos, planned, wlog, first_limit, limit, t),
-                                     assoc_max_seconds=60.0 * assoc_min if assoc_min is not None else None)
-        decision = decide(now=t, start=job.start or t - elapsed, limit_seconds=limit, record=record,
+        limits = dataclasses.replace(
+            _limits(job, pol, max_time, qos, planned, wlog, first_limit, limit, t, run_start, reservations),
+            assoc_max_seconds=60.0 * assoc_min if assoc_min is not None else None, restore_seconds=restore)
+        decision = decide(now=t, start=run_start, limit_seconds=limit, record=record,
                           progress=progress, policy=pol, limits=limits,
-                          perfcast_limit=record.action == "set")
+                          perfcast_limit=perfcast_limit, user_limit_note=owner_note)
         if decision.action == "extend" and (doubt or assoc_doubt):
             decision = _none("doubt", f"{doubt or assoc_doubt}: not extending ({decision.reason})", limit)
         if decision.action != "none" and job.qos and qos and job.qos not in qos:
@@ -530,7 +695,10 @@ def _skip_reason(job: RunningJob) -> Optional[tuple[str, str]]:
 
 def _limits(job: RunningJob, policy: WatchPolicy, max_time: Mapping[str, Optional[int]],
             qos: Mapping[str, Optional[int]], planned: Sequence[PlannedStart], wlog: WatchLog,
-            first_limit: Optional[float], limit: Optional[float], now: float) -> Limits:
+            first_limit: Optional[float], limit: Optional[float], now: float, run_start: float,
+            reservations: Sequence[Reservation] = ()) -> Limits:
+    """The caps, as limits (seconds of run time): an end at wall time ``e`` is a limit of
+    ``e - run_start`` (``run_start``: now minus the job's RunTime)."""
     mt = max_time.get(job.partition)
     q = qos.get(job.qos) if job.qos else None
     user_s = None
@@ -542,12 +710,15 @@ def _limits(job: RunningJob, policy: WatchPolicy, max_time: Mapping[str, Optiona
     except SlurmError:
         nodes = ()
     fair_end, fair_job = fairness_cap(job, planned, nodes, policy.backfill_allowance_minutes * 60.0)
+    resv_start, resv_name = reservation_cap(job, reservations, nodes, now)
     return Limits(max_time_seconds=60.0 * mt if mt is not None else None,
                   qos_max_seconds=60.0 * q if q is not None else None,
                   growth_seconds=first_limit * (1.0 + policy.max_growth) if first_limit else None,
                   user_seconds=user_s,
-                  fairness_seconds=(fair_end - job.start) if fair_end is not None and job.start else None,
-                  fairness_job=fair_job)
+                  fairness_seconds=(fair_end - run_start) if fair_end is not None else None,
+                  fairness_job=fair_job,
+                  reservation_seconds=(resv_start - run_start) if resv_start is not None else None,
+                  reservation_name=resv_name)
 
 
 def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: PredictionRecord, decision: Decision,
@@ -629,5 +800,5 @@ def _write_run(out_dir: Path, job: RunningJob, record: PredictionRecord, progres
 
 
 __all__ = ["Decision", "Limits", "Progress", "WATCH_TAG", "WatchError", "WatchOptions", "WatchResult",
-           "admin_comment_with", "association_max_wall", "decide", "fairness_cap", "progress_of", "read_logs",
-           "starting_seconds", "watch_once"]
+           "admin_comment_with", "association_max_wall", "decide", "fairness_cap", "limit_owner", "progress_of",
+           "read_logs", "reservation_cap", "starting_seconds", "watch_once", "watch_set_limit"]

@@ -95,6 +95,8 @@ class RunningJob:
     het_job_id: Optional[int] = None
     time_min_minutes: Optional[int] = None  # --time-min (None: not set)
     account: str = ""                       # "" = none (a cluster without associations)
+    std_err: str = ""                       # scontrol's StdErr ("" = unknown); == std_out unless --error
+    reservation: str = ""                   # the reservation it runs in ("" = none)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,47 @@ class PlannedStart:
     nodes: tuple[str, ...]                 # the nodes it is planned on (expanded); () = unknown
     partition: str
     user: str
+    reason: str = ""                       # why it is pending (squeue %r); "" = not said
+
+    @property
+    def waits_for_resources(self) -> bool:
+        """Whether its start depends on running jobs ending (see :func:`waits_for_resources`)."""
+        return waits_for_resources(self.reason)
+
+
+# Pending reasons (squeue %r; Slurm's job reason codes) of a job that waits for nodes other jobs
+# hold, so that a running job's end can set its start: the resources are in use (Resources), a
+# higher-priority job is planned first (Priority), a node it asks for is in use or reserved for the
+# next job (ReqNodeNotAvail; "Nodes required for job are DOWN, DRAINED or reserved for jobs in
+# higher priority partitions" in older Slurm), licenses other jobs hold, or no reason set yet (None,
+# WaitingForScheduling: not known not to).  Every other reason -- BeginTime (--begin, a requeued
+# job's hold-off), Dependency, JobHeld*, Reservation (waits for its reservation's start),
+# association and QOS limits, a down or inactive partition -- sets the start by something else.
+RESOURCE_REASONS = frozenset({"Resources", "Priority", "ReqNodeNotAvail", "Licenses", "None",
+                              "WaitingForScheduling"})
+
+
+def waits_for_resources(reason: str) -> bool:
+    """Whether a pending job with this reason waits for resources running jobs hold; a reason not
+    given (``""``: an older listing without it) counts, as before reasons were read."""
+    text = (reason or "").strip().strip("()")
+    if not text:
+        return True
+    head = re.split(r"[,\s]", text, maxsplit=1)[0]
+    return head in RESOURCE_REASONS or head.startswith("Nodes_required_for_job") \
+        or text.startswith("Nodes required for job")
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """An advanced reservation (``scontrol -o show reservation``)."""
+
+    name: str
+    start: Optional[float]                 # UNIX seconds
+    end: Optional[float]
+    nodes: tuple[str, ...]                 # expanded; () = none (a licenses-only reservation)
+    flags: str = ""
+    all_nodes: bool = False                # Nodes=ALL
 
 
 @dataclass(frozen=True)
@@ -268,7 +311,28 @@ def parse_running_jobs(text: str) -> list[RunningJob]:
             restarts=_int(kv.get("Restarts"), 0) or 0, array_job_id=_int(kv.get("ArrayJobId")),
             array_task_id=_int(kv.get("ArrayTaskId")), het_job_id=_int(kv.get("HetJobId")),
             time_min_minutes=_time_or_none(kv.get("TimeMin", "")),
-            account="" if kv.get("Account", "") in ("", "(null)") else kv.get("Account", "")))
+            account="" if kv.get("Account", "") in ("", "(null)") else kv.get("Account", ""),
+            std_err=kv.get("StdErr", ""),
+            reservation="" if kv.get("Reservation", "") in ("", "(null)") else kv.get("Reservation", "")))
+    return out
+
+
+def parse_reservations(text: str) -> list[Reservation]:
+    """``scontrol -o show reservation`` (one line each; "No reservations in the system" = [])."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("ReservationName="):
+            continue
+        kv = parse_oneliner(line)
+        raw = kv.get("Nodes", "")
+        all_nodes = raw.strip().upper() == "ALL"
+        try:
+            nodes = () if all_nodes else expand_hostlist(raw)
+        except SlurmError:
+            nodes, all_nodes = (), True          # unreadable: may cover any node
+        out.append(Reservation(name=kv.get("ReservationName", ""), start=slurm_epoch(kv.get("StartTime", "")),
+                               end=slurm_epoch(kv.get("EndTime", "")), nodes=nodes,
+                               flags=kv.get("Flags", ""), all_nodes=all_nodes))
     return out
 
 
@@ -303,18 +367,21 @@ def _seconds(text: str) -> Optional[float]:
 
 
 _START_DELIM = "|#pc#|"
-_START_FIELDS = ("%i", "%Q", "%S", "%Y", "%P", "%u")
+_START_FIELDS = ("%i", "%Q", "%S", "%Y", "%P", "%u", "%r")
 
 
 def parse_planned_starts(text: str) -> list[PlannedStart]:
-    """``squeue --start -h -t PD -o`` :data:`_START_FIELDS` lines; jobs without a planned start
-    (``N/A``: held, or not planned yet) are left out."""
+    """``squeue --start -h -t PD -o`` :data:`_START_FIELDS` lines (the last, the pending reason,
+    may be missing: a listing without it); jobs without a planned start (``N/A``: held, or not
+    planned yet) are left out."""
     out = []
     for line in text.splitlines():
         parts = line.split(_START_DELIM)
+        if len(parts) == len(_START_FIELDS) - 1:
+            parts.append("")
         if len(parts) != len(_START_FIELDS):
             continue
-        jid, prio, start, nodes, part, user = (p.strip() for p in parts)
+        jid, prio, start, nodes, part, user, reason = (p.strip() for p in parts)
         when = slurm_epoch(start)
         job_id = _int(jid.split("_")[0] if "_" in jid and not jid.isdigit() else jid)
         if when is None or job_id is None:
@@ -324,7 +391,7 @@ def parse_planned_starts(text: str) -> list[PlannedStart]:
         except SlurmError:
             hosts = ()
         out.append(PlannedStart(job_id=job_id, priority=_int(prio, 0) or 0, start=when, nodes=hosts,
-                                partition=part, user=user))
+                                partition=part, user=user, reason=reason))
     return out
 
 
@@ -509,10 +576,16 @@ class SlurmClient:
         return parse_running_jobs(proc.stdout.decode("utf-8", "replace"))
 
     def planned_starts(self) -> list[PlannedStart]:
-        """Pending jobs with a start time the scheduler planned (``squeue --start``)."""
+        """Pending jobs with a start time the scheduler planned (``squeue --start``), each with its
+        pending reason (``%r``)."""
         proc = self._cmd(["squeue", "--start", "-h", "-t", "PD",
                           "-o", _START_DELIM.join(_START_FIELDS)])
         return parse_planned_starts(proc.stdout.decode("utf-8", "replace"))
+
+    def reservations(self) -> list[Reservation]:
+        """Every advanced reservation slurmctld knows (``scontrol -o show reservation``)."""
+        proc = self._cmd(["scontrol", "-o", "show", "reservation"])
+        return parse_reservations(proc.stdout.decode("utf-8", "replace"))
 
     def qos_max_wall_minutes(self) -> dict[str, Optional[int]]:
         """Each QOS's MaxWall in minutes (None: no limit), from ``sacctmgr`` (accounting only)."""

@@ -28,7 +28,7 @@ POLICY = WatchPolicy(enabled=True, margin=0.1, margin_minutes=1.0, shrink_min_mi
 def record(**kw) -> PredictionRecord:
     base = dict(partition="gpu", platform="perlmutter-a100", bundle="b", job=TrainingJob.from_dict(JOB).to_dict(),
                 iteration_seconds=0.5, iterations=1000, total_seconds=500.0, interval_seconds=(0.45, 0.55),
-                time_limit_minutes=15, action="set", uid=os.geteuid(), gid=os.getegid(), user="alice")
+                time_limit_minutes=10, action="set", uid=os.geteuid(), gid=os.getegid(), user="alice")
     base.update(kw)
     return PredictionRecord(**base)
 
@@ -176,10 +176,11 @@ def test_scontrol_and_squeue_listings():
 # ------------------------------------------------------------------------------ whole passes
 
 class FakeSlurm(SlurmClient):
-    def __init__(self, jobs, *, max_time=60, plans=(), fail=(), assocs=None):
+    def __init__(self, jobs, *, max_time=60, plans=(), fail=(), assocs=None, reservations=()):
         super().__init__(runner=lambda *a, **k: None)
         self.jobs, self.max_time, self.plans, self.fail = list(jobs), max_time, list(plans), set(fail)
         self.assocs = assocs or {}
+        self.resvs = list(reservations)
         self.limits: dict[int, int] = {}
         self.time_mins: dict[int, object] = {}
         self.comments: dict[int, str] = {}
@@ -199,6 +200,11 @@ class FakeSlurm(SlurmClient):
 
     def qos_max_wall_minutes(self):
         return {"normal": None}
+
+    def reservations(self):
+        if "reservations" in self.fail:
+            raise SlurmError("scontrol: Unable to contact slurm controller")
+        return self.resvs
 
     def association_max_wall_minutes(self):
         if "assoc" in self.fail:
