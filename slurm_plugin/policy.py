@@ -6,13 +6,15 @@ Per partition (see :mod:`slurm_plugin.siteconfig`):
   ``round_minutes`` -- or, with ``cover_interval`` (default), the total at the prediction's upper
   bound at ``fill_level`` (default 0.98: its interval's upper end, widened from 95 % to 98 %) if
   that is longer: on a platform whose measured runs show it under-predicts (vista-gh200 by up to
-  37 %), a 15 % margin would get jobs killed -- capped at the partition's MaxTime (with a warning
-  saying how many iterations fit).  With ``time_min``
+  37 %), a 15 % margin would get jobs killed -- capped at the partition's MaxTime, or at the
+  job's QOS or association MaxWall when that is shorter (:class:`WallCap`, found by
+  :mod:`slurm_plugin.qos_limits`), with a warning saying how many iterations fit.  With ``time_min``
   (default) ``--time-min`` is set too, to the point prediction + startup, so that backfill may
   start the job in a shorter hole (Slurm lowers the limit no further than that).  ``--time``
   given -> kept, with a warning when the job would be killed before it finishes (at which
   iteration), when it asks for more than ``over_ask_factor`` x the prediction (long limits hurt
-  backfill), or when it exceeds the partition's MaxTime (the job would pend forever).
+  backfill), or when it exceeds the partition's MaxTime or the QOS/association MaxWall (the job
+  would pend forever, or be rejected under the QOS flag DenyOnLimit).
 - ``advise``: never change the limit; the user gets the recommendation and the warnings.
 - ``enforce``: the recommended limit replaces a user's ``--time`` too.
 - ``off``: nothing (the daemon does not even predict).
@@ -56,6 +58,36 @@ class PredictionFacts:
     def overhead_seconds(self) -> float:
         """Everything in the total that is not training iterations (startup, eval, checkpoints)."""
         return max(0.0, self.total_seconds - self.iterations * self.iteration_seconds)
+
+
+@dataclass(frozen=True)
+class WallCap:
+    """A MaxWall of Slurm's accounting that applies to the job beside its partition's MaxTime
+    (:mod:`slurm_plugin.qos_limits` finds it): ``kind`` ``"qos"`` (``name``: the QOS) or
+    ``"assoc"`` (``name``: ``user/account``, the association's user and account)."""
+
+    minutes: int
+    kind: str
+    name: str
+
+    @property
+    def who(self) -> str:
+        """What allows it: ``QOS long`` / ``user alice's association in account proj``."""
+        if self.kind == "qos":
+            return f"QOS {self.name}"
+        user, _, account = self.name.partition("/")
+        return f"user {user}'s association in account {account}"
+
+    @property
+    def what(self) -> str:
+        """The limit by name: ``QOS long's MaxWall`` / ``the MaxWall of user alice's association
+        in account proj`` (as "the partition's MaxTime" is written)."""
+        return f"{self.who}'s MaxWall" if self.kind == "qos" else f"the MaxWall of {self.who}"
+
+    @property
+    def pending_reason(self) -> str:
+        """The reason Slurm shows for a job pending on it."""
+        return "QOSMaxWallDurationPerJobLimit" if self.kind == "qos" else "AssocMaxWallDurationPerJobLimit"
 
 
 @dataclass(frozen=True)
@@ -146,10 +178,16 @@ def needed_seconds(pred: PredictionFacts, part: PartitionPolicy) -> float:
 
 
 def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPolicy,
-           max_time: Optional[int] = None) -> Decision:
-    """Apply the partition's policy.  ``user_limit`` / ``max_time`` are minutes or None."""
+           max_time: Optional[int] = None, wall: Optional[WallCap] = None) -> Decision:
+    """Apply the partition's policy.  ``user_limit`` / ``max_time`` are minutes or None;
+    ``wall``: the QOS or association MaxWall that applies to the job (None: none)."""
     user_limit = normalize_limit(user_limit)
     cap = part.max_time_minutes if part.max_time_minutes is not None else normalize_max_time(max_time)
+    # The shorter of the partition's MaxTime and the accounting's MaxWall binds (the partition's
+    # when they are equal); ``by`` is the MaxWall when it is the one that binds.
+    by: Optional[WallCap] = None
+    if wall is not None and wall.minutes > 0 and (cap is None or wall.minutes < cap):
+        cap, by = int(wall.minutes), wall
     # Each figure once: the upper bound costs two normal quantiles, and the message repeats some.
     startup_s = startup_seconds(pred, part)
     upper_s = upper_total_seconds(pred, part.fill_level) if part.cover_interval else 0.0
@@ -158,8 +196,9 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
     capped = cap is not None and rec > cap
     if capped:
         fit = iterations_within(cap, pred, part)
+        allows = by.who if by is not None else (part.name or 'the partition')
         warnings.append(
-            f"needs about {_hm(rec)} but {part.name or 'the partition'} allows {_hm(cap)}: "
+            f"needs about {_hm(rec)} but {allows} allows {_hm(cap)}: "
             f"only about {fit} of {pred.iterations} iterations fit; checkpoint and resubmit")
         rec = cap
 
@@ -179,8 +218,15 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
     elif part.policy == "advise":
         action = "advise"
 
+    over_max = over_wall = False
     if user_limit is not None:
-        if cap is not None and user_limit > cap:
+        if cap is not None and user_limit > cap and by is not None:
+            over_wall = True
+            warnings.append(
+                f"--time {_hm(user_limit)} exceeds {by.what} {_hm(cap)}: Slurm keeps such a job "
+                f"pending ({by.pending_reason}) or rejects it; ask for --time={_slurm_time(min(rec, cap))}")
+        elif cap is not None and user_limit > cap:
+            over_max = True
             warnings.append(
                 f"--time {_hm(user_limit)} exceeds {part.name or 'the partition'}'s MaxTime {_hm(cap)}: "
                 f"Slurm keeps such a job pending (PartitionTimeLimit); ask for --time={_slurm_time(min(rec, cap))}")
@@ -200,7 +246,8 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
     if action == "set" and user_limit is not None and user_limit != new_limit:
         tail = f"; time limit {_hm(user_limit)} replaced by {_hm(new_limit)} (site policy)"
     elif action == "set" and capped:
-        tail = f"; time limit set to {_hm(new_limit)} (the partition's MaxTime)"
+        limit_name = by.what if by is not None else "the partition's MaxTime"
+        tail = f"; time limit set to {_hm(new_limit)} ({limit_name})"
     elif action == "set" and part.cover_interval and upper_s > pred.total_seconds * (1.0 + part.margin):
         tail = (f"; time limit set to {_hm(new_limit)} (the prediction's {100 * part.fill_level:g} % upper bound, "
                 f"start-up {_hm(startup_s / 60.0)})")
@@ -222,7 +269,9 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
               + (f" user_min={user_limit}" if user_limit is not None else "")
               + (" warn=short" if any("too short" in w for w in warnings) else "")
               + (" warn=capped" if capped else "")
-              + (" warn=overmax" if any("MaxTime" in w and "exceeds" in w for w in warnings) else "")
+              + (f" cap={by.kind}" if capped and by is not None else "")
+              + (" warn=overmax" if over_max else "")
+              + (" warn=overwall" if over_wall else "")
               + (" warn=overask" if any("backfill" in w for w in warnings) else ""))
     return Decision(time_limit_minutes=new_limit, recommended_minutes=rec, admin_comment=record,
                     message=message, warnings=warnings, action=action, time_min_minutes=time_min)

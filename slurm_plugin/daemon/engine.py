@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from .. import policy as policy_mod
-from ..policy import PredictionFacts
+from ..policy import PredictionFacts, WallCap
+from ..qos_limits import WallLimitsSource, shared_source
 from ..siteconfig import PartitionPolicy, SiteConfig
 from .logs import log_event
 from .protocol import Answer, PredictRequest, one_line
@@ -40,6 +41,9 @@ PARSE_BUDGET_S = 0.06        # at most this much parsing per script (+ the last 
 PREDICT_RESERVE_S = 0.02     # of the request's deadline, kept for predicting after the parse
 WORKER_CACHE = 256           # predictions remembered per worker (same job shape, other script)
 PASSWD_CACHE = 4096          # uids remembered (per process)
+# At the daemon's first start, how long load() waits (after loading the platforms) for the first
+# lookup of the QOS and association limits, so that the first jobs are capped by them too.
+LIMITS_WAIT_S = 3.0
 # A small training job run once per platform before serving (in the daemon, then in each new
 # worker): the first parse and prediction in a process pay for lazy imports and, in a forked
 # worker, for copy-on-write page faults -- better then than on a user's job.
@@ -67,7 +71,7 @@ def _default_backends() -> dict[str, Any]:
         return p.predict(job)
     return {"load_platform": load_platform, "forget_loaded": forget_loaded, "predict": predict,
             "parse_script": launch.parse_script, "slurm_request": launch.SlurmRequest,
-            "errors": (PerfcastError,)}
+            "errors": (PerfcastError,), "wall_limits": shared_source(log_event)}
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class Route:
     part: PartitionPolicy
     name: str                          # the partition chosen ("" = the default one, unnamed)
     max_time: Optional[int]
+    wall: Optional[WallCap] = None     # the job's QOS or association MaxWall (None: none applies)
 
     @property
     def platform(self) -> str:
@@ -183,8 +188,12 @@ class Engine:
     ``parse_script(path, text, *, request, read_file, env, default_gpus_per_node, work_dir,
     deadline_s)``, ``slurm_request`` (a constructor taking keyword fields), ``errors`` (a tuple
     of the exception types meaning "bad job", reported to the user as one line) and, optionally,
-    ``slurm_partitions()`` (Slurm's partitions for the user socket; default: ``scontrol``) and
-    ``forget_loaded()`` (drop the loader's cache before this Engine loads its platforms).
+    ``slurm_partitions()`` (Slurm's partitions for the user socket; default: ``scontrol``),
+    ``forget_loaded()`` (drop the loader's cache before this Engine loads its platforms) and
+    ``wall_limits`` (the QOS and association MaxWall: a :class:`~slurm_plugin.qos_limits.
+    WallLimitsSource`, or a function returning :class:`~slurm_plugin.qos_limits.WallLimits`;
+    default: the daemon's one source, from ``scontrol`` and ``sacctmgr``; absent from the
+    backends a test passes: no such limits).
     """
 
     def __init__(self, config: SiteConfig, backends: Optional[Mapping[str, Any]] = None):
@@ -207,12 +216,22 @@ class Engine:
         self.slurm_partitions: dict[str, tuple[Optional[int], bool]] = {}
         self._slurm_max_times: dict[str, Optional[int]] = {}
         self._slurm_default: Optional[str] = None
+        self._slurm_part_qos: dict[str, str] = {}       # the partitions' own QOS (user socket)
+        src = self.backends.get("wall_limits")
+        if src is not None and not isinstance(src, WallLimitsSource):
+            src = WallLimitsSource(src, log=log_event)
+        self.wall_limits: Optional[WallLimitsSource] = src
         # Set once the lookup has ended (found or failed); callbacks wait for it (the server's).
         self._partitions_known = threading.Event()
         self._partitions_lock = threading.Lock()
         self._on_partitions_known: list[Callable[[], None]] = []
 
     def load(self, lookup_partitions: bool = True) -> "Engine":
+        # The QOS and association MaxWall: looked up again at every (re)load, in the background
+        # (a reload keeps serving the limits known so far); not for --check.
+        limits_pending = None
+        if lookup_partitions and self.wall_limits is not None:
+            limits_pending = self.wall_limits.refresh()
         if lookup_partitions and self.config.daemon.user_socket:
             # In the background: a slow or absent controller must not delay serving.
             threading.Thread(target=self._load_slurm_partitions, daemon=True,
@@ -236,6 +255,8 @@ class Engine:
                 self.platform_errors[name] = one_line(str(exc) or type(exc).__name__, 300)
                 log_event("platform_failed", level=logging.ERROR, platform=name,
                           error=self.platform_errors[name])
+        if limits_pending is not None and self.wall_limits is not None and self.wall_limits.limits is None:
+            limits_pending.wait(LIMITS_WAIT_S)      # the first start: usually done by now
         return self
 
     def _load_slurm_partitions(self) -> None:
@@ -247,6 +268,9 @@ class Engine:
             log_event("slurm_partitions_failed", level=logging.WARNING, error=str(exc))
         else:
             found = {p.name: (p.max_time_minutes, p.is_default) for p in parts}
+            self._slurm_part_qos = {p.name: q for p in parts
+                                    if (q := str((getattr(p, "raw", None) or {}).get("QoS", "")).strip())
+                                    and q not in ("N/A", "(null)")}
             self._slurm_max_times = {k: v[0] for k, v in found.items()}
             self._slurm_default = next((k for k, v in found.items() if v[1]), None)
             self.slurm_partitions = found
@@ -301,7 +325,30 @@ class Engine:
             # The reason (a bundle error) went to the log at load time; users get the name only.
             return self.skip(part, "platform-unavailable",
                              f"platform {part.platform} is not available")
-        return Route(req=req, part=part, name=name or "", max_time=max_time)
+        return Route(req=req, part=part, name=name or "", max_time=max_time,
+                     wall=self.wall_cap(req, name or ""))
+
+    def wall_cap(self, req: PredictRequest, partition: str) -> Optional[WallCap]:
+        """The QOS or association MaxWall that applies to the job (:mod:`slurm_plugin.qos_limits`);
+        None when none does, none is known (yet), or anything goes wrong (fail open)."""
+        src = self.wall_limits
+        if src is None:
+            return None
+        limits = src.current()
+        if limits is None or not limits.enforced:
+            return None
+        part_qos = req.partition_qos.get(partition) if req.partition_qos else self._slurm_part_qos.get(partition)
+        try:
+            return limits.cap(user=lambda: self._user_name(req.submit_uid), account=req.account,
+                              qos=req.qos, partition=partition, partition_qos=part_qos,
+                              default_account=req.default_account, default_qos=req.default_qos)
+        except Exception as exc:  # noqa: BLE001 - a cap is an extra: never fail a job for it
+            log_event("slurm_limits_error", level=logging.ERROR, error=type(exc).__name__)
+            return None
+
+    def _user_name(self, uid: int) -> Optional[str]:
+        pw = self._passwd(uid)
+        return pw[0] if pw is not None else None
 
     def cache_key(self, route: Route) -> str:
         """A digest of everything :meth:`compute` reads (the cache keeps no script text).
@@ -478,7 +525,7 @@ class Engine:
         if out.facts is None:
             return self.skip(part, out.skip_reason or "no-job", out.skip_why or "cannot predict")
         facts = out.facts
-        decision = policy_mod.decide(facts, route.req.time_limit, part, route.max_time)
+        decision = policy_mod.decide(facts, route.req.time_limit, part, route.max_time, route.wall)
         return Answer("ok", reason=decision.action, message=decision.message, partition=route.name,
                       time_limit=decision.time_limit_minutes, time_min=decision.time_min_minutes,
                       admin_comment=decision.admin_comment,

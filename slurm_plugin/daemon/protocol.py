@@ -7,7 +7,11 @@
       ntasks_per_node, cpus_per_task, tres_per_node, tres_per_job, tres_per_task, time_limit,
       max_time, argv (list), name, array, std_out (--output as given), env (object; cli_filter
       only), format ("lines"|"json"),
-      partitions ({name: {"max_time": minutes, "default": bool}}, from job_submit.lua's part_list),
+      partitions ({name: {"max_time": minutes, "default": bool, "qos": name}}, from
+      job_submit.lua's part_list; "qos": the partition's own QOS, absent or null when none),
+      qos, account (--qos, --account; absent = not given), default_qos, default_account
+      (slurmctld's defaults for the job's user, job_desc.default_qos / default_account: sent only
+      without --qos / --account), for the QOS and association MaxWall (slurm_plugin.qos_limits),
       warm (true: cli_filter.lua's warm-up; the outcome is computed and kept for job_submit.lua's
       request of the same submission, the answer is ``status=ok reason=warm`` only)
 
@@ -95,6 +99,12 @@ class PredictRequest:
     partition_max_time: Mapping[str, Optional[int]] = field(default_factory=dict)
     default_partition: Optional[str] = None
     warm: bool = False                # cli_filter.lua's warm-up: compute and keep, answer nothing
+    # What decides the job's QOS and association MaxWall (policy inputs only, not the outcome's).
+    qos: Optional[str] = None
+    account: Optional[str] = None
+    default_qos: Optional[str] = None
+    default_account: Optional[str] = None
+    partition_qos: Mapping[str, str] = field(default_factory=dict)
 
     def candidate_partitions(self) -> list[str]:
         """The partitions the job may run in, in the user's order (or the default one)."""
@@ -122,6 +132,7 @@ class PredictRequest:
         out["argv"] = list(self.argv)
         out["env"] = dict(self.env)
         out["partition_max_time"] = dict(self.partition_max_time)
+        out["partition_qos"] = dict(self.partition_qos)
         return out
 
     @classmethod
@@ -223,6 +234,7 @@ def parse_request(raw: bytes, *, max_script: int, peer: Optional[tuple[int, int]
     if not isinstance(parts, dict) or len(parts) > 10000:
         raise BadRequest("partitions must be an object")
     max_times: dict[str, Optional[int]] = {}
+    part_qos: dict[str, str] = {}
     default_part = None
     for name, info in parts.items():
         if not isinstance(info, dict):
@@ -230,6 +242,9 @@ def parse_request(raw: bytes, *, max_script: int, peer: Optional[tuple[int, int]
         max_times[str(name)] = _opt_int(info, "max_time")
         if info.get("default") is True:
             default_part = str(name)
+        pq = info.get("qos")
+        if isinstance(pq, str) and pq and len(pq) < 256:
+            part_qos[str(name)] = pq
     # (every field, in the dataclass's order)
     return _request(dict(
         script=script, submit_uid=uid, submit_gid=gid, work_dir=work_dir,
@@ -244,14 +259,18 @@ def parse_request(raw: bytes, *, max_script: int, peer: Optional[tuple[int, int]
         argv=tuple(argv[:256]), name=_opt_str(data, "name"), array=_opt_str(data, "array"),
         std_out=(_opt_str(data, "std_out") or "")[:4096], env=env, format=fmt,
         partition_max_time=max_times, default_partition=default_part,
-        warm=data.get("warm") is True))
+        warm=data.get("warm") is True,
+        qos=_opt_name(data, "qos"), account=_opt_name(data, "account"),
+        default_qos=_opt_name(data, "default_qos"), default_account=_opt_name(data, "default_account"),
+        partition_qos=part_qos))
 
 
 # cli_filter.lua sends slurm.json_cli_options(options): sbatch's long option names -> our keys.
 _CLI_KEYS = {"partition": "partition", "nodes": "min_nodes", "ntasks": "num_tasks",
              "ntasks-per-node": "ntasks_per_node", "cpus-per-task": "cpus_per_task",
              "gres": "tres_per_node", "gpus-per-node": "gpus_per_node", "gpus": "tres_per_job",
-             "job-name": "name", "array": "array", "time": "time_limit_text", "chdir": "work_dir"}
+             "job-name": "name", "array": "array", "time": "time_limit_text", "chdir": "work_dir",
+             "qos": "qos", "account": "account"}
 
 
 def _from_cli_options(data: Mapping[str, Any], cli: Mapping[str, Any]) -> dict[str, Any]:
@@ -297,6 +316,15 @@ def _opt_int(data: Mapping[str, Any], key: str) -> Optional[int]:
     if value < 0 or value in (_NO_VALS16 if key in _U16_FIELDS else _NO_VALS):
         return None
     return value
+
+
+def _opt_name(data: Mapping[str, Any], key: str) -> Optional[str]:
+    """A QOS, account or the like: a short string, or None (a malformed one is not given: these
+    only ever lower the limit perfcast fills, so they never make a request fail)."""
+    value = data.get(key)
+    if not isinstance(value, str) or not value or len(value) > 255:
+        return None
+    return value.strip() or None
 
 
 def _opt_str(data: Mapping[str, Any], key: str) -> Optional[str]:

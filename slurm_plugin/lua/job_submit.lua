@@ -93,6 +93,13 @@ local function request_json(job_desc, part_list, submit_uid)
     add("name", job_desc.name)
     add("std_out", job_desc.std_out)   -- where the job's log goes: perf-calibrate harvest reads it
     add("array", job_desc.array_inx)
+    -- The job's QOS and account decide the QOS / association MaxWall that caps the limit the
+    -- daemon fills.  Without --qos / --account, slurmctld's own defaults for this user (its
+    -- association manager's, in memory): job_desc.default_qos / default_account.
+    add("qos", job_desc.qos)
+    add("account", job_desc.account)
+    if job_desc.qos == nil then add("default_qos", job_desc.default_qos) end
+    if job_desc.account == nil then add("default_account", job_desc.default_account) end
     -- sbatch's argv: [0] is the script path, then the script's arguments.
     local argv, argc = job_desc.argv, job_desc.argc
     if type(argv) == "table" and type(argc) == "number" then
@@ -102,13 +109,16 @@ local function request_json(job_desc, part_list, submit_uid)
         end
         out[#out + 1] = ',"argv":[' .. table.concat(items, ",") .. ']'
     end
-    -- MaxTime of every partition the job may use, and which is the default: the daemon decides.
+    -- MaxTime of every partition the job may use, which is the default, and each one's own QOS
+    -- (slurm.conf QOS=, whose MaxWall applies too): the daemon decides.
     if type(part_list) == "table" then
         local parts = {}
         for _, p in pairs(part_list) do
             if type(p.name) == "string" then
+                local qos = p.qos
                 parts[#parts + 1] = jstr(p.name) .. ':{"max_time":' .. jval(p.max_time)
-                    .. ',"default":' .. jval(p.flag_default == 1) .. '}'
+                    .. ',"default":' .. jval(p.flag_default == 1)
+                    .. (type(qos) == "string" and qos ~= "" and (',"qos":' .. jstr(qos)) or "") .. '}'
             end
         end
         out[#out + 1] = ',"partitions":{' .. table.concat(parts, ",") .. '}'
