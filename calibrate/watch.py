@@ -36,6 +36,19 @@ One pass (``--every SECONDS`` repeats it) on the controller, as root:
    stays as it was), into the record store's ``watch_actions`` table (:mod:`calibrate.watch_log`,
    read by ``perf-calibrate report``), and each measured rate into the partition's runs file as a
    harvestable run (the finished job's harvest replaces it, by name).
+
+The record store never stops a pass.  A job whose record is missing from it (the store was moved
+aside and the daemon started a new one, the record was pruned or never kept) or cannot be read
+there (a corrupt page, a corrupt or missing file) is judged from what the daemon wrote into its
+AdminComment at submission (:func:`record_from_comment`: planned iterations, predicted s/iter,
+the limit perfcast set, ...): extended when it needs it, never shrunk, and its reason says so; an
+AdminComment without those fields is named in the reason.  The watch's own tables in the store
+fall back to memory for the pass when they cannot be read or written (corrupt, locked past the
+busy timeout: :class:`calibrate.watch_log.PassLog`).  What failed is said once per pass
+(:attr:`WatchResult.warnings`, logged as one warning): with a corrupt store, how to keep its rows
+(``sqlite3 ... .recover``) and what moving it aside costs; with a locked one, whether any limit
+changed this pass, and that the next pass retries.  Jobs are named as Slurm names them
+(``76_2`` for an array task: :func:`job_name`).
 """
 from __future__ import annotations
 
@@ -54,8 +67,8 @@ from predictor.errors import JobError, PerfcastError
 from predictor.job import TrainingJob
 from predictor.validation import MeasuredRun
 from slurm_plugin.policy import slurm_duration
-from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, PredictionRecord, RecordStore, is_record_id,
-                                  parse_admin_comment)
+from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, PredictionRecord, RecordStore, RecordStoreError,
+                                  is_record_id, parse_admin_comment)
 from slurm_plugin.siteconfig import WatchPolicy
 from slurm_plugin.slurm_client import (PlannedStart, Reservation, RunningJob, SlurmClient, SlurmError,
                                        expand_hostlist, parse_slurm_time)
@@ -63,7 +76,7 @@ from slurm_plugin.slurm_client import (PlannedStart, Reservation, RunningJob, Sl
 from .harvest import DEFAULT_OUT, MAX_LOG_BYTES, AccountingJob, LogReadError, log_paths, read_tail_as
 from .joblogs import WARMUP_ITERATIONS, IterationTimes, best_log, iteration_times
 from .runs_files import RunsFileError, merge_runs
-from .watch_log import JobState, WatchAction, WatchLog
+from .watch_log import BUSY_TIMEOUT_S, JobState, PassLog, WatchAction, WatchLog
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +88,15 @@ _SEGMENT = " | " + WATCH_TAG
 # (the harvest's bound).
 _CLAIM_FACTOR = 2.0
 # Decisions that are no news to the job's user: kept in the store, not put in the AdminComment.
-_QUIET = frozenset({"on-track", "warm-up"})
+_QUIET = frozenset({"on-track", "warm-up", "no-shrink"})
 # A measured rate is written to the runs file again only when it moved more than this.
 _RUN_REWRITE = 0.02
 
 
 class WatchError(PerfcastError):
-    """The pass cannot run (no record store, Slurm not answering); one line."""
+    """The pass cannot run (Slurm not answering); one line.  A record store that is missing,
+    corrupt or locked does not stop a pass: it goes on from the jobs' AdminComments and says so
+    (:attr:`WatchResult.warnings`)."""
 
 
 @dataclass(frozen=True)
@@ -324,21 +339,119 @@ def reservation_cap(job: RunningJob, reservations: Sequence[Reservation], nodes:
     return (best[0], best[1]) if best else (None, "")
 
 
-_WATCH_LIMIT_RE = re.compile(re.escape(_SEGMENT) + r" (?:extend|shrink) \S+->(\S+) at ")
+_WATCH_CHANGE_RE = re.compile(re.escape(_SEGMENT) + r" (extend|shrink) (\S+)->(\S+) at ")
 
 
-def watch_set_limit(admin_comment: str) -> Optional[float]:
-    """The limit (seconds) the watch's segment of an AdminComment says it set last (None: none).
-    Only the segment's head is read (its reason may quote a path the user named)."""
-    at = admin_comment.find(_SEGMENT)
-    m = _WATCH_LIMIT_RE.match(admin_comment, at) if at >= 0 else None
-    if not m:
-        return None
+def _slurm_seconds(text: str) -> Optional[float]:
     try:
-        minutes = parse_slurm_time(m.group(1))
+        minutes = parse_slurm_time(text)
     except SlurmError:
         return None
     return 60.0 * minutes if minutes is not None else None
+
+
+def watch_change(admin_comment: str) -> Optional[tuple[str, Optional[float], Optional[float]]]:
+    """The last change the watch's segment of an AdminComment tells: ``(extend|shrink, from
+    seconds, to seconds)`` (None: the watch changed nothing there).  Only the segment's head is
+    read (its reason may quote a path the user named)."""
+    at = admin_comment.find(_SEGMENT)
+    m = _WATCH_CHANGE_RE.match(admin_comment, at) if at >= 0 else None
+    if not m:
+        return None
+    return m.group(1), _slurm_seconds(m.group(2)), _slurm_seconds(m.group(3))
+
+
+def watch_set_limit(admin_comment: str) -> Optional[float]:
+    """The limit (seconds) the watch's segment of an AdminComment says it set last (None: none)."""
+    change = watch_change(admin_comment)
+    return change[2] if change else None
+
+
+def comment_fields(admin_comment: str) -> dict[str, str]:
+    """The daemon's ``perfcast:v1 key=value ...`` record in an AdminComment, read from the part
+    before the watch's segment only (the segment's reason may quote text the user chose, such as
+    the path of their log, which must not pass for the daemon's fields)."""
+    return parse_admin_comment(admin_comment.split(_SEGMENT)[0])
+
+
+def _positive(text: Optional[str], kind: type) -> Any:
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+# What the watch needs of a job's AdminComment to work without its record (slurm_plugin.policy
+# writes them all): key -> what it is, for the reason when one is missing.
+COMMENT_NEEDS = {"iters": "the planned iterations", "iter_s": "the predicted seconds per iteration",
+                 "action": "whether perfcast set the limit", "rec_min": "the limit perfcast set"}
+
+
+def record_from_comment(job: RunningJob) -> tuple[Optional[PredictionRecord], str]:
+    """A stand-in for a running job's missing record, rebuilt from what the daemon wrote into its
+    AdminComment at submission (``perfcast:v1 iter_s=0.5 iters=1000 total_min=9.2 platform=...
+    bundle=... policy=fill action=set rec_min=12 [min_min=10] [user_min=...] rec=<id>``;
+    :func:`slurm_plugin.policy.decide`): the planned iterations (``iters``), the predicted seconds
+    per iteration (``iter_s``), the predicted total (``total_min``), whether perfcast set the
+    limit (``action``) and which (``rec_min``, with ``action=set``), its ``--time-min``
+    (``min_min``), platform, bundle and policy.  Whose job it is, its partition and its output
+    come from Slurm (users cannot set an AdminComment, and slurmctld names the job's user).  The
+    AdminComment has no checkpoint interval, no prediction interval and not the job file: a job
+    rebuilt so cannot be extended to a checkpoint, and gives no harvestable run.  (None, what is
+    missing) when a needed field is absent or not a number."""
+    f = comment_fields(job.admin_comment)
+    iters, iter_s = _positive(f.get("iters"), int), _positive(f.get("iter_s"), float)
+    action = f.get("action", "")
+    rec_min = _positive(f.get("rec_min"), int)
+    missing = [k for k, ok in (("iters", iters), ("iter_s", iter_s), ("action", action in ("set", "keep", "advise")),
+                               ("rec_min", rec_min is not None or action != "set")) if not ok]
+    if missing:
+        return None, "its AdminComment lacks " + ", ".join(
+            f"{k}= ({COMMENT_NEEDS[k]})" if k not in f else f"a valid {k}= ({COMMENT_NEEDS[k]}; it says {f[k]!r})"
+            for k in missing)
+    if job.uid is None:
+        return None, "scontrol names no UserId for it (the log is read as the job's user)"
+    total_min = _positive(f.get("total_min"), float)
+    rid = f.get(RECORD_KEY, "")
+    return PredictionRecord(
+        partition=job.partition, platform=f.get("platform", ""), bundle=f.get("bundle", ""), job={},
+        iteration_seconds=iter_s, iterations=iters,
+        total_seconds=60.0 * total_min if total_min else iters * iter_s,
+        time_limit_minutes=rec_min if action == "set" else None,
+        time_min_minutes=_positive(f.get("min_min"), int) if action == "set" else None,
+        recommended_minutes=rec_min, action=action, policy=f.get("policy", ""), work_dir=job.work_dir,
+        job_name=job.name, uid=job.uid, gid=job.gid, user=job.user,
+        record_id=rid if is_record_id(rid) else ""), ""
+
+
+def submission_limit(admin_comment: str) -> Optional[float]:
+    """The limit (seconds) the job had at submission as the daemon's AdminComment record tells:
+    the one perfcast set (``action=set``: ``rec_min``), else the user's ``--time`` (``user_min``);
+    None when it does not say."""
+    f = comment_fields(admin_comment)
+    minutes = _positive(f.get("rec_min") if f.get("action") == "set" else f.get("user_min"), int)
+    return 60.0 * minutes if minutes else None
+
+
+def first_limit_seen(job: RunningJob, limit: Optional[float]) -> Optional[float]:
+    """The base of ``max_growth`` for a job the watch has no state of: its limit now -- unless its
+    AdminComment shows the watch changed that limit before (the state went with a record store
+    moved aside, or was not written while the store was locked), when it is the lowest of that, the
+    limit at submission (:func:`submission_limit`) and the limit the watch's last change started
+    from: the watch's earlier extensions do not raise the base of its next."""
+    change = watch_change(job.admin_comment)
+    if change is None or limit is None:
+        return limit
+    return min(v for v in (limit, change[1], submission_limit(job.admin_comment)) if v)
+
+
+def job_name(job: "RunningJob | AccountingJob") -> str:
+    """How Slurm names the job: ``ArrayJobId_ArrayTaskId`` for an array task (``76_2``; its own
+    job id, 78, is what ``scontrol update`` takes), else its job id."""
+    if job.array_job_id is not None and job.array_task_id is not None:
+        return f"{job.array_job_id}_{job.array_task_id}"
+    return str(job.job_id)
 
 
 def limit_owner(job: RunningJob, record: PredictionRecord, watch_limit: Optional[float]) -> tuple[bool, str]:
@@ -410,10 +523,14 @@ class JobReport:
     user: str
     decision: Decision
     applied: bool = False
+    name: str = ""                 # how Slurm names it: ``76_2`` for an array task ("" = the job id)
+    # Why the job was judged from its AdminComment, not its record ("" = from its record).
+    from_comment: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self.decision)
-        d.update(job_id=self.job_id, partition=self.partition, user=self.user, applied=self.applied)
+        d.update(job_id=self.job_id, job=self.name or str(self.job_id), partition=self.partition, user=self.user,
+                 applied=self.applied, from_comment=self.from_comment)
         return d
 
 
@@ -421,9 +538,11 @@ class JobReport:
 class WatchResult:
     jobs: list[JobReport] = field(default_factory=list)
     at: float = 0.0
+    # What went wrong with the record store this pass (one line each; also logged as one warning).
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"at": self.at, "jobs": [j.to_dict() for j in self.jobs]}
+        return {"at": self.at, "jobs": [j.to_dict() for j in self.jobs], "warnings": list(self.warnings)}
 
     def summary(self) -> str:
         acted = [j for j in self.jobs if j.decision.action != "none"]
@@ -434,24 +553,62 @@ class WatchResult:
             d = j.decision
             head = (f"{d.action} {_hm(d.from_seconds)} -> {_hm(d.to_seconds)}"
                     + ("" if j.applied else " (not applied)") if d.action != "none" else "none")
-            lines.append(f"  job {j.job_id} ({j.partition}, {j.user}): {head}: {d.reason}")
+            lines.append(f"  job {j.name or j.job_id} ({j.partition}, {j.user}): {head}: {d.reason}")
         return "\n".join(lines)
 
 
-def _record_for(job: RunningJob, store: RecordStore) -> tuple[Optional[PredictionRecord], str]:
-    rid = parse_admin_comment(job.admin_comment).get(RECORD_KEY, "")
+class _StoreReads:
+    """The pass's reads of records: each job's record is tried (a corrupt file may still give most
+    rows), until an error that every later read would repeat (a missing or foreign file, a lock
+    held past the busy timeout: not one 5 s wait per job); the first error is kept for the pass's
+    warning."""
+
+    def __init__(self, store: RecordStore):
+        self.store = store
+        self.error: Optional[str] = None
+        self.given_up = False
+
+    def get(self, rid: str) -> tuple[Optional[PredictionRecord], str]:
+        """The record (None: not there, or unreadable: then why)."""
+        if self.given_up:
+            return None, "unreadable"
+        try:
+            return self.store.get(rid), ""
+        except RecordStoreError as exc:
+            text = str(exc)
+            self.error = self.error or text
+            self.given_up = "malformed" not in text
+            return None, "unreadable"
+
+
+def _record_for(job: RunningJob, reads: _StoreReads) -> tuple[Optional[PredictionRecord], str, str]:
+    """The job's record, why there is none, and -- for a record missing from the store (not kept,
+    pruned, moved aside with the store) or unreadable there -- why the one returned was rebuilt
+    from its AdminComment (:func:`record_from_comment`; no record returned: the AdminComment lacks
+    what that needs).  A record that is there but names another job, uid or partition is never
+    replaced so: that is a doubt, not a loss."""
+    rid = comment_fields(job.admin_comment).get(RECORD_KEY, "")
     if not is_record_id(rid):
-        return None, "its AdminComment record has no rec= id"
-    record = store.get(rid)
-    if record is None:
-        return None, f"record {rid} is not in the store"
-    if record.slurm_job_id is not None and record.slurm_job_id not in (job.job_id, job.array_job_id):
-        return None, f"record {rid} belongs to job {record.slurm_job_id}"
-    if record.uid is None or job.uid is None or record.uid != job.uid:
-        return None, f"record {rid} is uid {record.uid}'s, the job uid {job.uid}'s"
-    if record.partition and record.partition != job.partition:
-        return None, f"ran in {job.partition}, predicted for {record.partition}"
-    return record, ""
+        missing = "its AdminComment names no record (no rec= id: the daemon kept none of this prediction)"
+    else:
+        record, failed = reads.get(rid)
+        if record is not None:
+            if record.slurm_job_id is not None and record.slurm_job_id not in (job.job_id, job.array_job_id) \
+                    and not (job.array_job_id is not None and record.slurm_job_id > job.array_job_id):
+                # (An array's tasks share one record, which the harvest of the first task to end
+                # attaches to that task's own id: one Slurm gave it after the array's.)
+                return None, f"record {rid} belongs to job {record.slurm_job_id}", ""
+            if record.uid is None or job.uid is None or record.uid != job.uid:
+                return None, f"record {rid} is uid {record.uid}'s, the job uid {job.uid}'s", ""
+            if record.partition and record.partition != job.partition:
+                return None, f"ran in {job.partition}, predicted for {record.partition}", ""
+            return record, "", ""
+        missing = (f"record {rid} could not be read from the store" if failed else
+                   f"record {rid} is not in the store")
+    rebuilt, lacks = record_from_comment(job)
+    if rebuilt is None:
+        return None, f"{missing}, and {lacks}: nothing to work from", missing
+    return rebuilt, "", missing
 
 
 def _as_accounting(job: RunningJob) -> AccountingJob:
@@ -540,9 +697,11 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
     jobs = [j for j in running if RECORD_TAG in j.admin_comment and policy.watches(j.partition)]
     if not jobs:
         return res
-    store = RecordStore(opts.records, create=False)
-    store.count()                     # a missing or broken store says so before anything is read
-    wlog = WatchLog(opts.records)
+    # A missing, corrupt or locked store stops nothing: each job's record is read where it can be,
+    # else rebuilt from its AdminComment; the watch's own tables fall back to memory for the pass.
+    reads = _StoreReads(RecordStore(opts.records, create=False))
+    wlog = PassLog(WatchLog(opts.records))
+    extended_by_comment = _comment_extended(jobs)
     # Facts every extension needs; any of them missing closes extensions (shrinks need none).
     doubt = ""
     try:
@@ -566,26 +725,32 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
     except SlurmError as exc:
         reservations, doubt = [], doubt or f"reservations unreadable ({exc})"
 
-    todo: list[tuple[RunningJob, PredictionRecord, list[tuple[str, str]]]] = []
-    reads = []
+    todo: list[tuple[RunningJob, PredictionRecord, list[tuple[str, str]], str]] = []
+    log_reads: list[tuple[Any, str, int, Optional[int]]] = []
+    lacking: list[str] = []
     for job in sorted(jobs, key=lambda j: j.job_id):
-        record, why = _record_for(job, store)
+        record, why, from_comment = _record_for(job, reads)
         if record is None:
             res.jobs.append(JobReport(job.job_id, job.partition, job.user,
-                                      _none("no-record", why, _limit_s(job))))
+                                      _none("no-record", why, _limit_s(job)), name=job_name(job)))
+            if from_comment:              # missing, and its AdminComment lacks what the watch needs
+                lacking.append(job_name(job))
             continue
         skip = _skip_reason(job)
         paths = log_paths(_as_accounting(job), record)
         if not skip and not paths:
             skip = ("no-log", "no output path (no --output and no absolute working directory)")
         if skip:
-            _finish(res, wlog, job, record, _none(skip[0], skip[1], _limit_s(job)), None, opts, client)
+            _finish(res, wlog, job, record, _none(skip[0], skip[1], _limit_s(job)), None, opts, client,
+                    from_comment)
             continue
-        todo.append((job, record, paths))
-        reads.extend(((job.job_id, stream), path, record.uid, record.gid) for stream, path in paths)
-    data = read_logs(reads, policy, opts.max_log_bytes)
+        todo.append((job, record, paths, from_comment))
+        log_reads.extend(((job.job_id, stream), path, record.uid, record.gid) for stream, path in paths)
+    data = read_logs(log_reads, policy, opts.max_log_bytes)
     t = res.at
-    for job, record, paths in todo:
+    for job, record, paths, from_comment in todo:
+        def finish(decision: Decision, progress: Optional[Progress] = None) -> None:
+            _finish(res, wlog, job, record, decision, progress, opts, client, from_comment)
         got = _pick_log(job.job_id, paths, data, opts.max_log_bytes)
         limit = _limit_s(job)
         timing = got.timing
@@ -598,20 +763,19 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
                 why = "; ".join(got.failed)
                 if timing is not None or len(got.failed) < len(paths):
                     why += f"; no iteration times after warm-up in {got.stream} {got.path}"
-                _finish(res, wlog, job, record, _none("unreadable", why, limit), None, opts, client)
+                finish(_none("unreadable", why, limit))
                 continue
             no_times = timing is None or timing.median_seconds is None
             grace = starting_seconds(record, policy.for_partition(job.partition).min_samples)
             if no_times and elapsed < grace:
                 # A job still starting has printed no iteration yet: warming up, not news.
-                _finish(res, wlog, job, record, _none("warm-up", f"no iteration time in its log yet after "
-                                                      f"{elapsed / 60:.0f} min: still starting (the prediction "
-                                                      f"allows {grace / 60:.0f} min)", limit), None, opts, client)
+                finish(_none("warm-up", f"no iteration time in its log yet after {elapsed / 60:.0f} min: still "
+                             f"starting (the prediction allows {grace / 60:.0f} min)", limit))
                 continue
             why = ("no iteration times after warm-up in its log (Megatron, GPT-NeoX, NeMo, DeepSpeed formats; "
                    f"read {got.files()})" if no_times else
                    f"its {timing.format} log lines carry no iteration number: where the job is is unknown")
-            _finish(res, wlog, job, record, _none("no-samples", why, limit), None, opts, client)
+            finish(_none("no-samples", why, limit))
             continue
         span = progress.iterations_spanned or 0
         claims = ""
@@ -621,9 +785,8 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
                 progress.recent_seconds * progress.recent_span > _CLAIM_FACTOR * max(elapsed, 1.0):
             claims = (f"{progress.recent_seconds:.4g} s/iter over its last {progress.recent_span} iterations")
         if claims:
-            _finish(res, wlog, job, record, _none("claims", f"the log claims {claims}, more than the job's "
-                                                  f"{elapsed:.0f} s of running: not acting on it", limit),
-                    progress, opts, client)
+            finish(_none("claims", f"the log claims {claims}, more than the job's {elapsed:.0f} s of running: "
+                         "not acting on it", limit), progress)
             continue
         state = wlog.job(job.job_id)
         if state is None or state.last_iteration is None or progress.iteration > state.last_iteration \
@@ -631,25 +794,28 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
             progress_at = t
         else:
             progress_at = state.progress_at
-        first_limit = state.first_limit_seconds if state is not None else limit
+        first_limit = state.first_limit_seconds if state is not None else first_limit_seen(job, limit)
         pol = policy.for_partition(job.partition)
         if not opts.dry_run:
             wlog.put_job(JobState(job.job_id, record.record_id, first_limit, progress.iteration, progress_at,
                                   state.last_code if state else "",
                                   state.run_iteration_seconds if state else None, t))
         if t - progress_at > pol.stall_minutes * 60.0:
-            _finish(res, wlog, job, record, _none("stalled", f"no new iteration for {(t - progress_at) / 60:.0f} "
-                                                  f"min (stall_minutes {pol.stall_minutes:g}): not "
-                                                  "progressing", limit), progress, opts, client)
+            finish(_none("stalled", f"no new iteration for {(t - progress_at) / 60:.0f} min (stall_minutes "
+                         f"{pol.stall_minutes:g}): not progressing", limit), progress)
             continue
         changes = [a for a in wlog.actions(slurm_job_ids=[job.job_id]) if a.action != "none"]
         watch_limit = changes[-1].to_seconds if changes else watch_set_limit(job.admin_comment)
         perfcast_limit, owner_note = limit_owner(job, record, watch_limit)
         shrunk = [a.from_seconds for a in changes if a.action == "shrink" and a.from_seconds is not None]
+        told = watch_change(job.admin_comment)
+        if not changes and told is not None and told[0] == "shrink" and told[1] is not None:
+            shrunk = [told[1]]          # the store lost the shrink; the AdminComment tells it
         restore = max(shrunk) if shrunk and perfcast_limit else None
         assoc_min, assoc_doubt = association_max_wall(job, assocs)
         limits = dataclasses.replace(
-            _limits(job, pol, max_time, qos, planned, wlog, first_limit, limit, t, run_start, reservations),
+            _limits(job, pol, max_time, qos, planned, wlog, first_limit, limit, t, run_start, reservations,
+                    extended_by_comment),
             assoc_max_seconds=60.0 * assoc_min if assoc_min is not None else None, restore_seconds=restore)
         decision = decide(now=t, start=run_start, limit_seconds=limit, record=record,
                           progress=progress, policy=pol, limits=limits,
@@ -658,7 +824,14 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
             decision = _none("doubt", f"{doubt or assoc_doubt}: not extending ({decision.reason})", limit)
         if decision.action != "none" and job.qos and qos and job.qos not in qos:
             decision = _none("doubt", f"QOS {job.qos!r} unknown to sacctmgr: not changing the limit", limit)
-        _finish(res, wlog, job, record, decision, progress, opts, client)
+        if decision.action == "shrink" and from_comment:
+            # Rebuilt from the AdminComment, the plan is the daemon's but nothing else the record
+            # held is: protect the job, return nothing on that basis.
+            decision = _none("no-shrink", decision.reason.replace(" back to backfill", " could go back to backfill")
+                             + "; not shrunk: working from its AdminComment, the watch extends but never shrinks",
+                             limit)
+        finish(decision, progress)
+    _warn(res, opts.records, reads, wlog, lacking)
     return res
 
 
@@ -694,16 +867,20 @@ def _skip_reason(job: RunningJob) -> Optional[tuple[str, str]]:
 
 
 def _limits(job: RunningJob, policy: WatchPolicy, max_time: Mapping[str, Optional[int]],
-            qos: Mapping[str, Optional[int]], planned: Sequence[PlannedStart], wlog: WatchLog,
+            qos: Mapping[str, Optional[int]], planned: Sequence[PlannedStart], wlog: "WatchLog | PassLog",
             first_limit: Optional[float], limit: Optional[float], now: float, run_start: float,
-            reservations: Sequence[Reservation] = ()) -> Limits:
+            reservations: Sequence[Reservation] = (),
+            extended_by_comment: Optional[Mapping[str, float]] = None) -> Limits:
     """The caps, as limits (seconds of run time): an end at wall time ``e`` is a limit of
-    ``e - run_start`` (``run_start``: now minus the job's RunTime)."""
+    ``e - run_start`` (``run_start``: now minus the job's RunTime).  ``extended_by_comment``
+    (:func:`_comment_extended`) counts the user's extensions when the watch's tables cannot be read."""
     mt = max_time.get(job.partition)
     q = qos.get(job.qos) if job.qos else None
     user_s = None
     if policy.user_extra_hours > 0 and limit is not None:
         used = wlog.extended_seconds(job.user, now - 86400.0)
+        if getattr(wlog, "read_error", None) and extended_by_comment:
+            used = max(used, extended_by_comment.get(job.user, 0.0))
         user_s = limit + max(0.0, policy.user_extra_hours * 3600.0 - used)
     try:
         nodes = expand_hostlist(job.node_list)
@@ -721,12 +898,34 @@ def _limits(job: RunningJob, policy: WatchPolicy, max_time: Mapping[str, Optiona
                   reservation_name=resv_name)
 
 
-def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: PredictionRecord, decision: Decision,
-            progress: Optional[Progress], opts: WatchOptions, client: SlurmClient) -> None:
+def _comment_extended(jobs: Sequence[RunningJob]) -> dict[str, float]:
+    """Seconds of extension each user's running jobs hold, as their AdminComments tell: for a job
+    whose last watch change was an extension, its limit now above the one at submission.  The
+    per-user cap's count when the watch's tables cannot be read (a corrupt store): it misses the
+    extensions of jobs that ended, so it never counts more than the store would."""
+    out: dict[str, float] = {}
+    for job in jobs:
+        change, limit = watch_change(job.admin_comment), _limit_s(job)
+        if change is None or change[0] != "extend" or limit is None:
+            continue
+        base = submission_limit(job.admin_comment) or change[1]
+        if base:
+            out[job.user] = out.get(job.user, 0.0) + max(0.0, limit - base)
+    return out
+
+
+def _finish(res: WatchResult, wlog: "WatchLog | PassLog", job: RunningJob, record: PredictionRecord,
+            decision: Decision, progress: Optional[Progress], opts: WatchOptions, client: SlurmClient,
+            from_comment: str = "") -> None:
     """Apply a decision (fail closed), tell the job's AdminComment and the store, and keep the
-    measured rate as a harvestable run."""
+    measured rate as a harvestable run.  ``from_comment``: why the record was rebuilt from the
+    AdminComment (said in the reason; such a job gives no run: its record's job file is lost)."""
     at = res.at
     applied = False
+    if from_comment:
+        reason = decision.reason.replace("the record names no checkpoint interval",
+                                         "its AdminComment names no checkpoint interval (its record did)")
+        decision = dataclasses.replace(decision, reason=f"{reason}; from its AdminComment ({from_comment})")
     if decision.action != "none" and not opts.dry_run:
         try:
             to = decision.to_minutes
@@ -740,7 +939,7 @@ def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: Predictio
     state = wlog.job(job.job_id)
     new_code = decision.code
     write = decision.action != "none" or state is None or state.last_code != new_code
-    rep = JobReport(job.job_id, job.partition, job.user, decision, applied)
+    rep = JobReport(job.job_id, job.partition, job.user, decision, applied, job_name(job), from_comment)
     res.jobs.append(rep)
     if opts.dry_run:
         return
@@ -749,7 +948,8 @@ def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: Predictio
     base = state or JobState(job.job_id, record.record_id, _limit_s(job), progress.iteration if progress else None,
                              at if progress else None)
     run_s = base.run_iteration_seconds
-    if progress is not None and decision.code not in ("claims", "plan-mismatch", "warm-up") and opts.out_dir:
+    if progress is not None and decision.code not in ("claims", "plan-mismatch", "warm-up") and opts.out_dir \
+            and not from_comment:
         if run_s is None or abs(progress.iteration_seconds / run_s - 1.0) > _RUN_REWRITE:
             if _write_run(opts.out_dir, job, record, progress):
                 run_s = progress.iteration_seconds
@@ -773,32 +973,95 @@ def _finish(res: WatchResult, wlog: WatchLog, job: RunningJob, record: Predictio
             try:
                 client.set_admin_comment(job.job_id, admin_comment_with(job.admin_comment, decision, at, count))
             except SlurmError as exc:
-                log.warning("job %d: AdminComment not updated: %s", job.job_id, exc)
+                log.warning("job %s: AdminComment not updated: %s", job_name(job), exc)
         wlog.add(action)
     wlog.put_job(dataclasses.replace(base, last_code=new_code, run_iteration_seconds=run_s, updated=at))
 
 
 def _write_run(out_dir: Path, job: RunningJob, record: PredictionRecord, progress: Progress) -> bool:
-    """The running job's measured rate as ``slurm job <id>`` of its partition's runs file."""
+    """The running job's measured rate as ``slurm job <id>`` of its partition's runs file (the job
+    id, not an array task's ``A_a``: the harvest names the finished job's run so, and replaces this
+    one by that name; the source names the task)."""
     try:
         tj = TrainingJob.from_dict(record.job)
     except JobError as exc:
-        log.info("job %d: record's job unusable for a run: %s", job.job_id, exc)
+        log.info("job %s: record's job unusable for a run: %s", job_name(job), exc)
         return False
     run = MeasuredRun(
         name=f"slurm job {job.job_id}", job=tj, measured_iteration_seconds=progress.iteration_seconds,
         predicted_iteration_seconds=record.iteration_seconds if record.iteration_seconds > 0 else 0.0,
-        source=(f"perf-calibrate watch: partition {record.partition}, record {record.record_id}, RUNNING at "
+        source=(f"perf-calibrate watch: partition {record.partition}, record {record.record_id}, "
+                + (f"array task {job_name(job)}, " if job.array_task_id is not None else "") + "RUNNING at "
                 f"iteration {progress.iteration}, {progress.log_format} log, median of {progress.samples} "
                 f"steady-state samples, platform {record.platform} bundle {record.bundle}")[:1000])
     try:
         merge_runs(out_dir, record.partition, [run])
     except RunsFileError as exc:
-        log.warning("job %d: run not written: %s", job.job_id, exc)
+        log.warning("job %s: run not written: %s", job_name(job), exc)
         return False
     return True
 
 
-__all__ = ["Decision", "Limits", "Progress", "WATCH_TAG", "WatchError", "WatchOptions", "WatchResult",
-           "admin_comment_with", "association_max_wall", "decide", "fairness_cap", "limit_owner", "progress_of",
-           "read_logs", "reservation_cap", "starting_seconds", "watch_once", "watch_set_limit"]
+_CORRUPT_ADVICE = (
+    "to keep its records, recover them before moving it aside (as root, perf-predictd and the watch and harvest "
+    "timers stopped: sqlite3 records.sqlite \".recover\" | sqlite3 recovered.sqlite, or .dump where .recover "
+    "is not built in, as in Debian's and Ubuntu's sqlite3; docs/harvest.md \"When the store is damaged\"); moved "
+    "aside without that, every running job loses its record: the watch then works from its AdminComment "
+    "(extends, never shrinks) and the harvest cannot match it")
+
+
+def _store_problem(text: str) -> str:
+    """A record store error as the watch says it: records.py's short advice ("move it aside") is
+    replaced by what moving it aside costs and how to keep the rows."""
+    text = text.replace("; move it aside and the daemon starts a new one", "")
+    low = text.lower()
+    if "corrupt" in low or "malformed" in low or "not a database" in low:
+        return f"{text}; {_CORRUPT_ADVICE}"
+    if "database is locked" in low:
+        return f"{text} (another process has held its write lock for more than {BUSY_TIMEOUT_S:g} s)"
+    return text
+
+
+def _warn(res: WatchResult, path: Path, reads: _StoreReads, wlog: PassLog, lacking: Sequence[str]) -> None:
+    """The pass's one warning about the record store (into ``res.warnings`` and the log): what
+    failed, what the pass did without it, whether any limit changed, and that the next pass
+    retries."""
+    rebuilt = [j for j in res.jobs if j.from_comment]
+    problem = reads.error or wlog.read_error or wlog.write_error
+    if not problem and not rebuilt and not lacking:
+        return
+    n = len(rebuilt) + len(lacking)
+    parts = [_store_problem(problem) if problem else
+             f"{path}: {n} running perfcast job{'s' if n != 1 else ''} without a record there (the store they "
+             "were kept in was moved aside, or pruned, or none was kept)"]
+    if wlog.write_error and wlog.write_error != problem and "locked" in wlog.write_error:
+        parts.append(_store_problem(wlog.write_error))       # records read, the watch's writes locked out
+    if rebuilt:
+        ext = sum(1 for j in rebuilt if j.applied and j.decision.action == "extend")
+        parts.append(f"{len(rebuilt)} running job{'s' if len(rebuilt) != 1 else ''} worked from "
+                     f"{'their AdminComments' if len(rebuilt) != 1 else 'its AdminComment'} "
+                     f"({ext} extended; never shrunk): {', '.join(j.name for j in rebuilt[:20])}"
+                     + (", ..." if len(rebuilt) > 20 else ""))
+    if lacking:
+        parts.append(f"{len(lacking)} left alone, their AdminComments lacking what the watch needs: "
+                     f"{', '.join(lacking[:20])}" + (", ..." if len(lacking) > 20 else ""))
+    if wlog.write_error or wlog.read_error:
+        parts.append(f"{wlog.unrecorded} of this pass's actions not recorded in the store (changes are told in "
+                     "the jobs' AdminComments)" if wlog.unrecorded else
+                     "the watch's own state kept in memory for this pass")
+    changed = [j for j in res.jobs if j.applied]
+    parts.append("no limits were changed this pass" if not changed else
+                 f"limits changed this pass: {', '.join(j.name for j in changed[:20])}"
+                 + (", ..." if len(changed) > 20 else ""))
+    if problem:
+        parts.append("the next pass retries the store")
+    text = "; ".join(parts)
+    res.warnings.append(text)
+    log.warning("%s", text)
+
+
+__all__ = ["COMMENT_NEEDS", "Decision", "Limits", "Progress", "WATCH_TAG", "WatchError", "WatchOptions",
+           "WatchResult", "admin_comment_with", "association_max_wall", "comment_fields", "decide", "fairness_cap",
+           "first_limit_seen", "job_name", "limit_owner", "progress_of", "read_logs", "record_from_comment",
+           "reservation_cap", "starting_seconds", "submission_limit", "watch_change", "watch_once",
+           "watch_set_limit"]

@@ -11,7 +11,9 @@ Two tables of the watch's own beside the daemon's (:mod:`slurm_plugin.records` n
   written to the runs file.
 
 Writes take SQLite's write lock up front (``BEGIN IMMEDIATE``) and wait for the daemon's writer
-like any other; errors are one-line :class:`WatchLogError`.  Bounded: the oldest actions beyond
+like any other; errors are one-line :class:`WatchLogError`.  A pass goes through :class:`PassLog`,
+which keeps in memory what the store cannot take (locked, corrupt, missing) so that the pass goes
+on protecting jobs, and says once what failed.  Bounded: the oldest actions beyond
 :data:`MAX_ACTIONS` and jobs not seen for :data:`KEEP_JOB_SECONDS` are pruned.
 """
 from __future__ import annotations
@@ -210,6 +212,76 @@ class WatchLog:
             con.execute("DELETE FROM watch_jobs WHERE updated < ?", (d["updated"] - KEEP_JOB_SECONDS,))
 
 
+class PassLog:
+    """The watch's tables for one pass, which never stop the pass (the record store may be
+    corrupt, locked by another writer, moved aside or missing while jobs run out of time).
+
+    Reads go to the store's tables while they can be read; what cannot be written there (a write
+    lock held past :data:`BUSY_TIMEOUT_S`, a corrupt file) is kept in memory for the rest of the
+    pass, so that a later step of the same pass still sees it (a job's state, the extensions given
+    to a user).  After the first failure of a kind the store is not tried again in this pass (one
+    wait for a held lock, not one per job).  ``read_error`` / ``write_error`` say what failed
+    (None: nothing), for the pass's one warning; ``unrecorded`` counts the actions not stored."""
+
+    def __init__(self, wlog: WatchLog):
+        self.wlog = wlog
+        self.read_error: Optional[str] = None
+        self.write_error: Optional[str] = None
+        self.unrecorded = 0
+        self._jobs: dict[int, JobState] = {}
+        self._actions: list[WatchAction] = []
+
+    @property
+    def path(self) -> Path:
+        return self.wlog.path
+
+    def _read(self, what, default):
+        if self.read_error is None:
+            try:
+                return what()
+            except WatchLogError as exc:
+                self.read_error = str(exc)
+        return default
+
+    def _write(self, what) -> bool:
+        if self.write_error is None:
+            try:
+                what()
+                return True
+            except WatchLogError as exc:
+                self.write_error = str(exc)
+        return False
+
+    def job(self, slurm_job_id: int) -> Optional[JobState]:
+        if int(slurm_job_id) in self._jobs:
+            return self._jobs[int(slurm_job_id)]
+        return self._read(lambda: self.wlog.job(slurm_job_id), None)
+
+    def put_job(self, state: JobState) -> None:
+        self._jobs[int(state.slurm_job_id)] = state
+        self._write(lambda: self.wlog.put_job(state))
+
+    def actions(self, *, slurm_job_ids: Optional[Sequence[int]] = None,
+                since: Optional[float] = None) -> list[WatchAction]:
+        kept = self._read(lambda: self.wlog.actions(slurm_job_ids=slurm_job_ids, since=since), [])
+        ids = None if slurm_job_ids is None else {int(i) for i in slurm_job_ids}
+        mine = [a for a in self._actions if (ids is None or a.slurm_job_id in ids)
+                and (since is None or a.at >= since)]
+        return kept + mine
+
+    def add(self, action: WatchAction) -> None:
+        if action.action not in ACTIONS:
+            raise ValueError(f"not a watch action: {action.action!r}")
+        if not self._write(lambda: self.wlog.add(action)):
+            self._actions.append(action)
+            self.unrecorded += 1
+
+    def extended_seconds(self, user: str, since: float) -> float:
+        kept = self._read(lambda: self.wlog.extended_seconds(user, since), 0.0)
+        return kept + sum((a.to_seconds or 0.0) - (a.from_seconds or 0.0) for a in self._actions
+                          if a.user == user and a.action == "extend" and a.at >= since)
+
+
 def _select(con: sqlite3.Connection, slurm_job_ids: Optional[Sequence[int]],
             since: Optional[float]) -> list[WatchAction]:
     """Actions of these jobs (None: all) at or after ``since`` (None: ever), oldest first."""
@@ -252,4 +324,4 @@ def read_actions(path: "str | os.PathLike[str]", slurm_job_ids: Optional[Sequenc
         con.close()
 
 
-__all__ = ["ACTIONS", "JobState", "WatchAction", "WatchLog", "WatchLogError", "read_actions"]
+__all__ = ["ACTIONS", "JobState", "PassLog", "WatchAction", "WatchLog", "WatchLogError", "read_actions"]
