@@ -472,7 +472,9 @@ def limit_owner(job: RunningJob, record: PredictionRecord, watch_limit: Optional
         ours.append(watch_limit)
     if not ours or any(abs(limit - v) < 30.0 for v in ours):
         return True, ""
-    lo, hi = record.time_min_minutes, record.time_limit_minutes
+    # (the user's own --time-min when perfcast set none: backfill uses it the same way)
+    lo = record.time_min_minutes if record.time_min_minutes is not None else job.time_min_minutes
+    hi = record.time_limit_minutes
     if watch_limit is None and lo is not None and hi is not None and 60.0 * lo - 30.0 <= limit <= 60.0 * hi:
         return True, ""
     who = (f"the watch set {_hm(watch_limit)}" if watch_limit is not None else

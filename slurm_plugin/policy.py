@@ -178,10 +178,13 @@ def needed_seconds(pred: PredictionFacts, part: PartitionPolicy) -> float:
 
 
 def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPolicy,
-           max_time: Optional[int] = None, wall: Optional[WallCap] = None) -> Decision:
+           max_time: Optional[int] = None, wall: Optional[WallCap] = None,
+           user_time_min: Optional[int] = None) -> Decision:
     """Apply the partition's policy.  ``user_limit`` / ``max_time`` are minutes or None;
-    ``wall``: the QOS or association MaxWall that applies to the job (None: none)."""
+    ``wall``: the QOS or association MaxWall that applies to the job (None: none);
+    ``user_time_min``: the user's own --time-min (minutes or None)."""
     user_limit = normalize_limit(user_limit)
+    user_time_min = normalize_limit(user_time_min)
     cap = part.max_time_minutes if part.max_time_minutes is not None else normalize_max_time(max_time)
     # The shorter of the partition's MaxTime and the accounting's MaxWall binds (the partition's
     # when they are equal); ``by`` is the MaxWall when it is the one that binds.
@@ -208,9 +211,21 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
     action = "keep"
     new_limit: Optional[int] = None
     time_min: Optional[int] = None
+    raised_to_time_min = False
     if part.policy == "enforce" or (part.policy == "fill" and user_limit is None):
         new_limit, action = rec, "set"
-        if part.time_min:
+        if user_time_min is not None:
+            # The user's --time-min stands: Slurm refuses a limit below it ("Invalid time-min
+            # specification"), so a filled limit is at least that (within the cap: above it Slurm
+            # refuses the job whatever the limit), and perfcast sets no --time-min of its own.
+            if new_limit < user_time_min and (cap is None or user_time_min <= cap):
+                new_limit = rec = user_time_min     # (the AdminComment's rec_min is the limit set)
+                raised_to_time_min = True
+            elif cap is not None and user_time_min > cap:
+                allows = by.who if by is not None else (part.name or 'the partition')
+                warnings.append(f"--time-min {_hm(user_time_min)} is more than {allows} allows "
+                                f"({_hm(cap)}): Slurm refuses such a job whatever its limit")
+        elif part.time_min:
             point = point_minutes(pred, part)
             # Only below the limit: equal, it would say nothing; a capped job gets no time-min
             # (it cannot finish anyway, and a shorter limit would lose it more iterations).
@@ -245,6 +260,8 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
             f"= {needed_hm} with start-up on {pred.platform}")
     if action == "set" and user_limit is not None and user_limit != new_limit:
         tail = f"; time limit {_hm(user_limit)} replaced by {_hm(new_limit)} (site policy)"
+    elif action == "set" and raised_to_time_min:
+        tail = f"; time limit set to {_hm(new_limit)} (your --time-min, more than the prediction needs)"
     elif action == "set" and capped:
         limit_name = by.what if by is not None else "the partition's MaxTime"
         tail = f"; time limit set to {_hm(new_limit)} ({limit_name})"

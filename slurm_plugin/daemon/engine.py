@@ -525,7 +525,8 @@ class Engine:
         if out.facts is None:
             return self.skip(part, out.skip_reason or "no-job", out.skip_why or "cannot predict")
         facts = out.facts
-        decision = policy_mod.decide(facts, route.req.time_limit, part, route.max_time, route.wall)
+        decision = policy_mod.decide(facts, route.req.time_limit, part, route.max_time, route.wall,
+                                     user_time_min=route.req.time_min)
         return Answer("ok", reason=decision.action, message=decision.message, partition=route.name,
                       time_limit=decision.time_limit_minutes, time_min=decision.time_min_minutes,
                       admin_comment=decision.admin_comment,

@@ -9,6 +9,7 @@
       only), format ("lines"|"json"),
       partitions ({name: {"max_time": minutes, "default": bool, "qos": name}}, from
       job_submit.lua's part_list; "qos": the partition's own QOS, absent or null when none),
+      time_min (the user's --time-min, minutes; NO_VAL or absent = not given),
       qos, account (--qos, --account; absent = not given), default_qos, default_account
       (slurmctld's defaults for the job's user, job_desc.default_qos / default_account: sent only
       without --qos / --account), for the QOS and association MaxWall (slurm_plugin.qos_limits),
@@ -105,6 +106,9 @@ class PredictRequest:
     default_qos: Optional[str] = None
     default_account: Optional[str] = None
     partition_qos: Mapping[str, str] = field(default_factory=dict)
+    # The user's own --time-min (minutes; None: not given): a limit filled below it is one Slurm
+    # refuses ("Invalid time-min specification"), so the policy fills at least this much.
+    time_min: Optional[int] = None
 
     def candidate_partitions(self) -> list[str]:
         """The partitions the job may run in, in the user's order (or the default one)."""
@@ -226,6 +230,13 @@ def parse_request(raw: bytes, *, max_script: int, peer: Optional[tuple[int, int]
             time_limit = parse_slurm_time(data["time_limit_text"][:64])
         except SlurmError:
             raise BadRequest("time_limit_text is not a Slurm time") from None
+    time_min = _opt_int(data, "time_min")
+    if time_min is None and isinstance(data.get("time_min_text"), str):
+        from ..slurm_client import SlurmError, parse_slurm_time
+        try:
+            time_min = parse_slurm_time(data["time_min_text"][:64])
+        except SlurmError:
+            raise BadRequest("time_min_text is not a Slurm time") from None
     tres_per_node = _opt_str(data, "tres_per_node") or ""
     gpn = _opt_str(data, "gpus_per_node")      # cli_filter: --gpus-per-node as typed ("4", "a100:4")
     if gpn and not tres_per_node:
@@ -262,7 +273,7 @@ def parse_request(raw: bytes, *, max_script: int, peer: Optional[tuple[int, int]
         warm=data.get("warm") is True,
         qos=_opt_name(data, "qos"), account=_opt_name(data, "account"),
         default_qos=_opt_name(data, "default_qos"), default_account=_opt_name(data, "default_account"),
-        partition_qos=part_qos))
+        partition_qos=part_qos, time_min=time_min))
 
 
 # cli_filter.lua sends slurm.json_cli_options(options): sbatch's long option names -> our keys.
@@ -270,7 +281,7 @@ _CLI_KEYS = {"partition": "partition", "nodes": "min_nodes", "ntasks": "num_task
              "ntasks-per-node": "ntasks_per_node", "cpus-per-task": "cpus_per_task",
              "gres": "tres_per_node", "gpus-per-node": "gpus_per_node", "gpus": "tres_per_job",
              "job-name": "name", "array": "array", "time": "time_limit_text", "chdir": "work_dir",
-             "qos": "qos", "account": "account"}
+             "qos": "qos", "account": "account", "time-min": "time_min_text"}
 
 
 def _from_cli_options(data: Mapping[str, Any], cli: Mapping[str, Any]) -> dict[str, Any]:

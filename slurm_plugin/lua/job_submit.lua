@@ -90,6 +90,7 @@ local function request_json(job_desc, part_list, submit_uid)
     add("tres_per_job", job_desc.tres_per_job)
     add("tres_per_task", job_desc.tres_per_task)
     add("time_limit", job_desc.time_limit)
+    add("time_min", job_desc.time_min)   -- the user's --time-min: a filled limit stays at or above it
     add("name", job_desc.name)
     add("std_out", job_desc.std_out)   -- where the job's log goes: perf-calibrate harvest reads it
     add("array", job_desc.array_inx)

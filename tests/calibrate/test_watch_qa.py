@@ -199,6 +199,11 @@ def test_whose_limit_it_is():
     mine, note = limit_owner(dataclasses.replace(job, time_limit_minutes=12), rec, 360.0)
     assert not mine and note == " (changed to 00:12:00 after the watch set 00:06:00)"
     assert limit_owner(job, record(action="keep"), None) == (False, "")
+    # The user's own --time-min (perfcast set none): backfill may start the job down to it too.
+    users = dataclasses.replace(job, time_limit_minutes=12, time_min_minutes=10)
+    assert limit_owner(users, record(time_limit_minutes=20, time_min_minutes=None), None)[0]
+    assert not limit_owner(dataclasses.replace(users, time_min_minutes=None),
+                           record(time_limit_minutes=20, time_min_minutes=None), None)[0]
     comment = ("perfcast:v1 iters=1000 action=set rec=0123456789ab | perfcast-watch: shrink 00:20:00->00:06:00 at "
                "2026-01-01T00:00:00Z (fast); actions=1")
     assert watch_set_limit(comment) == 360.0

@@ -95,6 +95,17 @@ def test_over_asking_is_warned(cluster, held_jobs, megatron):
     assert "backfill" in line
 
 
+def test_a_users_time_min_without_time_is_kept_and_the_limit_fills_above_it(cluster, held_jobs, megatron):
+    # A short job: the fill alone would be well below 3 h, and a limit under --time-min is
+    # refused by Slurm ("Invalid time-min specification"): the job must go in at 3 h.
+    job, messages, _ = cluster.sbatch(megatron(iters=20, name="short-tmin.sh"), "--time-min=03:00:00")
+    held_jobs.append(job)
+    info = cluster.show(job)
+    assert limit_of(info) == 180 and parse_slurm_time(info["TimeMin"]) == 180
+    (line,) = perfcast_lines(messages)
+    assert "time limit set to 03:00:00 (your --time-min" in line, line
+
+
 def test_capped_at_partition_max_time(cluster, held_jobs, megatron):
     script = megatron(iters=2_000_000, name="long.sh")
     job, messages, _ = cluster.sbatch(script, "-p", "short")
