@@ -32,16 +32,15 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional
 
 from .policy import WallCap
-from .slurm_client import SlurmError, parse_slurm_time
+from .slurm_client import SlurmClient, SlurmError, parse_slurm_time
 
 REFRESH_S = 300.0          # a known answer is looked up again after this long (on the next request)
 RETRY_S = 30.0             # a failed lookup is tried again after this long
@@ -261,20 +260,7 @@ def lookup_wall_limits(run: Optional[Runner] = None, env: Optional[Mapping[str, 
     """Ask Slurm (``scontrol show config``, then -- only when limits are enforced -- ``sacctmgr``
     for the QOS, this cluster's associations and the users' default accounts).  Raises
     :class:`SlurmError` when a command fails or is missing."""
-    runner = run or subprocess.run
-    full_env = dict(os.environ if env is None else env)
-
-    def cmd(argv: Sequence[str]) -> str:
-        try:
-            proc = runner(list(argv), capture_output=True, timeout=timeout, env=full_env)
-        except FileNotFoundError:
-            raise SlurmError(f"{argv[0]}: not installed") from None
-        except subprocess.TimeoutExpired:
-            raise SlurmError(f"{' '.join(argv[:2])}: no answer within {timeout:g} s") from None
-        if proc.returncode != 0:
-            err = (proc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
-            raise SlurmError(f"{' '.join(argv[:3])}: {err[-1] if err else f'exit code {proc.returncode}'}")
-        return (proc.stdout or b"").decode("utf-8", "replace")
+    cmd = SlurmClient(timeout=timeout, runner=run, env=env).text
 
     config = parse_config(cmd(["scontrol", "show", "config"]))
     enforced, why = limits_enforced(config)

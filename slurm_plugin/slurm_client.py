@@ -443,6 +443,10 @@ class SlurmClient:
             raise SlurmError(f"{' '.join(args[:2])}: {why}")
         return proc
 
+    def text(self, args: Sequence[str]) -> str:
+        """What a Slurm command prints (decoded); a failure is a :class:`SlurmError` naming it."""
+        return (self._cmd(args).stdout or b"").decode("utf-8", "replace")
+
     # -- nodes and partitions
 
     def nodes(self) -> list[NodeInfo]:

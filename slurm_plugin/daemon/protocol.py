@@ -175,6 +175,19 @@ def _gpu_count(tres: str) -> Optional[int]:
     return total or None
 
 
+def _opt_minutes(data: Mapping[str, Any], key: str) -> Optional[int]:
+    """Minutes under ``key``, else Slurm's time text under ``key_text`` (cli_filter.lua's)."""
+    minutes = _opt_int(data, key)
+    text = data.get(f"{key}_text")
+    if minutes is None and isinstance(text, str):
+        from ..slurm_client import SlurmError, parse_slurm_time
+        try:
+            return parse_slurm_time(text[:64])
+        except SlurmError:
+            raise BadRequest(f"{key}_text is not a Slurm time") from None
+    return minutes
+
+
 def parse_request(raw: bytes, *, max_script: int, peer: Optional[tuple[int, int]] = None,
                   peer_cwd: Optional[str] = None) -> PredictRequest:
     """Decode and validate one request; raises :class:`BadRequest` with a short reason.
@@ -222,21 +235,9 @@ def parse_request(raw: bytes, *, max_script: int, peer: Optional[tuple[int, int]
         raise BadRequest("env must be an object")
     env = {str(k): str(v) for k, v in env.items()
            if isinstance(k, str) and isinstance(v, str) and len(k) < 256 and len(v) < 65536}
-    time_limit = _opt_int(data, "time_limit")
-    if time_limit is None and isinstance(data.get("time_limit_text"), str):
-        # cli_filter.lua passes --time as the user typed it ("1:30:00", "2-00:00:00", "90").
-        from ..slurm_client import SlurmError, parse_slurm_time
-        try:
-            time_limit = parse_slurm_time(data["time_limit_text"][:64])
-        except SlurmError:
-            raise BadRequest("time_limit_text is not a Slurm time") from None
-    time_min = _opt_int(data, "time_min")
-    if time_min is None and isinstance(data.get("time_min_text"), str):
-        from ..slurm_client import SlurmError, parse_slurm_time
-        try:
-            time_min = parse_slurm_time(data["time_min_text"][:64])
-        except SlurmError:
-            raise BadRequest("time_min_text is not a Slurm time") from None
+    # cli_filter.lua passes --time / --time-min as the user typed them ("1:30:00", "2-00:00:00", "90").
+    time_limit = _opt_minutes(data, "time_limit")
+    time_min = _opt_minutes(data, "time_min")
     tres_per_node = _opt_str(data, "tres_per_node") or ""
     gpn = _opt_str(data, "gpus_per_node")      # cli_filter: --gpus-per-node as typed ("4", "a100:4")
     if gpn and not tres_per_node:

@@ -141,3 +141,26 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# A batch script the fake predictor reads (# FAKE iters= iter_s=), and the request job_submit.lua
+# would send for it: what most daemon tests submit.
+JOB = "#!/bin/bash\n#SBATCH -N 2\n# FAKE iters=1000 iter_s=2.4\nsrun python train.py\n"
+
+
+def req(**kw: Any) -> dict:
+    base = {"script": JOB, "submit_uid": os.geteuid(), "submit_gid": os.getegid(),
+            "partition": "gpu", "work_dir": "/tmp"}
+    base.update(kw)
+    return base
+
+
+def until(fn: Any, within: float = 30.0, what: str = "condition") -> Any:
+    """``fn()`` once it is true (polled), or a failed assertion after ``within`` seconds."""
+    end = time.monotonic() + within
+    while True:
+        got = fn()
+        if got:
+            return got
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.02)

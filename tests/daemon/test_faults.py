@@ -22,17 +22,10 @@ from slurm_plugin.daemon import ask_daemon
 from slurm_plugin.records import (BUSY_TIMEOUT_S, DEFAULT_PATH, PredictionRecord, RecordStore, new_record_id,
                                   parse_admin_comment)
 
+from .fakes import JOB, req, until
 from .conftest import RunningDaemon, write_config
 
-JOB = "#!/bin/bash\n#SBATCH -N 2\n# FAKE iters=1000 iter_s=2.4\nsrun python train.py\n"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def req(**kw):
-    base = {"script": JOB, "submit_uid": os.geteuid(), "submit_gid": os.getegid(),
-            "partition": "gpu", "work_dir": "/tmp"}
-    base.update(kw)
-    return base
 
 
 def rec_id(answer: dict):
@@ -53,16 +46,6 @@ def store_ids(path: str) -> set[str]:
         return set()
     with contextlib.closing(sqlite3.connect(path, timeout=30)) as con:
         return {r[0] for r in con.execute("SELECT record_id FROM records")}
-
-
-def until(fn, within: float = 30.0, what: str = "condition"):
-    end = time.monotonic() + within
-    while True:
-        got = fn()
-        if got:
-            return got
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def writer_pid(d: RunningDaemon) -> int:

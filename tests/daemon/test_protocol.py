@@ -19,18 +19,11 @@ from slurm_plugin.daemon import Answer, PredictRequest, decode_lines, parse_requ
 from slurm_plugin.daemon import server as server_mod
 from slurm_plugin.slurm_client import PartitionInfo
 
+from .fakes import JOB, req
 from . import fakes
 from .conftest import RunningDaemon
 
-JOB = "#!/bin/bash\n#SBATCH -N 2\n# FAKE iters=1000 iter_s=2.4\nsrun python train.py\n"
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
-
-
-def req(**kw):
-    base = {"script": JOB, "submit_uid": os.geteuid(), "submit_gid": os.getegid(),
-            "partition": "gpu", "work_dir": "/tmp"}
-    base.update(kw)
-    return base
 
 
 def test_prediction_json(running):
@@ -527,7 +520,6 @@ def test_every_prediction_is_recorded_under_the_id_in_its_admin_comment(running)
 def test_skips_are_not_recorded(running):
     a = running.ask(req(script="#!/bin/bash\necho hello\n"))
     assert a["status"] == "skip" and "rec=" not in (a.get("admin_comment") or "")
-
 
 
 def test_the_asyncio_client_gets_what_the_plain_one_gets_and_never_raises(running, tmp_path):

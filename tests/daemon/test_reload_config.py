@@ -22,17 +22,9 @@ from slurm_plugin.records import parse_admin_comment
 from slurm_plugin.siteconfig import DaemonSettings
 from slurm_plugin.slurm_client import PartitionInfo, SlurmError
 
+from .fakes import JOB, req, until
 from . import conftest, fakes
 from .conftest import RunningDaemon
-
-JOB = "#!/bin/bash\n#SBATCH -N 2\n# FAKE iters=1000 iter_s=2.4\nsrun python train.py\n"
-
-
-def req(**kw):
-    base = {"script": JOB, "submit_uid": os.geteuid(), "submit_gid": os.getegid(),
-            "partition": "gpu", "work_dir": "/tmp"}
-    base.update(kw)
-    return base
 
 
 def edit(d: RunningDaemon, old: str, new: str) -> None:
@@ -45,16 +37,6 @@ def edit(d: RunningDaemon, old: str, new: str) -> None:
 
 def events(caplog, name: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if f"event={name} " in r.getMessage() + " "]
-
-
-def until(fn, within: float = 30.0, what: str = "condition"):
-    end = time.monotonic() + within
-    while True:
-        got = fn()
-        if got:
-            return got
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def store_ids(path: str) -> set:

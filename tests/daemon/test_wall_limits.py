@@ -15,11 +15,11 @@ from slurm_plugin.qos_limits import Assoc, Qos, WallLimits, WallLimitsSource
 from slurm_plugin.siteconfig import load_site_config
 from slurm_plugin.slurm_client import SlurmError
 
+from .fakes import JOB
 from . import fakes
 from .conftest import RunningDaemon, write_config
 
 # 1000 x 2.4 s + 60 s = 41 min: filled 55 min (15 % margin, 5 min start-up); --time-min 50.
-JOB = "#!/bin/bash\n#SBATCH -N 2\n# FAKE iters=1000 iter_s=2.4\nsrun python train.py\n"
 ME = pwd.getpwuid(os.geteuid()).pw_name
 PARTS = {"gpu": {"max_time": 2880, "default": True}, "h100": {"max_time": 2880},
          "cpu": {"max_time": 4294967295}}

@@ -27,17 +27,9 @@ from slurm_plugin.daemon import reader as reader_mod
 from slurm_plugin.daemon.logs import KVFormatter
 from slurm_plugin.daemon.pool import PoolBusy, WorkerDied, WorkerOverrun, WorkerPool
 
+from .fakes import JOB, req
 from . import fakes
 from .conftest import RunningDaemon, write_config
-
-JOB = "#!/bin/bash\n#SBATCH -N 2\n# FAKE iters=1000 iter_s=2.4\nsrun python train.py\n"
-
-
-def req(**kw):
-    base = {"script": JOB, "submit_uid": os.geteuid(), "submit_gid": os.getegid(),
-            "partition": "gpu", "work_dir": "/tmp"}
-    base.update(kw)
-    return base
 
 
 def _gone(pid: int, within: float = 20.0) -> bool:
