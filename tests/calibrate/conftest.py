@@ -85,3 +85,13 @@ def _destroy_group() -> None:
         comm.destroy_process_group()
     else:
         dist.destroy_process_group()
+
+
+def one_line_error(capsys, *needles: str) -> str:
+    """The CLI's stderr after a refusal: one line, no traceback, holding every needle."""
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "Traceback" not in captured.err and len(err.splitlines()) == 1, captured.err
+    for n in needles:
+        assert n in err, err
+    return err

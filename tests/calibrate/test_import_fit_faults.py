@@ -10,6 +10,8 @@ from calibrate.cli import main
 from .test_importers import GPU
 from .test_importers import _write as _write_csv
 
+from .conftest import one_line_error
+
 LINEAR_HEADER = ["mp", "b", "h", "l", "dim", "F_dur(us)", "B_dur(us)"]
 
 
@@ -32,15 +34,6 @@ def _import(src, out, *extra):
     return main(["import", "--format", "estimate-train-time", str(src), "--out", str(out), *extra])
 
 
-def _one_line_error(capsys, *needles):
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert "Traceback" not in captured.err and len(err.splitlines()) == 1, captured.err
-    for n in needles:
-        assert n in err, err
-    return err
-
-
 LINEAR = f"{GPU}_linear1_fp16.csv"
 
 
@@ -61,7 +54,7 @@ def test_malformed_source_is_one_line_and_leaves_no_out(capsys, system, tmp_path
     _write(system / folder / name, header, rows)
     out = tmp_path / "out"
     assert _import(system, out) == 2
-    _one_line_error(capsys, *needles)
+    one_line_error(capsys, *needles)
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["Sys"]       # no temporary sibling either
     # Fixed, the same command works (nothing left behind blocks the retry).
@@ -76,7 +69,7 @@ def test_a_byte_that_is_not_utf8_names_file_and_line(capsys, system, tmp_path):
     path = system / "operator" / LINEAR
     path.write_bytes(b"mp,b,h,l,dim,F_dur(us),B_dur(us)\n2,4,32,2048,4096,1,2\n2,4,32,\xff,4096,1,2\n")
     assert _import(system, tmp_path / "out") == 2
-    _one_line_error(capsys, f"{LINEAR}:3:", "UTF-8", "0xff")
+    one_line_error(capsys, f"{LINEAR}:3:", "UTF-8", "0xff")
     assert not (tmp_path / "out").exists()
 
 
@@ -86,7 +79,7 @@ def test_a_failed_forced_import_keeps_the_previous_out(capsys, system, tmp_path)
     before = (out / "operators" / "linear1_fp16.csv").read_text()
     _write(system / "nccl" / f"{GPU}_allreduce_fp16_1_4.csv", ["size", "dur(us)"], [[1e6, 500.0]])
     assert _import(system, out, "--force") == 2
-    _one_line_error(capsys, "'shape'")
+    one_line_error(capsys, "'shape'")
     assert (out / "operators" / "linear1_fp16.csv").read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["Sys", "out"]
 
@@ -98,7 +91,7 @@ def test_validate_an_unknown_platform_exits_2(capsys, tmp_path, monkeypatch, ext
     runs.write_text('[[run]]\nname = "a"\nmeasured_iteration_seconds = 2.5\njob_file = "a.toml"\n')
     shutil.copyfile(Path(__file__).parents[2] / "examples" / "gpt20b-perlmutter.toml", tmp_path / "a.toml")
     assert main(["validate", "cpuu", "--runs", str(runs), *extra]) == 2
-    _one_line_error(capsys, "cpuu")
+    one_line_error(capsys, "cpuu")
 
 
 H100 = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h100-lent"

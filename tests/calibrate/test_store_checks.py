@@ -19,6 +19,8 @@ from calibrate.store import META_SCHEMA, SampleStore, StoreIdentity, check_meta,
 from predictor.errors import BundleError
 from predictor.samples import MAX_SAMPLE_US, load_samples
 
+from .conftest import one_line_error
+
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.parent for p in (ROOT / "benchmarks" / "data").rglob("samples.toml"))
 
@@ -49,15 +51,6 @@ def _store(tmp_path) -> Path:
         st.record_collective(CollectivePoint("allreduce", "fp32", 2**e, 1, 2), 30 + 2**e / 500)
     st.mark_complete(True, "tiny")
     return d
-
-
-def _one_line(capsys, *needles) -> str:
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert "Traceback" not in captured.err and len(err.splitlines()) == 1, captured.err
-    for n in needles:
-        assert n in err, err
-    return err
 
 
 def _fit(store: Path, out: Path) -> int:
@@ -131,7 +124,7 @@ def test_a_typo_in_samples_toml_is_refused_by_fit(capsys, tmp_path, edit, needle
     line = next(n for n, s in enumerate(meta.read_text().splitlines(), start=1)
                 if s.startswith(new.strip()))
     assert _fit(d, tmp_path / "plat") == 2
-    _one_line(capsys, f"{meta}:{line}: ", *needles)
+    one_line_error(capsys, f"{meta}:{line}: ", *needles)
     assert not (tmp_path / "plat").exists()
 
 
@@ -180,7 +173,7 @@ def test_a_row_that_is_not_a_measurement_is_refused_by_fit(capsys, tmp_path, fil
     path.write_text(path.read_text() + row + "\n")
     line = len(path.read_text().splitlines())
     assert _fit(d, tmp_path / "plat") == 2
-    _one_line(capsys, f"{path}:{line}: ", *needles)
+    one_line_error(capsys, f"{path}:{line}: ", *needles)
     assert not (tmp_path / "plat").exists()
 
 

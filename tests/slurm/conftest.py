@@ -91,6 +91,14 @@ class Cluster:
                                  env={"SLURM_CONF": conf} if conf else None)
         return res.job_id, res.messages, time.monotonic() - t0
 
+    def sacctmgr(self, *args: str, check: bool = True) -> str:
+        """``sacctmgr -i ARGS`` on this cluster's accounting; a failure fails the test (check)."""
+        out = subprocess.run(["sacctmgr", "-i", *args], env=self.env(), capture_output=True, text=True,
+                             timeout=60)
+        if check and out.returncode != 0:
+            raise AssertionError(f"sacctmgr {' '.join(args)}: {out.stderr or out.stdout}")
+        return out.stdout
+
     def show(self, job_id: int) -> dict:
         return dict(self.client.job(job_id).raw)
 

@@ -32,18 +32,10 @@ ENFORCE = "AccountingStorageEnforce=associations,limits,qos"
 CLEAN_ENV = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"]
 
 
-def _sacctmgr(cluster, *args: str, check: bool = True) -> str:
-    out = subprocess.run(["sacctmgr", "-i", *args], env=cluster.env(), capture_output=True, text=True,
-                         timeout=60)
-    if check and out.returncode != 0:
-        raise AssertionError(f"sacctmgr {' '.join(args)}: {out.stderr or out.stdout}")
-    return out.stdout
-
-
 def _forget(cluster) -> None:
-    _sacctmgr(cluster, "delete", "user", "root", f"account={ACCOUNT}", check=False)
-    _sacctmgr(cluster, "delete", "account", ACCOUNT, check=False)
-    _sacctmgr(cluster, "delete", "qos", QOS, DENY, check=False)
+    cluster.sacctmgr("delete", "user", "root", f"account={ACCOUNT}", check=False)
+    cluster.sacctmgr("delete", "account", ACCOUNT, check=False)
+    cluster.sacctmgr("delete", "qos", QOS, DENY, check=False)
 
 
 def _pid(path: Path, *comms: str) -> int:
@@ -109,11 +101,11 @@ def enforced(cluster):
     _forget(cluster)                                        # a killed run's leftovers
     conf = Path(cluster.conf)
     try:
-        _sacctmgr(cluster, "add", "qos", QOS, "MaxWall=00:12:00")
-        _sacctmgr(cluster, "add", "qos", DENY, "MaxWall=00:12:00", "Flags=DenyOnLimit")
-        _sacctmgr(cluster, "add", "account", ACCOUNT, "cluster=perfcastdev", f"qos=normal,{QOS},{DENY}",
+        cluster.sacctmgr("add", "qos", QOS, "MaxWall=00:12:00")
+        cluster.sacctmgr("add", "qos", DENY, "MaxWall=00:12:00", "Flags=DenyOnLimit")
+        cluster.sacctmgr("add", "account", ACCOUNT, "cluster=perfcastdev", f"qos=normal,{QOS},{DENY}",
                   f"defaultqos={QOS}")
-        _sacctmgr(cluster, "add", "user", "root", f"account={ACCOUNT}", "maxwall=20")
+        cluster.sacctmgr("add", "user", "root", f"account={ACCOUNT}", "maxwall=20")
         conf.write_text(conf.read_text().rstrip("\n") + f"\n{ENFORCE}\n")
         _restart_slurmctld(cluster)
         offset = _reload_daemon(cluster)

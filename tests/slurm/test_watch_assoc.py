@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import time
 
 from .conftest import SCRIPTS
@@ -19,14 +18,6 @@ from .test_watch import _cancel, _limit_s, _plan, _script, _wait_action
 
 ACCOUNT = "pcwatchcap"
 ASSOC_MAX_WALL_MIN = 4
-
-
-def _sacctmgr(cluster, *args: str, check: bool = True) -> str:
-    out = subprocess.run(["sacctmgr", "-i", *args], env=cluster.env(), capture_output=True, text=True,
-                         timeout=60)
-    if check and out.returncode != 0:
-        raise AssertionError(f"sacctmgr {' '.join(args)}: {out.stderr or out.stdout}")
-    return out.stdout
 
 
 def _gone(cluster, job_id: int, timeout: float = 120.0) -> None:
@@ -45,14 +36,14 @@ def test_extension_is_capped_by_the_associations_maxwall(accounting):
     wdir.chmod(0o1777)
     shutil.copy(SCRIPTS / "standin_megatron.py", wdir / "pretrain_gpt.py")
     (wdir / "pretrain_gpt.py").chmod(0o644)
-    _sacctmgr(cluster, "delete", "user", "root", f"account={ACCOUNT}", check=False)   # a killed run's leftovers
-    _sacctmgr(cluster, "delete", "account", ACCOUNT, check=False)
-    _sacctmgr(cluster, "add", "account", ACCOUNT, "cluster=perfcastdev")
-    _sacctmgr(cluster, "add", "user", "root", f"account={ACCOUNT}", "partition=watch",
+    cluster.sacctmgr("delete", "user", "root", f"account={ACCOUNT}", check=False)   # a killed run's leftovers
+    cluster.sacctmgr("delete", "account", ACCOUNT, check=False)
+    cluster.sacctmgr("add", "account", ACCOUNT, "cluster=perfcastdev")
+    cluster.sacctmgr("add", "user", "root", f"account={ACCOUNT}", "partition=watch",
               f"maxwall={ASSOC_MAX_WALL_MIN}")
     jid = None
     try:
-        shown = _sacctmgr(cluster, "-nP", "show", "assoc", "where", "user=root", f"account={ACCOUNT}",
+        shown = cluster.sacctmgr("-nP", "show", "assoc", "where", "user=root", f"account={ACCOUNT}",
                           "partition=watch", "format=MaxWall").strip()
         assert shown == f"00:0{ASSOC_MAX_WALL_MIN}:00", shown
         probe = _script(cluster, wdir, "a-probe", 1.0, 1000, 10, 100, 0, 0)
@@ -77,5 +68,5 @@ def test_extension_is_capped_by_the_associations_maxwall(accounting):
         if jid is not None:
             _cancel(cluster, jid)
             _gone(cluster, jid)
-        _sacctmgr(cluster, "delete", "user", "root", f"account={ACCOUNT}", check=False)
-        _sacctmgr(cluster, "delete", "account", ACCOUNT, check=False)
+        cluster.sacctmgr("delete", "user", "root", f"account={ACCOUNT}", check=False)
+        cluster.sacctmgr("delete", "account", ACCOUNT, check=False)
