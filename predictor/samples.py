@@ -89,16 +89,17 @@ def _is_time(column: str) -> bool:
     return column == "us" or column.endswith("_us")
 
 
-def _row_problem(header: Sequence[str], row: Sequence[str], vals: Sequence[float]) -> str | None:
+def _row_problem(header: Sequence[str], times: Sequence[int], row: Sequence[str],
+                 vals: Sequence[float]) -> str | None:
     """Why one parsed row cannot be a sample ("column X: ..."), or None.
 
     Features are shapes, counts or sizes: finite and > 0 (0 would be an operator of nothing, and
     the regressors' log-features of it are not finite: the fit would drop the row without a word).
     Times are finite and within [MIN_SAMPLE_US, MAX_SAMPLE_US]; an operator's direction may be 0,
     which means "not measured, or dropped" (the importer drops impossible backward times so), but
-    not every direction of a row, and a collective's time never (it has one).
+    not every direction of a row, and a collective's time never (it has one).  ``times``: the
+    indices of the header's time columns (:func:`_is_time`), found once per file.
     """
-    times = [i for i, c in enumerate(header) if _is_time(c)]
     for i, (col, raw, v) in enumerate(zip(header, row, vals)):
         if not np.isfinite(v):
             return f"column {col}: {raw.strip()!r} is not a finite number"
@@ -148,6 +149,7 @@ def read_table(path: Path, name: str, precision: str, expected: Sequence[str]) -
         raise BundleError(f"{path}: columns {header} do not match the expected {list(expected)} "
                           "(a sample store of another perfcast version?)")
     values = []
+    times = [i for i, c in enumerate(header) if _is_time(c)]    # the measured-time columns
     for row in reader:
         lineno = reader.line_num
         if not row:
@@ -160,7 +162,7 @@ def read_table(path: Path, name: str, precision: str, expected: Sequence[str]) -
         except ValueError:
             col, raw = next((c, v) for c, v in zip(header, row) if not _is_float(v))
             raise BundleError(f"{path}:{lineno}: column {col}: {raw.strip()!r} is not a number") from None
-        problem = _row_problem(header, row, vals)
+        problem = _row_problem(header, times, row, vals)
         if problem:
             raise BundleError(f"{path}:{lineno}: {problem}")
         values.append(vals)
