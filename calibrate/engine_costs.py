@@ -76,21 +76,25 @@ GPU_RUNS = "h100"
 GPU_PROXY = {"pipe2": "pipe1"}
 
 
-def _meta(files: list[dict], mode: str) -> dict:
-    """The first of the runs ``files`` that measured ``mode`` (its provenance keys)."""
-    for d in files:
-        if mode in d["modes"]:
-            return d
-    raise ValueError(f"no run of mode {mode!r} among {len(files)} files")
+def _of_mode(files: list[dict], mode: str) -> list[dict]:
+    """The runs among ``files`` that measured ``mode`` (their provenance keys), at least one."""
+    runs = [d for d in files if mode in d["modes"]]
+    if not runs:
+        raise ValueError(f"no run of mode {mode!r} among {len(files)} files")
+    return runs
 
 
 def _versions(run: dict) -> str:
     return f"deepspeed {run['deepspeed'].strip()}, torch {run['torch']}"
 
 
-def _gpu_node(run: dict) -> str:
-    """The GPU node a ``--device cuda`` run was measured on, as a source names it."""
-    return f"the lent {run['gpu']} node's {run['cpu']} ({run['date'][:16]}, {_versions(run)})"
+def _gpu_node(runs: list[dict]) -> str:
+    """The GPU node ``--device cuda`` runs were measured on, as a source names it: the first run's
+    node and software, and when the runs were taken (the first and last date where they differ)."""
+    first = runs[0]
+    dates = sorted(r["date"][:16] for r in runs)
+    when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    return f"the lent {first['gpu']} node's {first['cpu']} ({when}, {_versions(first)})"
 
 
 def _runs(n: int) -> str:
@@ -111,16 +115,16 @@ def engine_prior(folder: Path) -> dict:
         proxy = GPU_PROXY.get(mode)
         if mode in gpu:
             adds = gpu[mode]
-            where = f"--device cuda --pool ({mode}, {_runs(adds['runs'])}) on {_gpu_node(_meta(gpu_files, mode))}"
+            where = f"--device cuda --pool ({mode}, {_runs(adds['runs'])}) on {_gpu_node(_of_mode(gpu_files, mode))}"
         elif proxy in gpu and proxy in cpu:
             adds = {k: gpu[proxy][k] + cpu[mode][k] - cpu[proxy][k] for k in _COSTS}
-            c = _meta(cpu_files, mode)
+            c = _of_mode(cpu_files, mode)[0]
             where = (f"--device cuda --pool ({proxy}, {_runs(gpu[proxy]['runs'])}) on "
-                     f"{_gpu_node(_meta(gpu_files, proxy))}, plus {mode} less {proxy} of --pool "
+                     f"{_gpu_node(_of_mode(gpu_files, proxy))}, plus {mode} less {proxy} of --pool "
                      f"({_runs(cpu[mode]['runs'])}) on {c['cpu']} ({_versions(c)}; {mode} needs a GPU per rank)")
         else:
             adds = cpu[mode]
-            c = _meta(cpu_files, mode)
+            c = _of_mode(cpu_files, mode)[0]
             where = f"--pool ({mode}, {_runs(adds['runs'])}) on {c['cpu']} ({_versions(c)})"
         out[engine] = {k.replace("_ms", "_seconds"): round(max(0.0, adds[k]) * 1e-3, 7) for k in _COSTS}
         out[engine]["source"] = (f"prior: benchmarks/bench_engine_host.py {where}: DeepSpeed less a plain PyTorch "

@@ -85,6 +85,12 @@ def test_a_gpu_nodes_runs_ship_the_modes_they_measured(tmp_path):
     alone = engine_costs.engine_prior(tmp_path)["deepspeed_pipeline"]
     assert alone["micro_batch_seconds"] == pytest.approx(0.6e-3)
     assert "--pool (pipe2, 2 runs) on AMD EPYC" in alone["source"] and "cuda" not in alone["source"]
+    # A second GPU run a day later: the source gives the dates the runs span.
+    second = json.loads((gpu_dir / "engine-1.json").read_text())
+    second["date"] = "2026-11-27T16:54:41+00:00"
+    (gpu_dir / "engine-2.json").write_text(json.dumps(second))
+    source = engine_costs.engine_prior(tmp_path)["deepspeed"]["source"]
+    assert "(engine, 2 runs) on the lent H100 node's Xeon (2026-11-26T18:33 to 2026-11-27T16:54," in source
 
 
 def test_shipped_platforms_carry_the_fit_of_the_committed_runs():
