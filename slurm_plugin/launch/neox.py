@@ -220,6 +220,7 @@ def read_merged(m: Merged, facts: Facts) -> None:
     _attention(m, f)
     _sliding_window(m, f)
     _mlp(m, f)
+    _linear_bias(m, f, w)
     _precision(m, f)
     z = m.raw("zero_optimization")
     if isinstance(z, dict):
@@ -440,6 +441,30 @@ def _mlp(m: Merged, f: Facts) -> None:
     else:
         ffn = _roundup(inter, mult)
     f.set("ffn_hidden", ffn, origin)
+
+
+def _linear_bias(m: Merged, f: Facts, w: list) -> None:
+    """Biases on the linear layers, where the config says (``use_bias_in_attn_linear``,
+    ``use_bias_in_mlp``; NeoX's defaults are both true). Neither given: the norm decides, as for
+    any job (``model.linear_bias`` left out), since NeoX's LLaMA-style configs predate the keys."""
+    keys = [k for k in ("use_bias_in_attn_linear", "use_bias_in_mlp") if m.has(k)]
+    if not keys:
+        return
+    values = {}
+    for k in ("use_bias_in_attn_linear", "use_bias_in_mlp"):
+        v = to_bool(m.raw(k, True))
+        if v is None:
+            w.append(f"{k} is {m.raw(k)!r}, not a boolean: taken as NeoX's default, true ({m.origin(k)})")
+            v = True
+        values[k] = v
+    attn, mlp = values["use_bias_in_attn_linear"], values["use_bias_in_mlp"]
+    if attn != mlp:
+        # One switch in the job: the MLP's, whose projections hold two thirds of a layer's linear
+        # weights; the attention's biases (a few thousand parameters) are then miscounted.
+        w.append(f"use_bias_in_attn_linear {str(attn).lower()} with use_bias_in_mlp {str(mlp).lower()}: "
+                 f"the attention projections are modelled {'with' if mlp else 'without'} biases, as the MLP's "
+                 f"({m.origin('use_bias_in_attn_linear') or 'NeoX default'})")
+    f.set("linear_bias", mlp, m.origin("use_bias_in_mlp") or m.origin(keys[0]))
 
 
 def _roundup(x: int, m: int) -> int:

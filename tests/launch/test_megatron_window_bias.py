@@ -233,3 +233,38 @@ def test_llmfoundry_sliding_window_size(tmp_path):
 def test_llmfoundry_bad_sliding_window_stops(tmp_path, extra, why):
     res = parse_in(tmp_path, COMPOSER + extra + "\n", {"mpt.yaml": MPT7B})
     assert res.error is not None and why in res.error and "sliding_window_size" in res.error
+
+
+# ----------------------------------------------------------------------- GPT-NeoX use_bias_in_*
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_neox_bias_keys_decide_the_linear_biases_whatever_the_norm(tmp_path, norm):
+    res = _neox(tmp_path, f', "norm": "{norm}", "use_bias_in_attn_linear": false, "use_bias_in_mlp": false')
+    assert _ok(res).model.linear_bias is False
+    assert "m.yml" in res.provenance["model.linear_bias"]
+    on = _neox(tmp_path, f', "norm": "{norm}", "use_bias_in_attn_linear": true, "use_bias_in_mlp": true')
+    assert _ok(on).model.linear_bias is True
+    assert not any("use_bias_in" in w for w in res.warnings + on.warnings)
+
+
+def test_neox_without_bias_keys_leaves_the_norm_to_decide(tmp_path):
+    assert _ok(_neox(tmp_path, ', "norm": "rmsnorm"')).model.linear_bias is False
+    assert _ok(_neox(tmp_path, "")).model.linear_bias is True
+    # One key alone: the other is NeoX's default, true.
+    assert _ok(_neox(tmp_path, ', "norm": "rmsnorm", "use_bias_in_mlp": true')).model.linear_bias is True
+
+
+def test_neox_bias_keys_that_disagree_follow_the_mlp_and_say_so(tmp_path):
+    res = _neox(tmp_path, ', "use_bias_in_attn_linear": false')
+    assert _ok(res).model.linear_bias is True                 # use_bias_in_mlp: NeoX's default
+    assert any("use_bias_in_attn_linear false with use_bias_in_mlp true" in w and "m.yml" in w
+               for w in res.warnings), res.warnings
+    res = _neox(tmp_path, ', "use_bias_in_attn_linear": true, "use_bias_in_mlp": false')
+    assert _ok(res).model.linear_bias is False
+    assert any("modelled without biases" in w for w in res.warnings), res.warnings
+
+
+def test_neox_bias_key_that_is_not_a_boolean_is_said(tmp_path):
+    res = _neox(tmp_path, ', "norm": "rmsnorm", "use_bias_in_mlp": "sometimes", "use_bias_in_attn_linear": true')
+    assert _ok(res).model.linear_bias is True
+    assert any("use_bias_in_mlp is 'sometimes', not a boolean" in w and "m.yml" in w for w in res.warnings), \
+        res.warnings
