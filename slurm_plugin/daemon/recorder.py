@@ -175,7 +175,13 @@ class RecordSpool:
             self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             self.segment_bytes, self.segment_opened = 0, time.monotonic()
         n = os.write(self.fd, data)
-        if n != len(data):        # a full disk mid-line: the line is cut, the writer skips it
+        if n != len(data):
+            # A full disk mid-line: cut the line off again, or the writer would count it lost
+            # ("truncated") beside the loss the caller counts ("unwritable"): one record, twice.
+            try:
+                os.ftruncate(self.fd, self.segment_bytes)
+            except OSError:
+                pass
             raise OSError(errno.ENOSPC, "short write (disk full?)")
         self.segment_bytes += n
         self.pending_bytes += n
@@ -204,6 +210,13 @@ class RecordSpool:
             os.close(self.fd)
         except OSError:
             pass
+        if self.segment_bytes == 0:
+            # Opened, then its first write failed (a full disk): nothing for the writer, and a
+            # full disk would otherwise leave one empty file per request until the writer came.
+            try:
+                os.unlink(os.path.join(self.dir, f"{self.seq:010d}{SEGMENT_SUFFIX}"))
+            except OSError:
+                pass
         self.fd = None
         self.seq += 1
 
