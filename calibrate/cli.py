@@ -306,7 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--records", default=None)
 
     wa = sub.add_parser("watch", help="correct running perfcast jobs' time limits from their logs' "
-                        "progress (one pass; --every to repeat)")
+                        "progress (one pass; --every to repeat)",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="exit status of one pass: 0 it ran (jobs it could not extend included); 2 it "
+                               "could not run (a bad\nconfig, Slurm not answering); 3 it ran with a record "
+                               "store warning (records missing or\nunreadable, a corrupt page, a lock held): "
+                               "logged, and in --json's \"warnings\" (docs/watch.md).")
     wa.add_argument("--every", type=_positive, default=None, metavar="SECONDS",
                     help="repeat a pass every SECONDS until stopped (the timer runs one pass)")
     wa.add_argument("--config", default=None, help="site config with the [watch] policy")
@@ -689,7 +694,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     import time
     from .harvest import DEFAULT_OUT
-    from .watch import WatchError, WatchOptions, watch_once
+    from .watch import WARNINGS_EXIT_STATUS, WatchError, WatchOptions, watch_once
     cfg = _site_config(args)
     if cfg is None:
         raise PerfcastError("no site config (--config, $PERFCAST_CONFIG or /etc/perfcast/perfcast.toml): "
@@ -703,7 +708,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
             res = watch_once(opts)
             if res.jobs or args.every is None:      # a loop's idle passes stay out of its log
                 print(json.dumps(res.to_dict(), indent=2) if args.json else res.summary(), flush=True)
-            status = 0
+            # A pass the store let down ran, but a timer's unit must not show success: the admin
+            # would never see the warning (the loop goes on; its log has each warning).
+            status = WARNINGS_EXIT_STATUS if res.warnings else 0
         except (WatchError, RecordStoreError, PerfcastError, OSError) as exc:
             if args.every is None:
                 raise

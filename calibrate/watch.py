@@ -16,9 +16,10 @@ One pass (``--every SECONDS`` repeats it) on the controller, as root:
    limit), and decides (:func:`decide`):
 
    - **extend** when the rest of the run (plus a margin for a checkpoint save and the last
-     evaluation) does not fit in the limit: up to the partition's MaxTime, the QOS MaxWall, the
-     MaxWall of the job's association, the policy's growth and per-user caps, no later than
-     any pending job waiting for resources planned on the job's nodes may start (``squeue
+     evaluation) does not fit in the limit: up to the partition's MaxTime, the QOS or association
+     MaxWall Slurm holds the job to (the fill's :mod:`slurm_plugin.qos_limits`, looked up once per
+     pass; none where Slurm does not enforce them), the policy's growth and per-user caps, no
+     later than any pending job waiting for resources planned on the job's nodes may start (``squeue
      --start``) plus the site's backfill allowance, and no later than the start of a reservation
      on its nodes that it is not in -- but never below the limit the job had before the watch
      shrank it, for the watch's own caps.  When the rest cannot
@@ -29,8 +30,9 @@ One pass (``--every SECONDS`` repeats it) on the controller, as root:
      never below the measured end plus the margin;
    - **none**, with the reason, otherwise -- and on any doubt: unreadable log, too few samples,
      a log that claims more iteration time than the job has run, an iteration count that
-     disagrees with the record, no progress for ``stall_minutes``, requeued and heterogeneous
-     jobs, Slurm not answering.  The watch fails closed: no update without every fact checked.
+     disagrees with the record, no progress for ``stall_minutes`` of run time, requeued and
+     heterogeneous jobs, Slurm not answering (the QOS and association MaxWall included).  The watch
+     fails closed: no update without every fact checked.
 
 4. writes each action as one line into the job's AdminComment (after the perfcast record, which
    stays as it was), into the record store's ``watch_actions`` table (:mod:`calibrate.watch_log`,
@@ -47,8 +49,9 @@ fall back to memory for the pass when they cannot be read or written (corrupt, l
 busy timeout: :class:`calibrate.watch_log.PassLog`).  What failed is said once per pass
 (:attr:`WatchResult.warnings`, logged as one warning): with a corrupt store, how to keep its rows
 (``sqlite3 ... .recover``) and what moving it aside costs; with a locked one, whether any limit
-changed this pass, and that the next pass retries.  Jobs are named as Slurm names them
-(``76_2`` for an array task: :func:`job_name`).
+changed this pass, and that the next pass retries; ``perf-calibrate watch`` then exits
+:data:`WARNINGS_EXIT_STATUS`.  Jobs are named as Slurm names them (``76_2`` for an array task:
+:func:`job_name`).
 """
 from __future__ import annotations
 
@@ -66,12 +69,13 @@ from typing import Any, Mapping, Optional, Sequence
 from predictor.errors import JobError, PerfcastError
 from predictor.job import TrainingJob
 from predictor.validation import MeasuredRun
-from slurm_plugin.policy import slurm_duration
+from slurm_plugin.policy import WallCap, slurm_duration
+from slurm_plugin.qos_limits import WallLimits, lookup_wall_limits
 from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, PredictionRecord, RecordStore, RecordStoreError,
                                   is_record_id, parse_admin_comment)
 from slurm_plugin.siteconfig import WatchPolicy
-from slurm_plugin.slurm_client import (PlannedStart, Reservation, RunningJob, SlurmClient, SlurmError,
-                                       expand_hostlist, parse_slurm_time)
+from slurm_plugin.slurm_client import (PartitionInfo, PlannedStart, Reservation, RunningJob, SlurmClient,
+                                       SlurmError, expand_hostlist, parse_slurm_time)
 
 from .harvest import DEFAULT_OUT, MAX_LOG_BYTES, AccountingJob, LogReadError, log_paths, read_tail_as
 from .joblogs import WARMUP_ITERATIONS, IterationTimes, best_log, iteration_times
@@ -91,6 +95,10 @@ _CLAIM_FACTOR = 2.0
 _QUIET = frozenset({"on-track", "warm-up", "no-shrink"})
 # A measured rate is written to the runs file again only when it moved more than this.
 _RUN_REWRITE = 0.02
+# perf-calibrate watch's exit status after a pass that ran but had store warnings
+# (WatchResult.warnings): non-zero so that a systemd timer's unit shows the failure; not 1 or 2,
+# which the CLI uses for unfinished work and for errors that stopped the command.
+WARNINGS_EXIT_STATUS = 3
 
 
 class WatchError(PerfcastError):
@@ -128,6 +136,8 @@ class Limits:
     """The caps on a job's new limit, in seconds (None: none of that kind)."""
 
     max_time_seconds: Optional[float] = None        # partition MaxTime
+    # The MaxWall Slurm holds the job to (watch.wall_cap): a QOS's, else -- no QOS having one --
+    # its association's; at most one of the two is set, as Slurm applies one.
     qos_max_seconds: Optional[float] = None         # QOS MaxWall
     assoc_max_seconds: Optional[float] = None       # the job's association's MaxWall
     growth_seconds: Optional[float] = None          # first limit x (1 + max_growth)
@@ -706,22 +716,19 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
     extended_by_comment = _comment_extended(jobs)
     # Facts every extension needs; any of them missing closes extensions (shrinks need none).
     doubt = ""
+    part_qos: dict[str, str] = {}
     try:
-        max_time = {p.name: p.max_time_minutes for p in client.partitions()}
+        parts = client.partitions()
+        max_time = {p.name: p.max_time_minutes for p in parts}
+        part_qos = partition_qos(parts)
     except SlurmError as exc:
         max_time, doubt = {}, f"partition limits unreadable ({exc})"
     try:
         planned = client.planned_starts()
     except SlurmError as exc:
         planned, doubt = [], doubt or f"the backfill plan is unreadable ({exc})"
-    try:
-        qos = client.qos_max_wall_minutes()
-    except SlurmError as exc:
-        qos, doubt = {}, doubt or f"QOS limits unreadable ({exc})"
-    try:
-        assocs = client.association_max_wall_minutes()
-    except SlurmError as exc:
-        assocs, doubt = {}, doubt or f"association limits unreadable ({exc})"
+    walls, walls_error = _wall_limits(client)
+    doubt = doubt or walls_error
     try:
         reservations = client.reservations()
     except SlurmError as exc:
@@ -791,9 +798,12 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
                          "not acting on it", limit), progress)
             continue
         state = wlog.job(job.job_id)
+        # When the log last moved, as the job's run time (JobState.progress_at): a job suspended
+        # for longer than stall_minutes has not stalled.  A value past the run time now is no run
+        # time of this job (a UNIX time an older watch kept): counting starts again now.
         if state is None or state.last_iteration is None or progress.iteration > state.last_iteration \
-                or state.progress_at is None:
-            progress_at = t
+                or state.progress_at is None or state.progress_at > elapsed:
+            progress_at = elapsed
         else:
             progress_at = state.progress_at
         first_limit = state.first_limit_seconds if state is not None else first_limit_seen(job, limit)
@@ -802,9 +812,10 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
             wlog.put_job(JobState(job.job_id, record.record_id, first_limit, progress.iteration, progress_at,
                                   state.last_code if state else "",
                                   state.run_iteration_seconds if state else None, t))
-        if t - progress_at > pol.stall_minutes * 60.0:
-            finish(_none("stalled", f"no new iteration for {(t - progress_at) / 60:.0f} min (stall_minutes "
-                         f"{pol.stall_minutes:g}): not progressing", limit), progress)
+        if elapsed - progress_at > pol.stall_minutes * 60.0:
+            finish(_none("stalled", f"no new iteration for {(elapsed - progress_at) / 60:.0f} min of run time "
+                         f"(stall_minutes {pol.stall_minutes:g}; time suspended not counted): not progressing",
+                         limit), progress)
             continue
         changes = [a for a in wlog.actions(slurm_job_ids=[job.job_id]) if a.action != "none"]
         watch_limit = changes[-1].to_seconds if changes else watch_set_limit(job.admin_comment)
@@ -814,18 +825,15 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
         if not changes and told is not None and told[0] == "shrink" and told[1] is not None:
             shrunk = [told[1]]          # the store lost the shrink; the AdminComment tells it
         restore = max(shrunk) if shrunk and perfcast_limit else None
-        assoc_min, assoc_doubt = association_max_wall(job, assocs)
         limits = dataclasses.replace(
-            _limits(job, pol, max_time, qos, planned, wlog, first_limit, limit, t, run_start, reservations,
-                    extended_by_comment),
-            assoc_max_seconds=60.0 * assoc_min if assoc_min is not None else None, restore_seconds=restore)
+            _limits(job, pol, max_time, wall_cap(job, walls, part_qos), planned, wlog, first_limit, limit, t,
+                    run_start, reservations, extended_by_comment),
+            restore_seconds=restore)
         decision = decide(now=t, start=run_start, limit_seconds=limit, record=record,
                           progress=progress, policy=pol, limits=limits,
                           perfcast_limit=perfcast_limit, user_limit_note=owner_note)
-        if decision.action == "extend" and (doubt or assoc_doubt):
-            decision = _none("doubt", f"{doubt or assoc_doubt}: not extending ({decision.reason})", limit)
-        if decision.action != "none" and job.qos and qos and job.qos not in qos:
-            decision = _none("doubt", f"QOS {job.qos!r} unknown to sacctmgr: not changing the limit", limit)
+        if decision.action == "extend" and doubt:
+            decision = _none("doubt", f"{doubt}: not extending ({decision.reason})", limit)
         if decision.action == "shrink" and from_comment:
             # Rebuilt from the AdminComment, the plan is the daemon's but nothing else the record
             # held is: protect the job, return nothing on that basis.
@@ -837,19 +845,40 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
     return res
 
 
-def association_max_wall(job: RunningJob, assocs: Mapping[tuple[str, str, str], Optional[int]]
-                         ) -> tuple[Optional[int], str]:
-    """The MaxWall (minutes; None: none) of the association the job runs under -- its user,
-    account and partition, else its user and account on all partitions -- and, when the job names
-    an account that sacctmgr has no association of, why that is a doubt.  A job without an account
-    runs under no association (a cluster that does not enforce them): no limit."""
-    if not job.account:
-        return None, ""
-    for key in ((job.user, job.account, job.partition), (job.user, job.account, "")):
-        if key in assocs:
-            return assocs[key], ""
-    return None, (f"no association of user {job.user}, account {job.account} (partition {job.partition} or all) "
-                  "in sacctmgr")
+def _wall_limits(client: SlurmClient) -> tuple[Optional[WallLimits], str]:
+    """The QOS and association MaxWall of the cluster, looked up once per pass
+    (:func:`slurm_plugin.qos_limits.lookup_wall_limits`, the fill's lookup), and why they are
+    unknown ("" when they are known).  Unknown, no job is extended this pass (a doubt, as for
+    MaxTime): the watch updates limits as root, past any QOS limit, so a cap it cannot read could be
+    overrun -- where the fill, whose job Slurm still holds to the QOS, goes on without it."""
+    try:
+        return lookup_wall_limits(client=client), ""
+    except SlurmError as exc:
+        return None, f"QOS and association limits unreadable ({exc})"
+
+
+def partition_qos(parts: Sequence[PartitionInfo]) -> dict[str, str]:
+    """Each partition's own QOS (slurm.conf ``QOS=``; scontrol's ``QoS``), as the fill reads it
+    (``N/A``: none)."""
+    out = {}
+    for p in parts:
+        q = str(p.raw.get("QoS", "")).strip()
+        if q and q not in ("N/A", "(null)"):
+            out[p.name] = q
+    return out
+
+
+def wall_cap(job: RunningJob, walls: Optional[WallLimits], part_qos: Mapping[str, str]) -> Optional[WallCap]:
+    """The QOS or association MaxWall Slurm holds the running job to, as the fill caps a limit
+    (:meth:`slurm_plugin.qos_limits.WallLimits.cap`: the partition's QOS and the job's in Slurm
+    22.05's order, else its association's chain; none unless AccountingStorageEnforce has limits);
+    None when none applies or the limits could not be looked up.  The QOS and account are the ones
+    scontrol names for the running job (a job without an account -- ``(null)`` -- gets the user's
+    default, as the fill would)."""
+    if walls is None:
+        return None
+    return walls.cap(user=job.user or None, account=job.account or None, qos=job.qos or None,
+                     partition=job.partition, partition_qos=part_qos.get(job.partition))
 
 
 def _limit_s(job: RunningJob) -> Optional[float]:
@@ -869,15 +898,15 @@ def _skip_reason(job: RunningJob) -> Optional[tuple[str, str]]:
 
 
 def _limits(job: RunningJob, policy: WatchPolicy, max_time: Mapping[str, Optional[int]],
-            qos: Mapping[str, Optional[int]], planned: Sequence[PlannedStart], wlog: "WatchLog | PassLog",
+            wall: Optional[WallCap], planned: Sequence[PlannedStart], wlog: "WatchLog | PassLog",
             first_limit: Optional[float], limit: Optional[float], now: float, run_start: float,
             reservations: Sequence[Reservation] = (),
             extended_by_comment: Optional[Mapping[str, float]] = None) -> Limits:
     """The caps, as limits (seconds of run time): an end at wall time ``e`` is a limit of
     ``e - run_start`` (``run_start``: now minus the job's RunTime).  ``extended_by_comment``
-    (:func:`_comment_extended`) counts the user's extensions when the watch's tables cannot be read."""
+    (:func:`_comment_extended`) counts the user's extensions when the watch's tables cannot be read.
+    ``wall``: the QOS or association MaxWall that applies (:func:`wall_cap`)."""
     mt = max_time.get(job.partition)
-    q = qos.get(job.qos) if job.qos else None
     user_s = None
     if policy.user_extra_hours > 0 and limit is not None:
         used = wlog.extended_seconds(job.user, now - 86400.0)
@@ -891,7 +920,8 @@ def _limits(job: RunningJob, policy: WatchPolicy, max_time: Mapping[str, Optiona
     fair_end, fair_job = fairness_cap(job, planned, nodes, policy.backfill_allowance_minutes * 60.0)
     resv_start, resv_name = reservation_cap(job, reservations, nodes, now)
     return Limits(max_time_seconds=60.0 * mt if mt is not None else None,
-                  qos_max_seconds=60.0 * q if q is not None else None,
+                  qos_max_seconds=60.0 * wall.minutes if wall is not None and wall.kind == "qos" else None,
+                  assoc_max_seconds=60.0 * wall.minutes if wall is not None and wall.kind == "assoc" else None,
                   growth_seconds=first_limit * (1.0 + policy.max_growth) if first_limit else None,
                   user_seconds=user_s,
                   fairness_seconds=(fair_end - run_start) if fair_end is not None else None,
@@ -1062,8 +1092,8 @@ def _warn(res: WatchResult, path: Path, reads: _StoreReads, wlog: PassLog, lacki
     log.warning("%s", text)
 
 
-__all__ = ["COMMENT_NEEDS", "Decision", "Limits", "Progress", "WATCH_TAG", "WatchError", "WatchOptions",
-           "WatchResult", "admin_comment_with", "association_max_wall", "comment_fields", "decide", "fairness_cap",
-           "first_limit_seen", "job_name", "limit_owner", "progress_of", "read_logs", "record_from_comment",
-           "reservation_cap", "starting_seconds", "submission_limit", "watch_change", "watch_once",
-           "watch_set_limit"]
+__all__ = ["COMMENT_NEEDS", "Decision", "Limits", "Progress", "WARNINGS_EXIT_STATUS", "WATCH_TAG", "WatchError",
+           "WatchOptions", "WatchResult", "admin_comment_with", "comment_fields", "decide", "fairness_cap",
+           "first_limit_seen", "job_name", "limit_owner", "partition_qos", "progress_of", "read_logs",
+           "record_from_comment", "reservation_cap", "starting_seconds", "submission_limit", "wall_cap",
+           "watch_change", "watch_once", "watch_set_limit"]

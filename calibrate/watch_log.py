@@ -112,7 +112,7 @@ class JobState:
     record_id: str
     first_limit_seconds: Optional[float]
     last_iteration: Optional[int]
-    progress_at: Optional[float]
+    progress_at: Optional[float]      # the job's run time (s, suspension left out) when the log last moved
     last_code: str = ""
     run_iteration_seconds: Optional[float] = None
     updated: float = 0.0

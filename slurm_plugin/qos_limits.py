@@ -3,8 +3,10 @@ MaxWall of its QOS and of its association, as ``sacctmgr`` shows them.
 
 perf-predictd caps the limits it fills (and ``--time-min``) with them (:class:`WallLimits.cap`),
 so that a filled limit never makes Slurm keep a job pending (``QOSMaxWallDurationPerJobLimit``,
-``AssocMaxWallDurationPerJobLimit``) or reject it (QOS flag ``DenyOnLimit``).  Which limit applies
-follows Slurm 22.05's ``acct_policy_validate`` as far as a job's time limit is concerned:
+``AssocMaxWallDurationPerJobLimit``) or reject it (QOS flag ``DenyOnLimit``); ``perf-calibrate
+watch`` caps the limits it extends with the same (one lookup per pass, shared by its jobs).
+Which limit applies follows Slurm 22.05's ``acct_policy_validate`` as far as a job's time limit
+is concerned:
 
 - None at all unless ``AccountingStorageEnforce`` has ``limits`` (or ``safe``, which implies it):
   without it Slurm ignores every MaxWall, and so does perfcast.
@@ -256,11 +258,12 @@ Runner = Callable[..., "subprocess.CompletedProcess[bytes]"]
 
 
 def lookup_wall_limits(run: Optional[Runner] = None, env: Optional[Mapping[str, str]] = None,
-                       timeout: float = LOOKUP_TIMEOUT_S) -> WallLimits:
+                       timeout: float = LOOKUP_TIMEOUT_S, *, client: Optional[SlurmClient] = None) -> WallLimits:
     """Ask Slurm (``scontrol show config``, then -- only when limits are enforced -- ``sacctmgr``
     for the QOS, this cluster's associations and the users' default accounts).  Raises
-    :class:`SlurmError` when a command fails or is missing."""
-    cmd = SlurmClient(timeout=timeout, runner=run, env=env).text
+    :class:`SlurmError` when a command fails or is missing.  ``client``: ask through it (the
+    watch's, with its own timeout; ``run``, ``env`` and ``timeout`` are then not used)."""
+    cmd = (client or SlurmClient(timeout=timeout, runner=run, env=env)).text
 
     config = parse_config(cmd(["scontrol", "show", "config"]))
     enforced, why = limits_enforced(config)

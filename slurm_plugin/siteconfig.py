@@ -58,6 +58,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from .slurm_client import SlurmClient
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - older Pythons only
@@ -132,7 +134,7 @@ class WatchPolicy:
     shrink_min_minutes: float = 30.0         # a shrink must return at least this much to backfill
     backfill_allowance_minutes: float = 0.0  # how far an extension may delay a planned pending job
     min_samples: int = 3                     # steady-state log samples before acting
-    stall_minutes: float = 30.0              # no new iteration for this long: not progressing
+    stall_minutes: float = 30.0              # no new iteration in this much run time: not progressing
     max_parallel_reads: int = 8
     read_timeout_seconds: float = 10.0
     pass_budget_seconds: float = 120.0       # one pass reads no longer than this in all
@@ -413,33 +415,11 @@ def unknown_partitions(cfg: SiteConfig, slurm_names: Any) -> list[PartitionNameP
 
 
 def slurm_partition_names(timeout: float = SLURM_LOOKUP_S) -> list[str]:
-    """Slurm's partition names (``scontrol -o show partition``); raises
-    :class:`slurm_plugin.slurm_client.SlurmError` when Slurm cannot be asked (not installed, no
-    controller, no answer within ``timeout``)."""
-    import subprocess
-    from .slurm_client import SlurmError, parse_oneliner
-    argv = ["scontrol", "-o", "show", "partition"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise SlurmError("scontrol: not installed") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"scontrol show partition: no answer within {timeout:g} s") from None
-    except OSError as exc:
-        raise SlurmError(f"scontrol: {exc.strerror or exc}") from None
-    if proc.returncode != 0:
-        err = (proc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
-        raise SlurmError(f"scontrol show partition: {err[-1] if err else f'exit code {proc.returncode}'}")
-    names = []
-    for line in proc.stdout.decode("utf-8", "replace").splitlines():
-        name = parse_oneliner(line).get("PartitionName")
-        if name:
-            names.append(name)
-    if not names:
-        # (what scontrol prints where it cannot reach a controller may still exit 0)
-        err = (proc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
-        raise SlurmError(f"scontrol show partition: {err[-1] if err else 'no partitions'}")
-    return names
+    """Slurm's partition names (``scontrol -o show partition``, through
+    :meth:`slurm_plugin.slurm_client.SlurmClient.partition_names`, the one place that runs Slurm's
+    commands); raises :class:`slurm_plugin.slurm_client.SlurmError` when Slurm cannot be asked (not
+    installed, no controller, no answer within ``timeout``)."""
+    return SlurmClient(timeout=timeout).partition_names()
 
 
 def example_path() -> Path:

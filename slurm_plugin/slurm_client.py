@@ -336,20 +336,6 @@ def parse_reservations(text: str) -> list[Reservation]:
     return out
 
 
-def parse_associations(text: str) -> dict[tuple[str, str, str], Optional[int]]:
-    """``sacctmgr -n -P show assoc format=User,Account,Partition,MaxWall`` lines: (user, account,
-    partition) -> MaxWall in minutes (None: no limit).  Account rows (no user) are left out:
-    sacctmgr already shows each user row with the limits it inherits from its accounts."""
-    out: dict[tuple[str, str, str], Optional[int]] = {}
-    for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) < 4 or not parts[0].strip():
-            continue
-        user, account, partition, wall = (p.strip() for p in parts[:4])
-        out[(user, account, partition)] = parse_slurm_time(wall) if wall else None
-    return out
-
-
 def _time_or_none(text: str) -> Optional[int]:
     try:
         return parse_slurm_time(text)
@@ -395,6 +381,29 @@ def parse_planned_starts(text: str) -> list[PlannedStart]:
     return out
 
 
+# Commands whose first words (after options) name what they do: ``scontrol -o show partition``.
+_SUBCOMMAND_TOOLS = frozenset({"scontrol", "sacctmgr"})
+
+
+def command_name(args: Sequence[str]) -> str:
+    """How an error names a command: ``scontrol`` and ``sacctmgr`` by their subcommand, options
+    left out (``scontrol -o show partition`` -> ``scontrol show partition``, ``sacctmgr -n -P show
+    qos format=...`` -> ``sacctmgr show qos``, ``scontrol update JobId=7 ...`` -> ``scontrol
+    update``); any other by its first two words (``squeue --start``, ``sbatch --parsable``)."""
+    if not args:
+        return ""
+    if args[0].rsplit("/", 1)[-1] not in _SUBCOMMAND_TOOLS:
+        return " ".join(args[:2])
+    words: list[str] = []
+    for a in args[1:]:
+        if a.startswith("-"):
+            continue
+        if "=" in a or len(words) == 2:
+            break
+        words.append(a)
+    return " ".join([args[0], *words])
+
+
 def _int(value: Any, default: Optional[int] = None) -> Optional[int]:
     try:
         return int(value)
@@ -423,6 +432,8 @@ class SlurmClient:
     def _cmd(self, args: Sequence[str], *, input: Optional[bytes] = None,
              cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
              user: Optional[Union[int, str]] = None) -> subprocess.CompletedProcess:
+        """Run one Slurm command: the one place that does (every failure a one-line
+        :class:`SlurmError` named by :func:`command_name`)."""
         full_env = dict(self.env)
         if env:
             full_env.update(env)
@@ -430,17 +441,22 @@ class SlurmClient:
         if user is not None:
             # runuser keeps the environment (SLURM_CONF) and needs no password as root.
             argv = ["runuser", "-u", str(user), "--"] + argv
+        name = command_name(args)
         try:
+            # Without input, stdin is /dev/null: a Slurm command run from a terminal
+            # (perf-predictd --check) must never wait on it.
             proc = self._run(argv, input=input, capture_output=True, timeout=self.timeout,
-                             cwd=cwd, env=full_env)
+                             cwd=cwd, env=full_env, stdin=None if input is not None else subprocess.DEVNULL)
         except FileNotFoundError:
             raise SlurmError(f"{args[0]}: not installed") from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"{' '.join(args[:2])}: no answer within {self.timeout:g} s") from None
+            raise SlurmError(f"{name}: no answer within {self.timeout:g} s") from None
+        except OSError as exc:          # not executable, too many processes, ...
+            raise SlurmError(f"{name}: {exc.strerror or exc}") from None
         if proc.returncode != 0:
             err = (proc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
             why = err[-1] if err else f"exit code {proc.returncode}"
-            raise SlurmError(f"{' '.join(args[:2])}: {why}")
+            raise SlurmError(f"{name}: {why}")
         return proc
 
     def text(self, args: Sequence[str]) -> str:
@@ -495,6 +511,18 @@ class SlurmClient:
             if (name is None and p.is_default) or p.name == name:
                 return p
         raise SlurmError(f"no partition {name!r}" if name else "no default partition")
+
+    def partition_names(self) -> list[str]:
+        """Slurm's partition names (``scontrol -o show partition`` only: no ``sinfo``, nothing
+        parsed beyond the names); a :class:`SlurmError` when there are none, since that is what
+        scontrol may print, exiting 0, where it reaches no controller."""
+        proc = self._cmd(["scontrol", "-o", "show", "partition"])
+        names = [name for line in proc.stdout.decode("utf-8", "replace").splitlines()
+                 if (name := parse_oneliner(line).get("PartitionName"))]
+        if not names:
+            err = (proc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
+            raise SlurmError(f"scontrol show partition: {err[-1] if err else 'no partitions'}")
+        return names
 
     # -- jobs
 
@@ -590,28 +618,6 @@ class SlurmClient:
         """Every advanced reservation slurmctld knows (``scontrol -o show reservation``)."""
         proc = self._cmd(["scontrol", "-o", "show", "reservation"])
         return parse_reservations(proc.stdout.decode("utf-8", "replace"))
-
-    def qos_max_wall_minutes(self) -> dict[str, Optional[int]]:
-        """Each QOS's MaxWall in minutes (None: no limit), from ``sacctmgr`` (accounting only)."""
-        proc = self._cmd(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall"])
-        out: dict[str, Optional[int]] = {}
-        for line in proc.stdout.decode("utf-8", "replace").splitlines():
-            name, _, wall = line.partition("|")
-            if name.strip():
-                out[name.strip()] = parse_slurm_time(wall) if wall.strip() else None
-        return out
-
-    def association_max_wall_minutes(self) -> dict[tuple[str, str, str], Optional[int]]:
-        """Each user association's MaxWall in minutes (None: no limit), keyed (user, account,
-        partition; "" for all partitions), of this cluster (``sacctmgr show assoc`` lists every
-        cluster of the slurmdbd otherwise); from ``sacctmgr`` (accounting only)."""
-        proc = self._cmd(["scontrol", "show", "config"])
-        m = re.search(r"^ClusterName\s*=\s*(\S+)", proc.stdout.decode("utf-8", "replace"), re.M)
-        if not m:
-            raise SlurmError("scontrol show config: no ClusterName")
-        proc = self._cmd(["sacctmgr", "-n", "-P", "show", "assoc", f"cluster={m.group(1)}",
-                          "format=User,Account,Partition,MaxWall"])
-        return parse_associations(proc.stdout.decode("utf-8", "replace"))
 
     def set_time_limit(self, job_id: int, minutes: int, *, time_min: Optional[int] = None) -> None:
         """``scontrol update JobId=N TimeLimit=M`` (root or the SlurmUser may raise it).  Slurm

@@ -17,7 +17,7 @@ from predictor.job import TrainingJob
 from slurm_plugin.records import PredictionRecord, RecordStore, parse_admin_comment
 from slurm_plugin.siteconfig import SiteConfigError, WatchPolicy, parse_site_config
 from slurm_plugin.slurm_client import (PartitionInfo, PlannedStart, RunningJob, SlurmClient, SlurmError,
-                                       parse_planned_starts, parse_running_jobs)
+                                       command_name, parse_planned_starts, parse_running_jobs)
 
 JOB = {"model": {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 512, "vocab": 50257},
        "layout": {"micro_batch": 1, "micro_batches": 8}, "run": {"train_iters": 1000, "save_interval": 100}}
@@ -175,11 +175,23 @@ def test_scontrol_and_squeue_listings():
 
 # ------------------------------------------------------------------------------ whole passes
 
+# scontrol show config of a cluster whose accounting enforces no limits: no QOS or association MaxWall.
+NOT_ENFORCED = "AccountingStorageType   = accounting_storage/slurmdbd\nAccountingStorageEnforce = associations\n" \
+               "ClusterName = dev\n"
+
+
 class FakeSlurm(SlurmClient):
-    def __init__(self, jobs, *, max_time=60, plans=(), fail=(), assocs=None, reservations=()):
+    """``walls``: what ``scontrol show config`` and ``sacctmgr show qos|assoc|user`` print, by
+    :func:`command_name` (the QOS and association MaxWall the watch looks up with the fill's
+    :func:`slurm_plugin.qos_limits.lookup_wall_limits`); by default limits are not enforced.
+    ``part_qos``: each partition's own QOS (scontrol's ``QoS``)."""
+
+    def __init__(self, jobs, *, max_time=60, plans=(), fail=(), walls=None, reservations=(), part_qos=None):
         super().__init__(runner=lambda *a, **k: None)
         self.jobs, self.max_time, self.plans, self.fail = list(jobs), max_time, list(plans), set(fail)
-        self.assocs = assocs or {}
+        self.walls = {"scontrol show config": NOT_ENFORCED, **(walls or {})}
+        self.part_qos = dict(part_qos or {})
+        self.asked: list[str] = []
         self.resvs = list(reservations)
         self.limits: dict[int, int] = {}
         self.time_mins: dict[int, object] = {}
@@ -191,25 +203,25 @@ class FakeSlurm(SlurmClient):
     def partitions(self):
         if "partitions" in self.fail:
             raise SlurmError("scontrol: down")
-        return [PartitionInfo(p, self.max_time, None, 1, "dev001", 8) for p in ("gpu", "debug")]
+        return [PartitionInfo(p, self.max_time, None, 1, "dev001", 8, raw={"QoS": self.part_qos.get(p, "N/A")})
+                for p in ("gpu", "debug")]
 
     def planned_starts(self):
         if "squeue" in self.fail:
             raise SlurmError("squeue: timeout")
         return self.plans
 
-    def qos_max_wall_minutes(self):
-        return {"normal": None}
-
     def reservations(self):
         if "reservations" in self.fail:
             raise SlurmError("scontrol: Unable to contact slurm controller")
         return self.resvs
 
-    def association_max_wall_minutes(self):
-        if "assoc" in self.fail:
-            raise SlurmError("sacctmgr: Problem talking to the database: Connection refused")
-        return dict(self.assocs)
+    def text(self, args):
+        name = command_name(args)
+        self.asked.append(name)
+        if "walls" in self.fail and name.startswith("sacctmgr"):
+            raise SlurmError(f"{name}: Problem talking to the database: Connection refused")
+        return self.walls.get(name, "")
 
     def set_time_limit(self, job_id, minutes, time_min=None):
         self.time_mins[job_id] = time_min
@@ -469,41 +481,89 @@ def test_each_partition_is_watched_with_its_own_policy(site, tmp_path):
     assert set(slurm.limits) == {101, 103}
 
 
+# scontrol and sacctmgr as the dev cluster prints them with AccountingStorageEnforce=limits: user alice's
+# association in account proj has MaxWall 12 min on partition gpu, 30 min on all others; QOS normal none.
+ENFORCED = {
+    "scontrol show config": "AccountingStorageEnforce = associations,limits,qos\n"
+                            "AccountingStorageType = accounting_storage/slurmdbd\nClusterName = dev\n",
+    "sacctmgr show qos": "normal||\nlong|00:13:00|\n",
+    "sacctmgr show assoc": ("root||||||normal\nproj|||root|||normal,long\nproj|alice|gpu||00:12:00||normal,long\n"
+                            "proj|alice|||00:30:00||normal,long\nproj|bob|||00:05:00||normal\n"),
+    "sacctmgr show user": "alice|proj\nbob|proj\n"}
+
+
 def test_the_associations_maxwall_caps_an_extension(site):
     """A 2x slow job under account proj: its association's MaxWall (12 min on partition gpu, 30 min
-    on all partitions) is the tightest cap, named in the reason; an account sacctmgr does not know,
-    or associations that cannot be read, extend nothing."""
+    on all partitions) is the tightest cap, named in the reason.  The watch asks what the fill
+    asks (slurm_plugin.qos_limits), once per pass."""
     tmp, store = site
     now = time.time()
     rid = store.add(record())
     megatron_log(tmp / "slow.out", 1.0, 200)
     opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None)
     job = running(rid, 131, tmp / "slow.out", limit_min=10, start=now - 200, account="proj")
-    assocs = {("alice", "proj", "gpu"): 12, ("alice", "proj", ""): 30, ("bob", "proj", ""): 5}
-    slurm = FakeSlurm([job], assocs=assocs)
-    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    slurm = FakeSlurm([job, dataclasses.replace(job, job_id=136)], walls=ENFORCED)
+    res = watch_once(opts, slurm, now=now)
+    d = res.jobs[0].decision
     # the checkpoint at 600 is reached at 200 + 400 x 1.1 + 60 = 700 s: 12 min
-    assert d.code == "checkpoint" and d.checkpoint_iteration == 600 and slurm.limits == {131: 12}
+    assert d.code == "checkpoint" and d.checkpoint_iteration == 600 and slurm.limits == {131: 12, 136: 12}
     assert "the association's MaxWall allows (00:12:00)" in d.reason
-    # Without a partition row, the user's row for all partitions (30 min: the whole 19 min fit).
-    slurm = FakeSlurm([dataclasses.replace(job, job_id=132)], assocs={("alice", "proj", ""): 30})
-    assert watch_once(opts, slurm, now=now).jobs[0].decision.to_seconds == 19 * 60
-    slurm = FakeSlurm([dataclasses.replace(job, job_id=133, account="other")], assocs=assocs)
-    d = watch_once(opts, slurm, now=now).jobs[0].decision
-    assert d.code == "doubt" and "no association of user alice, account other" in d.reason and not slurm.limits
-    slurm = FakeSlurm([dataclasses.replace(job, job_id=134)], assocs=assocs, fail={"assoc"})
-    d = watch_once(opts, slurm, now=now).jobs[0].decision
-    assert d.code == "doubt" and "association limits unreadable" in d.reason and not slurm.limits
-    # A job without an account runs under no association: no cap of that kind.
-    slurm = FakeSlurm([dataclasses.replace(job, job_id=135, account="")], assocs=assocs)
+    assert slurm.asked == ["scontrol show config", "sacctmgr show qos", "sacctmgr show assoc", "sacctmgr show user"]
+    # In a partition without a row of its own: the user's row for all partitions (30 min: the 19 fit).
+    rid_debug = store.add(record(partition="debug"))
+    slurm = FakeSlurm([running(rid_debug, 132, tmp / "slow.out", limit_min=10, start=now - 200, account="proj",
+                               partition="debug")], walls=ENFORCED)
     assert watch_once(opts, slurm, now=now).jobs[0].decision.to_seconds == 19 * 60
 
 
-def test_association_listing_and_the_jobs_account():
-    from slurm_plugin.slurm_client import parse_associations
-    text = "|root||\nroot|root||\n|proj||00:30:00\nalice|proj||00:30:00\nalice|proj|gpu|1-00:00:00\nbob|proj|gpu|\n"
-    assert parse_associations(text) == {("root", "root", ""): None, ("alice", "proj", ""): 30,
-                                        ("alice", "proj", "gpu"): 1440, ("bob", "proj", "gpu"): None}
+def test_a_qos_maxwall_caps_an_extension_before_the_association(site):
+    """Slurm 22.05's order, as the fill applies it: a QOS with a MaxWall (the job's, or its
+    partition's own QOS) sets the cap, and the association's is then not looked at."""
+    tmp, store = site
+    now = time.time()
+    rid = store.add(record())
+    megatron_log(tmp / "slow.out", 1.0, 200)
+    opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None)
+    job = running(rid, 141, tmp / "slow.out", limit_min=10, start=now - 200, account="proj", qos="long")
+    slurm = FakeSlurm([job], walls=ENFORCED)
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    # QOS long's 13 min, not the association's 12: the checkpoint at 600 (12 min) still fits, 700
+    # (200 + 500 x 1.1 + 60 = 810 s) does not.
+    assert d.code == "checkpoint" and "more than the QOS MaxWall allows (00:13:00)" in d.reason
+    assert slurm.limits == {141: 12}
+    # The partition's own QOS counts for a job of QOS normal too.
+    slurm = FakeSlurm([dataclasses.replace(job, job_id=142, qos="normal")], walls=ENFORCED, part_qos={"gpu": "long"})
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    assert "the QOS MaxWall allows (00:13:00)" in d.reason
+
+
+def test_no_enforcement_no_maxwall_and_a_failed_lookup_extends_nothing(site):
+    """Without AccountingStorageEnforce=limits Slurm applies no MaxWall, nor does the watch; a
+    lookup that fails is a doubt: the watch updates limits as root, past any QOS limit, so it
+    extends nothing it cannot check (shrinks need no cap and go on)."""
+    tmp, store = site
+    now = time.time()
+    rid = store.add(record())
+    megatron_log(tmp / "slow.out", 1.0, 200)
+    opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None)
+    job = running(rid, 151, tmp / "slow.out", limit_min=10, start=now - 200, account="proj")
+    not_enforced = {k: v for k, v in ENFORCED.items() if k != "scontrol show config"}
+    slurm = FakeSlurm([job], walls=not_enforced)
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    assert d.action == "extend" and d.code == "extend" and slurm.limits == {151: 19}
+    assert slurm.asked == ["scontrol show config"]             # no sacctmgr without enforcement
+    slurm = FakeSlurm([dataclasses.replace(job, job_id=152)], walls=ENFORCED, fail={"walls"}, max_time=15)
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    assert d.action == "none" and d.code == "doubt", d
+    assert d.reason.startswith("QOS and association limits unreadable (sacctmgr show qos: Problem talking to the "
+                               "database"), d.reason
+    assert slurm.limits == {}
+    # A job without an account (no associations kept) is capped by nothing of the kind either.
+    slurm = FakeSlurm([dataclasses.replace(job, job_id=153, account="")], walls=not_enforced)
+    assert watch_once(opts, slurm, now=now).jobs[0].decision.to_seconds == 19 * 60
+
+
+def test_the_jobs_account_is_read_from_scontrol():
     line = ("JobId=7 JobName=x UserId=alice(1001) GroupId=g(100) Account={} QOS=normal JobState=RUNNING "
             "RunTime=00:01:05 TimeLimit=00:10:00 StartTime=2026-01-01T00:00:00 Partition=gpu NodeList=dev001")
     assert parse_running_jobs(line.format("proj"))[0].account == "proj"

@@ -1,7 +1,8 @@
 """job_submit.lua + perf-predictd on a real Slurm that enforces QOS and association limits: the
 limit perfcast fills is capped at the job's QOS MaxWall (the QOS it names, else its association's
 default QOS) and at its association's MaxWall, and a QOS with DenyOnLimit does not make Slurm
-reject the job (perfcast never rejects a job; QA found both on a dev cluster).
+reject the job (perfcast never rejects a job; QA found both on a dev cluster); and perf-calibrate
+watch caps an extension at the job's association's MaxWall, as the fill caps a limit.
 
 The dev cluster runs without AccountingStorageEnforce.  The module's fixture turns it on
 (slurm.conf, and a slurmctld restart: ``scontrol reconfigure`` does not apply it), has perf-predictd
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +25,8 @@ import pytest
 
 from slurm_plugin.slurm_client import SlurmError, parse_slurm_time
 
-from .conftest import DEV, script_text
+from .conftest import DEV, SCRIPTS, script_text
+from .test_watch import _cancel, _limit_s, _plan, _script, _wait_action
 
 QOS = "pcwall12"           # MaxWall 12 min
 DENY = "pcwalldeny"        # MaxWall 12 min, flag DenyOnLimit: Slurm rejects a job asking more
@@ -177,3 +180,63 @@ def test_no_limit_no_change(enforced, held_jobs, job):
     info, line = _submit(enforced, held_jobs, job)
     assert info["Account"] == "root" and info["QOS"] == "normal"
     assert parse_slurm_time(info["TimeLimit"]) == rec and "MaxWall" not in line
+
+
+WATCH_ACCOUNT = "pcwatchcap"     # root's association in it, on partition watch: MaxWall 4 min
+WATCH_ASSOC_MAX_WALL_MIN = 4
+
+
+def _gone(cluster, job_id: int, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        state = cluster.client.job(job_id).state.split()[0]
+        if state not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"):
+            return
+        time.sleep(0.5)
+
+
+def test_the_watch_caps_an_extension_at_the_associations_maxwall(enforced):
+    """A job 2x slower than predicted, with 15 minutes of work under a 2-minute limit, in an account
+    whose association on partition watch has a MaxWall of 4 minutes (the partition allows an hour):
+    the watch (every 15 s, up.sh) extends it only to the last checkpoint that fits in those 4
+    minutes, and says that the association's MaxWall is the cap (the same lookup as the fill)."""
+    cluster = enforced
+    wdir = cluster.jobs_dir / "watch-assoc"
+    wdir.mkdir(exist_ok=True)
+    wdir.chmod(0o1777)
+    shutil.copy(SCRIPTS / "standin_megatron.py", wdir / "pretrain_gpt.py")
+    (wdir / "pretrain_gpt.py").chmod(0o644)
+    cluster.sacctmgr("delete", "user", "root", f"account={WATCH_ACCOUNT}", check=False)   # a killed run's
+    cluster.sacctmgr("delete", "account", WATCH_ACCOUNT, check=False)
+    cluster.sacctmgr("add", "account", WATCH_ACCOUNT, "cluster=perfcastdev")
+    cluster.sacctmgr("add", "user", "root", f"account={WATCH_ACCOUNT}", "partition=watch",
+                     f"maxwall={WATCH_ASSOC_MAX_WALL_MIN}")
+    jid = None
+    try:
+        shown = cluster.sacctmgr("-nP", "show", "assoc", "where", "user=root", f"account={WATCH_ACCOUNT}",
+                                 "partition=watch", "format=MaxWall").strip()
+        assert shown == f"00:0{WATCH_ASSOC_MAX_WALL_MIN}:00", shown
+        probe = _script(cluster, wdir, "a-probe", 1.0, 1000, 10, 100, 0, 0)
+        answer = cluster.ask(probe.read_text(), work_dir=str(wdir))
+        assert answer["status"] == "ok", answer
+        s, n, every = _plan(answer["prediction"]["iteration_seconds"], 2.0, 900)
+        save = every * 10                                   # a checkpoint every ~40 s
+        script = _script(cluster, wdir, "w-assoc", s, n, every, save, 6, 150)
+        jid = cluster.client.submit(script, ["--time=2", "--partition=watch", f"--account={WATCH_ACCOUNT}"],
+                                    cwd=str(wdir)).job_id
+        assert cluster.show(jid)["Account"] == WATCH_ACCOUNT
+        ext = _wait_action(cluster, jid, lambda a: a.action != "none" or a.code in ("no-fit", "doubt"))
+        assert ext.action == "extend" and ext.code == "checkpoint", ext
+        # Within the association's 4 minutes, though partition watch allows an hour.
+        assert ext.from_seconds == 120.0 and 120.0 < ext.to_seconds <= WATCH_ASSOC_MAX_WALL_MIN * 60.0
+        assert "more than the association's MaxWall allows (00:04:00)" in ext.reason, ext.reason
+        m = re.search(r"last checkpoint that fits \(iteration (\d+)\)", ext.reason)
+        assert m and int(m.group(1)) % save == 0 and ext.iteration < int(m.group(1)) < n
+        assert _limit_s(cluster, jid) == ext.to_seconds
+        assert "the association's MaxWall" in cluster.show(jid)["AdminComment"]
+    finally:
+        if jid is not None:
+            _cancel(cluster, jid)
+            _gone(cluster, jid)
+        cluster.sacctmgr("delete", "user", "root", f"account={WATCH_ACCOUNT}", check=False)
+        cluster.sacctmgr("delete", "account", WATCH_ACCOUNT, check=False)
