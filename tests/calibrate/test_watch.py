@@ -492,16 +492,23 @@ ENFORCED = {
     "sacctmgr show user": "alice|proj\nbob|proj\n"}
 
 
-def test_the_associations_maxwall_caps_an_extension(site):
-    """A 2x slow job under account proj: its association's MaxWall (12 min on partition gpu, 30 min
-    on all partitions) is the tightest cap, named in the reason.  The watch asks what the fill
-    asks (slurm_plugin.qos_limits), once per pass."""
+def _slow_job_of_proj(site, job_id: int, **kw):
+    """A job of account proj under a 10-minute limit whose log shows it 2x slower than predicted:
+    (now, the watch's options, the job)."""
     tmp, store = site
     now = time.time()
     rid = store.add(record())
     megatron_log(tmp / "slow.out", 1.0, 200)
     opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None)
-    job = running(rid, 131, tmp / "slow.out", limit_min=10, start=now - 200, account="proj")
+    return now, opts, running(rid, job_id, tmp / "slow.out", limit_min=10, start=now - 200, account="proj", **kw)
+
+
+def test_the_associations_maxwall_caps_an_extension(site):
+    """A 2x slow job under account proj: its association's MaxWall (12 min on partition gpu, 30 min
+    on all partitions) is the tightest cap, named in the reason.  The watch asks what the fill
+    asks (slurm_plugin.qos_limits), once per pass."""
+    tmp, store = site
+    now, opts, job = _slow_job_of_proj(site, 131)
     slurm = FakeSlurm([job, dataclasses.replace(job, job_id=136)], walls=ENFORCED)
     res = watch_once(opts, slurm, now=now)
     d = res.jobs[0].decision
@@ -519,12 +526,7 @@ def test_the_associations_maxwall_caps_an_extension(site):
 def test_a_qos_maxwall_caps_an_extension_before_the_association(site):
     """Slurm 22.05's order, as the fill applies it: a QOS with a MaxWall (the job's, or its
     partition's own QOS) sets the cap, and the association's is then not looked at."""
-    tmp, store = site
-    now = time.time()
-    rid = store.add(record())
-    megatron_log(tmp / "slow.out", 1.0, 200)
-    opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None)
-    job = running(rid, 141, tmp / "slow.out", limit_min=10, start=now - 200, account="proj", qos="long")
+    now, opts, job = _slow_job_of_proj(site, 141, qos="long")
     slurm = FakeSlurm([job], walls=ENFORCED)
     d = watch_once(opts, slurm, now=now).jobs[0].decision
     # QOS long's 13 min, not the association's 12: the checkpoint at 600 (12 min) still fits, 700
@@ -541,12 +543,7 @@ def test_no_enforcement_no_maxwall_and_a_failed_lookup_extends_nothing(site):
     """Without AccountingStorageEnforce=limits Slurm applies no MaxWall, nor does the watch; a
     lookup that fails is a doubt: the watch updates limits as root, past any QOS limit, so it
     extends nothing it cannot check (shrinks need no cap and go on)."""
-    tmp, store = site
-    now = time.time()
-    rid = store.add(record())
-    megatron_log(tmp / "slow.out", 1.0, 200)
-    opts = WatchOptions(records=tmp / "records.sqlite", policy=POLICY, out_dir=None)
-    job = running(rid, 151, tmp / "slow.out", limit_min=10, start=now - 200, account="proj")
+    now, opts, job = _slow_job_of_proj(site, 151)
     not_enforced = {k: v for k, v in ENFORCED.items() if k != "scontrol show config"}
     slurm = FakeSlurm([job], walls=not_enforced)
     d = watch_once(opts, slurm, now=now).jobs[0].decision
