@@ -16,9 +16,11 @@
     perf-calibrate report [PARTITION] [--json] [--plot FILE.png] [--config FILE] [--records DB]
 
 Errors a user can cause print one line and exit with code 2 (no traceback); ``harvest --refit``
-exits 1 when a partition's refit failed or perf-predictd missed the reload after one.  ``fit``,
-``import``, ``install``, ``status``, ``rollback``, ``schedule``, ``validate``, ``harvest``,
-``report`` and ``plan`` never import torch; ``run``, ``host`` and ``fabric`` do.
+exits 1 when a partition's refit failed or perf-predictd missed the reload after one, and 2 when
+perfcast.toml names a platform for a refitted partition that exists nowhere (the other partitions
+are refitted all the same).  ``fit``, ``import``, ``install``, ``status``, ``rollback``,
+``schedule``, ``validate``, ``harvest``, ``report`` and ``plan`` never import torch; ``run``,
+``host`` and ``fabric`` do.
 """
 from __future__ import annotations
 
@@ -522,9 +524,18 @@ def _refit_line(refit: dict) -> str:
     def pct(key: str) -> str:
         v = refit.get(key)
         return f"{100 * v:.2f} %" if isinstance(v, (int, float)) else "?"
-    return (f"refit of {refit.get('base_version', '?')} on {refit.get('runs', '?')} harvested runs "
+    from .install import describe_fitted_factors
+    head = (f"refit of {refit.get('base_version', '?')} on {refit.get('runs', '?')} harvested runs "
             f"({refit.get('fit_runs', '?')} fitted): leave-one-out MAPE {pct('loo_mape_before')} -> "
-            f"{pct('loo_mape_after')}, compute scale {refit.get('compute_scale', '?')}, host scale "
+            f"{pct('loo_mape_after')}, ")
+    if isinstance(refit.get("factors"), dict):
+        # Every factor the refit wrote that is not 1, the partition's and each kind's (the summary
+        # scales hid the host and attention factors that moved the predictions).
+        kinds = refit.get("kind_factors") if isinstance(refit.get("kind_factors"), list) else []
+        return (head + describe_fitted_factors({"partition": refit["factors"], "kinds": kinds})
+                + f"; refitted {refit.get('refitted_at', '?')}")
+    # A refit.toml written before the factors were kept: what it has.
+    return (head + f"compute scale {refit.get('compute_scale', '?')}, host scale "
             f"{refit.get('host_scale', '?')}, network scale {refit.get('network_scale', 1.0)}, "
             + (f"{refit['kinds']} kind(s) with factors of their own, " if refit.get("kinds") else "")
             + f"{refit.get('refitted_at', '')}")
@@ -645,19 +656,20 @@ def cmd_harvest(args: argparse.Namespace) -> int:
                           refit_min_runs=args.refit_min_runs or DEFAULT_REFIT_MIN_RUNS,
                           platforms_root=Path(args.root) if args.root else None,
                           pid_file=Path(args.pid_file) if args.pid_file else None,
-                          site_platform=site_platform if cfg is not None and args.refit else None)
+                          site_platform=site_platform if cfg is not None and args.refit else None,
+                          site_path=str(cfg.path) if cfg is not None else "")
     res = harvest(opts)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     else:
         print(res.summary())
-    # A refit that failed, or a daemon that missed the reload, is a failed run (a timer shows it).
+    # A refit that failed, or a daemon that missed the reload, is a failed run (a timer shows it):
+    # exit 1; perfcast.toml naming a platform that exists nowhere is the admin's to fix: exit 2.
     if not res.ok:
         for r in res.refits:
             if not r.ok:
                 print(f"perf-calibrate: refit of {r.partition}: {r.message}", file=sys.stderr)
-        return 1
-    return 0
+    return res.exit_status
 
 
 def cmd_report(args: argparse.Namespace) -> int:

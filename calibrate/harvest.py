@@ -483,6 +483,7 @@ class HarvestOptions:
     pid_file: Optional[Path] = None           # perf-predictd's, for the reload after a refit
     # partition -> the platform perfcast.toml predicts it with (None: not managed); unset: unknown
     site_platform: Optional[Callable[[str], Optional[str]]] = None
+    site_path: str = ""                       # that perfcast.toml (named in errors about it)
 
 
 @dataclass
@@ -500,6 +501,14 @@ class HarvestResult:
     def ok(self) -> bool:
         """False when a runs file was not written, a refit failed or the daemon did not reload after one."""
         return not self.errors and all(r.ok for r in self.refits)
+
+    @property
+    def exit_status(self) -> int:
+        """2 when perfcast.toml is wrong for a partition refitted (the CLI's configuration-error
+        code: the admin must fix the file), else 1 when anything failed, else 0."""
+        if any(r.config_error for r in self.refits):
+            return 2
+        return 0 if self.ok else 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source,
@@ -532,7 +541,8 @@ class HarvestResult:
         for r in self.refits:
             # The first line already says a dry run wrote nothing (a dry-run refit says it too).
             msg = r.message.replace(f" {DRY_RUN_NOTE}", "") if self.dry_run else r.message
-            lines.append(f"refit of {r.partition}: {r.status}: {msg}")
+            lines.append(f"error: refit of {r.partition}: {msg}" if r.config_error else
+                         f"refit of {r.partition}: {r.status}: {msg}")
         lines.extend(f"error: {e}" for e in self.errors)
         return "\n".join(lines)
 
@@ -650,6 +660,12 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
         parts = sorted(set(on_disk) | set(harvested))
     out = []
     for part in parts:
+        problem = _site_platform_problem(opts, part)
+        if problem:
+            # perfcast.toml is wrong for it (a misspelt platform): an error, not a skip, so a timer
+            # shows it; the other partitions are refitted regardless.
+            out.append(RefitResult(part, "failed", problem, config_error=True))
+            continue
         path = runs_file(opts.out_dir, part)
         runs = harvested.get(part)
         if runs is None:
@@ -675,12 +691,95 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
     return out
 
 
+def _lookup(name: str, roots: Sequence[Path], pending: Optional[Path] = None) -> Optional[Path]:
+    """Where a lookup by name over ``roots`` finds platform ``name`` (as
+    :func:`predictor.platform.resolve_platform` does: ``<root>/<name>/current``, then
+    ``<root>/<name>``); ``pending`` counts as found although it does not exist yet (a dry run)."""
+    from predictor.platform import PLATFORM_FILE
+    for root in roots:
+        for cand in (root / name / "current", root / name):
+            if (cand / PLATFORM_FILE).is_file() or (pending is not None and cand.resolve() == pending.resolve()):
+                return cand
+    return None
+
+
+def _search_roots(env: Optional[str], cwd: str = "/") -> list[Path]:
+    """The roots perf-predictd searches with ``PERFCAST_PLATFORMS=env`` (None: unset)."""
+    import predictor.platform as pp
+    roots = [Path(cwd) / e for e in (env or "").split(":") if e]
+    return roots + [pp.SITE_ROOT, pp.SHIPPED_DIR]
+
+
+def _daemon_platforms(pid_file: Optional[Path]) -> Optional[tuple[int, Optional[str], str]]:
+    """The running perf-predictd's (pid, $PERFCAST_PLATFORMS or None when unset, working
+    directory), read from ``/proc/<pid>/environ`` through its pid file (``pid_file``,
+    ``$PERFCAST_DAEMON_PIDFILE``, the packaged one); None when that cannot be known: no pid file,
+    not perf-predictd, or not root nor the daemon's user (the kernel refuses another's environ)."""
+    from . import install
+    path = pid_file or (Path(os.environ["PERFCAST_DAEMON_PIDFILE"]) if os.environ.get("PERFCAST_DAEMON_PIDFILE")
+                        else install.DEFAULT_PIDFILE)
+    try:
+        pid = int(Path(path).read_text(encoding="utf-8").split()[0])
+        argv = install.daemon_argv(pid)
+        if not argv or not install.is_predictd(argv):
+            return None
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except (OSError, ValueError, IndexError):
+        return None
+    env = None
+    for item in raw.split(b"\0"):
+        if item.startswith(b"PERFCAST_PLATFORMS="):
+            env = item.split(b"=", 1)[1].decode("utf-8", "replace")
+    return pid, env, cwd
+
+
+def _site_platform_problem(opts: HarvestOptions, partition: str) -> str:
+    """One error line when the platform perfcast.toml names for ``partition`` is found nowhere: not
+    by a lookup (``$PERFCAST_PLATFORMS``, the site root, the shipped platforms; the running
+    daemon's own roots when they can be read), not under the refit's root, not as a path.  The
+    daemon cannot predict the partition's jobs with it, and a refit has nothing to refit: a typo
+    (``dgx-h10``) gets a did-you-mean.  "" when it resolves, or perfcast.toml is not known."""
+    import predictor.platform as pp
+    from predictor.errors import PlatformNotFound, did_you_mean
+
+    from .install import _installed_partitions, platforms_root
+    if opts.site_platform is None:
+        return ""
+    name = opts.site_platform(partition)
+    if not name:
+        return ""
+    try:
+        pp.resolve_platform(name)
+        return ""
+    except PlatformNotFound:
+        pass
+    where = opts.site_path or "perfcast.toml"
+    if "/" in name:
+        return f"{where}: partition {partition}'s platform {name!r} is not a platform directory; not refitted"
+    base = platforms_root(opts.platforms_root)
+    if _lookup(name, [base]) is not None:
+        return ""
+    daemon = _daemon_platforms(opts.pid_file)
+    if daemon is not None and _lookup(name, _search_roots(daemon[1], daemon[2])) is not None:
+        return ""
+    known = sorted({str(i["name"]) for i in pp.list_platforms()} | set(_installed_partitions(base)))
+    return (f"{where}: partition {partition}'s platform {name!r} is neither installed under {base} nor "
+            f"shipped with perfcast{did_you_mean(name, known)}; not refitted")
+
+
 def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
     """A note when perf-predictd does not predict ``partition`` with the platform the refit updates
     (``<root>/<target>/current``, the partition's own installed platform or the site overlay of the
     shipped one perfcast.toml names): a refit the daemon never loads would mislead the admin.  In
     a dry run the overlay's ``current`` does not exist yet: what the lookup would find once it
-    does decides.  Only what is true is said ("" when the daemon loads the refitted platform)."""
+    does decides.  Only what is true is said ("" when the daemon loads the refitted platform).
+
+    A platform named by name is looked up in the daemon's ``$PERFCAST_PLATFORMS``, which need not
+    be this shell's (systemd and the dev cluster start it with their own environment).  When the
+    daemon's environment can be read (root, its pid file), it decides; else, when ``--root`` is
+    not this shell's platforms root, the note says what the daemon must be started with instead of
+    guessing which platform it uses; else this shell's lookup stands in for the daemon's."""
     from predictor.errors import PlatformNotFound
     from predictor.platform import SITE_ROOT, resolve_platform
 
@@ -693,11 +792,37 @@ def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
     base = platforms_root(opts.platforms_root)
     target = res.target or refit_target(partition, base, name)[0]
     refitted = base / target / "current" if target else None
+    if refitted is None:
+        return ""
+    by_name = "/" not in name
+    daemon = _daemon_platforms(opts.pid_file) if by_name else None
+    if daemon is not None:
+        pid, env, cwd = daemon
+        roots = _search_roots(env, cwd)
+        found = _lookup(name, roots, refitted)
+        if found is not None and found.resolve() == refitted.resolve():
+            return ""
+        setting = f"PERFCAST_PLATFORMS={env}" if env is not None else "no PERFCAST_PLATFORMS"
+        reach = _lookup(target, roots, refitted)
+        advice = (f"perfcast.toml: platform = \"{target}\" would use the refitted one"
+                  if reach is not None and reach.resolve() == refitted.resolve() else
+                  f"it uses the refitted one once started with PERFCAST_PLATFORMS={base}"
+                  + (f" and perfcast.toml says platform = \"{target}\"" if target != name else ""))
+        return (f"note: perf-predictd (pid {pid}, {setting}) predicts it with {name!r} "
+                f"({found if found is not None else 'not found'}), not with {refitted}; {advice}")
+    shell_base = platforms_root(None)
+    if by_name and opts.platforms_root is not None and _resolved(base) != _resolved(shell_base):
+        default = (f" (or with none: {base} is its default root)"
+                   if target == name and _resolved(base) == _resolved(SITE_ROOT) else "")
+        return (f"note: perf-predictd uses {refitted} only if it runs with PERFCAST_PLATFORMS={base}{default}"
+                + (f" and perfcast.toml says platform = \"{target}\"" if target != name else "")
+                + f"; --root is not this shell's platforms root ({shell_base}), and the daemon's "
+                  "environment is its own (its unit's, the dev cluster's PERFCAST_DEV_PLATFORMS)")
     try:
         used = resolve_platform(name, pending=refitted)
     except PlatformNotFound:
         return f"note: perfcast.toml names platform {name!r} for it, which does not resolve"
-    if refitted is None or used.resolve() == refitted.resolve():
+    if used.resolve() == refitted.resolve():
         return ""
     try:
         reached = resolve_platform(target, pending=refitted).resolve() == refitted.resolve()
@@ -707,6 +832,13 @@ def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
               f"perf-predictd's lookup of {target!r} ($PERFCAST_PLATFORMS, {SITE_ROOT}, then the shipped "
               f"platforms) does not reach {refitted}")
     return f"note: perf-predictd predicts it with {name!r} ({used}), not with {refitted}; {advice}"
+
+
+def _resolved(p: Path) -> Path:
+    try:
+        return p.resolve()
+    except OSError:
+        return p
 
 
 # --------------------------------------------------------------------------------------------

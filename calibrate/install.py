@@ -25,7 +25,9 @@ bundles' manifests (``compute_bundle_sha256`` ...): one fitted before pins exist
 copy of the active version whose ``[fitted]`` end-to-end terms are fitted on the partition's
 harvested runs (``perf-calibrate validate --fit``), installed only when leave-one-out improves.
 Its directory carries ``refit.toml`` (what it was refitted from, on how many runs, leave-one-out
-MAPE before and after), which ``status`` shows; ``rollback`` undoes it like any install.
+MAPE before and after, the factors that moved), which ``status`` shows; ``rollback`` undoes it
+like any install, and a later refit respects that: while the newest refit is rolled back, runs
+its fit already saw are no reason to refit (:func:`_rolled_back_refit`).
 
 After a switch the daemon reloads (:func:`reload_daemon`): SIGHUP to the pid in the pid file
 (``--pid-file``, ``$PERFCAST_DAEMON_PIDFILE`` or ``/run/perfcast/perf-predictd.pid``, which the
@@ -48,6 +50,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +64,11 @@ from predictor.validation import MAX_RUNS, MeasuredRun
 from .errors import CalibrationError, InstallRefused
 from .fitting import CALIBRATION_FILE, read_calibration
 from .runs_files import write_atomically
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - older Pythons only
+    import tomli as tomllib
 
 log = logging.getLogger(__name__)
 
@@ -440,11 +448,19 @@ def rollback(partition: str, *, root: "str | Path | None" = None,
     check_partition_name(partition)
     base = platforms_root(root)
     if not (base / partition).is_dir():
-        raise CalibrationError(f"partition {partition} has no installed platform under {base}"
-                               f"{did_you_mean(partition, _installed_partitions(base))}")
+        raise CalibrationError(_nothing_installed(partition, base)
+                               + did_you_mean(partition, _installed_partitions(base)))
     with _partition_lock(base / partition):
         res = _rollback_locked(partition, base, pid_file)
     return _reloaded(res, pid_file)
+
+
+def _nothing_installed(name: str, base: Path) -> str:
+    """Why ``rollback NAME`` finds nothing: NAME is a shipped platform's name (a refit's overlay
+    is kept under it) that never had a version installed, or a partition with none."""
+    if (SHIPPED_DIR / name / PLATFORM_FILE).is_file():
+        return f"platform {name} has no installed version under {base} (it runs as shipped)"
+    return f"partition {name} has no installed platform under {base}"
 
 
 def _installed_partitions(base: Path) -> list[str]:
@@ -463,13 +479,13 @@ def _rollback_locked(partition: str, base: Path, pid_file: "str | Path | None" =
     prev = previous_version(base, partition)
     shipped = SHIPPED_DIR / partition if (SHIPPED_DIR / partition / PLATFORM_FILE).is_file() else None
     if cur is None and prev is None:
-        raise CalibrationError(f"partition {partition} has no installed platform under {base}")
+        raise CalibrationError(_nothing_installed(partition, base))
     if cur is not None and prev is not None and cur.path.resolve() == prev.path.resolve():
-        raise CalibrationError(f"partition {partition}: nothing to roll back to: previous and current are both "
+        raise CalibrationError(f"{partition}: nothing to roll back to: previous and current are both "
                                f"{cur.version}")
     if cur is not None and prev is None:
         if shipped is None:
-            raise CalibrationError(f"partition {partition} has no previous platform to roll back to")
+            raise CalibrationError(f"{partition}: no previous platform to roll back to")
         # Installed while the shipped platform of this name answered (a site overlay of it, or a
         # calibration installed under its name): no previous link, back to the shipped platform.
         reload = _commit_switch(base, partition, current="", previous=cur.path.name,
@@ -490,7 +506,7 @@ def _rollback_locked(partition: str, base: Path, pid_file: "str | Path | None" =
                             previous=cur.path.name if cur is not None else "",
                             history=f"rolled back from {was} to {prev.version}", pid_file=pid_file)
     res = InstallResult(partition, prev.version, prev.path, cur.version if cur else None, None,
-                        f"partition {partition}: rolled back to {prev.version} (from {was})")
+                        f"{partition}: rolled back to {prev.version} (from {was})")
     res.reload = reload
     return res
 
@@ -583,11 +599,6 @@ def _recover(base: Path, partition: str, pid_file: "str | Path | None") -> Reloa
 
 def overlay_of(platform_dir: Path) -> str:
     """The shipped platform a site overlay sits on ("" for a platform of its own)."""
-    import sys
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
     try:
         raw = tomllib.loads((platform_dir / PLATFORM_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
@@ -764,11 +775,6 @@ class PartitionStatus:
 
 def read_refit(version_dir: Path) -> dict[str, Any] | None:
     """``refit.toml`` of a version directory (None: not made by a refit, or unreadable)."""
-    import sys
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
     try:
         data = tomllib.loads((version_dir / REFIT_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -898,6 +904,9 @@ class RefitResult:
     target: str = ""               # the directory under the platforms root written (platform name)
     kinds: list[dict[str, Any]] | None = None    # per kind: runs, MAPE before/after, factors ...
     report: str = ""               # the per-kind table
+    # The factors the fit writes that are not 1 (fitted_factors): {"partition": {...}, "kinds": [...]}
+    factors: dict[str, Any] | None = None
+    config_error: bool = False     # failed because perfcast.toml is wrong (exit code 2, not 1)
 
     @property
     def ok(self) -> bool:
@@ -920,6 +929,81 @@ def _fit_runs(platform_validation: Sequence[MeasuredRun], harvested: Sequence[Me
             if not r.name.startswith(HARVESTED_RUN_PREFIX) and r.name not in names][:MAX_RUNS]
     room = MAX_RUNS - len(kept)
     return kept + (list(harvested)[-room:] if room > 0 else [])
+
+
+def fitted_factors(fit: Any) -> dict[str, Any]:
+    """The factors ``fit`` writes (``[fitted]``, each ``[[fitted_kind]]``) that are not 1 at three
+    decimals: ``{"partition": {factor: value}, "kinds": [{"kind", "runs", "factors"}]}``.  The
+    summary scales (compute, the host summary, network) leave out what moved a kind's predictions:
+    its host per-layer, per-micro-batch and launch costs, its attention kernel."""
+    from predictor.platform import FITTED_SCALES
+    terms = fit.terms()
+
+    def moved(pairs: Any) -> dict[str, float]:
+        return {f: r for f, v in pairs if (r := round(float(v), 3)) != 1.0}
+    return {"partition": moved((f, getattr(terms, f)) for f in FITTED_SCALES),
+            "kinds": [{"kind": k.kind, "runs": k.runs, "factors": moved(k.scales)} for k in terms.kinds]}
+
+
+def describe_factors(factors: "dict[str, float] | Any") -> str:
+    """``compute ×0.977, host per layer ×1.454`` ("every factor 1" when none moved)."""
+    from .fitting.kinds import LABEL
+    if not isinstance(factors, dict) or not factors:
+        return "every factor 1"
+    return ", ".join(f"{LABEL.get(f, f.removesuffix('_scale').replace('_', ' '))} ×{v:.3f}"
+                     for f, v in factors.items() if isinstance(v, (int, float)))
+
+
+def describe_fitted_factors(factors: Any, mapes: "dict[str, tuple[float, float]] | None" = None) -> str:
+    """One line of :func:`fitted_factors` (as refit.toml keeps it too): the partition's, then each
+    kind's, with the kind's MAPE before -> after (leave-one-out) when ``mapes`` has it."""
+    if not isinstance(factors, dict):
+        return ""
+    parts = [f"partition {describe_factors(factors.get('partition'))}"]
+    for k in factors.get("kinds") or []:
+        if not isinstance(k, dict):
+            continue
+        m = (mapes or {}).get(str(k.get("kind")))
+        mape = f", MAPE {100 * m[0]:.1f} % -> {100 * m[1]:.1f} %" if m else ""
+        parts.append(f"kind {k.get('kind', '?')} ({k.get('runs', '?')} runs{mape}): "
+                     f"{describe_factors(k.get('factors'))}")
+    return "fitted factors: " + "; ".join(parts)
+
+
+def _rolled_back_refit(base: Path, target: str, cur: "InstalledVersion | None"
+                       ) -> tuple[str, frozenset[str], str] | None:
+    """The newest refit installed for ``target`` when a rollback took it out of service: (its
+    version, the runs its fit saw, the day of the rollback, "" when history.log does not say).
+    None when that refit is active, or when a version newer than it is (installed since: a new
+    base that a refit may build on).  An install always makes its version current, so the
+    newest refit being neither current nor older than current means an admin rolled it back; a
+    refit of the same runs would quietly undo that at the next timer run."""
+    try:
+        refits = sorted(p.name for p in (base / target / "versions").iterdir()
+                        if not p.name.startswith(".") and (p / REFIT_FILE).is_file())
+    except OSError:
+        return None
+    if not refits:
+        return None
+    newest = refits[-1]
+    if cur is not None and cur.path.name >= newest:       # "<UTC stamp>-<tag>" names sort by time
+        return None
+    try:
+        raw = tomllib.loads((base / target / "versions" / newest / PLATFORM_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    fitted = raw.get("fitted")
+    runs = fitted.get("runs") if isinstance(fitted, dict) else None
+    if not isinstance(runs, list):
+        return None
+    day = ""
+    try:
+        for line in (base / target / "history.log").read_text(encoding="utf-8").splitlines():
+            if f" rolled back from {newest} " in line:
+                day = line.split(" ", 1)[0][:10]
+    except OSError:
+        pass
+    return newest, frozenset(r for r in runs if isinstance(r, str)), day
 
 
 def refit_target(partition: str, base: Path, platform: "str | None" = None) -> tuple[str, str]:
@@ -991,10 +1075,16 @@ def refit_partition(partition: str, runs: Sequence[MeasuredRun], *, root: "str |
         res.status, res.message = "failed", str(exc)
         return res
     if res.status == "installed" and res.reload is not None:
+        # Said as install and rollback say it: whether the daemon now predicts with the new version.
         if not res.reload.ok:
             res.message += (f", but perf-predictd was not reloaded: {res.reload.message}; it keeps "
                             "predicting with the old platform until `systemctl reload perf-predictd`")
-        elif res.reload.status == "not-running":
+        elif res.reload.status == "signalled":
+            res.message += f"; perf-predictd (pid {res.reload.pid}) reloads"
+        elif res.reload.status == "systemd":
+            res.message += f"; perf-predictd reloads ({res.reload.message})"
+        else:
+            res.message += f"; {res.reload.message}"
             log.warning("%s", res.reload.message)
     return res
 
@@ -1015,6 +1105,13 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
         res.status, res.message = "failed", f"the installed platform {label} does not load: {exc}"
         return res
     names = [r.name for r in runs]
+    rolled = _rolled_back_refit(base, target, cur)
+    if rolled is not None and set(names) <= rolled[1]:
+        # An admin's rollback stands until jobs harvested after the rolled-back fit exist.
+        version, _, day = rolled
+        res.message = (f"{version} was rolled back{f' on {day}' if day else ''}; no runs harvested since "
+                       f"{version} was fitted: not refitting (`perf-calibrate rollback {target}` restores it)")
+        return res
     if plat.fitted is not None and set(names) <= set(plat.fitted.runs):
         res.message = (f"no runs harvested since {label} was fitted on them: not refitted")
         return res
@@ -1050,12 +1147,13 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
         res.loo_mape_before, res.loo_mape_after = fit.mape_before, fit.loo_mape_after
         res.compute_scale, res.host_scale = fit.compute_scale, fit.host_scale
         res.network_scale = fit.network_scale
+        res.factors = fitted_factors(fit)
+        # Every factor the fit writes that is not 1, the partition's and each kind's: the summary
+        # scales alone (a host scale of 1 where the host factors moved) would hide why predictions moved.
         scores = (f"leave-one-out MAPE {100 * fit.mape_before:.2f} % -> {100 * fit.loo_mape_after:.2f} % "
-                  f"on {len(fit_runs)} runs ({len(runs)} harvested); compute scale {fit.compute_scale:.3f}, "
-                  f"host scale {fit.host_scale:.3f}, network scale {fit.network_scale:.3f}"
-                  + "".join(f"; kind {k.kind} ({k.runs} runs): compute ×{k.factors['compute_scale'].value:.3f}, "
-                            f"MAPE {100 * k.mape_before:.1f} % -> {100 * k.loo_mape_after:.1f} %"
-                            for k in getattr(fit, "kinds", [])))
+                  f"on {len(fit_runs)} runs ({len(runs)} harvested); "
+                  + describe_fitted_factors(res.factors, {k.kind: (k.mape_before, k.loo_mape_after)
+                                                          for k in getattr(fit, "kinds", [])}))
         res.kinds = [k.to_dict() for k in getattr(fit, "kinds", [])]
         res.report = fit.report() if hasattr(fit, "report") else ""
         if not fit.improves:
@@ -1074,7 +1172,9 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
                 "fit_runs": len(fit_runs), "loo_mape_before": round(fit.mape_before, 6),
                 "loo_mape_after": round(fit.loo_mape_after, 6),
                 "compute_scale": round(fit.compute_scale, 4), "host_scale": round(fit.host_scale, 4),
-                "network_scale": round(fit.network_scale, 4), "refitted_at": stamp, "runs_file": runs_file}), encoding="utf-8")
+                "network_scale": round(fit.network_scale, 4), "refitted_at": stamp, "runs_file": runs_file,
+                # what status lists: every written factor that is not 1, the partition's and per kind
+                "factors": res.factors["partition"], "kind_factors": res.factors["kinds"]}), encoding="utf-8")
         new = validate_candidate(stage, allow_incomplete=True)
         # The regressors and calibration.toml are the active version's: the comparisons with it
         # (GPU type, validation error) hold trivially; leave-one-out decided above.

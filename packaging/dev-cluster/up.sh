@@ -22,7 +22,11 @@
 # PERFCAST_PYTHON (python for perf-predictd; default: python3 on PATH), PERFCAST_DEV_NO_DAEMON=1,
 # PERFCAST_DEV_NO_ACCOUNTING=1, PERFCAST_DEV_NO_WATCH=1 (no `perf-calibrate watch --every 15`),
 # PERFCAST_DEV_LOG_LEVEL=debug + PERFCAST_DEV_TIMING=true (per-phase timings of each submission in
-# predictd.log and slurmctld.log; restart the daemon and touch job_submit.lua to apply).
+# predictd.log and slurmctld.log; restart the daemon and touch job_submit.lua to apply),
+# PERFCAST_DEV_PLATFORMS=DIR[:DIR...] (given to perf-predictd as PERFCAST_PLATFORMS, which env -i
+# would drop: an overlay made by `perf-calibrate harvest --refit --root DIR --pid-file
+# $BASE/run/predictd.pid` is then hot-reloaded; unset: the daemon searches /var/lib/perfcast/platforms
+# and the shipped platforms, as before; read when up.sh starts the daemon, not by a running one).
 #
 # The watch (docs/watch.md) runs every 15 s with a policy that also extends limits users set,
 # small margins (1 min) and shrinks that return 2 min or more, so that test jobs of a few minutes
@@ -382,13 +386,15 @@ if [ "${PERFCAST_DEV_NO_DAEMON:-0}" != 1 ] && ! alive "$BASE/run/predictd.pid" p
    && ! alive "$BASE/run/predictd.pid" "$(basename "$PY")" && ! alive "$BASE/run/predictd.pid" perf-predictd; then
   rm -f "$BASE/run/predictd.pid"
   # python3 from the checkout, detached into its own session: down.sh stops it by pid.
-  "${CLEAN_ENV[@]}" PYTHONPATH="$REPO" PYTHONDONTWRITEBYTECODE=1 SLURM_CONF="$CONF" MALLOC_ARENA_MAX=2 setsid "$PY" -m slurm_plugin.daemon \
+  # PERFCAST_PLATFORMS only when PERFCAST_DEV_PLATFORMS is set (":+": nothing at all otherwise).
+  "${CLEAN_ENV[@]}" PYTHONPATH="$REPO" PYTHONDONTWRITEBYTECODE=1 SLURM_CONF="$CONF" MALLOC_ARENA_MAX=2 \
+      ${PERFCAST_DEV_PLATFORMS:+"PERFCAST_PLATFORMS=$PERFCAST_DEV_PLATFORMS"} setsid "$PY" -m slurm_plugin.daemon \
       --config "$BASE/etc/perfcast.toml" --pid-file "$BASE/run/predictd.pid" \
       --log-file "$BASE/log/predictd.log" </dev/null >>"$BASE/log/predictd.out" 2>&1 &
   for _ in $(seq 1 300); do [ -s "$BASE/run/predictd.pid" ] && break; sleep 0.1
     kill -0 $! 2>/dev/null || break; done
   [ -s "$BASE/run/predictd.pid" ] || die "perf-predictd did not start: $(tail -n 5 "$BASE/log/predictd.out" "$BASE/log/predictd.log" 2>/dev/null)"
-  say "perf-predictd started (pid $(cat "$BASE/run/predictd.pid"))"
+  say "perf-predictd started (pid $(cat "$BASE/run/predictd.pid"))${PERFCAST_DEV_PLATFORMS:+ with PERFCAST_PLATFORMS=$PERFCAST_DEV_PLATFORMS}"
 fi
 
 # ---- slurmctld

@@ -219,13 +219,15 @@ def test_a_partition_on_a_shipped_platform_gets_a_site_overlay_and_rollback_rest
     shipped_toml = (resolve_platform("dgx-a100") / "platform.toml").read_bytes()
     before = [p.iteration_seconds for p in predict_many(JOBS, load_platform("dgx-a100"))]
     code, out, _ = _refit(capsys, site, "--config", str(cfg))
-    assert code == 0
+    # `other` names a platform that exists nowhere: a configuration error (exit 2), the others refitted.
+    assert code == 2
+    assert any(l.startswith("error: refit of other: ") and "'no-such' is neither installed" in l
+               for l in out.splitlines()), out
     lines = {l.split(":")[0]: l for l in out.splitlines() if l.startswith("refit of")}
     assert "installed" in lines["refit of gpu"] and "note" not in lines["refit of gpu"]
     # The shipped platform the site config names gets an overlay where the daemon looks it up.
     short = lines["refit of short"]
     assert "installed" in short and f"under {root / 'dgx-a100'}" in short, short
-    assert "skipped: no platform installed for it" in lines["refit of other"]
     assert not (root / "short").exists() and not (root / "other").exists()
     assert (resolve_platform("dgx-a100") / "platform.toml").read_bytes() == shipped_toml   # untouched
     overlay = root / "dgx-a100" / "current"
