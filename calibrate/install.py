@@ -782,7 +782,11 @@ def read_refit(version_dir: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         log.warning("%s: unreadable (%s); shown as a calibration", version_dir / REFIT_FILE, exc)
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    # Every harvested run's name is kept for the next refit's "nothing new" check, not for status.
+    data.pop("harvested_runs", None)
+    return data
 
 
 def status(root: "str | Path | None" = None) -> list[PartitionStatus]:
@@ -970,14 +974,32 @@ def describe_fitted_factors(factors: Any, mapes: "dict[str, tuple[float, float]]
     return "fitted factors: " + "; ".join(parts)
 
 
-def _rolled_back_refit(base: Path, target: str, cur: "InstalledVersion | None"
+def _seen_runs(version_dir: Path, partition: str) -> frozenset[str] | None:
+    """The harvested runs a refit of ``partition`` was given when it made ``version_dir``
+    (``refit.toml``'s ``harvested_runs``; before that key, the platform's ``[fitted] runs``, which
+    a run cap or another partition's refit may leave short); None when the version is no refit
+    of ``partition``."""
+    try:
+        refit = tomllib.loads((version_dir / REFIT_FILE).read_text(encoding="utf-8"))
+        if refit.get("partition", partition) != partition:
+            return None
+        runs = refit.get("harvested_runs")
+        if not isinstance(runs, list):
+            fitted = tomllib.loads((version_dir / PLATFORM_FILE).read_text(encoding="utf-8")).get("fitted")
+            runs = fitted.get("runs") if isinstance(fitted, dict) else None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    return frozenset(r for r in runs if isinstance(r, str)) if isinstance(runs, list) else None
+
+
+def _rolled_back_refit(base: Path, target: str, partition: str, cur: "InstalledVersion | None"
                        ) -> tuple[str, frozenset[str], str] | None:
-    """The newest refit installed for ``target`` when a rollback took it out of service: (its
-    version, the runs its fit saw, the day of the rollback, "" when history.log does not say).
-    None when that refit is active, or when a version newer than it is (installed since: a new
-    base that a refit may build on).  An install always makes its version current, so the
-    newest refit being neither current nor older than current means an admin rolled it back; a
-    refit of the same runs would quietly undo that at the next timer run."""
+    """The newest refit of ``partition`` installed for ``target`` when a rollback took it out of
+    service: (its version, the harvested runs it was given, the day of the rollback, "" when
+    history.log does not say).  None when that refit is active, or when a version newer than it
+    is (installed since: a new base that a refit may build on).  An install always makes its
+    version current, so the newest refit being neither current nor older than current means an
+    admin rolled it back; a refit of the same runs would quietly undo that at the next timer run."""
     try:
         refits = sorted(p.name for p in (base / target / "versions").iterdir()
                         if not p.name.startswith(".") and (p / REFIT_FILE).is_file())
@@ -988,13 +1010,8 @@ def _rolled_back_refit(base: Path, target: str, cur: "InstalledVersion | None"
     newest = refits[-1]
     if cur is not None and cur.path.name >= newest:       # "<UTC stamp>-<tag>" names sort by time
         return None
-    try:
-        raw = tomllib.loads((base / target / "versions" / newest / PLATFORM_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None
-    fitted = raw.get("fitted")
-    runs = fitted.get("runs") if isinstance(fitted, dict) else None
-    if not isinstance(runs, list):
+    runs = _seen_runs(base / target / "versions" / newest, partition)
+    if runs is None:
         return None
     day = ""
     try:
@@ -1003,7 +1020,7 @@ def _rolled_back_refit(base: Path, target: str, cur: "InstalledVersion | None"
                 day = line.split(" ", 1)[0][:10]
     except OSError:
         pass
-    return newest, frozenset(r for r in runs if isinstance(r, str)), day
+    return newest, runs, day
 
 
 def refit_target(partition: str, base: Path, platform: "str | None" = None) -> tuple[str, str]:
@@ -1105,14 +1122,17 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
         res.status, res.message = "failed", f"the installed platform {label} does not load: {exc}"
         return res
     names = [r.name for r in runs]
-    rolled = _rolled_back_refit(base, target, cur)
+    rolled = _rolled_back_refit(base, target, res.partition, cur)
     if rolled is not None and set(names) <= rolled[1]:
         # An admin's rollback stands until jobs harvested after the rolled-back fit exist.
         version, _, day = rolled
         res.message = (f"{version} was rolled back{f' on {day}' if day else ''}; no runs harvested since "
                        f"{version} was fitted: not refitting (`perf-calibrate rollback {target}` restores it)")
         return res
-    if plat.fitted is not None and set(names) <= set(plat.fitted.runs):
+    seen = _seen_runs(cur.path, res.partition) if cur is not None else None
+    if seen is None and plat.fitted is not None:
+        seen = frozenset(plat.fitted.runs)
+    if seen is not None and set(names) <= seen:
         res.message = (f"no runs harvested since {label} was fitted on them: not refitted")
         return res
     fit_runs = _fit_runs(plat.validation, runs)
@@ -1174,7 +1194,10 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
                 "compute_scale": round(fit.compute_scale, 4), "host_scale": round(fit.host_scale, 4),
                 "network_scale": round(fit.network_scale, 4), "refitted_at": stamp, "runs_file": runs_file,
                 # what status lists: every written factor that is not 1, the partition's and per kind
-                "factors": res.factors["partition"], "kind_factors": res.factors["kinds"]}), encoding="utf-8")
+                "factors": res.factors["partition"], "kind_factors": res.factors["kinds"],
+                # every harvested run it was given (the fit may keep fewer: MAX_RUNS): a later refit
+                # with none besides these has nothing new to learn
+                "harvested_runs": sorted(names)}), encoding="utf-8")
         new = validate_candidate(stage, allow_incomplete=True)
         # The regressors and calibration.toml are the active version's: the comparisons with it
         # (GPU type, validation error) hold trivially; leave-one-out decided above.
@@ -1183,10 +1206,10 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
                                prune_leftovers=False, pid_file=pid_file)
         res.reload = inst.reload
     except PerfcastError as exc:           # a run the platform cannot predict, a refused copy, ...
-        res.status, res.message = "failed", f"refit of {cur.version}: {exc}"
+        res.status, res.message = "failed", f"refit of {label}: {exc}"
         return res
     except OSError as exc:
-        res.status, res.message = "failed", f"refit of {cur.version}: {exc.filename or stage}: {exc.strerror or exc}"
+        res.status, res.message = "failed", f"refit of {label}: {exc.filename or stage}: {exc.strerror or exc}"
         return res
     finally:
         if not dry_run:

@@ -832,8 +832,8 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
         decision = decide(now=t, start=run_start, limit_seconds=limit, record=record,
                           progress=progress, policy=pol, limits=limits,
                           perfcast_limit=perfcast_limit, user_limit_note=owner_note)
-        if decision.action == "extend" and doubt:
-            decision = _none("doubt", f"{doubt}: not extending ({decision.reason})", limit)
+        if decision.action == "extend" and (doubt or wall_doubt(job, walls)):
+            decision = _none("doubt", f"{doubt or wall_doubt(job, walls)}: not extending ({decision.reason})", limit)
         if decision.action == "shrink" and from_comment:
             # Rebuilt from the AdminComment, the plan is the daemon's but nothing else the record
             # held is: protect the job, return nothing on that basis.
@@ -879,6 +879,22 @@ def wall_cap(job: RunningJob, walls: Optional[WallLimits], part_qos: Mapping[str
         return None
     return walls.cap(user=job.user or None, account=job.account or None, qos=job.qos or None,
                      partition=job.partition, partition_qos=part_qos.get(job.partition))
+
+
+def wall_doubt(job: RunningJob, walls: Optional[WallLimits]) -> str:
+    """Why the job's MaxWall cannot be known although Slurm enforces limits ("" when it can): its
+    QOS, or its association (where any association has a MaxWall), is not in what sacctmgr listed
+    (an answer older than the job's, say).  The fill then adds no cap, and Slurm still holds the
+    job; the watch, which updates limits as root past any such limit, extends nothing."""
+    if walls is None or not walls.enforced:
+        return ""
+    if job.qos and job.qos not in walls.qos:
+        return f"QOS {job.qos!r} unknown to sacctmgr"
+    if job.account and walls.any_assoc_wall and \
+            walls.association(job.user or None, job.account, job.partition) is None:
+        return (f"no association of user {job.user}, account {job.account} (partition {job.partition} or all) "
+                "in sacctmgr")
+    return ""
 
 
 def _limit_s(job: RunningJob) -> Optional[float]:

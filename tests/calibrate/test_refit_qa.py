@@ -157,6 +157,26 @@ def test_a_rollback_to_an_older_refit_stands_too(site, capsys):
     assert os.path.basename(os.readlink(root / "gpu" / "current")) == r1
 
 
+def test_a_refit_whose_fit_kept_fewer_runs_than_it_was_given_is_not_repeated(site, tmp_path, capsys,
+                                                                             monkeypatch):
+    """The fit keeps at most MAX_RUNS runs (the platform's own first): the runs it was given, not
+    the ones it kept, decide whether a later refit has anything new, before and after a rollback."""
+    root, _, records, runs_dir = site
+    shipped = len(load_platform("dgx-a100").validation)
+    monkeypatch.setattr(install_mod, "MAX_RUNS", shipped + 4)       # room for 4 of the 6 harvested
+    append_runs(runs_dir, "short", _harvested(runs_dir, root, 1.3, 6))
+    cfg = _config(tmp_path, records, '[partitions.short]\nplatform = "dgx-a100"\n')
+    code, out, err = _harvest(capsys, site, cfg, "--partition", "short")
+    assert code == 0 and "installed" in _line(out, "short"), (out, err)
+    first = os.path.basename(os.readlink(root / "dgx-a100" / "current"))
+    assert len(load_platform(root / "dgx-a100" / "current").fitted.runs) < shipped + 6
+    code, out, _ = _harvest(capsys, site, cfg, "--partition", "short")
+    assert code == 0 and "skipped: no runs harvested since" in _line(out, "short"), out
+    assert _run(capsys, "rollback", "dgx-a100", "--root", root)[0] == 0
+    code, out, _ = _harvest(capsys, site, cfg, "--partition", "short")
+    assert code == 0 and f"skipped: {first} was rolled back on " in _line(out, "short"), out
+
+
 # ---------------------------------------------------------------- 2. every factor that moved
 
 def test_the_refit_line_and_status_list_every_factor_that_is_not_1(site, tmp_path, capsys):

@@ -539,6 +539,20 @@ def test_a_qos_maxwall_caps_an_extension_before_the_association(site):
     assert "the QOS MaxWall allows (00:13:00)" in d.reason
 
 
+def test_a_qos_or_association_sacctmgr_does_not_list_extends_nothing(site):
+    """Slurm enforces limits, but the job's QOS, or its association, is not in sacctmgr's answer:
+    its MaxWall cannot be known, and the watch, which updates limits as root past any such limit,
+    does not extend (the fill adds no cap there: Slurm still holds a submitted job)."""
+    now, opts, job = _slow_job_of_proj(site, 161, qos="gold")
+    slurm = FakeSlurm([job], walls=ENFORCED)
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    assert d.code == "doubt" and d.reason.startswith("QOS 'gold' unknown to sacctmgr: not extending"), d.reason
+    slurm = FakeSlurm([dataclasses.replace(job, job_id=162, qos="normal", user="carol")], walls=ENFORCED)
+    d = watch_once(opts, slurm, now=now).jobs[0].decision
+    assert d.code == "doubt" and "no association of user carol, account proj" in d.reason, d.reason
+    assert slurm.limits == {}
+
+
 def test_no_enforcement_no_maxwall_and_a_failed_lookup_extends_nothing(site):
     """Without AccountingStorageEnforce=limits Slurm applies no MaxWall, nor does the watch; a
     lookup that fails is a doubt: the watch updates limits as root, past any QOS limit, so it

@@ -12,9 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN_IN_PREDICTOR = {"torch", "sklearn", "xgboost", "lightgbm", "scipy", "pandas", "slurm_plugin",
                           "calibrate", "benchmarks", "scripts"}
 # calibrate's doors into slurm_plugin: the prediction records, the Slurm client, the site
-# configuration both read, and the policy's duration syntax and watch rules.
+# configuration both read, the policy's duration syntax and watch rules, and the QOS/association
+# MaxWall lookup the watch shares with the fill.
 CALIBRATE_MAY_USE = {"slurm_plugin.records", "slurm_plugin.slurm_client", "slurm_plugin.siteconfig",
-                     "slurm_plugin.policy"}
+                     "slurm_plugin.policy", "slurm_plugin.qos_limits"}
 
 
 def _imports(path: Path, package: str) -> list[tuple[str, int]]:
