@@ -1126,8 +1126,13 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
     if rolled is not None and set(names) <= rolled[1]:
         # An admin's rollback stands until jobs harvested after the rolled-back fit exist.
         version, _, day = rolled
+        prev = previous_version(base, target)
+        # rollback goes back to `previous` alone: name it only when that is the rolled-back refit
+        back = (f"`perf-calibrate rollback {target}` restores it" if prev is not None and prev.path.name == version
+                else f"it is kept in {base / target / 'versions' / version}; `perf-calibrate rollback "
+                     f"{target}` returns to {prev.version if prev is not None else 'the shipped platform'}, not to it")
         res.message = (f"{version} was rolled back{f' on {day}' if day else ''}; no runs harvested since "
-                       f"{version} was fitted: not refitting (`perf-calibrate rollback {target}` restores it)")
+                       f"{version} was fitted: not refitting ({back})")
         return res
     seen = _seen_runs(cur.path, res.partition) if cur is not None else None
     if seen is None and plat.fitted is not None:

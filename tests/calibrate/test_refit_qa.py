@@ -125,7 +125,7 @@ def test_a_rollback_to_the_shipped_platform_is_not_undone_by_the_next_refit(site
         line = _line(out, "short")
         assert code == 0, err
         assert f"skipped: {first} was rolled back on {today}; no runs harvested since {first} was fitted: " \
-               "not refitting" in line, line
+               "not refitting (`perf-calibrate rollback dgx-a100` restores it)" in line, line
         assert _tree(root) == before
     # A job harvested after the rolled-back fit: refitted and installed again, on all 7.
     more = _harvested(runs_dir, root, 1.3, 7)
