@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from predictor.errors import JobError, PerfcastError, RunRecordError
 from predictor.job import TrainingJob
+from predictor.platform import find_platform, search_roots
 from predictor.validation import MAX_RUNS, MeasuredRun
 from slurm_plugin.policy import plural
 from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, JobOutcome, PredictionRecord, RecordStore,
@@ -659,8 +660,10 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
             on_disk = [f.stem for f in opts.out_dir.glob("*.toml") if PARTITION_RE.match(f.stem)]
         parts = sorted(set(on_disk) | set(harvested))
     out = []
+    # The running daemon's platform roots, read once for every partition's checks and notes.
+    daemon = _daemon_platforms(opts.pid_file) if opts.site_platform is not None else None
     for part in parts:
-        problem = _site_platform_problem(opts, part)
+        problem = _site_platform_problem(opts, part, daemon)
         if problem:
             # perfcast.toml is wrong for it (a misspelt platform): an error, not a skip, so a timer
             # shows it; the other partitions are refitted regardless.
@@ -684,30 +687,11 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
         if res.status == "installed" and res.target and res.target != part:
             # Kept under the platform's name, not the partition's: say which name undoes it.
             res.message += f"; `perf-calibrate rollback {res.target}` undoes it"
-        note = _site_note(opts, part, res)
+        note = _site_note(opts, part, res, daemon)
         if note:
             res.message += f"; {note}"
         out.append(res)
     return out
-
-
-def _lookup(name: str, roots: Sequence[Path], pending: Optional[Path] = None) -> Optional[Path]:
-    """Where a lookup by name over ``roots`` finds platform ``name`` (as
-    :func:`predictor.platform.resolve_platform` does: ``<root>/<name>/current``, then
-    ``<root>/<name>``); ``pending`` counts as found although it does not exist yet (a dry run)."""
-    from predictor.platform import PLATFORM_FILE
-    for root in roots:
-        for cand in (root / name / "current", root / name):
-            if (cand / PLATFORM_FILE).is_file() or (pending is not None and cand.resolve() == pending.resolve()):
-                return cand
-    return None
-
-
-def _search_roots(env: Optional[str], cwd: str = "/") -> list[Path]:
-    """The roots perf-predictd searches with ``PERFCAST_PLATFORMS=env`` (None: unset)."""
-    import predictor.platform as pp
-    roots = [Path(cwd) / e for e in (env or "").split(":") if e]
-    return roots + [pp.SITE_ROOT, pp.SHIPPED_DIR]
 
 
 def _daemon_platforms(pid_file: Optional[Path]) -> Optional[tuple[int, Optional[str], str]]:
@@ -734,7 +718,8 @@ def _daemon_platforms(pid_file: Optional[Path]) -> Optional[tuple[int, Optional[
     return pid, env, cwd
 
 
-def _site_platform_problem(opts: HarvestOptions, partition: str) -> str:
+def _site_platform_problem(opts: HarvestOptions, partition: str,
+                           daemon: Optional[tuple[int, Optional[str], str]]) -> str:
     """One error line when the platform perfcast.toml names for ``partition`` is found nowhere: not
     by a lookup (``$PERFCAST_PLATFORMS``, the site root, the shipped platforms; the running
     daemon's own roots when they can be read), not under the refit's root, not as a path.  The
@@ -758,17 +743,17 @@ def _site_platform_problem(opts: HarvestOptions, partition: str) -> str:
     if "/" in name:
         return f"{where}: partition {partition}'s platform {name!r} is not a platform directory; not refitted"
     base = platforms_root(opts.platforms_root)
-    if _lookup(name, [base]) is not None:
+    if find_platform(name, [base]) is not None:
         return ""
-    daemon = _daemon_platforms(opts.pid_file)
-    if daemon is not None and _lookup(name, _search_roots(daemon[1], daemon[2])) is not None:
+    if daemon is not None and find_platform(name, search_roots(daemon[1], daemon[2])) is not None:
         return ""
     known = sorted({str(i["name"]) for i in pp.list_platforms()} | set(_installed_partitions(base)))
     return (f"{where}: partition {partition}'s platform {name!r} is neither installed under {base} nor "
             f"shipped with perfcast{did_you_mean(name, known)}; not refitted")
 
 
-def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
+def _site_note(opts: HarvestOptions, partition: str, res: RefitResult,
+               daemon: Optional[tuple[int, Optional[str], str]]) -> str:
     """A note when perf-predictd does not predict ``partition`` with the platform the refit updates
     (``<root>/<target>/current``, the partition's own installed platform or the site overlay of the
     shipped one perfcast.toml names): a refit the daemon never loads would mislead the admin.  In
@@ -795,15 +780,14 @@ def _site_note(opts: HarvestOptions, partition: str, res: RefitResult) -> str:
     if refitted is None:
         return ""
     by_name = "/" not in name
-    daemon = _daemon_platforms(opts.pid_file) if by_name else None
-    if daemon is not None:
+    if by_name and daemon is not None:
         pid, env, cwd = daemon
-        roots = _search_roots(env, cwd)
-        found = _lookup(name, roots, refitted)
+        roots = search_roots(env, cwd)
+        found = find_platform(name, roots, refitted)
         if found is not None and found.resolve() == refitted.resolve():
             return ""
         setting = f"PERFCAST_PLATFORMS={env}" if env is not None else "no PERFCAST_PLATFORMS"
-        reach = _lookup(target, roots, refitted)
+        reach = find_platform(target, roots, refitted)
         advice = (f"perfcast.toml: platform = \"{target}\" would use the refitted one"
                   if reach is not None and reach.resolve() == refitted.resolve() else
                   f"it uses the refitted one once started with PERFCAST_PLATFORMS={base}"

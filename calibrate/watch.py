@@ -832,8 +832,10 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
         decision = decide(now=t, start=run_start, limit_seconds=limit, record=record,
                           progress=progress, policy=pol, limits=limits,
                           perfcast_limit=perfcast_limit, user_limit_note=owner_note)
-        if decision.action == "extend" and (doubt or wall_doubt(job, walls)):
-            decision = _none("doubt", f"{doubt or wall_doubt(job, walls)}: not extending ({decision.reason})", limit)
+        if decision.action == "extend":
+            why = doubt or wall_doubt(job, walls)
+            if why:
+                decision = _none("doubt", f"{why}: not extending ({decision.reason})", limit)
         if decision.action == "shrink" and from_comment:
             # Rebuilt from the AdminComment, the plan is the daemon's but nothing else the record
             # held is: protect the job, return nothing on that basis.

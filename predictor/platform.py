@@ -33,7 +33,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from .bundle import MANIFEST, Bundle, check_manifest_pin, load_bundle, manifest_sha256
 from .errors import BundleError, PlatformNotFound, RunRecordError, did_you_mean
@@ -502,9 +502,26 @@ def pin_platform_bundles(directory: "str | os.PathLike[str]", only_missing: bool
     return pins
 
 
-def _search_roots() -> list[Path]:
-    roots = [Path(p) for p in os.environ.get("PERFCAST_PLATFORMS", "").split(":") if p]
+def search_roots(platforms_env: Optional[str], cwd: Optional[str] = None) -> list[Path]:
+    """The roots a lookup by name searches in a process whose ``$PERFCAST_PLATFORMS`` is
+    ``platforms_env`` (None: unset) and whose working directory is ``cwd`` (None: this one's)."""
+    roots = [Path(cwd) / p if cwd else Path(p) for p in (platforms_env or "").split(":") if p]
     return roots + [SITE_ROOT, SHIPPED_DIR]
+
+
+def _search_roots() -> list[Path]:
+    return search_roots(os.environ.get("PERFCAST_PLATFORMS"))
+
+
+def find_platform(name: str, roots: Sequence[Path], pending: Optional[Path] = None) -> Optional[Path]:
+    """Where a lookup by name over ``roots`` finds platform ``name`` (``<root>/<name>/current``,
+    then ``<root>/<name>``), or None.  ``pending``: a directory to count as holding one although
+    nothing is there yet (what a dry run would install)."""
+    for root in roots:
+        for cand in (root / name / "current", root / name):
+            if (cand / PLATFORM_FILE).is_file() or (pending is not None and cand.resolve() == pending.resolve()):
+                return cand
+    return None
 
 
 def resolve_platform(name_or_path: "str | os.PathLike[str]", *, pending: Optional[Path] = None) -> Path:
@@ -518,10 +535,9 @@ def resolve_platform(name_or_path: "str | os.PathLike[str]", *, pending: Optiona
         return p.parent
     name = str(name_or_path)
     if "/" not in name and name not in ("", ".", ".."):
-        for root in _search_roots():
-            for cand in (root / name / "current", root / name):
-                if (cand / PLATFORM_FILE).is_file() or (pending is not None and cand.resolve() == pending.resolve()):
-                    return cand
+        found = find_platform(name, _search_roots(), pending)
+        if found is not None:
+            return found
     known = ", ".join(sorted(i["name"] for i in list_platforms())) or "none"
     raise PlatformNotFound(f"no platform {name!r} (known: {known})")
 

@@ -35,20 +35,16 @@ from predictor.platform import FittedTerms
 from predictor.validation import MeasuredRun
 from tests.predictor.conftest import small_job
 
-from .test_refit import JOBS, _harvested, _tree, site  # noqa: F401  (the fixture)
+from .test_refit import JOBS, _harvested, _no_real_daemon, _tree, site  # noqa: F401  (the fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
-def _no_real_daemon(monkeypatch, tmp_path):
-    """Never reload a perf-predictd that happens to run on this machine (as test_refit.py); the
-    shell's PERFCAST_PLATFORMS is each test's to set."""
-    monkeypatch.delenv("PERFCAST_DAEMON_PIDFILE", raising=False)
-    monkeypatch.delenv("PERFCAST_CONFIG", raising=False)
+def _no_shell_platforms(monkeypatch):
+    """The shell's PERFCAST_PLATFORMS is each test's to set (test_refit.py's _no_real_daemon, used
+    here too, keeps any real perf-predictd out of reach)."""
     monkeypatch.delenv("PERFCAST_PLATFORMS", raising=False)
-    monkeypatch.setattr(install_mod, "DEFAULT_PIDFILE", tmp_path / "no-daemon.pid")
-    monkeypatch.setattr(install_mod, "_systemd_active", lambda: False)
 
 
 def _run(capsys, *argv):
