@@ -430,8 +430,8 @@ def record_from_comment(job: RunningJob) -> tuple[Optional[PredictionRecord], st
         total_seconds=60.0 * total_min if total_min else iters * iter_s,
         time_limit_minutes=rec_min if action == "set" else None,
         time_min_minutes=_positive(f.get("min_min"), int) if action == "set" else None,
-        recommended_minutes=rec_min, action=action, policy=f.get("policy", ""), work_dir=job.work_dir,
-        job_name=job.name, uid=job.uid, gid=job.gid, user=job.user,
+        recommended_minutes=rec_min, action=action, policy=f.get("policy", ""), std_out=job.std_out,
+        std_err=job.std_err, work_dir=job.work_dir, job_name=job.name, uid=job.uid, gid=job.gid, user=job.user,
         record_id=rid if is_record_id(rid) else ""), ""
 
 
@@ -826,7 +826,8 @@ def watch_once(opts: WatchOptions, client: Optional[SlurmClient] = None, *,
             shrunk = [told[1]]          # the store lost the shrink; the AdminComment tells it
         restore = max(shrunk) if shrunk and perfcast_limit else None
         limits = dataclasses.replace(
-            _limits(job, pol, max_time, wall_cap(job, walls, part_qos), planned, wlog, first_limit, limit, t,
+            _limits(job, pol, {} if max_time_lifted(job, walls) else max_time, wall_cap(job, walls, part_qos),
+                    planned, wlog, first_limit, limit, t,
                     run_start, reservations, extended_by_comment),
             restore_seconds=restore)
         decision = decide(now=t, start=run_start, limit_seconds=limit, record=record,
@@ -881,6 +882,14 @@ def wall_cap(job: RunningJob, walls: Optional[WallLimits], part_qos: Mapping[str
         return None
     return walls.cap(user=job.user or None, account=job.account or None, qos=job.qos or None,
                      partition=job.partition, partition_qos=part_qos.get(job.partition))
+
+
+def max_time_lifted(job: RunningJob, walls: Optional[WallLimits]) -> bool:
+    """Whether the running job's QOS has flag ``PartitionTimeLimit``
+    (:meth:`slurm_plugin.qos_limits.WallLimits.lifts_max_time`): Slurm lets its limit exceed the
+    partition's MaxTime, so the watch may extend it past MaxTime too (the MaxWalls still cap it)."""
+    return walls is not None and walls.lifts_max_time(user=job.user or None, account=job.account or None,
+                                                      qos=job.qos or None, partition=job.partition)
 
 
 def wall_doubt(job: RunningJob, walls: Optional[WallLimits]) -> str:
@@ -1112,6 +1121,6 @@ def _warn(res: WatchResult, path: Path, reads: _StoreReads, wlog: PassLog, lacki
 
 __all__ = ["COMMENT_NEEDS", "Decision", "Limits", "Progress", "WARNINGS_EXIT_STATUS", "WATCH_TAG", "WatchError",
            "WatchOptions", "WatchResult", "admin_comment_with", "comment_fields", "decide", "fairness_cap",
-           "first_limit_seen", "job_name", "limit_owner", "partition_qos", "progress_of", "read_logs",
+           "first_limit_seen", "job_name", "limit_owner", "max_time_lifted", "partition_qos", "progress_of", "read_logs",
            "record_from_comment", "reservation_cap", "starting_seconds", "submission_limit", "wall_cap",
            "watch_change", "watch_once", "watch_set_limit"]

@@ -1549,9 +1549,10 @@ class Predictor:
             pred = self if kt is None else self._twin(
                 ("kind", kt.kind), lambda: dataclasses.replace(platform, fitted=kt.terms(fitted)))
             for i, p in zip(idx, pred._predict_in_domain([jobs[i] for i in idx])):
-                key = kind_of(jobs[i]).key
-                p.details.kind = {"key": key, "factors": "kind" if kt is not None else "partition",
-                                  "runs": kt.runs if kt is not None else 0}
+                if p.details.kind is None:       # (set already: outside the fit's domain, no factors)
+                    p.details.kind = {"key": kind_of(jobs[i]).key,
+                                      "factors": "kind" if kt is not None else "partition",
+                                      "runs": kt.runs if kt is not None else 0}
                 out[i] = p
         return out  # type: ignore[return-value]
 
@@ -1575,6 +1576,7 @@ class Predictor:
             p.warnings.append(f"the fitted scales of platform {platform.name} are not applied: this job has "
                               f"{why[i]}, unlike the runs they were fitted on (predicted from the measured "
                               "models alone)")
+            p.details.kind = {"key": kind_of(jobs[i]).key, "factors": "none"}
             out[i] = p
         return out  # type: ignore[return-value]
 

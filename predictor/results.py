@@ -101,7 +101,8 @@ class Details:
     # collectives would have cost beyond the overlap, over the iteration on the longest stage.
     tp_hidden_seconds: float = 0.0
     # The job's kind (predictor/kinds.py) and whose fitted terms it was predicted with: "kind"
-    # ([[fitted_kind]]), "partition" ([fitted], a kind without runs), "platform", "none".
+    # ([[fitted_kind]]), "partition" ([fitted], a kind without runs), "platform", "none" (no fitted
+    # factors: none fitted, or the job lies outside the runs they were fitted on).
     kind: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -53,6 +53,11 @@ class PredictionFacts:
     # The prediction's own start-up (platform [overheads] startup_seconds: launch, NCCL init, model
     # build), inside total_seconds; 0 when unknown (then the site's allowance is simply added).
     startup_seconds: float = 0.0
+    # Whose fitted factors predicted it (the prediction's details.kind): "kind", "partition",
+    # "platform" (a site's fit) or "none"/"" (none), the job's kind key and that kind's run count.
+    factors: str = ""
+    kind: str = ""
+    kind_runs: int = 0
 
     @property
     def overhead_seconds(self) -> float:
@@ -257,7 +262,7 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
                 f"{needed_hm}; a shorter limit (e.g. --time={_slurm_time(rec)}) starts sooner via backfill")
 
     head = (f"perfcast: predicted {pred.iteration_seconds:.3g} s/iter x {pred.iterations} iters "
-            f"= {needed_hm} with start-up on {pred.platform}")
+            f"= {needed_hm} with start-up on {pred.platform}{fit_note(pred)}")
     if action == "set" and user_limit is not None and user_limit != new_limit:
         tail = f"; time limit {_hm(user_limit)} replaced by {_hm(new_limit)} (site policy)"
     elif action == "set" and raised_to_time_min:
@@ -292,6 +297,18 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
               + (" warn=overask" if any("backfill" in w for w in warnings) else ""))
     return Decision(time_limit_minutes=new_limit, recommended_minutes=rec, admin_comment=record,
                     message=message, warnings=warnings, action=action, time_min_minutes=time_min)
+
+
+def fit_note(pred: PredictionFacts) -> str:
+    """`` (site fit ...)`` when factors a site fitted on its finished jobs predicted the job (a
+    shipped platform has none), so a user and an admin see that the site's learning applied."""
+    if pred.factors == "kind":
+        return f" (site fit for its kind {pred.kind}, {pred.kind_runs} run{'s' if pred.kind_runs != 1 else ''})"
+    if pred.factors == "partition":
+        return f" (site fit; none for its kind {pred.kind})" if pred.kind else " (site fit)"
+    if pred.factors == "platform":
+        return " (site fit)"
+    return ""
 
 
 def slurm_duration(seconds: float) -> str:

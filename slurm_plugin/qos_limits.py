@@ -19,8 +19,9 @@ is concerned:
   for all partitions, then each account above it up to root: the smallest MaxWall on that chain
   (Slurm walks the same chain).  ``sacctmgr show assoc`` already shows each row with the limits it
   inherits from its parents.
-- The partition's MaxTime always applies beside these (the QOS flag ``PartitionTimeLimit``, which
-  lets a QOS exceed it, is not honoured: the cap stays at MaxTime, as without accounting).
+- The partition's MaxTime applies beside these unless the job's own QOS (not the partition's: Slurm
+  22.05 reads the flags of ``job_ptr->qos_ptr``) has flag ``PartitionTimeLimit``, which lets the
+  job's limit exceed it (:meth:`WallLimits.lifts_max_time`); the MaxWalls above still apply.
 
 Not covered: limits that depend on what else runs (``GrpWall``, ``GrpTRESRunMins``), a reservation's
 end, and ``MaxWall`` changes that reach sacctmgr but not slurmctld (a slurmdbd that is down).
@@ -56,6 +57,7 @@ _ENFORCE_LIMITS = {"limits", "safe"}   # AccountingStorageEnforce words that mak
 class Qos:
     max_wall: Optional[int]            # minutes; None: none
     over_part_qos: bool = False        # flag OverPartQOS: the job's QOS before the partition's
+    part_time_limit: bool = False      # flag PartitionTimeLimit: its jobs may exceed the partition's MaxTime
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,22 @@ class WallLimits:
             return None
         return self.users.get((user, account, partition)) or self.users.get((user, account, ""))
 
+    def lifts_max_time(self, *, user: "Callable[[], Optional[str]] | Optional[str]", account: Optional[str],
+                       qos: Optional[str], partition: str, default_account: Optional[str] = None,
+                       default_qos: Optional[str] = None) -> bool:
+        """Whether the job's QOS (``qos``, else the one it gets, as :meth:`cap` finds it) has flag
+        ``PartitionTimeLimit``: Slurm then lets its time limit exceed the partition's MaxTime.
+        False where limits are not enforced (the QOS list was not read) or the QOS is unknown."""
+        if not self.enforced or not any(q.part_time_limit for q in self.qos.values()):
+            return False
+        job_qos = qos or default_qos
+        if not job_qos:
+            who = user() if callable(user) else user
+            job_qos = self.job_qos(who, account or default_account or self.default_accounts.get(who or ""),
+                                   partition)
+        info = self.qos.get(job_qos)
+        return info is not None and info.part_time_limit
+
     def cap(self, *, user: "Callable[[], Optional[str]] | Optional[str]", account: Optional[str],
             qos: Optional[str], partition: str, partition_qos: Optional[str] = None,
             default_account: Optional[str] = None, default_qos: Optional[str] = None) -> Optional[WallCap]:
@@ -137,12 +155,7 @@ class WallLimits:
         def the_account() -> Optional[str]:
             return account or default_account or self.default_accounts.get(user_name() or "")
 
-        job_qos = qos
-        if not job_qos:
-            if default_qos:
-                job_qos = default_qos
-            else:
-                job_qos = self.job_qos(user_name(), the_account(), partition)
+        job_qos = qos or default_qos or self.job_qos(user_name(), the_account(), partition)
         order = [q for q in (partition_qos, job_qos) if q]
         if len(order) == 2 and order[0] != order[1]:
             jq = self.qos.get(job_qos)
@@ -225,7 +238,8 @@ def parse_qos(text: str) -> dict[str, Qos]:
     for name, wall, flags in _rows(text, 3):
         if name:
             fl = {f.strip().lower() for f in flags.split(",")}
-            out[name] = Qos(max_wall=_wall(wall), over_part_qos="overpartqos" in fl)
+            out[name] = Qos(max_wall=_wall(wall), over_part_qos="overpartqos" in fl,
+                            part_time_limit="partitiontimelimit" in fl)
     return out
 
 

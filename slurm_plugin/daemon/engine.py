@@ -325,8 +325,12 @@ class Engine:
             # The reason (a bundle error) went to the log at load time; users get the name only.
             return self.skip(part, "platform-unavailable",
                              f"platform {part.platform} is not available")
-        return Route(req=req, part=part, name=name or "", max_time=max_time,
-                     wall=self.wall_cap(req, name or ""))
+        if req.warm:
+            # A warm-up is answered "warm" whatever the limits: only job_submit.lua's request needs them.
+            return Route(req=req, part=part, name=name or "", max_time=max_time)
+        if max_time is not None and self.max_time_lifted(req, name or ""):
+            max_time = None        # its QOS lets it run past the partition's MaxTime
+        return Route(req=req, part=part, name=name or "", max_time=max_time, wall=self.wall_cap(req, name or ""))
 
     def wall_cap(self, req: PredictRequest, partition: str) -> Optional[WallCap]:
         """The QOS or association MaxWall that applies to the job (:mod:`slurm_plugin.qos_limits`);
@@ -345,6 +349,22 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - a cap is an extra: never fail a job for it
             log_event("slurm_limits_error", level=logging.ERROR, error=type(exc).__name__)
             return None
+
+    def max_time_lifted(self, req: PredictRequest, partition: str) -> bool:
+        """Whether the job's QOS has flag PartitionTimeLimit (:meth:`WallLimits.lifts_max_time`):
+        then the partition's MaxTime does not cap its limit.  False when not known (fail safe: the
+        cap stays)."""
+        src = self.wall_limits
+        limits = src.current() if src is not None else None
+        if limits is None or not limits.enforced:
+            return False
+        try:
+            return limits.lifts_max_time(user=lambda: self._user_name(req.submit_uid), account=req.account,
+                                         qos=req.qos, partition=partition,
+                                         default_account=req.default_account, default_qos=req.default_qos)
+        except Exception as exc:  # noqa: BLE001 - an extra: never fail a job for it
+            log_event("slurm_limits_error", level=logging.ERROR, error=type(exc).__name__)
+            return False
 
     def _user_name(self, uid: int) -> Optional[str]:
         pw = self._passwd(uid)
@@ -689,12 +709,16 @@ def facts_from_prediction(pred: Any, name: str, platform: Any) -> PredictionFact
     bundle = getattr(bundle, "bundle_id", None) or getattr(bundle, "id", None) or bundle
     low_high = tuple(getattr(pred, "interval_seconds", (0.0, 0.0)) or (0.0, 0.0))
     # The prediction's own start-up, so that the policy counts it once beside the site's allowance.
-    total = getattr(getattr(pred, "details", None), "total", None)
+    details = getattr(pred, "details", None)
+    total = getattr(details, "total", None)
+    kind = getattr(details, "kind", None) or {}
     return PredictionFacts(iteration_seconds=float(pred.iteration_seconds),
                            iterations=int(pred.iterations), total_seconds=float(pred.total_seconds),
                            platform=str(plat), bundle=str(bundle),
                            interval_seconds=(float(low_high[0]), float(low_high[-1])),
-                           startup_seconds=float(getattr(total, "startup_seconds", 0.0) or 0.0))
+                           startup_seconds=float(getattr(total, "startup_seconds", 0.0) or 0.0),
+                           factors=str(kind.get("factors", "")), kind=str(kind.get("key", "")),
+                           kind_runs=int(kind.get("runs", 0) or 0))
 
 
 def usable_cores() -> int:

@@ -73,6 +73,15 @@ def test_a_kinds_offset_is_learnt_from_its_runs_and_other_kinds_keep_theirs(tmp_
     other = _with(_job(hidden=1536, heads=12, tp=2), framework="nemo")
     p = predict(other, plat)
     assert p.details.kind["factors"] == "partition" and p.details.interval_rule["source"] == "unseen-kind"
+    # What sbatch says: the site's fit, and whether it was the job's kind's (the daemon's facts).
+    from slurm_plugin.daemon.engine import facts_from_prediction
+    from slurm_plugin.policy import decide
+    from slurm_plugin.siteconfig import PartitionPolicy
+    said = [decide(facts_from_prediction(q, "p", plat), None, PartitionPolicy(name="gpu"), None).message
+            for q in (predict(held_new[0], plat), p, predict(held_known[0], base))]
+    assert f" on dgx-a100 (site fit for its kind {k_new.kind}, 10 runs); time limit set" in said[0], said[0]
+    assert f" on dgx-a100 (site fit; none for its kind {kind_of(other).key}); time limit set" in said[1], said[1]
+    assert " on dgx-a100; time limit set" in said[2] and "site fit" not in said[2], said[2]
     lo, hi = p.details.interval_rule["factors"]
     assert math.log(hi) >= max(math.log(1.35), SHIPPED_PRIOR.maximum) - 1e-9 and math.log(1 / lo) >= math.log(1.35) - 0.05
     # The per-kind report: runs, MAPE before and after, factors with standard errors, coverage, kills.

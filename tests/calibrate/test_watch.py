@@ -539,6 +539,21 @@ def test_a_qos_maxwall_caps_an_extension_before_the_association(site):
     assert "the QOS MaxWall allows (00:13:00)" in d.reason
 
 
+def test_a_partition_time_limit_qos_lets_an_extension_pass_maxtime(site):
+    """Partition MaxTime 15 min, the slow job needs 19: under QOS normal MaxTime caps the extension;
+    under a QOS with flag PartitionTimeLimit (no MaxWall of its own) Slurm lets the job pass
+    MaxTime, and the association's 30 min is the cap (in partition debug: the user's row for all)."""
+    tmp, store = site
+    now, opts, _ = _slow_job_of_proj(site, 171)
+    walls = dict(ENFORCED, **{"sacctmgr show qos": "normal||\nlift||PartitionTimeLimit\n"})
+    rid = store.add(record(partition="debug"))
+    job = running(rid, 171, tmp / "slow.out", limit_min=10, start=now - 200, account="proj", partition="debug")
+    slurm = FakeSlurm([job, dataclasses.replace(job, job_id=172, qos="lift")], walls=walls, max_time=15)
+    by = {j.job_id: j.decision for j in watch_once(opts, slurm, now=now).jobs}
+    assert by[171].code == "checkpoint" and "MaxTime" in by[171].reason and slurm.limits[171] <= 15
+    assert by[172].action == "extend" and slurm.limits[172] == 19, by[172].reason
+
+
 def test_a_qos_or_association_sacctmgr_does_not_list_extends_nothing(site):
     """Slurm enforces limits, but the job's QOS, or its association, is not in sacctmgr's answer:
     its MaxWall cannot be known, and the watch, which updates limits as root past any such limit,

@@ -28,7 +28,8 @@ PARTS = {"gpu": {"max_time": 2880, "default": True}, "h100": {"max_time": 2880},
 def limits(enforced: bool = True) -> WallLimits:
     return WallLimits(
         enforced=enforced,
-        qos={"normal": Qos(None), "qa10": Qos(12), "half": Qos(30), "big": Qos(600)},
+        qos={"normal": Qos(None), "qa10": Qos(12), "half": Qos(30), "big": Qos(600),
+             "long": Qos(None, part_time_limit=True), "longcap": Qos(50, part_time_limit=True)},
         users={(ME, "proj", ""): Assoc(40, default_qos="half", qos=("normal", "half")),
                (ME, "plain", ""): Assoc(20, qos=("normal", "qa10")),
                (ME, "plain", "h100"): Assoc(None, qos=("normal", "qa10"))},
@@ -68,6 +69,25 @@ def test_filled_limit_capped_by_the_qos_the_job_names(with_limits):
     assert "time limit set to 00:12:00 (QOS qa10's MaxWall)" in a["message"]
     assert "needs about 00:55:00 but QOS qa10 allows 00:12:00" in a["message"]
     assert "warn=capped cap=qos" in a["admin_comment"]
+
+
+def test_a_partition_time_limit_qos_lifts_the_partitions_maxtime(with_limits):
+    """Partition h100 allows 30 min here (and the user's association on it no MaxWall); the job
+    needs 55.  Its QOS with flag PartitionTimeLimit lets Slurm run it past MaxTime: filled as it
+    needs (up to that QOS's MaxWall), no MaxTime warning."""
+    parts = dict(PARTS, h100={"max_time": 30})
+
+    def ask(**kw):
+        return with_limits.ask(req(partition="h100", partitions=parts, **kw))
+    a = ask(qos="long")
+    assert a["time_limit"] == "55" and "MaxTime" not in a["message"] and "warn=" not in a["admin_comment"], a
+    a = ask(qos="longcap")
+    assert a["time_limit"] == "50" and "(QOS longcap's MaxWall)" in a["message"], a["message"]
+    # A --time past MaxTime is no reason to warn under it; under QOS normal it is.
+    assert "MaxTime" not in ask(qos="long", time_limit=50)["message"]
+    assert "exceeds h100's MaxTime 00:30:00" in ask(qos="normal", time_limit=50)["message"]
+    a = ask(qos="normal")
+    assert a["time_limit"] == "30" and "(the partition's MaxTime)" in a["message"], a["message"]
 
 
 def test_the_default_qos_when_no_qos_is_given(with_limits):
@@ -145,6 +165,9 @@ def test_engine_load_waits_for_the_first_lookup():
     assert engine.wall_limits.limits == limits()
     routed = engine.route(parse_request(json.dumps(req(qos="qa10")).encode(), max_script=65536))
     assert routed.wall is not None and routed.wall.minutes == 12
+    # cli_filter.lua's warm-up of the same job is answered "warm" only: no cap looked up for it
+    warm = engine.route(parse_request(json.dumps(dict(req(qos="qa10"), warm=True)).encode(), max_script=65536))
+    assert warm.req.warm and warm.wall is None
     # --check (no lookups): none made, nothing capped
     engine = daemon.Engine(cfg, dict(fakes.BACKENDS, wall_limits=lookup)).load(lookup_partitions=False)
     assert engine.wall_limits.limits is None and engine.wall_limits.lookups == 0

@@ -59,6 +59,8 @@ def test_a_job_outside_the_domain_is_predicted_without_the_scales_and_told_so():
         assert g.interval_seconds == p.interval_seconds
         assert any("fitted scales of platform dgx-a100 are not applied" in w for w in g.warnings)
     assert "dp > 1" in next(w for w in got[1].warnings if "not applied" in w)
+    # details.kind says whose factors predicted it: the platform's inside, none outside.
+    assert [g.details.kind["factors"] for g in got] == ["platform", "none", "none"]
     assert "hidden 8192" in next(w for w in got[2].warnings if "not applied" in w)
     # One job at a time, the same answers.
     assert predict(no_dp, fitted).iteration_seconds == got[1].iteration_seconds

@@ -30,6 +30,7 @@ from .test_watch import _cancel, _limit_s, _plan, _script, _wait_action
 
 QOS = "pcwall12"           # MaxWall 12 min
 DENY = "pcwalldeny"        # MaxWall 12 min, flag DenyOnLimit: Slurm rejects a job asking more
+LONG = "pcwalllong"        # MaxWall 10 h, flag PartitionTimeLimit: its jobs may pass the partition's MaxTime
 ACCOUNT = "pcwallacct"     # default QOS pcwall12; root's association in it: MaxWall 20 min
 ENFORCE = "AccountingStorageEnforce=associations,limits,qos"
 CLEAN_ENV = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"]
@@ -38,7 +39,7 @@ CLEAN_ENV = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"]
 def _forget(cluster) -> None:
     cluster.sacctmgr("delete", "user", "root", f"account={ACCOUNT}", check=False)
     cluster.sacctmgr("delete", "account", ACCOUNT, check=False)
-    cluster.sacctmgr("delete", "qos", QOS, DENY, check=False)
+    cluster.sacctmgr("delete", "qos", QOS, DENY, LONG, check=False)
 
 
 def _pid(path: Path, *comms: str) -> int:
@@ -106,7 +107,8 @@ def enforced(cluster):
     try:
         cluster.sacctmgr("add", "qos", QOS, "MaxWall=00:12:00")
         cluster.sacctmgr("add", "qos", DENY, "MaxWall=00:12:00", "Flags=DenyOnLimit")
-        cluster.sacctmgr("add", "account", ACCOUNT, "cluster=perfcastdev", f"qos=normal,{QOS},{DENY}",
+        cluster.sacctmgr("add", "qos", LONG, "MaxWall=10:00:00", "Flags=PartitionTimeLimit")
+        cluster.sacctmgr("add", "account", ACCOUNT, "cluster=perfcastdev", f"qos=normal,{QOS},{DENY},{LONG}",
                   f"defaultqos={QOS}")
         cluster.sacctmgr("add", "user", "root", f"account={ACCOUNT}", "maxwall=20")
         conf.write_text(conf.read_text().rstrip("\n") + f"\n{ENFORCE}\n")
@@ -165,6 +167,19 @@ def test_the_default_qos_when_the_job_names_none(enforced, held_jobs, job):
     info, line = _submit(enforced, held_jobs, job, f"--account={ACCOUNT}")
     assert info["QOS"] == QOS and parse_slurm_time(info["TimeLimit"]) == 12, info
     assert f"(QOS {QOS}'s MaxWall)" in line
+
+
+def test_a_partition_time_limit_qos_lets_the_limit_pass_maxtime(enforced, held_jobs):
+    """A job needing more than partition short's hour: under a QOS with flag PartitionTimeLimit
+    Slurm lets its limit pass MaxTime, so perfcast fills what it needs (capped by nothing here: the
+    QOS allows 10 h, the association's 20 min apply only where no QOS has a MaxWall); under QOS
+    normal the hour caps it as before."""
+    script = enforced.write_script("qos-long.sh", script_text("megatron_gpt.sh", ITERS="1500"))
+    info, line = _submit(enforced, held_jobs, script, f"--account={ACCOUNT}", f"--qos={LONG}")
+    assert info["QOS"] == LONG and 60 < parse_slurm_time(info["TimeLimit"]) < 600, (info["TimeLimit"], line)
+    assert "MaxTime" not in line and "MaxWall" not in line and "warn=capped" not in info["AdminComment"], line
+    info, line = _submit(enforced, held_jobs, script, "--qos=normal")
+    assert parse_slurm_time(info["TimeLimit"]) == 60 and "(the partition's MaxTime)" in line, line
 
 
 def test_the_associations_maxwall_when_the_qos_has_none(enforced, held_jobs, job):

@@ -1,6 +1,7 @@
 """The QOS and association MaxWall a job gets (slurm_plugin.qos_limits), on sacctmgr's own text."""
 from __future__ import annotations
 
+import functools
 import logging
 import subprocess
 import threading
@@ -251,3 +252,22 @@ def test_a_bug_in_the_lookup_fails_open():
     src = WallLimitsSource(lookup, log=lambda event, level=logging.INFO, **kw: said.append((event, kw)))
     assert src.refresh().wait(5) and src.limits is None
     assert said == [("slurm_limits_failed", {"error": "KeyError", "kept": "none"})]
+
+
+def test_a_partition_time_limit_qos_lifts_maxtime_for_its_own_jobs_only():
+    """Flag PartitionTimeLimit: Slurm 22.05 lets a job whose own QOS has it run past the
+    partition's MaxTime (it reads the job's QOS flags, not the partition QOS's)."""
+    qos = parse_qos("normal||\nlong|10:00:00|PartitionTimeLimit,DenyOnLimit\npartq|01:00:00|\n")
+    assert qos["long"] == Qos(600, part_time_limit=True) and not qos["normal"].part_time_limit
+    users, accounts = parse_assocs("proj|alice||||long|long,normal\nproj|||root|||long,normal\n")
+    walls = WallLimits(enforced=True, qos=qos, users=users, accounts=accounts)
+    lifts = functools.partial(walls.lifts_max_time, user="alice", account="proj", partition="gpu")
+    assert lifts(qos="long") and not lifts(qos="normal") and not lifts(qos="unknown")
+    assert lifts(qos=None, default_qos="long") and not lifts(qos=None, default_qos="normal")
+    # No --qos and no answer from slurmctld: the association's default QOS (long).
+    assert lifts(qos=None)
+    # Not enforced: the QOS list is not Slurm's word on the job: MaxTime stays.
+    assert not WallLimits(enforced=False, qos=qos).lifts_max_time(user="alice", account="proj", qos="long",
+                                                                 partition="gpu")
+    # Its MaxWall still caps the job.
+    assert walls.cap(user="alice", account="proj", qos="long", partition="gpu") == WallCap(600, "qos", "long")
