@@ -525,7 +525,10 @@ def _refit_line(refit: dict) -> str:
         v = refit.get(key)
         return f"{100 * v:.2f} %" if isinstance(v, (int, float)) else "?"
     from .install import describe_fitted_factors
-    head = (f"refit of {refit.get('base_version', '?')} on {refit.get('runs', '?')} harvested runs "
+    # Partitions refitted together (one platform): each one's harvested runs.
+    shared = refit["partition_runs"] if isinstance(refit.get("partition_runs"), dict) else {}
+    of = f" of partitions {', '.join(f'{p} ({n})' for p, n in shared.items())}" if len(shared) > 1 else ""
+    head = (f"refit of {refit.get('base_version', '?')} on {refit.get('runs', '?')} harvested runs{of} "
             f"({refit.get('fit_runs', '?')} fitted): leave-one-out MAPE {pct('loo_mape_before')} -> "
             f"{pct('loo_mape_after')}, ")
     if isinstance(refit.get("factors"), dict):

@@ -11,8 +11,9 @@ AdminComment (``perfcast:v1 ... rec=<id>``):
    from text a user controls (a job name, a working directory).
 3. **The job's own output file** is read *as the job's user* (a child that drops to the user's
    uid, gid and groups before it opens the file, exactly as perf-predictd reads a script's config
-   files), its last :data:`MAX_LOG_BYTES` only, within :data:`LOG_READ_TIMEOUT_S`.  Steady-state
-   iteration times come from :mod:`calibrate.joblogs`.
+   files), its last :data:`MAX_LOG_BYTES` only, within :data:`LOG_READ_TIMEOUT_S`; so is its stderr
+   file when the job sent stderr apart (``--error``: scontrol's StdErr, else the record's, since
+   sacct names neither file).  Steady-state iteration times come from :mod:`calibrate.joblogs`.
 
 Each job's :class:`~slurm_plugin.records.JobOutcome` goes into the record store (the report reads
 it); each job with a measured iteration time also becomes a ``[[run]]`` of its partition's runs
@@ -381,18 +382,15 @@ def output_path(job: AccountingJob, record: PredictionRecord) -> Optional[str]:
 
 def error_path(job: AccountingJob, record: PredictionRecord) -> Optional[str]:
     """The job's stderr file when it is not its stdout file (``#SBATCH --error``): scontrol's
-    StdErr, expanded and placed like :func:`output_path`; None when the same file or unknown (sacct
-    of Slurm 22.05 has no StdErr, and the record keeps only ``--output``)."""
-    if not job.std_err:
+    StdErr, else the record's ``--error`` (sacct of Slurm 22.05 has no StdErr: a job slurmctld has
+    forgotten is known by its record alone), expanded and placed like :func:`output_path`; None when
+    it is the stdout file, or neither names one (stderr then went to stdout)."""
+    raw = job.std_err or record.std_err
+    if not raw:
         return None
-    path = expand_output_pattern(job.std_err, job)
-    if not os.path.isabs(path):
-        work_dir = record.work_dir or job.work_dir
-        if not work_dir or not os.path.isabs(work_dir):
-            return None
-        path = os.path.join(work_dir, path)
-    path = os.path.normpath(path)
-    return None if path == output_path(job, record) else path
+    # Exactly as stdout's is: the same patterns, relative to the same working directory.
+    path = output_path(dataclasses.replace(job, std_out=raw), record)
+    return None if path is None or path == output_path(job, record) else path
 
 
 def log_paths(job: AccountingJob, record: PredictionRecord) -> list[tuple[str, str]]:
@@ -650,46 +648,98 @@ def refit_partitions(opts: HarvestOptions, harvested: Optional[Mapping[str, Sequ
     """``--refit``: refit each partition that has harvested runs (``opts.partition`` only, if
     set) with :func:`calibrate.install.refit_partition`.  ``harvested``: runs files as this
     harvest left them (a dry run writes none), by partition; the others are read from disk.
-    A partition that cannot be refitted is reported, never stops the others."""
+    A partition that cannot be refitted is reported, never stops the others.
+
+    Partitions whose refits write the same platform directory (``gpu`` and ``gpu-long`` both on
+    ``dgx-h100``) are refitted together, once, on all their runs
+    (:func:`calibrate.install.refit_shared`; one by one, each fit would replace the other's).
+    With ``opts.partition``, the partitions sharing its platform come along (their runs files as
+    on disk), each with its line."""
+    from .install import platforms_root, refit_shared
     harvested = dict(harvested or {})
-    if opts.partition:
-        parts = [opts.partition]
-    else:
-        on_disk = []
-        if opts.out_dir.is_dir():
-            on_disk = [f.stem for f in opts.out_dir.glob("*.toml") if PARTITION_RE.match(f.stem)]
-        parts = sorted(set(on_disk) | set(harvested))
-    out = []
+    on_disk = []
+    if opts.out_dir.is_dir():
+        on_disk = [f.stem for f in opts.out_dir.glob("*.toml") if PARTITION_RE.match(f.stem)]
+    known = sorted(set(on_disk) | set(harvested))
+    parts = [opts.partition] if opts.partition else known
+    base = platforms_root(opts.platforms_root)
     # The running daemon's platform roots, read once for every partition's checks and notes.
     daemon = _daemon_platforms(opts.pid_file) if opts.site_platform is not None else None
+
+    def platform_of(part: str) -> Optional[str]:
+        return opts.site_platform(part) if opts.site_platform is not None else None
+
+    targets: dict[str, str] = {}
+
+    def target_of(part: str) -> str:
+        """The directory its refit writes ("": none, or perfcast.toml is wrong for it)."""
+        if part not in targets:
+            targets[part] = "" if _site_platform_problem(opts, part, daemon) else \
+                refit_target(part, base, platform_of(part))[0]
+        return targets[part]
+
+    if opts.partition and target_of(opts.partition):
+        mine = target_of(opts.partition)
+        parts += [p for p in known if p != opts.partition and target_of(p) == mine]
+    done: dict[str, RefitResult] = {}
+    ready: dict[str, tuple[Sequence[MeasuredRun], Path]] = {}
     for part in parts:
         problem = _site_platform_problem(opts, part, daemon)
         if problem:
             # perfcast.toml is wrong for it (a misspelt platform): an error, not a skip, so a timer
             # shows it; the other partitions are refitted regardless.
-            out.append(RefitResult(part, "failed", problem, config_error=True))
+            done[part] = RefitResult(part, "failed", problem, config_error=True)
             continue
         path = runs_file(opts.out_dir, part)
         runs = harvested.get(part)
         if runs is None:
             if not path.exists():
-                out.append(RefitResult(part, "skipped", f"no harvested runs ({path} does not exist)"))
+                done[part] = RefitResult(part, "skipped", f"no harvested runs ({path} does not exist)")
                 continue
             from .validate import load_runs
             try:
                 runs = load_runs(path)
             except RunRecordError as exc:
-                out.append(RefitResult(part, "failed", f"{exc} ({BAD_RUNS_FILE_HINT})"))
+                done[part] = RefitResult(part, "failed", f"{exc} ({BAD_RUNS_FILE_HINT})")
                 continue
-        res = refit_partition(part, runs, root=opts.platforms_root, min_runs=opts.refit_min_runs,
-                              pid_file=opts.pid_file, dry_run=opts.dry_run, runs_file=str(path),
-                              platform=opts.site_platform(part) if opts.site_platform is not None else None)
-        if res.status == "installed" and res.target and res.target != part:
-            # Kept under the platform's name, not the partition's: say which name undoes it.
-            res.message += f"; `perf-calibrate rollback {res.target}` undoes it"
-        note = _site_note(opts, part, res, daemon)
-        if note:
-            res.message += f"; {note}"
+        ready[part] = (runs, path)
+    # One refit per platform directory: partitions that share one go together (the first named leads).
+    groups: dict[str, list[str]] = {}
+    for part in parts:
+        target = target_of(part) if part in ready or done[part].status == "failed" else ""
+        groups.setdefault(target or f"/{part}", []).append(part)
+    for target, members in groups.items():
+        broken = [p for p in members if p in done and done[p].status == "failed"]
+        fit = [p for p in members if p in ready]
+        if broken and fit and len(members) > 1:
+            # Without a partition's runs the shared fit would drop what the platform learnt from them.
+            for p in fit:
+                done[p] = RefitResult(p, "skipped", f"not refitted: platform {target} is shared with "
+                                                   f"{', '.join(broken)}, whose refit failed (its line says why)",
+                                      target=target, shared_with=[o for o in members if o != p])
+            continue
+        if len(fit) == 1:
+            (part,) = fit
+            runs, path = ready[part]
+            done[part] = refit_partition(part, runs, root=opts.platforms_root, min_runs=opts.refit_min_runs,
+                                         pid_file=opts.pid_file, dry_run=opts.dry_run, runs_file=str(path),
+                                         platform=platform_of(part))
+        elif fit:
+            for res in refit_shared({p: ready[p][0] for p in fit}, root=opts.platforms_root,
+                                    min_runs=opts.refit_min_runs, pid_file=opts.pid_file, dry_run=opts.dry_run,
+                                    runs_files={p: str(ready[p][1]) for p in fit},
+                                    platforms={p: platform_of(p) for p in fit}):
+                done[res.partition] = res
+    out = []
+    for part in parts:
+        res = done[part]
+        if part in ready:
+            if res.status == "installed" and res.target and res.target != part:
+                # Kept under the platform's name, not the partition's: say which name undoes it.
+                res.message += f"; `perf-calibrate rollback {res.target}` undoes it"
+            note = _site_note(opts, part, res, daemon)
+            if note:
+                res.message += f"; {note}"
         out.append(res)
     return out
 

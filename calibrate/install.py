@@ -27,7 +27,9 @@ harvested runs (``perf-calibrate validate --fit``), installed only when leave-on
 Its directory carries ``refit.toml`` (what it was refitted from, on how many runs, leave-one-out
 MAPE before and after, the factors that moved), which ``status`` shows; ``rollback`` undoes it
 like any install, and a later refit respects that: while the newest refit is rolled back, runs
-its fit already saw are no reason to refit (:func:`_rolled_back_refit`).
+its fit already saw are no reason to refit (:func:`_rolled_back_refit`).  Partitions whose refit
+writes the same directory (``gpu`` and ``gpu-long`` both on ``dgx-h100``) are refitted together
+(:func:`refit_shared`): one fit on all their runs, one version, ``refit.toml`` keeping each one's.
 
 After a switch the daemon reloads (:func:`reload_daemon`): SIGHUP to the pid in the pid file
 (``--pid-file``, ``$PERFCAST_DAEMON_PIDFILE`` or ``/run/perfcast/perf-predictd.pid``, which the
@@ -52,9 +54,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from predictor.errors import BundleError, PerfcastError, did_you_mean
 from predictor.platform import (PLATFORM_FILE, SHIPPED_DIR, load_platform, pin_platform_bundles,
@@ -617,11 +619,20 @@ def make_overlay(stage: Path, shipped: str, note: str) -> None:
                            "description": f"{base.description} (site overlay)", "notes": [note]})
 
 
+def version_order(version_dir: Path) -> tuple[str, int]:
+    """Sort key of installed versions, oldest first: the UTC stamp their name starts with
+    (``<stamp>-<tag>[.n]``, to the second), then, within one second, when the directory took its
+    name (its ctime: the install's rename) -- the names alone would order those by tag, and ``.10``
+    before ``.2``."""
+    return version_dir.name.split("-", 1)[0], version_dir.stat().st_ctime_ns
+
+
 def _prune(pdir: Path, keep: int) -> None:
     """Remove the oldest versions beyond ``keep``; never current or previous."""
     versions = pdir / "versions"
     protected = {t for t in (_link_target(pdir / "current"), _link_target(pdir / "previous")) if t}
-    entries = sorted(p for p in versions.iterdir() if p.is_dir() and not p.name.startswith("."))
+    entries = sorted((p for p in versions.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                     key=version_order)
     excess = len(entries) - max(keep, 2)
     for p in entries:
         if excess <= 0:
@@ -786,6 +797,7 @@ def read_refit(version_dir: Path) -> dict[str, Any] | None:
         return None
     # Every harvested run's name is kept for the next refit's "nothing new" check, not for status.
     data.pop("harvested_runs", None)
+    data.pop("harvested_runs_by_partition", None)
     return data
 
 
@@ -911,6 +923,8 @@ class RefitResult:
     # The factors the fit writes that are not 1 (fitted_factors): {"partition": {...}, "kinds": [...]}
     factors: dict[str, Any] | None = None
     config_error: bool = False     # failed because perfcast.toml is wrong (exit code 2, not 1)
+    # The other partitions refitted with it: their platform is the same directory (refit_shared)
+    shared_with: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -976,11 +990,17 @@ def describe_fitted_factors(factors: Any, mapes: "dict[str, tuple[float, float]]
 
 def _seen_runs(version_dir: Path, partition: str) -> frozenset[str] | None:
     """The harvested runs a refit of ``partition`` was given when it made ``version_dir``
-    (``refit.toml``'s ``harvested_runs``; before that key, the platform's ``[fitted] runs``, which
-    a run cap or another partition's refit may leave short); None when the version is no refit
-    of ``partition``."""
+    (``refit.toml``'s ``harvested_runs``, per partition in ``harvested_runs_by_partition`` for
+    partitions refitted together; before that key, the platform's ``[fitted] runs``, which a run
+    cap or another partition's refit may leave short); None when the version is no refit of
+    ``partition``."""
     try:
         refit = tomllib.loads((version_dir / REFIT_FILE).read_text(encoding="utf-8"))
+        shared = refit.get("partitions")
+        if isinstance(shared, list):
+            by_part = refit.get("harvested_runs_by_partition")
+            runs = by_part.get(partition) if partition in shared and isinstance(by_part, dict) else None
+            return frozenset(r for r in runs if isinstance(r, str)) if isinstance(runs, list) else None
         if refit.get("partition", partition) != partition:
             return None
         runs = refit.get("harvested_runs")
@@ -992,26 +1012,28 @@ def _seen_runs(version_dir: Path, partition: str) -> frozenset[str] | None:
     return frozenset(r for r in runs if isinstance(r, str)) if isinstance(runs, list) else None
 
 
-def _rolled_back_refit(base: Path, target: str, partition: str, cur: "InstalledVersion | None"
-                       ) -> tuple[str, frozenset[str], str] | None:
-    """The newest refit of ``partition`` installed for ``target`` when a rollback took it out of
-    service: (its version, the harvested runs it was given, the day of the rollback, "" when
-    history.log does not say).  None when that refit is active, or when a version newer than it
-    is (installed since: a new base that a refit may build on).  An install always makes its
-    version current, so the newest refit being neither current nor older than current means an
-    admin rolled it back; a refit of the same runs would quietly undo that at the next timer run."""
+def _rolled_back_refit(base: Path, target: str, partitions: Sequence[str], cur: "InstalledVersion | None"
+                       ) -> tuple[str, dict[str, frozenset[str]], str] | None:
+    """The newest refit of ``partitions`` (one, or those refitted together) installed for
+    ``target`` when a rollback took it out of service: (its version, the harvested runs it was
+    given per partition, the day of the rollback, "" when history.log does not say).  None when
+    that refit is active, when a version newer than it is (installed since: a new base that a
+    refit may build on), or when it was no refit of one of ``partitions``.  An
+    install always makes its version current, so the newest refit being neither current nor
+    older than current means an admin rolled it back; a refit of the same runs would quietly
+    undo that at the next timer run."""
     try:
-        refits = sorted(p.name for p in (base / target / "versions").iterdir()
-                        if not p.name.startswith(".") and (p / REFIT_FILE).is_file())
+        refits = sorted((p for p in (base / target / "versions").iterdir()
+                         if not p.name.startswith(".") and (p / REFIT_FILE).is_file()), key=version_order)
+        if not refits:
+            return None
+        newest = refits[-1].name
+        if cur is not None and version_order(cur.path) >= version_order(refits[-1]):
+            return None
     except OSError:
         return None
-    if not refits:
-        return None
-    newest = refits[-1]
-    if cur is not None and cur.path.name >= newest:       # "<UTC stamp>-<tag>" names sort by time
-        return None
-    runs = _seen_runs(base / target / "versions" / newest, partition)
-    if runs is None:
+    runs = {p: _seen_runs(base / target / "versions" / newest, p) for p in partitions}
+    if any(r is None for r in runs.values()):
         return None
     day = ""
     try:
@@ -1020,7 +1042,7 @@ def _rolled_back_refit(base: Path, target: str, partition: str, cur: "InstalledV
                 day = line.split(" ", 1)[0][:10]
     except OSError:
         pass
-    return newest, runs, day
+    return newest, {p: r for p, r in runs.items() if r is not None}, day
 
 
 def refit_target(partition: str, base: Path, platform: "str | None" = None) -> tuple[str, str]:
@@ -1053,44 +1075,73 @@ def refit_partition(partition: str, runs: Sequence[MeasuredRun], *, root: "str |
     ``failed``: something is broken); only bad arguments raise :class:`CalibrationError`.  A
     declined or dry-run fit changes nothing on disk.
     """
+    return refit_shared({partition: runs}, root=root, min_runs=min_runs, pid_file=pid_file, dry_run=dry_run,
+                        keep=keep, runs_files={partition: runs_file}, platforms={partition: platform})[0]
+
+
+def refit_shared(runs: Mapping[str, Sequence[MeasuredRun]], *, root: "str | Path | None" = None,
+                 min_runs: int = DEFAULT_REFIT_MIN_RUNS, pid_file: "str | Path | None" = None,
+                 dry_run: bool = False, keep: int = KEEP_VERSIONS,
+                 runs_files: "Mapping[str, str] | None" = None,
+                 platforms: "Mapping[str, str | None] | None" = None) -> list[RefitResult]:
+    """:func:`refit_partition` of partitions whose refits write the same platform directory
+    (:func:`refit_target`: ``gpu`` and ``gpu-long`` both on ``dgx-h100``, or ``gpu-long`` on
+    partition ``gpu``'s installed platform): ``runs`` maps each to its harvested runs, the one to
+    report under first.  One fit on all their runs (:func:`_pooled_runs`), one new version whose
+    ``refit.toml`` keeps each partition's runs; "nothing new" and a rollback are judged on all of
+    them (a new run of any one refits).  Refitted one by one, each partition's fit would replace
+    the other's at every harvest.  One result per partition, in ``runs``' order: the first says
+    it all, the others point to it.  With one partition, exactly :func:`refit_partition`."""
     from .validate import MIN_FIT_RUNS
-    check_partition_name(partition)
+    group = {check_partition_name(p): list(r) for p, r in runs.items()}
+    if not group:
+        raise CalibrationError("no partition to refit")
     if min_runs < MIN_FIT_RUNS:
         raise CalibrationError(f"a refit needs at least {MIN_FIT_RUNS} runs (leave-one-out fits on "
                                f"all but one), not {min_runs}")
     base = platforms_root(root)
-    res = RefitResult(partition, "skipped", "", runs=len(runs))
-    if len(runs) < min_runs:
-        res.message = (f"{len(runs)} harvested run{'s' if len(runs) != 1 else ''}, a refit needs at "
+    platforms = platforms or {}
+    partition, *others = group
+    pooled = _pooled_runs(group)
+    res = RefitResult(partition, "skipped", "", runs=len(pooled), shared_with=others)
+    if len(pooled) < min_runs:
+        split = f" ({_per_partition(group)})" if len(group) > 1 else ""
+        res.message = (f"{len(pooled)} harvested run{'s' if len(pooled) != 1 else ''}{split}, a refit needs at "
                        f"least {min_runs}: not refitted")
-        return res
-    target, shipped = refit_target(partition, base, platform)
+        return _shared_results(res)
+    targets = {refit_target(p, base, platforms.get(p)) for p in group}
+    if len(targets) > 1:
+        raise CalibrationError(f"partitions {', '.join(group)} are refitted into different platforms "
+                               f"({', '.join(sorted(t for t, _ in targets))}): not one refit")
+    target, shipped = targets.pop()
     if not target:
         # Before the lock, which would create the directory.
         res.message = (f"no platform installed for it under {base} and no shipped platform named for it "
                        "(a refit makes a new version of the partition's platform; see perf-calibrate install)")
-        return res
+        return _shared_results(res)
     res.target = target
     pdir = base / target
+    files: Mapping[str, str] = runs_files or {}
     try:
         if dry_run:
             cur = None if shipped else current_version(base, target)
             if cur is None and not shipped:
                 res.status, res.message = "failed", f"{pdir / 'current'} is not a platform directory"
-                return res
-            return _refit(res, cur, runs, base, dry_run=True, keep=keep, runs_file=runs_file, shipped=shipped)
+                return _shared_results(res)
+            return _shared_results(_refit(res, cur, group, pooled, base, dry_run=True, keep=keep,
+                                          runs_files=files, shipped=shipped))
         with _partition_lock(pdir):
             _recover(base, target, pid_file)
             _prune_leftovers(pdir)
             cur = None if shipped else current_version(base, target)
             if cur is None and not shipped:
                 res.status, res.message = "failed", f"{pdir / 'current'} is not a platform directory"
-                return res
-            res = _refit(res, cur, runs, base, dry_run=False, keep=keep, runs_file=runs_file, shipped=shipped,
-                         pid_file=pid_file)
+                return _shared_results(res)
+            res = _refit(res, cur, group, pooled, base, dry_run=False, keep=keep, runs_files=files,
+                         shipped=shipped, pid_file=pid_file)
     except CalibrationError as exc:            # another install running, a refused copy
         res.status, res.message = "failed", str(exc)
-        return res
+        return _shared_results(res)
     if res.status == "installed" and res.reload is not None:
         # Said as install and rollback say it: whether the daemon now predicts with the new version.
         if not res.reload.ok:
@@ -1103,12 +1154,72 @@ def refit_partition(partition: str, runs: Sequence[MeasuredRun], *, root: "str |
         else:
             res.message += f"; {res.reload.message}"
             log.warning("%s", res.reload.message)
-    return res
+    return _shared_results(res)
 
 
-def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[MeasuredRun], base: Path, *,
-           dry_run: bool, keep: int, runs_file: str, shipped: str = "",
-           pid_file: "str | Path | None" = None) -> RefitResult:
+def _per_partition(group: Mapping[str, Sequence[MeasuredRun]]) -> str:
+    """``gpu 7, gpu-long 5``: each partition's harvested runs, for partitions refitted together
+    ("" for one)."""
+    return ", ".join(f"{p} {len(r)}" for p, r in group.items()) if len(group) > 1 else ""
+
+
+def _pooled_runs(group: Mapping[str, Sequence[MeasuredRun]]) -> list[MeasuredRun]:
+    """The runs of the partitions refitted together, each once, oldest first (job ids grow: the
+    fit's cap drops the oldest).  Harvested names are ``slurm job <id>``, unique in a cluster, but a
+    name in two partitions' runs files (ids counting again after slurmctld lost its state) is two
+    jobs unless the runs are the same (one job moved to the other partition): each then gets its
+    partition appended, so that neither replaces the other in the fit.  One partition: its runs."""
+    if len(group) == 1:
+        return list(next(iter(group.values())))
+    from .validate import run_key
+    owners: dict[str, list[tuple[str, MeasuredRun]]] = {}
+    for p, runs in group.items():
+        for r in runs:
+            owners.setdefault(r.name, []).append((p, r))
+    pooled = []
+    for name, held in owners.items():
+        first = held[0][1]
+        if len({p for p, _ in held}) == 1 or all(
+                run_key(r) == run_key(first) and math.isclose(r.measured_iteration_seconds,
+                                                              first.measured_iteration_seconds, rel_tol=1e-9)
+                for _, r in held):
+            pooled.append(held[-1][1])
+            continue
+        for p, r in held:
+            suffix = f" ({p})"
+            pooled.append(replace(r, name=name[:200 - len(suffix)] + suffix))
+
+    def job_id(r: MeasuredRun) -> int:
+        m = re.match(rf"{HARVESTED_RUN_PREFIX}(\d+)", r.name)
+        return int(m.group(1)) if m else -1
+    return sorted(pooled, key=job_id)
+
+
+def _shared_results(res: RefitResult) -> list[RefitResult]:
+    """One result per partition refitted together: the first says it all, the others point to it."""
+    if not res.shared_with:
+        return [res]
+    where = f"platform {res.target}" if res.target else "one platform"
+    both = "both" if len(res.shared_with) == 1 else "all of them"
+    lead = res.partition
+    outcome = {"installed": f"installed {res.version}", "dry-run": "would install a refit (dry run: nothing "
+               "written)", "declined": "nothing changed", "skipped": "not refitted"}.get(res.status, "failed")
+    out = [res]
+    for p in res.shared_with:
+        others = [lead] + [o for o in res.shared_with if o != p]
+        out.append(replace(res, partition=p, shared_with=others, message=(
+            f"{where}, shared with {', '.join(others)} (one refit on the runs of {both}, reported under "
+            f"{lead}): {outcome}")))
+    res.message = f"{where}, shared with {', '.join(res.shared_with)} (one refit on the runs of {both}): " \
+                  f"{res.message}"
+    return out
+
+
+def _refit(res: RefitResult, cur: "InstalledVersion | None", group: Mapping[str, Sequence[MeasuredRun]],
+           runs: Sequence[MeasuredRun], base: Path, *, dry_run: bool, keep: int, runs_files: Mapping[str, str],
+           shipped: str = "", pid_file: "str | Path | None" = None) -> RefitResult:
+    """Refit for ``group`` (partition -> its harvested runs; one, or those sharing the platform)
+    on ``runs`` (:func:`_pooled_runs` of them), under the target's lock unless ``dry_run``."""
     from predictor.samples import dump_toml
 
     from .validate import validate_platform
@@ -1121,9 +1232,11 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
     except BundleError as exc:
         res.status, res.message = "failed", f"the installed platform {label} does not load: {exc}"
         return res
-    names = [r.name for r in runs]
-    rolled = _rolled_back_refit(base, target, res.partition, cur)
-    if rolled is not None and set(names) <= rolled[1]:
+    # Judged per partition on the names its runs file gives them: a new run of any one means refit
+    # (a partition with no runs brings nothing new).
+    names = {p: {r.name for r in rs} for p, rs in group.items() if rs}
+    rolled = _rolled_back_refit(base, target, list(names), cur)
+    if rolled is not None and all(n <= rolled[1][p] for p, n in names.items()):
         # An admin's rollback stands until jobs harvested after the rolled-back fit exist.
         version, _, day = rolled
         prev = previous_version(base, target)
@@ -1134,17 +1247,23 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
         res.message = (f"{version} was rolled back{f' on {day}' if day else ''}; no runs harvested since "
                        f"{version} was fitted: not refitting ({back})")
         return res
-    seen = _seen_runs(cur.path, res.partition) if cur is not None else None
-    if seen is None and plat.fitted is not None:
-        seen = frozenset(plat.fitted.runs)
-    if seen is not None and set(names) <= seen:
+    fitted = frozenset(plat.fitted.runs) if plat.fitted is not None else None
+    nothing_new = True
+    for p, n in names.items():
+        seen = _seen_runs(cur.path, p) if cur is not None else None
+        seen = fitted if seen is None else seen
+        nothing_new = nothing_new and seen is not None and n <= seen
+    if nothing_new:
         res.message = (f"no runs harvested since {label} was fitted on them: not refitted")
         return res
     fit_runs = _fit_runs(plat.validation, runs)
     res.fit_runs = len(fit_runs)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    source = (f"perf-calibrate harvest --refit of partition {partition} on {len(runs)} harvested runs"
-              + (f" ({runs_file})" if runs_file else ""))
+    files = [f for f in (runs_files.get(p, "") for p in group) if f]
+    who = (f"partition {partition}" if len(group) == 1
+           else f"partitions {', '.join(group)} (one platform)")
+    source = (f"perf-calibrate harvest --refit of {who} on {len(runs)} harvested runs"
+              + (f" ({', '.join(files)})" if files else ""))
     versions = base / target / "versions"
     # The copy is fitted beside the versions (same depth: bundle paths relative to a version
     # directory resolve alike); a killed refit leaves a .tmp folder the next install removes.
@@ -1157,8 +1276,7 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
             if cur is not None:
                 shutil.copytree(cur.path, stage, symlinks=False)
             else:
-                make_overlay(stage, shipped, f"site overlay made by perf-calibrate harvest --refit of partition "
-                                             f"{partition}")
+                make_overlay(stage, shipped, f"site overlay made by perf-calibrate harvest --refit of {who}")
         elif cur is None:
             import tempfile
             tmp_dry = tempfile.TemporaryDirectory(prefix="perfcast-overlay-")
@@ -1176,7 +1294,8 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
         # Every factor the fit writes that is not 1, the partition's and each kind's: the summary
         # scales alone (a host scale of 1 where the host factors moved) would hide why predictions moved.
         scores = (f"leave-one-out MAPE {100 * fit.mape_before:.2f} % -> {100 * fit.loo_mape_after:.2f} % "
-                  f"on {len(fit_runs)} runs ({len(runs)} harvested); "
+                  f"on {len(fit_runs)} runs ({len(runs)} harvested{': ' if len(group) > 1 else ''}"
+                  f"{_per_partition(group)}); "
                   + describe_fitted_factors(res.factors, {k.kind: (k.mape_before, k.loo_mape_after)
                                                           for k in getattr(fit, "kinds", [])}))
         res.kinds = [k.to_dict() for k in getattr(fit, "kinds", [])]
@@ -1189,20 +1308,26 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", runs: Sequence[Meas
             res.status = "dry-run"
             res.message = f"{scores}: would install a refit of {label} (dry run: nothing written)"
             return res
+        # Partitions refitted together: all of them, and each one's runs (what _seen_runs reads).
+        who_toml: dict[str, Any] = {"partition": partition} if len(group) == 1 else {
+            "partitions": list(group), "partition_runs": {p: len(rs) for p, rs in group.items()}}
         (stage / REFIT_FILE).write_text(
             "# This platform version was made by perf-calibrate harvest --refit (perf-calibrate status "
             "shows it).\n" + dump_toml({
-                "partition": partition, "base_version": res.base_version, "runs": len(runs),
+                **who_toml, "base_version": res.base_version, "runs": len(runs),
                 "kinds": len(getattr(fit, "kinds", [])),
                 "fit_runs": len(fit_runs), "loo_mape_before": round(fit.mape_before, 6),
                 "loo_mape_after": round(fit.loo_mape_after, 6),
                 "compute_scale": round(fit.compute_scale, 4), "host_scale": round(fit.host_scale, 4),
-                "network_scale": round(fit.network_scale, 4), "refitted_at": stamp, "runs_file": runs_file,
+                "network_scale": round(fit.network_scale, 4), "refitted_at": stamp,
+                "runs_file": ", ".join(files),
                 # what status lists: every written factor that is not 1, the partition's and per kind
                 "factors": res.factors["partition"], "kind_factors": res.factors["kinds"],
                 # every harvested run it was given (the fit may keep fewer: MAX_RUNS): a later refit
                 # with none besides these has nothing new to learn
-                "harvested_runs": sorted(names)}), encoding="utf-8")
+                "harvested_runs": sorted({r.name for rs in group.values() for r in rs}),
+                **({} if len(group) == 1 else {"harvested_runs_by_partition": {
+                    p: sorted(r.name for r in rs) for p, rs in group.items()}})}), encoding="utf-8")
         new = validate_candidate(stage, allow_incomplete=True)
         # The regressors and calibration.toml are the active version's: the comparisons with it
         # (GPU type, validation error) hold trivially; leave-one-out decided above.

@@ -14,7 +14,9 @@ harvest, a watch) take turns through SQLite's own lock, waiting up to :data:`BUS
 other process may open the file with its own ``sqlite3`` connection (and keep tables of its own in
 it).  It is bounded: at most ``max_rows`` records, the oldest pruned with their outcomes.  Every
 failure (a full disk, a corrupt or foreign file, a lock held too long) raises
-:class:`RecordStoreError` with a one-line reason.
+:class:`RecordStoreError` with a one-line reason.  A store of an older schema is upgraded in place
+by the first process that opens it (one transaction, every record kept); one of a newer perfcast's
+schema is refused.
 
 perf-predictd itself never opens this file: it appends each record to a spool file and a writer
 process of its own moves the spool into the store (:mod:`slurm_plugin.daemon.recorder`), so that no
@@ -66,7 +68,15 @@ BUSY_TIMEOUT_S = 5.0
 _MAX_PATH = 4096
 _MAX_NAME = 1024
 _MAX_JOB_JSON = 64 * 1024
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# What takes a store of schema N to N + 1.  A site's store holds the records of jobs not yet
+# harvested, so an older one is upgraded in place when a newer perfcast opens it (one transaction,
+# every step and the new version together), never dropped or refused.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # 2: the job's --error, for a harvest from sacct (which names no StdErr).  ADD COLUMN with a
+    # constant default only rewrites the schema, not the rows: instant on a full store.
+    1: ("ALTER TABLE records ADD COLUMN std_err TEXT NOT NULL DEFAULT ''",),
+}
 _LOSS_PREFIX = "lost:"
 
 
@@ -96,6 +106,7 @@ class PredictionRecord:
     action: str = ""                           # set | keep | advise (slurm_plugin.policy.Decision)
     policy: str = ""
     std_out: str = ""                          # --output as submitted (may hold %j patterns); "" = default
+    std_err: str = ""                          # --error as submitted; "" = none (stderr goes with stdout)
     work_dir: str = ""
     job_name: str = ""
     uid: Optional[int] = None
@@ -214,7 +225,8 @@ CREATE TABLE IF NOT EXISTS records (
     uid INTEGER,
     gid INTEGER,
     user TEXT NOT NULL,
-    slurm_job_id INTEGER
+    slurm_job_id INTEGER,
+    std_err TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS records_created ON records (partition, created);
 CREATE INDEX IF NOT EXISTS records_job ON records (slurm_job_id);
@@ -241,7 +253,7 @@ CREATE INDEX IF NOT EXISTS outcomes_job ON outcomes (slurm_job_id);
 _RECORD_COLUMNS = ("record_id", "created", "partition", "platform", "bundle", "job_json",
                    "iteration_seconds", "iterations", "total_seconds", "interval_lo", "interval_hi",
                    "time_limit_minutes", "time_min_minutes", "recommended_minutes", "action", "policy",
-                   "std_out", "work_dir", "job_name", "uid", "gid", "user", "slurm_job_id")
+                   "std_out", "work_dir", "job_name", "uid", "gid", "user", "slurm_job_id", "std_err")
 _OUTCOME_COLUMNS = ("record_id", "slurm_job_id", "state", "elapsed_seconds", "time_limit_seconds",
                     "start", "end", "nodes", "exit_code", "measured_iteration_seconds", "log_format",
                     "log_samples", "note", "source", "harvested")
@@ -364,18 +376,60 @@ class RecordStore:
 
     def _check_schema(self, con: sqlite3.Connection) -> bool:
         """True when the file already is a record store of our schema (a read: no write access needed,
-        so an admin's ``report`` can read the daemon's file); False when it is empty."""
+        so an admin's ``report`` can read the daemon's file), upgrading an older one first (a write,
+        once); False when it is empty."""
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if not tables:
             return False
         if "records" not in tables or "meta" not in tables:
             raise RecordStoreError(f"{self.path}: an SQLite file, but not a perfcast record store "
                                    "(no records table); choose another path")
-        row = con.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if row is None or row[0] != str(SCHEMA_VERSION):
-            raise RecordStoreError(f"{self.path}: record store schema {row[0] if row else '?'}, this "
-                                   f"perfcast reads {SCHEMA_VERSION}")
+        version = self._schema_version(con)
+        if version != SCHEMA_VERSION:
+            self._migrate(con)
         return True
+
+    def _schema_version(self, con: sqlite3.Connection) -> int:
+        """The store's schema version, or RecordStoreError unless this perfcast can read or upgrade it."""
+        row = con.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        text = str(row[0]) if row else "?"
+        version = int(text) if text.isascii() and text.isdigit() else None
+        if version is not None and (version == SCHEMA_VERSION or version in _MIGRATIONS):
+            return version
+        newer = version is not None and version > SCHEMA_VERSION
+        raise RecordStoreError(f"{self.path}: record store schema {text}, this perfcast reads {SCHEMA_VERSION}"
+                               + (" (the store was written by a newer perfcast: upgrade this one)"
+                                  if newer else ""))
+
+    def _migrate(self, con: sqlite3.Connection) -> None:
+        """Upgrade an older store to :data:`SCHEMA_VERSION` in place, keeping every row."""
+        try:
+            con.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise self._upgrade_failed(exc) from None
+        try:
+            # Read again under the write lock: another process may have upgraded it meanwhile.
+            start = version = self._schema_version(con)
+            while version < SCHEMA_VERSION:
+                for stmt in _MIGRATIONS[version]:
+                    con.execute(stmt)
+                version += 1
+            con.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
+        except BaseException as exc:
+            con.rollback()
+            if isinstance(exc, sqlite3.Error):
+                raise self._upgrade_failed(exc) from None
+            raise
+        con.commit()
+        if start != SCHEMA_VERSION:
+            log.info("%s: record store upgraded from schema %d to %d", self.path, start, SCHEMA_VERSION)
+
+    def _upgrade_failed(self, exc: sqlite3.Error) -> RecordStoreError:
+        # (a reader without write access, say an admin's report, cannot upgrade the daemon's file:
+        # its record writer does at its next start)
+        return RecordStoreError(f"{self._why(exc)}; upgrading it to record store schema {SCHEMA_VERSION} "
+                                "needs a process that may write it (perf-predictd's record writer does, "
+                                "when it starts)")
 
     def _create_schema(self, con: sqlite3.Connection) -> None:
         # WAL persists in the file: readers never block the writer and vice versa.
@@ -408,11 +462,7 @@ class RecordStore:
         job_json = json.dumps(dict(rec.job), sort_keys=True, allow_nan=False)
         for attempt in range(3):
             rid = rec.record_id or new_record_id()
-            row = (rid, created, rec.partition, rec.platform, rec.bundle, job_json,
-                   rec.iteration_seconds, rec.iterations, rec.total_seconds,
-                   rec.interval_seconds[0], rec.interval_seconds[1], rec.time_limit_minutes,
-                   rec.time_min_minutes, rec.recommended_minutes, rec.action, rec.policy, rec.std_out,
-                   rec.work_dir, rec.job_name, rec.uid, rec.gid, rec.user, rec.slurm_job_id)
+            row = _row(rec, rid, created, job_json)
             try:
                 with self._db(write=True) as con:
                     con.execute(f"INSERT INTO records ({', '.join(_RECORD_COLUMNS)}) VALUES "
@@ -436,13 +486,8 @@ class RecordStore:
             rec = _checked(record)
             if not rec.record_id:
                 raise RecordStoreError("record: record_id: add_many needs ids assigned")
-            rows.append((rec.record_id, rec.created or time.time(), rec.partition, rec.platform,
-                         rec.bundle, json.dumps(dict(rec.job), sort_keys=True, allow_nan=False),
-                         rec.iteration_seconds, rec.iterations, rec.total_seconds,
-                         rec.interval_seconds[0], rec.interval_seconds[1], rec.time_limit_minutes,
-                         rec.time_min_minutes, rec.recommended_minutes, rec.action, rec.policy,
-                         rec.std_out, rec.work_dir, rec.job_name, rec.uid, rec.gid, rec.user,
-                         rec.slurm_job_id))
+            rows.append(_row(rec, rec.record_id, rec.created or time.time(),
+                             json.dumps(dict(rec.job), sort_keys=True, allow_nan=False)))
         if not rows:
             return 0
         with self._db(write=True) as con:
@@ -613,6 +658,15 @@ def _q(col: str) -> str:
     return f'"{col}"' if col == "end" else col
 
 
+def _row(rec: PredictionRecord, record_id: str, created: float, job_json: str) -> tuple[Any, ...]:
+    """A checked record's values in :data:`_RECORD_COLUMNS` order."""
+    return (record_id, created, rec.partition, rec.platform, rec.bundle, job_json,
+            rec.iteration_seconds, rec.iterations, rec.total_seconds,
+            rec.interval_seconds[0], rec.interval_seconds[1], rec.time_limit_minutes,
+            rec.time_min_minutes, rec.recommended_minutes, rec.action, rec.policy, rec.std_out,
+            rec.work_dir, rec.job_name, rec.uid, rec.gid, rec.user, rec.slurm_job_id, rec.std_err)
+
+
 def _record(row: Sequence[Any]) -> PredictionRecord:
     d = dict(zip(_RECORD_COLUMNS, row))
     try:
@@ -644,8 +698,8 @@ def _checked(r: PredictionRecord) -> PredictionRecord:
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2 ** 63:
             raise bad(name, f"must be a non-negative integer, got {v!r}")
     for name, limit in (("partition", _MAX_NAME), ("platform", _MAX_NAME), ("bundle", _MAX_NAME),
-                        ("action", 32), ("policy", 32), ("std_out", _MAX_PATH), ("work_dir", _MAX_PATH),
-                        ("job_name", _MAX_NAME), ("user", _MAX_NAME)):
+                        ("action", 32), ("policy", 32), ("std_out", _MAX_PATH), ("std_err", _MAX_PATH),
+                        ("work_dir", _MAX_PATH), ("job_name", _MAX_NAME), ("user", _MAX_NAME)):
         v = getattr(r, name)
         if not isinstance(v, str) or len(v) > limit or "\0" in v:
             raise bad(name, f"must be a string of at most {limit} characters")

@@ -5,8 +5,8 @@
 
       script, work_dir, submit_uid, submit_gid, partition, min_nodes, max_nodes, num_tasks,
       ntasks_per_node, cpus_per_task, tres_per_node, tres_per_job, tres_per_task, time_limit,
-      max_time, argv (list), name, array, std_out (--output as given), env (object; cli_filter
-      only), format ("lines"|"json"),
+      max_time, argv (list), name, array, std_out (--output as given), std_err (--error as given),
+      env (object; cli_filter only), format ("lines"|"json"),
       partitions ({name: {"max_time": minutes, "default": bool, "qos": name}}, from
       job_submit.lua's part_list; "qos": the partition's own QOS, absent or null when none),
       time_min (the user's --time-min, minutes; NO_VAL or absent = not given),
@@ -95,6 +95,7 @@ class PredictRequest:
     name: Optional[str] = None
     array: Optional[str] = None
     std_out: str = ""                 # --output as submitted ("" = Slurm's default), for the record
+    std_err: str = ""                 # --error as submitted ("" = with stdout), for the record
     env: Mapping[str, str] = field(default_factory=dict)
     format: str = "json"
     partition_max_time: Mapping[str, Optional[int]] = field(default_factory=dict)
@@ -269,7 +270,8 @@ def parse_request(raw: bytes, *, max_script: int, peer: Optional[tuple[int, int]
         tres_per_task=_opt_str(data, "tres_per_task") or "",
         time_limit=time_limit, max_time=_opt_int(data, "max_time"),
         argv=tuple(argv[:256]), name=_opt_str(data, "name"), array=_opt_str(data, "array"),
-        std_out=(_opt_str(data, "std_out") or "")[:4096], env=env, format=fmt,
+        std_out=(_opt_str(data, "std_out") or "")[:4096], std_err=(_opt_str(data, "std_err") or "")[:4096],
+        env=env, format=fmt,
         partition_max_time=max_times, default_partition=default_part,
         warm=data.get("warm") is True,
         qos=_opt_name(data, "qos"), account=_opt_name(data, "account"),

@@ -431,7 +431,7 @@ class PredictServer:
             iterations=facts.iterations, total_seconds=facts.total_seconds,
             interval_seconds=tuple(facts.interval_seconds), time_limit_minutes=answer.time_limit,
             time_min_minutes=answer.time_min, recommended_minutes=pred.get("recommended_minutes"),
-            action=answer.reason, policy=routed.part.policy, std_out=req.std_out,
+            action=answer.reason, policy=routed.part.policy, std_out=req.std_out, std_err=req.std_err,
             work_dir=req.work_dir, job_name=req.name or "", uid=req.submit_uid, gid=req.submit_gid),
             out.job_text)
         if kept:     # an id only for a record that is kept: a harvest must find what it names

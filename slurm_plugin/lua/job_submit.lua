@@ -93,6 +93,8 @@ local function request_json(job_desc, part_list, submit_uid)
     add("time_min", job_desc.time_min)   -- the user's --time-min: a filled limit stays at or above it
     add("name", job_desc.name)
     add("std_out", job_desc.std_out)   -- where the job's log goes: perf-calibrate harvest reads it
+    -- --error apart: a log written through Python's logging is there, and sacct (22.05) never says
+    add("std_err", job_desc.std_err)
     add("array", job_desc.array_inx)
     -- The job's QOS and account decide the QOS / association MaxWall that caps the limit the
     -- daemon fills.  Without --qos / --account, slurmctld's own defaults for this user (its

@@ -380,3 +380,15 @@ def test_rollback_refuses_to_roll_back_to_the_current_version(tiny_platform, tmp
     with pytest.raises(CalibrationError, match=f"nothing to roll back to: previous and current are both {two.version}"):
         rollback("p", root=root)
     assert os.readlink(root / "p" / "current").endswith(two.version)
+
+
+def test_versions_of_one_second_order_by_when_they_were_installed(tmp_path):
+    """Version names carry their install's second; within one second the name's tag (and a
+    ``.10`` against a ``.2``) says nothing of the order, the directory's ctime does."""
+    names = ["20260101T000000Z-zzz", "20260101T000000Z-aaa", "20260101T000000Z-aaa.2",
+             "20260101T000000Z-aaa.10", "20260101T000001Z-000"]
+    for name in names:
+        (tmp_path / name).mkdir()
+        time.sleep(0.05)       # past the file system's timestamp granularity (a jiffy)
+    assert [p.name for p in sorted(tmp_path.iterdir(), key=install_mod.version_order)] == names
+    assert sorted(names) != names

@@ -76,6 +76,22 @@ def test_nobody_uid_is_not_a_no_val_marker():
     assert r.submit_uid == 65534
 
 
+@pytest.mark.parametrize("field", ["std_out", "std_err"])
+def test_output_paths_are_bounded_strings_named_when_bad(field):
+    from slurm_plugin.daemon.protocol import BadRequest
+
+    def parse(**kw):
+        return parse_request(json.dumps(req(**kw)).encode(), max_script=1 << 20)
+
+    assert getattr(parse(), field) == "" and getattr(parse(**{field: None}), field) == ""
+    path = "/scratch/" + "d" * (4096 - len("/scratch/"))
+    r = parse(**{field: path})
+    assert getattr(r, field) == path and PredictRequest.from_dict(r.to_dict()) == r
+    for bad in (path + "x", 42, ["e.err"]):
+        with pytest.raises(BadRequest, match=f"^{field} must be a short string$"):
+            parse(**{field: bad})
+
+
 def test_request_fields_reach_the_parser(running):
     running.ask(req(min_nodes=4, tres_per_node="gres:gpu:4", num_tasks=16, name="gpt",
                     argv=["/home/u/job.sh", "x"]))
@@ -502,7 +518,7 @@ def test_parse_is_reused_only_when_no_file_was_read(running):
 
 def test_every_prediction_is_recorded_under_the_id_in_its_admin_comment(running):
     from slurm_plugin.records import RecordStore, parse_admin_comment
-    a = running.ask(req(std_out="/tmp/logs/train-%j.out", name="train"))
+    a = running.ask(req(std_out="/tmp/logs/train-%j.out", std_err="/tmp/logs/train-%j.err", name="train"))
     assert a["status"] == "ok"
     rid = parse_admin_comment(a["admin_comment"])["rec"]
     again = running.ask(req())                      # the same script again: a new job, a new record
@@ -514,6 +530,7 @@ def test_every_prediction_is_recorded_under_the_id_in_its_admin_comment(running)
     assert rec.partition == "gpu" and rec.platform == "perlmutter-a100"
     assert rec.time_limit_minutes == a["time_limit"] and rec.time_min_minutes == a["time_min"]
     assert rec.std_out == "/tmp/logs/train-%j.out" and rec.job_name == "train"
+    assert rec.std_err == "/tmp/logs/train-%j.err"
     assert rec.uid == os.geteuid() and rec.job == {"fake": {"iters": 1000, "iter_s": 2.4}}
 
 

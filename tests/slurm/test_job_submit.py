@@ -36,6 +36,8 @@ def megatron(cluster):
 @pytest.mark.parametrize("user", ["root", "nobody"])
 def test_time_limit_filled_recorded_and_told(cluster, held_jobs, megatron, user):
     script = megatron(name=f"megatron-{user}.sh")
+    # stderr apart (a log written through Python's logging is there): the record keeps the --error
+    script.write_text(script.read_text().replace("\n", "\n#SBATCH --error=gpt-%j.err\n", 1))
     job, messages, _ = cluster.sbatch(script, user=None if user == "root" else user)
     held_jobs.append(job)
     info = cluster.show(job)
@@ -57,6 +59,8 @@ def test_time_limit_filled_recorded_and_told(cluster, held_jobs, megatron, user)
         time.sleep(0.05)
     assert rec is not None and rec.partition == "gpu" and rec.time_min_minutes == expect["time_min"]
     assert rec.uid == (0 if user == "root" else 65534)
+    # (sbatch makes it absolute; the %j stays for the harvest to expand, as scontrol does)
+    assert rec.std_err == f"{cluster.jobs_dir}/gpt-%j.err" and info["StdErr"] == f"{cluster.jobs_dir}/gpt-{job}.err"
     assert RECORD.match(info["AdminComment"]), info["AdminComment"]
     assert "action=set" in info["AdminComment"]
     lines = perfcast_lines(messages)

@@ -79,3 +79,13 @@ def test_sends_slurmctlds_defaults_without_qos_or_account():
     assert req["default_qos"] == "dq" and req["default_account"] == "da"
     req, _, _ = run_lua(BASE + " }")          # an older Slurm, or no accounting: nothing to send
     assert not {"qos", "account", "default_qos", "default_account"} & set(req)
+
+
+@pytest.mark.skipif(LUA is None, reason="lua5.1 not installed")
+def test_sends_output_and_error_as_submitted():
+    # The record keeps both: sacct (22.05) names neither file, and a log written through Python's
+    # logging is in the --error one.
+    req, _, _ = run_lua(BASE + ', std_out = "train-%j.out", std_err = "logs/train-%x-%j.err" }')
+    assert req["std_out"] == "train-%j.out" and req["std_err"] == "logs/train-%x-%j.err"
+    req, _, _ = run_lua(BASE + " }")          # neither given: Slurm's defaults, nothing sent
+    assert "std_out" not in req and "std_err" not in req

@@ -44,6 +44,21 @@ def test_add_get_find_roundtrip(tmp_path):
     assert store.get("not-an-id") is None and store.get("0" * 12) is None
 
 
+def test_std_err_round_trips_through_every_way_in_and_out(tmp_path):
+    store = RecordStore(tmp_path / "r.sqlite")
+    rid = store.add(make_record(std_err="train-%j.err"))
+    spooled = make_record(record_id=new_record_id(), std_err="/scratch/e-%A_%a.log")
+    assert store.add_many([spooled]) == 1
+    plain = store.add(make_record())
+    assert store.get(rid).std_err == "train-%j.err" and store.get(rid).std_out == "train-%j.out"
+    assert store.get(spooled.record_id).std_err == "/scratch/e-%A_%a.log"
+    assert store.get(plain).std_err == ""                    # no --error: stderr went with stdout
+    assert [r.std_err for r in store.find()] == ["train-%j.err", "/scratch/e-%A_%a.log", ""]
+    store.put_outcome(JobOutcome(record_id=rid, slurm_job_id=7, state="COMPLETED"))
+    (rec, _), = store.outcomes()
+    assert rec.std_err == "train-%j.err" and rec.to_dict()["std_err"] == "train-%j.err"
+
+
 def test_attach_job_and_outcome(tmp_path):
     store = RecordStore(tmp_path / "r.sqlite")
     rid = store.add(make_record())
@@ -92,6 +107,8 @@ def test_given_record_id_is_kept_and_a_duplicate_refused(tmp_path):
     ({"iterations": 2.5}, "iterations"),
     ({"uid": -3}, "uid"),
     ({"std_out": "x" * 5000}, "std_out"),
+    ({"std_err": "x" * 5000}, "std_err"),
+    ({"std_err": "a\0b"}, "std_err"),
     ({"record_id": "../../etc"}, "record_id"),
     ({"job": {"model": {"x": float("inf")}}}, "job"),
     ({"job": {"blob": "y" * 70000}}, "job"),
