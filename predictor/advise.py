@@ -352,9 +352,9 @@ def _divisors(n: int) -> list[int]:
 def _tp_choices(model: ModelSpec, gpus: int, gpus_per_node: int, opts: SearchOptions,
                 skip: Callable[[str], None] = lambda why: None) -> list[int]:
     if opts.tp is not None and gpus % opts.tp:
-        skip(f"tp {opts.tp} does not divide {gpus} GPUs")
+        skip(f"tp {opts.tp} does not divide {gpus} GPU{'s' if gpus != 1 else ''}")
     if opts.cp is not None and gpus % opts.cp:
-        skip(f"cp {opts.cp} does not divide {gpus} GPUs")
+        skip(f"cp {opts.cp} does not divide {gpus} GPU{'s' if gpus != 1 else ''}")
         return []
     out = []
     for tp in _divisors(gpus):
@@ -526,7 +526,7 @@ def _current_layout(job: TrainingJob, gpus: int) -> tuple[Optional[Layout], str]
     if lay.gpus == gpus:
         return lay, ""
     if gpus % (lay.pp * lay.tp * lay.cp):
-        return None, (f"your pp × tp × cp = {lay.pp * lay.tp * lay.cp} does not divide {gpus} GPUs: "
+        return None, (f"your pp × tp × cp = {lay.pp * lay.tp * lay.cp} does not divide {gpus} GPU{'s' if gpus != 1 else ''}: "
                       "no like-for-like comparison")
     dp = gpus // (lay.pp * lay.tp * lay.cp)
     if lay.global_batch % (lay.micro_batch * dp):
@@ -611,7 +611,8 @@ def _plan(job: TrainingJob, platform: Any, gpus: int, opts: SearchOptions) -> _P
             status = "dominated"
             alt = _dominating(cur_layout, fitting)
             if alt is not None:
-                status = (f"the same layout with {alt.recompute} recompute and ZeRO {alt.zero_stage} "
+                status = (f"the same layout with {'no' if alt.recompute == 'none' else alt.recompute} recompute "
+                          f"and ZeRO {alt.zero_stage} "
                           "also fits, does less work or traffic, and is listed instead")
         else:
             status = "outside"

@@ -187,6 +187,7 @@ class TrainingJob:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise JobError("", f"not valid TOML: {exc}", str(p)) from None
+        _check_run_length(data, str(p))
         return cls.from_dict(data, source=str(p))
 
     def replace(self, **sections: Mapping[str, Any]) -> "TrainingJob":
@@ -233,6 +234,27 @@ class TrainingJob:
         if r.train_tokens:
             return math.ceil(r.train_tokens / self.tokens_per_iteration)
         return 0
+
+
+_RUN_LENGTH = ("train_iters", "train_samples", "train_tokens")
+
+
+def _check_run_length(data: Mapping[str, Any], source: str) -> None:
+    """A job file says how long it trains in one way: two of train_iters, train_samples and
+    train_tokens would leave one silently unused (Megatron refuses both too), and a written 0 is no
+    length (leave the key out when the length is not known)."""
+    run = data.get("run")
+    if not isinstance(run, Mapping):
+        return
+    given = [k for k in _RUN_LENGTH if k in run]
+    if len(given) > 1:
+        raise JobError(f"run.{given[1]}", f"give one of run.{', run.'.join(_RUN_LENGTH)}, not "
+                       f"run.{given[0]} and run.{given[1]} together (the first would be used, the other ignored)",
+                       source)
+    for k in given:
+        if type(run[k]) is int and run[k] == 0:
+            raise JobError(f"run.{k}", "must be at least 1 (leave it out when the length is not known: "
+                           "the total is then unknown)", source)
 
 
 def _section_kwargs(section: str, values: Mapping[str, Any], source: str) -> dict[str, Any]:

@@ -538,8 +538,8 @@ def resolve_platform(name_or_path: "str | os.PathLike[str]", *, pending: Optiona
         found = find_platform(name, _search_roots(), pending)
         if found is not None:
             return found
-    known = ", ".join(sorted(i["name"] for i in list_platforms())) or "none"
-    raise PlatformNotFound(f"no platform {name!r} (known: {known})")
+    names = sorted(i["name"] for i in list_platforms())
+    raise PlatformNotFound(f"no platform {name!r}{did_you_mean(name, names)} (known: {', '.join(names) or 'none'})")
 
 
 # Loaded files, keyed by (directory, file mtime): a platform or bundle is read once per version

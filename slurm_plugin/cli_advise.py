@@ -217,8 +217,10 @@ def render_advice(advice: Any, top: int) -> str:
                 line += f" and saves {saved:,.0f} GPU-hours over {advice.iterations:,} iterations"
             else:
                 line += " (set run.train_iters to see the GPU-hours it saves)"
-        elif advice.current_rank == 1:
+        elif advice.current_rank == 1 and total > 1:
             line += "; it is the best layout found"
+        elif advice.current_rank == 1:
+            line += "; no other layout to compare it with"
         out.append(line)
     for note in advice.notes:
         out.append(f"note: {note}")

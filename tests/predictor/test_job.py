@@ -132,3 +132,16 @@ def test_llm_foundry_runs_no_pipeline_and_no_context_parallelism():
             check_layout(job.model, lay, "llm-foundry")
         assert exc.value.key == key
         check_layout(job.model, lay, "")          # other frameworks keep them
+
+
+def test_a_job_file_gives_its_length_once_and_never_as_zero(tmp_path):
+    base = "[model]\nlayers = 2\nhidden = 512\nheads = 8\nseq_len = 1024\nvocab = 32000\n[run]\n"
+    f = tmp_path / "j.toml"
+    f.write_text(base + "train_iters = 100\ntrain_tokens = 1_000_000\n")
+    with pytest.raises(JobError, match=r"run.train_tokens: give one of .* not run.train_iters and run.train_tokens"):
+        TrainingJob.from_toml(f)
+    f.write_text(base + "train_samples = 0\n")
+    with pytest.raises(JobError, match=r"run.train_samples: must be at least 1"):
+        TrainingJob.from_toml(f)
+    f.write_text(base + "train_tokens = 1_000_000\n")
+    assert TrainingJob.from_toml(f).run.train_tokens == 1_000_000

@@ -2,6 +2,8 @@
 import os
 import shutil
 
+import pytest
+
 from predictor import load_platform
 from predictor import platform as platform_mod
 from predictor.platform import SHIPPED_DIR
@@ -23,3 +25,10 @@ def test_a_platform_edited_on_disk_replaces_its_older_version_in_the_cache(tmp_p
     assert len(kept) == 1
     bundle_dirs = [k[0] for k in platform_mod._bundles if k[0].startswith(str(root.resolve()))]
     assert bundle_dirs and len(bundle_dirs) == len(set(bundle_dirs))   # one version per bundle
+
+
+def test_a_misspelt_platform_name_gets_a_did_you_mean():
+    from predictor.errors import PlatformNotFound
+    from predictor.platform import resolve_platform
+    with pytest.raises(PlatformNotFound, match=r"no platform 'dgx_h100' \(did you mean 'dgx-h100'\?\) \(known: "):
+        resolve_platform("dgx_h100")

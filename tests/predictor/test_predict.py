@@ -358,3 +358,11 @@ def test_memoised_collective_warning_is_kept():
     job = make_job(pp=2, tp=1, dp=64, micro_batches=16)      # a DP group no calibration measured
     a, b = held.predict(job), held.predict(job)
     assert a.warnings == b.warnings
+
+
+def test_a_job_of_more_gpus_per_node_than_the_platform_is_told_how_to_cost_its_real_nodes():
+    job = make_job(tp=8, dp=1, pp=1)
+    job = job.replace(cluster={"gpus_per_node": 8})
+    (w,) = [w for w in predict(job, load_platform("vista-gh200")).warnings if "GPUs per node" in w]
+    assert "the job says 8 GPUs per node, platform vista-gh200 has 1" in w and "give 1 per node" in w
+    assert not any("GPUs per node" in w for w in predict(job, load_platform("dgx-h100")).warnings)

@@ -335,3 +335,11 @@ def test_no_layout_for_a_pinned_cp_says_why_not_memory(job_file, capsys):
     assert d["enumerated"] == 0 and d["ruled_out"] == {"cp 3 does not divide 128 GPUs": 1}
     assert any("meets the constraints (cp 3 does not divide 128 GPUs)" in n for n in d["notes"])
     assert not any("fits in" in n for n in d["notes"])
+
+
+def test_a_layout_with_nothing_to_compare_is_not_called_the_best(job_file, capsys):
+    """--cp 3 over 128 GPUs rules every searched layout out: the user's own is ranked alone."""
+    code, out, _ = run_cli([job_file, "--gpus", "128", "--cp", "3"], capsys)
+    assert code == 0 and "cp 3 does not divide 128 GPUs" in out
+    assert "ranks 1 of 1" in out and "no other layout to compare it with" in out
+    assert "best layout found" not in out
