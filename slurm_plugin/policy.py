@@ -164,12 +164,15 @@ def _round_up(minutes: float, step: int) -> int:
     return max(step, int(math.ceil(minutes / step - 1e-9)) * step)
 
 
-def iterations_within(minutes: float, pred: PredictionFacts, part: PartitionPolicy) -> int:
-    """How many iterations complete within ``minutes`` (startup and fixed overheads first)."""
-    if pred.iteration_seconds <= 0:
+def iterations_within(minutes: float, pred: PredictionFacts, part: PartitionPolicy,
+                      iteration_seconds: Optional[float] = None) -> int:
+    """How many iterations complete within ``minutes`` (startup and fixed overheads first), at
+    the predicted rate or at ``iteration_seconds`` (the interval's upper end, say)."""
+    per = pred.iteration_seconds if iteration_seconds is None else iteration_seconds
+    if per <= 0:
         return pred.iterations
     usable = minutes * 60.0 - startup_seconds(pred, part) - (pred.overhead_seconds - pred.startup_seconds)
-    return max(0, min(pred.iterations, int(usable // pred.iteration_seconds)))
+    return max(0, min(pred.iterations, int(usable // per)))
 
 
 def point_minutes(pred: PredictionFacts, part: PartitionPolicy) -> int:
@@ -205,9 +208,22 @@ def decide(pred: PredictionFacts, user_limit: Optional[int], part: PartitionPoli
     if capped:
         fit = iterations_within(cap, pred, part)
         allows = by.who if by is not None else (part.name or 'the partition')
-        warnings.append(
-            f"needs about {_hm(rec)} but {allows} allows {_hm(cap)}: "
-            f"only about {fit} of {pred.iterations} iterations fit; checkpoint and resubmit")
+        if fit < pred.iterations:
+            warnings.append(
+                f"needs about {_hm(rec)} but {allows} allows {_hm(cap)}: "
+                f"only about {fit} of {pred.iterations} iterations fit; checkpoint and resubmit")
+        else:
+            # The cap lies between the point prediction and the limit that covers its interval:
+            # every iteration fits at the predicted rate, not at the interval's upper end.
+            safe_rate = (upper_at_level(pred.iteration_seconds, pred.interval_seconds[1], part.fill_level)
+                         if part.cover_interval else pred.iteration_seconds * (1.0 + part.margin))
+            hi = iterations_within(cap, pred, part, max(safe_rate, pred.iteration_seconds))
+            bound = (f"the prediction's {100 * part.fill_level:g} % upper bound" if part.cover_interval
+                     else f"{part.margin:.0%} over the prediction")
+            warnings.append(
+                f"needs about {_hm(rec)} to be safe but {allows} allows {_hm(cap)}: all {pred.iterations} "
+                f"iterations fit at the predicted rate, only about {hi} at {bound}; checkpoint so that a "
+                "resubmission can go on")
         rec = cap
 
     # One predicted figure everywhere in the message: the total with the site's start-up allowance.

@@ -84,3 +84,13 @@ def test_enforce_and_advise_are_capped_too():
     advise = PartitionPolicy(name="watch", policy="advise", margin=0.15, startup_minutes=5, cover_interval=False)
     d = decide(PRED, None, advise, max_time=60, wall=QOS12)
     assert d.time_limit_minutes is None and "suggested --time=00:12:00" in d.message
+
+
+def test_a_cap_between_the_prediction_and_the_safe_limit_says_every_iteration_fits_at_the_predicted_rate():
+    """46 min needed at the predicted rate, 55 with the margin, the QOS allows 50: every one of the
+    1000 iterations fits at 2.4 s, (50 min - 5 - 1) / 2.76 s = 956 at 15 % over it."""
+    d = decide(PRED, None, PART, max_time=60, wall=WallCap(50, "qos", "q50"))
+    assert d.time_limit_minutes == 50 and "warn=capped" in d.admin_comment
+    assert ("needs about 00:55:00 to be safe but QOS q50 allows 00:50:00: all 1000 iterations fit at the "
+            "predicted rate, only about 956 at 15% over the prediction") in d.message, d.message
+    assert "only about 1000 of 1000" not in d.message
