@@ -36,6 +36,7 @@ import os
 import re
 import secrets
 import sqlite3
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -43,7 +44,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
+from .daemon.logs import kv
+
 log = logging.getLogger("perfcast.records")
+
+
+def _log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
+    """One ``event=NAME key=value ...`` line, as every line of perf-predictd's log is (its record
+    writer logs what this module says; ``perf-calibrate -v`` shows it too)."""
+    if log.isEnabledFor(level):
+        log.log(level, "event=%s %s", event, " ".join(f"{k}={kv(v)}" for k, v in fields.items()))
+
 
 DEFAULT_PATH = "/var/lib/perfcast/records.sqlite"
 RECORD_TAG = "perfcast:v1"          # the AdminComment record's tag (slurm_plugin.policy.RECORD_TAG)
@@ -78,6 +89,10 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE records ADD COLUMN std_err TEXT NOT NULL DEFAULT ''",),
 }
 _LOSS_PREFIX = "lost:"
+# What a damaged store is said to be, and what to do about it: moving it aside alone costs the
+# records of every job not harvested yet (docs/harvest.md), so the advice is to recover first.
+CORRUPT = "corrupt or not a perfcast record store"
+DAMAGED_ADVICE = "recover what it holds before replacing it (docs/harvest.md, 'When the store is damaged')"
 
 
 class RecordStoreError(Exception):
@@ -292,16 +307,19 @@ class RecordStore:
     def _why(self, exc: BaseException) -> RecordStoreError:
         text = str(exc)
         low = text.lower()
+        if "not a database" in low or "malformed" in low or "corrupt" in low:
+            return RecordStoreError(f"{self.path}: {CORRUPT} ({text}): {DAMAGED_ADVICE}")
         if "full" in low:
             what = "disk full (or the file system's quota reached)"
-        elif "not a database" in low or "malformed" in low or "corrupt" in low:
-            what = "corrupt or not a perfcast record store; move it aside and the daemon starts a new one"
         elif "locked" in low or "busy" in low:
             what = f"locked by another process for more than {BUSY_TIMEOUT_S:g} s"
         elif "readonly" in low or "read-only" in low or "permission" in low:
-            what = "not writable (file or directory permissions)"
+            what = _path_problem(self.path) or "not writable (file or directory permissions)"
         elif "unable to open" in low:
-            what = "cannot open (missing directory or permissions)"
+            what = _path_problem(self.path) or "cannot open (missing directory or permissions)"
+        elif "disk i/o error" in low:
+            # (SQLite's word for a directory opened read-only, among others)
+            what = _path_problem(self.path) or text
         else:
             what = text or type(exc).__name__
         return RecordStoreError(f"{self.path}: {what} ({text})" if text and text not in what
@@ -392,7 +410,10 @@ class RecordStore:
     def _schema_version(self, con: sqlite3.Connection) -> int:
         """The store's schema version, or RecordStoreError unless this perfcast can read or upgrade it."""
         row = con.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        text = str(row[0]) if row else "?"
+        if row is None:
+            raise RecordStoreError(f"{self.path}: has no schema version: not a perfcast record store, "
+                                   "or a damaged one")
+        text = str(row[0])
         version = int(text) if text.isascii() and text.isdigit() else None
         if version is not None and (version == SCHEMA_VERSION or version in _MIGRATIONS):
             return version
@@ -422,7 +443,7 @@ class RecordStore:
             raise
         con.commit()
         if start != SCHEMA_VERSION:
-            log.info("%s: record store upgraded from schema %d to %d", self.path, start, SCHEMA_VERSION)
+            _log_event("record_store_upgraded", store=self.path, from_schema=start, to_schema=SCHEMA_VERSION)
 
     def _upgrade_failed(self, exc: sqlite3.Error) -> RecordStoreError:
         # (a reader without write access, say an admin's report, cannot upgrade the daemon's file:
@@ -435,7 +456,8 @@ class RecordStore:
         # WAL persists in the file: readers never block the writer and vice versa.
         mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
-            log.warning("%s: journal mode %s (WAL unavailable on this file system)", self.path, mode)
+            _log_event("record_store_journal_mode", logging.WARNING, store=self.path, mode=mode,
+                       note="WAL unavailable on this file system")
         con.execute("BEGIN IMMEDIATE")
         try:
             # Another process may have created it while this one waited for the lock.
@@ -519,8 +541,8 @@ class RecordStore:
         except sqlite3.Error as exc:
             raise self._why(exc) from None
         if rows != ["ok"]:
-            raise RecordStoreError(f"{self.path}: corrupt ({'; '.join(map(str, rows))[:200]}); move it "
-                                   "aside and the daemon starts a new one")
+            raise RecordStoreError(f"{self.path}: corrupt ({'; '.join(map(str, rows))[:200]}): "
+                                   f"{DAMAGED_ADVICE}")
         with self._db(write=False):
             pass                    # and of our schema (a foreign SQLite file is refused)
 
@@ -560,7 +582,7 @@ class RecordStore:
                     (cut,))
         n = con.execute("DELETE FROM records WHERE seq <= ?", (cut,)).rowcount
         if n:
-            log.info("%s: pruned %d oldest records (keeping at most %d)", self.path, n, self.max_rows)
+            _log_event("records_pruned", store=self.path, count=n, max_rows=self.max_rows)
 
     def get(self, record_id: str) -> Optional[PredictionRecord]:
         if not is_record_id(record_id):
@@ -645,6 +667,38 @@ class RecordStore:
             rows = con.execute(sql, args).fetchall()
         n = len(_RECORD_COLUMNS)
         return [(_record(r[:n]), JobOutcome(*r[n:])) for r in rows]
+
+
+def _path_problem(path: Path) -> str:
+    """Why SQLite cannot open or write the store at ``path``, as the file system tells it ("" when it
+    tells nothing): SQLite's own words ("unable to open database file", "disk I/O error") do not
+    say that the path is a directory or on a read-only file system."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        return exc.strerror or ""
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        return "is a directory"
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    directory = path.parent
+    if not directory.is_dir():
+        return f"no directory {directory}"
+    try:
+        if os.statvfs(path if st is not None else directory).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    if st is not None and not os.access(path, os.R_OK):
+        return "not readable (file permissions)"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        # (SQLite makes the store's -wal and -shm files beside it, readers too)
+        return f"directory {directory} not writable (permissions)"
+    if st is not None and not os.access(path, os.W_OK):
+        return "not writable (file permissions)"
+    return ""
 
 
 def _inode(path: Path) -> Optional[int]:

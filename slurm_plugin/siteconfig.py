@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import pwd
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -68,6 +69,12 @@ else:  # pragma: no cover - older Pythons only
 DEFAULT_PATH = "/etc/perfcast/perfcast.toml"
 ENV_VAR = "PERFCAST_CONFIG"
 POLICIES = ("off", "advise", "fill", "enforce")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+SECTIONS = ("daemon", "defaults", "partitions", "watch")
+# Sections an admin may look for that perfcast.toml does not have, and where their settings are.
+_ELSEWHERE = {"harvest": "the harvest reads its store from [daemon] records and takes the rest on its "
+                         "command line (perf-calibrate harvest --help)",
+              "records": "the record store is [daemon] records"}
 # Slurm's default max_script_size; a request bigger than this is refused (the job goes on unchanged).
 SLURM_SCRIPT_LIMIT = 4 * 1024 * 1024
 
@@ -206,10 +213,15 @@ def load_site_config(path: Optional[str] = None) -> SiteConfig:
 
 def parse_site_config(data: Mapping[str, Any], path: str = "<config>") -> SiteConfig:
     """Validate an already-decoded config mapping (tests build these directly)."""
-    unknown = set(data) - {"daemon", "defaults", "partitions", "watch"}
+    unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
-        raise SiteConfigError(f"{path}: unknown section(s) {sorted(unknown)}")
+        raise SiteConfigError(f"{path}: {_unknown_section(unknown[0])}")
     daemon = _build(DaemonSettings, _table(data, "daemon", path), "daemon", path)
+    level = daemon.log_level.lower()
+    if level not in LOG_LEVELS:
+        raise SiteConfigError(f"{path}: daemon.log_level: {daemon.log_level!r} is not one of "
+                              f"{', '.join(LOG_LEVELS)}{_near(level, LOG_LEVELS)}")
+    daemon = replace(daemon, log_level=level)
     if not daemon.socket or not os.path.isabs(daemon.socket):
         raise SiteConfigError(f"{path}: daemon.socket: must be an absolute path")
     if daemon.user_socket and not os.path.isabs(daemon.user_socket):
@@ -268,7 +280,7 @@ def parse_watch_policy(table: Mapping[str, Any], path: str = "<config>", *, base
     known = {f.name: f for f in fields(WatchPolicy) if f.name not in ("overrides", "table")}
     for key, value in table.items():
         if key not in known:
-            raise SiteConfigError(f"{path}: {where}.{key}: unknown key")
+            raise SiteConfigError(f"{path}: {where}.{key}: unknown key{_near(key, known)}")
         if base is not None and key in WATCH_PASS_KEYS:
             raise SiteConfigError(f"{path}: {where}.{key}: set in [watch] only (it applies to the whole pass "
                                   "or, for user_extra_hours, to each user across partitions)")
@@ -303,9 +315,46 @@ def _build(cls, table: Mapping[str, Any], where: str, path: str, forbid: tuple =
     values = dict(base or {})
     for key, value in table.items():
         if key not in known or key in forbid:
-            raise SiteConfigError(f"{path}: {where}.{key}: unknown key")
+            raise SiteConfigError(f"{path}: {where}.{key}: unknown key"
+                                  f"{_near(key, (k for k in known if k not in forbid))}")
         values[key] = _coerce(known[key], value, f"{where}.{key}", path)
     return cls(**values)
+
+
+def _near(name: str, known: Any) -> str:
+    """" (did you mean 'x'?)" for the known name nearest ``name``, "" when none is near (the rule of
+    :func:`predictor.errors.did_you_mean`, without importing the predictor)."""
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _unknown_section(name: str) -> str:
+    close = difflib.get_close_matches(name.lower(), SECTIONS + tuple(_ELSEWHERE), n=1)
+    if close and close[0] in _ELSEWHERE:
+        return f"unknown section [{name}]: perfcast.toml has no [{close[0]}]; {_ELSEWHERE[close[0]]}"
+    if close:
+        return f"unknown section [{name}] (did you mean [{close[0]}]?)"
+    return (f"unknown section [{name}] (perfcast.toml has [daemon], [defaults], [partitions.NAME] "
+            "and [watch])")
+
+
+def slurm_user_problem(settings: DaemonSettings) -> str:
+    """Why ``[daemon] slurm_user`` names nobody this host knows ("" when it names a user, or is a
+    numeric uid): slurmctld connects as the SlurmUser, and the daemon trusts only root, that
+    user and itself, so with a name it cannot resolve every job would go through unchanged."""
+    name = settings.slurm_user
+    if name.isdigit():
+        return ""
+    try:
+        pwd.getpwnam(name)
+        return ""
+    except KeyError:
+        pass
+    try:
+        users = [u.pw_name for u in pwd.getpwall()]
+    except OSError:     # (a name service that cannot list its users)
+        users = []
+    return f"daemon.slurm_user: no such user {name!r}{_near(name, users)}"
 
 
 def _coerce(f, value: Any, where: str, path: str) -> Any:

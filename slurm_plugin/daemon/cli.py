@@ -1,10 +1,12 @@
 """``perf-predictd``: the command line.
 
-``--check`` applies the rule a reload (SIGHUP) applies: a config whose platforms do not all load
-fails (rc 1), and the running daemon refuses such a reload and keeps its config.  At start there is
-no config to keep: the daemon starts anyway, logs ``platform_failed`` for each platform that does
-not load (and lists them in ``ready ... failed=``), and the partitions on it fail open (jobs go
-through unchanged, their users told the platform is not available).
+``--check`` applies the rule a reload (SIGHUP) applies: a config that does not parse fails (rc 2),
+and so does a ``slurm_user`` this host does not know (a start or reload logs that at ERROR,
+``slurm_user_unknown``); a config whose platforms do not all load fails (rc 1), and the running
+daemon refuses such a reload and keeps its config.  At start there is no config to keep: the daemon
+starts anyway, logs ``platform_failed`` for each platform that does not load (and lists them in
+``ready ... failed=``), and the partitions on it fail open (jobs go through unchanged, their users
+told the platform is not available).
 """
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import os
 import sys
 from typing import Callable, Optional
 
-from ..siteconfig import (SiteConfig, SiteConfigError, config_path, configured_partitions,
-                          load_site_config, slurm_partition_names, unknown_partitions)
+from ..siteconfig import (LOG_LEVELS, DaemonSettings, SiteConfig, SiteConfigError, config_path,
+                          configured_partitions, load_site_config, slurm_partition_names, slurm_user_problem,
+                          unknown_partitions)
 from ..slurm_client import SlurmError
 from .engine import Engine, release_memory
 from .logs import setup_logging
@@ -57,12 +60,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--config", help="site config (default: $PERFCAST_CONFIG or "
                                      "/etc/perfcast/perfcast.toml)")
     ap.add_argument("--log-file", help="append log lines here instead of stderr")
-    ap.add_argument("--log-level", help="debug | info | warning (default: the config's)")
+    ap.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS,
+                    help="debug | info | warning | error (default: the config's)")
     ap.add_argument("--pid-file", help="write the pid here once listening")
     ap.add_argument("--check", action="store_true",
                     help="validate the config, load its platforms and compare its partition names "
                          "with Slurm's, then exit (0 = good; 1 = a platform that does not load or "
-                         "a partition name that is a near miss of one of Slurm's)")
+                         "a partition name that is a near miss of one of Slurm's; 2 = a config "
+                         "error, an unknown slurm_user included)")
     args = ap.parse_args(argv)
     _one_thread_per_worker()
     path = config_path(args.config)
@@ -70,6 +75,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = load_site_config(path)
     except SiteConfigError as exc:
         print(f"perf-predictd: {exc}", file=sys.stderr)
+        return 2
+    unknown_user = slurm_user_problem(cfg.daemon) if args.check else ""
+    if unknown_user and cfg.daemon.slurm_user == DaemonSettings.slurm_user:
+        # The default, on a host without a "slurm" user: a SlurmUser of root needs none (root is
+        # always trusted), so it is said, not failed.
+        print(f"perf-predictd: warning: {path}: {unknown_user} (the default); if slurm.conf's SlurmUser "
+              "is not root, set [daemon] slurm_user to it", file=sys.stderr)
+    elif unknown_user:
+        # (a start only logs it, slurm_user_unknown: the daemon still serves root and the user
+        # socket; but on a controller it would refuse every request of slurmctld's)
+        print(f"perf-predictd: {path}: {unknown_user}; slurmctld connects as slurm.conf's SlurmUser, "
+              "which the daemon would not serve", file=sys.stderr)
         return 2
     setup_logging(args.log_level or cfg.daemon.log_level, args.log_file)
     try:

@@ -57,6 +57,8 @@ BATCH = 500                        # records per transaction (one fsync-free com
 RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)   # writer back-off after a store error or a crash
 STOP_GRACE_S = 2.0                 # SIGTERM: the writer drains this long (systemd allows 5 s)
 LOSS_LOG_S = 60.0                  # at most one "records lost" warning per minute (plus the first)
+OPEN_RETRY_S = 10.0                # a spool directory that could not be made is tried again this often
+EXIT_SPOOL_UNUSABLE = 3            # the writer's exit status when it cannot take the spool's lock
 
 log = logging.getLogger("perfcast.daemon")
 # (not ``-m``: this module is already imported by the package the writer is started from)
@@ -243,10 +245,12 @@ class Recorder:
         self.crashes = 0
         self._next_try = 0.0
         self._told = 0
+        self._open_error = ""
 
     def start(self) -> None:
         self._open()
-        self._ensure_writer()
+        if self.opened:         # (no spool directory: nothing to store, and no lock to take)
+            self._ensure_writer()
 
     def _open(self) -> None:
         if self.opened:
@@ -255,8 +259,12 @@ class Recorder:
             self.spool.open()
             self.opened = True
         except OSError as exc:
-            log_event("records_unwritable", level=logging.WARNING, spool=self.spool.dir,
-                      error=exc.strerror or str(exc))
+            self._next_try = time.monotonic() + OPEN_RETRY_S
+            error = exc.strerror or str(exc)
+            if error != self._open_error:       # said once, not at every retry
+                log_event("records_unwritable", level=logging.WARNING, spool=self.spool.dir, error=error,
+                          note=f"no record is kept; retried every {OPEN_RETRY_S:g} s")
+            self._open_error = error
 
     def record(self, record: PredictionRecord, job_text: str = "") -> bool:
         """Keep ``record`` (True) or count it lost (False); never raises, never blocks on SQLite.
@@ -271,10 +279,8 @@ class Recorder:
             return False
 
     def tick(self) -> None:
-        if not self.opened:
-            if time.monotonic() >= self._next_try:
-                self._next_try = time.monotonic() + 10.0
-                self._open()
+        if not self.opened and time.monotonic() >= self._next_try:
+            self._open()
         if not self.opened:
             return
         if self.spool.due():
@@ -304,7 +310,8 @@ class Recorder:
             self.crashes += 1
             delay = RETRY_S[min(self.crashes - 1, len(RETRY_S) - 1)]
             self._next_try = time.monotonic() + delay
-            why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+            why = f"signal {signal.Signals(-code).name}" if code < 0 else \
+                "its spool is not writable" if code == EXIT_SPOOL_UNUSABLE else f"exit {code}"
             log_event("record_writer_died", level=logging.ERROR, pid=proc.pid, why=why,
                       restart_in_s=delay, spooled_kib=self.spool.pending_bytes >> 10)
             if proc.stdin is not None:
@@ -475,28 +482,46 @@ def writer_main(argv: Optional[list[str]] = None) -> int:
                     help="the segment the daemon writes now (older ones are stored)")
     ap.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS)
     args = ap.parse_args(argv)
-    from .logs import setup_logging
+    from .logs import exception_summary, setup_logging
     setup_logging("info")
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    directory = spool_dir(args.store)
-    lock = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        return _write(args.store, args.current, args.max_rows)
+    except Exception as exc:  # noqa: BLE001 - a bug: one line in the daemon's log, never a traceback
+        # (its message may quote a record; the type and the code location say where)
+        log_event("record_writer_crashed", level=logging.ERROR, error=exception_summary(exc),
+                  note="the daemon restarts it; records wait in the spool")
+        return 1
+
+
+def _write(store_path: str, current_seq: int, max_rows: int) -> int:
+    """The writer's work: take the spool's lock, store segments as the daemon closes them, drain
+    at EOF.  :data:`EXIT_SPOOL_UNUSABLE` when the spool's lock cannot be taken (a read-only file
+    system, the directory gone): said in one line, and the daemon retries later."""
+    directory = spool_dir(store_path)
+    try:
+        lock = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        log_event("record_spool_unusable", level=logging.ERROR, spool=directory,
+                  error=exc.strerror or type(exc).__name__, note="no record is kept until it is writable")
+        return EXIT_SPOOL_UNUSABLE
     while True:   # a writer left draining by a killed daemon finishes first
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:
             time.sleep(0.1)
-    store = RecordStore(args.store, max_rows=args.max_rows)
+    store = RecordStore(store_path, max_rows=max_rows)
     try:
         store.check()
         store.count()      # created now if missing: harvest and report find it from the start
     except (RecordStoreError, OSError) as exc:
-        # Records wait in the spool (bounded) until the file is moved aside or repaired.
+        # Records wait in the spool (bounded) until the file is recovered or repaired.
         log_event("record_store_unusable", level=logging.ERROR, error=str(exc),
                   note="records are spooled until it is fixed")
     writer = _Writer(store, directory)
-    current: Optional[int] = args.current
+    current: Optional[int] = current_seq
     stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
     fd = stdin.fileno()
     pending = b""

@@ -27,9 +27,9 @@ from typing import Any, Awaitable, Callable, Optional, Union
 
 from ..records import PredictionRecord, new_record_id, record_key
 from ..siteconfig import (DaemonSettings, SiteConfig, SiteConfigError, load_site_config,
-                          slurm_partition_names, unknown_partitions)
+                          slurm_partition_names, slurm_user_problem, unknown_partitions)
 from .engine import Engine, Outcome, Route, release_memory, worker_count
-from .logs import log_event, log_fds
+from .logs import exception_summary, log_event, log_fds
 from .pool import PoolBusy, WorkerDied, WorkerOverrun, WorkerPool
 from .recorder import STOP_GRACE_S as RECORDS_GRACE_S
 from .recorder import Recorder
@@ -62,6 +62,8 @@ RELOAD_APPLIES = ("socket_mode", "user_socket_mode", "slurm_user", "deadline_ms"
                   "max_file_bytes", "file_read_timeout_ms", "workers", "max_queue", "cache_size",
                   "log_level", "records")
 RESTART_ONLY = ("socket", "user_socket")
+# What every refused reload (``reload_failed``) keeps, as its line says.
+RELOAD_KEPT = "the running config and platforms"
 
 log = logging.getLogger("perfcast.daemon")
 
@@ -84,7 +86,10 @@ def trusted_uids(settings: Any) -> set[int]:
         if settings.slurm_user.isdigit():
             uids.add(int(settings.slurm_user))
         else:
-            log_event("slurm_user_unknown", level=logging.WARNING, user=settings.slurm_user)
+            # ERROR: slurmctld connects as the SlurmUser, so on a controller every job would go
+            # through unchanged (``perf-predictd --check`` fails on it)
+            log_event("slurm_user_unknown", level=logging.ERROR, error=slurm_user_problem(settings),
+                      note="only root and the daemon's own uid are served on the socket")
     return uids
 
 
@@ -471,17 +476,17 @@ class PredictServer:
                 self._trim()
                 log_event("reload_failed", level=logging.ERROR,
                           error="; ".join(f"platform {n} does not load: {e}" for n, e in broken.items()),
-                          kept="the running config and platforms")
+                          kept=RELOAD_KEPT)
                 return
             await in_thread(new.warm_up)
             if cfg.daemon.records and cfg.daemon.records != running.records:
                 recorder = self._recorder(cfg.daemon.records)
                 await in_thread(recorder.start)     # its spool made and writer started off the loop
         except SiteConfigError as exc:
-            log_event("reload_failed", level=logging.ERROR, error=str(exc))
+            log_event("reload_failed", level=logging.ERROR, error=str(exc), kept=RELOAD_KEPT)
             return
-        except Exception as exc:
-            log_event("reload_failed", level=logging.ERROR, error=type(exc).__name__)
+        except Exception as exc:     # (a bug: where, never what -- the message may quote the file)
+            log_event("reload_failed", level=logging.ERROR, error=exception_summary(exc), kept=RELOAD_KEPT)
             return
         if self.pool.closing:
             if recorder is not None:

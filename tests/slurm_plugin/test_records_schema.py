@@ -76,7 +76,9 @@ def test_a_schema_1_store_is_upgraded_in_place_and_keeps_its_records(tmp_path, c
     store = RecordStore(path, create=False)          # as the harvest and the report open it
     with caplog.at_level("INFO", logger="perfcast.records"):
         old = store.get(OLD_ID)
-    assert "upgraded from schema 1 to 2" in caplog.text
+    # an event like every other line of the record writer's log (QA 7)
+    (line,) = [r.getMessage() for r in caplog.records if "upgraded" in r.getMessage()]
+    assert line.startswith("event=record_store_upgraded store=") and line.endswith(" from_schema=1 to_schema=2")
     assert old is not None and old.std_err == "" and old.std_out == "train-%j.out"
     assert (old.job, old.slurm_job_id, old.interval_seconds, old.job_name) == (JOB, 100, (1.3, 1.9), "old0")
     (rec, out), = store.outcomes()
@@ -155,3 +157,14 @@ def test_a_store_of_an_unknown_schema_is_refused_untouched(tmp_path, schema):
         err = str(pytest.raises(RecordStoreError, store.add, make_record()).value)
         assert expect in err and str(path) in err and "\n" not in err
     assert err.endswith(expect) and schema_of(path) == schema and "std_err" not in columns(path)
+
+
+def test_a_store_without_a_schema_row_says_so_not_schema_question_mark(tmp_path):
+    """QA 7: a meta table without its schema row is no perfcast store, or a damaged one."""
+    path = tmp_path / "records.sqlite"
+    make_v1_store(path)
+    with sqlite3.connect(path) as con:
+        con.execute("DELETE FROM meta WHERE key = 'schema'")
+    for store in (RecordStore(path), RecordStore(path, create=False)):
+        err = str(pytest.raises(RecordStoreError, store.count).value)
+        assert err == f"{path}: has no schema version: not a perfcast record store, or a damaged one"
