@@ -18,8 +18,94 @@ class JobInput:
     platform_from: Optional[str] = None   # how the platform was chosen, when a partition chose it
 
 
+# The top-level tables of a perfcast job file (predictor.job): a TOML file with TorchTitan's tables
+# and none of these is a TorchTitan config, not a job file.
+_JOB_TABLES = frozenset({"model", "layout", "run", "cluster"})
+_CONFIG_SUFFIXES = (".yml", ".yaml", ".json")
+_SNIFF_BYTES = 1 << 20          # a larger file is not a config or job file anyone meant to give here
+
+
+def _sniff_text(path: str) -> Optional[str]:
+    """The file's text when it is a small regular UTF-8 file (never blocking on a FIFO), else None:
+    whoever reads it next says what is wrong with it."""
+    from slurm_plugin.launch.files import default_read_file
+    try:
+        data = default_read_file(path)
+    except (OSError, ValueError):
+        return None
+    if len(data) > _SNIFF_BYTES or b"\x00" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _toml_tables(text: str) -> Optional[dict]:
+    import tomllib
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):
+        return None
+    return {k: v for k, v in data.items() if isinstance(v, dict)}
+
+
+def _is_torchtitan(tables: dict) -> bool:
+    from slurm_plugin.launch.torchtitan import JOB_CONFIG_KEYS
+    return bool((set(tables) & set(JOB_CONFIG_KEYS)) - _JOB_TABLES) and not (set(tables) & (_JOB_TABLES - {"model"}))
+
+
+def _config_framework(path: str, text: str) -> Optional[str]:
+    """Which framework's config a YAML / JSON file is, from its top-level keys (None: not known)."""
+    from slurm_plugin.launch.configs import load_config
+    from slurm_plugin.launch.limits import CannotPredict
+    from slurm_plugin.launch.llmfoundry_keys import TRAIN_CONFIG_KEYS
+    from slurm_plugin.launch.neox_keys import DEEPSPEED_KEYS, NEOX_KEYS
+    try:
+        data = load_config(text, path, None, "json" if path.lower().endswith(".json") else "yaml").data
+    except CannotPredict:
+        return None
+    if not isinstance(data, dict):
+        return None
+    keys = {str(k).replace("-", "_") for k in data}
+    if isinstance(data.get("trainer"), dict) and isinstance(data.get("model"), dict):
+        return "NeMo"
+    if isinstance(data.get("model"), dict) and keys & (TRAIN_CONFIG_KEYS - {"model", "optimizer", "scheduler"}):
+        return "llm-foundry"
+    if keys & (NEOX_KEYS - DEEPSPEED_KEYS):
+        return "GPT-NeoX"
+    if keys & DEEPSPEED_KEYS:
+        return "DeepSpeed"
+    return None
+
+
+def _not_a_job(path: str, what: str, it: str = "it") -> UsageError:
+    return UsageError(f"{path} {what}: give the batch script that launches {it} (perfcast reads the configs it "
+                      f"names), or a perfcast job file (docs/job-file.md)")
+
+
 def is_job_file(path: str) -> bool:
-    return path.endswith(".toml")
+    """Whether JOB is a perfcast job file (else a batch script). A framework's config given in their
+    place (a GPT-NeoX / llm-foundry / NeMo YAML, a DeepSpeed JSON, a TorchTitan TOML) is refused
+    with what to give instead. A job file under another name (``jobfile``, ``job.TOML``: TOML with
+    a [model] table) is read as the job file it is."""
+    low = path.lower()
+    if low.endswith(_CONFIG_SUFFIXES):
+        text = _sniff_text(path)
+        if text is None or text.startswith("#!"):
+            return False            # unreadable (the script reader says why), or a script after all
+        fw = _config_framework(path, text)
+        if fw:
+            raise _not_a_job(path, f"looks like {'an' if fw == 'llm-foundry' else 'a'} {fw} config")
+        kind = "JSON" if low.endswith(".json") else "YAML"
+        raise _not_a_job(path, f"is a {kind} file, not a batch script or a perfcast job file", "the training")
+    text = _sniff_text(path)
+    tables = _toml_tables(text) if text is not None else None
+    if tables is not None and _is_torchtitan(tables):
+        raise _not_a_job(path, "looks like a TorchTitan config")
+    if low.endswith(".toml"):
+        return True
+    return tables is not None and isinstance(tables.get("model"), dict)
 
 
 def load_job_input(path: str, default_gpus_per_node: Optional[int] = None) -> JobInput:

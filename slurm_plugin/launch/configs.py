@@ -35,6 +35,7 @@ class Config:
     lines: dict = field(default_factory=dict)          # tuple(key path) -> line (1-based)
     line_origins: Optional[list] = None                # for files the script wrote: line -> "file:line"
     duplicates: list = field(default_factory=list)     # [(key path, line, first line)]: a key again
+    bare: set = field(default_factory=set)             # key paths whose value is an unquoted word
 
     def origin(self, path: tuple) -> str:
         return self.line_origin(self.lines.get(path))
@@ -89,10 +90,17 @@ def load_config(text: str, label: str, line_origins: Optional[list] = None, kind
         raise CannotPredict(f"config {label} is nested too deeply", label) from None
     cfg = Config(None, label, {}, line_origins)
     if node is None:
+        if kind == "json":
+            # Megatron-DeepSpeed (and DeepSpeed before its hjson loader) json.load the file, which
+            # fails on no value; DeepSpeed's hjson reads {} and then asserts a batch size is given.
+            what = "empty" if not text.strip() else "without a JSON value (comments or blanks only)"
+            first = line_origins[0] if line_origins else f"{label}:1"
+            raise CannotPredict(f"{label} is {what}: DeepSpeed stops at start (json.load fails on it; "
+                                f"DeepSpeed's hjson loader reads no keys, so no batch size)", first)
         cfg.data = {}
         return cfg
     budget = [0]
-    cfg.data = _build(node, (), cfg.lines, budget, 0, label, cfg.duplicates)
+    cfg.data = _build(node, (), cfg.lines, budget, 0, label, cfg.duplicates, cfg.bare)
     if kind == "json":
         _check_json(cfg, src)
     return cfg
@@ -138,7 +146,8 @@ def check_duplicates(cfg: Config, who: str, refuses: bool, warnings: list) -> No
                         f"({cfg.line_origin(line)})")
 
 
-def _build(node, path: tuple, lines: dict, budget: list, depth: int, label: str, dups: list) -> Any:
+def _build(node, path: tuple, lines: dict, budget: list, depth: int, label: str, dups: list,
+           bare: set) -> Any:
     budget[0] += 1
     if budget[0] > MAX_CONFIG_NODES:
         raise CannotPredict(f"config {label} expands to more than {MAX_CONFIG_NODES} values "
@@ -147,13 +156,15 @@ def _build(node, path: tuple, lines: dict, budget: list, depth: int, label: str,
         raise CannotPredict(f"config {label} is nested more than {MAX_CONFIG_DEPTH} levels deep",
                             f"{label}:{node.start_mark.line + 1}")
     if isinstance(node, yaml.ScalarNode):
+        if not node.style and node.tag == "tag:yaml.org,2002:str" and len(path) <= 4:
+            bare.add(path)      # a plain word: in a JSON file, a template's placeholder (GBSIZE)
         try:
             return _SC.construct_object(node, deep=False) if node.tag != "tag:yaml.org,2002:timestamp" \
                 else node.value
         except (yaml.YAMLError, ValueError, OverflowError):
             return node.value
     if isinstance(node, yaml.SequenceNode):
-        return [_build(v, path + (i,), lines, budget, depth + 1, label, dups) for i, v in enumerate(node.value)]
+        return [_build(v, path + (i,), lines, budget, depth + 1, label, dups, bare) for i, v in enumerate(node.value)]
     if isinstance(node, yaml.MappingNode):
         out: dict = {}
         for k, v in node.value:
@@ -168,7 +179,7 @@ def _build(node, path: tuple, lines: dict, budget: list, depth: int, label: str,
                 dups.append((sub, k.start_mark.line + 1, lines.get(sub)))
             if len(sub) <= 4:
                 lines[sub] = k.start_mark.line + 1
-            out[key] = _build(v, sub, lines, budget, depth + 1, label, dups)
+            out[key] = _build(v, sub, lines, budget, depth + 1, label, dups, bare)
         return out
     return None
 

@@ -9,8 +9,9 @@ from typing import Any, Optional
 
 from .configs import Config, to_bool, to_int
 from .facts import Facts
+from .limits import CannotPredict
 from .neox_keys import (DEEPSPEED_KEYS, DEEPSPEED_SHAPE_KEYS, PRECISION_KEYS, check_activation_checkpointing_keys,
-                        check_keys, check_precision_keys, check_zero_keys)
+                        check_keys, check_precision_keys, check_zero_keys, check_zero_stage)
 from .values import MARK_OPEN
 
 
@@ -40,9 +41,16 @@ def _num(facts: Facts, key: str, cfg: Config, path: tuple, value: Any) -> None:
 
 def read_config(cfg: Config, facts: Facts) -> None:
     d = cfg.data
-    if not isinstance(d, dict):
-        facts.warnings.append(f"DeepSpeed config {cfg.label} is not a JSON object; ignored")
+    if isinstance(d, str) and MARK_OPEN in d:
+        facts.warnings.append(f"DeepSpeed config {cfg.label} is unknown ({facts.u.reason(d) or '?'}): its keys are not "
+                              f"read ({cfg.line_origin(1)})")
         return
+    if not isinstance(d, dict):
+        # DeepSpeedConfig reads its keys with dict.get (Megatron-DeepSpeed first tests keys with `in`):
+        # a list, a number or null there stops the job at start.
+        what = "null" if d is None else f"a JSON {'list' if isinstance(d, list) else type(d).__name__}"
+        raise CannotPredict(f"DeepSpeed config {cfg.label} is {what}, not a JSON object of config keys: DeepSpeed "
+                            f"stops at start", cfg.line_origin(1))
     facts.set("ds_config_loaded", True, cfg.label)
     zero = d.get("zero_optimization")
     if isinstance(zero, dict):          # a misspelt ``stage`` stops the parse
@@ -81,6 +89,8 @@ def read_config(cfg: Config, facts: Facts) -> None:
         facts.set("ds_zero_stage", 1 if z else 0, cfg.origin(("zero_optimization",)))
     elif isinstance(z, dict):
         if "stage" in z:
+            if ("zero_optimization", "stage") not in cfg.bare:     # a bare word is a template's placeholder
+                check_zero_stage(z["stage"], cfg.label, cfg.origin(("zero_optimization", "stage")))
             _num(facts, "ds_zero_stage", cfg, ("zero_optimization", "stage"), z["stage"])
         else:
             facts.set("ds_zero_stage", 0, cfg.origin(("zero_optimization",)))

@@ -26,7 +26,7 @@ from .limits import MAX_KEY_SUGGESTIONS, CannotPredict
 from .llmfoundry_keys import (ATTN_CONFIG_KEYS, FFN_CONFIG_KEYS, FSDP_CONFIG_KEYS, MPT_MODEL_KEYS, READ_KEYS,
                               TRAIN_CONFIG_KEYS)
 from .nemo import HydraArgs, View
-from .neox_keys import suggest
+from .neox_keys import refuse_choice, suggest
 from .values import MARK_OPEN, Tok
 
 FRAMEWORK = "llm-foundry"
@@ -245,7 +245,7 @@ def _model(v: View, f: Facts, label: str) -> None:
         raise CannotPredict(f"llm-foundry model {name!r} is not read (the reader knows mpt_causal_lm)", n_origin)
     ffn_type, ft_origin, _ = _str(v, "model.ffn_config.ffn_type", "mptmlp")
     ne, ne_origin, ne_found = _value(v, "model.ffn_config.moe_num_experts")
-    if ffn_type in ("mb_moe", "mb_dmoe"):
+    if ffn_type in MOE_FFN_TYPES:
         moe.refuse(f"model.ffn_config.ffn_type {ffn_type}", ft_origin)
     if ne_found:
         moe.check_count(ne, "model.ffn_config.moe_num_experts", ne_origin)
@@ -276,6 +276,27 @@ NORM_TYPES = frozenset(("layernorm", "low_precision_layernorm", "rmsnorm", "low_
                         "triton_rmsnorm"))
 
 
+# llm-foundry's ffn registries (llmfoundry/models/layers/ffn.py: ``ffns``, ``ffns_with_norm``,
+# ``ffns_with_megablocks``) and attention registry (layers/attention.py ``attention_classes``; in
+# releases before the registries, FFN_CLASS_REGISTRY / ATTN_CLASS_REGISTRY with the same names).
+# Building the model looks the name up exactly and fails at start on another one, unless a plugin
+# registers it (the ``llmfoundry_ffns`` / ``llmfoundry_attention_classes`` entry points).
+MOE_FFN_TYPES = ("torch_dmoe", "mb_moe", "mb_dmoe")
+FFN_TYPES = ("mptmlp", "mptglu", "te_ln_mlp") + MOE_FFN_TYPES
+ATTN_TYPES = ("multihead_attention", "multiquery_attention", "grouped_query_attention")
+
+
+def _unregistered(key: str, name: str, registered: tuple, modelled: str, origin: str, f: Facts) -> None:
+    """A name outside llm-foundry's registry: a likely misspelling of a registered one stops the
+    prediction (llm-foundry stops at start: no plugin registers a near miss of its own names);
+    another name may be a plugin's, and is a warning that says what the job needs and what is costed."""
+    if suggest(name, frozenset(registered)) is not None or suggest(name.lower(), frozenset(registered)) is not None:
+        refuse_choice(key, name, registered, "llm-foundry finds no such name in its registry and stops building the "
+                      "model at start", origin)
+    f.warnings.append(f"{key} {name!r} is not in llm-foundry's registry ({', '.join(registered)}): llm-foundry stops "
+                      f"at start unless a plugin registers it; if one does, it is modelled as {modelled} ({origin})")
+
+
 def _unknown_norm(norm: str, origin: str, f: Facts) -> None:
     """A norm_type outside the registry: a likely misspelling stops (building the model fails at
     start); another name may be a plugin's own registration, so it is a warning."""
@@ -290,8 +311,10 @@ def _unknown_norm(norm: str, origin: str, f: Facts) -> None:
 
 
 def _ffn(v: View, f: Facts, ffn_type: str, ft_origin: str) -> None:
-    if ffn_type not in ("mptmlp", "mptglu", "te_ln_mlp"):
-        f.warnings.append(f"model.ffn_config.ffn_type {ffn_type!r} is modelled as mptmlp ({ft_origin})")
+    if ffn_type not in FFN_TYPES:
+        _unregistered("model.ffn_config.ffn_type", ffn_type, FFN_TYPES,
+                      "mptmlp (a GeLU MLP of expansion_ratio × d_model; the plugin's own shapes are not known)",
+                      ft_origin, f)
     f.set("activation", "swiglu" if ffn_type == "mptglu" else "gelu", ft_origin or "MPTConfig default (mptmlp)")
     size, s_origin, found = _value(v, "model.ffn_config.ffn_hidden_size")
     if found and size is not None:
@@ -331,7 +354,9 @@ def _attention(v: View, f: Facts) -> None:
         if f.get("kv_heads") is None:
             raise CannotPredict("grouped_query_attention without model.attn_config.kv_n_heads", k_origin)
     elif kind != "multihead_attention":
-        f.warnings.append(f"model.attn_config.attn_type {kind!r} is modelled as multihead_attention ({k_origin})")
+        _unregistered("model.attn_config.attn_type", kind, ATTN_TYPES,
+                      "multihead_attention (n_heads key/value heads; the plugin's own shapes are not known)",
+                      k_origin, f)
     alibi, a_origin, _ = _bool(v, "model.attn_config.alibi", False)
     rope, r_origin, _ = _bool(v, "model.attn_config.rope", False)
     learned, l_origin, l_found = _bool(v, "model.learned_pos_emb", True)

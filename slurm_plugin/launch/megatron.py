@@ -10,6 +10,7 @@ parser does not know stops Megatron at start (:func:`check_flags`, with the flag
 from __future__ import annotations
 
 import ast
+import difflib
 from typing import Any, Optional
 
 from predictor.recipe import gated_ffn_width
@@ -234,39 +235,76 @@ def check_moe(facts: Facts) -> None:
 # Flags of choices (megatron/training/arguments.py): argparse refuses any other value at start.
 # --attention-backend is AttnBackend[value] (megatron/core/transformer/enums.py), case and all;
 # --normalization is LayerNorm|RMSNorm in Megatron-LM and lower case in older forks: either case.
-_CHOICES = (("attention_backend", "--attention-backend", ("flash", "fused", "unfused", "local", "auto"), False),
-            ("norm_raw", "--normalization", ("LayerNorm", "RMSNorm"), True),
-            ("fp8", "--fp8-format", ("e4m3", "hybrid"), False))
+# --recompute-granularity: choices=['full', 'selective'] (Megatron-LM; Megatron-DeepSpeed's merged
+# parser alike).  --position-embedding-type: Megatron-LM's choices (learned_absolute, rope, mrope,
+# relative, none; a fork adds alibi); Megatron-DeepSpeed's (bigscience) is PositionEmbeddingType[x]
+# of megatron/model/enums.py (absolute, rotary, alibi).  --glu-activation: bigscience
+# Megatron-DeepSpeed's GLU_ACTIVATIONS (megatron/model/glu_activations.py).
+# (fact, flag, choices, choices under Megatron-DeepSpeed as well, any case)
+_POS_LM = ("learned_absolute", "rope", "mrope", "relative", "none")
+_POS_DS = ("absolute", "rotary", "alibi")
+GLU_ACTIVATIONS = ("geglu", "liglu", "reglu", "swiglu")
+_CHOICES = (("attention_backend", "--attention-backend", ("flash", "fused", "unfused", "local", "auto"), (), False),
+            ("norm_raw", "--normalization", ("LayerNorm", "RMSNorm"), (), True),
+            ("fp8", "--fp8-format", ("e4m3", "hybrid"), (), False),
+            ("recompute_granularity", "--recompute-granularity", ("full", "selective"), (), False),
+            ("pos_raw", "--position-embedding-type", _POS_LM, _POS_DS, False),
+            ("glu", "--glu-activation", GLU_ACTIVATIONS, (), False))
 
 
-def check_choices(facts: Facts) -> None:
-    """A value Megatron's argparse refuses stops the prediction, as a flag it refuses does."""
-    for key, flag, choices, any_case in _CHOICES:
+def check_choices(facts: Facts, deepspeed: bool = False) -> None:
+    """A value Megatron's argparse refuses stops the prediction, as a flag it refuses does.  A
+    value of the other family's choices (Megatron-DeepSpeed's ``rotary`` under Megatron-LM) is
+    let through: forks carry either."""
+    for key, flag, lm_choices, ds_choices, any_case in _CHOICES:
         value = facts.val(key)
-        if not isinstance(value, str) or value in choices or MARK_OPEN in value:
+        if not isinstance(value, str) or MARK_OPEN in value or value in lm_choices or value in ds_choices:
             continue
-        if any_case and value.lower() in (c.lower() for c in choices):
+        if any_case and value.lower() in (c.lower() for c in lm_choices):
             continue
-        guess = suggest(value, frozenset(choices)) or suggest(value.lower(), frozenset(c.lower() for c in choices))
-        if guess is not None and guess not in choices:
-            guess = next(c for c in choices if c.lower() == guess)
-        near = f"; did you mean {guess}?" if guess else ""
+        choices = lm_choices + ds_choices if deepspeed else lm_choices
+        guess = difflib.get_close_matches(value, choices, n=1) or \
+            difflib.get_close_matches(value.lower(), [c.lower() for c in choices], n=1)
+        if guess and guess[0] not in choices:
+            guess = [next(c for c in choices if c.lower() == guess[0])]
+        near = f"; did you mean {guess[0]}?" if guess else ""
         raise CannotPredict(f"{flag} {value}: not one of Megatron's choices ({', '.join(choices)}); Megatron will "
                             f"refuse this value at start{near}", facts.origin(key))
+
+
+def check_asserts(f: Facts) -> None:
+    """Combinations that Megatron's ``validate_args`` asserts against, so the job stops at start
+    (the same checks in Megatron-LM's megatron/training/arguments.py and Megatron-DeepSpeed's
+    megatron/arguments.py)."""
+    if f.val("bf16") and f.val("fp16"):
+        raise CannotPredict("--fp16 with --bf16: Megatron's validate_args asserts only one of them (`if args.fp16: "
+                            "assert not args.bf16`) and the job stops at start", f.origin("fp16"))
+    if f.val("train_iters") and f.get("train_samples") is not None:
+        raise CannotPredict("--train-iters with --train-samples: Megatron's validate_args asserts iteration- or "
+                            "sample-based training, not both ('expected iteration-based training'), and the job "
+                            "stops at start", f.origin("train_samples"))
+    if f.get("rampup") is not None and f.get("train_iters") is not None:
+        # validate_args: "expected no batch-size rampup for iteration-based training".
+        raise CannotPredict("--rampup-batch-size with --train-iters: Megatron asserts there is no batch-size "
+                            "rampup in iteration-based training and stops at start (--train-samples takes a "
+                            "rampup)", f.origin("rampup"))
+    seq, max_pos = f.val("seq_len"), f.val("max_pos")
+    if isinstance(seq, int) and isinstance(max_pos, int) and max_pos < seq:
+        # Megatron-LM asserts it whatever the position embedding; Megatron-DeepSpeed too (bigscience's
+        # fork for absolute / alibi positions, and refuses --max-position-embeddings with rotary ones)
+        raise CannotPredict(f"--max-position-embeddings {max_pos} is below the sequence length {seq} "
+                            f"({f.origin('seq_len')}): Megatron's validate_args asserts max_position_embeddings "
+                            f">= seq_length and the job stops at start", f.origin("max_pos"))
 
 
 def derive_model(facts: Facts, deepspeed: bool) -> None:
     """Framework rules -> the model/layout facts that derive.py expects (in place)."""
     f = facts
     w = f.warnings
-    check_choices(f)
+    check_choices(f, deepspeed)
+    check_asserts(f)
     _sequence_parallel_at_tp1(f)
     _null_tokenizer(f)
-    if f.get("rampup") is not None and f.get("train_iters") is not None:
-        # validate_args: "expected no batch-size rampup for iteration-based training".
-        raise CannotPredict("--rampup-batch-size with --train-iters: Megatron asserts there is no batch-size "
-                            "rampup in iteration-based training and stops at start (--train-samples takes a "
-                            "rampup)", f.origin("rampup"))
     # GQA
     if f.val("gqa"):
         f.set("kv_heads", f.val("num_query_groups", 1), f.origin("num_query_groups", f.origin("gqa")))
@@ -275,14 +313,19 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
     elif f.get("num_query_groups") is not None and not deepspeed:
         w.append("--num-query-groups without --group-query-attention is ignored by Megatron-LM")
     # FFN
-    gated = bool(f.val("swiglu")) or f.val("glu") in ("swiglu", "geglu", "reglu", "liglu")
+    gated = bool(f.val("swiglu")) or f.val("glu") in GLU_ACTIVATIONS
     if f.get("ffn_hidden") is None and f.known("hidden"):
+        # Megatron-LM's --swiglu takes 2/3 of 4h; Megatron-DeepSpeed's --glu-activation keeps 4h
         h = f.val("hidden")
         ffn = gated_ffn_width(h, "megatron") if f.val("swiglu") else 4 * h
         f.set("ffn_hidden", ffn, f.origin("swiglu", f.origin("hidden")))
     if gated:
         if f.val("glu") not in (None, "swiglu"):
-            w.append(f"--glu-activation {f.val('glu')} is modelled as swiglu (same shapes)")
+            # ParallelMLP: dense_h_to_4h gives 2 × ffn-hidden-size for every GLU, one half gating
+            # the other; only the gate's element-wise function differs from SwiGLU's SiLU
+            w.append(f"--glu-activation {f.val('glu')} is modelled as swiglu (a gated MLP of the same shapes; "
+                     f"{_GLU_GATE[f.val('glu')]} in place of SiLU on the gate is not costed apart) "
+                     f"({f.origin('glu')})")
         f.set("activation", "swiglu", f.origin("swiglu", f.origin("glu")))
     else:
         f.set("activation", "gelu", "Megatron default")
@@ -293,9 +336,11 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
     pos = f.val("pos_raw")
     if pos is not None:
         mapped = {"learned_absolute": "learned", "absolute": "learned", "rope": "rotary", "rotary": "rotary",
-                  "mrope": "rotary", "alibi": "alibi", "none": "none"}.get(pos.lower())
+                  "mrope": "rotary", "alibi": "alibi", "none": "none"}.get(pos)
         if mapped is None:
-            w.append(f"--position-embedding-type {pos} is modelled as none")
+            # "relative" (check_choices lets no other value through): T5-style buckets as an attention bias
+            w.append(f"--position-embedding-type {pos} (a learned relative-position bias on the attention "
+                     f"scores) is modelled as none: the bias is not costed ({f.origin('pos_raw')})")
             mapped = "none"
         f.set("pos_emb", mapped, f.origin("pos_raw"))
     elif f.val("rotary_ms"):
@@ -353,7 +398,7 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
     else:
         f.set("precision", "fp32", "Megatron default (no --fp16/--bf16)")
     # recompute
-    gran = (f.val("recompute_granularity") or "").lower()
+    gran = f.val("recompute_granularity") or ""      # full | selective: check_choices stops on another
     if f.val("checkpoint_activations"):
         if not deepspeed:
             w.append("--checkpoint-activations: recent Megatron-LM rejects it (it stops at start-up); "
@@ -363,10 +408,6 @@ def derive_model(facts: Facts, deepspeed: bool) -> None:
         f.set("recompute", gran, f.origin("recompute_granularity"))
         if gran == "full":
             _partial_recompute(f)
-    elif gran:
-        w.append(f"--recompute-granularity {gran} is not full or selective; Megatron stops at start-up "
-                 f"({f.origin('recompute_granularity')}); read as no recompute")
-        f.set("recompute", "none", f.origin("recompute_granularity"))
     elif f.val("recompute_activations"):
         f.set("recompute", "selective", f.origin("recompute_activations"))
     else:
@@ -649,16 +690,19 @@ def _checkpoint_options(f: Facts) -> None:
 
 def _distribute_saved(f: Facts) -> None:
     """Megatron-LM's ``--distribute-saved-activations``: each TP rank keeps 1/tp of a recomputed
-    layer's input (``partition_activations`` under Megatron-core).  Megatron-LM refuses it at
-    start-up without tp > 1 and full granularity, and Megatron-core turns it off under sequence
-    parallelism."""
+    layer's input (``partition_activations`` under Megatron-core).  Megatron-LM's validate_args
+    asserts tp > 1, ``--recompute-granularity full`` and a ``--recompute-method`` (the job stops
+    at start without them), and Megatron-core turns it off under sequence parallelism."""
     where = f.origin("distribute_saved")
-    tp = f.val("tp", 1) or 1
-    if f.val("recompute") != "full" or tp <= 1:
-        why = "tp > 1" if tp <= 1 else "--recompute-granularity full"
-        f.warnings.append(f"--distribute-saved-activations needs {why}: Megatron-LM stops at start-up "
-                          f"({where}); not costed")
-    elif f.val("sequence_parallel"):
+    tp = f.get("tp")
+    needs = [need for need, missing in (
+        ("--tensor-model-parallel-size above 1", tp is None or (tp.unknown is None and (tp.value or 1) <= 1)),
+        ("--recompute-granularity full", f.val("recompute_granularity") != "full"),
+        ("a --recompute-method", f.get("recompute_method") is None)) if missing]
+    if needs:
+        raise CannotPredict(f"--distribute-saved-activations needs {' and '.join(needs)}: Megatron-LM's "
+                            f"validate_args asserts it and the job stops at start", where)
+    if f.val("sequence_parallel"):
         f.warnings.append(f"--distribute-saved-activations with --sequence-parallel: Megatron-core turns it "
                           f"off ({where}); not costed")
     else:
@@ -683,6 +727,9 @@ def _partial_recompute(f: Facts) -> None:
         f.warnings.append(f"--recompute-method {method} is not uniform or block ({origin}); "
                           f"modelled as full recompute")
 
+
+# The gate's function of each --glu-activation (glu_activations.py: F.gelu, F.relu, none, F.silu)
+_GLU_GATE = {"geglu": "GELU", "reglu": "ReLU", "liglu": "no function (linear)", "swiglu": "SiLU"}
 
 _OVERLAPS = (("tp", "tp_comm_raw", "--tp-comm-overlap"),
              ("grad", "overlap_grad_raw", "--overlap-grad-reduce"),

@@ -5,8 +5,10 @@ The base config is DIR/NAME.yaml (DIR relative to the training script, as Hydra 
 overrides win: ``key=value`` sets an existing key, ``+key=value`` adds one, ``++key=value`` sets or
 adds, ``~key`` deletes. OmegaConf interpolations ``${a.b}`` / ``${.b}`` are followed a bounded number
 of times. Keys read (docs/launch-formats.md): trainer.*, exp_manager checkpointing, model.* shape,
-parallelism, batch, recompute, optimizer (distributed_fused_adam shards optimizer state like
-ZeRO-1), attention kernel and precision.
+parallelism, batch, recompute, optimizer (distributed_fused_adam and mcore_distributed_optim shard
+optimizer state like ZeRO-1), attention kernel and precision. A value NeMo refuses when it builds the
+model (an activation, granularity, optimizer or, under mcore_gpt, normalization outside its choices:
+the accepted sets are beside :func:`_activation`) stops the prediction with did-you-mean.
 
 NeMo 2.0 is configured by Python (``nemo.collections.llm`` recipes, NeMo-Run, ``nemo llm pretrain``);
 its jobs are refused with a pointer to the TOML job file (:data:`NEMO2_REASON`).
@@ -18,11 +20,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from predictor.errors import did_you_mean
+
 from . import megatron, moe
 from .configs import Config, check_duplicates, to_bool, to_int, to_number
 from .facts import Facts
 from .limits import MAX_INTERPOLATION_DEPTH, CannotPredict
-from .neox_keys import suggest
+from .neox_keys import refuse_choice, suggest
 from .overlap import set_overlaps
 from .values import MARK_OPEN, Tok
 
@@ -280,22 +284,10 @@ def read(cfg: Config, h: HydraArgs, f: Facts) -> None:
         f.set("ffn_hidden", 4 * f.val("hidden"), "NeMo default (4 × hidden_size)")
     _evaluation(v, f)
     _checkpoints(v, f)
-    # model kind
-    act, origin = _str(v, "model.activation")
-    act = (act or "gelu").lower()
-    gated = act.replace("fast-", "") in ("swiglu", "geglu", "reglu")
-    f.set("activation", "swiglu" if gated else "gelu", origin or "NeMo default")
-    if act not in ("gelu", "swiglu", "fast-swiglu"):
-        w.append(f"activation {act} is modelled as {'swiglu' if gated else 'gelu'} (same shapes)")
-    norm, origin = _str(v, "model.normalization")
-    f.set("norm", "rmsnorm" if norm and "rms" in norm.lower() else "layernorm", origin or "NeMo default")
-    pos, origin = _str(v, "model.position_embedding_type")
-    mapped = {"learned_absolute": "learned", "rope": "rotary", "alibi": "alibi", "none": "none",
-              "xpos": "rotary", "kerple": "alibi"}.get((pos or "learned_absolute").lower())
-    if mapped is None:
-        w.append(f"position_embedding_type {pos} is modelled as learned ({origin})")
-        mapped = "learned"
-    f.set("pos_emb", mapped, origin or "NeMo default")
+    mcore, _ = _bool(v, "model.mcore_gpt")     # MegatronGPTModel: cfg.get('mcore_gpt', False)
+    _activation(v, f)
+    _normalization(v, f, bool(mcore))
+    _positions(v, f)
     tied, origin = _bool(v, "model.share_embeddings_and_output_weights")
     f.set("tied_embeddings", True if tied is None else tied, origin or "NeMo default")
     f.set("parallel_residual", False, "NeMo GPT")
@@ -306,8 +298,12 @@ def read(cfg: Config, h: HydraArgs, f: Facts) -> None:
     _precision(v, f)
     _overlaps(v, f)
     gran, origin = _str(v, "model.activations_checkpoint_granularity")
-    gran = (gran or "").lower()
-    if gran in ("full", "selective"):
+    if gran is not None and gran.strip().lower() not in ("", "null"):
+        # Megatron-core's TransformerConfig (recompute_granularity) and NeMo's legacy
+        # ParallelTransformer both raise ValueError at model build for another value
+        if gran not in ("full", "selective"):
+            _refuse("model.activations_checkpoint_granularity", gran, ("full", "selective"),
+                    "NeMo stops when it builds the model (full, selective or null)", origin)
         f.set("recompute", gran, origin)
         method, m_origin = _str(v, "model.activations_checkpoint_method")
         if gran == "full" and (method or "").lower() == "block":
@@ -316,7 +312,10 @@ def read(cfg: Config, h: HydraArgs, f: Facts) -> None:
     else:
         f.set("recompute", "none", origin or "NeMo default (no activation checkpointing)")
     opt, origin = _str(v, "model.optim.name")
-    if opt and "distributed_fused_adam" in opt.lower():
+    if opt is not None and opt not in NEMO_OPTIMIZERS:
+        _refuse("model.optim.name", opt, NEMO_OPTIMIZERS, "NeMo stops at start (get_optimizer: "
+                "\"Cannot resolve optimizer\")", origin, "NeMo's optimizers")
+    if opt in DISTRIBUTED_OPTIMIZERS:
         f.set("zero_stage", 1, origin)   # optimizer state sharded over data-parallel ranks, as ZeRO-1
     else:
         f.set("zero_stage", 0, origin or "NeMo default")
@@ -329,6 +328,91 @@ def read(cfg: Config, h: HydraArgs, f: Facts) -> None:
             f.set(fact, s, origin)
     if h.unknown is not None:
         f.hidden_args = f.u.reason(h.unknown) or "unknown"
+
+
+# Accepted values, from NeMo 1.x's sources (the versions whose Hydra launches this reader reads):
+# model.activation: activation_to_func's supported_activations
+# (nemo/collections/nlp/modules/common/megatron/utils.py), which raises ValueError for another name;
+# a name ending in "glu" is a gated MLP (gated_linear_unit = activation.endswith('glu')).
+NEMO_ACTIVATIONS = ("gelu", "geglu", "reglu", "swiglu", "squared-relu", "fast-geglu", "fast-swiglu", "fast-reglu",
+                    "approx-gelu")
+# model.normalization under mcore_gpt: build_transformer_config lower-cases it and knows layernorm,
+# rmsnorm and layernorm1p; another name goes to Megatron-core as is, whose TENorm / local norm raise
+# ("Only LayerNorm and RMSNorm are curently supported").  The legacy (non-mcore) model builds
+# LayerNorm for these three names and MixedFusedRMSNorm for any other (modules/common/megatron/transformer.py).
+NEMO_MCORE_NORMS = ("layernorm", "rmsnorm", "layernorm1p")
+NEMO_LEGACY_LAYERNORMS = ("layernorm", "layernorm1p", "low_precision_layernorm")
+# model.position_embedding_type: the types NeMo's GPT models build (docs/source/nlp/pos_emb.rst;
+# language_model.py).  Neither Megatron-core's LanguageModelEmbedding nor NeMo's legacy Embedding
+# checks the name: another one builds no position embedding at all.
+NEMO_POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "alibi": "alibi", "none": "none",
+                  "xpos": "rotary", "kerple": "alibi", "sandwich": "alibi"}
+# model.optim.name: AVAILABLE_OPTIMIZERS of nemo/core/optim/optimizers.py (apex's lamb and fused_adam,
+# NeMo's distributed_fused_adam and megatron_fused_adam among them) and mcore_distributed_optim, which
+# megatron_base_model.py builds itself; get_optimizer raises for another name.
+NEMO_OPTIMIZERS = ("sgd", "adam", "adamw", "adadelta", "adamax", "adagrad", "rmsprop", "rprop", "novograd",
+                   "adafactor", "adan", "lamb", "fused_adam", "distributed_fused_adam", "megatron_fused_adam",
+                   "mcore_distributed_optim")
+# The two that shard optimizer state over the data-parallel ranks (with_distributed_adam), as ZeRO-1
+DISTRIBUTED_OPTIMIZERS = ("distributed_fused_adam", "mcore_distributed_optim")
+
+
+def _refuse(what: str, value: str, accepted: tuple, stops: str, origin: str, choices: str = "") -> None:
+    """refuse_choice, but a value that differs from an accepted one in case alone (NeMo compares as
+    written) is told that one rather than the nearest spelling."""
+    same = [a for a in accepted if a.lower() == value.lower()]
+    refuse_choice(what, value, same or accepted, stops, origin, choices or ", ".join(accepted))
+
+
+def _activation(v: View, f: Facts) -> None:
+    """model.activation: another name than NeMo's stops; a gated one is costed as SwiGLU (same
+    shapes: the up projection makes gate and up together), an ungated one as GELU."""
+    act, origin = _str(v, "model.activation")
+    act = act if act is not None else "gelu"
+    if act not in NEMO_ACTIVATIONS:
+        _refuse("model.activation", act, NEMO_ACTIVATIONS,
+                "NeMo stops when it builds the model (activation_to_func raises)", origin)
+    gated = act.endswith("glu")
+    f.set("activation", "swiglu" if gated else "gelu", origin or "NeMo default")
+    if act not in ("gelu", "swiglu", "fast-swiglu"):
+        shape = "a gated MLP of the same shapes" if gated else "an ungated MLP of the same shapes"
+        f.warnings.append(f"activation {act} is modelled as {'swiglu' if gated else 'gelu'} ({shape}; its "
+                          f"element-wise function is not costed apart) ({origin})")
+
+
+def _normalization(v: View, f: Facts, mcore: bool) -> None:
+    norm, origin = _str(v, "model.normalization")
+    if norm is None:
+        f.set("norm", "layernorm", origin or "NeMo default")
+        return
+    if mcore:
+        if norm.lower() not in NEMO_MCORE_NORMS:
+            _refuse("model.normalization", norm, NEMO_MCORE_NORMS, "NeMo passes it to Megatron-core "
+                    "(mcore_gpt), whose norm raises when the model is built", origin)
+        f.set("norm", "rmsnorm" if norm.lower() == "rmsnorm" else "layernorm", origin)
+        return
+    if norm in NEMO_LEGACY_LAYERNORMS:
+        f.set("norm", "layernorm", origin)
+        return
+    f.set("norm", "rmsnorm", origin)
+    if norm != "rmsnorm":
+        near = did_you_mean(norm, NEMO_LEGACY_LAYERNORMS + ("rmsnorm",))
+        f.warnings.append(f"model.normalization {norm!r}: NeMo's legacy (non-mcore) GPT builds RMSNorm for any "
+                          f"name but {', '.join(NEMO_LEGACY_LAYERNORMS)}, so it is modelled as rmsnorm{near} "
+                          f"({origin})")
+
+
+def _positions(v: View, f: Facts) -> None:
+    pos, origin = _str(v, "model.position_embedding_type")
+    pos = pos if pos is not None else "learned_absolute"
+    mapped = NEMO_POSITIONS.get(pos)
+    if mapped is None:
+        mapped = "none"
+        near = did_you_mean(pos, NEMO_POSITIONS) or did_you_mean(pos.lower(), NEMO_POSITIONS)
+        f.warnings.append(f"model.position_embedding_type {pos!r} is not one of {', '.join(NEMO_POSITIONS)}: NeMo "
+                          f"does not check it and builds no position embedding, so the job trains without one "
+                          f"(modelled as none){near} ({origin})")
+    f.set("pos_emb", mapped, origin or "NeMo default")
 
 
 def _evaluation(v: View, f: Facts) -> None:
@@ -432,7 +516,7 @@ def _overlaps(v: View, f: Facts) -> None:
     if tp:
         found["tp"] = f"model.ub_tp_comm_overlap ({origin})"
     name, _ = _str(v, "model.optim.name")
-    distributed = (name or "").lower() == "distributed_fused_adam"
+    distributed = name == "distributed_fused_adam"
     grad, origin = _bool(v, "model.optim.overlap_grad_sync")
     if grad or (grad is None and distributed):
         found["grad"] = (f"model.optim.overlap_grad_sync ({origin})" if grad
@@ -440,7 +524,7 @@ def _overlaps(v: View, f: Facts) -> None:
     param, origin = _bool(v, "model.optim.overlap_param_sync")
     if param:
         found["param"] = f"model.optim.overlap_param_sync ({origin})"
-    set_overlaps(f, found, distributed, bool(f.val("sequence_parallel")))
+    set_overlaps(f, found, name in DISTRIBUTED_OPTIMIZERS, bool(f.val("sequence_parallel")))
 
 
 def _precision(v: View, f: Facts) -> None:

@@ -16,10 +16,22 @@ from . import moe
 from .configs import Config, check_duplicates, to_bool, to_int, to_number
 from .facts import Facts
 from .limits import CannotPredict
-from .neox_keys import CONTIGUOUS_NEEDS_PARTITION, NEOX_KEYS, NEOX_SHAPE_KEYS, check_keys, check_zero_keys
+from .neox_keys import (CONTIGUOUS_NEEDS_PARTITION, NEOX_KEYS, NEOX_SHAPE_KEYS, check_keys, check_zero_keys,
+                        check_zero_stage, refuse_choice)
 from .values import MARK_OPEN, Tok
 
 GATED = {"geglu", "reglu", "swiglu", "bilinear", "glu"}
+# NeoX's fixed choices: the Literal types of megatron/neox_arguments/neox_args.py (the union of the
+# 2021-2023 releases and EleutherAI/gpt-neox at ea7aefd8, 2026; ATTENTION_TYPE_CHOICES there).
+# NeoXArgs.validate_types refuses any other value before training starts ("Not in accepted
+# values"), comparing in any case; attention types are asserted in NeoX's exact spelling.
+NORMS = ("layernorm", "rmsnorm", "scalenorm", "te_rmsnorm", "te_layernorm", "non_parametric_layernorm")
+POS_EMBS = ("learned", "rotary", "sinusoidal", "rpe", "alibi", "none")
+ACTIVATIONS = ("gelu", "geglu", "relu", "softsign", "swish", "mish", "silu", "reglu", "swiglu", "bilinear", "glu")
+PRECISIONS = ("fp16", "fp32", "bfloat16")
+ATTENTION_TYPES = ("global", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp",
+                   "flash", "rwkv", "mamba")
+_REFUSED = "NeoX's argument check (NeoXArgs.validate_types) refuses it and the job stops at start"
 # The names DeepSpeed's ``type:REGEX`` partitioning matches against, for GPT-NeoX's pipeline items
 # (GPT2ModelPipe): embedding, pre hook, a transformer layer, post hook, final norm, output layer
 # (a second EmbeddingPipe when the embeddings are tied).
@@ -201,16 +213,8 @@ def read_merged(m: Merged, facts: Facts) -> None:
             else:
                 f.set("save_interval", int(v), m.origin(ck_key))
     # model kind
-    norm = (_str(m, "norm") or "layernorm").lower()
-    f.set("norm", "rmsnorm" if "rms" in norm else "layernorm", m.origin("norm") or "NeoX default")
-    if norm == "scalenorm":
-        w.append("norm: scalenorm is modelled as layernorm")
-    pos = (_str(m, "pos_emb") or "learned").lower()
-    mapped = {"learned": "learned", "rotary": "rotary", "alibi": "alibi", "none": "none",
-              "sinusoidal": "learned", "rpe": "none"}.get(pos, "learned")
-    if pos in ("sinusoidal", "rpe"):
-        w.append(f"pos_emb: {pos} is modelled as {mapped}")
-    f.set("pos_emb", mapped, m.origin("pos_emb") or "NeoX default")
+    _norm(m, f)
+    _pos_emb(m, f)
     nwt = to_bool(m.raw("no_weight_tying", False))
     f.set("tied_embeddings", not nwt, m.origin("no_weight_tying") or "NeoX default")
     f.set("parallel_residual", bool(to_bool(m.raw("gpt_j_residual", False))),
@@ -226,9 +230,12 @@ def read_merged(m: Merged, facts: Facts) -> None:
     if isinstance(z, dict):
         check_zero_keys(z, lambda k: m.origin("zero_optimization", (k,)), "zero_optimization", w)
     if isinstance(z, dict) and "stage" in z:
+        check_zero_stage(z["stage"], "the NeoX configs", m.origin("zero_optimization", ("stage",)))
         st = to_int(z["stage"])
         if st is None:
-            f.set_unknown("zero_stage", f"zero_optimization.stage is {z['stage']!r}",
+            raw = z["stage"]
+            why = f.u.reason(raw) if isinstance(raw, str) and MARK_OPEN in raw else None
+            f.set_unknown("zero_stage", why or f"zero_optimization.stage is {raw!r}",
                           m.origin("zero_optimization", ("stage",)))
         else:
             f.set("zero_stage", st, m.origin("zero_optimization", ("stage",)))
@@ -253,6 +260,77 @@ def read_merged(m: Merged, facts: Facts) -> None:
             f.set(f"neox_{key}", v, m.origin(key))
     if to_bool(m.raw("deepspeed_slurm", False)):
         f.set("neox_deepspeed_slurm", True, m.origin("deepspeed_slurm"))
+
+
+def _choice(m: Merged, key: str, accepted: tuple) -> Optional[str]:
+    """The value of a key of fixed choices as NeoX reads it, or None (absent, null, or unknown in
+    the script: the caller models its default). A value NeoX's argument check refuses stops."""
+    if not m.has(key) or m.raw(key) is None:
+        return None
+    v = m.raw(key)
+    if isinstance(v, str) and MARK_OPEN in v:
+        return None
+    if not isinstance(v, str) or v.lower() not in accepted:
+        refuse_choice(key, v, accepted, _REFUSED, m.origin(key))
+    return v
+
+
+def _exact(m: Merged, key: str, v: str, builder: str) -> str:
+    """NeoX's argument check accepts its choices in any case, but ``builder`` compares the exact
+    spelling and raises on another one: the job stops at start."""
+    if v != v.lower():
+        raise CannotPredict(f"{key} {v!r}: NeoX's argument check accepts it in any case, but {builder} compares "
+                            f"{v.lower()!r} exactly and the job stops at start (did you mean {v.lower()!r}?)",
+                            m.origin(key))
+    return v
+
+
+def _norm(m: Merged, f: Facts) -> None:
+    """``norm`` (megatron/model/norms.py ``get_norm``): the RMS norms are rmsnorm, the others layernorm."""
+    got = _model_choice(m, f, "norm", NORMS, "layernorm")
+    if got is None:
+        return
+    norm, origin = _exact(m, "norm", got[0], "get_norm"), got[1]
+    f.set("norm", "rmsnorm" if "rms" in norm else "layernorm", origin)
+    if norm == "scalenorm":
+        f.warnings.append(f"norm: scalenorm (one gain per norm) is modelled as layernorm ({origin})")
+    elif norm == "non_parametric_layernorm":
+        f.warnings.append(f"norm: non_parametric_layernorm (no weight or bias) is modelled as layernorm, whose "
+                          f"2 × hidden parameters per norm are counted ({origin})")
+
+
+def _pos_emb(m: Merged, f: Facts) -> None:
+    """``pos_emb``: sinusoidal adds no parameters (costed as learned), rpe's T5 bias as none."""
+    got = _model_choice(m, f, "pos_emb", POS_EMBS, "learned")
+    if got is None:
+        return
+    pos, origin = got
+    if pos != pos.lower():
+        # The embedding and attention compare pos_emb with "rotary", "learned", … exactly.
+        f.warnings.append(f"pos_emb {pos!r}: NeoX's argument check accepts it in any case, but its model "
+                          f"compares {pos.lower()!r} exactly and applies no position embedding; modelled as none "
+                          f"({origin})")
+        f.set("pos_emb", "none", origin)
+        return
+    mapped = {"sinusoidal": "learned", "rpe": "none"}.get(pos, pos)
+    if pos in ("sinusoidal", "rpe"):
+        f.warnings.append(f"pos_emb: {pos} is modelled as {mapped} ({origin})")
+    f.set("pos_emb", mapped, origin)
+
+
+def _model_choice(m: Merged, f: Facts, key: str, accepted: tuple, default: str) -> Optional[tuple[str, str]]:
+    """(value, origin) of a model key of fixed choices, for the caller to map onto the fact ``key``;
+    None when that fact is already set: NeoX's default for an absent or null key, unknown for a
+    value the script leaves unknown."""
+    v = _choice(m, key, accepted)
+    if v is not None:
+        return v, m.origin(key)
+    raw = m.raw(key)
+    if isinstance(raw, str) and MARK_OPEN in raw:
+        f.set_unknown(key, f.u.reason(raw) or "unknown", m.origin(key))
+    else:
+        f.set(key, default, m.origin(key) or "NeoX default")
+    return None
 
 
 # GPT-NeoX's arguments to deepspeed.checkpointing.configure (megatron/initialize.py) -> layout keys
@@ -322,7 +400,14 @@ def _pipe_partition(m: Merged, f: Facts) -> None:
     if isinstance(v, str) and MARK_OPEN in v:
         f.set_unknown("pipe_split", f.u.reason(v) or "unknown", origin)
         return
-    method = str(v).strip().lower()
+    # DeepSpeed's PipelineModule._partition_layers: method.lower() is uniform, parameters or
+    # type:REGEX, anything else raises NotImplementedError; NeoX builds its model as a
+    # PipelineModule at any pipe_parallel_size, so a refused method stops every job.
+    accepted = ("uniform", "parameters", "type:transformer|mlp", "type:transformer")
+    choices = "uniform, parameters, type:REGEX naming pipeline layers (NeoX's default type:transformer|mlp)"
+    if not isinstance(v, str):
+        refuse_choice(key, v, accepted, "DeepSpeed's pipeline partitioning stops the job at start", origin, choices)
+    method = v.strip().lower()
     if method == "parameters":
         f.set("pipe_split", "deepspeed_parameters", origin)
         return
@@ -338,11 +423,13 @@ def _pipe_partition(m: Merged, f: Facts) -> None:
         if got is None:
             why = "is a regex this reader does not evaluate"
         elif not any(got):
-            why = "matches no pipeline layer: DeepSpeed stops with 'found no valid layers to partition'"
+            refuse_choice(key, v, accepted, "its regex matches no layer of GPT-NeoX's pipeline and DeepSpeed "
+                          "stops at start ('found no valid layers to partition')", origin, choices)
         else:
             why = "weighs other layers than type:transformer|mlp, which is not modelled"
     else:
-        why = "is not a DeepSpeed partition method (uniform, parameters, type:REGEX)"
+        refuse_choice(key, v, accepted, "DeepSpeed raises NotImplementedError for another partition method and "
+                      "the job stops at start", origin, choices)
     f.warnings.append(f"pipe_partition_method {str(v)[:40]!r} {why} ({origin}); "
                       f"using NeoX's default type:{_NEOX_DEFAULT_TYPE}")
     f.set("pipe_split", "neox", origin)
@@ -362,11 +449,17 @@ def _attention(m: Merged, f: Facts) -> None:
             types, count = entry[0], entry[1]
             n = to_int(count) if count != "all" else 10**6
             for t in types if isinstance(types, list) else [types]:
-                kinds[str(t)] = kinds.get(str(t), 0) + max(n or 0, 0)
+                kinds[t] = kinds.get(t, 0) + max(n or 0, 0)
     except (TypeError, IndexError, KeyError):
         f.warnings.append(f"attention_config is not a list of [[types], count] ({origin}); assuming global")
         f.set("attention", dense, origin)
         return
+    for t in kinds:
+        # NeoXArgs asserts each expanded type is in ATTENTION_TYPE_CHOICES ("Attention type X not recognized")
+        if not (isinstance(t, str) and (t in ATTENTION_TYPES or MARK_OPEN in t)):
+            refuse_choice("attention_config type", t, ATTENTION_TYPES, "NeoX asserts it (\"Attention type … not "
+                          "recognized\") and the job stops at start", origin)
+    kinds = {t: n for t, n in kinds.items() if MARK_OPEN not in t}
     if not kinds:
         f.set("attention", dense, origin)
         return
@@ -377,8 +470,12 @@ def _attention(m: Merged, f: Facts) -> None:
         f.set("attention", "flash", origin)
         f.set("attention_impl", "flash2", origin)     # NeoX calls the flash_attn package (FlashAttention-2)
     else:
-        if main != "global":
-            f.warnings.append(f"attention type {main} is modelled as global attention")
+        if main in ("gmlp", "amlp", "rwkv", "mamba"):
+            f.warnings.append(f"attention type {main} is not an attention layer; its layers are modelled as "
+                              f"transformer layers with global attention, whose shapes and cost differ ({origin})")
+        elif main != "global":
+            f.warnings.append(f"attention type {main} is modelled as global attention (every key attended: an upper "
+                              f"bound on its cost) ({origin})")
         f.set("attention", dense, origin)
 
 
@@ -405,12 +502,24 @@ def _sliding_window(m: Merged, f: Facts) -> None:
 
 def _mlp(m: Merged, f: Facts) -> None:
     """FFN width as ParallelMLP computes it (pattern 31)."""
-    act = (_str(m, "activation") or "gelu").lower()
+    act = _choice(m, "activation", ACTIVATIONS)
+    act = _exact(m, "activation", act, "get_activation") if act is not None else "gelu"
     mlp_type = (_str(m, "mlp_type") or "regular").lower()
     gated = act in GATED or mlp_type == "llama"
-    f.set("activation", "swiglu" if gated else "gelu", m.origin("activation") or m.origin("mlp_type") or "NeoX default")
+    origin = m.origin("activation") or m.origin("mlp_type") or "NeoX default"
+    raw = m.raw("activation")
+    if isinstance(raw, str) and MARK_OPEN in raw and mlp_type != "llama":
+        # unknown in the script: gated or not decides the MLP's width, so both stay unknown
+        reason = f.u.reason(raw) or "unknown"
+        f.set_unknown("activation", reason, m.origin("activation"))
+        f.set_unknown("ffn_hidden", reason, m.origin("activation"))
+        return
+    f.set("activation", "swiglu" if gated else "gelu", origin)
     if not gated and act != "gelu":
-        f.warnings.append(f"activation {act} is modelled as gelu (same shapes)")
+        f.warnings.append(f"activation {act} is modelled as gelu (an ungated MLP of the same shapes) ({origin})")
+    elif gated and act not in ("swiglu", "silu", "gelu"):
+        # geglu, reglu, bilinear, glu: NeoX's gated MLP, of swiglu's shapes (two input projections)
+        f.warnings.append(f"activation {act} is modelled as swiglu (a gated MLP of the same shapes) ({origin})")
     if not f.known("hidden"):
         return
     h = f.val("hidden")
@@ -472,13 +581,10 @@ def _roundup(x: int, m: int) -> int:
 
 
 def _precision(m: Merged, f: Facts) -> None:
-    p = _str(m, "precision")
+    p = _choice(m, "precision", PRECISIONS)
     if p:
-        p2 = {"fp16": "fp16", "float16": "fp16", "bfloat16": "bf16", "bf16": "bf16", "fp32": "fp32",
-              "float32": "fp32"}.get(p.lower())
-        if p2:
-            f.set("precision", p2, m.origin("precision"))
-            return
+        f.set("precision", {"fp16": "fp16", "bfloat16": "bf16", "fp32": "fp32"}[p.lower()], m.origin("precision"))
+        return
     bf = m.raw("bf16")
     if isinstance(bf, dict) and to_bool(bf.get("enabled", True)):
         f.set("precision", "bf16", m.origin("bf16"))

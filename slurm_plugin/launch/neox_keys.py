@@ -11,10 +11,13 @@ predict a different job, so the parse stops (:func:`check_keys`).
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, NoReturn, Optional
+
+from predictor.errors import did_you_mean
 
 from .configs import to_bool, to_int
 from .limits import MAX_KEY_SUGGESTIONS, CannotPredict
+from .values import MARK_OPEN
 
 _NEOX = """
 pipe_parallel_size model_parallel_size pipe_partition_method world_size is_pipe_parallel sequence_parallel
@@ -241,3 +244,38 @@ def check_precision_keys(sect: str, block: dict, origin: Callable[[str], str], l
                                 f"and train without {sect})", origin(k))
     check_keys(((k, origin(k)) for k in block if isinstance(k, str)), known, frozenset(),
                f"DeepSpeed {sect}", label, warnings)
+
+
+def refuse_choice(what: str, value: Any, accepted: Iterable[str], stops: str, origin: str,
+                  choices: str = "") -> NoReturn:
+    """Stop the prediction on a value outside a framework's fixed choices, which the framework
+    refuses at start-up (``stops`` says how): names the key, the choices (``choices``, else the
+    accepted values) and the accepted value nearest to it."""
+    names = list(accepted)
+    text = value[:40] if isinstance(value, str) else repr(value)[:40]
+    near = did_you_mean(text, names) or did_you_mean(text.lower(), names)
+    shown = repr(text) if isinstance(value, str) else text
+    raise CannotPredict(f"{what} {shown} is not one of {choices or ', '.join(names)}: {stops}{near}", origin)
+
+
+# DeepSpeed's ZeRO stages: ZeroStageEnum 0-3 of DeepSpeedZeroConfig (runtime/zero/config.py, a
+# pydantic model since 0.6, which refuses any other value at start; older releases compare the
+# stage with integers and stop on text as well).
+ZERO_STAGES = ("0", "1", "2", "3")
+_STAGE_WORDS = {"zero": "0", "none": "0", "one": "1", "two": "2", "three": "3"}
+
+
+def check_zero_stage(value: Any, label: str, origin: str) -> None:
+    """A ``zero_optimization.stage`` written as text or a fraction (``"one"``, ``1.5``) stops the
+    prediction: DeepSpeed refuses it at start.  An integer is judged by the layout (0-3), an
+    unknown shell value or ``"auto"`` (filled by Hugging Face / Accelerate) stays unknown."""
+    if isinstance(value, bool) or value is None or to_int(value) is not None:
+        return
+    if isinstance(value, str) and (MARK_OPEN in value or value.strip() == "auto"):
+        return
+    if not isinstance(value, (str, int, float)):
+        return
+    word = _STAGE_WORDS.get(str(value).strip().lower())
+    near = f" (did you mean {word}?)" if word else did_you_mean(str(value), ZERO_STAGES)
+    raise CannotPredict(f"zero_optimization.stage {str(value)[:30]!r} in {label} is not a ZeRO stage (0, 1, 2 "
+                        f"or 3): DeepSpeed's config refuses it and the job stops at start{near}", origin)

@@ -18,7 +18,7 @@ from .files import decode_text, default_read_file, join_path, os_reason
 from .launchers import Classified
 from .limits import MAX_CONFIG_BYTES, Budget, CannotPredict
 from .result import ParsedScript, SlurmRequest
-from .sbatch import array_first_index, derive_request, merge_request, read_directives, slurm_env
+from .sbatch import GPN_EXACT, array_first_index, derive_request, merge_request, read_directives, slurm_env
 from .shell import Launch, Shell
 from .values import MARK_OPEN, Tok, Unknowns, sanitize_text
 
@@ -107,7 +107,7 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
     warnings.extend(directives.warnings)
     derive_request(req, directives, prov, default_gpn, warnings)
     res.request = req
-    res.provenance.update({k: v for k, v in prov.items() if not k.endswith(".invalid")})
+    res.provenance.update({k: v for k, v in prov.items() if not k.endswith((".invalid", ".exact"))})
     if "request.nodes.invalid" in prov:
         res.unresolved.append("request.nodes")
     if work_dir is None:
@@ -168,8 +168,25 @@ def _load_config(sh: Shell, launch: Launch, raw: str, where: str, kind: str, rea
     return load_config(text, p, line_origins, kind)
 
 
+_FILE_LINE = re.compile(r":\d+")
+
+
+def _script_origin(origin: str, text: str, args: list, fallback: str) -> str:
+    """``origin`` when it is a ``file:line``; else (a value from the environment, ``$HOME/ds.json``)
+    the line that wrote the argument ending in ``text``, else ``fallback`` (the launch line)."""
+    if _FILE_LINE.search(origin or ""):
+        return origin
+    for tok in args:
+        if isinstance(tok, Tok) and text and tok.text.endswith(text):
+            for _piece, seg_origin in tok.segs:
+                if _FILE_LINE.search(seg_origin or ""):
+                    return seg_origin
+    return fallback
+
+
 def _config_text(sh: Shell, launch: Launch, raw: str, where: str, reader) -> tuple[str, str, Optional[list]]:
     """(text, path, line origins) of a config: written by the script (vfs) or read as the user."""
+    where = _script_origin(where, raw, getattr(launch.classified, "args", None) or [], launch.where)
     p = join_path(launch.cwd, raw)
     f = sh.vfs.get(p)
     if f is None and MARK_OPEN in raw:
@@ -251,7 +268,8 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
         if facts.get("ds_config") is not None:
             dsf = facts.get("ds_config")
             if dsf.unknown:
-                raise CannotPredict(f"DeepSpeed config path unknown: {dsf.unknown}", dsf.origin)
+                raise CannotPredict(f"DeepSpeed config path unknown: {dsf.unknown}",
+                                    _script_origin(dsf.origin, "", c.args, launch.where))
             ds_cfg = _open_config(sh, launch, dsf.value, dsf.origin, "json", reader)
             ds.read_config(ds_cfg, facts)
         if framework == "megatron" or facts.get("layers") is not None:
@@ -271,7 +289,10 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
     if world is None:
         world = _world(launch, c, facts, req, prov, sh, res.warnings)
     if framework == "nemo":
-        world = _nemo_world(world, facts, res.warnings)
+        external = _external_ranks(launch, c)
+        world = _nemo_world(world, facts, external)
+        if not external:        # the ranks Lightning starts itself, against the request
+            _check_request(world, _nemo_source(facts, world), req, prov, res.warnings)
     d = build(facts, framework, world, req, prov)
     res.warnings.extend(facts.warnings)
     res.warnings.extend(d.warnings)
@@ -314,8 +335,11 @@ def _refuse_nemo2_script(sh: Shell, launch: Launch, c: Classified, reader) -> No
                             f"{m.group(0)[:40]})", launch.where)
 
 
-def _nemo_world(world: World, facts: Facts, warnings: list) -> World:
-    """NeMo (Lightning) runs trainer.num_nodes × trainer.devices ranks; the launcher must start as many."""
+def _nemo_world(world: World, facts: Facts, external: bool) -> World:
+    """NeMo (Lightning) runs trainer.num_nodes × trainer.devices ranks. Started by a launcher
+    (srun, torchrun, …) the launcher must start as many: Lightning's cluster environment refuses
+    another number at start-up (``validate_settings``: SLURMEnvironment, TorchElasticEnvironment).
+    Started as one process, Lightning starts trainer.devices processes itself."""
     for k in ("nemo_nodes", "nemo_devices"):
         fact = facts.get(k)
         if fact is not None and fact.unknown is not None:
@@ -326,10 +350,65 @@ def _nemo_world(world: World, facts: Facts, warnings: list) -> World:
     if dev < 1 or nn < 1:
         # devices: -1 means every GPU the node has: the launcher's count stands
         return world
-    if world.gpus is not None and world.gpus != nn * dev:
-        warnings.append(f"trainer.num_nodes × trainer.devices = {nn} × {dev} but the launch starts {world.gpus} "
-                        f"process(es); Lightning stops unless they agree — predicting {nn * dev} GPUs")
+    if external and world.gpus is not None and world.gpus != nn * dev:
+        raise CannotPredict(f"trainer.num_nodes × trainer.devices = {nn} × {dev} but the launch starts {world.gpus} "
+                            f"process(es) ({world.origin}): Lightning stops at start-up unless they agree",
+                            facts.origin("nemo_devices"))
     return World(nn * dev, facts.origin("nemo_devices"), dev)
+
+
+def _nemo_source(facts: Facts, world: World) -> tuple[str, str]:
+    return (f"trainer.devices = {world.per_node} starts {world.per_node} rank(s) per node",
+            facts.origin("nemo_devices") or world.origin)
+
+
+def _wrappers(launch: Launch, kind: str) -> list:
+    return [w for w in launch.wrappers for w in (w if isinstance(w, list) else [w]) if w.kind == kind]
+
+
+def _external_ranks(launch: Launch, c: Classified) -> bool:
+    """Whether something outside the training script starts its ranks (a launcher, srun, mpirun)."""
+    return c.launcher != "none" or bool(_wrappers(launch, "srun") or _wrappers(launch, "mpirun"))
+
+
+def _check_request(world: World, source: tuple[str, str], req: SlurmRequest, prov: dict, warnings: list) -> None:
+    """Ranks per node against the GPUs the request gives a node (when it fixes them). More ranks
+    than GPUs cannot run: each rank takes the GPU of its local rank, and those beyond the node's
+    GPUs stop at start-up (CUDA "invalid device ordinal"). Fewer ranks run on fewer GPUs: that
+    job is predicted, and said."""
+    gpn, per = req.gpus_per_node, world.per_node
+    if world.unknown or per is None or per < 1 or gpn is None or not prov.get(GPN_EXACT) or per == gpn:
+        return
+    what, origin = source
+    gpn_origin = prov.get("request.gpus_per_node", "request")
+    if per > gpn:
+        beyond = f"rank {gpn}" if per == gpn + 1 else f"ranks {gpn}–{per - 1}"
+        raise CannotPredict(f"{what} but the request gives a node {gpn} GPU(s) ({gpn_origin}): {beyond} of each "
+                            f"node find no GPU and the job stops at start-up (CUDA: invalid device ordinal)", origin)
+    nodes = f"{world.gpus // per} node(s) × {per}" if world.gpus and world.gpus % per == 0 else f"{per} per node"
+    warnings.append(f"{what} ({origin}) but the request gives a node {gpn} GPUs ({gpn_origin}): the job runs on "
+                    f"{per} of each node's {gpn} GPUs — predicting the {world.gpus} GPU(s) it uses ({nodes})")
+
+
+def _rank_source(c: Classified, facts: Facts, launch: Launch, world: World) -> tuple[str, str]:
+    """The clause "X starts N rank(s) per node", and where N is written."""
+    opt, per = c.launcher_opts, f"{world.per_node} rank(s) per node"
+    if c.launcher == "torchrun":
+        tok = opt.get("nproc_per_node")
+        if isinstance(tok, Tok):
+            return f"torchrun --nproc_per_node {tok.text} starts {per}", facts.origin("tr_nproc") or tok.origin_at(0)
+        return f"torchrun without --nproc_per_node starts {per}", launch.where
+    if c.launcher == "composer" and isinstance(opt.get("nproc"), Tok):
+        return f"composer -n {opt['nproc'].text} starts {per}", facts.origin("composer_nproc") or launch.where
+    if c.launcher == "deepspeed" and facts.known("ds_num_gpus"):
+        return (f"deepspeed --num_gpus {facts.val('ds_num_gpus')} starts {per}",
+                facts.origin("ds_num_gpus") or launch.where)
+    if c.launcher in ("deepspeed", "deepy"):
+        return f"the {'NeoX' if c.launcher == 'deepy' else 'deepspeed'} launch starts {per}", world.origin
+    if c.launcher == "none" and _wrappers(launch, "srun"):
+        return (f"srun starts {world.gpus} task(s), {world.per_node} per node (one rank each)",
+                world.origin or launch.where)
+    return f"the launch starts {per}", world.origin or launch.where
 
 
 def _int_opt(val, facts: Facts, key: str) -> Optional[int]:
@@ -343,12 +422,20 @@ def _int_opt(val, facts: Facts, key: str) -> Optional[int]:
 
 def _world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov: dict, sh: Shell,
            warnings: list) -> World:
+    """The ranks the launch starts (and per node), checked against the GPUs the request gives a node."""
+    world = _launch_world(launch, c, facts, req, prov, sh, warnings)
+    _check_request(world, _rank_source(c, facts, launch, world), req, prov, warnings)
+    return world
+
+
+def _launch_world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov: dict, sh: Shell,
+                  warnings: list) -> World:
     nodes, gpn = req.nodes, req.gpus_per_node
     nodes_o = prov.get("request.nodes", "request")
     if "request.nodes.invalid" in prov:
-        return World(unknown=f"--nodes={prov['request.nodes.invalid']!r} is not a number",
+        return World(unknown=f"--nodes={prov['request.nodes.invalid']} is a list of node counts, not one number",
                      origin=prov.get("request.nodes", ""))
-    srun = [w for w in launch.wrappers for w in (w if isinstance(w, list) else [w]) if w.kind == "srun"]
+    srun = _wrappers(launch, "srun")
     srun_opts = {k: v for w in srun for k, v in w.opts}
     if c.launcher == "torchrun":
         nn_tok, np_tok = c.launcher_opts.get("nnodes"), c.launcher_opts.get("nproc_per_node")
@@ -382,7 +469,7 @@ def _world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov:
                         "with launcher: slurm DeeperSpeed calls srun itself)")
     if c.launcher in ("deepspeed", "deepy"):
         return _hostfile_world(launch, c, facts, req, prov, sh, warnings)
-    mpi = [w for w in launch.wrappers for w in (w if isinstance(w, list) else [w]) if w.kind == "mpirun"]
+    mpi = _wrappers(launch, "mpirun")
     if mpi:
         opts = {k: v for w in mpi for k, v in w.opts}
         for k in ("np", "n", "c"):
@@ -407,10 +494,11 @@ def _world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov:
         if nt is None:
             return World(unknown="number of tasks unknown", origin=launch.where)
         per = (nt // nodes) if nodes and nt % nodes == 0 else None
-        if gpn and nodes and nt != nodes * gpn:
+        if gpn and nodes and nt != nodes * gpn and (per is None or not prov.get(GPN_EXACT)):
+            # (with the request's own GPU count, _check_request says it)
             warnings.append(f"srun starts {nt} task(s) (one rank each) on {nodes} node(s) with {gpn} GPU(s) each")
         return World(nt, prov.get("request.ntasks", prov.get("request.ntasks_per_node", launch.where)), per)
-    if nodes and gpn and nodes * gpn > 1:
+    if nodes and gpn and nodes * gpn > 1 and c.framework_hint != "nemo":    # Lightning starts NeMo's ranks
         warnings.append(f"the training script runs as a single process (no srun/torchrun/deepspeed): "
                         f"it uses 1 GPU of the {nodes * gpn} requested")
     return World(1, launch.where, None)
@@ -488,7 +576,10 @@ def _hostfile_world(launch: Launch, c: Classified, facts: Facts, req: SlurmReque
     if c.launcher == "deepspeed" and not hf:
         n = 1 if num_nodes in (-1, None) else num_nodes
         if num_nodes not in (-1, None) and num_nodes > 1:
-            warnings.append("deepspeed --num_nodes > 1 without a hostfile fails at start-up")
+            # deepspeed/launcher/runner.py: "Num nodes is >1 but no extra nodes available via hostfile"
+            raise CannotPredict(f"deepspeed --num_nodes {num_nodes} without --hostfile: the deepspeed launcher stops "
+                                f"at start-up (\"Num nodes is >1 but no extra nodes available via hostfile\")",
+                                facts.origin("ds_num_nodes") or launch.where)
         if nodes and nodes > 1 and n == 1:
             warnings.append("the deepspeed launcher without --hostfile runs on this node only")
         per = num_gpus or gpn

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
-from .limits import Budget
+from .limits import Budget, CannotPredict
 from .neox_keys import suggest
 from .result import SlurmRequest
 
@@ -174,7 +174,6 @@ def split_options(tokens: list[str], stop_at_command: bool = False) -> tuple[lis
 
 _TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 _PAREN_TAIL = re.compile(r"\(.*\)$")
-_COUNT_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _LEADING_INT = re.compile(r"\s*(\d+)")
 
 
@@ -201,16 +200,6 @@ def parse_time_minutes(text: str) -> Optional[int]:
     return total
 
 
-def _count(text: Optional[str]) -> Optional[int]:
-    """'[type:]N' -> N."""
-    if text is None:
-        return None
-    last = text.strip().split(":")[-1]
-    if "(" in last:
-        last = _PAREN_TAIL.sub("", last)
-    return int(last) if last.isdigit() else None
-
-
 def gres_gpus(text: str) -> Optional[int]:
     """--gres=gpu[:type]:N[,other...] -> N (gpu alone = 1)."""
     for item in text.split(","):
@@ -228,12 +217,96 @@ def gres_gpus(text: str) -> Optional[int]:
     return None
 
 
-def _int(text: Optional[str]) -> Optional[int]:
-    if text is None:
-        return None
-    t = text.strip()
-    m = _COUNT_RANGE.fullmatch(t)  # nodes may be min-max; we take min (Slurm's floor)
-    return int(m.group(1)) if m else None
+# What sbatch accepts, from Slurm's own option parsing (src/common/slurm_opt.c, proc_args.c,
+# parse_time.c): sbatch stops with the quoted message before it submits anything, so a script
+# carrying one of these values never runs and is not predicted.
+# verify_node_count: N, Nk (x1024), Nm; in MIN-MAX either side may be empty (MIN 1, MAX none)
+_NODE_COUNT = re.compile(r"\s*(\d+)([kKmM]?)\s*")
+_NODE_SIZES = re.compile(r"[\d\s,:kKmM-]*[,:][\d\s,:kKmM-]*")    # a size list of later Slurm (1,4-8:2): not read
+_POSITIVE_INT = re.compile(r"\s*\+?(\d+)")                 # parse_int(name, arg, positive=true): strtol
+_GPU_COUNT = re.compile(r"(?:([^:]+):)?(\d+)")               # --gpus*=[type:]N
+_NUMBER_WORDS = frozenset(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "twenty thirty thirty-two thirtytwo forty forty-eight sixty-four sixtyfour".split())
+_NOT_A_TYPE = re.compile(r"[+-]?\d*\.\d+|[+-]\d+")       # a count gone wrong where a type may stand
+_SCALE = {"": 1, "k": 1024, "m": 1024 * 1024}
+
+
+def _written(tokens: list[str], i: int, val: Optional[str]) -> str:
+    """The option as the line writes it (``--nodes=0``, ``-N 0``)."""
+    tok = tokens[i]
+    return tok if val is None or tok.endswith(val) else f"{tok} {val}"
+
+
+def _node_count(val: str, shown: str, where: str) -> tuple[Optional[int], Optional[int]]:
+    """(min, max or 0) nodes of --nodes as Slurm's verify_node_count reads it; (None, None) for a
+    size list of later releases; CannotPredict for what sbatch refuses."""
+    lo_text, dash, hi_text = val.partition("-")
+    if _NODE_SIZES.fullmatch(val) and any(c.isdigit() for c in val):
+        return None, None
+    counts = []
+    for part in ((lo_text, hi_text) if dash else (val,)):
+        m = _NODE_COUNT.fullmatch(part)
+        if m is None and not (dash and not part.strip()):
+            raise CannotPredict(f"#SBATCH {shown} is not a node count: sbatch refuses it "
+                                f"(\"{part.strip() or val}\" is not a valid node count) and submits nothing; it "
+                                f"takes N or MIN-MAX with N >= 1", where)
+        counts.append(int(m.group(1)) * _SCALE[m.group(2).lower()] if m else 0)
+    if not dash and counts[0] == 0:
+        raise CannotPredict(f"#SBATCH {shown} is not a node count sbatch accepts: it refuses 0 "
+                            f"(\"{val.strip()}\" is not a valid node count) and submits nothing; give N >= 1 "
+                            f"or MIN-MAX", where)
+    lo, hi = max(counts[0], 1), counts[-1]     # a range from 0 (or from nothing) starts at 1
+    if dash and hi and hi < lo:
+        raise CannotPredict(f"#SBATCH {shown}: sbatch refuses it (maximum node count {hi} is less than "
+                            f"minimum node count {lo}) and submits nothing", where)
+    return lo, hi
+
+
+def _positive(val: str, shown: str, option: str, where: str) -> int:
+    """parse_int(option, val, positive=true): a whole number above 0, else sbatch stops."""
+    m = _POSITIVE_INT.fullmatch(val)
+    if m is None or int(m.group(1)) == 0:
+        raise CannotPredict(f"#SBATCH {shown} is not a count sbatch accepts: it stops with "
+                            f"'Invalid numeric value \"{val}\" for {option}' and submits nothing; it takes a "
+                            f"whole number >= 1", where)
+    return int(m.group(1))
+
+
+def _gpu_count(val: str, shown: str, where: str) -> int:
+    """--gpus / --gpus-per-node / --gpus-per-task = [type:]N; anything else Slurm refuses."""
+    m = _GPU_COUNT.fullmatch(val.strip())
+    if m is None:
+        raise CannotPredict(f"#SBATCH {shown} is not a GPU count: sbatch takes [type:]N (8, h100:8) and "
+                            f"Slurm refuses the job", where)
+    return int(m.group(2))
+
+
+def _gres_gpus_checked(val: str, shown: str, where: str) -> Optional[int]:
+    """gres_gpus, after refusing a GPU count Slurm cannot read: gpu[:type][:count] takes a word
+    after gpu: as a GPU type, so 'gpu:eight' asks for one GPU of a type no node has."""
+    for item in val.split(","):
+        parts = _PAREN_TAIL.sub("", item.strip()).split(":")
+        if parts[0] not in ("gpu", "gres/gpu") or len(parts) == 1:
+            continue
+        last = parts[-1]
+        bad = (len(parts) > 3 or "" in parts[1:] or (len(parts) == 3 and not last.isdigit())
+               or (not last.isdigit() and (last.lower() in _NUMBER_WORDS or _NOT_A_TYPE.fullmatch(last))))
+        if bad:
+            raise CannotPredict(f"#SBATCH {shown}: {last!r} is not a GPU count (gpu[:type][:count], count a "
+                                f"whole number: gpu:8, gpu:h100:8); Slurm reads a word there as a GPU type "
+                                f"and refuses the job", where)
+    return gres_gpus(val)
+
+
+def _time_limit(val: str, shown: str, where: str) -> Optional[int]:
+    """parse_time_minutes, after refusing what time_str2mins cannot read."""
+    t = val.strip().lower()
+    if t not in ("unlimited", "infinite", "-1", "") and not _TIME_RE.fullmatch(t):
+        raise CannotPredict(f"#SBATCH {shown} is not a time limit sbatch accepts: it stops with 'Invalid --time "
+                            f"specification' and submits nothing; it takes MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                            f"D-HH:MM:SS or UNLIMITED", where)
+    return parse_time_minutes(val)
 
 
 @dataclass
@@ -250,7 +323,10 @@ class Directives:
 
 
 def apply_options(d: Directives, tokens: list[str], where: str) -> None:
-    """Apply one line's options (later options override earlier ones, as in sbatch)."""
+    """Apply one line's options (later options override earlier ones, as in sbatch).
+
+    A value sbatch refuses (``--nodes=0``, ``--gpus-per-node=eight``, ``--time=4hours``) stops the
+    prediction naming the line: sbatch submits nothing, so there is no job to predict."""
     opts, _ = split_options(tokens)
     r = d.request
     for name, val, i in opts:
@@ -260,39 +336,44 @@ def apply_options(d: Directives, tokens: list[str], where: str) -> None:
             if full is None:
                 continue
             name = full
+        shown = _written(tokens, i, val)
+        if val is None and name in _COUNTED:
+            raise CannotPredict(f"#SBATCH {shown} without a value: sbatch refuses it and submits nothing", where)
+        v = val if val is not None else ""
         if name == "nodes":
-            v = _int(val)
-            if v is None:
-                d.warnings.append(f"--nodes={val!r} is not a node count ({where})")
+            lo, hi = _node_count(v, shown, where)
+            if lo is None:
+                d.warnings.append(f"--nodes={val} is a list of node counts that perfcast does not read ({where})")
                 r.nodes = None
                 d.provenance["request.nodes"] = where
                 d.provenance["request.nodes.invalid"] = str(val)
                 continue
-            if val and "-" in val.strip():
-                d.warnings.append(f"--nodes={val} is a range; predicting for its minimum {v} ({where})")
-            r.nodes, prov_key = v, "nodes"
+            if "-" in v.strip() and hi != lo:
+                d.warnings.append(f"--nodes={val} is a range; predicting for its minimum {lo} ({where})")
+            r.nodes, prov_key = lo, "nodes"
+            d.provenance.pop("request.nodes.invalid", None)
         elif name == "ntasks":
-            r.ntasks, prov_key = _int(val), "ntasks"
+            r.ntasks, prov_key = _positive(v, shown, "--ntasks", where), "ntasks"
         elif name == "ntasks-per-node":
-            r.ntasks_per_node, prov_key = _int(val), "ntasks_per_node"
+            r.ntasks_per_node, prov_key = _positive(v, shown, "--ntasks-per-node", where), "ntasks_per_node"
         elif name == "cpus-per-task":
-            r.cpus_per_task, prov_key = _int(val), "cpus_per_task"
+            r.cpus_per_task, prov_key = _positive(v, shown, "--cpus-per-task", where), "cpus_per_task"
         elif name == "gpus-per-node":
-            r.gpus_per_node, prov_key = _count(val), "gpus_per_node"
-        elif name == "gres" and val is not None:
-            g = gres_gpus(val)
+            r.gpus_per_node, prov_key = _gpu_count(v, shown, where), "gpus_per_node"
+        elif name == "gres":
+            g = _gres_gpus_checked(v, shown, where)
             if g is not None:
                 r.gpus_per_node, prov_key = g, "gpus_per_node"
         elif name == "gpus":
-            d.gpus_total = _count(val)
+            d.gpus_total = _gpu_count(v, shown, where)
             d.provenance["request.gpus"] = where
         elif name == "gpus-per-task":
-            d.gpus_per_task = _count(val)
+            d.gpus_per_task = _gpu_count(v, shown, where)
             d.provenance["request.gpus_per_task"] = where
         elif name == "partition":
             r.partition, prov_key = val, "partition"
-        elif name == "time" and val is not None:
-            r.time_limit_minutes, prov_key = parse_time_minutes(val), "time_limit_minutes"
+        elif name == "time":
+            r.time_limit_minutes, prov_key = _time_limit(v, shown, where), "time_limit_minutes"
         elif name == "array":
             r.array, prov_key = val, "array"
         elif name == "job-name":
@@ -301,6 +382,11 @@ def apply_options(d: Directives, tokens: list[str], where: str) -> None:
             d.chdir = val
         if prov_key:
             d.provenance[f"request.{prov_key}"] = where
+
+
+# The options whose values are read as numbers above: without a value sbatch refuses the line.
+_COUNTED = frozenset({"nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "gpus-per-node", "gres", "gpus",
+                      "gpus-per-task", "time"})
 
 
 def read_directives(text: str, label: str, budget: Optional[Budget] = None) -> Directives:
@@ -368,9 +454,16 @@ def merge_request(script: Directives, caller: Optional[SlurmRequest]) -> tuple[S
     return out, prov
 
 
+# provenance key (kept out of the answer's provenance) set when the request fixes the GPUs each
+# node has -- not a platform default or a guess -- so a launcher that disagrees can be judged
+GPN_EXACT = "request.gpus_per_node.exact"
+
+
 def derive_request(req: SlurmRequest, d: Directives, prov: dict[str, str],
                    default_gpus_per_node: Optional[int], warnings: list[str]) -> None:
     """Fill GPUs per node and nodes from the other spellings, in place."""
+    if req.gpus_per_node is not None:
+        prov[GPN_EXACT] = "--gpus-per-node/--gres"
     if req.gpus_per_node is None and d.gpus_per_task is not None:
         per_node_tasks = req.ntasks_per_node
         if per_node_tasks is None and req.ntasks is not None and req.nodes:
@@ -378,9 +471,13 @@ def derive_request(req: SlurmRequest, d: Directives, prov: dict[str, str],
         if per_node_tasks is not None:
             req.gpus_per_node = d.gpus_per_task * per_node_tasks
             prov["request.gpus_per_node"] = prov.get("request.gpus_per_task", "")
+            if req.ntasks_per_node is not None or (req.ntasks or 0) % (req.nodes or 1) == 0:
+                prov[GPN_EXACT] = "--gpus-per-task"
     if req.gpus_per_node is None and d.gpus_total is not None:
         if req.nodes:
             req.gpus_per_node = max(1, d.gpus_total // req.nodes)
+            if d.gpus_total % req.nodes == 0:
+                prov[GPN_EXACT] = "--gpus with --nodes"
         elif default_gpus_per_node:
             req.gpus_per_node = min(d.gpus_total, default_gpus_per_node)
             req.nodes = -(-d.gpus_total // default_gpus_per_node)

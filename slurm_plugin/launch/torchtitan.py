@@ -20,8 +20,8 @@ from . import moe
 from .configs import to_bool, to_int
 from .facts import Facts
 from .limits import MAX_CONFIG_BYTES, CannotPredict
-from .neox_keys import suggest
-from .values import Tok
+from .neox_keys import refuse_choice, suggest
+from .values import MARK_OPEN, Tok
 
 try:  # Python 3.11+
     import tomllib as _toml
@@ -30,6 +30,11 @@ except ImportError:  # pragma: no cover - Python 3.9/3.10
         import tomli as _toml  # type: ignore[no-redef]
     except ImportError:
         _toml = None  # type: ignore[assignment]
+
+# [activation_checkpoint] mode: ActivationCheckpoint.mode of torchtitan/config/job_config.py
+# (Literal["selective", "full", "none"] at 000204a4; "memory_budget" in later releases); apply_ac
+# (torchtitan/distributed/activation_checkpoint.py) raises on any other mode, compared as written.
+AC_MODES = ("selective", "full", "memory_budget", "none")
 
 # Published flavors' shapes. Source: pytorch/torchtitan, torchtitan/models/llama3/__init__.py
 # (llama3_configs: 8B, 70B, 405B) and the earlier torchtitan/models/llama/__init__.py (llama2_configs:
@@ -272,6 +277,40 @@ def ffn_dim(dim: int, multiplier: Optional[float], multiple_of: int) -> int:
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
+def _recompute(t: Toml, f: Facts) -> None:
+    """``[activation_checkpoint] mode`` and ``selective_ac_option`` -> layout.recompute."""
+    mode, origin, found = t.get("ac_mode")
+    mode = mode if found else "selective"
+    if isinstance(mode, str) and MARK_OPEN in mode:
+        f.set_unknown("recompute", f.u.reason(mode) or "unknown", origin)
+        return
+    if mode not in AC_MODES:
+        refuse_choice("activation_checkpoint.mode", mode, AC_MODES, "TorchTitan's apply_ac raises "
+                      "'Invalid AC mode' and the job stops at start", origin)
+    if mode == "memory_budget":
+        f.warnings.append(f"activation_checkpoint.mode memory_budget (torch.compile picks what to recompute within "
+                          f"the budget) is modelled as op-level selective recomputation ({origin})")
+        mode = "selective"
+    elif mode == "selective":
+        option, o_origin, o_found = t.get("ac_option")
+        option = str(option if o_found else "op").strip()
+        if MARK_OPEN in option:
+            f.set_unknown("recompute", f.u.reason(option) or "unknown", o_origin)
+            return
+        if not (option == "op" or option.isdigit()):
+            # _apply_ac_to_transformer_block: "op" or digits, else ValueError
+            refuse_choice("activation_checkpoint.selective_ac_option", option, ("op",), "TorchTitan raises "
+                          "'Invalid selective AC option' and the job stops at start", o_origin,
+                          "'op' or a positive integer N (one layer in N checkpointed whole)")
+        if option.isdigit() and int(option) == 1:
+            # Every layer checkpointed whole: full recomputation.
+            mode, origin, found = "full", o_origin, True
+        elif option != "op":
+            f.warnings.append(f"activation_checkpoint.selective_ac_option {option!r} ({o_origin}): one layer in "
+                              f"{option} checkpointed whole is costed as op-level selective checkpointing")
+    f.set("recompute", mode, origin if found else "TorchTitan default (selective, op-level)")
+
+
 def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
     """Fill facts (framework "torchtitan"); ``world`` = the ranks the launcher starts (None = unknown)."""
     w = f.warnings
@@ -351,22 +390,7 @@ def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
         # passes): no measurement of their overlap here, so the TP collectives stay exposed.
         w.append(f"enable_async_tensor_parallel is not modelled: TP communication is costed as not "
                  f"overlapped with the matmuls (an upper bound on the step) ({a_origin})")
-    mode, origin, found = t.get("ac_mode")
-    mode = str(mode or "selective").lower()
-    if mode not in ("full", "selective", "none"):
-        w.append(f"activation_checkpoint.mode {mode!r} is not full/selective/none ({origin}); modelled as selective")
-        mode = "selective"
-    if mode == "selective":
-        option, o_origin, o_found = t.get("ac_option")
-        option = str(option if o_found else "op").strip().lower()
-        if option.isdigit() and int(option) == 1:
-            # Every layer checkpointed whole: full recomputation.
-            mode, origin, found = "full", o_origin, True
-        elif option != "op":
-            w.append(f"activation_checkpoint.selective_ac_option {option!r} ({o_origin}): one layer in "
-                     f"{option} checkpointed whole is costed as op-level selective checkpointing "
-                     "(TorchTitan's default)")
-    f.set("recompute", mode, origin if found else "TorchTitan default (selective, op-level)")
+    _recompute(t, f)
     prec, origin, found = t.get("precision")
     prec = str(prec or "bfloat16").lower()
     f.set("precision", "fp32" if prec in ("float32", "fp32") else "bf16",
