@@ -34,6 +34,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -315,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "store warning (records missing or\nunreadable, a corrupt page, a lock held): "
                                "logged, and in --json's \"warnings\" (docs/watch.md).")
     wa.add_argument("--every", type=_positive, default=None, metavar="SECONDS",
-                    help="repeat a pass every SECONDS until stopped (the timer runs one pass)")
+                    help="repeat a pass every SECONDS until stopped (the timer runs one pass); perfcast.toml "
+                    "is read again when it changes or on SIGHUP; SIGTERM ends the loop between passes")
     wa.add_argument("--config", default=None, help="site config with the [watch] policy")
     wa.add_argument("--records", default=None)
     wa.add_argument("--out", default=None, help="runs files of running jobs' measured rates "
@@ -524,19 +526,20 @@ def _refit_line(refit: dict) -> str:
     def pct(key: str) -> str:
         v = refit.get(key)
         return f"{100 * v:.2f} %" if isinstance(v, (int, float)) else "?"
-    from .install import describe_fitted_factors
+    from .install import count_of, describe_fitted_factors, describe_unseen_kind_upper
     # Partitions refitted together (one platform): each one's harvested runs.
     shared = refit["partition_runs"] if isinstance(refit.get("partition_runs"), dict) else {}
     of = f" of partitions {', '.join(f'{p} ({n})' for p, n in shared.items())}" if len(shared) > 1 else ""
-    head = (f"refit of {refit.get('base_version', '?')} on {refit.get('runs', '?')} harvested runs{of} "
+    head = (f"refit of {refit.get('base_version', '?')} on {count_of(refit.get('runs'), 'harvested run')}{of} "
             f"({refit.get('fit_runs', '?')} fitted): leave-one-out MAPE {pct('loo_mape_before')} -> "
             f"{pct('loo_mape_after')}, ")
     if isinstance(refit.get("factors"), dict):
         # Every factor the refit wrote that is not 1, the partition's and each kind's (the summary
         # scales hid the host and attention factors that moved the predictions).
         kinds = refit.get("kind_factors") if isinstance(refit.get("kind_factors"), list) else []
+        unseen = describe_unseen_kind_upper(refit.get("unseen_kind_upper"))
         return (head + describe_fitted_factors({"partition": refit["factors"], "kinds": kinds})
-                + f"; refitted {refit.get('refitted_at', '?')}")
+                + (f"; {unseen}" if unseen else "") + f"; refitted {refit.get('refitted_at', '?')}")
     # A refit.toml written before the factors were kept: what it has.
     return (head + f"compute scale {refit.get('compute_scale', '?')}, host scale "
             f"{refit.get('host_scale', '?')}, network scale {refit.get('network_scale', 1.0)}, "
@@ -625,13 +628,13 @@ def _site_config(args: argparse.Namespace):
 def _records_path(args: argparse.Namespace) -> str:
     """--records, else the site config's ``[daemon] records`` (when the config has that key), else
     the default path.  A config named by --config or $PERFCAST_CONFIG must load."""
+    return args.records or _records_of(_site_config(args))
+
+
+def _records_of(cfg) -> str:
+    """The site config's ``[daemon] records`` (the default path without a config or that key)."""
     from slurm_plugin.records import DEFAULT_PATH
-    if args.records:
-        return args.records
-    cfg = _site_config(args)
-    if cfg is None:
-        return DEFAULT_PATH
-    return getattr(cfg.daemon, "records", "") or DEFAULT_PATH
+    return (getattr(cfg.daemon, "records", "") if cfg is not None else "") or DEFAULT_PATH
 
 
 def cmd_harvest(args: argparse.Namespace) -> int:
@@ -707,33 +710,139 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    import time
     from .harvest import DEFAULT_OUT
     from .watch import WARNINGS_EXIT_STATUS, WatchError, WatchOptions, watch_once
-    cfg = _site_config(args)
-    if cfg is None:
-        raise PerfcastError("no site config (--config, $PERFCAST_CONFIG or /etc/perfcast/perfcast.toml): "
-                            "the [watch] policy is what allows changing limits")
-    if not cfg.watch.enabled:
-        print(f"perf-calibrate: watch: [watch] enabled = false in {cfg.path}: nothing to do", file=sys.stderr)
-    opts = WatchOptions(records=Path(_records_path(args)), policy=cfg.watch,
-                        out_dir=Path(args.out) if args.out else DEFAULT_OUT, dry_run=args.dry_run)
-    while True:
+    conf = _WatchConfig(args)
+    loop = _WatchLoop() if args.every is not None else None
+    status = 0
+    with loop or contextlib.nullcontext():
+        while True:
+            if loop is not None:
+                conf.refresh(loop.take_hup())
+            cfg = conf.cfg
+            opts = WatchOptions(records=Path(args.records or _records_of(cfg)), policy=cfg.watch,
+                                out_dir=Path(args.out) if args.out else DEFAULT_OUT, dry_run=args.dry_run)
+            try:
+                res = watch_once(opts)
+                if res.jobs or args.every is None:      # a loop's idle passes stay out of its log
+                    print(json.dumps(res.to_dict(), indent=2) if args.json else res.summary(), flush=True)
+                # A pass the store let down ran, but a timer's unit must not show success: the admin
+                # would never see the warning (the loop goes on; its log has each warning).
+                status = WARNINGS_EXIT_STATUS if res.warnings else 0
+            except (WatchError, RecordStoreError, PerfcastError, OSError) as exc:
+                if loop is None:
+                    raise
+                print(f"perf-calibrate: watch: {exc}", file=sys.stderr, flush=True)
+                status = 2
+            if loop is None:
+                return status
+            if loop.sleep(args.every):
+                # Stopped (SIGTERM): as a pass would exit; a change of perfcast.toml that did not load
+                # is a warning that stands until the file is fixed.
+                return status or (WARNINGS_EXIT_STATUS if conf.problem else 0)
+
+
+class _WatchConfig:
+    """The site config a watch works with.  ``--every`` re-reads it before a pass when its file
+    changed (inode, size, mtime) or after a SIGHUP; one that no longer loads leaves the previous one
+    in force, said once per change.  The first read must load (exit 2 otherwise)."""
+
+    def __init__(self, args: argparse.Namespace):
+        from slurm_plugin.siteconfig import config_path
+        self.path = config_path(args.config)
+        self.stamp = _file_stamp(self.path)          # (before the read: a change during it is seen)
+        cfg = _site_config(args)
+        if cfg is None:
+            raise PerfcastError("no site config (--config, $PERFCAST_CONFIG or /etc/perfcast/perfcast.toml): "
+                                "the [watch] policy is what allows changing limits")
+        self.cfg, self.problem = cfg, ""
+        if not cfg.watch.enabled:
+            self._say(f"[watch] enabled = false in {self.path}: not watching"
+                      + ("" if args.every is None else " (the loop goes on, and reads the file again when it "
+                         "changes)"))
+
+    def refresh(self, hup: bool = False) -> None:
+        from slurm_plugin.siteconfig import SiteConfigError, load_site_config
+        stamp = _file_stamp(self.path)
+        changed = stamp != self.stamp
+        if not changed and not hup:
+            return
+        self.stamp = stamp
         try:
-            res = watch_once(opts)
-            if res.jobs or args.every is None:      # a loop's idle passes stay out of its log
-                print(json.dumps(res.to_dict(), indent=2) if args.json else res.summary(), flush=True)
-            # A pass the store let down ran, but a timer's unit must not show success: the admin
-            # would never see the warning (the loop goes on; its log has each warning).
-            status = WARNINGS_EXIT_STATUS if res.warnings else 0
-        except (WatchError, RecordStoreError, PerfcastError, OSError) as exc:
-            if args.every is None:
-                raise
-            print(f"perf-calibrate: watch: {exc}", file=sys.stderr, flush=True)
-            status = 2
-        if args.every is None:
-            return status
-        time.sleep(args.every)
+            cfg = load_site_config(self.path)
+        except SiteConfigError as exc:
+            self.problem = str(exc)
+            self._say(f"{exc}: keeping the configuration read before (reads {self.path} again when it "
+                      "changes)")
+            return
+        self.cfg, self.problem = cfg, ""
+        self._say(f"re-read {self.path}{'' if changed else ' (SIGHUP)'}: "
+                  + ("watching" if cfg.watch.enabled else "[watch] enabled = false: not watching (the loop goes "
+                     "on, and reads the file again when it changes)"))
+
+    @staticmethod
+    def _say(text: str) -> None:
+        print(f"perf-calibrate: watch: {text}", file=sys.stderr, flush=True)
+
+
+def _file_stamp(path: str) -> "tuple[int, int, int, int] | None":
+    """What tells a changed file: device, inode (a file replaced by rename), size, mtime."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class _WakeUp(Exception):
+    """Raised out of a ``--every`` loop's sleep by SIGTERM."""
+
+
+class _WatchLoop:
+    """Signals of a ``watch --every`` loop: SIGHUP re-reads perfcast.toml at the next pass; SIGTERM
+    ends the loop after the pass under way (at once while it sleeps), so a pass is never cut short
+    between a limit it changed and the record of it.  Only in the main thread (tests call main())."""
+
+    def __init__(self) -> None:
+        self.hup = self.term = self.sleeping = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "_WatchLoop":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signal.SIGHUP: signal.signal(signal.SIGHUP, self._on_hup),
+                              signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_term)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _on_hup(self, signum: int, frame: object) -> None:
+        self.hup = True
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.term = True
+        if self.sleeping:
+            raise _WakeUp()
+
+    def take_hup(self) -> bool:
+        hup, self.hup = self.hup, False
+        return hup
+
+    nap = staticmethod(time.sleep)
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep between passes; True when the loop is to end (SIGTERM)."""
+        try:
+            try:
+                self.sleeping = True
+                if not self.term:
+                    self.nap(seconds)
+            finally:
+                self.sleeping = False
+        except _WakeUp:
+            pass
+        return self.term
 
 
 COMMANDS = {"run": cmd_run, "host": cmd_host, "fabric": cmd_fabric, "plan": cmd_plan, "fit": cmd_fit, "import": cmd_import,

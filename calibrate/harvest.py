@@ -50,7 +50,7 @@ from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, JobOutcome, Prediction
                                   is_record_id, parse_admin_comment)
 from slurm_plugin.slurm_client import SlurmClient, SlurmError, name_and_id, scontrol_job_lines
 
-from .install import DEFAULT_REFIT_MIN_RUNS, RefitResult, refit_partition, refit_target
+from .install import DEFAULT_REFIT_MIN_RUNS, RefitResult, platform_under_root, refit_partition, refit_target
 from .joblogs import IterationTimes, best_log, iteration_times
 from .runs_files import BAD_RUNS_FILE_HINT, PARTITION_RE, RunsFileError, merge_runs, runs_file
 
@@ -790,9 +790,12 @@ def _site_platform_problem(opts: HarvestOptions, partition: str,
     except PlatformNotFound:
         pass
     where = opts.site_path or "perfcast.toml"
-    if "/" in name:
-        return f"{where}: partition {partition}'s platform {name!r} is not a platform directory; not refitted"
     base = platforms_root(opts.platforms_root)
+    if "/" in name:
+        under = platform_under_root(name, base)
+        hint = f" (the active version of {base / under} is {base / under / 'current'})" \
+            if under and (base / under / "current").is_symlink() else ""
+        return f"{where}: partition {partition}'s platform {name!r} is not a platform directory{hint}; not refitted"
     if find_platform(name, [base]) is not None:
         return ""
     if daemon is not None and find_platform(name, search_roots(daemon[1], daemon[2])) is not None:
@@ -1051,8 +1054,13 @@ def _measure(job: AccountingJob, record: PredictionRecord, opts: HarvestOptions
         if errors:
             return timing, "; ".join(errors)
     if timing is None:
+        # Neither Slurm (sacct has no StdErr) nor the record (one kept before --error was) names a
+        # stderr file: a job with `#SBATCH --error` apart had its iteration lines there, unread.
+        unknown = "" if len(paths) > 1 or job.std_err or record.std_err else (
+            "; stderr not read: the record names no --error file (if the job had one, it was submitted "
+            "through an older job_submit.lua or kept before the store's upgrade; sacct does not name it)")
         return None, "no iteration times in its log (Megatron, GPT-NeoX, NeMo, DeepSpeed formats)" + (
-            "" if len(paths) == 1 else f" ({' and '.join(f'{s} {p}' for s, p in paths)})")
+            "" if len(paths) == 1 else f" ({' and '.join(f'{s} {p}' for s, p in paths)})") + unknown
     if timing.median_seconds is None:
         return timing, timing.note or "too few iterations after warm-up"
     if pick:                               # found in its StdErr: say where (the run's source)

@@ -62,6 +62,7 @@ from predictor.errors import BundleError, PerfcastError, did_you_mean
 from predictor.platform import (PLATFORM_FILE, SHIPPED_DIR, load_platform, pin_platform_bundles,
                                 shipped_platform_sha256)
 from predictor.validation import MAX_RUNS, MeasuredRun
+from slurm_plugin.policy import plural
 
 from .errors import CalibrationError, InstallRefused
 from .fitting import CALIBRATION_FILE, read_calibration
@@ -601,11 +602,16 @@ def _recover(base: Path, partition: str, pid_file: "str | Path | None") -> Reloa
 
 def overlay_of(platform_dir: Path) -> str:
     """The shipped platform a site overlay sits on ("" for a platform of its own)."""
+    return _platform_key(platform_dir, "overlay_of")
+
+
+def _platform_key(platform_dir: Path, key: str) -> str:
+    """A string key of ``platform_dir``'s platform.toml ("" when absent or unreadable)."""
     try:
         raw = tomllib.loads((platform_dir / PLATFORM_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return ""
-    v = raw.get("overlay_of", "")
+    v = raw.get(key, "")
     return v if isinstance(v, str) else ""
 
 
@@ -779,6 +785,9 @@ class PartitionStatus:
     refit: dict[str, Any] | None = None  # refit.toml of the active version: base, runs, LOO MAPE
     base: str = ""                       # a site overlay's shipped platform ("shipped NAME"; "" none)
     problem: str = ""                    # why the active version does not load ("" when it does)
+    # The platform's name (its platform.toml's; an overlay's is the shipped platform's): ``partition``
+    # is the directory's name, which for a site overlay is a platform's, not a partition's.
+    platform: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -834,7 +843,8 @@ def status(root: "str | Path | None" = None) -> list[PartitionStatus]:
             cur.collective_mape if cur else None, cur.gpu if cur else "",
             previous, nvers,
             "refit" if refit is not None else "shipped" if cur is None and shipped else "calibration",
-            refit, f"shipped {shipped}" if shipped else "", _load_problem(cur.path) if cur else ""))
+            refit, f"shipped {shipped}" if shipped else "", _load_problem(cur.path) if cur else "",
+            (_platform_key(cur.path, "name") if cur is not None else "") or shipped))
     return out
 
 
@@ -883,13 +893,14 @@ def validate_as_new_version(name: str, runs: Sequence[MeasuredRun], *, root: "st
             else:
                 make_overlay(stage, name, "site overlay made by perf-calibrate validate")
             summary = validate_platform(stage, runs, replace=replace, fit=fit,
-                                        fit_source=f"perf-calibrate validate --fit on {len(runs)} runs")
+                                        fit_source=f"perf-calibrate validate --fit on {plural(len(runs), 'run')}")
             if fit and not (summary.fit is not None and summary.fit.written):
                 return summary, None
             new = validate_candidate(stage, allow_incomplete=True)
             inst = _install_locked(stage, name, base, new, tolerance=DEFAULT_TOLERANCE, force=True,
                                    tag="validate", keep=keep, prune_leftovers=False, pid_file=pid_file,
-                                   origin=f"perf-calibrate validate{' --fit' if fit else ''} of {len(runs)} runs")
+                                   origin=f"perf-calibrate validate{' --fit' if fit else ''} of "
+                                          f"{plural(len(runs), 'run')}")
         except OSError as exc:
             raise CalibrationError(f"cannot write a new version of {name} under {pdir}: {exc}") from None
         finally:
@@ -925,6 +936,8 @@ class RefitResult:
     config_error: bool = False     # failed because perfcast.toml is wrong (exit code 2, not 1)
     # The other partitions refitted with it: their platform is the same directory (refit_shared)
     shared_with: list[str] = field(default_factory=list)
+    # The upper end (x the point) of a kind with no runs' interval, [before, after] (unseen_kind_upper)
+    unseen_kind_upper: list[float] | None = None
 
     @property
     def ok(self) -> bool:
@@ -963,6 +976,32 @@ def fitted_factors(fit: Any) -> dict[str, Any]:
             "kinds": [{"kind": k.kind, "runs": k.runs, "factors": moved(k.scales)} for k in terms.kinds]}
 
 
+def unseen_kind_upper(plat: Any) -> float:
+    """The upper end, as a multiple of the point, of the interval a job of a kind with no runs gets
+    on ``plat`` (before any operator spread): the platform's rule, widened to a per-kind fit's
+    ``unseen_kind_bound`` (:meth:`predictor.interval.IntervalRule.for_platform`)."""
+    from predictor.interval import IntervalRule
+    return IntervalRule.for_platform(plat).factors[1]
+
+
+def describe_unseen_kind_upper(pair: Any) -> str:
+    """``unseen kinds' interval upper end ×1.52 -> ×2.90`` for a refit's [before, after] when they
+    differ at two decimals ("" otherwise, or for a refit.toml without them)."""
+    if not (isinstance(pair, list) and len(pair) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)):
+        return ""
+    before, after = (f"{v:.2f}" for v in pair)
+    return f"unseen kinds' interval upper end ×{before} -> ×{after}" if before != after else ""
+
+
+def count_of(n: Any, word: str) -> str:
+    """``1 run``, ``1,204 runs`` (:func:`slurm_plugin.policy.plural`); a count a file lacks or
+    garbles as it is (``? runs``)."""
+    if isinstance(n, int) and not isinstance(n, bool):
+        return plural(n, word)
+    return f"{'?' if n is None else n} {word}s"
+
+
 def describe_factors(factors: "dict[str, float] | Any") -> str:
     """``compute ×0.977, host per layer ×1.454`` ("every factor 1" when none moved)."""
     from .fitting.kinds import LABEL
@@ -983,7 +1022,7 @@ def describe_fitted_factors(factors: Any, mapes: "dict[str, tuple[float, float]]
             continue
         m = (mapes or {}).get(str(k.get("kind")))
         mape = f", MAPE {100 * m[0]:.1f} % -> {100 * m[1]:.1f} %" if m else ""
-        parts.append(f"kind {k.get('kind', '?')} ({k.get('runs', '?')} runs{mape}): "
+        parts.append(f"kind {k.get('kind', '?')} ({count_of(k.get('runs'), 'run')}{mape}): "
                      f"{describe_factors(k.get('factors'))}")
     return "fitted factors: " + "; ".join(parts)
 
@@ -1048,10 +1087,15 @@ def _rolled_back_refit(base: Path, target: str, partitions: Sequence[str], cur: 
 def refit_target(partition: str, base: Path, platform: "str | None" = None) -> tuple[str, str]:
     """(the directory under the platforms root a refit of ``partition`` writes, the shipped platform
     it overlays or "").  The partition's own installed platform first; else the platform
-    perfcast.toml names for it (``platform``), installed or shipped; else a shipped platform of the
-    partition's name.  ("", ""): nothing to refit."""
+    perfcast.toml names for it (``platform``), installed or shipped -- given as a path, the installed
+    platform under the root it leads to (:func:`platform_under_root`), and nothing for a path
+    elsewhere; else a shipped platform of the partition's name.  ("", ""): nothing to refit."""
     if (base / partition / "current").is_symlink():
         return partition, ""
+    if platform and "/" in platform:
+        # A path (what `status` shows an admin): the platform under the root it leads to, if any.
+        name = platform_under_root(platform, base)
+        return (name, "") if name and (base / name / "current").is_symlink() else ("", "")
     for name in ([platform] if platform else []) + [partition]:
         if not name or not _NAME.match(name):
             continue
@@ -1060,6 +1104,35 @@ def refit_target(partition: str, base: Path, platform: "str | None" = None) -> t
         if (SHIPPED_DIR / name / PLATFORM_FILE).is_file():
             return name, name
     return "", ""
+
+
+def platform_under_root(path: str, base: Path) -> str:
+    """The installed platform (``<base>/<name>``) that ``path`` names -- ``<base>/<name>/current``,
+    ``<base>/<name>`` or one of its versions (``<base>/<name>/versions/<v>``), symbolic links
+    followed -- else ""."""
+    try:
+        rel = Path(path).resolve().relative_to(base.resolve()).parts
+    except (ValueError, OSError):
+        return ""
+    if rel and _NAME.match(rel[0]) and (rel[1:] in ((), ("current",)) or
+                                        (len(rel) == 3 and rel[1] == "versions")):
+        return rel[0]
+    return ""
+
+
+def _no_target(base: Path, platforms: Mapping[str, "str | None"], group: Sequence[str]) -> str:
+    """Why partitions ``group`` have nothing to refit under ``base`` (:func:`refit_target` found none)."""
+    paths = [(p, platforms[p]) for p in group if platforms.get(p) and "/" in str(platforms[p])]
+    if paths:
+        p, path = paths[0]
+        under = platform_under_root(str(path), base)
+        why = (f"{base / under} has no installed version (no `current`)" if under else
+               f"which is not under the platforms root {base}: a refit installs new versions of a platform "
+               "kept there (rollback, history), never rewrites a directory in place")
+        return (f"perfcast.toml predicts partition {p} with the path {path}, {why}; not refitted (install it "
+                f"with perf-calibrate install --partition {p}, or name an installed platform)")
+    return (f"no platform installed for it under {base} and no shipped platform named for it "
+            "(a refit makes a new version of the partition's platform; see perf-calibrate install)")
 
 
 def refit_partition(partition: str, runs: Sequence[MeasuredRun], *, root: "str | Path | None" = None,
@@ -1106,7 +1179,7 @@ def refit_shared(runs: Mapping[str, Sequence[MeasuredRun]], *, root: "str | Path
     res = RefitResult(partition, "skipped", "", runs=len(pooled), shared_with=others)
     if len(pooled) < min_runs:
         split = f" ({_per_partition(group)})" if len(group) > 1 else ""
-        res.message = (f"{len(pooled)} harvested run{'s' if len(pooled) != 1 else ''}{split}, a refit needs at "
+        res.message = (f"{plural(len(pooled), 'harvested run')}{split}, a refit needs at "
                        f"least {min_runs}: not refitted")
         return _shared_results(res)
     targets = {refit_target(p, base, platforms.get(p)) for p in group}
@@ -1116,8 +1189,7 @@ def refit_shared(runs: Mapping[str, Sequence[MeasuredRun]], *, root: "str | Path
     target, shipped = targets.pop()
     if not target:
         # Before the lock, which would create the directory.
-        res.message = (f"no platform installed for it under {base} and no shipped platform named for it "
-                       "(a refit makes a new version of the partition's platform; see perf-calibrate install)")
+        res.message = _no_target(base, platforms, list(group))
         return _shared_results(res)
     res.target = target
     pdir = base / target
@@ -1262,7 +1334,7 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", group: Mapping[str,
     files = [f for f in (runs_files.get(p, "") for p in group) if f]
     who = (f"partition {partition}" if len(group) == 1
            else f"partitions {', '.join(group)} (one platform)")
-    source = (f"perf-calibrate harvest --refit of {who} on {len(runs)} harvested runs"
+    source = (f"perf-calibrate harvest --refit of {who} on {plural(len(runs), 'harvested run')}"
               + (f" ({', '.join(files)})" if files else ""))
     versions = base / target / "versions"
     # The copy is fitted beside the versions (same depth: bundle paths relative to a version
@@ -1294,7 +1366,7 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", group: Mapping[str,
         # Every factor the fit writes that is not 1, the partition's and each kind's: the summary
         # scales alone (a host scale of 1 where the host factors moved) would hide why predictions moved.
         scores = (f"leave-one-out MAPE {100 * fit.mape_before:.2f} % -> {100 * fit.loo_mape_after:.2f} % "
-                  f"on {len(fit_runs)} runs ({len(runs)} harvested{': ' if len(group) > 1 else ''}"
+                  f"on {plural(len(fit_runs), 'run')} ({len(runs)} harvested{': ' if len(group) > 1 else ''}"
                   f"{_per_partition(group)}); "
                   + describe_fitted_factors(res.factors, {k.kind: (k.mape_before, k.loo_mape_after)
                                                           for k in getattr(fit, "kinds", [])}))
@@ -1304,6 +1376,14 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", group: Mapping[str,
             res.status = "declined"
             res.message = f"{scores}: no better than {label} as it is; nothing changed"
             return res
+        # Intervals move without any factor (a per-kind fit widens a kind with no runs to the spread
+        # across kinds): what a job of such a kind gets, before -> after, when it changes.
+        after = load_platform(where, reload=True)
+        if dry_run:                        # (nothing written: what would be)
+            after = replace(after, validation=list(summary.runs), fitted=fit.terms())
+        res.unseen_kind_upper = [round(unseen_kind_upper(plat), 4), round(unseen_kind_upper(after), 4)]
+        unseen = describe_unseen_kind_upper(res.unseen_kind_upper)
+        scores += f"; {unseen}" if unseen else ""
         if dry_run:
             res.status = "dry-run"
             res.message = f"{scores}: would install a refit of {label} (dry run: nothing written)"
@@ -1323,6 +1403,7 @@ def _refit(res: RefitResult, cur: "InstalledVersion | None", group: Mapping[str,
                 "runs_file": ", ".join(files),
                 # what status lists: every written factor that is not 1, the partition's and per kind
                 "factors": res.factors["partition"], "kind_factors": res.factors["kinds"],
+                "unseen_kind_upper": res.unseen_kind_upper,
                 # every harvested run it was given (the fit may keep fewer: MAX_RUNS): a later refit
                 # with none besides these has nothing new to learn
                 "harvested_runs": sorted({r.name for rs in group.values() for r in rs}),

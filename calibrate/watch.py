@@ -71,8 +71,8 @@ from predictor.job import TrainingJob
 from predictor.validation import MeasuredRun
 from slurm_plugin.policy import WallCap, slurm_duration
 from slurm_plugin.qos_limits import WallLimits, lookup_wall_limits
-from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, PredictionRecord, RecordStore, RecordStoreError,
-                                  is_record_id, parse_admin_comment)
+from slurm_plugin.records import (DAMAGED_ADVICE, RECORD_KEY, RECORD_TAG, PredictionRecord, RecordStore,
+                                  RecordStoreError, is_record_id, parse_admin_comment)
 from slurm_plugin.siteconfig import WatchPolicy
 from slurm_plugin.slurm_client import (PartitionInfo, PlannedStart, Reservation, RunningJob, SlurmClient,
                                        SlurmError, expand_hostlist, parse_slurm_time)
@@ -988,10 +988,16 @@ def _finish(res: WatchResult, wlog: "WatchLog | PassLog", job: RunningJob, recor
     if decision.action != "none" and not opts.dry_run:
         try:
             to = decision.to_minutes
-            # A running job's --time-min no longer matters, but Slurm refuses a limit below it.
+            # Slurm refuses a limit below the job's TimeMin unless the update names a TimeMin too,
+            # but changes no running job's TimeMin (22.05: only a pending job's): scontrol then
+            # shows TimeMin above TimeLimit, and a requeued job restarts with at least its TimeMin.
             low_min = job.time_min_minutes is not None and job.time_min_minutes > to
             client.set_time_limit(job.job_id, to, time_min=to if low_min else None)
             applied = True
+            if low_min:
+                decision = dataclasses.replace(decision, reason=(
+                    f"{decision.reason}; its TimeMin stays {_hm(job.time_min_minutes * 60.0)} (Slurm changes no "
+                    "running job's TimeMin; requeued, the job restarts with at least it)"))
         except SlurmError as exc:
             decision = _none("update-failed", f"scontrol update failed ({exc}); the limit stays "
                              f"({decision.reason})", decision.from_seconds)
@@ -1070,9 +1076,9 @@ _CORRUPT_ADVICE = (
 
 
 def _store_problem(text: str) -> str:
-    """A record store error as the watch says it: records.py's short advice ("move it aside") is
-    replaced by what moving it aside costs and how to keep the rows."""
-    text = text.replace("; move it aside and the daemon starts a new one", "")
+    """A record store error as the watch says it: records.py's short advice is replaced by what
+    moving it aside costs and how to keep the rows."""
+    text = text.replace(f": {DAMAGED_ADVICE}", "")
     low = text.lower()
     if "corrupt" in low or "malformed" in low or "not a database" in low:
         return f"{text}; {_CORRUPT_ADVICE}"

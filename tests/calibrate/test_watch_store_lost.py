@@ -19,7 +19,7 @@ from calibrate.watch import (Decision, WatchOptions, _store_problem, admin_comme
 from calibrate.watch_log import WatchLog, read_actions
 from slurm_plugin.policy import PredictionFacts
 from slurm_plugin.policy import decide as daemon_decide
-from slurm_plugin.records import RecordStore, RecordStoreError, parse_admin_comment
+from slurm_plugin.records import DAMAGED_ADVICE, RecordStore, RecordStoreError, parse_admin_comment
 from slurm_plugin.siteconfig import PartitionPolicy
 
 from .test_watch import POLICY, FakeSlurm, megatron_log, record, running, site  # noqa: F401
@@ -173,6 +173,7 @@ def test_a_corrupt_store_does_not_stop_the_watch_from_protecting_jobs(site, capl
     assert 'sqlite3 records.sqlite ".recover" | sqlite3 recovered.sqlite' in warning
     assert "every running job loses its record" in warning and "the harvest cannot match it" in warning
     assert "the daemon starts a new one" not in warning
+    assert warning.count("When the store is damaged") == 1         # the advice once, the watch's own
     assert "1 of this pass's actions not recorded in the store" in warning
     assert "limits changed this pass: 31" in warning and "the next pass retries the store" in warning
 
@@ -186,8 +187,8 @@ def test_a_store_with_a_bad_page_gives_the_records_it_can(site, monkeypatch):
 
     def get_or_fail(self, record_id):
         if record_id == bad:
-            raise RecordStoreError(f"{self.path}: corrupt or not a perfcast record store; move it aside and the "
-                                   "daemon starts a new one (database disk image is malformed)")
+            raise RecordStoreError(f"{self.path}: corrupt or not a perfcast record store (database disk image "
+                                   f"is malformed): {DAMAGED_ADVICE}")
         return get(self, record_id)
 
     monkeypatch.setattr(RecordStore, "get", get_or_fail)
@@ -249,9 +250,10 @@ def test_a_locked_store_does_not_keep_a_slow_job_from_its_extension(locked):
 
 
 def test_store_problems_name_their_cost():
-    assert "daemon starts a new one" not in _store_problem(
-        "/s/records.sqlite: corrupt or not a perfcast record store; move it aside and the daemon starts a new one "
-        "(file is not a database)")
+    said = _store_problem(f"/s/records.sqlite: corrupt or not a perfcast record store (file is not a database): "
+                          f"{DAMAGED_ADVICE}")
+    assert said.startswith("/s/records.sqlite: corrupt or not a perfcast record store (file is not a database); "
+                           "to keep its records, recover them") and said.count("When the store is damaged") == 1
     assert _store_problem("/s/records.sqlite: disk full") == "/s/records.sqlite: disk full"
 
 
