@@ -791,10 +791,12 @@ def _plan(job: TrainingJob, plat: Platform, q: QuerySet) -> _JobPlan:
     gpn = job.cluster.gpus_per_node or plat.gpus_per_node
     warnings: list[str] = []
     if job.cluster.gpus_per_node and job.cluster.gpus_per_node != plat.gpus_per_node:
+        more = job.cluster.gpus_per_node > plat.gpus_per_node
         warnings.append(f"the job says {job.cluster.gpus_per_node} GPUs per node, platform "
-                        f"{plat.name} has {plat.gpus_per_node}; costed with the job's, on nodes that "
-                        f"platform does not have (for its real nodes give {plat.gpus_per_node} per node: "
-                        "cluster.gpus_per_node in a job file, the ranks per node in a launch)")
+                        f"{plat.name} has {plat.gpus_per_node}; costed with the job's"
+                        + (f", on nodes that platform does not have (for its real nodes give {plat.gpus_per_node} "
+                           "per node: cluster.gpus_per_node in a job file, the ranks per node in a launch)"
+                           if more else ""))
     grp = groups(job, gpn)
     recipe = micro_batch_recipe(job.model, lay)
     casts = _fp8_casts(job, plat, recipe, warnings)

@@ -695,10 +695,13 @@ def _distribute_saved(f: Facts) -> None:
     at start without them), and Megatron-core turns it off under sequence parallelism."""
     where = f.origin("distribute_saved")
     tp = f.get("tp")
+    # Releases that still take --checkpoint-activations turn it into granularity full, method
+    # uniform inside validate_args, before that assertion.
+    legacy = bool(f.val("checkpoint_activations"))
     needs = [need for need, missing in (
         ("--tensor-model-parallel-size above 1", tp is None or (tp.unknown is None and (tp.value or 1) <= 1)),
-        ("--recompute-granularity full", f.val("recompute_granularity") != "full"),
-        ("a --recompute-method", f.get("recompute_method") is None)) if missing]
+        ("--recompute-granularity full", f.val("recompute_granularity") != "full" and not legacy),
+        ("a --recompute-method", f.get("recompute_method") is None and not legacy)) if missing]
     if needs:
         raise CannotPredict(f"--distribute-saved-activations needs {' and '.join(needs)}: Megatron-LM's "
                             f"validate_args asserts it and the job stops at start", where)

@@ -312,7 +312,9 @@ def read(cfg: Config, h: HydraArgs, f: Facts) -> None:
     else:
         f.set("recompute", "none", origin or "NeMo default (no activation checkpointing)")
     opt, origin = _str(v, "model.optim.name")
-    if opt is not None and opt not in NEMO_OPTIMIZERS:
+    target, _ = _str(v, "model.optim._target_")
+    # With a _target_ NeMo instantiates that class and never looks the name up.
+    if opt is not None and opt not in NEMO_OPTIMIZERS and target is None:
         _refuse("model.optim.name", opt, NEMO_OPTIMIZERS, "NeMo stops at start (get_optimizer: "
                 "\"Cannot resolve optimizer\")", origin, "NeMo's optimizers")
     if opt in DISTRIBUTED_OPTIMIZERS:

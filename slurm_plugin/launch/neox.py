@@ -445,11 +445,18 @@ def _attention(m: Merged, f: Facts) -> None:
         return
     kinds: dict = {}
     try:
-        for entry in cfg:
-            types, count = entry[0], entry[1]
-            n = to_int(count) if count != "all" else 10**6
-            for t in types if isinstance(types, list) else [types]:
-                kinds[t] = kinds.get(t, 0) + max(n or 0, 0)
+        if isinstance(cfg, list) and all(isinstance(e, str) for e in cfg):
+            # Already expanded, one type per layer: NeoX's expand_attention_types takes it as is.
+            for t in cfg:
+                kinds[t] = kinds.get(t, 0) + 1
+        else:
+            for entry in cfg:
+                types, count = entry[0], entry[1]
+                n = to_int(count) if count != "all" else 10**6
+                if not n or n <= 0:
+                    continue        # expanded to no layer: NeoX never checks its types
+                for t in types if isinstance(types, list) else [types]:
+                    kinds[t] = kinds.get(t, 0) + n
     except (TypeError, IndexError, KeyError):
         f.warnings.append(f"attention_config is not a list of [[types], count] ({origin}); assuming global")
         f.set("attention", dense, origin)

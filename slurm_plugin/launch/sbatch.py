@@ -274,12 +274,16 @@ def _positive(val: str, shown: str, option: str, where: str) -> int:
 
 
 def _gpu_count(val: str, shown: str, where: str) -> int:
-    """--gpus / --gpus-per-node / --gpus-per-task = [type:]N; anything else Slurm refuses."""
-    m = _GPU_COUNT.fullmatch(val.strip())
-    if m is None:
-        raise CannotPredict(f"#SBATCH {shown} is not a GPU count: sbatch takes [type:]N (8, h100:8) and "
-                            f"Slurm refuses the job", where)
-    return int(m.group(2))
+    """--gpus / --gpus-per-node / --gpus-per-task = [type:]N[,[type:]N...] (sbatch(1): a list of
+    types, e.g. volta:3,kepler:1; their sum); anything else Slurm refuses."""
+    total = 0
+    for item in val.split(","):
+        m = _GPU_COUNT.fullmatch(item.strip())
+        if m is None:
+            raise CannotPredict(f"#SBATCH {shown} is not a GPU count: sbatch takes [type:]N[,[type:]N] (8, h100:8, "
+                                f"a100:4,v100:4) and Slurm refuses the job", where)
+        total += int(m.group(2))
+    return total
 
 
 def _gres_gpus_checked(val: str, shown: str, where: str) -> Optional[int]:

@@ -113,7 +113,7 @@ def test_a_value_sbatch_refuses_stops_naming_the_line(tmp_path, line, needle):
     ("--gres=gpu:a100:8", 2, 8), ("--gres=gpu:1g.10gb:8", 2, 8), ("--gres=gpu:8(S:0-1)", 2, 8),
     ("--gpus-per-node=h100:8", 2, 8), ("--time=2-00:00:00 --gpus-per-node=8", 2, 8),
     ("--nodes=2-4 --gpus-per-node=8", 2, 8), ("--nodes=-2 --gpus-per-node=8", 1, 8),
-    ("--time=UNLIMITED --gres=gpu:8", 2, 8),
+    ("--time=UNLIMITED --gres=gpu:8", 2, 8), ("--gpus-per-node=a100:4,v100:4", 2, 8),
 ])
 def test_values_sbatch_accepts_still_read(tmp_path, line, nodes, gpn):
     res = parse_in(tmp_path, _script(f"--nodes=2|{line}", f"torchrun --nproc_per_node {gpn} --nnodes {nodes} "))

@@ -280,3 +280,13 @@ def test_values_unknown_in_the_script_stay_unknown(tmp_path):
     res = parse_in(tmp_path, script)
     assert res.error is None, res.error
     assert any("ds.json is unknown" in w and "its keys are not read" in w for w in res.warnings), res.warnings
+
+
+def test_neox_attention_config_already_expanded_and_zero_count_entries_are_not_refused(tmp_path):
+    """NeoX's expand_attention_types takes a list of strings as already expanded (one type per
+    layer), and an entry of count 0 expands to no layer, so its type is never checked."""
+    res = _neox(tmp_path, '"attention_config": ["global", "global", "flash", "flash"]')
+    assert res.job is not None, res.error
+    res = _neox(tmp_path, '"attention_config": [[["flahs"], 0], [["global"], "all"]]')
+    assert res.job is not None, res.error
+    _stops(_neox(tmp_path, '"attention_config": ["global", "flahs"]'), "did you mean 'flash'?")

@@ -122,6 +122,9 @@ def test_megatron_distribute_saved_activations_with_its_needs_partitions(tmp_pat
     res = _megatron(tmp_path, "--tensor-model-parallel-size 4 --recompute-granularity full --recompute-method uniform "
                               "--distribute-saved-activations")
     assert res.job is not None and res.job.layout.partition_activations, res.error
+    # Releases that take --checkpoint-activations make it full granularity, uniform, before the assert.
+    res = _megatron(tmp_path, "--tensor-model-parallel-size 4 --checkpoint-activations --distribute-saved-activations")
+    assert res.job is not None and res.job.layout.partition_activations, res.error
 
 
 # ---- Megatron-DeepSpeed: --glu-activation (bigscience's GLU_ACTIVATIONS)
@@ -159,6 +162,12 @@ def _nemo_stops(res, key: str, *parts):
 def test_nemo_misspelt_optimizer_stops(tmp_path, name, meant):
     _nemo_stops(_nemo(tmp_path, f"model.optim.name={name}"), "model.optim.name", f"'{name}'",
                 "Cannot resolve optimizer", f"did you mean '{meant}'?")
+
+
+def test_nemo_optimizer_name_is_not_judged_beside_a_target(tmp_path):
+    """With model.optim._target_ NeMo instantiates that class and never looks the name up."""
+    res = _nemo(tmp_path, "+model.optim._target_=apex.optimizers.FusedLAMB model.optim.name=my_lamb")
+    assert res.job is not None, res.error
 
 
 @pytest.mark.parametrize("name, zero", [("distributed_fused_adam", 1), ("mcore_distributed_optim", 1),
