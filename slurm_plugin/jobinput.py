@@ -1,6 +1,7 @@
 """What the user CLIs share: reading JOB (a TOML job file or a batch script) and choosing a platform."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -42,7 +43,10 @@ def _sniff_text(path: str) -> Optional[str]:
 
 
 def _toml_tables(text: str) -> Optional[dict]:
-    import tomllib
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.9/3.10
+        import tomli as tomllib
     try:
         data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError, ValueError):
