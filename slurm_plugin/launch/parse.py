@@ -20,6 +20,7 @@ from .limits import MAX_CONFIG_BYTES, Budget, CannotPredict
 from .result import ParsedScript, SlurmRequest
 from .sbatch import GPN_EXACT, array_first_index, derive_request, merge_request, read_directives, slurm_env
 from .shell import Launch, Shell
+from .slips import continuation_slips
 from .values import MARK_OPEN, Tok, Unknowns, sanitize_text
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,10 @@ def parse_script(path: Optional[str], text: Optional[str] = None, *, request: Op
     label = path or "<script>"
     result = ParsedScript(job=None, job_dict={}, request=request or SlurmRequest())
     budget = _budget or (Budget(deadline_s) if deadline_s is not None else Budget())
+    slips: list[str] = []
     try:
-        _parse(result, path, text, label, request, reader, env, default_gpus_per_node, work_dir, budget, _depth)
+        _parse(result, path, text, label, request, reader, env, default_gpus_per_node, work_dir, budget, _depth,
+               slips)
     except CannotPredict as exc:
         result.job = None
         result.error = exc.line()
@@ -73,6 +76,8 @@ def parse_script(path: Optional[str], text: Optional[str] = None, *, request: Op
         log.exception("launch parser bug on %s", label)
         result.job = None
         result.error = f"cannot predict: internal parser error {type(exc).__name__} ({label})"
+    if slips and result.error:
+        result.error = f"{result.error}; note: {slips[0]}"
     if result.error and len(result.error) > 400:
         result.error = result.error[:397] + "..."
     if result.error:
@@ -80,7 +85,8 @@ def parse_script(path: Optional[str], text: Optional[str] = None, *, request: Op
     return result
 
 
-def _parse(res: ParsedScript, path, text, label, request, reader, env, default_gpn, work_dir, budget, depth) -> None:
+def _parse(res: ParsedScript, path, text, label, request, reader, env, default_gpn, work_dir, budget, depth,
+           slips: list) -> None:
     if text is None:
         if path is None:
             raise CannotPredict("no script given")
@@ -100,6 +106,10 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
         raise CannotPredict(f"{label} has DOS line breaks (\\r\\n), which sbatch refuses: convert it "
                             "with dos2unix or sed -i 's/\\r$//'", f"{label}:{line}")
     text = sanitize_text(text)
+    if depth == 0:
+        # Flags after such a line are lost to the launch: said whatever else goes wrong or right.
+        slips.extend(continuation_slips(text, label))
+        res.warnings.extend(slips)
     # ------------------------------------------------------------------ request
     directives = read_directives(text, label, budget)
     req, prov = merge_request(directives, request)
