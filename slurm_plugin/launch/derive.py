@@ -37,6 +37,9 @@ CRITICAL = {"model.layers", "model.hidden", "model.heads", "model.seq_len", "lay
 
 
 # sizes that every framework rejects below 1 (and that we divide by)
+# (the DeepSpeed config's keys by their own names in messages, not the reader's fact names)
+_FACT_NAMES = {"ds_micro": "train_micro_batch_size_per_gpu", "ds_train_batch": "train_batch_size",
+               "ds_gas": "gradient_accumulation_steps"}
 _POSITIVE = ("layers", "hidden", "heads", "seq_len", "pp", "tp", "cp", "micro_batch", "global_batch",
              "grad_accum", "ds_micro", "ds_train_batch", "ds_gas", "kv_heads", "ffn_hidden", "virtual_stages")
 # (fact, job key) copied as found
@@ -155,9 +158,10 @@ def vocab_from(facts: Facts) -> tuple[Optional[int], str, Optional[str]]:
     tok = str(facts.val("tokenizer") or "").lower()
     if tok in _BY_TYPE:
         return _BY_TYPE[tok], facts.origin("tokenizer"), None
-    return DEFAULT_VOCAB, "default", (f"vocabulary size unknown for tokenizer {facts.val('tokenizer') or '?'}"
-                                      f"{' / ' + str(facts.val('vocab_file')) if facts.val('vocab_file') else ''}; "
-                                      f"assuming GPT-2's {DEFAULT_VOCAB}")
+    named = facts.val("tokenizer")
+    vocab_file = facts.val("vocab_file")
+    which = (f"for tokenizer {named}" if named else "(no tokenizer named)") + (f" / {vocab_file}" if vocab_file else "")
+    return DEFAULT_VOCAB, "default", f"vocabulary size unknown {which}; assuming GPT-2's {DEFAULT_VOCAB}"
 
 
 def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req_prov: dict) -> Derived:
@@ -168,7 +172,7 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
         fact = f.d.get(key)
         if fact is not None and fact.unknown is None and fact.value is not None and \
                 (not isinstance(fact.value, int) or fact.value < 1):
-            d.fail(f"{key} = {fact.value} must be at least 1", fact.origin)
+            d.fail(f"{_FACT_NAMES.get(key, key)} = {fact.value} must be at least 1", fact.origin)
             return d
     if world.gpus is not None and world.gpus < 1:
         d.fail(f"the launch starts {world.gpus} processes", world.origin)
