@@ -51,12 +51,19 @@ def parse_script(path: Optional[str], text: Optional[str] = None, *, request: Op
     result = ParsedScript(job=None, job_dict={}, request=request or SlurmRequest())
     budget = _budget or (Budget(deadline_s) if deadline_s is not None else Budget())
     slips: list[str] = []
+    unset: list[tuple[str, str]] = []
     try:
         _parse(result, path, text, label, request, reader, env, default_gpus_per_node, work_dir, budget, _depth,
-               slips)
+               slips, unset)
     except CannotPredict as exc:
         result.job = None
         result.error = exc.line()
+        if unset:
+            # The script ran and read unset variables as empty: likely why the launch went wrong;
+            # said in the error, not also as a warning.
+            warning, clause = unset[0]
+            result.error = f"{result.error} {clause}"
+            result.warnings = [w for w in result.warnings if w != warning]
     except RecursionError:
         result.job = None
         result.error = f"cannot predict: the script is nested too deeply ({label})"
@@ -86,7 +93,7 @@ def parse_script(path: Optional[str], text: Optional[str] = None, *, request: Op
 
 
 def _parse(res: ParsedScript, path, text, label, request, reader, env, default_gpn, work_dir, budget, depth,
-           slips: list) -> None:
+           slips: list, unset: list) -> None:
     if text is None:
         if path is None:
             raise CannotPredict("no script given")
@@ -146,6 +153,8 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
         shell_env["SLURM_NNODES"] = shell_env["SLURM_JOB_NUM_NODES"] = (u.new(reason, True), "Slurm")
     sh = Shell(budget=budget, unknowns=u, read_file=reader, env=shell_env, cwd=work_dir, warnings=warnings)
     sh.run(text, label, positional=[])
+    if sh.unset_clause:
+        unset.append((sh.unset_warning, sh.unset_clause))
     # ------------------------------------------------------------------ pick the launch
     if not sh.launches:
         if sh.inner_batches and depth == 0:

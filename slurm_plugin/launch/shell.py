@@ -39,6 +39,24 @@ _NOOPS = {
     "echo_err", "setopt", "rocm-smi", "lfs", "env_parallel", "srun_noop",
 }
 
+# Variables the job has without the script or the submitting environment setting them, so an
+# expansion of one we do not know is never "not set": Slurm's own (SLURM_*, and the GPU lists
+# slurmstepd exports), the MPI/PMI launchers', and those bash sets itself.
+_SET_BY_RUNTIME = ("SLURM_", "SLURMD_", "SLURMSTEPD_", "PMI_", "PMIX_", "OMPI_", "BASH", "COMP_")
+_SET_BY_BASH = frozenset((
+    "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "HOME", "USER", "LOGNAME", "PATH",
+    "SHELL", "HOSTNAME", "HOSTTYPE", "OSTYPE",
+    "MACHTYPE", "RANDOM", "SRANDOM", "SECONDS", "LINENO", "PPID", "UID", "EUID", "GROUPS", "IFS", "PWD",
+    "OLDPWD", "SHLVL", "EPOCHSECONDS", "EPOCHREALTIME", "OPTIND", "OPTARG", "OPTERR", "PS4", "SHELLOPTS",
+    "DIRSTACK", "PIPESTATUS", "FUNCNAME", "HISTCMD", "REPLY"))
+# Names a script assigns, read from its text (also in branches never taken and by builtins we do not
+# model): `NAME=`, `NAME[i]=`, `NAME+=`, and the names after read/mapfile/getopts/printf -v/for/declare…
+_ASSIGN_RE = re.compile(r"(?<![\w${!#.:/-])([A-Za-z_]\w*)(?:\[[^\]\n]*\])?\+?=")
+_ASSIGN_CMD_RE = re.compile(r"\b(?:read|readarray|mapfile|getopts|printf|for|select|declare|typeset|local|export|"
+                            r"readonly)\b([^\n;|&]*)")
+_ASSIGN_CMD_NAME = re.compile(r"(?<![\w${!#.:/-])[A-Za-z_]\w*")
+_MAX_UNSET = 64
+
 
 @dataclass
 class VFile:
@@ -90,7 +108,8 @@ class Shell:
     """One evaluation of a batch script (and what it sources)."""
 
     def __init__(self, *, budget: Budget, unknowns: Unknowns, read_file: ReadFile,
-                 env: dict, cwd: Optional[str], warnings: list, home: Optional[str] = None):
+                 env: dict, cwd: Optional[str], warnings: list, home: Optional[str] = None,
+                 env_whole: Optional[bool] = None):
         self.budget = budget
         self.u = unknowns
         self.read_file = read_file
@@ -116,6 +135,22 @@ class Shell:
         self.unexported_child: Optional[set] = None
         self._warned: set = set()
         self._where_cache: dict = {}
+        # Variables expanded while unset (see _unset_use). "Unset" needs the whole environment the
+        # job starts with: perf-predict gives os.environ (it has PATH); the daemon gives only HOME,
+        # USER, ... from passwd (cli_filter.lua sends no environment), where a name the script does
+        # not set may well be exported by the user: there it is a warning, never an error.
+        if env_whole is None:
+            env_whole = "PATH" in env or not any(o == "environment" for _, o in env.values())
+        self.env_whole = env_whole
+        self.nounset = False                      # set -u / set -o nounset in force
+        self._subshell = 0                        # in $( ), ( ), a pipeline stage, a child shell
+        self._guess = 0                           # in a branch taken on a condition we cannot decide
+        self.unset_uses: dict[str, str] = {}      # name -> where it was first expanded while unset
+        # what an error after the script says of them (parse_script): an empty word that shifted a
+        # launch's arguments is then the likely cause
+        self.unset_warning = self.unset_clause = ""
+        self._unset_stops: list = []              # [(name, where)] where set -u stops the script
+        self._texts: set = set()                  # every text run (for the names the script assigns)
 
     # ================================================================== entry points
     def run(self, text: str, label: str, positional: Optional[list] = None) -> None:
@@ -123,14 +158,84 @@ class Shell:
         self.script_name = label
         if positional is not None:
             self.positional = positional
+        shebang = re.match(r"#![ \t]*\S*\b(?:ba)?sh[ \t]+(.*)", text)
+        if shebang and any(re.fullmatch(r"-[a-zA-Z]*u[a-zA-Z]*", w) for w in shebang.group(1).split()):
+            self.nounset = True                  # `#!/bin/bash -eu`: sbatch runs the script with it
         try:
             self._run_text(valid_unicode(text), label)
         except _Exit:
             pass
         except (_Return, _Break):
             pass
+        except CannotPredict:
+            self._raise_nounset()               # bash stopped before what we could not read
+            raise
+        self._raise_nounset()
+        note = self.unset_note()
+        if note is not None:
+            self.warnings.append(note[0])
+            self.unset_warning, self.unset_clause = note
+
+    # ----------------------------------------------------------------- unset variables
+    def _unset_use(self, name: str, line) -> None:
+        """``$name`` was expanded while unset: remember where first, and whether set -u stops there."""
+        if name in _SET_BY_BASH or name.startswith(_SET_BY_RUNTIME) or name in self.vars:
+            return
+        if name not in self.unset_uses and len(self.unset_uses) < _MAX_UNSET:
+            self.unset_uses[name] = self.where(line)
+        # bash -u stops the script here, unless the expansion is in a subshell (only that stops), on
+        # a branch we guessed, or after the launch (the training has run by then)
+        if self.nounset and not self._subshell and not self._guess and not self.launches \
+                and len(self._unset_stops) < _MAX_UNSET:
+            self._unset_stops.append((name, self.where(line)))
+
+    def _assigned_names(self) -> set:
+        names: set = set(self.vars)
+        for text in self._texts:
+            names.update(_ASSIGN_RE.findall(text))
+            for args in _ASSIGN_CMD_RE.findall(text):
+                names.update(_ASSIGN_CMD_NAME.findall(args))
+        return names
+
+    def unset_vars(self) -> list:
+        """[(name, where first expanded)] of the variables read as empty because nothing sets them:
+        not the script (anywhere in it), not the environment we were given."""
+        if not self.unset_uses:
+            return []
+        assigned = self._assigned_names()
+        return [(k, w) for k, w in self.unset_uses.items() if k not in assigned]
+
+    def _raise_nounset(self) -> None:
+        if not self._unset_stops or not self.env_whole:
+            return
+        assigned = self._assigned_names()
+        for name, where in self._unset_stops:
+            if name not in assigned:
+                raise CannotPredict(f"${name} is not set ({where}) and the script runs with set -u: bash stops "
+                                    f"there ('{name}: unbound variable'); set it in the script or export it "
+                                    f"before sbatch (sbatch passes your environment)")
+
+    def unset_note(self) -> Optional[tuple[str, str]]:
+        """(the warning on the variables read as empty, the clause an error that follows the script
+        says of them instead: parse_script); None when there are none."""
+        got = self.unset_vars()
+        if not got:
+            return None
+        named = [f"${k} ({w})" for k, w in got[:3]]
+        listed = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else named[0]
+        if len(got) > 3:
+            listed = ", ".join(named) + f" and {len(got) - 3} more"
+        plural = len(got) > 1
+        text = (f"{listed} {'are' if plural else 'is'} not set here and {'were' if plural else 'was'} read as "
+                f"empty; sbatch passes your environment, so the job may see another value")
+        stops = {k for k, _ in self._unset_stops}
+        if any(k in stops for k, _ in got):
+            text += "; the script runs with set -u: bash stops at the first one unless your environment sets it"
+        clause = (f"(the script expands {listed}, which {'are' if plural else 'is'} not set here: read as empty)")
+        return text, clause
 
     def _run_text(self, text: str, label: str, line_offset=0, origin_of_pos=None) -> None:
+        self._texts.add(text)
         saved = self.label
         self.label = label
         parser = Parser(text, label, self.budget, line_offset=line_offset, depth=self.depth,
@@ -233,13 +338,15 @@ class Shell:
             return self._case(node)
         if t is Group:
             if node.subshell:
-                saved = (dict(self.vars), self.cwd)
+                saved = (dict(self.vars), self.cwd, self.nounset)
+                self._subshell += 1
                 try:
                     return self.exec_body(node.body)
                 except _Exit:
                     return 0
                 finally:
-                    self.vars, self.cwd = saved
+                    self.vars, self.cwd, self.nounset = saved
+                    self._subshell -= 1
             return self.exec_body(node.body)
         if t is FuncDef:
             self.funcs[node.name] = node.body
@@ -262,6 +369,13 @@ class Shell:
                 if self._last_was_test:
                     self.warn(f"condition at {self.where(pipe.line)} depends on unknown values; "
                               f"assuming it holds")
+                    if op == "&&":
+                        self._guess += 1
+                        try:
+                            st = self._pipeline(pipe)
+                        finally:
+                            self._guess -= 1
+                        continue
                 st = 0
             if (op == "&&" and st == 0) or (op == "||" and st != 0):
                 st = self._pipeline(pipe)
@@ -276,13 +390,15 @@ class Shell:
         else:
             # Stages run in subshells; the first one is where a launch lives (`srun … | tee log`).
             for i, cmd in enumerate(node.cmds):
-                saved = dict(self.vars)
+                saved = dict(self.vars), self.nounset
+                self._subshell += 1
                 try:
                     st = self.exec_node(cmd)
                 except _Exit:
                     st = None
                 finally:
-                    self.vars = saved
+                    self.vars, self.nounset = saved
+                    self._subshell -= 1
         if node.negate:
             return None if st is None else (1 if st == 0 else 0)
         return st
@@ -293,7 +409,11 @@ class Shell:
             if st is None:
                 self.warn(f"cannot decide the condition at {self.where(node.line)}; "
                           f"taking its branch as written first")
-                return self.exec_body(body)
+                self._guess += 1
+                try:
+                    return self.exec_body(body)
+                finally:
+                    self._guess -= 1
             if st == 0:
                 return self.exec_body(body)
         if node.else_body is not None:
@@ -314,10 +434,13 @@ class Shell:
     def _symbolic_once(self, body: list, line: int, why: str) -> None:
         """A loop whose trip count is unknown: run the body once, then mark what it changed unknown."""
         before = {k: (v.value, v.array) for k, v in self.vars.items()}
+        self._guess += 1
         try:
             self._loop_body(body)
         except _Break:
             pass
+        finally:
+            self._guess -= 1
         reason = f"set in a loop whose number of iterations is unknown ({why}, {self.where(line)})"
         for k, v in list(self.vars.items()):
             old = before.get(k)
@@ -387,7 +510,11 @@ class Shell:
                 if unknown:
                     self.warn(f"cannot decide the case at {self.where(node.line)} "
                               f"({self.u.reason(text)}); taking its first branch")
-                    return self.exec_body(body)
+                    self._guess += 1
+                    try:
+                        return self.exec_body(body)
+                    finally:
+                        self._guess -= 1
                 rx = self._pattern_regex(p)
                 if rx is not None and re.fullmatch(rx, text, re.S):
                     return self.exec_body(body)
@@ -599,6 +726,8 @@ class Shell:
         self.positional = [list(t.segs) for t in c.args]
         self.wrapper_stack.append(c.wrappers)
         self.depth += 1
+        saved_nounset, self.nounset = self.nounset, False    # a new bash starts without set -u
+        self._subshell += 1
         try:
             if c.kind == "bash-c":
                 # the string was built by this shell: keep each piece's origin
@@ -611,6 +740,8 @@ class Shell:
             pass
         finally:
             self.depth -= 1
+            self._subshell -= 1
+            self.nounset = saved_nounset
             self.wrapper_stack.pop()
             self.vars = saved_vars
             self.positional, self.script_name = saved_pos, saved_name
@@ -829,19 +960,21 @@ class Shell:
         where = self.where(p.line)
         if self.depth >= MAX_CALL_DEPTH:
             raise CannotPredict("command substitutions nested too deeply", where)
-        saved_vars, saved_cwd = dict(self.vars), self.cwd
+        saved_vars, saved_cwd, saved_nounset = dict(self.vars), self.cwd, self.nounset
         self.capture.append([])
         self.capture_unknown.append(None)
         self.depth += 1
+        self._subshell += 1
         try:
             self.exec_body(p.body)
         except (_Exit, _Return, _Break):
             pass
         finally:
             self.depth -= 1
+            self._subshell -= 1
             out = self.capture.pop()
             unknown = self.capture_unknown.pop()
-            self.vars, self.cwd = saved_vars, saved_cwd
+            self.vars, self.cwd, self.nounset = saved_vars, saved_cwd, saved_nounset
         if unknown:
             return [(self.u.new(unknown), where)]
         segs = [s for chunk in out for s in chunk]
@@ -888,7 +1021,10 @@ class Shell:
                     return self.text_of(base) if idx == "0" else None
                 seg = v.array.get(idx)
                 return None if seg is None else _flat(seg)
-            return self.text_of(name)
+            got = self.text_of(name)
+            if got is None:
+                self._unset_use(name, line)
+            return got
 
         def put(name: str, value: int) -> None:
             self.set_var(name, [(str(value), where)], where)
@@ -959,6 +1095,8 @@ class Shell:
         multi = p.name in ("@", "*") or (p.index is not None and len(p.index) == 1 and isinstance(p.index[0], Lit)
                                          and p.index[0].text in ("@", "*"))
         op = p.op
+        if vals is None and not multi and op not in _UNSET_OK_OPS and _NAME_RE.match(p.name):
+            self._unset_use(p.name, p.line)
         if op == "len":
             if multi:
                 return [(str(len(vals or [])), where)]
@@ -1258,6 +1396,11 @@ _INT_RE = re.compile(r"-?[0-9]+")
 _INT64 = 1 << 63
 
 
+# ${X:-d} ${X-d} ${X:=d} ${X=d} ${X:+a} ${X+a} ${X:?} ${X?}: written for an unset X (bash -u too);
+# ${!X*} names; ${!X} says itself why its target is unknown
+_UNSET_OK_OPS = frozenset((":-", "-", ":=", "=", ":+", "+", ":?", "?", "keys", "indirect"))
+
+
 def _to_int(s: str) -> Optional[int]:
     """``s`` as bash reads a decimal integer (ASCII digits, 64 bits), or None.
 
@@ -1408,10 +1551,24 @@ def _b_shift(sh, argv, node, decl, where):
 
 
 def _b_set(sh, argv, node, decl, where):
+    expect_name = None        # `-o NAME` / `-euo NAME`: "-" or "+" of the option that takes it
     for i, a in enumerate(argv[1:], 1):
-        if _flat(a) == "--":
+        t = _flat(a)
+        if expect_name is not None:
+            if t == "nounset":
+                sh.nounset = expect_name == "-"
+            expect_name = None
+            continue
+        if t == "--":
             sh.positional = argv[i + 1:]
             break
+        if len(t) > 1 and t[0] in "-+" and t[1:].isalpha():
+            if "u" in t:
+                sh.nounset = t[0] == "-"
+            if "o" in t:
+                expect_name = t[0]
+            continue
+        break
     return 0
 
 
