@@ -120,6 +120,12 @@ class WallLimits:
             return None
         return self.users.get((user, account, partition)) or self.users.get((user, account, ""))
 
+    def account_of(self, user: Callable[[], Optional[str]], account: Optional[str],
+                   default_account: Optional[str]) -> Optional[str]:
+        """The job's account: ``--account``, else slurmctld's default for it (``job_desc.default_account``),
+        else the user's default account in sacctmgr (``user`` gives the name, asked only then)."""
+        return account or default_account or self.default_accounts.get(user() or "")
+
     def lifts_max_time(self, *, user: "Callable[[], Optional[str]] | Optional[str]", account: Optional[str],
                        qos: Optional[str], partition: str, default_account: Optional[str] = None,
                        default_qos: Optional[str] = None) -> bool:
@@ -131,8 +137,7 @@ class WallLimits:
         job_qos = qos or default_qos
         if not job_qos:
             who = user() if callable(user) else user
-            job_qos = self.job_qos(who, account or default_account or self.default_accounts.get(who or ""),
-                                   partition)
+            job_qos = self.job_qos(who, self.account_of(lambda: who, account, default_account), partition)
         info = self.qos.get(job_qos)
         return info is not None and info.part_time_limit
 
@@ -153,7 +158,7 @@ class WallLimits:
             return name
 
         def the_account() -> Optional[str]:
-            return account or default_account or self.default_accounts.get(user_name() or "")
+            return self.account_of(user_name, account, default_account)
 
         job_qos = qos or default_qos or self.job_qos(user_name(), the_account(), partition)
         order = [q for q in (partition_qos, job_qos) if q]

@@ -328,43 +328,30 @@ class Engine:
         if req.warm:
             # A warm-up is answered "warm" whatever the limits: only job_submit.lua's request needs them.
             return Route(req=req, part=part, name=name or "", max_time=max_time)
-        if max_time is not None and self.max_time_lifted(req, name or ""):
+        wall, lifted = self.accounting_limits(req, name or "")
+        if lifted:
             max_time = None        # its QOS lets it run past the partition's MaxTime
-        return Route(req=req, part=part, name=name or "", max_time=max_time, wall=self.wall_cap(req, name or ""))
+        return Route(req=req, part=part, name=name or "", max_time=max_time, wall=wall)
 
-    def wall_cap(self, req: PredictRequest, partition: str) -> Optional[WallCap]:
-        """The QOS or association MaxWall that applies to the job (:mod:`slurm_plugin.qos_limits`);
-        None when none does, none is known (yet), or anything goes wrong (fail open)."""
-        src = self.wall_limits
-        if src is None:
-            return None
-        limits = src.current()
-        if limits is None or not limits.enforced:
-            return None
-        part_qos = req.partition_qos.get(partition) if req.partition_qos else self._slurm_part_qos.get(partition)
-        try:
-            return limits.cap(user=lambda: self._user_name(req.submit_uid), account=req.account,
-                              qos=req.qos, partition=partition, partition_qos=part_qos,
-                              default_account=req.default_account, default_qos=req.default_qos)
-        except Exception as exc:  # noqa: BLE001 - a cap is an extra: never fail a job for it
-            log_event("slurm_limits_error", level=logging.ERROR, error=type(exc).__name__)
-            return None
-
-    def max_time_lifted(self, req: PredictRequest, partition: str) -> bool:
-        """Whether the job's QOS has flag PartitionTimeLimit (:meth:`WallLimits.lifts_max_time`):
-        then the partition's MaxTime does not cap its limit.  False when not known (fail safe: the
-        cap stays)."""
+    def accounting_limits(self, req: PredictRequest, partition: str) -> tuple[Optional[WallCap], bool]:
+        """What Slurm's accounting holds the job to (:mod:`slurm_plugin.qos_limits`): the QOS or
+        association MaxWall that applies (None when none does, none is known yet, or the lookup
+        fails: fail open), and whether the job's QOS has flag PartitionTimeLimit, so that the
+        partition's MaxTime does not cap its limit (False when not known: the cap stays)."""
         src = self.wall_limits
         limits = src.current() if src is not None else None
         if limits is None or not limits.enforced:
-            return False
+            return None, False
+        part_qos = req.partition_qos.get(partition) if req.partition_qos else self._slurm_part_qos.get(partition)
+        job = dict(user=lambda: self._user_name(req.submit_uid), account=req.account, qos=req.qos,
+                   partition=partition, default_account=req.default_account, default_qos=req.default_qos)
+        wall, lifted = None, False
         try:
-            return limits.lifts_max_time(user=lambda: self._user_name(req.submit_uid), account=req.account,
-                                         qos=req.qos, partition=partition,
-                                         default_account=req.default_account, default_qos=req.default_qos)
+            wall = limits.cap(partition_qos=part_qos, **job)
+            lifted = limits.lifts_max_time(**job)
         except Exception as exc:  # noqa: BLE001 - an extra: never fail a job for it
             log_event("slurm_limits_error", level=logging.ERROR, error=type(exc).__name__)
-            return False
+        return wall, lifted
 
     def _user_name(self, uid: int) -> Optional[str]:
         pw = self._passwd(uid)
