@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from predictor.errors import OneLineParser, PerfcastError
+from predictor.errors import OneLineParser, PerfcastError, error_document, wants_json
 
 from .env import quiet_worker_signals
 
@@ -882,6 +882,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except PerfcastError as exc:
         print(f"perf-calibrate: {exc}", file=sys.stderr)
+        if wants_json(sys.argv[1:] if argv is None else argv):
+            print(json.dumps(error_document(exc, 2), indent=2))
         return 2
     if args.cmd not in ("run", "host", "fabric"):
         # xgboost and lightgbm each load an OpenMP runtime; spinning idle threads of one starve
@@ -897,7 +899,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return COMMANDS[args.cmd](args)
     except (PerfcastError, RecordStoreError) as exc:
         print(f"perf-calibrate: {exc}", file=sys.stderr)
-        return 2
+        return _json_error(args, exc)
     except Terminated:
         print("perf-calibrate: terminated (SIGTERM; a run resumes where it stopped)", file=sys.stderr)
         return 128 + signal.SIGTERM
@@ -907,7 +909,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"perf-calibrate: {exc.filename or ''}: {exc.strerror or exc}".replace(": : ", ": "),
               file=sys.stderr)
-        return 2
+        return _json_error(args, exc)
+
+
+def _json_error(args: argparse.Namespace, exc: BaseException) -> int:
+    """Exit code 2; a command run with ``--json`` also prints the error as its JSON object."""
+    if getattr(args, "json", False):
+        print(json.dumps(error_document(exc, 2), indent=2))
+    return 2
 
 
 if __name__ == "__main__":

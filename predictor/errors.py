@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from typing import Any, NoReturn
+import re
+from typing import Any, NoReturn, Optional, Sequence
 
 
 def did_you_mean(name: str, known: Any) -> str:
@@ -58,3 +59,27 @@ class OneLineParser(argparse.ArgumentParser):
 
 class RunRecordError(PerfcastError):
     """A measured-run record (a platform's ``[[validation]]`` or a runs file) that cannot be used."""
+
+
+def wants_json(argv: Optional[Sequence[str]]) -> bool:
+    """Whether a command line asks for ``--json`` (before ``--``): read without argparse, so that
+    an error argparse itself raises is still answered in JSON."""
+    for arg in argv or ():
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
+
+def error_document(exc: BaseException, exit_code: int) -> dict[str, Any]:
+    """What a ``--json`` command prints on stdout when it fails: ``{"error": {...}}`` with the
+    same message as its one line on stderr, the error's type (``job_error``, ``usage_error``,
+    ``platform_not_found``, ...) and, for a job error, the job key and file at fault; a script
+    reading stdout then gets one JSON object whether the command worked or not."""
+    kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+    err: dict[str, Any] = {"type": kind, "message": str(exc), "exit_code": exit_code}
+    if isinstance(exc, JobError):
+        err["key"] = exc.key
+        err["source"] = exc.source
+    return {"error": err}

@@ -471,17 +471,20 @@ def plot_advice(advice: Any, path: str, top: int) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from predictor.errors import PerfcastError
+    from predictor.errors import PerfcastError, error_document, wants_json
+    failed: Optional[BaseException] = None
     try:
         code = run(argv)
     except PerfcastError as exc:        # UsageError included
         print(f"{PROG}: {exc}", file=sys.stderr)
-        code = 2
+        code, failed = 2, exc
     except OSError as exc:  # e.g. --plot into a directory that does not exist
         print(f"{PROG}: {exc.filename or ''}: {exc.strerror or exc}".replace(": : ", ": "), file=sys.stderr)
-        code = 2
+        code, failed = 2, exc
     except KeyboardInterrupt:
         code = 130
+    if failed is not None and wants_json(sys.argv[1:] if argv is None else argv):
+        print(json.dumps(error_document(failed, code), indent=2))
     return code
 
 

@@ -13,7 +13,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 from predictor import PerfcastError
-from predictor.errors import OneLineParser
+from predictor.errors import OneLineParser, error_document, wants_json
 
 from .jobinput import UsageError, load_job_and_platform
 from .policy import plural, slurm_duration
@@ -153,6 +153,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run(argv)
     except PerfcastError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
+        if wants_json(sys.argv[1:] if argv is None else argv):
+            print(json.dumps(error_document(exc, 2), indent=2))
         return 2
     except KeyboardInterrupt:
         return 130

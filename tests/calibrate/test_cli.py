@@ -117,3 +117,15 @@ def test_cli_takes_fp8_for_run_but_not_for_host():
     assert ap.parse_args(["run", "--out", "x", "--precision", "fp16,fp8"]).precision == ("fp16", "fp8")
     with pytest.raises(UsageError, match=r"precisions are fp16, bf16, fp32 \(comma-separated\), got 'fp8'"):
         ap.parse_args(["host", "--out", "x", "--precision", "fp8"])
+
+
+def test_json_commands_answer_errors_in_json(capsys, tmp_path):
+    # A failing --json command: the one line on stderr as always, and one JSON object on stdout.
+    code, out, err = _run(capsys, "report", "--records", str(tmp_path / "missing.sqlite"), "--json")
+    assert code == 2 and err.startswith("perf-calibrate: ")
+    doc = json.loads(out)["error"]
+    assert doc["exit_code"] == 2 and doc["message"] in err
+    code, out, err = _run(capsys, "status", "--rot", str(tmp_path), "--json")
+    assert code == 2 and json.loads(out)["error"]["type"] == "usage_error"
+    code, out, _ = _run(capsys, "report", "--records", str(tmp_path / "missing.sqlite"))
+    assert code == 2 and out == ""

@@ -343,3 +343,11 @@ def test_a_layout_with_nothing_to_compare_is_not_called_the_best(job_file, capsy
     assert code == 0 and "cp 3 does not divide 128 GPUs" in out
     assert "ranks 1 of 1" in out and "no other layout to compare it with" in out
     assert "best layout found" not in out
+
+
+def test_json_error_is_a_json_object_on_stdout(job_file, capsys):
+    assert cli_advise.main([str(job_file), "--platform", "no-such-platform", "--json"]) == 2
+    cap = capsys.readouterr()
+    err = json.loads(cap.out)["error"]
+    assert err["type"] == "platform_not_found" and "no-such-platform" in err["message"]
+    assert cap.err.strip() == f"perf-advise: {err['message']}"

@@ -214,3 +214,30 @@ def test_an_empty_platform_or_a_job_platform_overridden_is_said(tmp_path, capsys
     assert "'perlmuter-a100' is not used" in capsys.readouterr().err
     assert main([str(EXAMPLE), "--platform", "perlmutter-a100"]) == 0
     assert "is not used" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,kind", [
+    (["--platform", "no-such-platform", "--json"], "platform_not_found"),
+    (["--platfrom", "perlmutter-a100", "--json"], "usage_error"),
+])
+def test_json_errors_are_one_json_object_on_stdout(capsys, argv, kind):
+    # A script reading stdout of --json gets one object whether the command worked or not; the
+    # person gets the same one line on stderr as without --json.
+    assert main([str(EXAMPLE)] + argv) == 2
+    cap = capsys.readouterr()
+    err = json.loads(cap.out)["error"]
+    assert err["type"] == kind and err["exit_code"] == 2
+    assert cap.err.strip() == f"perf-predict: {err['message']}"
+
+
+def test_json_error_names_the_job_key_and_file(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\nlayers = "x"\n')
+    assert main([str(bad), "--platform", "dgx-a100", "--json"]) == 2
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert (err["type"], err["key"], err["source"]) == ("job_error", "model.layers", str(bad))
+
+
+def test_text_errors_print_nothing_on_stdout(capsys):
+    assert main([str(EXAMPLE), "--platform", "no-such-platform"]) == 2
+    assert capsys.readouterr().out == ""
