@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import pwd
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -208,7 +209,59 @@ def load_site_config(path: Optional[str] = None) -> SiteConfig:
         raise SiteConfigError(f"{path}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise SiteConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_site_config(data, path)
+    try:
+        return parse_site_config(data, path)
+    except SiteConfigError as exc:
+        raise SiteConfigError(_with_line(str(exc), path, raw.decode("utf-8"))) from None
+
+
+_KEY_PATH = re.compile(r"[A-Za-z0-9_.\-]+")
+_HEADER = re.compile(r"\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+_ASSIGN = re.compile(r"\s*([A-Za-z0-9_\-\.\"' ]+?)\s*=")
+
+
+def _with_line(message: str, path: str, text: str) -> str:
+    """``PATH: KEY: why`` -> ``PATH:LINE: KEY: why`` where the key (or, for a table, its header)
+    is written in the file: tomllib gives no positions, and an admin editing a long perfcast.toml
+    should not have to search for it.  Left as it is when the message names no key path."""
+    head = f"{path}: "
+    if not message.startswith(head):
+        return message
+    rest = message[len(head):]
+    dotted = rest.split(":", 1)[0]
+    if dotted.startswith("unknown section ["):
+        dotted = dotted[len("unknown section ["):].split("]", 1)[0]
+    if not _KEY_PATH.fullmatch(dotted):
+        return message
+    line = _line_of(text, dotted)
+    return f"{path}:{line}: {rest}" if line else message
+
+
+def _line_of(text: str, dotted: str) -> int:
+    """The 1-based line that defines ``dotted`` (``partitions.gpu.margin``): a ``key =`` under its
+    table's header, a dotted key, an inline table holding it, or the first header of that table or
+    of one inside it; for a key
+    the file lacks (a required one), the header of the table that should hold it; 0 if none."""
+    def norm(key: str) -> str:
+        return ".".join(part.strip().strip("\"'") for part in key.split("."))
+    table, parent, parent_depth = "", 0, 0
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _HEADER.match(line)
+        if header:
+            table = norm(header.group(1))
+            if table == dotted or table.startswith(dotted + "."):
+                return number
+            depth = table.count(".") + 1
+            if dotted.startswith(table + ".") and depth > parent_depth:
+                parent, parent_depth = number, depth
+            continue
+        assign = _ASSIGN.match(line)
+        if assign:
+            key = norm(assign.group(1))
+            full = f"{table}.{key}" if table else key
+            if full == dotted or dotted.startswith(full + "."):   # (the latter: an inline table)
+                return number
+    return parent
 
 
 def parse_site_config(data: Mapping[str, Any], path: str = "<config>") -> SiteConfig:

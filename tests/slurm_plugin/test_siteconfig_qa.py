@@ -67,7 +67,7 @@ def _check(tmp_path, capsys, monkeypatch, text: str) -> tuple[int, str]:
 def test_check_fails_a_log_level_typo(tmp_path, capsys, monkeypatch, users):
     rc, said = _check(tmp_path, capsys, monkeypatch, '[daemon]\nlog_level = "debgu"\n')
     assert rc == 2
-    assert said.strip() == (f"perf-predictd: {tmp_path}/perfcast.toml: daemon.log_level: 'debgu' is not one "
+    assert said.strip() == (f"perf-predictd: {tmp_path}/perfcast.toml:2: daemon.log_level: 'debgu' is not one "
                             "of debug, info, warning, error (did you mean 'debug'?)")
 
 
@@ -148,3 +148,38 @@ def test_sections_are_checked_before_their_keys(tmp_path):
     path.write_text('[daemon]\nlog_level = "verbose"\n[harvst]\nsince = "7d"\n')
     with pytest.raises(SiteConfigError, match=r"unknown section \[harvst\]"):
         load_site_config(str(path))
+
+
+@pytest.mark.parametrize("text,where", [
+    ('[daemon]\nsocket = "/run/p.sock"\nworkrs = 3\n', ":3: daemon.workrs: unknown key"),
+    ('[daemon]\nsocket = "/run/p.sock"\n\n[partitions.gpu]\nplatform = "dgx-a100"\nmargin = "x"\n',
+     ":6: partitions.gpu.margin: must be a number"),
+    ('[daemon]\nsocket = "/run/p.sock"\n\n[partitons.gpu]\nplatform = "x"\n', ":4: unknown section [partitons]"),
+    ('# site config\n[partitions."gpu"]\npolicy = "fill"\n', ":2: partitions.gpu.platform: required"),
+    ('daemon.workrs = 3\n', ":1: daemon.workrs: unknown key"),
+])
+def test_errors_name_the_line_of_the_key(tmp_path, text, where):
+    # tomllib gives no positions; the admin is pointed at the line all the same (or at the
+    # header of the table that lacks a required key).
+    path = tmp_path / "perfcast.toml"
+    path.write_text(text)
+    with pytest.raises(siteconfig.SiteConfigError) as e:
+        siteconfig.load_site_config(str(path))
+    assert str(e.value).startswith(f"{path}{where}")
+
+
+def test_a_key_in_an_inline_table_is_found_on_its_line(tmp_path):
+    path = tmp_path / "perfcast.toml"
+    path.write_text('[partitions]\ngpu = { platform = "dgx-a100", margin = "x" }\n')
+    with pytest.raises(siteconfig.SiteConfigError) as e:
+        siteconfig.load_site_config(str(path))
+    assert str(e.value).startswith(f"{path}:2: partitions.gpu.margin: must be a number")
+
+
+def test_a_message_that_names_no_key_keeps_its_form():
+    text = '[daemon]\nsocket = "/run/p.sock"\n'
+    assert siteconfig._with_line("/x.toml: [watch] must be a table", "/x.toml", text) == \
+        "/x.toml: [watch] must be a table"
+    assert siteconfig._with_line("/x.toml: daemon.nothere: required", "/x.toml", text) == \
+        "/x.toml:1: daemon.nothere: required"
+    assert siteconfig._with_line("/x.toml: other.key: bad", "/x.toml", text) == "/x.toml: other.key: bad"
