@@ -24,8 +24,9 @@ PROG = "perf-predict"
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description="Predict the run time of a distributed LLM training job.")
     p.add_argument("job", nargs="?", help="TOML job file (.toml) or batch script")
-    p.add_argument("--platform", help="shipped or installed platform name, or a platform directory")
-    p.add_argument("--partition", help="Slurm partition (platform from the site config)")
+    where = p.add_mutually_exclusive_group()   # (two answers to one question: as perf-advise)
+    where.add_argument("--platform", help="shipped or installed platform name, or a platform directory")
+    where.add_argument("--partition", help="Slurm partition (platform from the site config)")
     p.add_argument("--config", help="site config (default /etc/perfcast/perfcast.toml)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--list-platforms", action="store_true", help="list the platforms and exit")

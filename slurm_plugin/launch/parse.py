@@ -164,8 +164,9 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
             inner.warnings.insert(0, f"the job is the batch script submitted with a heredoc at {where}")
             res.__dict__.update(inner.__dict__)
             return
+        # (the whole script was read: it names the file's last line, not one past its end)
         raise CannotPredict("no training launch found (deepy.py, deepspeed, torchrun, srun python …)",
-                            f"{label}:{text.count(chr(10)) + 1}")
+                            f"{label}:{max(1, len(text.splitlines()))}")
     known = [l for l in sh.launches if l.classified.framework_hint != "unknown"]
     launch = known[0] if known else sh.launches[0]
     if len(sh.launches) > 1:

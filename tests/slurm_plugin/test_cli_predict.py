@@ -241,3 +241,16 @@ def test_json_error_names_the_job_key_and_file(tmp_path, capsys):
 def test_text_errors_print_nothing_on_stdout(capsys):
     assert main([str(EXAMPLE), "--platform", "no-such-platform"]) == 2
     assert capsys.readouterr().out == ""
+
+
+def test_platform_and_partition_together_are_refused(capsys):
+    # Two answers to "which platform?": say so rather than let one win silently.
+    assert main([str(EXAMPLE), "--platform", "dgx-a100", "--partition", "gpu"]) == 2
+    assert "--partition: not allowed with argument --platform" in capsys.readouterr().err
+
+
+def test_a_script_with_no_launch_names_its_last_line(tmp_path, capsys):
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --gres=gpu:4\necho hello\n")
+    assert main([str(script), "--platform", "dgx-a100"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"({script}:4)")
