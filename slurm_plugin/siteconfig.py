@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import pwd
+import re
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -240,8 +240,8 @@ def _with_line(message: str, path: str, text: str) -> str:
 def _line_of(text: str, dotted: str) -> int:
     """The 1-based line that defines ``dotted`` (``partitions.gpu.margin``): a ``key =`` under its
     table's header, a dotted key, an inline table holding it, or the first header of that table or
-    of one inside it; for a key
-    the file lacks (a required one), the header of the table that should hold it; 0 if none."""
+    of one inside it; for a key the file lacks (a required one), the header of the table that
+    should hold it; 0 if none."""
     def norm(key: str) -> str:
         return ".".join(part.strip().strip("\"'") for part in key.split("."))
     table, parent, parent_depth = "", 0, 0
