@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group()   # (two answers to one question: as perf-advise)
     where.add_argument("--platform", help="shipped or installed platform name, or a platform directory")
     where.add_argument("--partition", help="Slurm partition (platform from the site config)")
-    p.add_argument("--config", help="site config (default /etc/perfcast/perfcast.toml)")
+    p.add_argument("--config", help="site config (default: $PERFCAST_CONFIG, else /etc/perfcast/perfcast.toml)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--list-platforms", action="store_true", help="list the platforms and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="log what is loaded")
