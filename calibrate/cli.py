@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -123,6 +124,20 @@ def _count(text: str) -> int:
     return v
 
 
+# A platform's name is looked up as a directory (``perf-predict --platform NAME``, a site overlay
+# under the platforms root): one path component, spelt as install's partition names are.
+_PLATFORM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _platform_name(text: str) -> str:
+    """fit's --name: letters, digits, '.', '_', '-' (no path separator, no '..'), as typed."""
+    if not _PLATFORM_NAME.match(text) or ".." in text:
+        raise argparse.ArgumentTypeError(
+            f"a platform name is letters, digits, '.', '_' and '-', starting with a letter or digit "
+            f"(it names a directory; no '/' or '..'), got {text!r}")
+    return text
+
+
 def _gpu(text: str):
     """A GPU model with published figures (calibrate.env.KNOWN_GPUS); unknown: the known ones."""
     from .plans import resolve_gpu
@@ -169,17 +184,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--precision", type=_precisions, default=None,
                    help="comma-separated precisions (default: fp32 on cpu, fp16 on cuda; fp8: the "
                         "layers' linear GEMMs only)")
-    r.add_argument("--budget", type=_positive, default=0.0, help="GPU-minutes (adaptive plan)")
+    r.add_argument("--budget", type=_positive, default=0.0, help="GPU-minutes (adaptive plan only)")
     r.add_argument("--part", choices=("all", "operators", "collectives"), default="all")
     r.add_argument("--timing", choices=("call", "device"), default="call",
                    help="call: one isolated call between CUDA events (the host's issue time included "
                         "where it is the slower); device: each call queued behind a device-side sleep, "
                         "the device's time alone (CUDA only)")
     r.add_argument("--ops", default="", help="comma-separated operators: only these of the plan")
-    r.add_argument("--ranks", type=int, default=0,
+    r.add_argument("--ranks", type=_count, default=0,
                    help="local ranks for collectives when not under srun/torchrun (default: 2 on cpu, "
                         "every GPU on cuda)")
-    r.add_argument("--threads", type=int, default=0, help="CPU threads per rank (default: cores / ranks)")
+    r.add_argument("--threads", type=_count, default=0, help="CPU threads per rank (default: cores / ranks)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     h = sub.add_parser("host", help="measure host-side issue costs (dispatch, autograd, launch, sync)")
@@ -217,9 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fit", help="fit a sample store into a platform (+ validation report)")
     f.add_argument("samples")
     f.add_argument("--out", required=True, help="platform directory to write")
-    f.add_argument("--name", default=None, help="platform name (default: the directory name)")
-    f.add_argument("--gpus-per-node", type=int, default=None)
-    f.add_argument("--nics-per-node", type=int, default=1)
+    f.add_argument("--name", type=_platform_name, default=None,
+                   help="platform name: letters, digits, '.', '_', '-' (default: the directory name)")
+    f.add_argument("--gpus-per-node", type=_count, default=None,
+                   help="GPUs (cpu: ranks) per node (default: the sample store's allocation)")
+    f.add_argument("--nics-per-node", type=_count, default=1)
     f.add_argument("--libraries", default="",
                    help="comma-separated regressor libraries to choose from "
                         "(random_forest,xgboost,lightgbm; default all)")
@@ -336,7 +353,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------- commands
+def _check_budget(plan: str, budget: float) -> None:
+    """--budget only sizes the adaptive plan: with another plan it would be ignored without a word."""
+    from .plans import GRIDS
+    if budget and plan != "adaptive":
+        what = "a fixed set of points" if plan in GRIDS else "the points its file lists"
+        raise PerfcastError(f"--budget is for the adaptive plan only: plan {plan} measures {what}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    _check_budget(args.plan, args.budget)
     try:
         from .runner import RunOptions, run_calibration
     except ImportError as exc:
@@ -409,15 +435,13 @@ def cmd_fabric(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .plans import GRIDS, Allocation, _nominal_spec, estimate_cost, make_plan
+    from .plans import Allocation, _nominal_spec, estimate_cost, make_plan
     spec_d = args.gpu
     # The defaults are run's: cpu unless a GPU is named, and on cpu run's two local ranks.
     device = args.device or ("cuda" if spec_d else "cpu")
     if spec_d and device != "cuda":
         raise PerfcastError(f"--gpu {spec_d.name} is for --device cuda")
-    if args.budget and args.name != "adaptive":
-        what = "a fixed set of points" if args.name in GRIDS else "the points its file lists"
-        raise PerfcastError(f"--budget is for the adaptive plan only: plan {args.name} measures {what}")
+    _check_budget(args.name, args.budget)
     gpn = args.gpus_per_node or (4 if device == "cuda" else 2)
     spec = spec_d.to_gpu_spec() if spec_d else _nominal_spec(device)
     alloc = Allocation(args.nodes, gpn)
@@ -436,6 +460,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if missing:
         raise PerfcastError(f"perf-calibrate fit needs scikit-learn, XGBoost and LightGBM "
                             f"(pip install 'perfcast[fit]'); missing: {', '.join(missing)}")
+    src = Path(args.samples)
+    if src.exists() and not src.is_dir():
+        raise PerfcastError(f"{src}: not a sample directory (a file; fit reads the directory that `run` or "
+                            "`import` wrote)")
     from .fitting import fit_platform
     kw = {}
     if args.libraries:
@@ -444,8 +472,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
         if bad or not libs:
             raise PerfcastError(f"--libraries: unknown {bad or args.libraries!r}")
         kw["candidates"] = libs
-    res = fit_platform(args.samples, args.out, name=args.name, gpus_per_node=args.gpus_per_node,
-                       nics_per_node=args.nics_per_node, overwrite=args.force, plot=not args.no_plot, **kw)
+    try:
+        res = fit_platform(args.samples, args.out, name=args.name, gpus_per_node=args.gpus_per_node,
+                           nics_per_node=args.nics_per_node, overwrite=args.force, plot=not args.no_plot, **kw)
+    except OSError as exc:
+        # The platform is written beside --out first (.OUT.fitPID, renamed at the end): a failure
+        # there is --out's, and the admin never typed the temporary name.
+        if _is_out_path(exc.filename, Path(args.out)):
+            raise PerfcastError(f"--out {args.out}: cannot write the platform there: "
+                                f"{exc.strerror or exc}") from None
+        raise
     print(res.report.table())
     print(f"\nplatform {res.name} written to {res.platform_dir} ({res.samples} samples); "
           f"validation report in {res.platform_dir / 'validation'}")
@@ -453,6 +489,18 @@ def cmd_fit(args: argparse.Namespace) -> int:
     for note in res.notes:
         print(f"note: {note}")
     return 0
+
+
+def _is_out_path(filename: object, out: Path) -> bool:
+    """Whether an OSError's file is ``out``, a directory above it, or fit's temporary directory
+    beside it (or a file in it)."""
+    if not isinstance(filename, (str, bytes, os.PathLike)):
+        return False
+    f = Path(os.path.abspath(os.fsdecode(filename)))
+    o = Path(os.path.abspath(out))
+    if f == o or o in f.parents or f in o.parents:
+        return True
+    return any(p.parent == o.parent and p.name.startswith(f".{o.name}.fit") for p in (f, *f.parents))
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -493,11 +541,14 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .install import platforms_root, status
+    """Exit code 1 when an active version does not load (its jobs get no prediction), so that
+    monitoring that runs ``status`` sees it."""
+    from .install import platforms_root, status, status_problems
     rows = status(args.root)
+    broken = 1 if status_problems(rows) else 0
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
-        return 0
+        return broken
     if not rows:
         # A root absent before the first install is normal; said, so that a misspelt --root shows.
         absent = "" if platforms_root(args.root).is_dir() else " (no such directory yet)"
@@ -518,7 +569,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{'':<16} {_refit_line(r.refit)}")
         if r.problem:
             print(f"{'':<16} DOES NOT LOAD (jobs get no prediction): {r.problem}")
-    return 0
+    return broken
 
 
 def _refit_line(refit: dict) -> str:
@@ -589,9 +640,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if cur is None or cur.path.resolve() != version:
             raise PerfcastError(f"{d}: not the active version of {name} (validate records runs on the active "
                                 "one, as a new version; install this one first)")
-    if name and not args.dry_run:
+    if name:
         res, inst = validate_as_new_version(name, runs, root=root, fit=args.fit, replace=args.replace,
-                                            pid_file=args.pid_file)
+                                            pid_file=args.pid_file, dry_run=args.dry_run)
     else:
         res = validate_platform(d, runs, replace=args.replace, dry_run=args.dry_run, fit=args.fit)
     if args.json:
@@ -608,7 +659,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             inst.message + (f"; perf-predictd (pid {inst.signalled}) reloads" if inst.signalled else "")
             if inst is not None else "nothing installed (the fit was not written)"))
         return 0
-    print(f"{'would record' if args.dry_run else 'recorded'} {len(res.runs)} runs in {res.platform_file}")
+    print(res.outcome)     # (what was done, or with --dry-run what would be)
     return 0
 
 
@@ -901,10 +952,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"perf-calibrate: {exc}", file=sys.stderr)
         return _json_error(args, exc)
     except Terminated:
-        print("perf-calibrate: terminated (SIGTERM; a run resumes where it stopped)", file=sys.stderr)
+        # Only `run` resumes: its store keeps every sample written (another command just stopped).
+        resumes = "; a run resumes where it stopped" if args.cmd == "run" else ""
+        print(f"perf-calibrate: terminated (SIGTERM{resumes})", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print("perf-calibrate: interrupted (a run resumes where it stopped)", file=sys.stderr)
+        resumes = " (a run resumes where it stopped)" if args.cmd == "run" else ""
+        print(f"perf-calibrate: interrupted{resumes}", file=sys.stderr)
         return 130
     except OSError as exc:
         print(f"perf-calibrate: {exc.filename or ''}: {exc.strerror or exc}".replace(": : ", ": "),

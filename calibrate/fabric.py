@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from .collectives import DistContext, context_from_env, init_process_group, measure_point, spawn_ranks
+from .errors import CalibrationError
 from .plans import CollectivePoint
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,28 @@ def _fabric_task(ctx: DistContext, emit: Callable[[object], None] | None, shapes
                    warmup=warmup, repeats=repeats, report=emit)
 
 
+def _check_local_shapes(device: str, ranks: int, shapes: Sequence[tuple[int, int]], *,
+                        ranks_given: bool) -> None:
+    """Refuse, before any rank is started, ``ranks`` local processes (one host) that no shape
+    (``shapes``, else :func:`default_shapes`) tiles with two groups of two ranks or more: they would
+    start, measure nothing and fail.  The message says which ``--ranks``/``--shapes`` would do."""
+    if ranks >= 2:
+        places = [(0, r) for r in range(ranks)]
+        if any(n * g >= 2 and len(tiles(places, n, g)) >= 2 for n, g in list(shapes) or default_shapes(1, ranks)):
+            return
+    given = "--ranks" if ranks_given else "the default --ranks"
+    if shapes:
+        given += ", --shapes " + ",".join(f"{n}x{g}" for n, g in shapes)
+    if ranks >= 4:
+        fix = f"--shapes 1x{ranks // 2} (two groups of {ranks // 2} ranks), or no --shapes"
+    elif device == "cpu":
+        fix = "--ranks 4 --shapes 1x2 (two groups of two ranks), or more ranks"
+    else:
+        fix = "4 or more GPUs in the node (--ranks 4 --shapes 1x2), or srun over 2 or more nodes"
+    raise CalibrationError(f"no group shape has room for two groups among {ranks} local rank"
+                           f"{'s' if ranks != 1 else ''} on one host ({given}): nothing to measure; use {fix}")
+
+
 def run_fabric(device: str, *, ranks: int = 0, shapes: Sequence[tuple[int, int]] = (),
                entries: Sequence[int] = DEFAULT_ENTRIES, precision: str = "", warmup: int = 3,
                repeats: int = 10) -> tuple[list[FabricRow], dict]:
@@ -161,6 +184,7 @@ def run_fabric(device: str, *, ranks: int = 0, shapes: Sequence[tuple[int, int]]
         nodes, gpn = ctx.nodes, ctx.local_world
     else:
         nodes, gpn = 1, ranks or (torch.cuda.device_count() if device == "cuda" else 2)
+        _check_local_shapes(device, gpn, shapes, ranks_given=bool(ranks))
         if device == "cpu":
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, gpn)))
         spawn_ranks(gpn, device, _fabric_task, (list(shapes), list(entries), precision, warmup, repeats),

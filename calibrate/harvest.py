@@ -309,7 +309,9 @@ def finished_jobs(client: AccountingClient, since: float, partition: Optional[st
         try:
             jobs, used = client.scontrol_jobs(), "scontrol"
         except SlurmError as exc:
-            raise HarvestError(f"neither sacct nor scontrol answered: {exc}") from None
+            # --source scontrol never asked sacct: only scontrol's answer is the reason.
+            raise HarvestError(f"scontrol did not answer (--source scontrol): {exc}" if source == "scontrol" else
+                               f"neither sacct nor scontrol answered: {exc}") from None
     out = []
     for j in jobs:
         if j.state not in FINISHED or RECORD_TAG not in j.admin_comment:

@@ -116,7 +116,7 @@ class InstalledVersion:
     version: str
     path: Path
     created: str
-    samples: int
+    samples: int | None            # None: its calibration.toml has no sound count (status shows "?")
     compute_mape: float
     collective_mape: float | None
     gpu: str
@@ -130,7 +130,7 @@ class ReloadFailed(CalibrationError):
 
 @dataclass
 class ReloadResult:
-    status: str                    # signalled | systemd | not-running | failed
+    status: str                    # signalled | systemd | not-running | failed | unchanged (none needed)
     pid: int | None                # the daemon's pid, when known
     message: str
 
@@ -196,7 +196,9 @@ def _read_version(partition: str, path: Path, *, strict: bool = False) -> Instal
     a bad calibration.toml is refused (:class:`InstallRefused`).  Otherwise (an installed version:
     status, rollback) it is read as far as it can be and the problem kept in ``problem``."""
     cal = read_calibration(path)
-    problem = calibration_problem(cal, path / CALIBRATION_FILE) if cal else ""
+    cfile = path / CALIBRATION_FILE
+    # {} from read_calibration: no file (a site overlay has none), or one that does not parse.
+    problem = calibration_problem(cal, cfile) if cal else _calibration_read_problem(cfile)
     if problem and strict:
         raise InstallRefused(problem)
     if problem:
@@ -206,15 +208,33 @@ def _read_version(partition: str, path: Path, *, strict: bool = False) -> Instal
         v = cal.get(key, default)
         return v if not isinstance(v, bool) and isinstance(v, (int, float)) else default
 
-    samples = num("samples", 0)
+    samples = num("samples", None)
     mape = num("compute_mape", math.nan)
     coll = num("collective_mape", None)
+    # A count the file lacks or garbles is unknown (None), not 0; no calibration.toml at all (a
+    # site overlay: no samples of its own) is 0.
     return InstalledVersion(partition, path.name, path, str(cal.get("created", "")),
-                            int(samples) if isinstance(samples, int) and samples >= 0 else 0,
+                            int(samples) if isinstance(samples, int) and samples >= 0 else
+                            None if cal or problem else 0,
                             float(mape) if math.isfinite(mape) and mape >= 0 else math.nan,
                             float(coll) if coll is not None and math.isfinite(coll) and coll >= 0 else None,
                             cal["gpu"] if isinstance(cal.get("gpu"), str) else "",
                             cal.get("complete") is True, problem)
+
+
+def _calibration_read_problem(cfile: Path) -> str:
+    """Why calibration.toml ``cfile`` cannot be read ("" when it is absent or reads)."""
+    if not cfile.exists() and not cfile.is_symlink():
+        return ""
+    try:
+        tomllib.loads(cfile.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return f"{cfile}: cannot read: {exc.strerror or exc}"
+    except UnicodeDecodeError:
+        return f"{cfile}: not UTF-8 text"
+    except tomllib.TOMLDecodeError as exc:
+        return f"{cfile}: not valid TOML: {exc}"
+    return ""
 
 
 def _link_target(link: Path) -> Path | None:
@@ -274,8 +294,9 @@ def _history(root: Path, partition: str, line: str) -> None:
 
 def validate_candidate(platform_dir: Path, *, allow_incomplete: bool = False) -> InstalledVersion:
     """Check that a fitted platform is installable on its own: it loads and its calibration finished."""
+    platform_dir = Path(platform_dir)
     if not (platform_dir / PLATFORM_FILE).is_file():
-        raise InstallRefused(f"{platform_dir}: not a platform directory (no {PLATFORM_FILE})")
+        raise InstallRefused(_not_a_platform_dir(platform_dir))
     try:
         load_platform(platform_dir, reload=True)
     except BundleError as exc:
@@ -285,7 +306,8 @@ def validate_candidate(platform_dir: Path, *, allow_incomplete: bool = False) ->
         return _read_version("", platform_dir)
     cal = read_calibration(platform_dir)
     if not cal:
-        raise InstallRefused(f"{platform_dir}: no calibration.toml (not fitted by perf-calibrate fit)")
+        raise InstallRefused(_calibration_read_problem(platform_dir / CALIBRATION_FILE) or
+                             f"{platform_dir}: no calibration.toml (not fitted by perf-calibrate fit)")
     info = _read_version("", platform_dir, strict=True)
     if not info.complete and not allow_incomplete:
         raise InstallRefused(f"{platform_dir}: fitted from an incomplete calibration (killed or failed "
@@ -293,6 +315,19 @@ def validate_candidate(platform_dir: Path, *, allow_incomplete: bool = False) ->
     if not math.isfinite(info.compute_mape):
         raise InstallRefused(f"{platform_dir}: no validation error recorded")
     return info
+
+
+def _not_a_platform_dir(path: Path) -> str:
+    """Why ``path`` is not a platform directory, in one line that says what to give instead."""
+    if path.is_file() or (path.exists() and not path.is_dir()):
+        # platform.toml itself (validate accepts it): the directory that holds it is the platform.
+        hint = (f"give the directory that holds it: {path.parent}" if path.name in (PLATFORM_FILE, CALIBRATION_FILE)
+                and (path.parent / PLATFORM_FILE).is_file() else
+                f"give a platform directory, one with {PLATFORM_FILE} as perf-calibrate fit writes")
+        return f"{path}: a file, not a platform directory ({hint})"
+    if not path.exists():
+        return f"{path}: no such platform directory"
+    return f"{path}: not a platform directory (no {PLATFORM_FILE})"
 
 
 @contextlib.contextmanager
@@ -340,6 +375,11 @@ def install_platform(platform_dir: "str | Path", partition: str, *, root: "str |
     ``force`` skips the comparisons with the active platform (GPU type, validation error) but
     never the checks that the new platform loads.  Raises :class:`ReloadFailed` (after the
     switch) when the daemon could not be reloaded.
+
+    A platform whose files are those of the active version, file for file, is not installed again
+    (``perf-calibrate install`` of the same folder twice): nothing changes, and the result says
+    ``already installed as version X``.  A ``tag`` asks for a version of that name all the same
+    (``<stamp>-<tag>``: a caller that marks versions; the CLI never passes one).
     """
     src = Path(platform_dir)
     check_partition_name(partition)
@@ -351,32 +391,36 @@ def install_platform(platform_dir: "str | Path", partition: str, *, root: "str |
     new = validate_candidate(src, allow_incomplete=force)
     with _partition_lock(base / partition):
         res = _install_locked(src, partition, base, new, tolerance=tolerance, force=force, tag=tag,
-                              keep=keep, pid_file=pid_file)
+                              keep=keep, pid_file=pid_file, skip_unchanged=not tag)
     return _reloaded(res, pid_file)
 
 
 def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion, *,
                     tolerance: float, force: bool, tag: str, keep: int,
                     origin: str = "", prune_leftovers: bool = True,
-                    pid_file: "str | Path | None" = None) -> InstallResult:
+                    pid_file: "str | Path | None" = None, skip_unchanged: bool = True) -> InstallResult:
+    """Install ``src`` as a new version of ``partition`` under the partition's lock.  With
+    ``skip_unchanged``, files identical to the active version's install nothing (:func:`_unchanged`)."""
     if prune_leftovers:       # a refit pruned them already, and src is its own staging folder
         _recover(base, partition, pid_file)
         _prune_leftovers(base / partition)
+    # history.log names the source as it is on disk, not as the admin's working directory saw it.
+    shown = _absolute(src)
     cur = current_version(base, partition)
     if cur is not None and not force:
         if cur.problem:
             # Its GPU type and error cannot be compared with: fix the file, or --force.
-            _history(base, partition, f"refused {src}: the active version's calibration.toml is bad")
+            _history(base, partition, f"refused {shown}: the active version's calibration.toml is bad")
             raise InstallRefused(f"{cur.problem}; the active version of {partition} cannot be compared "
                                  "with: not installed (fix that file, or use --force)")
         if cur.gpu and new.gpu and cur.gpu != new.gpu:
             msg = (f"{src}: calibrated on {new.gpu!r}, partition {partition} runs {cur.gpu!r}; "
                    "not installed (use --force if the partition's hardware changed)")
-            _history(base, partition, f"refused {src}: other GPU type")
+            _history(base, partition, f"refused {shown}: other GPU type")
             raise InstallRefused(msg)
         if math.isfinite(cur.compute_mape) and \
                 new.compute_mape > cur.compute_mape * (1.0 + tolerance) + _ABS_SLACK:
-            _history(base, partition, f"refused {src}: validation {new.compute_mape:.4f} worse than "
+            _history(base, partition, f"refused {shown}: validation {new.compute_mape:.4f} worse than "
                                       f"active {cur.version} {cur.compute_mape:.4f}")
             raise InstallRefused(
                 f"{src}: validates worse than the active platform of {partition} "
@@ -385,9 +429,7 @@ def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion
     pdir = base / partition
     versions = pdir / "versions"
     versions.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    safe_tag = re.sub(r"[^A-Za-z0-9._-]", "_", tag or os.environ.get("SLURM_JOB_ID", "") or str(os.getpid()))
-    version = f"{stamp}-{safe_tag}"
+    version = _new_version_name(tag)
     dest = versions / version
     n = 1
     while dest.exists():
@@ -399,6 +441,11 @@ def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion
         shutil.copytree(src, tmp, symlinks=False)
         # A platform fitted before manifests were pinned gets its pins now (it loaded above).
         pin_platform_bundles(tmp, only_missing=True)
+        if skip_unchanged and cur is not None and _same_files(tmp, cur.path):
+            # The active version already is this platform, file for file (pins included): a copy
+            # would only push the version before it out of `previous` and out of the ones kept.
+            shutil.rmtree(tmp, ignore_errors=True)
+            return _unchanged(base, partition, cur, src, shown, origin)
         os.replace(tmp, dest)
         _fsync_dir(versions)
         load_platform(dest, reload=True)      # the copy loads too, before anything points at it
@@ -415,7 +462,7 @@ def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion
     # back to the shipped platform.  A link left from before a rollback must not survive: it
     # would make rollback skip the state this install replaced.
     reload = _commit_switch(base, partition, current=dest.name, previous=cur.path.name if cur is not None else "",
-                            history=f"installed {dest.name} ({what}) {origin or f'from {src}'}",
+                            history=f"installed {dest.name} ({what}) {origin or f'from {shown}'}",
                             pid_file=pid_file)
     _prune(pdir, keep)
     msg = f"installed {dest.name} as the platform of partition {partition}"
@@ -427,6 +474,70 @@ def _install_locked(src: Path, partition: str, base: Path, new: InstalledVersion
     res = InstallResult(partition, dest.name, dest,
                         cur.version if cur else f"shipped {shipped}" if shipped else None, None, msg)
     res.reload = reload
+    return res
+
+
+def _new_version_name(tag: str) -> str:
+    """``<UTC stamp>-<tag>``: the name a version installed now gets (``.2`` ... added on a clash)."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    safe_tag = re.sub(r"[^A-Za-z0-9._-]", "_", tag or os.environ.get("SLURM_JOB_ID", "") or str(os.getpid()))
+    return f"{stamp}-{safe_tag}"
+
+
+def _absolute(path: Path) -> Path:
+    """``path`` absolute, links resolved (as it is if it cannot be resolved)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.abspath(path))
+
+
+def _file_list(d: Path) -> list[tuple[str, int]]:
+    """Every file and folder under ``d``: (path relative to ``d``, size; -1 for a folder), sorted."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(d, followlinks=True):
+        rel = os.path.relpath(dirpath, d)
+        out.extend((os.path.normpath(os.path.join(rel, n)), -1) for n in dirnames)
+        for n in filenames:
+            out.append((os.path.normpath(os.path.join(rel, n)), os.stat(os.path.join(dirpath, n)).st_size))
+    return sorted(out)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    """Whether folders ``a`` and ``b`` hold the same files with the same contents (sha256 of each;
+    platform.toml pins the bundles' manifests, which pin their files)."""
+    try:
+        files = _file_list(a)
+        if files != _file_list(b):
+            return False
+        return all(size < 0 or _sha256(a / rel) == _sha256(b / rel) for rel, size in files)
+    except OSError:
+        return False                       # unreadable: not known to be the same; install a copy
+
+
+def _unchanged(base: Path, partition: str, cur: InstalledVersion, src: Path, shown: Path,
+               origin: str) -> InstallResult:
+    """The result of installing what the active version ``cur`` already is: nothing switched, no
+    version added, perf-predictd not reloaded (it already predicts with these files)."""
+    what = origin or f"install of {shown}"
+    _history(base, partition, f"{what}: the same files as the active {cur.version}; nothing changed")
+    prev = previous_version(base, partition)
+    # (With an origin, src is a staging folder of validate or a refit: named by what made it.)
+    msg = (f"already installed as version {cur.version} of partition {partition} (the same files: "
+           f"{origin} changes nothing); nothing changed" if origin else
+           f"{src} is already installed as version {cur.version} of partition {partition} (the same "
+           "files); nothing changed")
+    res = InstallResult(partition, cur.version, cur.path, prev.version if prev is not None else None, None, msg)
+    res.reload = ReloadResult("unchanged", None, "nothing changed: perf-predictd not reloaded")
     return res
 
 
@@ -775,7 +886,9 @@ class PartitionStatus:
     partition: str
     version: str | None
     age_days: float | None
-    samples: int
+    # "?" when the active calibration.toml has no sound count (a typo, a bad value): not a 0 that
+    # looks measured; to_dict() gives None for it.
+    samples: "int | str"
     compute_mape: float | None
     collective_mape: float | None
     gpu: str
@@ -788,9 +901,20 @@ class PartitionStatus:
     # The platform's name (its platform.toml's; an overlay's is the shipped platform's): ``partition``
     # is the directory's name, which for a site overlay is a platform's, not a partition's.
     platform: str = ""
+    # What is wrong with the active version's calibration.toml ("" when sound): it still loads, but
+    # its figures are not to be trusted and an install over it needs --force.
+    calibration_problem: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d["samples"] = self.samples if isinstance(self.samples, int) else None
+        return d
+
+
+def status_problems(rows: Sequence[PartitionStatus]) -> list[str]:
+    """``partition: problem`` for each partition whose active version does not load (jobs get no
+    prediction from it): what makes ``perf-calibrate status`` exit non-zero, for monitoring."""
+    return [f"{r.partition}: {r.problem}" for r in rows if r.problem]
 
 
 def read_refit(version_dir: Path) -> dict[str, Any] | None:
@@ -814,6 +938,10 @@ def status(root: "str | Path | None" = None) -> list[PartitionStatus]:
     """Every partition under the root: active version, age, samples and validation errors."""
     base = platforms_root(root)
     out: list[PartitionStatus] = []
+    if base.exists() and not base.is_dir():
+        # Not "no such directory yet": a file (a runs file given as --root, say) is no root at all.
+        raise CalibrationError(f"{base}: not a directory (the platforms root{_root_origin(root)} is the "
+                               "directory that holds one folder per partition)")
     if not base.is_dir():
         return out
     now = time.time()
@@ -838,14 +966,23 @@ def status(root: "str | Path | None" = None) -> list[PartitionStatus]:
             f"shipped {pdir.name}" if cur is not None and (SHIPPED_DIR / pdir.name / PLATFORM_FILE).is_file()
             else None)
         out.append(PartitionStatus(
-            pdir.name, cur.version if cur else None, age, cur.samples if cur else 0,
+            pdir.name, cur.version if cur else None, age,
+            (cur.samples if cur.samples is not None else "?") if cur else 0,
             cur.compute_mape if cur and math.isfinite(cur.compute_mape) else None,
             cur.collective_mape if cur else None, cur.gpu if cur else "",
             previous, nvers,
             "refit" if refit is not None else "shipped" if cur is None and shipped else "calibration",
             refit, f"shipped {shipped}" if shipped else "", _load_problem(cur.path) if cur else "",
-            (_platform_key(cur.path, "name") if cur is not None else "") or shipped))
+            (_platform_key(cur.path, "name") if cur is not None else "") or shipped,
+            cur.problem if cur is not None else ""))
     return out
+
+
+def _root_origin(root: "str | Path | None") -> str:
+    """Where the platforms root came from, for a message: `` (--root)``, `` ($PERFCAST_PLATFORMS)``."""
+    if root:
+        return " (--root)"
+    return " ($PERFCAST_PLATFORMS)" if any(os.environ.get("PERFCAST_PLATFORMS", "").split(":")) else ""
 
 
 def _load_problem(version_dir: Path) -> str:
@@ -866,18 +1003,23 @@ def _load_problem(version_dir: Path) -> str:
 
 def validate_as_new_version(name: str, runs: Sequence[MeasuredRun], *, root: "str | Path | None" = None,
                             fit: bool = False, replace: bool = False, pid_file: "str | Path | None" = None,
-                            keep: int = KEEP_VERSIONS) -> tuple[Any, InstallResult | None]:
+                            keep: int = KEEP_VERSIONS, dry_run: bool = False) -> tuple[Any, InstallResult | None]:
     """``perf-calibrate validate`` of a shipped platform or of an installed one (``<root>/<name>``):
     the runs (and, with ``fit``, the fitted terms) go into a copy of the active version (a new site
     overlay of a shipped platform with none installed), installed as a new version like any
     install -- never into the package's files, nor into an installed version in place, which no
     ``rollback`` could undo.  With ``fit``, nothing is installed unless the fit is written
-    (leave-one-out improves).  (validate's summary, the install or None)."""
+    (leave-one-out improves).  (validate's summary, the install or None).
+
+    ``dry_run``: nothing is written, locked or created; the summary's ``outcome`` says what the real
+    run would do (install a new ``<stamp>-validate`` version, or nothing when the fit is declined)."""
     from .validate import validate_platform
     check_partition_name(name)
     base = platforms_root(root)
     if not (SHIPPED_DIR / name / PLATFORM_FILE).is_file() and current_version(base, name) is None:
         raise CalibrationError(f"{name} is neither a platform shipped with perfcast nor installed under {base}")
+    if dry_run:
+        return _validate_dry_run(name, runs, base, fit=fit, replace=replace), None
     pdir = base / name
     with _partition_lock(pdir):
         _recover(base, name, pid_file)
@@ -895,7 +1037,9 @@ def validate_as_new_version(name: str, runs: Sequence[MeasuredRun], *, root: "st
             summary = validate_platform(stage, runs, replace=replace, fit=fit,
                                         fit_source=f"perf-calibrate validate --fit on {plural(len(runs), 'run')}")
             if fit and not (summary.fit is not None and summary.fit.written):
-                return summary, None
+                import dataclasses
+                # (recorded in the staging copy, which goes: nothing of it stays)
+                return dataclasses.replace(summary, outcome="nothing installed (the fit was not written)"), None
             new = validate_candidate(stage, allow_incomplete=True)
             inst = _install_locked(stage, name, base, new, tolerance=DEFAULT_TOLERANCE, force=True,
                                    tag="validate", keep=keep, prune_leftovers=False, pid_file=pid_file,
@@ -906,8 +1050,43 @@ def validate_as_new_version(name: str, runs: Sequence[MeasuredRun], *, root: "st
         finally:
             shutil.rmtree(stage, ignore_errors=True)
     import dataclasses
-    summary = dataclasses.replace(summary, platform_file=inst.path / PLATFORM_FILE)
+    summary = dataclasses.replace(summary, platform_file=inst.path / PLATFORM_FILE, outcome=inst.message)
     return summary, _reloaded(inst, pid_file)
+
+
+def _validate_dry_run(name: str, runs: Sequence[MeasuredRun], base: Path, *, fit: bool, replace: bool) -> Any:
+    """:func:`validate_as_new_version` with ``dry_run``: validated on the active version (a site
+    overlay made in a temporary folder for a shipped platform with none installed), nothing written."""
+    import dataclasses
+    import tempfile
+
+    from .validate import validate_platform
+    cur = current_version(base, name)
+    tmp = None
+    try:
+        if cur is not None:
+            where = cur.path
+        else:
+            tmp = tempfile.TemporaryDirectory(prefix="perfcast-overlay-")
+            where = Path(tmp.name)
+            make_overlay(where, name, "dry run")
+        summary = validate_platform(where, runs, replace=replace, fit=fit, dry_run=True,
+                                    fit_source=f"perf-calibrate validate --fit on {plural(len(runs), 'run')}")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    what = f"the site overlay of the shipped platform {name}" if cur is None or overlay_of(cur.path) else \
+        f"installed platform {name}"
+    if fit and (summary.fit is None or not summary.fit.improves):
+        why = summary.fit.reason if summary.fit is not None and summary.fit.reason else "the fit would not be written"
+        outcome = f"{what}: would install nothing ({why}) (dry run: nothing written)"
+    else:
+        prev = cur.version if cur is not None else f"the shipped platform {name}"
+        outcome = (f"{what}: would install a new version ({_new_version_name('validate')}) under {base / name} "
+                   f"holding {plural(len(summary.runs), 'run')}{' and the fitted factors' if fit else ''} "
+                   f"(previous: {prev}, kept for rollback) (dry run: nothing written)")
+    platform_file = (cur.path if cur is not None else SHIPPED_DIR / name) / PLATFORM_FILE
+    return dataclasses.replace(summary, platform_file=platform_file, outcome=outcome)
 
 
 # ------------------------------------------------------------------------------------- refit

@@ -13,6 +13,7 @@ Two layers:
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -76,6 +77,8 @@ def scaled_masked_softmax(scores: torch.Tensor, scale: float, mask: torch.Tensor
 
 
 _FUSED: list = []
+# The start of Megatron's import-time warnings about its fallbacks (a regular expression).
+_MEGATRON_FALLBACK_WARNING = r"Transformer Engine and Apex are not installed"
 
 
 def _fused_upper_triang():
@@ -83,7 +86,12 @@ def _fused_upper_triang():
     if not _FUSED:
         fn = None
         try:  # pragma: no cover - only on GPU nodes with Megatron installed
-            from megatron.core.fusions.fused_softmax import ScaledUpperTriangMaskedSoftmax as fn
+            # Megatron's package imports warn, once per module, that Transformer Engine and Apex
+            # are not installed (8 lines on every `perf-calibrate host`): only the fused softmax
+            # is used here, which needs neither.  Those warnings alone are silenced.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_MEGATRON_FALLBACK_WARNING, category=UserWarning)
+                from megatron.core.fusions.fused_softmax import ScaledUpperTriangMaskedSoftmax as fn
         except Exception:  # noqa: BLE001 - any import failure means "not available"
             fn = None
         _FUSED.append(fn)

@@ -440,6 +440,27 @@ def add_attention_kernels(plan: "Plan", impls: Sequence[str]) -> int:
     return added
 
 
+def is_plan_file(name: str) -> bool:
+    """Whether a plan name is a file's path (else a built-in plan's name)."""
+    return name.endswith(".toml") or "/" in name
+
+
+def _check_builtin(name: str) -> None:
+    if name not in GRIDS:
+        raise CalibrationError(f"unknown plan {name!r}; built-in plans: {', '.join(PLANS)} "
+                               "(or a plan file ending in .toml)")
+
+
+def check_plan(name: str, *, device: str = "cuda", precisions: Sequence[str] | None = None) -> None:
+    """Refuse a misspelt built-in plan, or a plan file that does not load, before anything is
+    asked of Slurm or measured (make_plan raises the same errors later)."""
+    if is_plan_file(name):
+        load_plan_file(Path(name), device=device, allocation=Allocation(), memory_gib=0.0,
+                       precisions=precisions)
+    else:
+        _check_builtin(name)
+
+
 def make_plan(name: str, *, device: str = "cpu", precisions: Sequence[str] | None = None,
               allocation: Allocation | None = None, memory_gib: float = 0.0,
               budget_gpu_minutes: float = 0.0, spec: GpuSpec | None = None) -> Plan:
@@ -448,12 +469,10 @@ def make_plan(name: str, *, device: str = "cpu", precisions: Sequence[str] | Non
     if alloc.nodes < 1 or alloc.gpus_per_node < 1:
         raise CalibrationError(f"an allocation needs at least one node and one GPU (or rank) per node, "
                                f"got {alloc.nodes} node(s) × {alloc.gpus_per_node}")
-    if name.endswith(".toml") or "/" in name:
+    if is_plan_file(name):
         return load_plan_file(Path(name), device=device, allocation=alloc, memory_gib=memory_gib,
                               precisions=precisions)
-    if name not in GRIDS:
-        raise CalibrationError(f"unknown plan {name!r}; built-in plans: {', '.join(PLANS)} "
-                               "(or a plan file ending in .toml)")
+    _check_builtin(name)
     precs = _check_precisions(precisions or default_precisions(device), name)
     grid = GRIDS[name]
     defaults = PLAN_DEFAULTS[name]
@@ -580,6 +599,10 @@ def load_plan_file(path: Path, *, device: str, allocation: Allocation, memory_gi
         raise CalibrationError(f"{path}: cannot read plan: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise CalibrationError(f"{path}: corrupt plan file (not valid TOML): {exc}") from None
+    if "format" not in data:
+        # A runs file, a platform.toml, any other TOML: not "format None".
+        raise CalibrationError(f"{path}: not a plan file (no `format = {PLAN_FORMAT}`; a plan file has "
+                               "format, name, precisions and a [grid] table)")
     if data.get("format") != PLAN_FORMAT:
         raise CalibrationError(f"{path}: plan format {data.get('format')!r} is not supported "
                                f"(this perfcast reads plan format {PLAN_FORMAT})")

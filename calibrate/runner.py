@@ -16,6 +16,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Sequence
 
 import torch
@@ -129,6 +130,10 @@ def run_calibration(opts: RunOptions) -> RunResult:
         local = opts.ranks or (max(1, torch.cuda.device_count()) if opts.device == "cuda" else 2)
         alloc = Allocation(1, local)
         local_ranks = local
+        if opts.part == "collectives" and local_ranks < 2:
+            # One rank has no one to exchange with: nothing to measure, said before any work.
+            raise CalibrationError(f"--part collectives: collectives need 2 or more ranks, got --ranks "
+                                   f"{local_ranks} (use --ranks 2 or more, or start under srun/torchrun)")
     if opts.device == "cpu":
         # One "GPU" = one rank's share of the cores: the regressors must see the speed a training
         # rank sees when all ranks of the node run at once.
@@ -151,6 +156,9 @@ def run_calibration(opts: RunOptions) -> RunResult:
     plan = make_plan(opts.plan, device=opts.device, precisions=precs, allocation=alloc,
                      memory_gib=mem, budget_gpu_minutes=opts.budget_gpu_minutes,
                      spec=spec.to_gpu_spec())
+    # The plan's points beside those of --ops: a store is complete when the whole plan is in it,
+    # whichever runs measured it (so a run of some operators into a complete store keeps it so).
+    whole_plan = SimpleNamespace(operators=list(plan.operators) if opts.ops else [], candidates=[])
     if opts.ops:
         unknown = sorted(set(opts.ops) - {p.op for p in plan.operators})
         if unknown:
@@ -167,6 +175,8 @@ def run_calibration(opts: RunOptions) -> RunResult:
                  kernels.default or "SDPA's choice",
                  ", ".join(k for k in kernels.available if k != kernels.default) or "none",
                  "; ".join(kernels.missing_lines()) or "none")
+    if any(p.op == "flash_atten" for p in whole_plan.operators):
+        add_attention_kernels(whole_plan, [k for k in kernels.available if k != kernels.default])
     cost = estimate_cost(plan, spec.to_gpu_spec(), opts.device)
     result = RunResult(opts.out, plan.name, cost, spec=spec)
     if rank0:
@@ -234,16 +244,24 @@ def run_calibration(opts: RunOptions) -> RunResult:
         assert store is not None
         pending = [p for p in plan.operators if not store.has_operator(p)]
         pending_c = [c for c in plan.collectives if not store.has_collective(c)]
-        # Complete = every point of the plan is in the store, whichever --part runs measured them.
-        # A run of some operators (--ops) leaves the plan's others out: never a complete store.
-        result.complete = not pending and not pending_c and not stopped and not opts.ops
+        # With --ops, the plan's other operators, which this run did not measure.
+        asked_ops = set(plan.operators)
+        pending_other = [p for p in whole_plan.operators if p not in asked_ops and not store.has_operator(p)]
+        # Complete = every point of the plan is in the store, whichever runs (--part, --ops)
+        # measured them: a run of some operators into a store without the others is not complete,
+        # one into a store that holds the whole plan leaves it complete.
+        result.complete = not pending and not pending_other and not pending_c and not stopped
         asked = (pending if opts.part in ("all", "operators") else []) + \
             (pending_c if opts.part in ("all", "collectives") else [])
         result.part_complete = not asked and not stopped
         result.skipped = store.skipped
         label = f"{plan.name} ({', '.join(opts.ops)} only)" if opts.ops else plan.name
         plan_done = result.complete
-        result.complete = store.mark_complete(plan_done, label)
+        # The whole plan in the store: so are the points of every run of it, --ops or not (a label
+        # "tiny (linear1 only)" left incomplete by an earlier perfcast is completed so too).
+        covered = [p for p in store.meta.get("plans", [])
+                   if p == plan.name or (p.startswith(f"{plan.name} (") and p.endswith(" only)"))]
+        result.complete = store.mark_complete(plan_done, label, covers=covered)
         others = [p for p in store.incomplete_plans() if p != label]
         if plan_done and others:
             result.notes.append(f"plan {plan.name} is complete, but this store was also started with "

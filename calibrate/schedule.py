@@ -34,7 +34,7 @@ from slurm_plugin.policy import slurm_duration
 from .env import KNOWN_GPUS, DeviceSpec, gpu_key, published_spec
 from .errors import CalibrationError
 from .install import check_partition_name, platforms_root
-from .plans import Allocation, Cost, _nominal_spec, estimate_cost, make_plan, resolve_gpu
+from .plans import Allocation, Cost, _nominal_spec, check_plan, estimate_cost, make_plan, resolve_gpu
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +298,10 @@ def schedule(req: ScheduleRequest, client: SlurmLike | None = None,
         raise CalibrationError(f"--budget is for the adaptive plan only: plan {req.plan} measures "
                                "a fixed set of points")
     _requested_gpu(req)      # a misspelt --gpu is refused before Slurm is asked
+    try:                     # and so is a misspelt --plan, or a plan file that does not load
+        check_plan(req.plan, device="cuda", precisions=req.precisions)
+    except CalibrationError as exc:
+        raise CalibrationError(f"--plan: {exc}") from None
     if client is None:
         from slurm_plugin.slurm_client import SlurmClient
         client = SlurmClient()
@@ -307,8 +311,14 @@ def schedule(req: ScheduleRequest, client: SlurmLike | None = None,
         raise CalibrationError(f"partition {req.partition}: {exc}") from None
     gpn = int(getattr(part, "gpus_per_node", 0) or 0)
     if gpn < 1:
-        raise CalibrationError(f"partition {req.partition}: no GPUs per node known to Slurm "
-                               "(gres gpu); nothing to calibrate")
+        # The job is a GPU job (--device cuda, --gpus-per-node, sized from GPU figures); a CPU
+        # partition is calibrated by hand on one of its nodes.
+        p = shlex.quote(req.partition)
+        raise CalibrationError(
+            f"partition {req.partition}: no GPUs per node known to Slurm (gres gpu): schedule writes GPU "
+            f"calibration jobs only; calibrate a CPU partition on one of its nodes by hand: perf-calibrate run "
+            f"--device cpu --plan smoke --out SAMPLES, then perf-calibrate fit SAMPLES --out PLATFORM --name {p} "
+            f"and perf-calibrate install PLATFORM --partition {p}")
     total = int(getattr(part, "nodes", 0) or 0) or 1
     max_nodes = getattr(part, "max_nodes", None) or total
     nodes = min(req.nodes or min(total, 4), total, max_nodes)

@@ -388,9 +388,13 @@ class SampleStore:
                 self.meta[k] = v
         self._write_meta()
 
-    def mark_complete(self, complete: bool = True, plan: str | None = None) -> bool:
+    def mark_complete(self, complete: bool = True, plan: str | None = None,
+                      covers: Iterable[str] = ()) -> bool:
         """Record whether ``plan`` (the label this run added to ``plans``) has every point in the
-        store; the store is complete when every plan it was started with is.  Returns that."""
+        store; the store is complete when every plan it was started with is.  Returns that.
+
+        ``covers``: other labels of ``plans`` whose points are all among ``plan``'s (a run of
+        some operators of the same plan, ``"tiny (linear1 only)"``), marked complete with it."""
         prog = _progress(self.meta)
         plans = set(self.meta.get("plans", []))
         done = set(prog.get("complete_plans", [])) & plans
@@ -398,6 +402,7 @@ class SampleStore:
             done = plans if complete else set()
         elif complete:
             done.add(plan)
+            done |= set(covers) & plans
         else:
             done.discard(plan)
         whole = complete and done >= plans

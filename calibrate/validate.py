@@ -151,6 +151,10 @@ class ValidationSummary:
     already_recorded: int = 0               # recorded before: not added again
     repeated_runs: int = 0                  # given twice: counted once
     warnings: tuple[str, ...] = ()          # runs recorded with another measured time, ...
+    # One line: what was done with the runs, or what the real run would do (a dry run).  A plain
+    # platform directory: ``recorded N runs in FILE``; an installed or shipped platform
+    # (calibrate.install.validate_as_new_version): the new version installed, or to be.
+    outcome: str = ""
 
     @property
     def mape(self) -> float:
@@ -200,6 +204,8 @@ class ValidationSummary:
                       for r, ok in zip(self.runs, self.inside_loo)]}
         if self.fit is not None:
             d["fit"] = self.fit.to_dict()
+        if self.outcome:
+            d["outcome"] = self.outcome
         return d
 
 
@@ -308,7 +314,9 @@ def validate_platform(platform: "str | os.PathLike[str]", runs: Sequence[Measure
         inside.append(lo <= r.measured_iteration_seconds <= hi)
     return ValidationSummary(plat.name, fpath, recorded, inside, preds, fit_res, new_runs=merged.new,
                              already_recorded=merged.already, repeated_runs=merged.repeated,
-                             warnings=merged.warnings)
+                             warnings=merged.warnings,
+                             outcome=f"{'would record' if dry_run else 'recorded'} {len(recorded)} runs in {fpath}"
+                                     + (" (dry run: nothing written)" if dry_run else ""))
 
 
 def run_key(run: MeasuredRun) -> tuple[str, str]:

@@ -9,14 +9,17 @@ Layout of a sample directory (format 1)::
 
 Calibration appends rows as it measures (a killed job resumes where it stopped: rows already
 present are skipped by the caller); the importer of third-party data writes the same layout, so
-one fitting path serves both.  Rows are never rewritten.  The writers are
-:mod:`calibrate.store`'s; this module reads (the predictor itself never needs samples, but every
-fitting path reads them through here) and keeps the small TOML writer the platform files use.
+one fitting path serves both.  Rows are never rewritten; a last line without its newline (a
+writer killed mid-row) is read as not there, with a warning, as a resumed run drops it.  The
+writers are :mod:`calibrate.store`'s; this module reads (the predictor itself never needs samples,
+but every fitting path reads them through here) and keeps the small TOML writer the platform
+files use.
 """
 from __future__ import annotations
 
 import csv
 import io
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -32,6 +35,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 META_FILE = "samples.toml"
@@ -140,6 +145,15 @@ def read_table(path: Path, name: str, precision: str, expected: Sequence[str]) -
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise BundleError(f"{path}: cannot read sample file: {exc}") from None
+    if text and not text.endswith("\n"):
+        # A last line without its newline is what a writer killed mid-row leaves (every row is
+        # written whole with its newline, calibrate.store.append_rows): its values may be cut
+        # short yet parse ("113.6359,3" of "113.6359,35.2").  Dropped with a warning, as
+        # calibrate.store.repair_torn_tail drops it before a run resumes; the file is not changed.
+        cut = text.rfind("\n") + 1
+        log.warning("%s:%d: dropped a torn last line (no newline at its end: a writer was killed "
+                    "while writing it)", path, text.count("\n", 0, cut) + 1)
+        text = text[:cut]
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if header is None:

@@ -21,7 +21,10 @@ predictor only loads, validates and predicts (and never imports the regressor li
     validation/predicted_vs_measured.png
 
 Everything is written into a temporary sibling, loaded back through the predictor, and only then
-renamed into place: a failed fit leaves nothing that a daemon could pick up.  No torch here.
+renamed into place: a failed fit leaves nothing that a daemon could pick up.  The directory must
+not be the samples, inside them or hold them; ``overwrite`` (``--force``) replaces only an empty
+directory or a previous fit (both its platform.toml and calibration.toml), never anything else
+(:func:`_check_out`).  No torch here.
 """
 from __future__ import annotations
 
@@ -126,8 +129,7 @@ def fit_platform(samples_dir: "str | Path", out_dir: "str | Path", *, name: str 
     check_meta(samples.meta, src / META_FILE)
     if not samples.operators:
         raise CalibrationError(f"{src}: no operator samples to fit")
-    if out.exists() and not overwrite:
-        raise CalibrationError(f"{out}: already exists (pass --force to replace it)")
+    _check_out(src, out, overwrite)
     meta = samples.meta
     gpu, device = gpu_spec_from_meta(meta, src / "samples.toml")
     alloc = meta.get("allocation", {}) if isinstance(meta.get("allocation"), Mapping) else {}
@@ -217,7 +219,8 @@ def fit_platform(samples_dir: "str | Path", out_dir: "str | Path", *, name: str 
         (tmp / CALIBRATION_FILE).write_text(dump_toml(cal), encoding="utf-8")
         # The proof that the platform is usable: the predictor itself loads it.
         load_platform(tmp, reload=True)
-        if out.exists():
+        # Checked again: the fit took a while, and --out is about to be removed.
+        if _check_out(src, out, overwrite):
             shutil.rmtree(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, out)
@@ -225,6 +228,52 @@ def fit_platform(samples_dir: "str | Path", out_dir: "str | Path", *, name: str 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return FitResult(out, pname, compute, collectives, report, _count(samples), complete, notes)
+
+
+# What a fit writes into its directory (the module docstring): a directory holding both files is
+# a previous fit, the only kind of non-empty directory that --force replaces.
+_FIT_MARKERS = ("platform.toml", CALIBRATION_FILE)
+
+
+def _check_out(src: Path, out: Path, overwrite: bool) -> bool:
+    """Refuse an ``--out`` that a fit must not write to; True when ``out`` exists and is to be
+    replaced (``--force``, and it is empty or a previous fit).
+
+    The samples are never at risk: ``--out`` may not be the sample directory, inside it, or hold
+    it.  With ``--force``, only an empty directory or a previous fit (its platform.toml and
+    calibration.toml) is replaced; anything else (a typo'd ``--out ~/``, a directory of notes) is
+    refused even then, naming what is in it.
+    """
+    src_r, out_r = src.resolve(), out.resolve()
+    if out_r == src_r:
+        raise CalibrationError(f"--out {out}: is the sample directory being fitted; "
+                               "write the platform to another directory")
+    if src_r in out_r.parents:
+        raise CalibrationError(f"--out {out}: is inside the sample directory {src}; "
+                               "write the platform to a directory outside it")
+    if out_r in src_r.parents:
+        raise CalibrationError(f"--out {out}: holds the sample directory {src} (replacing it would "
+                               "delete the samples); write the platform to another directory")
+    if not out.exists() and not out.is_symlink():
+        return False
+    if not overwrite:
+        raise CalibrationError(f"--out {out}: already exists (pass --force to replace it)")
+    if out.is_symlink() or not out.is_dir():
+        kind = "a symbolic link" if out.is_symlink() else "a file" if out.is_file() else "not a directory"
+        raise CalibrationError(f"--out {out}: is {kind}, not a platform directory; "
+                               "not replaced, even with --force")
+    try:
+        entries = sorted(out.iterdir())
+    except OSError as exc:
+        raise CalibrationError(f"--out {out}: cannot list it ({exc.strerror or exc}); "
+                               "not replaced") from None
+    if not entries or all((out / m).is_file() and not (out / m).is_symlink() for m in _FIT_MARKERS):
+        return True
+    shown = [e.name + ("/" if e.is_dir() and not e.is_symlink() else "") for e in entries[:5]]
+    more = f" and {len(entries) - 5} more" if len(entries) > 5 else ""
+    raise CalibrationError(f"--out {out}: not a previous fit (no {' and '.join(_FIT_MARKERS)}) and not "
+                           f"empty: it holds {', '.join(shown)}{more}; not replaced, even with --force "
+                           "(choose another --out, or empty it first)")
 
 
 def _unpredictable(samples: SampleSet, compute: FitReport, src: Path) -> list[str]:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -54,7 +55,13 @@ def test_status_install_rollback_via_cli(capsys, tiny_platform, tmp_path):
     code, out, _ = _run(capsys, "status", "--root", root)
     assert code == 0 and "no calibrated partitions" in out
     assert _run(capsys, "install", str(tiny_platform), "--partition", "cpu", "--root", root)[0] == 0
-    assert _run(capsys, "install", str(tiny_platform), "--partition", "cpu", "--root", root)[0] == 0
+    # The same files again add no version; a changed copy does.
+    code, out, _ = _run(capsys, "install", str(tiny_platform), "--partition", "cpu", "--root", root)
+    assert code == 0 and "nothing changed" in out
+    again = tmp_path / "again"
+    shutil.copytree(tiny_platform, again)
+    (again / "calibration.toml").write_text((again / "calibration.toml").read_text() + "# again\n")
+    assert _run(capsys, "install", str(again), "--partition", "cpu", "--root", root)[0] == 0
     code, out, _ = _run(capsys, "status", "--root", root, "--json")
     rows = json.loads(out)
     assert code == 0 and rows[0]["partition"] == "cpu" and rows[0]["previous"]

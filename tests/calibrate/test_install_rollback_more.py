@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -248,5 +249,9 @@ def test_a_meaningless_tolerance_is_refused_in_one_line(root, tmp_path, capsys, 
 def test_a_zero_tolerance_is_accepted(root, tmp_path, capsys):
     plat = _calibrated(tmp_path)
     assert main(["install", str(plat), "--partition", "gpu", "--root", str(root), "--tolerance", "0"]) == 0
-    assert main(["install", str(plat), "--partition", "gpu", "--root", str(root), "--tolerance", "0"]) == 0
+    # A copy with the same error (installing the very same files again adds no version at all).
+    again = tmp_path / "again"
+    shutil.copytree(plat, again)
+    (again / "calibration.toml").write_text((again / "calibration.toml").read_text() + "# again\n")
+    assert main(["install", str(again), "--partition", "gpu", "--root", str(root), "--tolerance", "0"]) == 0
     assert "previous:" in capsys.readouterr().out

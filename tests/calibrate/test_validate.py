@@ -154,7 +154,8 @@ def test_status_says_when_the_active_version_does_not_load(capsys, installed_sit
     assert json.loads(capsys.readouterr().out)[0]["problem"] == ""
     plat = root / "site" / "current" / "platform.toml"
     plat.write_text(plat.read_text() + 'descripton = "x"\n')
-    assert main(["status", "--root", str(root), "--json"]) == 0
+    # Exit code 1: monitoring that runs status sees it too.
+    assert main(["status", "--root", str(root), "--json"]) == 1
     assert "descripton" in json.loads(capsys.readouterr().out)[0]["problem"]
-    assert main(["status", "--root", str(root)]) == 0
+    assert main(["status", "--root", str(root)]) == 1
     assert "DOES NOT LOAD" in capsys.readouterr().out
