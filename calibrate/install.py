@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from predictor.bundle import file_sha256
 from predictor.errors import BundleError, PerfcastError, did_you_mean
 from predictor.platform import (PLATFORM_FILE, SHIPPED_DIR, load_platform, pin_platform_bundles,
                                 shipped_platform_sha256)
@@ -503,15 +504,6 @@ def _file_list(d: Path) -> list[tuple[str, int]]:
     return sorted(out)
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _same_files(a: Path, b: Path) -> bool:
     """Whether folders ``a`` and ``b`` hold the same files with the same contents (sha256 of each;
     platform.toml pins the bundles' manifests, which pin their files)."""
@@ -519,7 +511,7 @@ def _same_files(a: Path, b: Path) -> bool:
         files = _file_list(a)
         if files != _file_list(b):
             return False
-        return all(size < 0 or _sha256(a / rel) == _sha256(b / rel) for rel, size in files)
+        return all(size < 0 or file_sha256(a / rel) == file_sha256(b / rel) for rel, size in files)
     except OSError:
         return False                       # unreadable: not known to be the same; install a copy
 

@@ -229,6 +229,15 @@ class ModelRows(tuple):
     forest_rows: RowModels
 
 
+def file_sha256(path: "str | Path") -> str:
+    """A file's sha256, read in 1 MiB chunks (bundle members can be large)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def manifest_sha256(path: "str | Path") -> str:
     """The sha256 of a bundle directory's manifest (what a platform pins)."""
     mpath = Path(path) / MANIFEST

@@ -10,7 +10,6 @@ current format with the very same trees, so its predictions do not change by a b
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import logging
 import os
 import shutil
@@ -21,7 +20,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import numpy as np
 
 from predictor.bundle import (BUNDLE_FORMAT, FOREST_FILE, MANIFEST, Bundle, ModelInfo, collective_features,
-                              info_dict, load_bundle)
+                              file_sha256, info_dict, load_bundle)
 from predictor.errors import BundleError
 from predictor.network import Links, collective_seconds, fit_links
 from predictor.operators import BYTES_PER_ELEMENT, OPERATORS, GpuSpec, regressor_features
@@ -74,14 +73,6 @@ def collective_training_rows(table: np.ndarray, kind: str, links: Links, precisi
     analytic = collective_seconds(links, kind, entries, nodes, gpn, BYTES_PER_ELEMENT[precision])
     X = collective_features(entries, nodes, gpn)
     return X, np.log(us * 1e-6 / analytic)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _now() -> str:
@@ -230,7 +221,7 @@ def write_bundle_files(directory: Path, manifest: dict[str, Any], forest: Forest
     files = {}
     for p in sorted(directory.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
-            files[p.relative_to(directory).as_posix()] = _sha256_file(p)
+            files[p.relative_to(directory).as_posix()] = file_sha256(p)
     manifest["sha256"] = files
     (directory / MANIFEST).write_text(dump_toml(manifest), encoding="utf-8")
     load_bundle(directory)
@@ -291,7 +282,7 @@ def convert_bundle(src: "str | os.PathLike[str]", out: "str | os.PathLike[str] |
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / rel, tmp / rel)
             # The copy is what the new manifest vouches for: it must be what the old one did.
-            if _sha256_file(tmp / rel) != str(digest).lower():
+            if file_sha256(tmp / rel) != str(digest).lower():
                 raise BundleError(f"{src / rel}: changed while the bundle was converted")
         write_bundle_files(tmp, manifest, bundle.forest)
         _replace_dir(tmp, dst)

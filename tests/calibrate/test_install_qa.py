@@ -24,16 +24,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from .test_refit import _no_real_daemon  # noqa: E402,F401  (autouse: no real perf-predictd reloaded)
+
 CALIBRATION = 'gpu = "NVIDIA A100-SXM4-80GB"\nsamples = 100\ncompute_mape = 0.05\ncomplete = true\n'
 
 
 @pytest.fixture(autouse=True)
-def _no_real_daemon(monkeypatch, tmp_path):
-    """Never reload a perf-predictd that happens to run on this machine."""
-    monkeypatch.delenv("PERFCAST_DAEMON_PIDFILE", raising=False)
+def _no_shell_platforms(monkeypatch):
+    """The shell's PERFCAST_PLATFORMS is no test's (test_refit's _no_real_daemon does the rest)."""
     monkeypatch.delenv("PERFCAST_PLATFORMS", raising=False)
-    monkeypatch.setattr(install_mod, "DEFAULT_PIDFILE", tmp_path / "no-daemon.pid")
-    monkeypatch.setattr(install_mod, "_systemd_active", lambda: False)
 
 
 def _site(where: Path, samples: int = 100) -> Path:

@@ -161,19 +161,22 @@ def test_sections_are_checked_before_their_keys(tmp_path):
 def test_errors_name_the_line_of_the_key(tmp_path, text, where):
     # tomllib gives no positions; the admin is pointed at the line all the same (or at the
     # header of the table that lacks a required key).
+    path, said = _refusal(tmp_path, text)
+    assert said.startswith(f"{path}{where}")
+
+
+def test_a_key_in_an_inline_table_is_found_on_its_line(tmp_path):
+    path, said = _refusal(tmp_path, '[partitions]\ngpu = { platform = "dgx-a100", margin = "x" }\n')
+    assert said.startswith(f"{path}:2: partitions.gpu.margin: must be a number")
+
+
+def _refusal(tmp_path, text: str) -> "tuple[object, str]":
+    """(the config's path, the one line load_site_config refuses it with)."""
     path = tmp_path / "perfcast.toml"
     path.write_text(text)
     with pytest.raises(siteconfig.SiteConfigError) as e:
         siteconfig.load_site_config(str(path))
-    assert str(e.value).startswith(f"{path}{where}")
-
-
-def test_a_key_in_an_inline_table_is_found_on_its_line(tmp_path):
-    path = tmp_path / "perfcast.toml"
-    path.write_text('[partitions]\ngpu = { platform = "dgx-a100", margin = "x" }\n')
-    with pytest.raises(siteconfig.SiteConfigError) as e:
-        siteconfig.load_site_config(str(path))
-    assert str(e.value).startswith(f"{path}:2: partitions.gpu.margin: must be a number")
+    return path, str(e.value)
 
 
 def test_a_message_that_names_no_key_keeps_its_form():
