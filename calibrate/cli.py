@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "other groups of its shape (run under srun across nodes)")
     fb.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     fb.add_argument("--out", required=True, help="TOML file to write (SAMPLES_DIR/fabric.toml: fit reads it)")
-    fb.add_argument("--ranks", type=int, default=0, help="local processes without srun/torchrun "
+    fb.add_argument("--ranks", type=_count, default=0, help="local processes without srun/torchrun "
                                                         "(default: the local GPUs, 2 on a CPU)")
     fb.add_argument("--entries", type=_int_list, default=None,
                     help="all-reduce sizes in elements (default: 2^20, 2^24, 2^26)")

@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from predictor.errors import JobError, PerfcastError, RunRecordError
 from predictor.job import TrainingJob
 from predictor.platform import find_platform, search_roots
-from predictor.validation import MAX_RUNS, MeasuredRun
+from predictor.validation import MeasuredRun
 from slurm_plugin.policy import plural
 from slurm_plugin.records import (RECORD_KEY, RECORD_TAG, JobOutcome, PredictionRecord, RecordStore,
                                   is_record_id, parse_admin_comment)

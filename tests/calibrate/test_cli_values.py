@@ -83,3 +83,11 @@ def test_fit_takes_platform_names():
         assert ap.parse_args(["fit", "s", "--out", "p", "--name", name]).name == name
     a = ap.parse_args(["fit", "s", "--out", "p", "--gpus-per-node", "8", "--nics-per-node", "4"])
     assert (a.gpus_per_node, a.nics_per_node, a.name) == (8, 4, None)
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_fabric_refuses_ranks_below_one(capsys, tmp_path, value):
+    # 0 used to mean the default without a word, as run's --ranks did.
+    _refused(capsys, ["fabric", "--device", "cpu", "--out", str(tmp_path / "f.toml"), "--ranks", value],
+             "argument --ranks", repr(value))
+    assert not (tmp_path / "f.toml").exists()
