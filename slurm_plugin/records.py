@@ -44,16 +44,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from .daemon.logs import kv
+from .daemon.logs import log_event
 
+# (its events are key=value lines, as every line of perf-predictd's log is: the record writer logs
+# what this module says; ``perf-calibrate -v`` shows it too)
 log = logging.getLogger("perfcast.records")
-
-
-def _log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
-    """One ``event=NAME key=value ...`` line, as every line of perf-predictd's log is (its record
-    writer logs what this module says; ``perf-calibrate -v`` shows it too)."""
-    if log.isEnabledFor(level):
-        log.log(level, "event=%s %s", event, " ".join(f"{k}={kv(v)}" for k, v in fields.items()))
 
 
 DEFAULT_PATH = "/var/lib/perfcast/records.sqlite"
@@ -443,7 +438,8 @@ class RecordStore:
             raise
         con.commit()
         if start != SCHEMA_VERSION:
-            _log_event("record_store_upgraded", store=self.path, from_schema=start, to_schema=SCHEMA_VERSION)
+            log_event("record_store_upgraded", logger=log, store=self.path, from_schema=start,
+                      to_schema=SCHEMA_VERSION)
 
     def _upgrade_failed(self, exc: sqlite3.Error) -> RecordStoreError:
         # (a reader without write access, say an admin's report, cannot upgrade the daemon's file:
@@ -456,7 +452,7 @@ class RecordStore:
         # WAL persists in the file: readers never block the writer and vice versa.
         mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
-            _log_event("record_store_journal_mode", logging.WARNING, store=self.path, mode=mode,
+            log_event("record_store_journal_mode", logging.WARNING, logger=log, store=self.path, mode=mode,
                        note="WAL unavailable on this file system")
         con.execute("BEGIN IMMEDIATE")
         try:
@@ -582,7 +578,7 @@ class RecordStore:
                     (cut,))
         n = con.execute("DELETE FROM records WHERE seq <= ?", (cut,)).rowcount
         if n:
-            _log_event("records_pruned", store=self.path, count=n, max_rows=self.max_rows)
+            log_event("records_pruned", logger=log, store=self.path, count=n, max_rows=self.max_rows)
 
     def get(self, record_id: str) -> Optional[PredictionRecord]:
         if not is_record_id(record_id):

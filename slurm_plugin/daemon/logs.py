@@ -61,10 +61,14 @@ def _second(seconds: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
-def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
-    if log.isEnabledFor(level):
+def log_event(event: str, level: int = logging.INFO, *, logger: Optional[logging.Logger] = None,
+              **fields: Any) -> None:
+    """One ``event=NAME key=value ...`` line on the daemon's logger, or on ``logger`` (a module the
+    daemon's processes share with the CLIs, such as the record store's, logs its events so too)."""
+    to = log if logger is None else logger
+    if to.isEnabledFor(level):
         body = " ".join([f"{k}={kv(v)}" for k, v in fields.items()])
-        handler = _own_handler(level)
+        handler = _own_handler(level) if to is log else None
         if handler is not None:
             # The daemon's own log (setup_logging): the line written straight to its stream, as
             # KVFormatter would write it -- no LogRecord, no filter or handler chain (this runs
@@ -83,7 +87,7 @@ def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
             return
         # Handed to the handlers directly: no search of the call stack for the caller's file and
         # line, which no line shows.
-        log.handle(log.makeRecord(log.name, level, "", 0, "event=%s %s", (event, body), None))
+        to.handle(to.makeRecord(to.name, level, "", 0, "event=%s %s", (event, body), None))
 
 
 def _own_handler(level: int) -> Optional[logging.StreamHandler]:
