@@ -1005,6 +1005,8 @@ def validate_as_new_version(name: str, runs: Sequence[MeasuredRun], *, root: "st
 
     ``dry_run``: nothing is written, locked or created; the summary's ``outcome`` says what the real
     run would do (install a new ``<stamp>-validate`` version, or nothing when the fit is declined)."""
+    import dataclasses         # (its replace: the parameter ``replace`` hides the module's import)
+
     from .validate import validate_platform
     check_partition_name(name)
     base = platforms_root(root)
@@ -1029,7 +1031,6 @@ def validate_as_new_version(name: str, runs: Sequence[MeasuredRun], *, root: "st
             summary = validate_platform(stage, runs, replace=replace, fit=fit,
                                         fit_source=f"perf-calibrate validate --fit on {plural(len(runs), 'run')}")
             if fit and not (summary.fit is not None and summary.fit.written):
-                import dataclasses
                 # (recorded in the staging copy, which goes: nothing of it stays)
                 return dataclasses.replace(summary, outcome="nothing installed (the fit was not written)"), None
             new = validate_candidate(stage, allow_incomplete=True)
@@ -1041,7 +1042,6 @@ def validate_as_new_version(name: str, runs: Sequence[MeasuredRun], *, root: "st
             raise CalibrationError(f"cannot write a new version of {name} under {pdir}: {exc}") from None
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-    import dataclasses
     summary = dataclasses.replace(summary, platform_file=inst.path / PLATFORM_FILE, outcome=inst.message)
     return summary, _reloaded(inst, pid_file)
 

@@ -13,7 +13,7 @@ import logging
 import posixpath
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from . import launchers
 from .arith import ArithError, ArithUnknown, Evaluator
@@ -151,6 +151,7 @@ class Shell:
         self.unset_warning = self.unset_clause = ""
         self._unset_stops: list = []              # [(name, where)] where set -u stops the script
         self._texts: set = set()                  # every text run (for the names the script assigns)
+        self._assigned: Optional[tuple[int, set]] = None   # (texts scanned, the names they assign)
 
     # ================================================================== entry points
     def run(self, text: str, label: str, positional: Optional[list] = None) -> None:
@@ -190,12 +191,15 @@ class Shell:
             self._unset_stops.append((name, self.where(line)))
 
     def _assigned_names(self) -> set:
-        names: set = set(self.vars)
-        for text in self._texts:
-            names.update(_ASSIGN_RE.findall(text))
-            for args in _ASSIGN_CMD_RE.findall(text):
-                names.update(_ASSIGN_CMD_NAME.findall(args))
-        return names
+        # (asked by _raise_nounset and unset_vars after one run: the texts' scan is done once)
+        if self._assigned is None or self._assigned[0] != len(self._texts):
+            names: set = set()
+            for text in self._texts:
+                names.update(_ASSIGN_RE.findall(text))
+                for args in _ASSIGN_CMD_RE.findall(text):
+                    names.update(_ASSIGN_CMD_NAME.findall(args))
+            self._assigned = (len(self._texts), names)
+        return self._assigned[1] | set(self.vars)
 
     def unset_vars(self) -> list:
         """[(name, where first expanded)] of the variables read as empty because nothing sets them:
@@ -370,11 +374,7 @@ class Shell:
                     self.warn(f"condition at {self.where(pipe.line)} depends on unknown values; "
                               f"assuming it holds")
                     if op == "&&":
-                        self._guess += 1
-                        try:
-                            st = self._pipeline(pipe)
-                        finally:
-                            self._guess -= 1
+                        st = self._guessed(self._pipeline, pipe)
                         continue
                 st = 0
             if (op == "&&" and st == 0) or (op == "||" and st != 0):
@@ -403,17 +403,22 @@ class Shell:
             return None if st is None else (1 if st == 0 else 0)
         return st
 
+    def _guessed(self, run: Callable[[Any], Any], node: Any) -> Any:
+        """``run(node)`` on a branch taken on a condition we cannot decide (or a loop run once for
+        an unknown count): set -u does not stop the script for what it expands there."""
+        self._guess += 1
+        try:
+            return run(node)
+        finally:
+            self._guess -= 1
+
     def _if(self, node: If) -> Optional[int]:
         for cond, body in node.clauses:
             st = self.exec_body(cond)
             if st is None:
                 self.warn(f"cannot decide the condition at {self.where(node.line)}; "
                           f"taking its branch as written first")
-                self._guess += 1
-                try:
-                    return self.exec_body(body)
-                finally:
-                    self._guess -= 1
+                return self._guessed(self.exec_body, body)
             if st == 0:
                 return self.exec_body(body)
         if node.else_body is not None:
@@ -434,13 +439,10 @@ class Shell:
     def _symbolic_once(self, body: list, line: int, why: str) -> None:
         """A loop whose trip count is unknown: run the body once, then mark what it changed unknown."""
         before = {k: (v.value, v.array) for k, v in self.vars.items()}
-        self._guess += 1
         try:
-            self._loop_body(body)
+            self._guessed(self._loop_body, body)
         except _Break:
             pass
-        finally:
-            self._guess -= 1
         reason = f"set in a loop whose number of iterations is unknown ({why}, {self.where(line)})"
         for k, v in list(self.vars.items()):
             old = before.get(k)
@@ -510,11 +512,7 @@ class Shell:
                 if unknown:
                     self.warn(f"cannot decide the case at {self.where(node.line)} "
                               f"({self.u.reason(text)}); taking its first branch")
-                    self._guess += 1
-                    try:
-                        return self.exec_body(body)
-                    finally:
-                        self._guess -= 1
+                    return self._guessed(self.exec_body, body)
                 rx = self._pattern_regex(p)
                 if rx is not None and re.fullmatch(rx, text, re.S):
                     return self.exec_body(body)

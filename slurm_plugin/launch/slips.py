@@ -2,8 +2,8 @@
 from bash: a ``\\`` followed by a space (it escapes the space, so the line ends there) and a
 commented-out flag inside a continued command (the comment ends the command at its newline).  Both
 leave the flags after them as commands of their own; the job then runs with defaults, or the reader
-misses a flag the user can see in the script.  Found by a scan of the text (linear, one regex per
-line), reported as warnings and named in a parse error's message."""
+misses a flag the user can see in the script.  Found by a linear scan of the text (string tests,
+a regex only on the line after a slip), reported as warnings and named in a parse error's message."""
 from __future__ import annotations
 
 import re
