@@ -143,7 +143,6 @@ def one_round(config, texts: list[str], work_dir: str, profile: str = "",
         eng2 = Engine(config).load(lookup_partitions=False)
         eng2.warm_up()
         stage_fn = eng2.backends["parse_script" if profile == "parse" else "predict"]
-        platform = eng2.platforms[config.partition("gpu").platform]
 
         def hooked(*args, **kwargs):
             prof.enable()

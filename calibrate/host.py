@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from predictor.fp8 import FP8_LINEARS
-from predictor.operators import CALIBRATED, OPERATORS
+from predictor.operators import CALIBRATED
 
 from .kernels import build_kernel
 from .plans import ModelPoint, operator_shapes

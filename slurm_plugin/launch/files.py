@@ -23,7 +23,7 @@ def default_read_file(path: str) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"not a regular file")
+            raise OSError("not a regular file")
         if st.st_size > MAX_FILE_BYTES:
             raise OSError(f"larger than {MAX_FILE_BYTES >> 20} MiB")
         chunks = []

@@ -451,7 +451,6 @@ def _world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov:
 def _launch_world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov: dict, sh: Shell,
                   warnings: list) -> World:
     nodes, gpn = req.nodes, req.gpus_per_node
-    nodes_o = prov.get("request.nodes", "request")
     if "request.nodes.invalid" in prov:
         return World(unknown=f"--nodes={prov['request.nodes.invalid']} is a list of node counts, not one number",
                      origin=prov.get("request.nodes", ""))

@@ -698,7 +698,8 @@ class Shell:
         if self.depth >= MAX_CALL_DEPTH:
             raise CannotPredict("shells nested too deeply", where)
         if c.kind == "bash-c":
-            text, label, offset = c.script.text, self.label, _line_of(c.script.origin_at(0))
+            # (its lines are named through the string's origins, below, not an offset)
+            text, label, offset = c.script.text, self.label, 0
             if c.dollar0 is not None and "$" not in text and any(t.text.startswith("-") for t in c.args):
                 # `bash -c "cmd ${A[@]}"`: the quoted "@" expansion made one word per element
                 self.warn(f"bash -c runs only its first argument (`…{Unknowns.strip(text)[-50:]}`); the "
@@ -707,7 +708,8 @@ class Shell:
         elif c.kind == "bash-stdin":
             if heredoc is None:
                 return None
-            text, label, offset = _flat(heredoc), self.label, _line_of(heredoc[0][1]) if heredoc else 0
+            # the body's first line is the line after `<<EOF`: a warning names the script's own line
+            text, label, offset = _flat(heredoc), self.label, max(_line_of(heredoc[0][1]) - 1, 0) if heredoc else 0
         else:
             path = self._path(c.script.text)
             got = self._read_any(path, where, what="script run with bash")
@@ -731,7 +733,7 @@ class Shell:
                 # the string was built by this shell: keep each piece's origin
                 self._run_text(text, label, 0, _origin_map(c.script.segs))
             else:
-                self._run_text(text if c.kind != "bash-file" else sanitize_text(text), label, 0)
+                self._run_text(text if c.kind != "bash-file" else sanitize_text(text), label, offset)
         except _Exit:
             pass
         except (_Return, _Break):
@@ -1884,7 +1886,7 @@ def _b_command(sh, argv, node, decl, where):
 def _b_exec(sh, argv, node, decl, where):
     if len(argv) == 1:
         return 0   # `exec > log 2>&1`
-    st = sh._command(argv[1:], node, decl, where)
+    sh._command(argv[1:], node, decl, where)   # its status is the shell's last: exec does not return
     raise _Exit()
 
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 from .limits import MAX_ARRAY_ITEMS, MAX_COMMAND_WORDS, MAX_PARSE_DEPTH, MAX_VALUE_CHARS, Budget, CannotPredict
 from .shell_ast import (AndOr, Arith, ArithCmd, ArithFor, Assign, Case, CmdSub, Cond, For, FuncDef,
-                        Group, If, Lit, Param, Pipeline, ProcSub, Redir, Simple, While)
+                        Group, If, Lit, Param, Pipeline, Redir, Simple, While)
 
 
 class ParseError(CannotPredict):

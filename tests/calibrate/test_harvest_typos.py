@@ -10,7 +10,6 @@ the shipped dgx-a100 installed under a temporary root.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 

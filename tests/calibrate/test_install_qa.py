@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from calibrate import install as install_mod
 from calibrate.cli import main
 from calibrate.errors import CalibrationError, InstallRefused
 from calibrate.harvest import AccountingClient, HarvestError, finished_jobs

@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import stat
-from pathlib import Path
 
 import pytest
 

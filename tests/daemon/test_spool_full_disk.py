@@ -6,8 +6,6 @@ import errno
 import os
 import time
 
-import pytest
-
 from slurm_plugin.daemon import recorder as recorder_mod
 from slurm_plugin.records import PredictionRecord, RecordStore, new_record_id
 

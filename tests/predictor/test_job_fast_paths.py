@@ -82,8 +82,15 @@ def test_framework_and_kernel_rules_apply_as_before():
 def test_missing_model_and_unknown_keys_named():
     with pytest.raises(JobError, match=r"required key is missing \(the \[model\] section is absent\)"):
         TrainingJob.from_dict({"run": {"framework": "megatron"}})
-    with pytest.raises(JobError, match=r"layout.tpp: unknown key \(did you mean 'tp'\?\)"):
+    with pytest.raises(JobError, match=r"layout.tpp: unknown key \(did you mean 'tp' or 'pp'\?\)"):
         TrainingJob.from_dict(_with("layout", "tpp", 2))
+    # Two keys about as near: both are offered, the nearer first, rather than one picked for the user.
+    with pytest.raises(JobError, match=r"layout.micro_batchs: unknown key "
+                                       r"\(did you mean 'micro_batches' or 'micro_batch'\?\)"):
+        TrainingJob.from_dict(_with("layout", "micro_batchs", 2))
+    # One clearly nearer than the next: that one alone.
+    with pytest.raises(JobError, match=r"layout.zero_stag: unknown key \(did you mean 'zero_stage'\?\)"):
+        TrainingJob.from_dict(_with("layout", "zero_stag", 2))
 
 
 def test_to_dict_round_trips_with_lists():

@@ -223,7 +223,6 @@ def test_fail_open_daemon_hung(cluster, held_jobs, megatron):
 
 
 def test_untrusted_peer_refused_by_daemon(cluster):
-    import json
     import subprocess
     import sys
     code = ("import json,socket; s=socket.socket(socket.AF_UNIX); s.connect(%r)\n"

@@ -1,7 +1,6 @@
 """slurm_plugin.records: the SQLite store of what perf-predictd answered (no Slurm needed)."""
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import sqlite3
