@@ -733,7 +733,8 @@ class Shell:
                 # the string was built by this shell: keep each piece's origin
                 self._run_text(text, label, 0, _origin_map(c.script.segs))
             else:
-                self._run_text(text if c.kind != "bash-file" else sanitize_text(text), label, offset)
+                self._run_text(text if c.kind != "bash-file" else sanitize_text(text), label, offset,
+                               self._written_origins(label, text) if c.kind == "bash-file" else None)
         except _Exit:
             pass
         except (_Return, _Break):
@@ -808,19 +809,22 @@ class Shell:
         text = _flat(value)
         if len(f.text) + len(text) > MAX_VFS_BYTES:
             raise CannotPredict(f"file {path} written by the script grows beyond {MAX_VFS_BYTES >> 10} KiB", where)
-        # Origin of each line: the last piece on it with a letter or digit, so that
-        # `"stage": $ZERO_STAGE` points at the line that set ZERO_STAGE, not at the heredoc.
+        # Origin of each line, one per line (line N of the file is line_origins[N - 1], empty lines
+        # too): the last piece on it with a letter or digit, so that `"stage": $ZERO_STAGE` points
+        # at the line that set ZERO_STAGE, not at the heredoc; an empty line, the piece that ends it.
         origins = f.line_origins
-        open_line = not (f.text == "" or f.text.endswith("\n"))
+        has_origin = not (f.text == "" or f.text.endswith("\n"))   # the file's last line, still open
         for seg_text, origin in value:
             pieces = seg_text.split("\n")
             for i, piece in enumerate(pieces):
                 if i:
-                    open_line = False
-                if piece:
-                    if not open_line:
+                    if not has_origin:
                         origins.append(origin)
-                        open_line = True
+                    has_origin = False
+                if piece:
+                    if not has_origin:
+                        origins.append(origin)
+                        has_origin = True
                     elif _ALNUM.search(piece):
                         origins[-1] = origin
         f.text += text
@@ -829,6 +833,22 @@ class Shell:
         if len(self.vfs) >= MAX_VFS_FILES and path not in self.vfs:
             raise CannotPredict("the script writes too many files", where)
         self.vfs[path] = VFile(unknown=reason, where=where)
+
+    def _written_origins(self, path: str, text: str):
+        """For a file the script wrote (``cat > run.sh <<EOF``) and then runs or sources, a map from
+        a position in ``text`` to the script line that wrote it: the file does not exist when the
+        job is submitted, so that line is the one a user can fix.  None for a file on disk."""
+        f = self.vfs.get(path)
+        if f is None or f.text != text or not f.line_origins:
+            return None
+        import bisect
+        starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
+        origins = f.line_origins
+
+        def at(pos: int) -> str:
+            line = bisect.bisect_right(starts, pos) - 1
+            return origins[min(line, len(origins) - 1)]
+        return at
 
     def _read_any(self, path: Optional[str], where: str, what: str) -> Optional[str]:
         """A file from the vfs or the disk (bounded); None with a warning when unreadable."""
@@ -1521,7 +1541,7 @@ def _b_source(sh: Shell, argv, node, decl, where):
         sh.positional = argv[2:]
     sh.depth += 1
     try:
-        sh._run_text(sanitize_text(text), path)
+        sh._run_text(sanitize_text(text), path, 0, sh._written_origins(path, text))
     except _Return:
         pass
     finally:
