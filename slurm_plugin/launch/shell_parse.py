@@ -38,9 +38,11 @@ _SPECIAL_PARAMS = set("@*#?$!-0123456789")
 _CMD_BREAK = frozenset(" \t\r\n;&|<>()\f\v")    # what ends a word in a command (see _parts)
 # A run of command arguments that _simple would read one by one as plain literals: each starts
 # where no comment or quote can and ends at a word break other than '<' or '>' (so that no word is
-# a redirection's fd, as `2>log`), blanks after it.
+# a redirection's fd, as `2>log`), blanks after it.  At most one word more than a command may
+# have: the match itself is bounded, not only what is kept of it (a 3 MiB `echo a a a …` took one
+# match 1.5 s, past the parse's deadline, before the word count refused it).
 _ARG_RUN = re.compile(r"(?:[^\s'\"\\$`;&|<>()#][^\s'\"\\$`;&|<>()]*(?=[ \t\r\n;&|()\f\v]|\Z)"
-                      r"(?:[ \t\r\f\v]|\\\n)*)+")
+                      r"(?:[ \t\r\f\v]|\\\n)*){1,%d}" % (MAX_COMMAND_WORDS + 1))
 # The words _command reads as other than a simple command's first word
 _COMPOUND_WORDS = frozenset(("if", "while", "until", "for", "select", "case", "{", "function",
                              "then", "elif", "else", "fi", "do", "done", "esac", "}"))
@@ -563,7 +565,9 @@ class Parser:
         read it: one unquoted literal on the line it is written on.  False (nothing read) where the
         word-by-word loop must decide; None where the run would pass a bound that loop checks (no
         run is tried again in this command: each try reads the rest of the run)."""
-        m = _ARG_RUN.match(self.text, self.pos)
+        # (no further than a run may reach: one that does is refused below, so where the text
+        # beyond that point makes the last word end does not matter)
+        m = _ARG_RUN.match(self.text, self.pos, self.pos + MAX_VALUE_CHARS * 4 + 1)
         if m is None:
             return False
         run = m.group()

@@ -3,6 +3,11 @@ command in bash; the flags after them are lost.  perfcast says where (slurm_plug
 as a warning and, when the parse then fails, in the error."""
 from __future__ import annotations
 
+import random
+import re
+
+from slurm_plugin.launch.slips import MAX_LOOKS, MAX_SLIPS, continuation_slips
+
 from .helpers import parse_in
 
 HEAD = "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --gpus-per-node=8\n"
@@ -55,3 +60,45 @@ def test_backslashes_in_a_heredoc_or_before_a_non_flag_say_nothing(tmp_path):
     res = parse_in(tmp_path, script)
     assert res.job is not None, res.error
     assert not any("a space after the" in w for w in res.warnings), res.warnings
+
+
+# ---- the scan itself, against the rule written out line by line (what it did until it searched
+# from each '\' instead: the same slips, without a Python loop over every line of a big script)
+def _by_lines(text: str) -> list[str]:
+    def continues(line: str) -> bool:
+        return line.endswith("\\") and not line.endswith("\\\\")
+    lines, out = text.split("\n"), []
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("#"):
+            prev = lines[i - 1] if i else ""
+            if continues(line) and continues(prev) and not prev.lstrip().startswith("#"):
+                out.append(f"f:{i + 1}: a commented-out line inside a command continued with '\\' ends "
+                           "the command; the lines after it run as commands of their own")
+        else:
+            bare = line.rstrip(" \t")
+            if bare != line and continues(bare) and i + 1 < len(lines) and \
+                    re.match(r"\s*-{1,2}[A-Za-z]", lines[i + 1]):
+                out.append(f"f:{i + 1}: a space after the '\\' ends the command there; the lines after it "
+                           "run as commands of their own (delete the space)")
+        if len(out) >= MAX_SLIPS:
+            break
+    return out
+
+
+def test_the_scan_finds_what_the_line_by_line_rule_finds():
+    pieces = ["\\", "\\\\", " ", "\t", "\n", "#", "--x", "-y", "a", "\r", "\f", "  #", "\\ \n", "\\\n#", "\\\n"]
+    rng = random.Random(5)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 50)))
+        assert continuation_slips(text, "f") == _by_lines(text), repr(text)
+
+
+def test_a_script_of_many_near_slips_is_scanned_to_a_bound():
+    # 5,000 comment lines with a '\' and a space before a flag line: none is a slip, and the scan
+    # stops looking after MAX_LOOKS of them, so a slip after them goes unsaid (a warning, not a limit)
+    text = "# \\ \n--x\n" * 5000 + "srun a \\ \n--y\n"
+    assert continuation_slips(text, "f") == []
+    assert _by_lines(text) != []
+    assert continuation_slips("# \\ \n--x\n" * (MAX_LOOKS - 1) + "srun a \\ \n--y\n", "f") == \
+        [f"f:{2 * MAX_LOOKS - 1}: a space after the '\\' ends the command there; the lines after it run as "
+         "commands of their own (delete the space)"]
