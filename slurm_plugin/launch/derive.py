@@ -208,15 +208,22 @@ def build(facts: Facts, framework: str, world: World, request: SlurmRequest, req
         d.fail(f"number of GPUs unknown: {world.unknown}", world.origin)
     elif world.gpus is not None and pp and tp:
         div = pp * tp * cp
-        if world.gpus % div:
-            d.fail(f"{world.gpus} GPUs are not divisible by pp×tp×cp = {pp}×{tp}×{cp}", world.origin)
+        if world.gpus % div or world.gpus < div:
+            # Either side may be the mistake: each is named, the sizes above 1 where they were set,
+            # and the line to fix is the first size the GPUs do not divide (else the first above 1).
+            set_sizes = [(name, v) for name, v in (("pp", pp), ("tp", tp), ("cp", cp)) if v > 1 and f.origin(name)]
+            culprit = next(((name, v) for name, v in set_sizes if world.gpus % v), set_sizes[0] if set_sizes else None)
+            others = [f"{name} {f.origin(name)}" for name, v in set_sizes if (name, v) != culprit]
+            verb = "are not divisible by" if world.gpus % div else "cannot hold"
+            text = f"{world.gpus} GPUs ({world.origin}) {verb} pp×tp×cp = {pp}×{tp}×{cp}"
+            text += f" ({', '.join(others)})" if others else ""
+            if culprit is None:
+                d.fail(text, world.origin)
+            else:
+                d.fail(f"{text} — {culprit[0]} = {culprit[1]}", f.origin(culprit[0]))
         else:
             dp = world.gpus // div
-            if dp < 1:
-                d.fail(f"{world.gpus} GPUs cannot hold pp×tp×cp = {div}", world.origin)
-                dp = None
-            else:
-                d.put("layout.dp", dp, world.origin)
+            d.put("layout.dp", dp, world.origin)
     micro, mbs = _batch(d, f, framework, dp)
     if micro is not None:
         d.put("layout.micro_batch", micro, f.origin("micro_batch") or f.origin("ds_micro"))

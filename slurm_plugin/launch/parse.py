@@ -158,8 +158,9 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
     # ------------------------------------------------------------------ pick the launch
     if not sh.launches:
         if sh.inner_batches and depth == 0:
-            inner_text, where = sh.inner_batches[0]
-            inner = parse_script(path, inner_text, request=request, read_file=reader, env=env,
+            inner_text, where, first_line = sh.inner_batches[0]
+            # The job's script is read as the file it is in: its lines keep this file's numbers.
+            inner = parse_script(path, "\n" * (first_line - 1) + inner_text, request=request, read_file=reader, env=env,
                                  default_gpus_per_node=default_gpn, work_dir=work_dir, _depth=1, _budget=budget)
             inner.warnings.insert(0, f"the job is the batch script submitted with a heredoc at {where}")
             res.__dict__.update(inner.__dict__)
@@ -464,7 +465,8 @@ def _launch_world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest
             t = nn_tok.text
             if ":" in t and MARK_OPEN not in t:
                 t = t.split(":")[-1]
-                warnings.append(f"torchrun --nnodes {nn_tok.text}: predicting for the maximum {t}")
+                warnings.append(f"torchrun --nnodes {nn_tok.text}: predicting for the maximum {t} "
+                                f"({nn_tok.origin_at(0) or launch.where})")
             facts.set_int("tr_nnodes", Tok(t, nn_tok.segs), what="--nnodes")
             if not facts.known("tr_nnodes"):
                 return World(unknown=facts.get("tr_nnodes").unknown, origin=facts.origin("tr_nnodes"))
@@ -479,7 +481,8 @@ def _launch_world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest
                     return World(unknown=facts.get("tr_nproc").unknown, origin=facts.origin("tr_nproc"))
                 per = facts.val("tr_nproc")
         if nodes and nn != nodes:
-            warnings.append(f"torchrun --nnodes {nn} but the job has {nodes} node(s)")
+            given = f"--nnodes {nn}" if isinstance(nn_tok, Tok) else "without --nnodes (1)"
+            warnings.append(f"torchrun {given} but the job has {nodes} node(s) ({origin})")
         return World(nn * per, origin, per)
     if c.launcher == "composer":
         return _composer_world(c, facts, req, prov, launch, warnings)
@@ -498,6 +501,7 @@ def _launch_world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest
                     return World(n, launch.where, None)
     if srun:
         nt = _int_text(srun_opts.get("ntasks"))
+        nt_origin = launch.where     # where the task count comes from: srun's own option first
         if nt is None and srun_opts.get("ntasks-per-node"):
             per = _int_text(srun_opts.get("ntasks-per-node"))
             nn = _int_text(srun_opts.get("nodes")) or nodes
@@ -505,18 +509,19 @@ def _launch_world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest
                 return World(per * nn, launch.where, per)
         if nt is None:
             if req.ntasks:
-                nt = req.ntasks
+                nt, nt_origin = req.ntasks, prov.get("request.ntasks", launch.where)
             elif req.ntasks_per_node and nodes:
-                nt = req.ntasks_per_node * nodes
+                nt, nt_origin = req.ntasks_per_node * nodes, prov.get("request.ntasks_per_node", launch.where)
             elif nodes:
-                nt = nodes
+                nt, nt_origin = nodes, prov.get("request.nodes", launch.where)
         if nt is None:
             return World(unknown="number of tasks unknown", origin=launch.where)
         per = (nt // nodes) if nodes and nt % nodes == 0 else None
         if gpn and nodes and nt != nodes * gpn and (per is None or not prov.get(GPN_EXACT)):
             # (with the request's own GPU count, _check_request says it)
-            warnings.append(f"srun starts {nt} task(s) (one rank each) on {nodes} node(s) with {gpn} GPU(s) each")
-        return World(nt, prov.get("request.ntasks", prov.get("request.ntasks_per_node", launch.where)), per)
+            warnings.append(f"srun starts {nt} task(s) (one rank each) on {nodes} node(s) with {gpn} GPU(s) each "
+                            f"({nt_origin})")
+        return World(nt, nt_origin, per)
     if nodes and gpn and nodes * gpn > 1 and c.framework_hint != "nemo":    # Lightning starts NeMo's ranks
         warnings.append(f"the training script runs as a single process (no srun/torchrun/deepspeed): "
                         f"it uses 1 GPU of the {nodes * gpn} requested")

@@ -117,7 +117,7 @@ class Shell:
         self.warnings = warnings
         self.vars: dict[str, _Var] = {k: _Var([(v if v.isascii() else valid_unicode(v), origin)], None, True)
                                       for k, (v, origin) in env.items()}
-        self.funcs: dict[str, object] = {}
+        self.funcs: dict[str, tuple] = {}     # name -> (body, the file it was defined in)
         self.positional: list = []
         self.script_name = ""
         self.label = ""
@@ -127,7 +127,7 @@ class Shell:
         self.capture_unknown: list = []  # reasons an enclosing $( ) is unknown
         self.vfs: dict[str, VFile] = {}
         self.launches: list[Launch] = []
-        self.inner_batches: list[tuple[str, str]] = []
+        self.inner_batches: list[tuple[str, str, int]] = []   # (script, where sbatch is, its first line)
         self.wrapper_stack: list = []
         self.env_incomplete: Optional[str] = None
         self.local_frames: list = []
@@ -353,7 +353,7 @@ class Shell:
                     self._subshell -= 1
             return self.exec_body(node.body)
         if t is FuncDef:
-            self.funcs[node.name] = node.body
+            self.funcs[node.name] = (node.body, self.label)   # its lines are that file's
             return 0
         if t is ArithCmd:
             v = self._arith_value(node.expr, node.line)
@@ -666,14 +666,15 @@ class Shell:
             return self._child_shell(c, heredoc, where)
         if c.kind == "sbatch":
             if heredoc is not None:
-                self.inner_batches.append((_flat(heredoc), where))
+                # (with the line its body starts on: the job's lines are named as this script's)
+                self.inner_batches.append((_flat(heredoc), where, _line_of(heredoc[0][1]) if heredoc else 1))
             return 0
         if c.kind == "launch":
             self.launches.append(Launch(toks, where, list(self.wrapper_stack) + c.wrappers,
                                         self.snapshot_env(), self.cwd, c))
             return 0
         if c.kind == "eval-args":
-            return self._eval_text(" ".join(t.text for t in c.args), where)
+            return self._eval_text([list(t.segs) for t in c.args], where)
         self._redirect_outputs_unknown(node, argv, where)
         return None
 
@@ -755,12 +756,19 @@ class Shell:
             self.launches.append(Launch(c.args, where, list(self.wrapper_stack) + c.wrappers + c2.wrappers,
                                         self.snapshot_env(), self.cwd, c2))
 
-    def _eval_text(self, text: str, where: str) -> Optional[int]:
+    def _eval_text(self, words: list, where: str) -> Optional[int]:
+        """`eval WORD…`: the words joined by spaces run as script text, each piece named where it
+        was written (`CMD='…'` over several lines, then `eval "srun $CMD"`: the line in CMD)."""
         if self.depth >= MAX_CALL_DEPTH:
             raise CannotPredict("eval nested too deeply", where)
+        segs: list = []
+        for i, word in enumerate(words):
+            if i:
+                segs.append((" ", where))
+            segs.extend(word)
         self.depth += 1
         try:
-            self._run_text(text, self.label, max(_line_of(where) - 1, 0))
+            self._run_text(_flat(segs), self.label, 0, _origin_map(segs))
         finally:
             self.depth -= 1
         return self.status
@@ -772,11 +780,14 @@ class Shell:
         self.positional = argv[1:]
         self.depth += 1
         self.local_frames.append({})
+        body, saved_label = self.funcs[name], self.label
+        self.label = body[1]      # a function from a sourced file is named in that file
         try:
-            return self.exec_node(self.funcs[name])
+            return self.exec_node(body[0])
         except _Return:
             return self.status
         finally:
+            self.label = saved_label
             frame = self.local_frames.pop()
             for k, old in frame.items():
                 if old is None:
@@ -1593,7 +1604,7 @@ def _b_set(sh, argv, node, decl, where):
 
 
 def _b_eval(sh, argv, node, decl, where):
-    return sh._eval_text(" ".join(_flat(a) for a in argv[1:]), where)
+    return sh._eval_text(argv[1:], where)
 
 
 def _b_exit(sh, argv, node, decl, where):
