@@ -399,8 +399,9 @@ def _zero(d: Derived, f: Facts, framework: str) -> None:
     if framework == "megatron-deepspeed" or framework == "deepspeed":
         if f.get("ds_zero_stage") is not None:
             if f.known("cli_zero_stage") and f.known("ds_zero_stage") and f.val("cli_zero_stage") != f.val("ds_zero_stage"):
-                d.warnings.append(f"--zero-stage {f.val('cli_zero_stage')} differs from the DeepSpeed config's "
-                                  f"zero_optimization.stage {f.val('ds_zero_stage')}; the engine uses the config")
+                d.warnings.append(f"--zero-stage {f.val('cli_zero_stage')} ({f.origin('cli_zero_stage')}) differs from "
+                                  f"the DeepSpeed config's zero_optimization.stage {f.val('ds_zero_stage')} "
+                                  f"({f.origin('ds_zero_stage')}); the engine uses the config")
             _copy(d, f, "ds_zero_stage", "layout.zero_stage")
             if not f.known("ds_zero_stage"):
                 d.job_dict["layout"]["zero_stage"] = 0   # DeepSpeed's default, not the predictor's

@@ -761,7 +761,7 @@ def _pipeline_split(f: Facts, deepspeed: bool) -> None:
         # Megatron-DeepSpeed hands its own layer list to DeepSpeed's PipelineModule
         # (partition_method type:transformer); the Megatron-LM options below are not its own.
         for fact, flag in given:
-            f.warnings.append(f"{flag} is a Megatron-LM option; Megatron-DeepSpeed ignores it")
+            f.warnings.append(f"{flag} is a Megatron-LM option; Megatron-DeepSpeed ignores it ({f.origin(fact)})")
             del f.d[fact]
         if f.val("pp", 1) > 1:
             f.warnings.append("pipeline split: Megatron-DeepSpeed's DeepSpeed partitioning "
@@ -773,5 +773,5 @@ def _pipeline_split(f: Facts, deepspeed: bool) -> None:
     if pp is not None and pp < 2:
         for fact, flag in given:
             if fact in ("first_stage_layers", "last_stage_layers"):
-                f.warnings.append(f"{flag} has no effect with one pipeline stage")
+                f.warnings.append(f"{flag} has no effect with one pipeline stage ({f.origin(fact)})")
                 del f.d[fact]

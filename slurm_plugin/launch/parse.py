@@ -134,7 +134,7 @@ def _parse(res: ParsedScript, path, text, label, request, reader, env, default_g
         work_dir = join_path(work_dir, directives.chdir)
     array_first = array_first_index(req.array)
     if req.array and array_first is not None and not re.fullmatch(r"\s*\d+\s*", req.array):
-        warnings.append(f"job array {req.array}: predicting array task {array_first}")
+        warnings.append(f"job array {req.array}: predicting array task {array_first} ({prov.get('request.array', label)})")
     # ------------------------------------------------------------------ environment
     u = Unknowns()
     shell_env: dict = {}

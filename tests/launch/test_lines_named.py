@@ -82,3 +82,14 @@ def test_a_layout_the_gpus_do_not_divide_names_both_sides(tmp_path):
     error = res.error.replace(f"{tmp_path}/", "")
     assert error.startswith("cannot predict: 16 GPUs (job.sbatch:7) are not divisible by pp×tp×cp = 4×3×1 "
                             "(pp job.sbatch:5) — tp = 3 (job.sbatch:6)"), error
+
+
+def test_warnings_about_one_flag_name_its_line(tmp_path):
+    script = ("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --gpus-per-node=8\n#SBATCH --array=3-9%2\n"
+              f"srun torchrun --nproc_per_node 8 pretrain_gpt.py {MODEL} \\\n"
+              "    --decoder-first-pipeline-num-layers 4\n")
+    res = parse_in(tmp_path, script)
+    assert res.job is not None, res.error
+    said = [w.replace(f"{tmp_path}/", "") for w in res.warnings]
+    assert "--decoder-first-pipeline-num-layers has no effect with one pipeline stage (job.sbatch:6)" in said, said
+    assert "job array 3-9%2: predicting array task 3 (job.sbatch:4)" in said, said
