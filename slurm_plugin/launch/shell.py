@@ -34,7 +34,7 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 # Commands that change nothing we model; they succeed.
 _NOOPS = {
     ":", "true", "mkdir", "rm", "touch", "module", "ml", "conda", "ulimit", "trap", "wait", "sleep",
-    "umask", "set", "shopt", "alias", "unalias", "hash", "type", "chmod", "chown", "ln", "mv", "cp",
+    "umask", "set", "shopt", "alias", "unalias", "hash", "type", "chmod", "chown", "ln", "mv",
     "history", "disown", "nvidia-smi", "sync", "clear", "logger", "micromamba", "mamba", "spack",
     "echo_err", "setopt", "rocm-smi", "lfs", "env_parallel", "srun_noop",
 }
@@ -820,24 +820,7 @@ class Shell:
         text = _flat(value)
         if len(f.text) + len(text) > MAX_VFS_BYTES:
             raise CannotPredict(f"file {path} written by the script grows beyond {MAX_VFS_BYTES >> 10} KiB", where)
-        # Origin of each line, one per line (line N of the file is line_origins[N - 1], empty lines
-        # too): the last piece on it with a letter or digit, so that `"stage": $ZERO_STAGE` points
-        # at the line that set ZERO_STAGE, not at the heredoc; an empty line, the piece that ends it.
-        origins = f.line_origins
-        has_origin = not (f.text == "" or f.text.endswith("\n"))   # the file's last line, still open
-        for seg_text, origin in value:
-            pieces = seg_text.split("\n")
-            for i, piece in enumerate(pieces):
-                if i:
-                    if not has_origin:
-                        origins.append(origin)
-                    has_origin = False
-                if piece:
-                    if not has_origin:
-                        origins.append(origin)
-                        has_origin = True
-                    elif _ALNUM.search(piece):
-                        origins[-1] = origin
+        _add_line_origins(f.line_origins, value, open_line=not (f.text == "" or f.text.endswith("\n")))
         f.text += text
 
     def _vfs_unknown(self, path: str, reason: str, where: str) -> None:
@@ -1781,10 +1764,13 @@ def _b_sed(sh: Shell, argv, node, decl, where):
                 return None
             subs.append(m.groups()[1:])
     texts = []
+    stdin_origins: Optional[list] = None
     for f in files or ["-"]:
         if f == "-":
             hd = sh._stdin_heredoc(node)
             t = _flat(hd) if hd is not None else None
+            if hd is not None:
+                stdin_origins = _line_origins(hd)
         else:
             t = sh._read_any(sh._path(f), where, what="sed input")
         if t is None:
@@ -1812,7 +1798,12 @@ def _b_sed(sh: Shell, argv, node, decl, where):
                     new = rx.sub(rep_py, new, count=count)
                 except (re.error, IndexError):
                     pass
-            origin = where if (new != line or f == "-") else f"{src}:{i}"
+            if new != line:
+                origin = where      # the line sed changed: named at the sed command
+            elif f != "-":
+                origin = f"{src}:{i}"
+            else:                   # a here-document line sed left alone: where it was written
+                origin = stdin_origins[i - 1] if stdin_origins and i <= len(stdin_origins) else where
             segs.append((new + "\n", origin))
         if segs and not t.endswith("\n"):
             segs[-1] = (segs[-1][0][:-1], segs[-1][1])
@@ -1822,6 +1813,32 @@ def _b_sed(sh: Shell, argv, node, decl, where):
             sh._write_vfs(sh._path(f), segs, False, where)
         else:
             sh.emit(segs, node, where, append_nl=False)
+    return 0
+
+
+def _b_cp(sh: Shell, argv, node, decl, where):
+    """`cp [-fpv…] SRC DST`: DST is SRC's text, each line still named where SRC has it (a template
+    copied and then filled in by `sed -i`).  Other forms (several sources, -r, unknown names) copy
+    nothing we could know: DST, where known, is a file of unknown text."""
+    args = [_flat(a) for a in argv[1:]]
+    opts = [a for a in args if a.startswith("-") and a != "-"]
+    paths = [a for a in args if not (a.startswith("-") and a != "-")]
+    simple = len(paths) == 2 and all(re.fullmatch(r"-[fpvn]+|--force|--preserve|--verbose", o) for o in opts)
+    if not simple or any(MARK_OPEN in p for p in paths):
+        if paths and MARK_OPEN not in paths[-1] and not paths[-1].endswith("/"):
+            sh._vfs_unknown(sh._path(paths[-1]), f"written at run time by `{_short(argv)}` ({where})", where)
+        return 0
+    src_path, dst = sh._path(paths[0]), paths[1]
+    dst_path = sh._path(dst)
+    if dst.endswith("/") or dst in (".", ".."):      # (a directory by any other name is not known here)
+        dst_path = join_path(dst_path, posixpath.basename(src_path))
+    text = sh._read_any(src_path, where, what="file copied")
+    if text is None:
+        sh._vfs_unknown(dst_path, f"a copy of {src_path}, which could not be read ({where})", where)
+        return 0
+    f = sh.vfs.get(src_path)
+    sh._write_vfs(dst_path, _lines_with_origin(text, src_path, f.line_origins if f is not None else None),
+                  False, where)
     return 0
 
 
@@ -1933,7 +1950,7 @@ _BUILTINS: dict[str, Callable] = {
     "let": _b_let, "read": _b_read, "echo": _b_echo, "printf": _b_printf, "cat": _b_cat, "tee": _b_tee,
     "sed": _b_sed, "pwd": _b_pwd, "dirname": _b_dirname, "basename": _b_basename, "realpath": _b_realpath,
     "readlink": _b_realpath, "seq": _b_seq, "expr": _b_expr, "command": _b_command, "builtin": _b_command,
-    "exec": _b_exec, "true": _b_noop_cap, ":": _b_noop_cap,
+    "exec": _b_exec, "true": _b_noop_cap, ":": _b_noop_cap, "cp": _b_cp,
 }
 # Builtins whose output inside $( ) we can know.
 _PURE = {"echo", "printf", "pwd", "dirname", "basename", "realpath", "readlink", "seq", "expr", "cat", "sed",
@@ -1942,6 +1959,33 @@ _PURE = {"echo", "printf", "pwd", "dirname", "basename", "realpath", "readlink",
 
 
 # ====================================================================== helpers
+def _add_line_origins(origins: list, segs: list, open_line: bool) -> None:
+    """Append to ``origins`` the origin of each line ``segs`` (text, origin) write, one per line
+    (line N is origins[N - 1], empty lines too): the last piece on it with a letter or digit, so
+    that `"stage": $ZERO_STAGE` points at the line that set ZERO_STAGE, not at the heredoc; an
+    empty line, the piece that ends it.  ``open_line``: the last line so far is unfinished and has
+    its origin already."""
+    for seg_text, origin in segs:
+        for i, piece in enumerate(seg_text.split("\n")):
+            if i:
+                if not open_line:
+                    origins.append(origin)
+                open_line = False
+            if piece:
+                if not open_line:
+                    origins.append(origin)
+                    open_line = True
+                elif _ALNUM.search(piece):
+                    origins[-1] = origin
+
+
+def _line_origins(segs: list) -> list:
+    """The origin of each line of the text ``segs`` make (:func:`_add_line_origins`)."""
+    origins: list = []
+    _add_line_origins(origins, segs, open_line=False)
+    return origins
+
+
 def _lines_with_origin(text: str, path: Optional[str], origins: Optional[list] = None) -> list:
     """A file's text as one segment per line, each naming ``path:line`` or ``origins[line]`` (linear)."""
     out: list = []

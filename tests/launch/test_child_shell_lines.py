@@ -63,3 +63,45 @@ def test_a_written_config_with_empty_lines_names_the_keys_own_line(tmp_path):
     assert res.job is None, res.job
     assert "'gradient_accumulation_stepz' is not a DeepSpeed config key" in res.error, res.error
     assert res.error.endswith("job.sbatch:12)"), res.error   # line 12: the key's own line
+
+
+DS_LAUNCH = ("srun python pretrain_gpt.py --num-layers 24 --hidden-size 2048 --num-attention-heads 16 "
+             "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 32 "
+             "--bf16 --train-iters 100 --deepspeed --deepspeed_config {cfg}\n")
+TEMPLATE = ('{\n  "train_micro_batch_size_per_gpu": 1,\n\n  "zero_optimization": {"stage": 1},\n'
+            '  "bf16": {"enabled": true}\n}\n')
+
+
+def test_a_config_copied_then_edited_by_sed_is_read_from_the_copy(tmp_path):
+    # `cp` was a no-op: the copy could not be read, and the `sed -i` that breaks it went unseen
+    script = (HEAD + "cp base.json ds.json\nsed -i 's/zero_optimization/zero_optimisation/' ds.json\n"
+              + DS_LAUNCH.format(cfg="ds.json"))
+    res = parse_in(tmp_path, script, files={"base.json": TEMPLATE})
+    assert res.job is None, res.job
+    assert "'zero_optimisation' is not a DeepSpeed config key" in res.error, res.error
+    assert res.error.endswith("job.sbatch:7)"), res.error      # the sed line that changed it
+
+
+def test_a_copy_into_a_directory_keeps_the_templates_lines(tmp_path):
+    script = HEAD + "mkdir -p cfg\ncp -f base.json cfg/\n" + DS_LAUNCH.format(cfg="cfg/base.json")
+    res = parse_in(tmp_path, script, files={"base.json": TEMPLATE.replace('"stage": 1', '"stage": 3')})
+    assert res.job is not None, res.error
+    assert res.job.layout.zero_stage == 3
+    assert res.provenance["layout.zero_stage"].endswith("base.json:4"), res.provenance
+
+
+def test_a_copy_from_an_unknown_source_leaves_the_target_unknown(tmp_path):
+    script = HEAD + "cp -f $SRC ds.json\n" + DS_LAUNCH.format(cfg="ds.json")
+    res = parse_in(tmp_path, script, files={"ds.json": TEMPLATE})     # not the file the job reads
+    assert res.job is None, res.job
+    assert "config ds.json is written at run time by `cp -f ds.json`" in res.error, res.error
+
+
+def test_sed_on_a_here_document_names_the_lines_it_left_alone_where_they_were_written(tmp_path):
+    script = (HEAD + "STAGE=1\nsed \"s/STAGE/$STAGE/\" > ds.json <<'JSON'\n{\n  \"train_micro_batch_size_per_gpu\": 1,\n"
+              "  \"zero_optimization\": {\"stage\": STAGE},\n  \"zero_optimisation\": {},\n  \"bf16\": {\"enabled\": true}\n"
+              "}\nJSON\n" + DS_LAUNCH.format(cfg="ds.json"))
+    res = parse_in(tmp_path, script)
+    assert res.job is None, res.job
+    assert "'zero_optimisation' is not a DeepSpeed config key" in res.error, res.error
+    assert res.error.endswith("job.sbatch:11)"), res.error     # its own line; line 10 is sed's (changed)
