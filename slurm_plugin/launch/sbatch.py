@@ -403,6 +403,7 @@ def read_directives(text: str, label: str, budget: Optional[Budget] = None) -> D
     while pos <= n:
         # line by line without splitting the whole (maybe 4 MiB) text: the header is short
         nl = text.find("\n", pos)
+        line_at = pos
         line = text[pos:] if nl < 0 else text[pos:nl]
         pos = n + 1 if nl < 0 else nl + 1
         lineno += 1
@@ -411,6 +412,7 @@ def read_directives(text: str, label: str, budget: Optional[Budget] = None) -> D
         if not s:
             continue
         if not s.startswith("#"):
+            _late_directive(d, text, line_at, label, lineno)
             break
         if not line.startswith("#SBATCH"):
             continue   # '# #SBATCH', '##SBATCH' and indented ones are comments to sbatch
@@ -439,6 +441,21 @@ def read_directives(text: str, label: str, budget: Optional[Budget] = None) -> D
 
 
 _REQUEST_FIELDS = tuple(f.name for f in fields(SlurmRequest))
+
+
+def _late_directive(d: Directives, text: str, command_at: int, label: str, command_line: int) -> None:
+    """Say the first ``#SBATCH`` line after the first command: sbatch stops reading directives
+    there, so the option it sets is not the job's (a user who adds one at the end of the script
+    gets the default without a word from sbatch).  Not one after a ``<<`` (a heredoc's, as a
+    script written or submitted by this one).  One search, not a scan of every line."""
+    i = text.find("\n#SBATCH", command_at)
+    while i >= 0 and i + 8 < len(text) and not text[i + 8].isspace():
+        i = text.find("\n#SBATCH", i + 8)      # '#SBATCHX'
+    if i < 0 or text.find("<<", command_at, i) >= 0:
+        return
+    line = text.count("\n", 0, i) + 2
+    d.warnings.append(f"#SBATCH line after the script's first command ({label}:{command_line}) is ignored by "
+                      f"sbatch: move it above that command ({label}:{line})")
 
 
 def merge_request(script: Directives, caller: Optional[SlurmRequest]) -> tuple[SlurmRequest, dict[str, str]]:

@@ -285,3 +285,23 @@ def test_torchtitan_async_tp_is_said_not_modelled(tmp_path):
     assert any("enable_async_tensor_parallel is not modelled" in w for w in res.warnings), res.warnings
     plain = parse_in(tmp_path, (src / "job.sbatch").read_text(), {"llama3_8b.toml": (src / "llama3_8b.toml").read_text()})
     assert not any("async" in w for w in plain.warnings)
+
+
+def test_an_sbatch_line_after_the_first_command_is_said_ignored():
+    from slurm_plugin.launch.sbatch import read_directives
+    text = "#!/bin/bash\n#SBATCH -N 1\n\nmodule load x\n#SBATCH --gpus-per-node=8\n#SBATCH --time=1:00:00\nsrun x\n"
+    d = read_directives(text, "job.sbatch")
+    assert d.request.gpus_per_node is None          # as sbatch reads it: not the job's
+    assert d.warnings == ["#SBATCH line after the script's first command (job.sbatch:4) is ignored by sbatch: "
+                          "move it above that command (job.sbatch:5)"]
+
+
+@pytest.mark.parametrize("text", [
+    "#!/bin/bash\n#SBATCH -N 1\nsrun x\n",                                      # none after
+    "#!/bin/bash\n#SBATCH -N 1\ncat > job2.sh <<EOF\n#!/bin/bash\n#SBATCH -N 2\nEOF\n",   # a heredoc's
+    "#!/bin/bash\nsbatch <<EOF\n#!/bin/bash\n#SBATCH -N 2\nsrun x\nEOF\n",
+    "#!/bin/bash\n#SBATCH -N 1\necho\n#SBATCHX not a directive\n",
+])
+def test_sbatch_lines_that_are_not_the_jobs_say_nothing(text):
+    from slurm_plugin.launch.sbatch import read_directives
+    assert not [w for w in read_directives(text, "job.sbatch").warnings if "first command" in w]
