@@ -1,6 +1,7 @@
 """parse_script: batch script (+ the configs it names) -> ParsedScript. Never executes, never raises."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import posixpath
 import re
@@ -392,7 +393,8 @@ def _external_ranks(launch: Launch, c: Classified) -> bool:
     return c.launcher != "none" or bool(_wrappers(launch, "srun") or _wrappers(launch, "mpirun"))
 
 
-def _check_request(world: World, source: tuple[str, str], req: SlurmRequest, prov: dict, warnings: list) -> None:
+def _check_request(world: World, source: tuple[str, str], req: SlurmRequest, prov: dict, warnings: list,
+                   gives: str = "the request gives") -> None:
     """Ranks per node against the GPUs the request gives a node (when it fixes them). More ranks
     than GPUs cannot run: each rank takes the GPU of its local rank, and those beyond the node's
     GPUs stop at start-up (CUDA "invalid device ordinal"). Fewer ranks run on fewer GPUs: that
@@ -404,10 +406,10 @@ def _check_request(world: World, source: tuple[str, str], req: SlurmRequest, pro
     gpn_origin = prov.get("request.gpus_per_node", "request")
     if per > gpn:
         beyond = f"rank {gpn}" if per == gpn + 1 else f"ranks {gpn}–{per - 1}"
-        raise CannotPredict(f"{what} but the request gives a node {gpn} GPU(s) ({gpn_origin}): {beyond} of each "
+        raise CannotPredict(f"{what} but {gives} a node {gpn} GPU(s) ({gpn_origin}): {beyond} of each "
                             f"node find no GPU and the job stops at start-up (CUDA: invalid device ordinal)", origin)
     nodes = f"{world.gpus // per} node(s) × {per}" if world.gpus and world.gpus % per == 0 else f"{per} per node"
-    warnings.append(f"{what} ({origin}) but the request gives a node {gpn} GPUs ({gpn_origin}): the job runs on "
+    warnings.append(f"{what} ({origin}) but {gives} a node {gpn} GPUs ({gpn_origin}): the job runs on "
                     f"{per} of each node's {gpn} GPUs — predicting the {world.gpus} GPU(s) it uses ({nodes})")
 
 
@@ -445,7 +447,14 @@ def _world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov:
            warnings: list) -> World:
     """The ranks the launch starts (and per node), checked against the GPUs the request gives a node."""
     world = _launch_world(launch, c, facts, req, prov, sh, warnings)
-    _check_request(world, _rank_source(c, facts, launch, world), req, prov, warnings)
+    gives = "the request gives"
+    step_gpn = _int_text({k: v for w in _wrappers(launch, "srun") for k, v in w.opts}.get("gpus-per-node"))
+    if step_gpn and (req.gpus_per_node is None or step_gpn < req.gpus_per_node):
+        # srun's own --gpus-per-node gives its step fewer GPUs than the job has: the ranks see those
+        req = dataclasses.replace(req, gpus_per_node=step_gpn)
+        prov = {**prov, GPN_EXACT: "srun --gpus-per-node", "request.gpus_per_node": launch.where}
+        gives = f"srun --gpus-per-node={step_gpn} gives"
+    _check_request(world, _rank_source(c, facts, launch, world), req, prov, warnings, gives)
     return world
 
 

@@ -183,3 +183,15 @@ def test_batch_script_is_still_a_batch_script(tmp_path, capsys):
     (tmp_path / "run.sh").write_text(_script("--nodes=2 --gpus-per-node=8", "torchrun --nproc_per_node 8 "
                                                                              "--nnodes 2 "))
     assert main([str(tmp_path / "run.sh"), "--platform", "dgx-h100"]) == 0, capsys.readouterr().err
+
+
+def test_srun_s_own_gpus_per_node_are_the_ranks_gpus(tmp_path):
+    # the job has 8 GPUs a node, but srun gives its step 4: torchrun's 8 ranks find 4
+    res = parse_in(tmp_path, _script("--nodes=2|--gpus-per-node=8|--ntasks-per-node=1",
+                                     "srun --gpus-per-node=4 torchrun --nproc_per_node 8 --nnodes 2 "))
+    assert res.job is None, res.job
+    assert ("torchrun --nproc_per_node 8 starts 8 rank(s) per node but srun --gpus-per-node=4 gives a node "
+            "4 GPU(s) (") in res.error, res.error
+    res = parse_in(tmp_path, _script("--nodes=2|--gpus-per-node=8|--ntasks-per-node=1",
+                                     "srun --gpus-per-node=8 torchrun --nproc_per_node 8 --nnodes 2 "))
+    assert res.job is not None, res.error
