@@ -184,6 +184,11 @@ def classify(toks: list, where: str = "") -> Classified:
                 return c
             c.kind, c.script, c.args = "bash-file", toks[j], toks[j + 1:]
             return c
+        if b.endswith(".sh") and "/" in t and b != ".sh":
+            # `srun ./train.sh`: a shell script run by its path is read as `bash ./train.sh` (its
+            # #! line is not read; a .sh script is a shell's)
+            c.kind, c.script, c.args = "bash-file", toks[i], toks[i + 1:]
+            return c
         if b == "sbatch":
             c.kind = "sbatch"
             return c

@@ -105,3 +105,8 @@ def test_sed_on_a_here_document_names_the_lines_it_left_alone_where_they_were_wr
     assert res.job is None, res.job
     assert "'zero_optimisation' is not a DeepSpeed config key" in res.error, res.error
     assert res.error.endswith("job.sbatch:11)"), res.error     # its own line; line 10 is sed's (changed)
+
+
+def test_a_shell_script_run_by_its_path_is_followed(tmp_path):
+    res = parse_in(tmp_path, HEAD + "srun ./launch.sh\n", files={"launch.sh": "#!/bin/bash\nset -e\n" + TYPO})
+    _stopped_at(res, "launch.sh:3")
