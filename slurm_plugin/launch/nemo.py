@@ -25,7 +25,7 @@ from predictor.errors import did_you_mean
 from . import megatron, moe
 from .configs import Config, check_duplicates, to_bool, to_int, to_number
 from .facts import Facts
-from .limits import MAX_INTERPOLATION_DEPTH, CannotPredict
+from .limits import MAX_INTERPOLATION_DEPTH, MAX_KEY_SUGGESTIONS, CannotPredict
 from .neox_keys import refuse_choice, suggest
 from .overlap import set_overlaps
 from .values import MARK_OPEN, Tok
@@ -54,6 +54,93 @@ model.transformer_engine model.masked_softmax_fusion model.fp8 model.fp8_recipe 
 model.num_moe_experts model.make_vocab_size_divisible_by model.tokenizer.model model.tokenizer.type
 model.tokenizer.vocab_file model.window_size model.window_attn_skip_freq
 """.split())
+
+# Keys NeMo 1.x configs hold where this reader reads (besides READ_KEYS), so that a key near one it
+# reads is not taken for a misspelling of it (expert_model_parallel_size is no typo of
+# pipeline_model_parallel_size). Sources: NeMo's examples/nlp/language_modeling/conf/megatron_gpt_config.yaml
+# and megatron_llama_config.yaml (model, exp_manager), MegatronBaseModel / build_transformer_config
+# (the model keys they read), Lightning's Trainer arguments (1.x and 2.x) and exp_manager's
+# ExpManagerConfig / CallbackParams (nemo/utils/exp_manager.py).  Megatron-core's TransformerConfig and
+# ModelParallelConfig fields, which NeMo passes on from the model config, near a read key are here too
+# (tests/launch/test_nemo.py checks every field of the installed megatron-core).
+_KNOWN_KEYS = {
+    "trainer": """accelerator strategy devices num_nodes precision logger callbacks fast_dev_run max_epochs min_epochs
+        max_steps min_steps max_time limit_train_batches limit_val_batches limit_test_batches limit_predict_batches
+        overfit_batches val_check_interval check_val_every_n_epoch num_sanity_val_steps log_every_n_steps
+        enable_checkpointing enable_progress_bar enable_model_summary accumulate_grad_batches gradient_clip_val
+        gradient_clip_algorithm deterministic benchmark inference_mode use_distributed_sampler profiler
+        detect_anomaly barebones plugins sync_batchnorm reload_dataloaders_every_n_epochs default_root_dir
+        model_registry gpus tpu_cores ipus hpus num_processes auto_select_gpus replace_sampler_ddp amp_backend
+        amp_level resume_from_checkpoint track_grad_norm weights_save_path flush_logs_every_n_steps
+        progress_bar_refresh_rate checkpoint_callback stochastic_weight_avg move_metrics_to_cpu
+        multiple_trainloader_mode terminate_on_nan weights_summary prepare_data_per_node auto_lr_find
+        auto_scale_batch_size log_gpu_memory process_position""",
+    "model": """mcore_gpt micro_batch_size global_batch_size rampup_batch_size tensor_model_parallel_size
+        pipeline_model_parallel_size virtual_pipeline_model_parallel_size context_parallel_size
+        expert_model_parallel_size expert_tensor_parallel_size pipeline_model_parallel_split_rank encoder_seq_length
+        decoder_seq_length seq_length max_position_embeddings num_layers hidden_size ffn_hidden_size
+        num_attention_heads init_method_std use_scaled_init_method hidden_dropout attention_dropout ffn_dropout
+        kv_channels apply_query_key_layer_scaling normalization layernorm_epsilon do_layer_norm_weight_decay
+        make_vocab_size_divisible_by pre_process post_process persist_layer_norm bias activation headscale
+        transformer_block_type openai_gelu normalize_attention_scores position_embedding_type rotary_percentage
+        rotary_base rotary_interleaved attention_type share_embeddings_and_output_weights overlap_p2p_comm
+        batch_p2p_comm num_query_groups tokenizer native_amp_init_scale native_amp_growth_interval hysteresis
+        fp32_residual_connection fp16_lm_cross_entropy megatron_amp_O2 grad_allreduce_chunk_size_mb
+        grad_div_ar_fusion gradient_accumulation_fusion bias_activation_fusion bias_dropout_add_fusion
+        masked_softmax_fusion get_attention_mask_from_fusion apply_rope_fusion seed resume_from_checkpoint
+        use_cpu_initialization onnx_safe apex_transformer_log_level gradient_as_bucket_view sync_batch_comm
+        activations_checkpoint_granularity activations_checkpoint_method activations_checkpoint_num_layers
+        num_micro_batches_with_partial_activation_checkpoints activations_checkpoint_layers_per_pipeline
+        sequence_parallel transformer_engine fp8 fp8_e4m3 fp8_hybrid fp8_margin fp8_interval fp8_amax_history_len
+        fp8_amax_compute_algo fp8_wgrad fp8_params fp8_recipe fp8_dot_product_attention fp8_multi_head_attention
+        reduce_amax use_emha ub_tp_comm_overlap ub_tp_comm_overlap_cfg tp_comm_overlap_ag tp_comm_overlap_rs
+        use_flash_attention cpu_offloading cpu_offloading_num_layers cpu_offloading_activations
+        cpu_offloading_weights sharp mem_profile_path data nsys_profile optim gc_interval
+        seq_len_interpolation_factor num_moe_experts moe_router_topk moe_grouped_gemm moe_token_dispatcher_type
+        moe_aux_loss_coeff moe_z_loss_coeff moe_router_load_balancing_type moe_input_jitter_eps
+        moe_per_layer_logging moe_extended_tp moe_router_pre_softmax moe_shared_expert_intermediate_size
+        moe_layer_freq moe_ffn_hidden_size moe_router_score_function moe_router_num_groups moe_router_group_topk
+        moe_router_topk_scaling_factor moe_router_enable_expert_bias moe_router_bias_update_rate
+        moe_permute_fusion fsdp fsdp_sharding_strategy fsdp_grad_reduce_dtype fsdp_sharded_checkpoint
+        fsdp_use_orig_params shape_file deterministic_mode use_te_rng_tracker te_rng_tracker attention_backend
+        qk_layernorm layernorm_zero_centered_gamma scale_positional_embedding num_layers_in_first_pipeline_stage
+        num_layers_in_last_pipeline_stage account_for_embedding_in_pipeline_split
+        account_for_loss_in_pipeline_split nccl_communicator_config_path use_tp_pp_dp_mapping tp_only_amax_red
+        window_size window_attn_skip_freq dist_ckpt_format dist_ckpt_load_on_device dist_ckpt_parallel_save
+        dist_ckpt_parallel_load dist_ckpt_torch_dist_multiproc dist_ckpt_assume_constant_structure
+        dist_ckpt_load_strictness dist_ckpt_parallel_save_within_dp dist_ckpt_parallel_dist_opt name
+        restore_from_path peft megatron_legacy encoder_tp_size encoder_pp_size precision
+        mcore_customization_config spec_overrides context_parallel_algo cp_comm_type
+        defer_embedding_wgrad_compute wgrad_deferral_limit overlap_grad_reduce overlap_param_gather
+        align_grad_reduce align_param_gather async_tensor_model_parallel_allreduce external_cuda_graph
+        enable_cuda_graph use_transformer_engine_op_fuser num_tokentypes vocab_size padded_vocab_size
+        activation_func fp4_recipe mtp_num_layers pipeline_model_parallel_layout tp_comm_overlap""",
+    "model.optim": """name lr weight_decay betas eps momentum nesterov amsgrad sched bucket_cap_mb overlap_grad_sync
+        overlap_param_sync contiguous_grad_buffer contiguous_param_buffer grad_sync_dtype param_sync_dtype dtype
+        overlap_grad_reduce overlap_param_gather use_distributed_optimizer capturable foreach fused _target_""",
+    "model.tokenizer": """library type model vocab_file merge_file delimiter sentencepiece_legacy special_tokens
+        use_fast chat_template trust_remote_code bos_id eos_id additional_special_tokens r2l""",
+    "exp_manager": """explicit_log_dir exp_dir name version use_datetime_version resume_if_exists resume_past_end
+        resume_ignore_no_checkpoint resume_from_checkpoint create_tensorboard_logger summary_writer_kwargs
+        create_wandb_logger wandb_logger_kwargs create_mlflow_logger mlflow_logger_kwargs create_dllogger_logger
+        dllogger_logger_kwargs create_clearml_logger clearml_logger_kwargs create_neptune_logger
+        neptune_logger_kwargs create_checkpoint_callback checkpoint_callback_params create_early_stopping_callback
+        early_stopping_callback_params create_preemption_callback files_to_copy log_step_timing step_timing_kwargs
+        log_local_rank_0_only log_global_rank_0_only disable_validation_on_resume ema max_time_per_run
+        seconds_to_sleep create_straggler_detection_callback straggler_detection_params
+        create_fault_tolerance_callback fault_tolerance log_delta_step_timing log_tflops_per_sec_per_gpu""",
+    "exp_manager.checkpoint_callback_params": """filepath dirpath filename monitor verbose save_last save_top_k
+        save_weights_only mode auto_insert_metric_name every_n_epochs every_n_train_steps train_time_interval
+        prefix postfix save_best_model always_save_nemo save_nemo_on_train_end model_parallel_size
+        save_on_train_epoch_end async_save save_last_n_optim_states""",
+}
+# READ_KEYS by the mapping that holds them: {"model": {"num_layers", …}, "model.optim": {"name", …}, …}
+_READ_BY_SCOPE: dict = {}
+for _k in READ_KEYS:
+    _scope, _, _leaf = _k.rpartition(".")
+    _READ_BY_SCOPE.setdefault(_scope, set()).add(_leaf)
+READ_BY_SCOPE = {k: frozenset(v) for k, v in _READ_BY_SCOPE.items()}
+KNOWN_KEYS = {k: frozenset(v.split()) | READ_BY_SCOPE.get(k, frozenset()) for k, v in _KNOWN_KEYS.items()}
 
 _DELETE = object()
 _INTERP = re.compile(r"^\$\{(\.*)([A-Za-z0-9_.]+)\}$")
@@ -210,6 +297,47 @@ def check_overrides(cfg: Config, h: HydraArgs, warnings: list) -> None:
             raise CannotPredict(why, origin)
 
 
+def check_config_keys(cfg: Config, h: HydraArgs, warnings: list) -> None:
+    """A key of the base config, in a mapping this reader reads (model, trainer, model.optim, …),
+    that is a likely misspelling of a key it reads: NeMo reads the model's keys with defaults and
+    never looks at one it does not know (``pipline_model_parallel_size: 2`` trains with pp 1), and
+    Lightning's Trainer refuses an unknown argument at start, so the prediction stops, at the key's
+    line, with did-you-mean. Only near misses of read keys are said: NeMo's configs hold many keys
+    this reader does not read (:data:`KNOWN_KEYS` names those near the read ones), and any other key
+    passes in silence. When the key meant is set too, the misspelt one is only warned about."""
+    data = cfg.data if isinstance(cfg.data, dict) else {}
+    looked = 0
+    for scope, read in READ_BY_SCOPE.items():
+        node: Any = data
+        for p in scope.split("."):
+            node = node.get(p) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        known = KNOWN_KEYS[scope]
+        for key in node:
+            if not isinstance(key, str) or key in known:
+                continue
+            looked += 1
+            if looked > MAX_KEY_SUGGESTIONS:
+                return
+            guess = suggest(key, known)
+            if guess is None or guess not in read:
+                continue
+            dotted, meant = f"{scope}.{key}", f"{scope}.{guess}"
+            origin = cfg.origin(tuple(scope.split(".")) + (key,))
+            over = h.overrides.get(meant)
+            if guess in node or (over is not None and over[0] is not _DELETE):
+                where = cfg.origin(tuple(meant.split("."))) if guess in node else over[1]
+                warnings.append(f"{dotted} is not a NeMo config key and is ignored, so {meant} as set at {where} "
+                                f"stands; did you mean {meant}? ({origin})")
+                continue
+            if scope == "trainer":
+                raise CannotPredict(f"{dotted} is not an argument of Lightning's Trainer: NeMo stops at start "
+                                    f"(Trainer(**cfg.trainer) raises TypeError); did you mean {meant}?", origin)
+            raise CannotPredict(f"{dotted} is not a NeMo config key and would be ignored; did you mean {meant}? "
+                                f"(without it the job would be a different one)", origin)
+
+
 def _near_miss_addition(cfg: Config, key: str, origin: str, warnings: list) -> None:
     """``+a.b=v`` adds ``b`` to ``a``; when ``b`` looks like a misspelling of a key ``a`` has or NeMo
     reads there, NeMo starts and ignores the added key: warned."""
@@ -256,6 +384,7 @@ def read(cfg: Config, h: HydraArgs, f: Facts) -> None:
     if cfg.duplicates:     # Hydra composes with OmegaConf, whose YAML loader refuses a key twice
         check_duplicates(cfg, "Hydra (OmegaConf)", True, w)
     check_overrides(cfg, h, w)
+    check_config_keys(cfg, h, w)
     ne, ne_origin, found = v.get("model.num_moe_experts")
     if found:
         moe.check_count(ne, "model.num_moe_experts", ne_origin)

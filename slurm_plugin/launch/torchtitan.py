@@ -138,10 +138,20 @@ def check_keys(t: "Toml", warnings: list) -> None:
     """Every [section] key of the TOML and every ``--section.key`` override against TorchTitan's
     JobConfig. A likely misspelling of a key this reader uses stops the prediction (the job would be
     another one); other unknown keys are warnings. ``experimental.custom_args_module`` extends the
-    JobConfig with fields no list holds: then only the likely misspellings are said."""
+    JobConfig with fields no list holds: then only the likely misspellings are said.
+
+    A misspelt ``[section]`` header of the TOML is said once, at the header's line (its keys would
+    all be ignored): it stops the prediction when it holds a key this reader uses."""
     extended = isinstance(t.data.get("experimental"), dict) and t.data["experimental"].get("custom_args_module")
-    given = [(sect, key, t._origin(sect, key)) for sect, block in t.data.items() if isinstance(block, dict)
-             for key in block]
+    misspelt = set()
+    for sect, block in t.data.items():
+        if isinstance(block, dict) and sect not in JOB_CONFIG_KEYS:
+            guess_sect = suggest(sect, frozenset(JOB_CONFIG_KEYS))
+            if guess_sect is not None:
+                _misspelt_section(t, sect, guess_sect, block, warnings)
+                misspelt.add(sect)
+    given = [(sect, key, t._origin(sect, key)) for sect, block in t.data.items()
+             if isinstance(block, dict) and sect not in misspelt for key in block]
     given += [(sect, key, origin) for (sect, key), (_v, origin) in t.over.items()]
     for sect, key, origin in given:
         known = JOB_CONFIG_KEYS.get(sect)
@@ -170,6 +180,29 @@ def check_keys(t: "Toml", warnings: list) -> None:
                             f"({origin})")
         elif not extended:
             warnings.append(f"{name} is not a TorchTitan config key and is ignored ({origin})")
+
+
+def _misspelt_section(t: "Toml", sect: str, guess_sect: str, block: dict, warnings: list) -> None:
+    """``[paralelism]``: TorchTitan ignores the section and every key in it. Blamed on the header's
+    line (a dotted ``paralelism.key = …`` without a header: on the first key's)."""
+    origin = t._header_origin(sect)
+    if origin is None:
+        first = next(iter(block), None)
+        origin = t._origin(sect, first) if isinstance(first, str) else t.label
+    known = JOB_CONFIG_KEYS[guess_sect]
+    read = []
+    for key in block:
+        if not isinstance(key, str):
+            continue
+        meant = key if key in known else suggest(key, known)
+        if meant is not None and (guess_sect, meant) in _READ_KEYS:
+            read.append(key)
+    head = f"[{sect}] is not a section of TorchTitan's JobConfig; did you mean [{guess_sect}]?"
+    if read:
+        more = f" and {len(read) - 1} more" if len(read) > 1 else ""
+        raise CannotPredict(f"{head} (TorchTitan ignores the section, so {read[0]}{more} would not be set: "
+                            f"the job would be a different one)", origin)
+    warnings.append(f"{head} TorchTitan ignores the section and its keys ({origin})")
 
 
 def is_torchtitan(module: Optional[str], flags: set) -> bool:
@@ -208,7 +241,8 @@ def read_cli(args: list) -> tuple[Optional[Tok], dict]:
 
 
 def _line_map(text: str) -> dict:
-    """(section, key) -> line, by a plain scan (tomllib keeps no positions); linear in the text."""
+    """(section, key) -> line, and (section, None) -> its header's line, by a plain scan (tomllib
+    keeps no positions); linear in the text."""
     lines: dict = {}
     sect = ""
     for i, ln in enumerate(text.split("\n"), 1):
@@ -216,6 +250,7 @@ def _line_map(text: str) -> dict:
         m = re.match(r"\[\s*([A-Za-z0-9_.\-]+)\s*\]", s)
         if m:
             sect = m.group(1)
+            lines.setdefault((sect, None), i)       # the [section] header's own line
             continue
         m = re.match(r"([A-Za-z0-9_\-]+)\s*=", s)
         if m:
@@ -247,27 +282,79 @@ class Toml:
         line = self.lines.get((sect, key))
         if line is None:
             return self.label
+        return self._line_origin(line)
+
+    def _line_origin(self, line: int) -> str:
         if self.line_origins is not None and 0 < line <= len(self.line_origins):
             return self.line_origins[line - 1]
         return f"{self.label}:{line}"
 
-    def get(self, name: str) -> tuple[Any, str, bool]:
+    def _header_origin(self, sect: str) -> Optional[str]:
+        """The ``[sect]`` header's file:line, None when the TOML has no such header."""
+        line = self.lines.get((sect, None))
+        return None if line is None else self._line_origin(line)
+
+    def find(self, name: str) -> tuple[Any, str, str, bool]:
+        """(value, file:line, how the key was written, found): ``--section.key`` for a command-line
+        override, ``[section] key`` for the TOML."""
         for sect, key in _SPELLINGS[name]:
             if (sect, key) in self.over:
                 val, origin = self.over[(sect, key)]
-                return val, f"{origin} (--{sect}.{key})", True
+                return val, origin, f"--{sect}.{key}", True
         for sect, key in _SPELLINGS[name]:
             s = self.data.get(sect)
             if isinstance(s, dict) and key in s:
-                return s[key], self._origin(sect, key), True
-        return None, "", False
+                return s[key], self._origin(sect, key), f"[{sect}] {key}", True
+        return None, "", "", False
+
+    def get(self, name: str) -> tuple[Any, str, bool]:
+        val, origin, shown, found = self.find(name)
+        if found and shown.startswith("--"):
+            return val, f"{origin} ({shown})", True
+        return val, origin, found
+
+
+def _shown_value(value: Any) -> str:
+    return repr(value[:40]) if isinstance(value, str) else repr(value)[:40]
+
+
+def _int_value(t: Toml, name: str) -> tuple[Any, str, bool]:
+    """``t.get(name)`` for an integer key, stopping on a value that is not one: TorchTitan parses a
+    command-line value as an int (tyro / argparse refuse another word) and uses a TOML value as
+    written, which fails its first comparison or arithmetic at start (ParallelDims asserts each degree
+    >= 1, the training loop compares the step with ``training.steps``). A shell value unknown here
+    (a marker) is passed on as it is."""
+    v, origin, shown, found = t.find(name)
+    if found and not (isinstance(v, str) and MARK_OPEN in v):
+        if v is True and shown.startswith("--"):      # --section.key with no word after it
+            raise CannotPredict(f"TorchTitan stops at start: {shown} has no value (it takes an integer)", origin)
+        if isinstance(v, bool) or to_int(v) is None:
+            raise CannotPredict(f"TorchTitan stops at start: {shown} is {_shown_value(v)}, not an integer", origin)
+    return t.get(name)
+
+
+def _flag(t: Toml, name: str, warnings: list) -> tuple[Optional[bool], str, bool]:
+    """(value as a bool, origin, found) of a boolean key. A command-line word that is not true or
+    false stops the prediction (TorchTitan's parser refuses it); a TOML value that is neither is used
+    by TorchTitan as Python tests it (any non-empty text is true): warned, read as Python reads it."""
+    v, origin, shown, found = t.find(name)
+    b = to_bool(v)
+    if not found or b is not None or (isinstance(v, str) and MARK_OPEN in v):
+        return b, t.get(name)[1], found
+    if shown.startswith("--"):
+        raise CannotPredict(f"{shown} {_shown_value(v)} is not true or false: TorchTitan's command line refuses "
+                            f"it at start", origin)
+    b = bool(v)
+    warnings.append(f"{shown} is {_shown_value(v)}, not true or false: TorchTitan tests it as Python does, so it "
+                    f"is read as {str(b).lower()} ({origin})")
+    return b, origin, found
 
 
 def _int(f: Facts, t: Toml, name: str, fact: str) -> None:
-    v, origin, found = t.get(name)
+    v, origin, found = _int_value(t, name)
     if not found:
         return
-    f.set_int_value(fact, v, origin, what=name)
+    f.set_int_value(fact, v, origin, what=t.find(name)[2])
 
 
 def ffn_dim(dim: int, multiplier: Optional[float], multiple_of: int) -> int:
@@ -341,10 +428,10 @@ def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
     # PyTorch SDPA picks the flash kernel for bf16 causal attention; FlexAttention (use_flex_attn,
     # attn_type "flex") is a Triton kernel torch.compile generates
     f.set("attention", "flash", "TorchTitan (scaled_dot_product_attention)")
-    flex, fx_origin, _ = t.get("flex")
+    flex, fx_origin, _ = _flag(t, "flex", w)
     kind, k_origin, _ = t.get("attn_type")
-    if to_bool(flex) or str(kind or "").lower() == "flex":
-        f.set("attention_impl", "triton", fx_origin if to_bool(flex) else k_origin)
+    if flex or str(kind or "").lower() == "flex":
+        f.set("attention_impl", "triton", fx_origin if flex else k_origin)
     elif str(kind or "").lower() == "sdpa":
         f.set("attention_impl", "sdpa_flash", k_origin)
     _int(f, t, "seq_len", "seq_len")
@@ -373,7 +460,7 @@ def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
             f.set("micro_batch", mb, f.origin("tt_pp_micro"))
         else:
             f.set("micro_batch", local, f.origin("tt_local"))
-        if f.get("global_batch") is None and f.known("dp_shard"):
+        if f.get("global_batch") is None and f.known("dp_shard") and f.val("dp_shard") > 0:
             dp = f.val("dp_shard") * f.val("dp_replicate", 1)
             f.set("global_batch", local * dp, f.origin("tt_local"))
     elif f.get("tt_local") is None:
@@ -384,8 +471,8 @@ def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
     # ZeRO: FSDP shards when the shard degree is > 1; DDP (replicate only) keeps full copies
     shard = f.val("dp_shard")
     f.set("zero_stage", 3 if shard and shard > 1 else 0, f.origin("dp_shard"))
-    async_tp, a_origin, found = t.get("async_tp")
-    if found and to_bool(async_tp) and f.known("tp") and f.val("tp") > 1:
+    async_tp, a_origin, found = _flag(t, "async_tp", w)
+    if found and async_tp and f.known("tp") and f.val("tp") > 1:
         # Micro-pipelined all-gather / reduce-scatter matmuls (torch.compile's SymmetricMemory
         # passes): no measurement of their overlap here, so the TP collectives stay exposed.
         w.append(f"enable_async_tensor_parallel is not modelled: TP communication is costed as not "
@@ -395,30 +482,30 @@ def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
     prec = str(prec or "bfloat16").lower()
     f.set("precision", "fp32" if prec in ("float32", "fp32") else "bf16",
           origin if found else "TorchTitan default (mixed_precision_param bfloat16)")
-    comp, origin, found = t.get("compile")
+    comp, origin, found = _flag(t, "compile", w)
     if found:
         parts, p_origin, p_found = t.get("compile_components")
         # Newer TorchTitan compiles the listed components ("model", "loss"); the layers only when
         # "model" is one of them.
-        model_compiled = bool(to_bool(comp)) and (not p_found or "model" in str(parts))
+        model_compiled = bool(comp) and (not p_found or "model" in str(parts))
         f.set("compile", model_compiled, p_origin if p_found and not model_compiled else origin)
-    fp8, origin, _ = t.get("fp8_linear")
+    fp8, origin, _ = _flag(t, "fp8_linear", w)
     conv, c_origin, _ = t.get("converters")
-    if to_bool(fp8) or (isinstance(conv, (list, str)) and "float8" in str(conv)):
+    if fp8 or (isinstance(conv, (list, str)) and "float8" in str(conv)):
         # torchao's float8 linears: every recipe (tensorwise, rowwise) scales dynamically, from
         # the tensor itself.
         f.set("fp8_recipe", "current", origin or c_origin)
-    en, origin, found = t.get("ckpt_enable")
-    if to_bool(en):
-        iv, i_origin, i_found = t.get("ckpt_interval")
+    en, origin, found = _flag(t, "ckpt_enable", w)
+    if en:
+        iv, i_origin, i_found = _int_value(t, "ckpt_interval")
         n = to_int(iv) if i_found else 500
         f.set("save_interval", n if n is not None else 0, i_origin if i_found else "TorchTitan default (500)")
     else:
         f.set("save_interval", 0, origin or "TorchTitan default (no checkpoints)")
-    en, origin, found = t.get("val_enable")
-    if to_bool(en):
-        freq, fr_origin, _ = t.get("val_freq")
-        steps, st_origin, _ = t.get("val_steps")
+    en, origin, found = _flag(t, "val_enable", w)
+    if en:
+        freq, fr_origin, _ = _int_value(t, "val_freq")
+        steps, st_origin, _ = _int_value(t, "val_steps")
         fq, st = to_int(freq), to_int(steps)
         if fq and st and st > 0:
             f.set("eval_interval", fq, fr_origin)
@@ -433,10 +520,21 @@ def read(t: Toml, f: Facts, world: Optional[int], world_origin: str) -> None:
     f.set("pipe_split", "megatron", "TorchTitan (layers split evenly over the stages)")
 
 
+_DEGREE_NAMES = {"dp_replicate": "data_parallel_replicate_degree", "tp": "tensor_parallel_degree",
+                 "pp": "pipeline_parallel_degree", "cp": "context_parallel_degree"}
+
+
 def _degrees(f: Facts, world: Optional[int], world_origin: str) -> None:
     """Resolve data_parallel_shard_degree -1 and check the product against the world, as TorchTitan does."""
     names = ("dp_replicate", "tp", "pp", "cp")
-    if not all(f.known(k) for k in names) or f.get("dp_shard") is None or not f.known("dp_shard"):
+    if f.get("dp_shard") is None or not f.known("dp_shard"):
+        return
+    if not all(f.known(k) for k in names):
+        if f.val("dp_shard") < 0:
+            # -1 = the GPUs left over: not known while another degree is not
+            unknown = next(k for k in names if not f.known(k))
+            f.set_unknown("dp_shard", f"data_parallel_shard_degree -1 and {_DEGREE_NAMES[unknown]} unknown",
+                          f.origin("dp_shard"))
         return
     rest = 1
     for k in names:

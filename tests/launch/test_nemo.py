@@ -218,3 +218,95 @@ def test_communication_overlaps(tmp_path):
     plain = _run(tmp_path, LAUNCH + "model.ffn_hidden_size=8192\n")
     assert not any("costed serially" in w for w in plain.warnings)
     assert not plain.job.layout.overlap_grad_reduce
+
+
+# ---- a misspelt key in the base YAML: a near miss of a key the reader uses stops at its line
+def _conf_line(conf: str, start: str) -> int:
+    return 1 + next(i for i, t in enumerate(conf.splitlines()) if t.strip().startswith(start))
+
+
+@pytest.mark.parametrize("old, new, meant", [
+    ("  tensor_model_parallel_size: 2", "  tensor_model_paralel_size: 2", "model.tensor_model_parallel_size"),
+    ("  pipeline_model_parallel_size: 1", "  pipline_model_parallel_size: 2", "model.pipeline_model_parallel_size"),
+    ("  num_layers: 24", "  num_layer: 24", "model.num_layers"),
+    ("    name: fused_adam", "    nme: fused_adam", "model.optim.name"),
+    ("  max_steps: 1000", "  max_stpes: 1000", "trainer.max_steps"),
+])
+def test_misspelt_read_key_in_the_base_config_stops_at_its_line(tmp_path, old, new, meant):
+    assert old in CONF
+    conf = CONF.replace(old, new)
+    res = _run(tmp_path, LAUNCH + "\n", conf)
+    assert res.job is None, res.warnings
+    assert f"did you mean {meant}?" in res.error, res.error
+    assert f"{meant.rpartition('.')[0]}.{new.strip().split(':')[0]} is not" in res.error, res.error
+    assert res.error.endswith(f"conf/gpt.yaml:{_conf_line(conf, new.strip())})"), res.error
+
+
+def test_qa_h07_pipeline_typo_is_not_predicted_as_pp1(tmp_path):
+    conf = CONF.replace("  pipeline_model_parallel_size: 1", "  pipline_model_parallel_size: 2")
+    res = _run(tmp_path, LAUNCH + "\n", conf)
+    assert res.job is None
+    assert ("model.pipline_model_parallel_size is not a NeMo config key and would be ignored; did you mean "
+            "model.pipeline_model_parallel_size?") in res.error
+    assert res.error.endswith(f"gpt.yaml:{_conf_line(conf, 'pipline_model_parallel_size')})"), res.error
+
+
+def test_trainer_typo_names_lightning(tmp_path):
+    conf = CONF.replace("  num_nodes: 1", "  num_node: 1")
+    res = _run(tmp_path, LAUNCH + "\n", conf)
+    assert res.job is None and "not an argument of Lightning's Trainer" in res.error
+    assert "did you mean trainer.num_nodes?" in res.error
+
+
+@pytest.mark.parametrize("extra", [
+    "  expert_model_parallel_size: 1\n",              # real NeMo keys near keys the reader uses
+    "  pipeline_model_parallel_split_rank: 0\n",
+    "  decoder_seq_length: 512\n",
+    "  ub_tp_comm_overlap_cfg: null\n",
+    "  activations_checkpoint_num_layers: null\n",
+    "  my_own_setting: 3\n",                          # far from every read key
+    "  init_method_std: 0.02\n",
+])
+def test_other_unknown_or_real_keys_pass_silently(tmp_path, extra):
+    conf = CONF.replace("model:\n", "model:\n" + extra)
+    res = _run(tmp_path, LAUNCH + "\n", conf)
+    assert res.error is None, res.error
+    key = extra.strip().split(":")[0]
+    assert not [w for w in res.warnings if key in w], res.warnings
+
+
+def test_real_trainer_keys_near_read_ones_pass(tmp_path):
+    conf = CONF.replace("trainer:\n", "trainer:\n  limit_test_batches: 5\n  limit_train_batches: 1.0\n")
+    res = _run(tmp_path, LAUNCH + "\n", conf)
+    assert res.error is None, res.error
+
+
+def test_misspelt_key_beside_the_key_it_misspells_is_a_warning(tmp_path):
+    conf = CONF.replace("  pipeline_model_parallel_size: 1", "  pipeline_model_parallel_size: 1\n"
+                        "  pipline_model_parallel_size: 2")
+    res = _run(tmp_path, LAUNCH + "\n", conf)
+    assert res.error is None, res.error
+    assert res.job.layout.pp == 1
+    assert any("pipline_model_parallel_size" in w and "did you mean model.pipeline_model_parallel_size?" in w
+               for w in res.warnings), res.warnings
+
+
+def test_every_megatron_core_config_field_is_a_known_model_key():
+    # NeMo passes the model config's keys that are Megatron-core TransformerConfig (and
+    # ModelParallelConfig) fields on to it: none may be taken for a misspelling of a key perfcast
+    # reads (tp_comm_overlap is no typo of ub_tp_comm_overlap).
+    import dataclasses
+    import warnings as _warnings
+
+    from slurm_plugin.launch import nemo
+    from slurm_plugin.launch.neox_keys import suggest
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")
+        transformer_config = pytest.importorskip("megatron.core.transformer.transformer_config",
+                                                 reason="megatron-core is not installed")
+        parallel_config = pytest.importorskip("megatron.core.model_parallel_config")
+    fields = {f.name for c in (transformer_config.TransformerConfig, parallel_config.ModelParallelConfig)
+              for f in dataclasses.fields(c)}
+    known, read = nemo.KNOWN_KEYS["model"], nemo.READ_BY_SCOPE["model"]
+    taken = sorted(n for n in fields if n not in known and suggest(n, known) in read)
+    assert not taken, taken

@@ -142,3 +142,115 @@ def test_selective_checkpointing_is_op_level_unless_every_layer(tmp_path):
                                     "--activation_checkpoint.selective_ac_option 2\n")
     assert second.job.layout.recompute == "selective"
     assert any("one layer in 2 checkpointed whole" in w for w in second.warnings)
+
+
+# ---- a value that is not an integer (or boolean) stops at its own line, naming the key and the value
+def _line_of(toml: str, start: str) -> int:
+    return 1 + next(i for i, t in enumerate(toml.splitlines()) if t.startswith(start))
+
+
+@pytest.mark.parametrize("old, new, shown", [
+    ("tensor_parallel_degree = 4", 'tensor_parallel_degree = "two"', "[parallelism] tensor_parallel_degree is 'two'"),
+    ("pipeline_parallel_degree = 2", 'pipeline_parallel_degree = "two"',
+     "[parallelism] pipeline_parallel_degree is 'two'"),
+    ("data_parallel_shard_degree = -1", 'data_parallel_shard_degree = "all"',
+     "[parallelism] data_parallel_shard_degree is 'all'"),
+    ("pipeline_parallel_microbatch_size = 2", "pipeline_parallel_microbatch_size = 2.5",
+     "[parallelism] pipeline_parallel_microbatch_size is 2.5"),
+    ("local_batch_size = 8", 'local_batch_size = "eight"', "[training] local_batch_size is 'eight'"),
+    ("seq_len = 4096", "seq_len = true", "[training] seq_len is True"),
+    ("steps = 300", 'steps = "many"', "[training] steps is 'many'"),
+    ("interval = 100", 'interval = "often"', "[checkpoint] interval is 'often'"),
+    ("freq = 50", "freq = [50]", "[validation] freq is [50]"),
+])
+def test_non_integer_toml_value_stops_at_its_line(tmp_path, old, new, shown):
+    toml = TOML.replace(old, new)
+    res = _run(tmp_path, LAUNCH + "\n", toml)
+    assert res.job is None, res.warnings
+    assert f"TorchTitan stops at start: {shown}, not an integer" in res.error, res.error
+    assert res.error.endswith(f"cfg.toml:{_line_of(toml, new.split(' ')[0])})"), res.error
+    assert "global_batch" not in res.error
+
+
+def test_extra_degree_keys_are_checked_too(tmp_path):
+    toml = TOML.replace("pipeline_parallel_degree = 2", 'pipeline_parallel_degree = 2\ncontext_parallel_degree = "one"'
+                        "\ndata_parallel_replicate_degree = 1")
+    res = _run(tmp_path, LAUNCH + "\n", toml)
+    assert res.job is None
+    assert "[parallelism] context_parallel_degree is 'one', not an integer" in res.error, res.error
+    assert res.error.endswith(f"cfg.toml:{_line_of(toml, 'context_parallel_degree')})"), res.error
+
+
+@pytest.mark.parametrize("flag", ["--parallelism.tensor_parallel_degree two",
+                                  "--parallelism.tensor_parallel_degree=two",
+                                  "--training.steps lots", "--parallelism.pipeline_parallel_degree 1.5"])
+def test_non_integer_command_line_value_stops_at_the_script_line(tmp_path, flag):
+    res = _run(tmp_path, LAUNCH + flag + "\n")
+    key, _, value = flag.replace("=", " ").partition(" ")
+    assert res.job is None, res.warnings
+    assert f"{key} is '{value}', not an integer" in res.error, res.error
+    assert res.error.endswith("job.sbatch:3)"), res.error
+
+
+def test_command_line_degree_without_a_value_stops(tmp_path):
+    res = _run(tmp_path, LAUNCH + "--parallelism.tensor_parallel_degree --training.steps 10\n")
+    assert res.job is None
+    assert "--parallelism.tensor_parallel_degree has no value" in res.error and res.error.endswith("job.sbatch:3)")
+
+
+def test_unknown_shell_degree_is_unknown_not_a_batch_of_minus_one(tmp_path):
+    res = _run(tmp_path, LAUNCH + "--parallelism.tensor_parallel_degree $(get_tp)\n")
+    assert res.job is None
+    assert "layout.tp unknown" in res.error and "get_tp" in res.error, res.error
+    assert "global_batch" not in res.error and "-1" not in res.error
+
+
+def test_quoted_integers_and_integral_floats_still_read(tmp_path):
+    res = _run(tmp_path, LAUNCH + "--training.steps 20\n", TOML.replace("seq_len = 4096", "seq_len = 4096.0"))
+    assert res.error is None, res.error
+    assert res.job.model.seq_len == 4096 and res.job.run.train_iters == 20
+
+
+def test_boolean_word_on_the_command_line_stops(tmp_path):
+    res = _run(tmp_path, LAUNCH + "--checkpoint.enable_checkpoint ture\n")
+    assert res.job is None
+    assert "--checkpoint.enable_checkpoint 'ture' is not true or false" in res.error
+    assert res.error.endswith("job.sbatch:3)"), res.error
+    ok = _run(tmp_path, LAUNCH + "--checkpoint.enable_checkpoint false\n")
+    assert ok.error is None and ok.job.run.save_interval == 0
+
+
+def test_boolean_text_in_the_toml_is_read_as_python_does_and_warned(tmp_path):
+    toml = TOML.replace("enable_checkpoint = true", 'enable_checkpoint = "ture"')
+    res = _run(tmp_path, LAUNCH + "\n", toml)
+    assert res.error is None, res.error
+    assert res.job.run.save_interval == 100               # a non-empty string is true to TorchTitan
+    line = _line_of(toml, "enable_checkpoint")
+    assert any("[checkpoint] enable_checkpoint is 'ture', not true or false" in w and w.endswith(f"cfg.toml:{line})")
+               for w in res.warnings), res.warnings
+    assert not [w for w in _run(tmp_path, LAUNCH + "\n").warnings if "not true or false" in w]
+
+
+# ---- a misspelt [section] header is blamed on the header's line
+def test_misspelt_section_header_stops_at_the_header(tmp_path):
+    toml = TOML.replace("[parallelism]", "[paralelism]")
+    res = _run(tmp_path, LAUNCH + "\n", toml)
+    assert res.job is None
+    assert "[paralelism] is not a section of TorchTitan's JobConfig; did you mean [parallelism]?" in res.error
+    assert res.error.endswith(f"cfg.toml:{_line_of(toml, '[paralelism]')})"), res.error
+    assert _line_of(toml, "[paralelism]") == 10
+
+
+def test_misspelt_section_without_read_keys_is_one_warning_at_the_header(tmp_path):
+    toml = TOML + "\n[metrcs]\nlog_freq = 5\nenable_tensorboard = true\n"
+    res = _run(tmp_path, LAUNCH + "\n", toml)
+    assert res.error is None, res.error
+    said = [w for w in res.warnings if "metrcs" in w]
+    assert len(said) == 1 and "did you mean [metrics]?" in said[0], said
+    assert said[0].endswith(f"cfg.toml:{_line_of(toml, '[metrcs]')})"), said
+
+
+def test_misspelt_section_on_the_command_line_names_the_script_line(tmp_path):
+    res = _run(tmp_path, LAUNCH + "--paralelism.tensor_parallel_degree 2\n")
+    assert res.job is None and "did you mean [parallelism] tensor_parallel_degree?" in res.error
+    assert res.error.endswith("job.sbatch:3)"), res.error
