@@ -24,6 +24,7 @@ _MARK = re.compile("\ue000\\d+\ue001")
 _BARE_MARK = re.compile(r'(?<!["\w])(\ue000\d+\ue001)(?!["\w])')
 _INTEGRAL = re.compile(r"[+-]?\d+(\.0*)?([eE]\+?\d+)?")
 _SC = yaml.constructor.SafeConstructor()
+_SEXAGESIMAL_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 
 
 @dataclass
@@ -158,6 +159,10 @@ def _build(node, path: tuple, lines: dict, budget: list, depth: int, label: str,
     if isinstance(node, yaml.ScalarNode):
         if not node.style and node.tag == "tag:yaml.org,2002:str" and len(path) <= 4:
             bare.add(path)      # a plain word: in a JSON file, a template's placeholder (GBSIZE)
+        if node.tag in _SEXAGESIMAL_TAGS and node.value.count(":") > 4:
+            # YAML 1.1's base 60 (1:30 is 90): PyYAML multiplies ever larger numbers part by part,
+            # quadratic in the parts; no setting has more than a few, so a longer one stays text
+            return node.value
         try:
             return _SC.construct_object(node, deep=False) if node.tag != "tag:yaml.org,2002:timestamp" \
                 else node.value
@@ -233,9 +238,16 @@ def to_number(value: Any) -> Optional[float]:
         return int(f) if f.is_integer() and _INTEGRAL.fullmatch(s) else f
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, float):
+        return value if value - value == 0.0 else None    # YAML's .nan, .inf: no setting's value
+    if isinstance(value, int):
         return value
     return None
+
+
+# Beyond this an integer setting (layers, sizes, batches, steps, intervals) is no real job's, and the
+# arithmetic on it (2/3 of 4h, float products) would overflow: it is read as no integer at all.
+MAX_INT_SETTING = 1 << 62
 
 
 def to_int(value: Any) -> Optional[int]:
@@ -246,7 +258,7 @@ def to_int(value: Any) -> Optional[int]:
         if not n.is_integer():
             return None
         n = int(n)
-    return n
+    return n if -MAX_INT_SETTING <= n <= MAX_INT_SETTING else None
 
 
 def to_bool(value: Any) -> Optional[bool]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .configs import to_int
+from .configs import to_int, to_number
 from .values import MARK_OPEN, Fact, Tok, Unknowns
 
 
@@ -60,8 +60,11 @@ class Facts:
         n = to_int(value)
         if n is None:
             shown = str(value)[:40]
-            self.warnings.append(f"{what or key}: {shown!r} is not an integer ({origin})")
-            self.set_unknown(key, f"{what or key} is {shown!r}, not an integer", origin)
+            num = to_number(value)
+            what_it_is = "not an integer" if num is None or (isinstance(num, float) and not num.is_integer()) \
+                else "too large for any job"
+            self.warnings.append(f"{what or key}: {shown!r} is {what_it_is} ({origin})")
+            self.set_unknown(key, f"{what or key} is {shown!r}, {what_it_is}", origin)
             return
         if type(value) is str:
             try:

@@ -273,6 +273,7 @@ def check_overrides(cfg: Config, h: HydraArgs, warnings: list) -> None:
     reader uses.
     """
     composed = isinstance(cfg.data, dict) and "defaults" in cfg.data
+    looks = 0       # difflib look-ups, bounded as every reader's (MAX_KEY_SUGGESTIONS)
     for key, prefix in h.prefixes.items():
         if key.startswith("hydra.") or "/" in key or "@" in key:
             continue                      # Hydra's own settings and config-group choices
@@ -282,10 +283,13 @@ def check_overrides(cfg: Config, h: HydraArgs, warnings: list) -> None:
             raise CannotPredict(f"+{key}: already in {posixpath.basename(cfg.label)}, and Hydra refuses to add it "
                                 f"again (NeMo stops at start; {key}=… or ++{key}=… sets it)", origin)
         if prefix == "+" and not found and key not in READ_KEYS:
-            _near_miss_addition(cfg, key, origin, warnings)
+            looks += 1
+            if looks <= MAX_KEY_SUGGESTIONS:
+                _near_miss_addition(cfg, key, origin, warnings)
         if prefix in ("", "~") and not found:
             parent, _, leaf = key.rpartition(".")
-            guess = suggest(leaf, frozenset(siblings)) if siblings else None
+            looks += 1
+            guess = suggest(leaf, frozenset(siblings)) if siblings and looks <= MAX_KEY_SUGGESTIONS else None
             near = f"; did you mean {parent + '.' if parent else ''}{guess}?" if guess else ""
             where = posixpath.basename(cfg.label)
             why = (f"{'~' if prefix == '~' else ''}{key}: not in {where}, and Hydra refuses to "

@@ -11,6 +11,7 @@ predict a different job, so the parse stops (:func:`check_keys`).
 from __future__ import annotations
 
 import difflib
+import functools
 from typing import Any, Callable, Iterable, NoReturn, Optional
 
 from predictor.errors import did_you_mean
@@ -152,19 +153,15 @@ synchronize_checkpoint_boundary profile
 _MAX_KEY_LEN = 80     # longer names are no misspelling of ours; difflib's cost grows with length
 
 
-_SORTED: dict = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _by_length(known: frozenset) -> dict:
     """Length -> the known keys of that length (sorted: difflib's ties go to the first), computed
-    once per key list."""
-    got = _SORTED.get(id(known))
-    if got is None or got[0] is not known:
-        index: dict = {}
-        for k in sorted(known):
-            index.setdefault(len(k), []).append(k)
-        got = _SORTED[id(known)] = (known, index)
-    return got[1]
+    once per key list.  Keyed by the set's value and bounded: a caller that builds its set afresh
+    each time (a config's own keys) neither misses the cache nor grows it in a long-lived daemon."""
+    index: dict = {}
+    for k in sorted(known):
+        index.setdefault(len(k), []).append(k)
+    return index
 
 
 def suggest(key: str, known: frozenset) -> Optional[str]:

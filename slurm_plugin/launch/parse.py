@@ -17,7 +17,7 @@ from .derive import World, build
 from .facts import Facts
 from .files import decode_text, default_read_file, join_path, os_reason
 from .launchers import Classified
-from .limits import MAX_CONFIG_BYTES, Budget, CannotPredict
+from .limits import MAX_CONFIG_BYTES, MAX_SOURCED_FILES, Budget, CannotPredict
 from .result import ParsedScript, SlurmRequest
 from .sbatch import GPN_EXACT, array_first_index, derive_request, merge_request, read_directives, slurm_env
 from .shell import Launch, Shell
@@ -235,8 +235,13 @@ def _from_launch(res: ParsedScript, launch: Launch, sh: Shell, u: Unknowns, req:
         dargs = neox.read_deepy_args(c.args)
         if not dargs.confs:
             raise CannotPredict("deepy.py without config files", launch.where)
+        if len(dargs.confs) > MAX_SOURCED_FILES:
+            # (each is read and merged in full; a real launch names a handful)
+            raise CannotPredict(f"deepy.py given {len(dargs.confs)} config files (more than {MAX_SOURCED_FILES})",
+                                dargs.confs[MAX_SOURCED_FILES].origin_at(0))
         merged = neox.Merged()
         for tok in dargs.confs:
+            budget.check_time(tok.origin_at(0))       # between files: each may take milliseconds
             name = tok.text
             if not re.search(r"\.(ya?ml|json)$", name):
                 name += ".yml"

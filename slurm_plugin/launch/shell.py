@@ -1028,6 +1028,9 @@ class Shell:
             return None
 
         def get(name: str) -> Optional[str]:
+            # each reference counts: a value naming other variables is evaluated again at each use,
+            # so a few short assignments can fan out to millions of them
+            self.budget.tick(where)
             if "[" in name:
                 base, idx = name[:-1].split("[", 1)
                 v = self.vars.get(base)
@@ -2121,6 +2124,8 @@ def _printf(fmt: str, args: list) -> str:
                 return "%"
             a = next(it, "")
             conv = s[-1]
+            if len(s) > 8:
+                s = _clamped_spec(s)
             try:
                 if conv in "diu":
                     return ("%" + s[1:-1] + "d") % int(a or 0)
@@ -2135,6 +2140,20 @@ def _printf(fmt: str, args: list) -> str:
         if not args or not n:
             break
     return "".join(out)
+
+
+def _clamped_spec(spec: str) -> str:
+    """A printf spec whose width or precision passes the value limit made just past it: the text is
+    refused all the same (the value grows beyond MAX_VALUE_CHARS), without formatting a gigabyte
+    first (`%0999999999d`)."""
+    m = re.fullmatch(r"%([-+ #0]*)(\d*)(?:\.(\d+))?(.)", spec)
+    if m is None:
+        return spec
+    flags, width, prec, conv = m.groups()
+    cap = MAX_VALUE_CHARS + 1
+    width = str(min(int(width), cap)) if width else ""
+    prec = "." + str(min(int(prec), cap)) if prec else ""
+    return f"%{flags}{width}{prec}{conv}"
 
 
 def _bre_to_re(pat: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 from . import moe
 from .configs import to_bool, to_int
 from .facts import Facts
-from .limits import MAX_CONFIG_BYTES, CannotPredict
+from .limits import MAX_CONFIG_BYTES, MAX_KEY_SUGGESTIONS, CannotPredict
 from .neox_keys import refuse_choice, suggest
 from .values import MARK_OPEN, Tok
 
@@ -134,6 +134,9 @@ JOB_CONFIG_KEYS = {sect: frozenset(keys.split()) for sect, keys in _JOB_CONFIG.i
 _READ_KEYS = frozenset(pair for pairs in _SPELLINGS.values() for pair in pairs)
 
 
+_SECTIONS = frozenset(JOB_CONFIG_KEYS)
+
+
 def check_keys(t: "Toml", warnings: list) -> None:
     """Every [section] key of the TOML and every ``--section.key`` override against TorchTitan's
     JobConfig. A likely misspelling of a key this reader uses stops the prediction (the job would be
@@ -144,21 +147,28 @@ def check_keys(t: "Toml", warnings: list) -> None:
     all be ignored): it stops the prediction when it holds a key this reader uses."""
     extended = isinstance(t.data.get("experimental"), dict) and t.data["experimental"].get("custom_args_module")
     misspelt = set()
+    looks = 0        # difflib look-ups, bounded as every reader's (MAX_KEY_SUGGESTIONS)
     for sect, block in t.data.items():
         if isinstance(block, dict) and sect not in JOB_CONFIG_KEYS:
-            guess_sect = suggest(sect, frozenset(JOB_CONFIG_KEYS))
+            looks += 1
+            guess_sect = suggest(sect, _SECTIONS) if looks <= MAX_KEY_SUGGESTIONS else None
             if guess_sect is not None:
                 _misspelt_section(t, sect, guess_sect, block, warnings)
                 misspelt.add(sect)
     given = [(sect, key, t._origin(sect, key)) for sect, block in t.data.items()
              if isinstance(block, dict) and sect not in misspelt for key in block]
     given += [(sect, key, origin) for (sect, key), (_v, origin) in t.over.items()]
+    unsaid = 0
     for sect, key, origin in given:
         known = JOB_CONFIG_KEYS.get(sect)
         if known is not None and key in known:
             continue
+        looks += 1
+        if looks > MAX_KEY_SUGGESTIONS:
+            unsaid += 1
+            continue
         if known is None:
-            guess_sect = suggest(sect, frozenset(JOB_CONFIG_KEYS))
+            guess_sect = suggest(sect, _SECTIONS)
             if guess_sect is None:
                 if not extended:
                     warnings.append(f"[{sect}] is not a section of TorchTitan's JobConfig; ignored ({origin})")
@@ -180,6 +190,8 @@ def check_keys(t: "Toml", warnings: list) -> None:
                             f"({origin})")
         elif not extended:
             warnings.append(f"{name} is not a TorchTitan config key and is ignored ({origin})")
+    if unsaid:
+        warnings.append(f"{t.label}: {unsaid} more keys that are not TorchTitan config keys (not looked at)")
 
 
 def _misspelt_section(t: "Toml", sect: str, guess_sect: str, block: dict, warnings: list) -> None:
@@ -538,8 +550,15 @@ def _degrees(f: Facts, world: Optional[int], world_origin: str) -> None:
         return
     rest = 1
     for k in names:
+        if f.val(k) < 1:
+            # (ParallelDims asserts each degree >= 1; only the shard degree may be -1)
+            raise CannotPredict(f"{_DEGREE_NAMES[k]} {f.val(k)} must be at least 1 (TorchTitan stops at start-up)",
+                                f.origin(k))
         rest *= f.val(k)
     shard = f.val("dp_shard")
+    if shard == 0 or shard < -1:
+        raise CannotPredict(f"data_parallel_shard_degree {shard} must be -1 or at least 1 (TorchTitan stops at "
+                            f"start-up)", f.origin("dp_shard"))
     if world is None:
         if shard < 0:
             f.set_unknown("dp_shard", "data_parallel_shard_degree -1 and the number of GPUs unknown",

@@ -61,3 +61,82 @@ def test_lone_surrogate_in_the_script_and_its_environment():
 ], ids=["time", "time-days", "nodes", "gpus-per-node", "torchtitan-steps"])
 def test_huge_integers_in_sbatch_lines_and_configs_are_user_errors(script):
     _answer(script)
+
+
+# ---- values found by a hostile-input QA round: each an answer, not an internal error, and none
+# built in full before the limit that refuses it
+from .helpers import parse_in  # noqa: E402
+
+HEAD = "#!/bin/bash\n#SBATCH -N 1\n#SBATCH --gpus-per-node 8\n"
+NEOX = ("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 2\nseq_length: 128\nmax_position_embeddings: 128\n"
+        "train_micro_batch_size_per_gpu: 1\n")
+TT = "srun torchrun --nnodes 1 --nproc_per_node 8 -m torchtitan.train --job.config_file c.toml {}\n"
+TOML = ("[model]\nname = \"llama3\"\nflavor = \"8B\"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\nsteps = 10\n"
+        "[parallelism]\ndata_parallel_replicate_degree = 1\ndata_parallel_shard_degree = -1\n"
+        "tensor_parallel_degree = 1\n")
+
+
+@pytest.mark.parametrize("neox_line", ['"save-interval": .nan\n', '"save-interval": -.inf\n',
+                                       "expansion_factor: .nan\n", "expansion_factor: -.inf\n"])
+def test_yaml_special_floats_are_no_settings(tmp_path, neox_line):
+    res = parse_in(tmp_path, HEAD + "python deepy.py train.py c.yml\n", {"c.yml": NEOX + neox_line})
+    assert res.error is None or "internal" not in res.error, res.error
+
+
+@pytest.mark.parametrize("script, files, said", [
+    (HEAD + "python deepy.py train.py c.yml\n", {"c.yml": NEOX.replace("hidden_size: 64", "hidden_size: 1e308")},
+     "hidden_size is '1e308'"),
+    (HEAD + LAUNCH.replace("--hidden-size 64", "--hidden-size 1e308"), {}, "--hidden-size is '1e308', too large for any job"),
+    (HEAD + TT.format("--parallelism.tensor_parallel_degree=0"), {"c.toml": TOML},
+     "tensor_parallel_degree 0 must be at least 1"),
+    (HEAD + TT.format(""), {"c.toml": TOML.replace("replicate_degree = 1", "replicate_degree = 0")},
+     "data_parallel_replicate_degree 0 must be at least 1"),
+    (HEAD + TT.format(""), {"c.toml": TOML.replace("shard_degree = -1", "shard_degree = 0")},
+     "data_parallel_shard_degree 0 must be -1 or at least 1"),
+])
+def test_impossible_numbers_stop_with_the_users_error(tmp_path, script, files, said):
+    res = parse_in(tmp_path, script, files)
+    assert res.job is None and said in res.error and "internal" not in res.error, res.error
+
+
+def test_a_printf_width_past_the_value_limit_is_refused_without_building_it():
+    from slurm_plugin.launch.limits import MAX_VALUE_CHARS
+    from slurm_plugin.launch.shell import _clamped_spec, _printf
+    assert _clamped_spec("%0999999999d") == f"%0{MAX_VALUE_CHARS + 1}d"
+    assert _clamped_spec("%-5.999999999f") == f"%-5.{MAX_VALUE_CHARS + 1}f"
+    assert _printf("%05d|%-4s|%.2f|%x", ["42", "ab", "3.14159", "255"]) == "00042|ab  |3.14|ff"
+    res = parse_script("job.sh", HEAD + "printf -v X '%0999999999d' 1\necho $X\n" + LAUNCH)
+    assert res.job is None and "grows beyond 256 KiB" in res.error, res.error
+
+
+def test_a_long_base_60_yaml_number_stays_text():
+    from slurm_plugin.launch.configs import load_config
+    data = load_config("a: 1:30\nb: 1:2:3:4:5:6\nc: " + "1:" * 1000 + "1\n", "x.yml").data
+    assert data["a"] == 90 and data["b"] == "1:2:3:4:5:6" and data["c"].startswith("1:1:1")
+
+
+def test_neox_config_files_are_bounded_in_number(tmp_path):
+    from slurm_plugin.launch.limits import MAX_SOURCED_FILES
+    res = parse_in(tmp_path, HEAD + "python deepy.py train.py " + "c.yml " * (MAX_SOURCED_FILES + 1) + "\n",
+                   {"c.yml": NEOX})
+    assert res.job is None and f"config files (more than {MAX_SOURCED_FILES})" in res.error, res.error
+
+
+def test_torchtitan_unknown_keys_past_the_bound_are_counted_not_looked_up(tmp_path):
+    from slurm_plugin.launch.limits import MAX_KEY_SUGGESTIONS
+    extra = "".join(f"[sectx{i}]\na = 1\n" for i in range(MAX_KEY_SUGGESTIONS + 50))
+    res = parse_in(tmp_path, HEAD + TT.format(""), {"c.toml": TOML + extra})
+    assert res.error is None or "sectx" not in res.error, res.error
+    said = [w for w in (res.warnings or []) if "more keys that are not TorchTitan config keys" in w]
+    # the sections' look-ups used the bound up: each of their keys is counted
+    assert said and said[0].endswith(f": {MAX_KEY_SUGGESTIONS + 50} more keys that are not TorchTitan config keys "
+                                     "(not looked at)"), said
+
+
+def test_key_suggestion_lists_are_cached_by_value_and_bounded():
+    from slurm_plugin.launch.neox_keys import _by_length, suggest
+    _by_length.cache_clear()
+    for i in range(500):                 # a fresh set per call, as a config's own keys are
+        suggest("enabld", frozenset({"enabled", f"other{i}"}))
+    assert _by_length.cache_info().currsize <= 64
+    assert suggest("enabld", frozenset({"enabled"})) == "enabled"
