@@ -449,8 +449,12 @@ def _late_directive(d: Directives, text: str, command_at: int, label: str, comma
     gets the default without a word from sbatch).  Not one after a ``<<`` (a heredoc's, as a
     script written or submitted by this one).  One search, not a scan of every line."""
     i = text.find("\n#SBATCH", command_at)
-    while i >= 0 and i + 8 < len(text) and not text[i + 8].isspace():
-        i = text.find("\n#SBATCH", i + 8)      # '#SBATCHX'
+    for _ in range(16):         # past '#SBATCHX' lines, a few (a script of them is not worth a scan)
+        if i < 0 or i + 8 >= len(text) or text[i + 8].isspace():
+            break
+        i = text.find("\n#SBATCH", i + 8)
+    else:
+        return
     if i < 0 or text.find("<<", command_at, i) >= 0:
         return
     line = text.count("\n", 0, i) + 2

@@ -836,7 +836,8 @@ class Shell:
         if f is None or f.text != text or not f.line_origins:
             return None
         import bisect
-        starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
+        from itertools import accumulate
+        starts = list(accumulate((len(line) + 1 for line in text.split("\n")), initial=0))   # each line's start
         origins = f.line_origins
 
         def at(pos: int) -> str:
