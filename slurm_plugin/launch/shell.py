@@ -835,15 +835,7 @@ class Shell:
         f = self.vfs.get(path)
         if f is None or f.text != text or not f.line_origins:
             return None
-        import bisect
-        from itertools import accumulate
-        starts = list(accumulate((len(line) + 1 for line in text.split("\n")), initial=0))   # each line's start
-        origins = f.line_origins
-
-        def at(pos: int) -> str:
-            line = bisect.bisect_right(starts, pos) - 1
-            return origins[min(line, len(origins) - 1)]
-        return at
+        return _origin_map(_lines_with_origin(text, path, f.line_origins))
 
     def _read_any(self, path: Optional[str], where: str, what: str) -> Optional[str]:
         """A file from the vfs or the disk (bounded); None with a warning when unreadable."""

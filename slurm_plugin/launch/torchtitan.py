@@ -147,11 +147,12 @@ def check_keys(t: "Toml", warnings: list) -> None:
     all be ignored): it stops the prediction when it holds a key this reader uses."""
     extended = isinstance(t.data.get("experimental"), dict) and t.data["experimental"].get("custom_args_module")
     misspelt = set()
+    section_guess: dict = {}    # unknown section -> the section it likely misspells (None: none), once each
     looks = 0        # difflib look-ups, bounded as every reader's (MAX_KEY_SUGGESTIONS)
     for sect, block in t.data.items():
         if isinstance(block, dict) and sect not in JOB_CONFIG_KEYS:
             looks += 1
-            guess_sect = suggest(sect, _SECTIONS) if looks <= MAX_KEY_SUGGESTIONS else None
+            guess_sect = section_guess[sect] = suggest(sect, _SECTIONS) if looks <= MAX_KEY_SUGGESTIONS else None
             if guess_sect is not None:
                 _misspelt_section(t, sect, guess_sect, block, warnings)
                 misspelt.add(sect)
@@ -168,7 +169,9 @@ def check_keys(t: "Toml", warnings: list) -> None:
             unsaid += 1
             continue
         if known is None:
-            guess_sect = suggest(sect, _SECTIONS)
+            if sect not in section_guess:          # a command-line override's section
+                section_guess[sect] = suggest(sect, _SECTIONS)
+            guess_sect = section_guess[sect]
             if guess_sect is None:
                 if not extended:
                     warnings.append(f"[{sect}] is not a section of TorchTitan's JobConfig; ignored ({origin})")
@@ -321,17 +324,20 @@ class Toml:
 
     def get(self, name: str) -> tuple[Any, str, bool]:
         val, origin, shown, found = self.find(name)
-        if found and shown.startswith("--"):
-            return val, f"{origin} ({shown})", True
-        return val, origin, found
+        return val, _origin_shown(origin, shown), found
+
+
+def _origin_shown(origin: str, shown: str) -> str:
+    """A key's origin as :meth:`Toml.get` gives it: a command-line override's names the flag."""
+    return f"{origin} ({shown})" if shown.startswith("--") else origin
 
 
 def _shown_value(value: Any) -> str:
     return repr(value[:40]) if isinstance(value, str) else repr(value)[:40]
 
 
-def _int_value(t: Toml, name: str) -> tuple[Any, str, bool]:
-    """``t.get(name)`` for an integer key, stopping on a value that is not one: TorchTitan parses a
+def _checked_int(t: Toml, name: str) -> tuple[Any, str, str, bool]:
+    """``t.find(name)`` for an integer key, stopping on a value that is not one: TorchTitan parses a
     command-line value as an int (tyro / argparse refuse another word) and uses a TOML value as
     written, which fails its first comparison or arithmetic at start (ParallelDims asserts each degree
     >= 1, the training loop compares the step with ``training.steps``). A shell value unknown here
@@ -342,7 +348,13 @@ def _int_value(t: Toml, name: str) -> tuple[Any, str, bool]:
             raise CannotPredict(f"TorchTitan stops at start: {shown} has no value (it takes an integer)", origin)
         if isinstance(v, bool) or to_int(v) is None:
             raise CannotPredict(f"TorchTitan stops at start: {shown} is {_shown_value(v)}, not an integer", origin)
-    return t.get(name)
+    return v, origin, shown, found
+
+
+def _int_value(t: Toml, name: str) -> tuple[Any, str, bool]:
+    """``t.get(name)`` for an integer key, checked (:func:`_checked_int`)."""
+    v, origin, shown, found = _checked_int(t, name)
+    return v, _origin_shown(origin, shown), found
 
 
 def _flag(t: Toml, name: str, warnings: list) -> tuple[Optional[bool], str, bool]:
@@ -352,7 +364,7 @@ def _flag(t: Toml, name: str, warnings: list) -> tuple[Optional[bool], str, bool
     v, origin, shown, found = t.find(name)
     b = to_bool(v)
     if not found or b is not None or (isinstance(v, str) and MARK_OPEN in v):
-        return b, t.get(name)[1], found
+        return b, _origin_shown(origin, shown), found
     if shown.startswith("--"):
         raise CannotPredict(f"{shown} {_shown_value(v)} is not true or false: TorchTitan's command line refuses "
                             f"it at start", origin)
@@ -363,10 +375,10 @@ def _flag(t: Toml, name: str, warnings: list) -> tuple[Optional[bool], str, bool
 
 
 def _int(f: Facts, t: Toml, name: str, fact: str) -> None:
-    v, origin, found = _int_value(t, name)
+    v, origin, shown, found = _checked_int(t, name)
     if not found:
         return
-    f.set_int_value(fact, v, origin, what=t.find(name)[2])
+    f.set_int_value(fact, v, _origin_shown(origin, shown), what=shown)
 
 
 def ffn_dim(dim: int, multiplier: Optional[float], multiple_of: int) -> int:
