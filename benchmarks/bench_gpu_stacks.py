@@ -4,6 +4,7 @@
     python benchmarks/bench_gpu_stacks.py --device cuda --out DIR [--budget-s 420]
     python benchmarks/bench_gpu_stacks.py --device cpu --out DIR --quick          # smoke run
     python benchmarks/bench_gpu_stacks.py --compare [--platform dgx-h100]         # predicted vs measured
+    python benchmarks/bench_gpu_stacks.py --compare --files DIR/heldout-stacks*.json  # ... on held-out steps
     python benchmarks/bench_gpu_stacks.py --device cuda --out DIR --parts stacks \
         --stacks fsdp1,fsdp+selective --largest-first --name stacks4                # chosen stacks only
     python benchmarks/bench_gpu_stacks.py --device cuda --out DIR --parts stacks --jobs host-series \
@@ -30,7 +31,9 @@ Every file carries the device, date and software.  A benchmark: its figures depe
 
 ``--compare`` predicts every committed step (benchmarks/data/h100-lent/stacks, each job as its
 stack's launch reveals it: benchmarks/gpu_stacks_runs.py) on a platform, no site fit, and prints
-each stack's error, and FSDP2's on its device-bound steps (models of 0.75 B parameters or more).
+each stack's error and interval coverage, and FSDP2's on its device-bound steps (models of 0.75 B
+parameters or more); ``--files`` predicts those files' steps instead (the held-out ones:
+``--jobs heldout``, calibrate/stack_files.HELDOUT_STEP_FILES).
 """
 from __future__ import annotations
 
@@ -162,32 +165,19 @@ def stacks_part(device: str, jobs: list, stacks: list[str], clock: Clock, out: P
         write(out, f"{name}.json", result)
 
 
-def compare(platform: str) -> int:
-    """Each stack's committed steps against the platform's predictions (no site fit)."""
-    import dataclasses
-
+def compare(platform: str, files: list[Path] | None = None) -> int:
+    """Each stack's committed steps (or those of ``files``) against the platform's predictions
+    (no site fit)."""
     from calibrate.stack_files import step_files
-    from calibrate.stack_runs import runs_from_files
-    from predictor import Predictor, TrainingJob, load_platform
-    from predictor.recipe import total_parameters
+    from calibrate.stack_runs import predicted_against_measured
 
-    plat = dataclasses.replace(load_platform(platform), fitted=None)
-    predictor = Predictor(plat)
-    by_stack: dict[str, list[tuple[float, float, int]]] = {}
-    for run in runs_from_files(step_files()):
-        job = TrainingJob.from_dict(run["job"])
-        predicted = predictor.predict(job).iteration_seconds
-        by_stack.setdefault(run["name"].split(" ", 1)[0], []).append(
-            (predicted, run["measured_iteration_seconds"], total_parameters(job.model)))
-    print(f"{'stack':<16}{'runs':>5}{'MAPE':>8}{'bias':>8}{'min':>8}{'max':>8}   ({platform}, no fit)")
-    groups = dict(by_stack)
-    groups["fsdp >= 0.75B"] = [r for r in by_stack.get("fsdp", []) if r[2] >= 7.5e8]
-    for stack, rows in groups.items():
-        if not rows:
-            continue
-        errs = [p / m - 1 for p, m, _ in rows]
+    print(f"{'stack':<16}{'runs':>5}{'MAPE':>8}{'bias':>8}{'min':>8}{'max':>8}{'covered':>9}   ({platform}, no fit)")
+    for stack, checks in predicted_against_measured(platform, files or step_files()).items():
+        errs = [c.error for c in checks]
+        covered = sum(c.covered for c in checks)
         print(f"{stack:<16}{len(errs):>5}{100 * statistics.mean(map(abs, errs)):>7.1f}%"
-              f"{100 * statistics.mean(errs):>+7.1f}%{100 * min(errs):>+7.1f}%{100 * max(errs):>+7.1f}%")
+              f"{100 * statistics.mean(errs):>+7.1f}%{100 * min(errs):>+7.1f}%{100 * max(errs):>+7.1f}%"
+              f"{covered:>5}/{len(checks)}")
     return 0
 
 
@@ -196,6 +186,8 @@ def main() -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--compare", action="store_true", help="predicted vs measured steps per stack")
+    ap.add_argument("--files", type=Path, nargs="+",
+                    help="--compare these stacks files (held-out steps) instead of the committed family's")
     ap.add_argument("--platform", default="dgx-h100")
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--parts", default="attention,stacks,compile")
@@ -210,7 +202,7 @@ def main() -> int:
     ap.add_argument("--jobs", choices=JOB_SETS, default="family",
                     help="the stacks part's jobs: the 33-job family; host-series (hidden 1,024 at 2, 8 "
                          "and 16 layers, 1 and 4 micro-batches: per-layer and per-micro-batch host "
-                         "costs); long-seq (2k-32k tokens)")
+                         "costs); long-seq (2k-32k tokens); heldout (jobs no modelling choice saw)")
     ap.add_argument("--sdpa-backend", choices=tuple(SDPA_BACKENDS), default="",
                     help="pin SDPA to this backend for every job of the stacks part (rows say "
                          "sdpa_backend); unpinned, SDPA picks (provenance's sdpa_default)")
@@ -236,7 +228,7 @@ def main() -> int:
         except CalibrationError as exc:
             ap.error(f"--stacks {w}: {exc}")
     if args.compare:
-        return compare(args.platform)
+        return compare(args.platform, args.files)
     if args.out is None:
         ap.error("--out DIR is needed to measure")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,9 @@ STEP_FILES = ("stacks.json", "stacks2.json", "stacks3.json", "stacks4.json", "st
 #: Training-step rows of a later lease's machine, kept out of the family's runs: its host ran the
 #: same steps ~1.17x slower (``rngseries-runs.toml`` holds them as a site's runs of their own).
 OTHER_HOST_STEP_FILES = ("rngseries.json", "rngseries2.json")
+#: Held-out steps (``--jobs heldout``, a later lease): no figure, fit or modelling choice may read
+#: them; ``bench_gpu_stacks.py --compare --files`` checks the model against them.
+HELDOUT_STEP_FILES = ("heldout-stacks.json", "heldout-stacks2.json")
 
 
 def step_files(folder: Path = LENT_STACKS_DIR) -> list[Path]:

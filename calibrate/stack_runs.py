@@ -34,6 +34,7 @@ with an ``error`` (out of memory) are left out.  No torch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -206,3 +207,38 @@ def to_toml(runs: list[dict], what: str = FAMILY_RUNS) -> str:
             "# (benchmarks/data/h100-lent/stacks/README.md), converted by benchmarks/gpu_stacks_runs.py;\n"
             "# each job is what the stack's launch reveals (perf-calibrate validate --runs reads this)\n"
             + dump_toml({"run": runs}))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCheck:
+    """One run's measured step beside its prediction (no site fit)."""
+    name: str
+    predicted_seconds: float
+    measured_seconds: float
+    parameters: int
+    #: the measured step lies inside the prediction's interval
+    covered: bool
+
+    @property
+    def error(self) -> float:
+        return self.predicted_seconds / self.measured_seconds - 1
+
+
+def predicted_against_measured(platform: str, files: Iterable[Path]) -> dict[str, list[StepCheck]]:
+    """Each stack's runs of ``files`` predicted on the shipped ``platform`` with its fit dropped,
+    grouped by stack label; "fsdp >= 0.75B" (FSDP2's device-bound steps) and "all" are added."""
+    from predictor import Predictor, TrainingJob, load_platform
+    from predictor.recipe import total_parameters
+
+    predictor = Predictor(dataclasses.replace(load_platform(platform), fitted=None))
+    groups: dict[str, list[StepCheck]] = {}
+    for run in runs_from_files(files):
+        job = TrainingJob.from_dict(run["job"])
+        result = predictor.predict(job)
+        measured = run["measured_iteration_seconds"]
+        low, high = result.interval_seconds
+        groups.setdefault(run["name"].split(" ", 1)[0], []).append(StepCheck(
+            run["name"], result.iteration_seconds, measured, total_parameters(job.model), low <= measured <= high))
+    groups["fsdp >= 0.75B"] = [c for c in groups.get("fsdp", []) if c.parameters >= 7.5e8]
+    groups["all"] = [c for stack, checks in groups.items() if stack != "fsdp >= 0.75B" for c in checks]
+    return {stack: checks for stack, checks in groups.items() if checks}

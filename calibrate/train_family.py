@@ -102,7 +102,7 @@ def family(device: str) -> list[tuple[str, dict]]:
 
 
 #: ``bench_gpu_stacks.py --jobs``: the jobs its stacks part trains.
-JOB_SETS = ("family", "host-series", "long-seq")
+JOB_SETS = ("family", "host-series", "long-seq", "heldout")
 
 
 def job_set(which: str, device: str) -> list[tuple[str, dict]]:
@@ -111,6 +111,13 @@ def job_set(which: str, device: str) -> list[tuple[str, dict]]:
         raise ValueError(f"job set {which!r}: not one of {', '.join(JOB_SETS)}")
     if which == "family":
         return family(device)
+    if which == "heldout":
+        # Stack validation: the held-out jobs, which no stack's modelling has seen, plus two long
+        # sequences at lengths and widths no earlier call measured (12k and 24k tokens).
+        extra = ([] if device != "cuda" else
+                 [("L3 h2560 s12288 mb1 m2 flash", job_dict(3, 2560, 20, 12288, 1, 2)),
+                  ("L2 h3072 s24576 mb1 m2 flash", job_dict(2, 3072, 24, 24576, 1, 2))])
+        return heldout(device) + extra
     if which == "host-series":
         # Host-bound: the step's slope in depth is the per-layer cost, its slope in micro-batches
         # at fixed depth the per-micro-batch cost, what is left the per-step cost.

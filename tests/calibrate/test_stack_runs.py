@@ -144,9 +144,10 @@ def test_the_committed_runs_file_is_what_the_converter_makes():
 
 
 def test_the_committed_runs_files_are_their_step_files_converted():
-    """stacks-runs.toml (the family) and rngseries-runs.toml (another lease's host-bound series) are
-    what benchmarks/gpu_stacks_runs.py makes of their files: a step file edited without them fails."""
-    from calibrate.stack_files import LENT_STACKS_DIR, OTHER_HOST_STEP_FILES, step_files
+    """stacks-runs.toml (the family), rngseries-runs.toml (another lease's host-bound series) and
+    heldout-runs.toml (the held-out jobs) are what benchmarks/gpu_stacks_runs.py makes of their
+    files: a step file edited without them fails."""
+    from calibrate.stack_files import HELDOUT_STEP_FILES, LENT_STACKS_DIR, OTHER_HOST_STEP_FILES, step_files
     family = mod.to_toml(mod.runs_from_files(step_files()))
     assert (LENT_STACKS_DIR / "stacks-runs.toml").read_text(encoding="utf-8") == family
     series = mod.runs_from_files([LENT_STACKS_DIR / name for name in OTHER_HOST_STEP_FILES])
@@ -154,3 +155,23 @@ def test_the_committed_runs_files_are_their_step_files_converted():
     assert (LENT_STACKS_DIR / "rngseries-runs.toml").read_text(encoding="utf-8") == text
     names = [r["name"] for r in series]
     assert len(names) == 36 and sum(n.startswith("fsdp+full:norng ") for n in names) == 6
+    held = mod.runs_from_files([LENT_STACKS_DIR / name for name in HELDOUT_STEP_FILES])
+    text = mod.to_toml(held, "held out: jobs no modelling choice saw (2026-11-28 lease)")
+    assert (LENT_STACKS_DIR / "heldout-runs.toml").read_text(encoding="utf-8") == text
+    # 11 jobs under each of 5 stacks, every one measured twice (the faster kept)
+    assert len(held) == 55 and all("fastest of 2" in r["source"] for r in held)
+
+
+def test_the_held_out_stacks_row_quotes_what_the_shipped_platform_predicts():
+    # docs/modelling.md §6's held-out stacks row, recomputed from fresh predictions of its steps.
+    from calibrate.stack_files import HELDOUT_STEP_FILES, LENT_STACKS_DIR
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "modelling.md").read_text(encoding="utf-8")
+    row = [line for line in doc.splitlines() if line.startswith("| H100 held-out under five stacks (55 real steps")]
+    checks = mod.predicted_against_measured("dgx-h100", [LENT_STACKS_DIR / n for n in HELDOUT_STEP_FILES])
+    every = checks["all"]
+    mape = 100 * sum(abs(c.error) for c in every) / len(every)
+    covered = sum(c.covered for c in every)
+    assert len(row) == 1 and len(every) == 55
+    assert row[0].split("|")[3].strip().startswith(f"{mape:.1f} %, interval covers {covered}/55"), (mape, covered)
+    fsdp = [100 * c.error for c in checks["fsdp"]]
+    assert f"FSDP2 without AC −11 to {min(fsdp):.0f} %".replace("-", "−") in row[0], min(fsdp)

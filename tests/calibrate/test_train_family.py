@@ -62,4 +62,15 @@ def test_job_sets():
     assert max(seqs) == 32768 and min(seqs) == 2048
     with pytest.raises(ValueError, match="not one of"):
         train_family.job_set("nope", "cuda")
+
+
+def test_heldout_set_shares_no_job_with_the_measured_sets():
+    # Its steps validate the stacks' modelling, so no job of it may be one a model was built on.
+    held = train_family.job_set("heldout", "cuda")
+    assert held[:len(train_family.heldout("cuda"))] == train_family.heldout("cuda")
+    seen = [j for which in ("family", "host-series", "long-seq") for _, j in train_family.job_set(which, "cuda")]
+    for name, job in held:
+        assert job not in seen, name
+        TrainingJob.from_dict(job)
+    assert max(j["model"]["seq_len"] for _, j in held) == 24576
     assert all(TrainingJob.from_dict(j).run.precision == "fp32" for _, j in train_family.quick_jobs())
