@@ -479,7 +479,8 @@ class Engine:
 
     @staticmethod
     def _slurm_request_values(req: PredictRequest, name: Optional[str]) -> dict[str, Any]:
-        return {"nodes": req.min_nodes, "gpus_per_node": req.gpus_per_node,
+        # (max_nodes 0: no maximum, as unknown)
+        return {"nodes": req.min_nodes, "max_nodes": req.max_nodes or None, "gpus_per_node": req.gpus_per_node,
                 "ntasks": req.num_tasks, "ntasks_per_node": req.ntasks_per_node,
                 "partition": name or None, "time_limit_minutes": req.time_limit,
                 "array": req.array, "job_name": req.name, "cpus_per_task": req.cpus_per_task}

@@ -298,6 +298,13 @@ def _from_cli_options(data: Mapping[str, Any], cli: Mapping[str, Any]) -> dict[s
     tres = out.get("tres_per_job")
     if isinstance(tres, str) and not tres.startswith(("gpu", "gres")):
         out["tres_per_job"] = "gpu:" + tres        # --gpus=8 / --gpus=a100:8
+    nodes = cli.get("nodes")
+    if isinstance(nodes, str) and "max_nodes" not in data:
+        # "2" (2 at most) or "2-4" (4), as sbatch hands job_submit.lua its max_nodes, so that the
+        # warm-up and that request meet under one key; "2-" and suffixed counts stay unknown
+        m = re.fullmatch(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?", nodes)
+        if m and int(m.group(2) or m.group(1)) > 0:
+            out["max_nodes"] = int(m.group(2) or m.group(1))
     argv = cli.get("argv")
     if isinstance(argv, list) and "argv" not in data:
         out["argv"] = [a for a in argv if isinstance(a, str)]

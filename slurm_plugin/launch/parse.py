@@ -476,15 +476,15 @@ def _launch_world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest
         nn = 1
         origin = launch.where
         if isinstance(nn_tok, Tok):
-            t = nn_tok.text
+            t, least = nn_tok.text, None
             if ":" in t and MARK_OPEN not in t:
-                t = t.split(":")[-1]
-                warnings.append(f"torchrun --nnodes {nn_tok.text}: predicting for the maximum {t} "
-                                f"({nn_tok.origin_at(0) or launch.where})")
+                least, t = _int_text(t.split(":")[0]), t.split(":")[-1]
             facts.set_int("tr_nnodes", Tok(t, nn_tok.segs), what="--nnodes")
             if not facts.known("tr_nnodes"):
                 return World(unknown=facts.get("tr_nnodes").unknown, origin=facts.origin("tr_nnodes"))
             nn, origin = facts.val("tr_nnodes"), facts.origin("tr_nnodes")
+            nn = _rendezvous_nodes(nn_tok.text, least if least is not None else nn, nn, req,
+                                   prov.get("request.nodes", "request"), origin, warnings)
         per = 1
         if isinstance(np_tok, Tok):
             if np_tok.text in ("gpu", "auto", "cuda"):
@@ -568,6 +568,29 @@ def _composer_world(c: Classified, facts: Facts, req: SlurmRequest, prov: dict, 
         warnings.append(f"composer without --world_size runs a {per}-GPU job on each of the {req.nodes} nodes "
                         f"(predicting one of them)")
     return World(per, per_origin, per)
+
+
+def _rendezvous_nodes(text: str, least: int, most: int, req: SlurmRequest, req_origin: str, origin: str,
+                      warnings: list) -> int:
+    """The nodes torchrun's rendezvous trains on for ``--nnodes text`` (``least:most``, or one
+    count) when srun starts one agent on each of the job's nodes.  The rendezvous completes
+    once ``least`` agents have joined (at once at ``most``) and fails at its timeout, without
+    training, if fewer ever join: a job whose nodes cannot reach ``least`` never trains."""
+    nodes, upto = req.nodes, req.max_nodes
+    if nodes and upto and upto < least:
+        have = f"{nodes} node(s)" if upto == nodes else f"at most {upto} node(s) (--nodes={nodes}-{upto})"
+        raise CannotPredict(f"torchrun --nnodes {text} waits for {least} node(s) to join its rendezvous "
+                            f"but the job has {have} ({req_origin}): the rendezvous never completes and the "
+                            f"job ends at its timeout without training; give --nnodes {nodes} "
+                            f"(or $SLURM_NNODES)", origin)
+    if least == most:
+        return most
+    if nodes and least <= nodes < most:
+        warnings.append(f"torchrun --nnodes {text}: the job's {nodes} node(s) join its rendezvous "
+                        f"({req_origin}): predicting for {nodes} ({origin})")
+        return nodes
+    warnings.append(f"torchrun --nnodes {text}: predicting for the maximum {most} ({origin})")
+    return most
 
 
 def _int_text(t) -> Optional[int]:

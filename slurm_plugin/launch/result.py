@@ -21,6 +21,9 @@ class SlurmRequest:
     array: Optional[str] = None
     job_name: Optional[str] = None
     cpus_per_task: Optional[int] = None
+    #: the most nodes the job may get: --nodes=N's N, a MIN-MAX range's MAX, 0 for none (MIN-);
+    #: None where not known (no --nodes, or a caller that gave only the minimum)
+    max_nodes: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -355,6 +355,7 @@ def apply_options(d: Directives, tokens: list[str], where: str) -> None:
             if "-" in v.strip() and hi != lo:
                 d.warnings.append(f"--nodes={val} is a range; predicting for its minimum {lo} ({where})")
             r.nodes, prov_key = lo, "nodes"
+            r.max_nodes = hi if "-" in v else lo
             d.provenance.pop("request.nodes.invalid", None)
         elif name == "ntasks":
             r.ntasks, prov_key = _positive(v, shown, "--ntasks", where), "ntasks"
@@ -469,7 +470,9 @@ def merge_request(script: Directives, caller: Optional[SlurmRequest]) -> tuple[S
     if caller is not None:
         for name in _REQUEST_FIELDS:
             v = getattr(caller, name)
-            if v is not None:
+            if name == "max_nodes" and caller.nodes is not None:
+                out.max_nodes = v        # the script's maximum belongs to the script's count
+            elif v is not None:
                 setattr(out, name, v)
                 prov[f"request.{name}"] = "request"
                 prov.pop(f"request.{name}.invalid", None)

@@ -192,9 +192,14 @@ def test_warm_request_describes_the_job_as_sbatch_hands_it_to_job_submit():
                       peer_cwd="/home/u/run")
     # sbatch fills --ntasks from nodes x tasks per node; the work_dir is sbatch's own cwd
     assert (r.warm, r.num_tasks, r.work_dir, r.submit_uid) == (True, 16, "/home/u/run", 1000)
+    assert (r.min_nodes, r.max_nodes) == (4, 4)     # as sbatch hands job_submit.lua --nodes=4
     cli["nodes"] = "2-4"                       # a node range: sbatch leaves the count unset
     r = parse_request(json.dumps(body).encode(), max_script=1 << 20, peer=(1000, 1000))
     assert r.num_tasks is None and r.work_dir == "/"
+    assert (r.min_nodes, r.max_nodes) == (2, 4)
+    cli["nodes"] = "2-"                        # no maximum: not known, as job_submit.lua gets it
+    r = parse_request(json.dumps(body).encode(), max_script=1 << 20, peer=(1000, 1000))
+    assert (r.min_nodes, r.max_nodes) == (2, None)
     body["warm"] = False                       # the older cli_filter mode: unchanged
     cli["nodes"] = "4"
     r = parse_request(json.dumps(body).encode(), max_script=1 << 20, peer=(1000, 1000))
