@@ -24,6 +24,10 @@ ACTIVATION_CHECKPOINTING_FACTS = (("partition_activations", "ds_partition_activa
                                   ("contiguous_memory_optimization", "ds_contiguous_checkpointing"))
 
 
+#: the batch sizes of a DeepSpeed config (the facts they set)
+_BATCH_FACTS = frozenset({"ds_train_batch", "ds_micro", "ds_gas"})
+
+
 def _num(facts: Facts, key: str, cfg: Config, path: tuple, value: Any) -> None:
     origin = cfg.origin(path)
     if isinstance(value, str) and MARK_OPEN in value:
@@ -32,6 +36,12 @@ def _num(facts: Facts, key: str, cfg: Config, path: tuple, value: Any) -> None:
     n = to_int(value)
     if n is None:
         reason = f"{'.'.join(map(str, path))} is {str(value)[:30]!r} in {cfg.label}"
+        if value != "auto" and key in _BATCH_FACTS and path not in cfg.bare:   # (bare: a template's word)
+            # DeepSpeedConfig's batch check compares the three sizes with 0 and multiplies them:
+            # a word there raises TypeError before the first step ("auto" is filled in by HF's
+            # integration, which perfcast does not follow: unknown, not refused).
+            raise CannotPredict(f"{reason}, not a number: DeepSpeed stops at start (its batch size "
+                                f"check cannot compare it)", origin)
         if value != "auto":
             facts.warnings.append(f"{reason}, not a number ({origin})")
         facts.set_unknown(key, reason, origin)

@@ -9,7 +9,7 @@ import pytest
 
 from .conftest import DATA
 from .helpers import parse_in
-from .test_typos import _megatron
+from .test_typos import MEGATRON, _megatron
 
 # ------------------------------------------------------------------------------- GPT-NeoX
 NEOX = """{
@@ -166,6 +166,28 @@ def test_deepspeed_zero_stage_that_is_no_integer_stops(tmp_path, stage, hint):
     assert "stops at start" in res.error and hint in res.error
     assert ("did you mean" in res.error) == bool(hint), res.error
     assert res.error.endswith("ds.json:3)"), res.error
+
+
+@pytest.mark.parametrize("key", ["train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps"])
+def test_deepspeed_batch_size_that_is_a_word_stops(tmp_path, key):
+    # DeepSpeedConfig's batch check compares each with 0: a word raises TypeError at start
+    res = _ds(tmp_path, '{"zero_optimization": {"stage": 1},\n "%s": "eight"\n}' % key)
+    assert res.job is None, res.warnings
+    assert f"{key} is 'eight'" in res.error and "DeepSpeed stops at start" in res.error, res.error
+    assert res.error.endswith("ds.json:2)"), res.error
+    # a template's bare word (filled by sed before the run) and HF's "auto" stay unknown
+    for value in ("MICRO_BATCH", '"auto"', '"4"'):
+        res = _ds(tmp_path, '{"zero_optimization": {"stage": 1}, "%s": %s}' % (key, value))
+        assert res.job is not None, res.error
+
+
+def test_deepspeed_batch_size_word_in_a_written_config_is_named_where_written(tmp_path):
+    written = ("cat > ds.json <<EOF\n{\n"
+               '  "train_micro_batch_size_per_gpu": "eight",\n  "zero_optimization": {"stage": 1}\n}\nEOF\n')
+    script = MEGATRON.format(extra="--deepspeed --deepspeed_config ds.json").replace("srun ", written + "srun ", 1)
+    res = parse_in(tmp_path, script)
+    assert res.job is None and "train_micro_batch_size_per_gpu is 'eight'" in res.error, res.error
+    assert res.error.endswith("job.sbatch:5)"), res.error
 
 
 def test_deepspeed_zero_stage_template_placeholder_stays_unknown(tmp_path):
