@@ -41,12 +41,23 @@ class Config:
     def origin(self, path: tuple) -> str:
         return self.line_origin(self.lines.get(path))
 
+    def key_origin(self, path: tuple) -> str:
+        """Where the key of ``path`` was written: :meth:`origin`, less a value's origin on its line
+        (a file the script wrote with `"key": $VAR` names the variable's line for the value)."""
+        return key_origin(self.origin(path))
+
     def line_origin(self, line: Optional[int]) -> str:
         if line is None:
             return self.label
         if self.line_origins is not None and 0 < line <= len(self.line_origins):
             return self.line_origins[line - 1]
         return f"{self.label}:{line}"
+
+
+def key_origin(origin: str) -> str:
+    """Where a line's key was written (its first word): ``origin`` itself unless the line is one
+    a script wrote with a value from elsewhere (shell.LineOrigin, which keeps both)."""
+    return getattr(origin, "written", origin)
 
 
 def _too_deep_at(text: str) -> int:

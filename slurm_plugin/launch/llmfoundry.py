@@ -113,7 +113,7 @@ def check_keys(cfg: Config, h: HydraArgs, warnings: list) -> None:
     looked = 0
     for name, known, path in scopes:
         block = data if not path else _section(v, ".".join(path))
-        given = [(k, cfg.origin(path + (k,))) for k in block if isinstance(k, str)]
+        given = [(k, cfg.key_origin(path + (k,))) for k in block if isinstance(k, str)]
         prefix = ".".join(path) + "." if path else ""
         given += [(key[len(prefix):], origin) for key, (_val, origin) in h.overrides.items()
                   if key.startswith(prefix) and "." not in key[len(prefix):]]

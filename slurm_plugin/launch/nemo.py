@@ -328,7 +328,7 @@ def check_config_keys(cfg: Config, h: HydraArgs, warnings: list) -> None:
             if guess is None or guess not in read:
                 continue
             dotted, meant = f"{scope}.{key}", f"{scope}.{guess}"
-            origin = cfg.origin(tuple(scope.split(".")) + (key,))
+            origin = cfg.key_origin(tuple(scope.split(".")) + (key,))
             over = h.overrides.get(meant)
             if guess in node or (over is not None and over[0] is not _DELETE):
                 where = cfg.origin(tuple(meant.split("."))) if guess in node else over[1]

@@ -1955,24 +1955,43 @@ _PURE = {"echo", "printf", "pwd", "dirname", "basename", "realpath", "readlink",
 
 
 # ====================================================================== helpers
+class LineOrigin(str):
+    """A written line's origin (its value's: :func:`_add_line_origins`) that also knows where the
+    line's first word was written, its key's (``written``): `"micro_batchs": $MB` names a
+    misspelt key at the heredoc's line, its value at the line that set MB."""
+
+    written: str
+
+    def __new__(cls, origin: str, written: str) -> "LineOrigin":
+        self = super().__new__(cls, origin)
+        self.written = written
+        return self
+
+
 def _add_line_origins(origins: list, segs: list, open_line: bool) -> None:
     """Append to ``origins`` the origin of each line ``segs`` (text, origin) write, one per line
     (line N is origins[N - 1], empty lines too): the last piece on it with a letter or digit, so
     that `"stage": $ZERO_STAGE` points at the line that set ZERO_STAGE, not at the heredoc; an
-    empty line, the piece that ends it.  ``open_line``: the last line so far is unfinished and has
-    its origin already."""
+    empty line, the piece that ends it.  Where the line's first piece with a letter or digit came
+    from elsewhere, the origin is a :class:`LineOrigin` that keeps it (the key's line).
+    ``open_line``: the last line so far is unfinished and has its origin already."""
+    first = getattr(origins[-1], "written", origins[-1]) if open_line and origins else None
     for seg_text, origin in segs:
         for i, piece in enumerate(seg_text.split("\n")):
             if i:
                 if not open_line:
                     origins.append(origin)
-                open_line = False
+                open_line, first = False, None
             if piece:
+                has_word = _ALNUM.search(piece) is not None
                 if not open_line:
                     origins.append(origin)
                     open_line = True
-                elif _ALNUM.search(piece):
-                    origins[-1] = origin
+                    first = origin if has_word else None
+                elif has_word:
+                    if first is None:
+                        first = origin
+                    origins[-1] = origin if first == origin else LineOrigin(origin, first)
 
 
 def _line_origins(segs: list) -> list:

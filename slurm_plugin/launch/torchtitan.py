@@ -17,7 +17,7 @@ import re
 from typing import Any, Optional
 
 from . import moe
-from .configs import to_bool, to_int
+from .configs import key_origin, to_bool, to_int
 from .facts import Facts
 from .limits import MAX_CONFIG_BYTES, MAX_KEY_SUGGESTIONS, CannotPredict
 from .neox_keys import refuse_choice, suggest
@@ -156,7 +156,7 @@ def check_keys(t: "Toml", warnings: list) -> None:
             if guess_sect is not None:
                 _misspelt_section(t, sect, guess_sect, block, warnings)
                 misspelt.add(sect)
-    given = [(sect, key, t._origin(sect, key)) for sect, block in t.data.items()
+    given = [(sect, key, key_origin(t._origin(sect, key))) for sect, block in t.data.items()
              if isinstance(block, dict) and sect not in misspelt for key in block]
     given += [(sect, key, origin) for (sect, key), (_v, origin) in t.over.items()]
     unsaid = 0
