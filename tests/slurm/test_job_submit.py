@@ -320,6 +320,20 @@ def test_cli_filter_prewarm_gives_the_cold_answer(cluster, held_jobs, megatron, 
     assert " cached=1" in request or " joined=1" in request, request
 
 
+@pytest.mark.parametrize("nodes", ["--nodes=4", "--nodes=2-4"])
+def test_the_warm_up_meets_job_submit_under_a_node_count_or_range(cluster, held_jobs, megatron, nodes):
+    """cli_filter.lua's typed --nodes and the max_nodes sbatch hands job_submit.lua describe the
+    same job: the request is answered from the warm-up (one key for both)."""
+    script = megatron(iters=1700, name=f"warm-range-{nodes[8:]}.sh")
+    log = cluster.base / "log" / "predictd.log"
+    seen = len(log.read_text(errors="replace").splitlines())
+    job, messages, _ = cluster.sbatch(script, nodes, conf=str(cluster.base / "etc-warm" / "slurm.conf"))
+    held_jobs.append(job)
+    new = log.read_text(errors="replace").splitlines()[seen:]
+    (request,) = [l for l in new if "event=request " in l]
+    assert " cached=1" in request or " joined=1" in request, new
+
+
 def test_large_script_round_trip(cluster, held_jobs):
     """A 1 MiB script (comments) still reaches the daemon whole and in time: Lua's escaping is one
     table-driven gsub."""
