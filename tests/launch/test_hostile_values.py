@@ -141,3 +141,32 @@ def test_key_suggestion_lists_are_cached_by_value_and_bounded():
         suggest("enabld", frozenset({"enabled", f"other{i}"}))
     assert _by_length.cache_info().currsize <= 64
     assert suggest("enabld", frozenset({"enabled"})) == "enabled"
+
+
+def test_shell_patterns_with_many_stars_match_without_backtracking():
+    # (a greedy regex per star retried every split: 5 stars on 200 characters took 4.6 s; these
+    # 8 stars on 5,000 would not end) case, [[ == ]], [[ != ]] and ${X##…}/${X%%…} as bash reads them
+    a = "a" * 5000
+    stars = "*a*a*a*a*a*a*a*b"
+    body = (f"X={a}\nL=2\n"
+            f'case "$X" in {stars}) L=3;; *a) L=4;; esac\n'
+            f"if [[ $X == {stars} ]]; then L=5; fi\n"
+            f"[[ $X != {stars} ]] || L=6\n"
+            f'P="${{X##{stars}}}"; S="${{X%%a*}}"\n'
+            '[[ ${#P} == 5000 && -z $S ]] || L=7\n')
+    res = _answer("#!/bin/bash\n" + body + LAUNCH.replace("--num-layers 2", "--num-layers $L"))
+    assert res.job is not None and res.job.model.layers == 4, (res.error, res.job)
+
+
+def test_shell_pattern_matching_is_fnmatchs():
+    import fnmatch
+    import random
+    import re
+
+    from slurm_plugin.launch.shell import _glob_tokens, _whole
+    rng = random.Random(7)
+    for _ in range(5000):
+        pat = "".join(rng.choice("ab?*") for _ in range(rng.randint(0, 7))) + rng.choice(["", "[ab]", "[!a]"])
+        text = "".join(rng.choice("ab") for _ in range(rng.randint(0, 9)))
+        assert (re.fullmatch(_whole(_glob_tokens(pat)), text, re.S) is not None) == \
+            fnmatch.fnmatchcase(text, pat), (pat, text)
