@@ -1182,9 +1182,9 @@ class Shell:
             if MARK_OPEN in text and op not in ("//", "/"):
                 return [(self.u.new(self.u.reason(text) or "unknown"), where)]
             if op in ("#", "##"):
-                res = _strip_prefix(text, _whole(tokens), longest=(op == "##"))
+                res = _strip_prefix(text, tokens, longest=(op == "##"))
             elif op in ("%", "%%"):
-                res = _strip_suffix(text, _whole(tokens), longest=(op == "%%"))
+                res = _strip_suffix(text, tokens, longest=(op == "%%"))
             else:
                 rep = _flat(self.expand_str(p.arg2 or []))
                 if not rx:
@@ -2137,22 +2137,36 @@ def _whole(tokens: list) -> str:
     return "".join(out)
 
 
-def _strip_prefix(text: str, rx: str, longest: bool) -> str:
-    ends = range(len(text), -1, -1) if longest else range(0, len(text) + 1)
-    c = re.compile(rx, re.S)
-    for e in ends:
-        if c.fullmatch(text, 0, e):
-            return text[e:]
-    return text
+def _prefix_end(tokens: list, text: str, longest: bool) -> Optional[int]:
+    """Where the shortest (or longest) prefix of ``text`` that the pattern ``tokens`` matches
+    ends, or None: in one regex match, linear in the text.  Each piece between stars is of fixed
+    length, so the earliest place of every piece after the first (atomic, never retried) gives
+    the shortest prefix; the longest takes those earliest places for all but the last piece and
+    the latest place for that one (or the whole text after a last star)."""
+    pieces: list = [[]]
+    for t in tokens:
+        if t is None:
+            pieces.append([])
+        else:
+            pieces[-1].append(t)
+    rx = "".join(pieces[0])
+    if len(pieces) > 1:
+        middle, last = pieces[1:-1], "".join(pieces[-1])
+        rx += "".join("(?>.*?" + "".join(p) + ")" for p in middle)
+        rx += ("(?>.*?" + last + ")") if not longest else (".*" + last)
+    m = re.match(rx, text, re.S)
+    return None if m is None else m.end()
 
 
-def _strip_suffix(text: str, rx: str, longest: bool) -> str:
-    starts = range(0, len(text) + 1) if longest else range(len(text), -1, -1)
-    c = re.compile(rx, re.S)
-    for s in starts:
-        if c.fullmatch(text, s):
-            return text[:s]
-    return text
+def _strip_prefix(text: str, tokens: list, longest: bool) -> str:
+    end = _prefix_end(tokens, text, longest)
+    return text if end is None else text[end:]
+
+
+def _strip_suffix(text: str, tokens: list, longest: bool) -> str:
+    # a suffix of the text is a prefix of it reversed, matched by the pattern reversed
+    end = _prefix_end(tokens[::-1], text[::-1], longest)
+    return text if end is None else text[:len(text) - end]
 
 
 def _unescape(t: str) -> str:
