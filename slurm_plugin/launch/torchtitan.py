@@ -19,7 +19,7 @@ from typing import Any, Optional
 from . import moe
 from .configs import key_origin, to_bool, to_int
 from .facts import Facts
-from .limits import MAX_CONFIG_BYTES, MAX_KEY_SUGGESTIONS, CannotPredict
+from .limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_KEY_SUGGESTIONS, CannotPredict
 from .neox_keys import refuse_choice, suggest
 from .values import MARK_OPEN, Tok
 
@@ -273,6 +273,24 @@ def _line_map(text: str) -> dict:
     return lines
 
 
+def _dotted_too_deep(text: str) -> int:
+    """The first line whose table header or key has more than MAX_CONFIG_DEPTH dots, or 0: tomllib
+    takes time quadratic in a dotted name's parts (a 40 KB header of 20,000 parts: 0.6 s; one of a
+    megabyte, minutes).  A dot inside a quoted key counts too: no real config has 64 of them."""
+    if text.count(".") <= MAX_CONFIG_DEPTH:
+        return 0
+    for i, line in enumerate(text.split("\n"), 1):
+        if line.lstrip().startswith("["):
+            name = line.split("]", 1)[0]
+        elif "=" in line:
+            name = line.split("=", 1)[0]
+        else:
+            continue        # a multi-line string's or array's line: no name on it
+        if name.count(".") > MAX_CONFIG_DEPTH:
+            return i
+    return 0
+
+
 class Toml:
     """The TOML config plus the command-line overrides: value and origin by (section, key)."""
 
@@ -281,6 +299,10 @@ class Toml:
             raise CannotPredict("reading TorchTitan's TOML needs Python 3.11 or the tomli package", label)
         if len(text) > MAX_CONFIG_BYTES:
             raise CannotPredict(f"config {label} is larger than {MAX_CONFIG_BYTES >> 10} KiB", f"{label}:1")
+        deep = _dotted_too_deep(text)
+        if deep:
+            where = (line_origins[deep - 1] if line_origins and deep <= len(line_origins) else f"{label}:{deep}")
+            raise CannotPredict(f"config {label} is nested more than {MAX_CONFIG_DEPTH} levels deep", where)
         try:
             self.data = _toml.loads(text)
         except _toml.TOMLDecodeError as exc:

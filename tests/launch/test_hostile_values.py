@@ -204,3 +204,14 @@ def test_prefix_and_suffix_removal_matches_fnmatch_end_by_end():
             t = _glob_tokens(pat)
             assert _strip_prefix(text, t, longest) == by_ends(text, pat, longest, False), (pat, text, longest)
             assert _strip_suffix(text, t, longest) == by_ends(text, pat, longest, True), (pat, text, longest)
+
+
+def test_a_torchtitan_name_dotted_past_the_depth_limit_is_refused_at_its_line(tmp_path):
+    from .test_torchtitan import HEAD, LAUNCH as TT, TOML
+    deep = "[" + ".".join(["a"] * 20000) + "]\nx = 1\n"
+    res = parse_in(tmp_path, HEAD + TT + "\n", {"cfg.toml": TOML + deep})
+    assert res.job is None and "nested more than 64 levels deep" in res.error, res.error
+    assert res.error.endswith(f"cfg.toml:{TOML.count(chr(10)) + 1})"), res.error
+    # a dotted section name of real depth, and dots in values, pass
+    res = parse_in(tmp_path, HEAD + TT + "\n", {"cfg.toml": TOML + "[a.b.c]\nurl = '" + "x." * 100 + "'\n"})
+    assert res.job is not None, res.error
