@@ -215,3 +215,14 @@ def test_a_torchtitan_name_dotted_past_the_depth_limit_is_refused_at_its_line(tm
     # a dotted section name of real depth, and dots in values, pass
     res = parse_in(tmp_path, HEAD + TT + "\n", {"cfg.toml": TOML + "[a.b.c]\nurl = '" + "x." * 100 + "'\n"})
     assert res.job is not None, res.error
+
+
+def test_a_command_of_many_words_reads_the_clock():
+    # (the clock was read every 64th command only: 20 × `echo $X` of 130,000 words took 6 s past
+    # an 80 ms deadline) an already-spent deadline stops at the first command of over 256 words
+    words = " ".join(["w"] * 300)
+    script = f'#!/bin/bash\nX="{words}"\necho $X\n' + LAUNCH
+    res = parse_script("job.sh", script, deadline_s=0.0)
+    assert res.job is None and res.error == "cannot predict: the script took too long to evaluate (job.sh:3)", res.error
+    res = parse_script("job.sh", script.replace("echo $X", "echo ${X:0:20}"), deadline_s=0.0)
+    assert res.error is None or "took too long" not in res.error, res.error
