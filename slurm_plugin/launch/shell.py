@@ -1802,9 +1802,12 @@ def _b_sed(sh: Shell, argv, node, decl, where):
         rep_py = rep.replace("\\&", "\x00AMP").replace("&", "\\g<0>").replace("\x00AMP", "&")
         compiled.append((rx, rep_py, 0 if "g" in flags else 1))
     for f, t in texts:
-        # line by line (sed's model): unchanged lines keep their file:line, changed ones point here
+        # line by line (sed's model): unchanged lines keep their origin, changed ones point here
         segs = []
         src = sh._path(f) if f != "-" else where
+        # a file the script wrote or copied (a template): each line's own origin, not src:line
+        vf = sh.vfs.get(src) if f != "-" else None
+        origins = stdin_origins if f == "-" else (vf.line_origins if vf is not None and vf.line_origins else None)
         for i, line in enumerate(t.split("\n")[: 100_000], 1):
             new = line
             for rx, rep_py, count in compiled:
@@ -1812,12 +1815,20 @@ def _b_sed(sh: Shell, argv, node, decl, where):
                     new = rx.sub(rep_py, new, count=count)
                 except (re.error, IndexError):
                     pass
-            if new != line:
-                origin = where      # the line sed changed: named at the sed command
-            elif f != "-":
-                origin = f"{src}:{i}"
-            else:                   # a here-document line sed left alone: where it was written
-                origin = stdin_origins[i - 1] if stdin_origins and i <= len(stdin_origins) else where
+            if origins is not None:
+                before = origins[i - 1] if i <= len(origins) else where
+            else:
+                before = f"{src}:{i}" if f != "-" else where
+            if new == line:
+                origin = before
+            else:
+                # the line sed changed is named at the sed command; its key too, unless sed left
+                # the line's first word alone (`"micro": MB` filled in: the key is the template's)
+                origin = where
+                word = _FIRST_WORD.search(new)
+                same = next((k for k, (a, b) in enumerate(zip(line, new)) if a != b), min(len(line), len(new)))
+                if word is not None and word.end() <= same:
+                    origin = LineOrigin(where, getattr(before, "written", before))
             segs.append((new + "\n", origin))
         if segs and not t.endswith("\n"):
             segs[-1] = (segs[-1][0][:-1], segs[-1][1])
@@ -1973,6 +1984,9 @@ _PURE = {"echo", "printf", "pwd", "dirname", "basename", "realpath", "readlink",
 
 
 # ====================================================================== helpers
+_FIRST_WORD = re.compile(r"[A-Za-z0-9_][\w.\-]*")
+
+
 class LineOrigin(str):
     """A written line's origin (its value's: :func:`_add_line_origins`) that also knows where the
     line's first word was written, its key's (``written``): `"micro_batchs": $MB` names a

@@ -87,3 +87,32 @@ def test_llmfoundry_key_typo_with_a_variable_value(tmp_path):
     hit = [s for s in [res.error or ""] + res.warnings if "global_train_batch_sise" in s]
     assert hit, (res.error, res.warnings)
     _named(hit[0], tmp_path, line)
+
+
+# ---- a template copied, then filled in by `sed -i`
+TEMPLATE = ('{\n  "zero_optimization": {"stage": 1},\n  "train_micro_batch_size_per_gpu": MB,\n'
+            '  "gradient_accumulation_steps": 2\n}\n')
+
+
+def _filled(tmp_path, template: str, sed: str):
+    launch = MEGATRON.split("\n", 2)[2].format(extra="--deepspeed --deepspeed_config ds.json")
+    script = f"#!/bin/bash\n#SBATCH -N 1 --gpus-per-node=8\ncp tmpl.json ds.json\nsed -i \"{sed}\" ds.json\n" + launch
+    res = parse_in(tmp_path, script, files={"tmpl.json": template})
+    return res, (res.error or "").replace(f"{tmp_path}/", "")
+
+
+def test_a_line_sed_left_alone_is_named_in_the_template(tmp_path):
+    res, err = _filled(tmp_path, TEMPLATE.replace("accumulation_steps", "accumulation_stepz"), "s/MB/4/")
+    assert res.job is None and "gradient_accumulation_stepz" in err and err.endswith("(tmpl.json:4)"), err
+
+
+def test_a_line_sed_filled_in_names_its_key_in_the_template_and_its_value_at_sed(tmp_path):
+    res, err = _filled(tmp_path, TEMPLATE.replace("per_gpu", "per_gpz"), "s/MB/4/")
+    assert res.job is None and "per_gpz" in err and err.endswith("(tmpl.json:3)"), err
+    res, err = _filled(tmp_path, TEMPLATE.replace("MB", '"MB"'), "s/MB/eight/")
+    assert res.job is None and "is 'eight'" in err and err.endswith("(job.sbatch:4)"), err
+
+
+def test_a_key_sed_wrote_is_named_at_sed(tmp_path):
+    res, err = _filled(tmp_path, TEMPLATE, "s/MB/4/; s/accumulation_steps/accumulation_stepz/")
+    assert res.job is None and "gradient_accumulation_stepz" in err and err.endswith("(job.sbatch:4)"), err
