@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .configs import Config, to_bool, to_int
+from .configs import MAX_INT_SETTING, Config, to_bool, to_int, to_number
 from .facts import Facts
 from .limits import CannotPredict
 from .neox_keys import (DEEPSPEED_KEYS, DEEPSPEED_SHAPE_KEYS, PRECISION_KEYS, check_activation_checkpointing_keys,
@@ -36,14 +36,18 @@ def _num(facts: Facts, key: str, cfg: Config, path: tuple, value: Any) -> None:
     n = to_int(value)
     if n is None:
         reason = f"{'.'.join(map(str, path))} is {str(value)[:30]!r} in {cfg.label}"
-        if value != "auto" and key in _BATCH_FACTS and path not in cfg.bare:   # (bare: a template's word)
+        number = to_number(value)
+        if (isinstance(value, str) and number is None and value != "auto" and key in _BATCH_FACTS
+                and path not in cfg.bare):          # (bare: a template's word, filled in before the run)
             # DeepSpeedConfig's batch check compares the three sizes with 0 and multiplies them:
             # a word there raises TypeError before the first step ("auto" is filled in by HF's
             # integration, which perfcast does not follow: unknown, not refused).
             raise CannotPredict(f"{reason}, not a number: DeepSpeed stops at start (its batch size "
                                 f"check cannot compare it)", origin)
         if value != "auto":
-            facts.warnings.append(f"{reason}, not a number ({origin})")
+            what = ("not a number" if number is None else
+                    "too large for any job" if abs(number) > MAX_INT_SETTING else "not a whole number")
+            facts.warnings.append(f"{reason}, {what} ({origin})")
         facts.set_unknown(key, reason, origin)
         return
     facts.set(key, n, origin)

@@ -181,6 +181,15 @@ def test_deepspeed_batch_size_that_is_a_word_stops(tmp_path, key):
         assert res.job is not None, res.error
 
 
+@pytest.mark.parametrize("value, said", [("99999999999999999999999", "too large for any job"),
+                                         ("2.5", "not a whole number"), ("[4]", "not a number")])
+def test_deepspeed_batch_size_that_is_no_usable_number_is_warned_as_what_it_is(tmp_path, value, said):
+    res = _ds(tmp_path, '{"zero_optimization": {"stage": 1},\n "train_micro_batch_size_per_gpu": %s\n}' % value)
+    assert res.job is not None, res.error
+    assert any(w.startswith("train_micro_batch_size_per_gpu is ") and f", {said} (" in w and "ds.json:2)" in w
+               for w in res.warnings), res.warnings
+
+
 def test_deepspeed_batch_size_word_in_a_written_config_is_named_where_written(tmp_path):
     written = ("cat > ds.json <<EOF\n{\n"
                '  "train_micro_batch_size_per_gpu": "eight",\n  "zero_optimization": {"stage": 1}\n}\nEOF\n')
