@@ -57,7 +57,7 @@ class Config:
 def key_origin(origin: str) -> str:
     """Where a line's key was written (its first word): ``origin`` itself unless the line is one
     a script wrote with a value from elsewhere (shell.LineOrigin, which keeps both)."""
-    return getattr(origin, "written", origin)
+    return getattr(origin, "written", None) or origin
 
 
 def _too_deep_at(text: str) -> int:

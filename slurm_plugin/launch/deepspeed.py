@@ -68,18 +68,18 @@ def read_config(cfg: Config, facts: Facts) -> None:
     facts.set("ds_config_loaded", True, cfg.label)
     zero = d.get("zero_optimization")
     if isinstance(zero, dict):          # a misspelt ``stage`` stops the parse
-        check_zero_keys(zero, lambda k: cfg.key_origin(("zero_optimization", k)), f"{cfg.label} zero_optimization",
+        check_zero_keys(zero, lambda k: cfg.origin(("zero_optimization", k)), f"{cfg.label} zero_optimization",
                         facts.warnings)
-    check_keys(((k, cfg.key_origin((k,))) for k in d if isinstance(k, str)), DEEPSPEED_KEYS, DEEPSPEED_SHAPE_KEYS,
+    check_keys(((k, cfg.origin((k,))) for k in d if isinstance(k, str)), DEEPSPEED_KEYS, DEEPSPEED_SHAPE_KEYS,
                "DeepSpeed config", cfg.label, facts.warnings)
     for key, fact in (("train_batch_size", "ds_train_batch"), ("train_micro_batch_size_per_gpu", "ds_micro"),
                       ("gradient_accumulation_steps", "ds_gas")):
-        if key in d:
+        if d.get(key) is not None:          # null: not given (DeepSpeed reads them with get)
             _num(facts, fact, cfg, (key,), d[key])
     for sect in PRECISION_KEYS:
         block = d.get(sect)
         if isinstance(block, dict):
-            check_precision_keys(sect, block, lambda k, s=sect: cfg.key_origin((s, k)), f"{cfg.label} {sect}",
+            check_precision_keys(sect, block, lambda k, s=sect: cfg.origin((s, k)), f"{cfg.label} {sect}",
                                  facts.warnings)
     prec = None
     for sect, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"), ("amp", "fp16")):
@@ -112,7 +112,7 @@ def read_config(cfg: Config, facts: Facts) -> None:
         facts.set("ds_zero_stage", 0, f"{cfg.label} (no zero_optimization)")
     ac = d.get("activation_checkpointing")
     if isinstance(ac, dict):
-        check_activation_checkpointing_keys(ac, lambda k: cfg.key_origin(("activation_checkpointing", k)),
+        check_activation_checkpointing_keys(ac, lambda k: cfg.origin(("activation_checkpointing", k)),
                                             f"{cfg.label} activation_checkpointing", facts.warnings)
         for key, fact in ACTIVATION_CHECKPOINTING_FACTS:
             if to_bool(ac.get(key)):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import moe
-from .configs import Config, check_duplicates, key_origin, to_bool, to_int, to_number
+from .configs import Config, check_duplicates, to_bool, to_int, to_number
 from .facts import Facts
 from .limits import CannotPredict
 from .neox_keys import (CONTIGUOUS_NEEDS_PARTITION, NEOX_KEYS, NEOX_SHAPE_KEYS, check_keys, check_zero_keys,
@@ -163,7 +163,7 @@ def read_merged(m: Merged, facts: Facts) -> None:
     f = facts
     w = f.warnings
     _check_moe(m)
-    check_keys(((raw, cfg.key_origin((raw,))) for _v, cfg, raw in m.items.values()), NEOX_KEYS, NEOX_SHAPE_KEYS,
+    check_keys(((raw, cfg.origin((raw,))) for _v, cfg, raw in m.items.values()), NEOX_KEYS, NEOX_SHAPE_KEYS,
                "GPT-NeoX", "the NeoX configs", w)
     for key, fact in (("num_layers", "layers"), ("hidden_size", "hidden"), ("num_attention_heads", "heads"),
                       ("num_kv_heads", "kv_heads"), ("seq_length", "seq_len"), ("model_parallel_size", "tp"),
@@ -228,7 +228,7 @@ def read_merged(m: Merged, facts: Facts) -> None:
     _precision(m, f)
     z = m.raw("zero_optimization")
     if isinstance(z, dict):
-        check_zero_keys(z, lambda k: key_origin(m.origin("zero_optimization", (k,))), "zero_optimization", w)
+        check_zero_keys(z, lambda k: m.origin("zero_optimization", (k,)), "zero_optimization", w)
     if isinstance(z, dict) and "stage" in z:
         check_zero_stage(z["stage"], "the NeoX configs", m.origin("zero_optimization", ("stage",)))
         st = to_int(z["stage"])

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, NoReturn, Optional
 
 from predictor.errors import did_you_mean
 
-from .configs import to_bool, to_int
+from .configs import key_origin, to_bool, to_int
 from .limits import MAX_KEY_SUGGESTIONS, CannotPredict
 from .values import MARK_OPEN
 
@@ -187,6 +187,7 @@ def check_keys(keys: Iterable[tuple[str, str]], known: frozenset, shape: frozens
     """
     unknown = 0
     for raw, origin in keys:
+        origin = key_origin(origin)         # a written line's key, not its value's variable
         key = raw.replace("-", "_") if isinstance(raw, str) else str(raw)
         if key in known:
             continue
@@ -238,7 +239,7 @@ def check_precision_keys(sect: str, block: dict, origin: Callable[[str], str], l
         if "enabled" not in block and suggest(k, frozenset({"enabled"})) is not None:
             raise CannotPredict(f"{k!r} is not a DeepSpeed {sect} key; did you mean 'enabled'? DeepSpeed refuses "
                                 f"an unknown {sect} key at start (releases before its pydantic configs ignore it "
-                                f"and train without {sect})", origin(k))
+                                f"and train without {sect})", key_origin(origin(k)))
     check_keys(((k, origin(k)) for k in block if isinstance(k, str)), known, frozenset(),
                f"DeepSpeed {sect}", label, warnings)
 

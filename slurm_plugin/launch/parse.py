@@ -478,12 +478,22 @@ def _launch_world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest
         if isinstance(nn_tok, Tok):
             t, least = nn_tok.text, None
             if ":" in t and MARK_OPEN not in t:
-                least, t = _int_text(t.split(":")[0]), t.split(":")[-1]
+                # torchrun's parse_min_max_nnodes and its rendezvous' checks, at start-up
+                parts = t.split(":")
+                least, t = (_int_text(parts[0]), parts[-1]) if len(parts) == 2 else (None, "")
+                most = _int_text(t)
+                if least is None or most is None or least < 1 or most < least:
+                    why = ("is not in MIN:MAX format" if len(parts) != 2 or least is None or most is None
+                           else "has a minimum below 1" if least < 1 else "has a maximum below its minimum")
+                    raise CannotPredict(f"torchrun --nnodes {nn_tok.text} {why}: torchrun stops at start",
+                                        nn_tok.origin_at(0) or launch.where)
             facts.set_int("tr_nnodes", Tok(t, nn_tok.segs), what="--nnodes")
             if not facts.known("tr_nnodes"):
                 return World(unknown=facts.get("tr_nnodes").unknown, origin=facts.origin("tr_nnodes"))
             nn, origin = facts.val("tr_nnodes"), facts.origin("tr_nnodes")
-            nn = _rendezvous_nodes(nn_tok.text, least if least is not None else nn, nn, req,
+            # one agent per node where srun starts torchrun on each (srun -N: on that many)
+            agents = min(filter(None, (_int_text(srun_opts.get("nodes")), req.nodes)), default=None) if srun else None
+            nn = _rendezvous_nodes(nn_tok.text, least if least is not None else nn, nn, req, agents,
                                    prov.get("request.nodes", "request"), origin, warnings)
         per = 1
         if isinstance(np_tok, Tok):
@@ -570,25 +580,36 @@ def _composer_world(c: Classified, facts: Facts, req: SlurmRequest, prov: dict, 
     return World(per, per_origin, per)
 
 
-def _rendezvous_nodes(text: str, least: int, most: int, req: SlurmRequest, req_origin: str, origin: str,
-                      warnings: list) -> int:
+def _rendezvous_nodes(text: str, least: int, most: int, req: SlurmRequest, agents: Optional[int],
+                      req_origin: str, origin: str, warnings: list) -> int:
     """The nodes torchrun's rendezvous trains on for ``--nnodes text`` (``least:most``, or one
-    count) when srun starts one agent on each of the job's nodes.  The rendezvous completes
-    once ``least`` agents have joined (at once at ``most``) and fails at its timeout, without
-    training, if fewer ever join: a job whose nodes cannot reach ``least`` never trains."""
-    nodes, upto = req.nodes, req.max_nodes
-    if nodes and upto and upto < least:
-        have = f"{nodes} node(s)" if upto == nodes else f"at most {upto} node(s) (--nodes={nodes}-{upto})"
-        raise CannotPredict(f"torchrun --nnodes {text} waits for {least} node(s) to join its rendezvous "
-                            f"but the job has {have} ({req_origin}): the rendezvous never completes and the "
-                            f"job ends at its timeout without training; give --nnodes {nodes} "
-                            f"(or $SLURM_NNODES)", origin)
+    count) when srun starts one agent on each of ``agents`` nodes (None: torchrun is not started
+    by srun, and how many agents join is not known here: the count is taken as written).  The
+    rendezvous completes once ``least`` agents have joined (at once at ``most``) and fails at its
+    timeout, without training, if fewer ever join: a job whose nodes cannot reach ``least``
+    never trains."""
+    if agents is None or not req.nodes:
+        if least != most:
+            warnings.append(f"torchrun --nnodes {text}: predicting for the maximum {most} ({origin})")
+        return most
+    if agents != req.nodes:      # srun -N: fewer nodes than the job has run an agent
+        upto, have, advice = agents, f"srun starts it on {agents} node(s) (srun -N {agents})", f"{agents}"
+        joined = f"srun's {agents} node(s)"
+    else:
+        upto = req.max_nodes
+        have = (f"the job has {agents} node(s) ({req_origin})" if upto == agents else
+                f"the job has at most {upto} node(s) (--nodes={agents}-{upto}, {req_origin})")
+        advice, joined = f"{agents} (or $SLURM_NNODES)", f"the job's {agents} node(s) ({req_origin})"
+    if upto and upto < least:
+        raise CannotPredict(f"torchrun --nnodes {text} waits for {least} node(s) to join its rendezvous but "
+                            f"{have}: the rendezvous never completes and the job ends at its timeout without "
+                            f"training; give --nnodes {advice}", origin)
     if least == most:
         return most
-    if nodes and least <= nodes < most:
-        warnings.append(f"torchrun --nnodes {text}: the job's {nodes} node(s) join its rendezvous "
-                        f"({req_origin}): predicting for {nodes} ({origin})")
-        return nodes
+    if least <= agents < most:
+        warnings.append(f"torchrun --nnodes {text}: {joined} join its rendezvous: predicting for {agents} "
+                        f"({origin})")
+        return agents
     warnings.append(f"torchrun --nnodes {text}: predicting for the maximum {most} ({origin})")
     return most
 

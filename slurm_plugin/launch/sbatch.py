@@ -470,8 +470,9 @@ def merge_request(script: Directives, caller: Optional[SlurmRequest]) -> tuple[S
     if caller is not None:
         for name in _REQUEST_FIELDS:
             v = getattr(caller, name)
-            if name == "max_nodes" and caller.nodes is not None:
-                out.max_nodes = v        # the script's maximum belongs to the script's count
+            if name == "max_nodes":
+                if caller.nodes is not None:
+                    out.max_nodes = v    # the script's maximum belongs to the script's count
             elif v is not None:
                 setattr(out, name, v)
                 prov[f"request.{name}"] = "request"

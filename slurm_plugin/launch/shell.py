@@ -1990,7 +1990,8 @@ _FIRST_WORD = re.compile(r"[A-Za-z0-9_][\w.\-]*")
 class LineOrigin(str):
     """A written line's origin (its value's: :func:`_add_line_origins`) that also knows where the
     line's first word was written, its key's (``written``): `"micro_batchs": $MB` names a
-    misspelt key at the heredoc's line, its value at the line that set MB."""
+    misspelt key at the heredoc's line, its value at the line that set MB.  ``written`` empty: the
+    line has no word yet (only blanks or punctuation, so far)."""
 
     written: str
 
@@ -1998,6 +1999,9 @@ class LineOrigin(str):
         self = super().__new__(cls, origin)
         self.written = written
         return self
+
+    def __reduce__(self):
+        return LineOrigin, (str(self), self.written)
 
 
 def _add_line_origins(origins: list, segs: list, open_line: bool) -> None:
@@ -2007,7 +2011,9 @@ def _add_line_origins(origins: list, segs: list, open_line: bool) -> None:
     empty line, the piece that ends it.  Where the line's first piece with a letter or digit came
     from elsewhere, the origin is a :class:`LineOrigin` that keeps it (the key's line).
     ``open_line``: the last line so far is unfinished and has its origin already."""
-    first = getattr(origins[-1], "written", origins[-1]) if open_line and origins else None
+    first = None
+    if open_line and origins:       # an unfinished line: its first word's origin, if it has one
+        first = getattr(origins[-1], "written", origins[-1]) or None
     for seg_text, origin in segs:
         for i, piece in enumerate(seg_text.split("\n")):
             if i:
@@ -2017,7 +2023,8 @@ def _add_line_origins(origins: list, segs: list, open_line: bool) -> None:
             if piece:
                 has_word = _ALNUM.search(piece) is not None
                 if not open_line:
-                    origins.append(origin)
+                    # (a line begun without a word says so, for a later write that continues it)
+                    origins.append(origin if has_word else LineOrigin(origin, ""))
                     open_line = True
                     first = origin if has_word else None
                 elif has_word:
@@ -2150,9 +2157,15 @@ def _whole(tokens: list) -> str:
     if len(pieces) == 1:
         return "".join(pieces[0])
     out = ["".join(pieces[0])]
-    out += ["(?>.*?" + "".join(p) + ")" for p in pieces[1:-1]]
+    out += [_atomic(".*?" + "".join(p), k) for k, p in enumerate(pieces[1:-1])]
     out.append(".*" + "".join(pieces[-1]))
     return "".join(out)
+
+
+def _atomic(body: str, k: int) -> str:
+    """``(?>body)`` (an atomic group, Python 3.11+) as a lookahead and a reference to what it
+    took, which no later failure retries, on every Python: fnmatch's own construction."""
+    return f"(?=(?P<g{k}>{body}))(?P=g{k})"
 
 
 def _prefix_end(tokens: list, text: str, longest: bool) -> Optional[int]:
@@ -2170,8 +2183,8 @@ def _prefix_end(tokens: list, text: str, longest: bool) -> Optional[int]:
     rx = "".join(pieces[0])
     if len(pieces) > 1:
         middle, last = pieces[1:-1], "".join(pieces[-1])
-        rx += "".join("(?>.*?" + "".join(p) + ")" for p in middle)
-        rx += ("(?>.*?" + last + ")") if not longest else (".*" + last)
+        rx += "".join(_atomic(".*?" + "".join(p), k) for k, p in enumerate(middle))
+        rx += _atomic(".*?" + last, len(middle)) if not longest else (".*" + last)
     m = re.match(rx, text, re.S)
     return None if m is None else m.end()
 

@@ -116,3 +116,31 @@ def test_a_line_sed_filled_in_names_its_key_in_the_template_and_its_value_at_sed
 def test_a_key_sed_wrote_is_named_at_sed(tmp_path):
     res, err = _filled(tmp_path, TEMPLATE, "s/MB/4/; s/accumulation_steps/accumulation_stepz/")
     assert res.job is None and "gradient_accumulation_stepz" in err and err.endswith("(job.sbatch:4)"), err
+
+
+def test_a_value_warning_stays_at_the_variables_line(tmp_path):
+    config = '{\n  "zero_optimization": {\n    "stage": 2,\n    "overlap_comm": $V\n  }\n}\n'
+    script, _ = _written("#!/bin/bash\n#SBATCH -N 1 --gpus-per-node=8\n", "ds.json", config,
+                         MEGATRON.split("\n", 2)[2].format(extra="--deepspeed --deepspeed_config ds.json"))
+    res = parse_in(tmp_path, script.replace("V=8", "V=true"))
+    said = [w.replace(f"{tmp_path}/", "") for w in res.warnings if "overlap_comm at ZeRO stage 2" in w]
+    assert said and said[0].endswith("job.sbatch:3)"), res.warnings
+
+
+def test_a_line_continued_by_a_later_write_keeps_its_first_words_origin():
+    from slurm_plugin.launch.configs import key_origin
+    from slurm_plugin.launch.shell import _add_line_origins
+    origins: list = []
+    _add_line_origins(origins, [("  ", "t.sh:2")], open_line=False)            # printf "  " > c.json
+    _add_line_origins(origins, [('"micro": ', "t.sh:3"), ("4", "t.sh:1"), ("\n", "t.sh:3")], open_line=True)
+    assert origins == ["t.sh:1"] and key_origin(origins[0]) == "t.sh:3"
+
+
+def test_line_origins_survive_copy_and_pickle():
+    import copy
+    import pickle
+
+    from slurm_plugin.launch.shell import LineOrigin
+    o = LineOrigin("a.sh:1", "a.sh:4")
+    for c in (copy.copy(o), copy.deepcopy(o), pickle.loads(pickle.dumps(o))):
+        assert c == "a.sh:1" and c.written == "a.sh:4"

@@ -29,7 +29,8 @@ def test_an_elastic_range_trains_on_the_nodes_that_join(tmp_path):
     res = parse_in(tmp_path, _script("2", "1:4"))
     assert res.job is not None, res.error
     assert res.job.layout.dp == 16                 # 2 nodes × 8, not the range's 4 × 8
-    assert any(w.startswith("torchrun --nnodes 1:4: the job's 2 node(s) join its rendezvous") for w in res.warnings)
+    assert any(w.startswith("torchrun --nnodes 1:4: the job's 2 node(s) (") and "join its rendezvous: "
+               "predicting for 2" in w for w in res.warnings), res.warnings
     res = parse_in(tmp_path, _script("4", "1:2"))  # more nodes than the range's maximum: the maximum
     assert res.job is not None and res.job.layout.dp == 16, res.error
 
@@ -40,7 +41,7 @@ def test_a_node_range_that_can_reach_the_count_is_not_refused(tmp_path):
     assert res.job is not None, res.error
     assert any("but the job has 2 node(s)" in w for w in res.warnings), res.warnings
     res = parse_in(tmp_path, _script("2-3", "4"))
-    assert res.job is None and "but the job has at most 3 node(s) (--nodes=2-3)" in res.error, res.error
+    assert res.job is None and "but the job has at most 3 node(s) (--nodes=2-3, " in res.error, res.error
 
 
 def test_the_callers_request_decides_the_nodes(tmp_path):
@@ -55,3 +56,34 @@ def test_the_callers_request_decides_the_nodes(tmp_path):
     path.write_text(_script("4", "4"))
     res = parse_script(str(path), request=SlurmRequest(nodes=2, max_nodes=2), deadline_s=10.0)
     assert res.job is None and "but the job has 2 node(s) (request)" in res.error, res.error
+
+
+def test_an_nnodes_torchrun_refuses_stops_as_it_does(tmp_path):
+    for nnodes, why in (("x:4", "is not in MIN:MAX format"), (":4", "is not in MIN:MAX format"),
+                        ("1:2:4", "is not in MIN:MAX format"), ("4:2", "has a maximum below its minimum"),
+                        ("0:2", "has a minimum below 1")):
+        res = parse_in(tmp_path, _script("2", nnodes))
+        assert res.job is None and f"torchrun --nnodes {nnodes} {why}: torchrun stops at start" in res.error, res.error
+
+
+def test_srun_on_fewer_nodes_runs_fewer_agents(tmp_path):
+    script = _script("2", "2").replace("srun torchrun", "srun -N 1 torchrun")
+    res = parse_in(tmp_path, script)
+    assert res.job is None and "but srun starts it on 1 node(s) (srun -N 1)" in res.error, res.error
+    assert "give --nnodes 1 (" in res.error and "SLURM_NNODES" not in res.error, res.error
+    res = parse_in(tmp_path, _script("2", "1:2").replace("srun torchrun", "srun --nodes=1 torchrun"))
+    assert res.job is not None and res.job.layout.dp == 8, res.error
+
+
+def test_without_srun_the_count_is_taken_as_written(tmp_path):
+    # how many agents join is not known (pdsh, ssh loops, ...): not judged, as before
+    res = parse_in(tmp_path, _script("2", "4").replace("srun torchrun", "torchrun"))
+    assert res.job is not None and res.job.layout.dp == 32, res.error
+    assert any("torchrun --nnodes 4 but the job has 2 node(s)" in w for w in res.warnings), res.warnings
+
+
+def test_a_callers_maximum_without_its_count_is_not_taken(tmp_path):
+    path = tmp_path / "job.sbatch"
+    path.write_text(_script("4", "4"))
+    res = parse_script(str(path), request=SlurmRequest(max_nodes=2), deadline_s=10.0)
+    assert res.job is not None and res.request.max_nodes == 4, res.error

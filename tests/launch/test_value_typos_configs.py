@@ -190,6 +190,13 @@ def test_deepspeed_batch_size_that_is_no_usable_number_is_warned_as_what_it_is(t
                for w in res.warnings), res.warnings
 
 
+def test_deepspeed_null_batch_size_is_not_given(tmp_path):
+    # DeepSpeed reads the sizes with get(): null is derived from the other two, as if absent
+    res = _ds(tmp_path, '{"zero_optimization": {"stage": 1}, "train_batch_size": null, '
+                        '"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2}')
+    assert res.job is not None and not [w for w in res.warnings if "train_batch_size" in w], (res.error, res.warnings)
+
+
 def test_deepspeed_batch_size_word_in_a_written_config_is_named_where_written(tmp_path):
     written = ("cat > ds.json <<EOF\n{\n"
                '  "train_micro_batch_size_per_gpu": "eight",\n  "zero_optimization": {"stage": 1}\n}\nEOF\n')
