@@ -1257,8 +1257,14 @@ class Shell:
 
     def _eval_cond_words(self, words: list, line: int, double: bool) -> Optional[bool]:
         args = [_flat(self.expand_str(w)) for w in words] if double else words
+        patterns: dict = {}
+        if double:
+            # the right of == and != is a pattern whose quoted parts match as themselves
+            for k in range(1, len(words)):
+                if args[k - 1] in ("=", "==", "!=") and any(getattr(part, "quoted", False) for part in words[k]):
+                    patterns[k] = self._pattern_tokens(words[k])
         try:
-            return _TestEval(self, args, double, self.where(line)).run()
+            return _TestEval(self, args, double, self.where(line), patterns).run()
         except _TestSyntax:
             self.warn(f"cannot read the test at {self.where(line)}")
             return None
@@ -1303,8 +1309,9 @@ class _TestSyntax(Exception):
 class _TestEval:
     """`[ … ]`, `test …` and `[[ … ]]` in three-valued logic (None = unknown)."""
 
-    def __init__(self, sh: Shell, args: list, double: bool, where: str):
+    def __init__(self, sh: Shell, args: list, double: bool, where: str, patterns: Optional[dict] = None):
         self.sh, self.args, self.double, self.where = sh, args, double, where
+        self.patterns = patterns or {}      # arg index -> pattern tokens (quoted parts literal)
         self.i = 0
 
     def run(self) -> Optional[bool]:
@@ -1354,9 +1361,9 @@ class _TestEval:
             return v
         nxt = self.args[self.i + 1] if self.i + 1 < len(self.args) else None
         if nxt in _BINARY_TESTS and self.i + 2 < len(self.args):
-            b = self.args[self.i + 2]
+            b, tokens = self.args[self.i + 2], self.patterns.get(self.i + 2)
             self.i += 3
-            return self._binary(a, nxt, b)
+            return self._binary(a, nxt, b, tokens)
         if a in _UNARY_TESTS and nxt is not None:
             self.i += 2
             return self._unary(a, nxt)
@@ -1388,16 +1395,15 @@ class _TestEval:
             return kind == "dir"
         return None
 
-    def _binary(self, a: str, op: str, b: str) -> Optional[bool]:
+    def _binary(self, a: str, op: str, b: str, tokens: Optional[list] = None) -> Optional[bool]:
         if MARK_OPEN in a or (MARK_OPEN in b and op != "=~"):
             return None
+        if op in ("=", "==", "!=") and self.double:
+            rx = _whole(tokens if tokens is not None else _glob_tokens(b))
+            return (re.fullmatch(rx, a, re.S) is not None) == (op != "!=")
         if op in ("=", "=="):
-            if self.double:
-                return re.fullmatch(_whole(_glob_tokens(b)), a, re.S) is not None
             return a == b
         if op == "!=":
-            if self.double:
-                return re.fullmatch(_whole(_glob_tokens(b)), a, re.S) is None
             return a != b
         if op == "=~":
             if MARK_OPEN in b:
@@ -2121,15 +2127,12 @@ def _glob_tokens(pat: str) -> list:
         elif c == "?":
             out.append(".")
         elif c == "[":
-            j = pat.find("]", i + 2)
-            if j < 0:
+            end, cls = _bracket(pat, i)
+            if cls is None:
                 out.append(re.escape(c))
             else:
-                body = pat[i + 1:j]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = j
+                out.append(cls)
+                i = end
         elif c == "\\" and i + 1 < len(pat):
             out.append(re.escape(pat[i + 1]))
             i += 1
@@ -2137,6 +2140,44 @@ def _glob_tokens(pat: str) -> list:
             out.append(re.escape(c))
         i += 1
     return out
+
+
+# POSIX character classes in a bracket expression, as Python class members
+_POSIX_CLASSES = {"alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9", "upper": "A-Z", "lower": "a-z",
+                  "space": " \\t\\n\\r\\f\\v", "blank": " \\t", "xdigit": "0-9A-Fa-f", "word": "\\w",
+                  "punct": re.escape("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"), "cntrl": "\\x00-\\x1f\\x7f",
+                  "print": "\\x20-\\x7e", "graph": "\\x21-\\x7e"}
+
+
+def _bracket(pat: str, i: int) -> tuple[int, Optional[str]]:
+    """The bracket expression at ``pat[i] == "["`` as bash reads it: ``!`` or ``^`` negates, a
+    ``]`` first is a member, ``[:class:]`` a POSIX class, a backslash escapes; (index of its
+    closing ``]``, a Python character class), or (i, None) when it does not close (a plain ``[``)."""
+    j = i + 1
+    negate = j < len(pat) and pat[j] in "!^"
+    j += negate
+    members: list = []
+    first = True
+    while j < len(pat):
+        c = pat[j]
+        if c == "]" and not first:
+            return j, "[" + ("^" if negate else "") + "".join(members) + "]"
+        if c == "[" and pat.startswith("[:", j):
+            k = pat.find(":]", j + 2)
+            name = pat[j + 2:k] if k > 0 else ""
+            if name in _POSIX_CLASSES:
+                members.append(_POSIX_CLASSES[name])
+                j, first = k + 2, False
+                continue
+        if c == "\\" and j + 1 < len(pat):
+            j += 1
+            c = pat[j]
+        if c == "-" and members and not first and j + 1 < len(pat) and pat[j + 1] != "]":
+            members.append("-")          # a range between its neighbours
+        else:
+            members.append(re.escape(c))
+        j, first = j + 1, False
+    return i, None
 
 
 def _glob(pat: str) -> str:

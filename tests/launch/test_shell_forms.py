@@ -131,3 +131,20 @@ def test_huge_heredoc_command_names_one_location(tmp_path):
     res = parse_script(str(p), deadline_s=10.0)    # the word limit, not the clock, stops it
     assert res.job is None and "more than 10000 words" in res.error
     assert res.error.count("job.sbatch") == 1, res.error
+
+
+_LAYERS = ("srun python pretrain_gpt.py --num-layers $L --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+           "--max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 8 --train-iters 10\n")
+
+
+@pytest.mark.parametrize("body, layers", [
+    ('X=a]\nL=2\ncase "$X" in *[!]]) L=3;; *) L=4;; esac\n', 4),          # ] first in a bracket is a member
+    ('X=a5\nL=2\ncase "$X" in a[[:digit:]]) L=3;; *) L=4;; esac\n', 3),   # POSIX classes
+    ('X=_x1\nL=2\ncase "$X" in [[:alpha:]_]*) L=5;; esac\n', 5),
+    ('X="a*"\nL=2\n[[ $X == "a*" ]] && L=6\n[[ abc == "a*" ]] && L=7\n', 6),  # quoted: itself, not a glob
+    ('X=abc\nL=2\n[[ $X == a"b"* ]] && L=8\n[[ $X != "a"* ]] && L=9\n', 8),
+    ('P="a*"\nL=2\n[[ abc == $P ]] && L=10\n', 10),                          # unquoted expansion: a glob
+])
+def test_patterns_read_as_bash_reads_them(body, layers):
+    res = parse_script("j.sh", "#!/bin/bash\n" + body + _LAYERS, deadline_s=10.0)
+    assert res.job is not None and res.job.model.layers == layers, (res.error, res.job)
