@@ -2161,7 +2161,12 @@ def _bracket(pat: str, i: int) -> tuple[int, Optional[str]]:
     while j < len(pat):
         c = pat[j]
         if c == "]" and not first:
-            return j, "[" + ("^" if negate else "") + "".join(members) + "]"
+            cls = "[" + ("^" if negate else "") + "".join(members) + "]"
+            try:
+                re.compile(cls)
+            except re.error:         # a reversed range ([z-a]): bash matches nothing with it
+                cls = "(?!)"
+            return j, cls
         if c == "[" and pat.startswith("[:", j):
             k = pat.find(":]", j + 2)
             name = pat[j + 2:k] if k > 0 else ""

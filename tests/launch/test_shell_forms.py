@@ -144,6 +144,7 @@ _LAYERS = ("srun python pretrain_gpt.py --num-layers $L --hidden-size 64 --num-a
     ('X="a*"\nL=2\n[[ $X == "a*" ]] && L=6\n[[ abc == "a*" ]] && L=7\n', 6),  # quoted: itself, not a glob
     ('X=abc\nL=2\n[[ $X == a"b"* ]] && L=8\n[[ $X != "a"* ]] && L=9\n', 8),
     ('P="a*"\nL=2\n[[ abc == $P ]] && L=10\n', 10),                          # unquoted expansion: a glob
+    ('X=b\nL=2\ncase "$X" in [z-a]) L=3;; *) L=11;; esac\n', 11),          # a reversed range: nothing
 ])
 def test_patterns_read_as_bash_reads_them(body, layers):
     res = parse_script("j.sh", "#!/bin/bash\n" + body + _LAYERS, deadline_s=10.0)
