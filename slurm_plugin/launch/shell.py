@@ -2185,10 +2185,6 @@ def _bracket(pat: str, i: int) -> tuple[int, Optional[str]]:
     return i, None
 
 
-def _glob(pat: str) -> str:
-    return "".join(".*" if t is None else t for t in _glob_tokens(pat))
-
-
 def _whole(tokens: list) -> str:
     """A regex that matches a whole text as the pattern ``tokens`` does, in time linear in each
     star's span: as fnmatch translates, every star but the last takes the earliest place its
