@@ -393,6 +393,11 @@ def _wrappers(launch: Launch, kind: str) -> list:
     return [w for w in launch.wrappers for w in (w if isinstance(w, list) else [w]) if w.kind == kind]
 
 
+def _wrapper_opts(wrappers: list) -> dict:
+    """The options of ``wrappers`` (:func:`_wrappers`), the later one's winning."""
+    return {k: v for w in wrappers for k, v in w.opts}
+
+
 def _external_ranks(launch: Launch, c: Classified) -> bool:
     """Whether something outside the training script starts its ranks (a launcher, srun, mpirun)."""
     return c.launcher != "none" or bool(_wrappers(launch, "srun") or _wrappers(launch, "mpirun"))
@@ -453,7 +458,7 @@ def _world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest, prov:
     """The ranks the launch starts (and per node), checked against the GPUs the request gives a node."""
     world = _launch_world(launch, c, facts, req, prov, sh, warnings)
     gives = "the request gives"
-    step_gpn = _int_text({k: v for w in _wrappers(launch, "srun") for k, v in w.opts}.get("gpus-per-node"))
+    step_gpn = _int_text(_wrapper_opts(_wrappers(launch, "srun")).get("gpus-per-node"))
     if step_gpn and (req.gpus_per_node is None or step_gpn < req.gpus_per_node):
         # srun's own --gpus-per-node gives its step fewer GPUs than the job has: the ranks see those
         req = dataclasses.replace(req, gpus_per_node=step_gpn)
@@ -470,7 +475,7 @@ def _launch_world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest
         return World(unknown=f"--nodes={prov['request.nodes.invalid']} is a list of node counts, not one number",
                      origin=prov.get("request.nodes", ""))
     srun = _wrappers(launch, "srun")
-    srun_opts = {k: v for w in srun for k, v in w.opts}
+    srun_opts = _wrapper_opts(srun)
     if c.launcher == "torchrun":
         nn_tok, np_tok = c.launcher_opts.get("nnodes"), c.launcher_opts.get("nproc_per_node")
         nn = 1
@@ -517,7 +522,7 @@ def _launch_world(launch: Launch, c: Classified, facts: Facts, req: SlurmRequest
         return _hostfile_world(launch, c, facts, req, prov, sh, warnings)
     mpi = _wrappers(launch, "mpirun")
     if mpi:
-        opts = {k: v for w in mpi for k, v in w.opts}
+        opts = _wrapper_opts(mpi)
         for k in ("np", "n", "c"):
             if opts.get(k):
                 n = _int_text(opts[k])

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from . import launchers
 from .arith import ArithError, ArithUnknown, Evaluator
+from .configs import key_origin
 from .files import ReadFile, decode_text, join_path, os_reason, valid_unicode
 from .limits import (MAX_ARRAY_ITEMS, MAX_CALL_DEPTH, MAX_SOURCED_FILES, MAX_VALUE_CHARS, MAX_VFS_BYTES,
                      MAX_VFS_FILES, Budget, CannotPredict)
@@ -1834,7 +1835,7 @@ def _b_sed(sh: Shell, argv, node, decl, where):
                 word = _FIRST_WORD.search(new)
                 same = next((k for k, (a, b) in enumerate(zip(line, new)) if a != b), min(len(line), len(new)))
                 if word is not None and word.end() <= same:
-                    origin = LineOrigin(where, getattr(before, "written", before))
+                    origin = LineOrigin(where, key_origin(before))
             segs.append((new + "\n", origin))
         if segs and not t.endswith("\n"):
             segs[-1] = (segs[-1][0][:-1], segs[-1][1])

@@ -299,10 +299,11 @@ class Toml:
             raise CannotPredict("reading TorchTitan's TOML needs Python 3.11 or the tomli package", label)
         if len(text) > MAX_CONFIG_BYTES:
             raise CannotPredict(f"config {label} is larger than {MAX_CONFIG_BYTES >> 10} KiB", f"{label}:1")
+        self.label, self.over, self.line_origins = label, overrides, line_origins
         deep = _dotted_too_deep(text)
         if deep:
-            where = (line_origins[deep - 1] if line_origins and deep <= len(line_origins) else f"{label}:{deep}")
-            raise CannotPredict(f"config {label} is nested more than {MAX_CONFIG_DEPTH} levels deep", where)
+            raise CannotPredict(f"config {label} is nested more than {MAX_CONFIG_DEPTH} levels deep",
+                                self._line_origin(deep))
         try:
             self.data = _toml.loads(text)
         except _toml.TOMLDecodeError as exc:
@@ -313,7 +314,7 @@ class Toml:
             raise CannotPredict(f"config {label} is nested too deeply", label) from None
         except ValueError:   # an integer past Python's 4,300-digit conversion limit
             raise CannotPredict(f"config {label} has a number with too many digits", label) from None
-        self.label, self.over, self.lines, self.line_origins = label, overrides, _line_map(text), line_origins
+        self.lines = _line_map(text)
 
     def _origin(self, sect: str, key: str) -> str:
         line = self.lines.get((sect, key))
