@@ -49,6 +49,9 @@ _COMPOUND_WORDS = frozenset(("if", "while", "until", "for", "select", "case", "{
 _RUNS = {"cmd": _CMD_RUN, "cond": _COND_RUN, "brace": _BRACE_RUN, "dq": _DQ_RUN, "heredoc": _HD_RUN}
 _ANSI = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f",
          "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+_ANSI_PLAIN = re.compile(r"[^\\']+")
+_ANSI_HEX = re.compile(r"[0-9a-fA-F]{1,2}")
+_ANSI_WORD = re.compile(r"(?:[^\\']+|\\.)*", re.S)    # a $'...' word's text, up to its closing quote
 
 
 class Parser:
@@ -873,22 +876,34 @@ class Parser:
         self.pos = p + 1
 
     def _ansi(self) -> str:
+        """The text of a ``$'...'`` (after its ``$'``), decoded.  Its length is bounded as any
+        word's before decoding, runs without escapes are taken whole and escapes are counted on
+        the parse's clock: megabytes of escapes must not outrun the parse's deadline."""
         out = []
-        text = self.text
+        text, n, start = self.text, self.n, self.pos
+        # (its extent first, in one pass: a word too long is said so before any decoding)
+        if _ANSI_WORD.match(text, start, start + MAX_VALUE_CHARS * 4 + 2).end() - start > MAX_VALUE_CHARS * 4:
+            raise self.error("word too long")
         while True:
-            if self.pos >= self.n:
+            if self.pos >= n:
                 raise self.error("unterminated $'...'")
+            m = _ANSI_PLAIN.match(text, self.pos)
+            if m:
+                out.append(m.group())
+                self.pos = m.end()
+                continue
             c = text[self.pos]
             if c == "'":
                 self.pos += 1
                 return "".join(out)
-            if c == "\\" and self.pos + 1 < self.n:
+            self.budget.tick(self.label)
+            if self.pos + 1 < n:      # (c is a backslash)
                 e = text[self.pos + 1]
                 if e == "x":
-                    m = re.match(r"[0-9a-fA-F]{1,2}", text[self.pos + 2:self.pos + 4])
+                    m = _ANSI_HEX.match(text, self.pos + 2, self.pos + 4)
                     if m:
                         out.append(chr(int(m.group(0), 16)))
-                        self.pos += 2 + m.end()
+                        self.pos = m.end()
                         continue
                 out.append(_ANSI.get(e, "\\" + e))
                 self.pos += 2

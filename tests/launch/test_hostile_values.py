@@ -226,3 +226,19 @@ def test_a_command_of_many_words_reads_the_clock():
     assert res.job is None and res.error == "cannot predict: the script took too long to evaluate (job.sh:3)", res.error
     res = parse_script("job.sh", script.replace("echo $X", "echo ${X:0:20}"), deadline_s=0.0)
     assert res.error is None or "took too long" not in res.error, res.error
+
+
+def test_an_ansi_c_quoted_word_is_decoded_in_runs_and_bounded():
+    # $'...' decodes as bash does: escapes, \xHH, runs of plain text, a quote escaped inside
+    res = _answer("#!/bin/bash\nL=$'\\x32'$'4'\nN=$'a\\'b\\tc\\q'\n[[ $N == \"a'b\tc\\\\q\" ]] || L=3\n"
+                  + LAUNCH.replace("--num-layers 2", "--num-layers $L"))
+    assert res.job is not None and res.job.model.layers == 24, res.error
+    # a word longer than any word may be is said so at its line, before any decoding (2 MB of
+    # escapes decoded char by char had run past the deadline)
+    res = parse_script("job.sh", "#!/bin/bash\nX=$'" + "\\x41" * 500_000 + "'\n" + LAUNCH)
+    assert res.job is None and res.error == "cannot predict: word too long (job.sh:2)", res.error
+    # the decoding reads the clock: an already-spent deadline stops it
+    res = parse_script("job.sh", "#!/bin/bash\nX=$'" + "\\t" * 300 + "'\n" + LAUNCH, deadline_s=0.0)
+    assert res.job is None and "took too long" in res.error, res.error
+    res = parse_script("job.sh", "#!/bin/bash\nX=$'" + "\\t" * 100 + "'\n" + LAUNCH, deadline_s=0.0)
+    assert res.error is None or "took too long" not in res.error, res.error
