@@ -21,7 +21,8 @@ from ..siteconfig import (LOG_LEVELS, DaemonSettings, SiteConfig, SiteConfigErro
                           unknown_partitions)
 from ..slurm_client import SlurmError
 from .engine import Engine, release_memory
-from .logs import setup_logging
+from .logs import log_event, setup_logging
+from .pool import SESSION_NICE, raise_session_priority
 from .server import PredictServer, serve
 
 
@@ -102,6 +103,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         typos = check_partition_names(cfg)
         return 0 if not engine.platform_errors and not typos else 1
     engine.warm_up()       # lazy imports and first-use costs paid once, shared by the workers
+    log_event("session_priority", nice=SESSION_NICE, result=raise_session_priority())
     server = PredictServer(engine, config_file=path, freeze_gc=True,
                            log_level_fixed=bool(args.log_level))
     try:

@@ -17,9 +17,9 @@ copy-on-write and nothing is pickled: work and results are JSON frames over a so
 
 Workers are forked from the event-loop thread only (the daemon's other threads, a reload or the
 partition lookup, never fork), and die with the daemon (PR_SET_PDEATHSIG) should it be killed.
-Each worker leads a process group of its own, which the file readers it starts stay in: whenever a
-worker goes (its deadline, a crash, a retirement, the daemon stopping) the whole group is
-SIGKILLed before the worker is reaped, so no reader blocked on a FIFO outlives it.  (A daemon
+Each worker leads a session (so a process group) of its own, which the file readers it starts stay
+in: whenever a worker goes (its deadline, a crash, a retirement, the daemon stopping) the whole
+group is SIGKILLed before the worker is reaped, so no reader blocked on a FIFO outlives it.  (A daemon
 killed with SIGKILL leaves such readers to systemd, which kills the unit's cgroup.)
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ctypes
+import errno
 import logging
 import os
 import signal
@@ -58,6 +59,16 @@ RESPAWN_BACKOFF_MAX_S = 30.0   # ... doubling while they keep dying so, up to th
 # The daemon sets a worker's nice value, before it sends a job and when it promotes one: from one
 # thread, so a promotion cannot be undone by the worker reading its job's frame afterwards.
 WORKER_NICE = 5
+# Under the kernel's autogroup scheduling (kernel.sched_autogroup_enabled, the default of many
+# distributions, for processes in the root cpu cgroup) CPU is shared between *sessions* first and
+# by nice value only within one: a worker in the daemon's session would take its turns from the
+# daemon's loop, and its nice value would make it yield to nobody else.  So each worker leads a
+# session of its own, and the daemon, when it leads one (as a service or under setsid; not when
+# run from a shell), gives its own this nice value: its loop answers slurmctld, which waits holding
+# its locks, for about a millisecond of CPU per submission (measured: packaging/INSTALL.md §3).
+# In a cpu cgroup of its own (systemd with the cpu controller on) sessions play no part, and
+# nice values order the daemon's processes among themselves as above.
+SESSION_NICE = -10
 
 
 class PoolBusy(Exception):
@@ -444,10 +455,9 @@ class WorkerPool:
             finally:
                 os._exit(code)
         child.close()
-        try:   # here too (as the worker does): no window in which a kill misses its group
-            os.setpgid(pid, pid)
-        except OSError:
-            pass
+        # (no setpgid here, which would make the worker's setsid fail: until the worker has made
+        # its session, _kill_group kills it by its pid, and it starts no reader before its ready
+        # frame, hence none outside its group)
         parent.setblocking(False)
         w = _Worker(pid=pid, sock=parent, generation=self.generation, started=time.monotonic())
         self.workers.add(w)
@@ -541,10 +551,13 @@ def _worker_main(sock: socket.socket, target: Target, warmup: Optional[Warmup], 
         pass
     if os.getppid() != parent:
         return 0
-    try:   # a group of its own: the readers it starts stay in it and are killed with it
-        os.setpgid(0, 0)
+    try:   # a session and group of its own: the readers it starts stay in the group and are
+        os.setsid()   # killed with it, and it shares no CPU turns with the daemon (SESSION_NICE)
     except OSError:
-        pass
+        try:
+            os.setpgid(0, 0)
+        except OSError:
+            pass
     # The daemon's listening sockets, client connections, event loop and other workers' pipes
     # are not ours: a copy held open here would keep a client waiting for EOF.  Each is replaced
     # by /dev/null rather than closed, because the Python objects that own those numbers still
@@ -580,6 +593,20 @@ def _worker_main(sock: socket.socket, target: Target, warmup: Optional[Warmup], 
             return 0
         result = target(payload)
         sock.sendall(_HEADER.pack(len(result)) + result)
+
+
+def raise_session_priority(nice: int = SESSION_NICE) -> str:
+    """Give this process's session ``nice`` under autogroup scheduling (see SESSION_NICE), if it
+    leads the session: a daemon run from a shell must not change the whole terminal session's
+    priority.  Returns what happened, for the log: "set", "not-session-leader", or why not."""
+    if os.getsid(0) != os.getpid():
+        return "not-session-leader"
+    try:
+        with open("/proc/self/autogroup", "w") as fh:   # (no such file: no autogroup scheduling)
+            fh.write(str(nice))
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc))
+    return "set"
 
 
 def _renice(w: _Worker, nice: int) -> None:

@@ -94,6 +94,65 @@ def test_pool_runs_work_in_another_process():
     asyncio.run(go())
 
 
+def test_each_worker_leads_a_session_of_its_own():
+    # (under autogroup scheduling a worker in the daemon's session would share its CPU turns with
+    # the daemon's loop, and its nice value would make it yield to nobody else)
+    async def go():
+        pool = await _started(size=2)
+        try:
+            for pid in pool.pids():
+                assert os.getsid(pid) == pid and os.getpgid(pid) == pid
+            assert os.getsid(0) not in pool.pids()
+        finally:
+            await pool.close()
+    asyncio.run(go())
+
+
+def _session_priority_in_a_child(make_session: bool) -> dict:
+    """raise_session_priority(7) in a forked child (a session of its own or not): its result, and
+    /proc/self/autogroup before and after (None: the kernel has no autogroup scheduling)."""
+    from slurm_plugin.daemon.pool import raise_session_priority
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            if make_session:
+                os.setsid()
+
+            def autogroup():
+                try:
+                    with open("/proc/self/autogroup") as fh:
+                        return fh.read().strip()
+                except OSError:
+                    return None
+            before = autogroup()
+            for _ in range(20):     # a write within 0.1 s of another is refused without CAP_SYS_ADMIN
+                result = raise_session_priority(7)
+                if result != "EAGAIN":
+                    break
+                time.sleep(0.15)
+            os.write(w, json.dumps({"result": result, "before": before, "after": autogroup()}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        out = json.loads(fh.read())
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_the_daemon_favours_only_a_session_it_leads():
+    own = _session_priority_in_a_child(make_session=True)
+    if own["before"] is None:        # no autogroup scheduling in this kernel: nothing to favour
+        assert own["result"] == "ENOENT", own
+    else:
+        assert own["result"] == "set" and own["after"].endswith(" nice 7"), own
+    # not its session's leader (started from a shell): the shell's session is left as it was
+    other = _session_priority_in_a_child(make_session=False)
+    assert other["result"] == "not-session-leader" and other["after"] == other["before"], other
+
+
 def test_answers_larger_than_one_read_come_back_whole_and_in_order():
     """The daemon reads a worker's socket in READ_CHUNK pieces into one reused buffer: an answer
     several pieces long, and one after it, arrive byte for byte."""
