@@ -882,7 +882,8 @@ class Parser:
         out = []
         text, n, start = self.text, self.n, self.pos
         # (its extent first, in one pass: a word too long is said so before any decoding)
-        if _ANSI_WORD.match(text, start, start + MAX_VALUE_CHARS * 4 + 2).end() - start > MAX_VALUE_CHARS * 4:
+        bound = MAX_VALUE_CHARS * 4
+        if _ANSI_WORD.match(text, start, start + bound + 2).end() - start > bound:
             raise self.error("word too long")
         while True:
             if self.pos >= n:
