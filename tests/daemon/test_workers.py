@@ -146,8 +146,10 @@ def test_the_daemon_favours_only_a_session_it_leads():
     own = _session_priority_in_a_child(make_session=True)
     if own["before"] is None:        # no autogroup scheduling in this kernel: nothing to favour
         assert own["result"] == "ENOENT", own
+    elif own["result"] != "set":     # a /proc this process may not write (some containers'): said
+        assert own["result"] in ("EACCES", "EPERM", "EROFS") and own["after"] == own["before"], own
     else:
-        assert own["result"] == "set" and own["after"].endswith(" nice 7"), own
+        assert own["after"].endswith(" nice 7"), own
     # not its session's leader (started from a shell): the shell's session is left as it was
     other = _session_priority_in_a_child(make_session=False)
     assert other["result"] == "not-session-leader" and other["after"] == other["before"], other
