@@ -593,29 +593,25 @@ def _rendezvous_nodes(text: str, least: int, most: int, req: SlurmRequest, agent
     rendezvous completes once ``least`` agents have joined (at once at ``most``) and fails at its
     timeout, without training, if fewer ever join: a job whose nodes cannot reach ``least``
     never trains."""
-    if agents is None or not req.nodes:
-        if least != most:
-            warnings.append(f"torchrun --nnodes {text}: predicting for the maximum {most} ({origin})")
-        return most
-    if agents != req.nodes:      # srun -N: fewer nodes than the job has run an agent
-        upto, have, advice = agents, f"srun starts it on {agents} node(s) (srun -N {agents})", f"{agents}"
-        joined = f"srun's {agents} node(s)"
-    else:
-        upto = req.max_nodes
-        have = (f"the job has {agents} node(s) ({req_origin})" if upto == agents else
-                f"the job has at most {upto} node(s) (--nodes={agents}-{upto}, {req_origin})")
-        advice, joined = f"{agents} (or $SLURM_NNODES)", f"the job's {agents} node(s) ({req_origin})"
-    if upto and upto < least:
-        raise CannotPredict(f"torchrun --nnodes {text} waits for {least} node(s) to join its rendezvous but "
-                            f"{have}: the rendezvous never completes and the job ends at its timeout without "
-                            f"training; give --nnodes {advice}", origin)
-    if least == most:
-        return most
-    if least <= agents < most:
-        warnings.append(f"torchrun --nnodes {text}: {joined} join its rendezvous: predicting for {agents} "
-                        f"({origin})")
-        return agents
-    warnings.append(f"torchrun --nnodes {text}: predicting for the maximum {most} ({origin})")
+    if agents is not None and req.nodes:
+        if agents != req.nodes:      # srun -N: fewer nodes than the job has run an agent
+            upto, have, advice = agents, f"srun starts it on {agents} node(s) (srun -N {agents})", f"{agents}"
+            joined = f"srun's {agents} node(s)"
+        else:
+            upto = req.max_nodes
+            have = (f"the job has {agents} node(s) ({req_origin})" if upto == agents else
+                    f"the job has at most {upto} node(s) (--nodes={agents}-{upto}, {req_origin})")
+            advice, joined = f"{agents} (or $SLURM_NNODES)", f"the job's {agents} node(s) ({req_origin})"
+        if upto and upto < least:
+            raise CannotPredict(f"torchrun --nnodes {text} waits for {least} node(s) to join its rendezvous but "
+                                f"{have}: the rendezvous never completes and the job ends at its timeout "
+                                f"without training; give --nnodes {advice}", origin)
+        if least <= agents < most:
+            warnings.append(f"torchrun --nnodes {text}: {joined} join its rendezvous: predicting for {agents} "
+                            f"({origin})")
+            return agents
+    if least != most:
+        warnings.append(f"torchrun --nnodes {text}: predicting for the maximum {most} ({origin})")
     return most
 
 

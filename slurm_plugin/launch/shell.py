@@ -2223,12 +2223,11 @@ def _prefix_end(tokens: list, text: str, longest: bool) -> Optional[int]:
     length, so the earliest place of every piece after the first (atomic, never retried) gives
     the shortest prefix; the longest takes those earliest places for all but the last piece and
     the latest place for that one (or the whole text after a last star)."""
-    pieces = _star_pieces(tokens)
-    rx = pieces[0]
-    if len(pieces) > 1:
-        middle, last = pieces[1:-1], pieces[-1]
-        rx += "".join(_atomic(".*?" + p, k) for k, p in enumerate(middle))
-        rx += _atomic(".*?" + last, len(middle)) if not longest else (".*" + last)
+    if longest:
+        rx = _whole(tokens)     # matched from the start only, it ends where the longest prefix does
+    else:
+        pieces = _star_pieces(tokens)
+        rx = pieces[0] + "".join(_atomic(".*?" + p, k) for k, p in enumerate(pieces[1:]))
     m = re.match(rx, text, re.S)
     return None if m is None else m.end()
 
